@@ -1,0 +1,49 @@
+# ubkit: two commands do everything.
+#   make demo   the main job, on a simulated super node in one process
+#   make test   installs missing test prerequisites, then vet, race tests, examples
+
+GO       ?= go
+CACHE    ?= $(CURDIR)/.cache
+GOLANGCI_LINT_VERSION := v2.15.0
+FUZZTIME ?= 10s
+
+export UBKIT_CACHE := $(CACHE)
+
+.PHONY: demo test prereqs vet race examples bench fuzz lint clean
+
+demo:
+	$(GO) run ./cmd/ubctl demo
+
+test: prereqs vet race examples
+
+prereqs:
+	@bash internal/testenv/prereqs.sh
+
+vet:
+	$(GO) vet ./...
+
+race:
+	$(GO) test -race -count=1 ./...
+
+# Examples are programs: build and run each one (they are also Go tests).
+examples:
+	@set -e; for d in $$(find examples -name main.go -exec dirname {} \; 2>/dev/null | sort); do \
+		echo "== $$d"; $(GO) run ./$$d; \
+	done
+
+bench:
+	$(GO) run ./cmd/ubctl bench all
+
+# A short run of every fuzz target.
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+			echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
+
+lint:
+	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
+
+clean:
+	rm -rf $(CACHE)

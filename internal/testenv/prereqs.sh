@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs or builds what `make test` needs and is missing. Everything that is
+# downloaded is cached under $UBKIT_CACHE. A prerequisite that cannot be had
+# fails here with its name.
+set -euo pipefail
+
+cache=${UBKIT_CACHE:-$(pwd)/.cache}
+mkdir -p "$cache"
+
+need() { # need <command> <debian package>
+	command -v "$1" >/dev/null 2>&1 && return 0
+	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+		echo "prereqs: installing $2 (for $1)"
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >/dev/null ||
+			{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$2" >/dev/null; }
+	fi
+	command -v "$1" >/dev/null 2>&1 || { echo "prereqs: missing $1: install the Debian package $2" >&2; exit 1; }
+}
+
+need go golang-go
+[ -d /dev/shm ] && [ -w /dev/shm ] || { echo "prereqs: /dev/shm must exist and be writable (mount a tmpfs there)" >&2; exit 1; }
+[ -r /proc/self/stat ] || { echo "prereqs: /proc must be mounted" >&2; exit 1; }
+
+# Module downloads are cached by the go command; fetch them once up front so a
+# network problem shows here, named, rather than inside a test.
+go mod download
+echo "prereqs: ok (cache $cache)"

@@ -1,0 +1,28 @@
+// Package shm is ubkit's shared-memory layer: segments, cross-process rings,
+// a buffer pool and futex wake-ups. It is the only package in ubkit that uses
+// unsafe or raw system calls.
+//
+// Everything in a segment may be read and written by another process that is
+// buggy, hostile or dead. The package therefore validates every offset, length
+// and handle it reads from shared memory before using it: a corrupt peer makes
+// the other side return an error wrapping [ErrCorrupt], never panic, read out
+// of bounds or hang. Every blocking call waits with a timeout and watches the
+// peer process, so a peer that dies surfaces as [ErrPeerDead] within 100 ms.
+//
+// The building blocks:
+//
+//   - [Segment]: a named POSIX segment in /dev/shm (names start with "ubkit-",
+//     created O_EXCL with mode 0600) or an anonymous memfd segment that can be
+//     sealed and passed to another process with [SendSegment]/[ReceiveSegment].
+//     [Sweep] removes named segments whose creator died.
+//   - [SPSC]: a single-producer single-consumer ring of variable-length records
+//     with batched claim/commit and zero-copy reads.
+//   - [MPMC]: a bounded multi-producer multi-consumer ring of fixed-size slots.
+//   - [Pool]: a slab allocator of buffers inside a segment, named across
+//     processes by a [Handle], with reclamation of buffers whose owner died.
+//   - [Wait]: how a blocked call waits: spin, spin then yield, or spin then
+//     sleep on a futex.
+//
+// shm is not a message protocol: framing, sessions and flow control live in
+// ubkit's transport package.
+package shm

@@ -1,0 +1,32 @@
+package shm
+
+import (
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Futex operations (linux/futex.h). The shared, not FUTEX_PRIVATE, forms.
+const (
+	futexOpWait = 0
+	futexOpWake = 1
+)
+
+// futexWait sleeps while *addr == val, for at most d. The futex is shared
+// (not FUTEX_PRIVATE) because the word lives in memory mapped by several
+// processes. Spurious wake-ups are possible; callers re-check their condition.
+func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
+	ts := unix.NsecToTimespec(int64(d))
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexOpWait,
+		uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+}
+
+// futexWake wakes up to n waiters sleeping on addr.
+func futexWake(addr *atomic.Uint32, n int) {
+	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexOpWake,
+		uintptr(n), 0, 0, 0)
+}
+
+func osYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

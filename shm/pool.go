@@ -1,0 +1,470 @@
+package shm
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync/atomic"
+)
+
+// Pool layout, at a cacheLine-aligned offset of a segment:
+//
+//	header      0: magic u64, version u32, classes u32
+//	classes   128: one line per class: size u64, count u64, descriptors u64
+//	               (offset), data u64 (offset), free-list head u64
+//	descriptors:   per buffer 32 bytes: state u64 (generation<<32 | state),
+//	               owner u64 (process word), next u32 (free list, index+1)
+//	data:          per class count x size bytes, aligned
+//
+// The free lists are Treiber stacks whose head packs a 32-bit tag with the
+// index, so a pop that raced with pop-push-pop of the same buffer fails its
+// compare-and-swap (no ABA). Offsets in the header are read and validated
+// once, at attach; the hot path uses the validated copy.
+const (
+	poolMagic   = 0x314c_4f4f_504b_4255 // "UBKPOOL1"
+	poolVersion = 1
+
+	poolOffMagic   = 0
+	poolOffVersion = 8
+	poolOffClasses = 12
+	poolClassTable = cacheLine
+	maxPoolClasses = 16
+
+	classOffSize  = 0
+	classOffCount = 8
+	classOffDesc  = 16
+	classOffData  = 24
+	classOffFree  = 32
+	classOffInUse = 40
+
+	descSize     = 32
+	descOffState = 0
+	descOffOwner = 8
+	descOffNext  = 16
+
+	stateFree  = 0
+	stateInUse = 1
+)
+
+// PoolClass is one size class: Count buffers of Size bytes.
+type PoolClass struct {
+	Size  int
+	Count int
+}
+
+// PoolConfig lists a pool's size classes.
+type PoolConfig struct {
+	Classes []PoolClass
+}
+
+// DefaultPoolConfig spreads roughly budget bytes over classes from 256 B to
+// 1 MiB.
+func DefaultPoolConfig(budget int) PoolConfig {
+	sizes := []int{256, 4 << 10, 64 << 10, 1 << 20}
+	var c PoolConfig
+	for _, s := range sizes {
+		n := budget / len(sizes) / s
+		if n > 0 {
+			c.Classes = append(c.Classes, PoolClass{Size: s, Count: n})
+		}
+	}
+	return c
+}
+
+type poolClass struct {
+	size  uint64
+	count uint64
+	desc  uint64 // offset of descriptors from pool start
+	data  uint64 // offset of data from pool start
+}
+
+func (cfg PoolConfig) layout() ([]poolClass, int, error) {
+	if len(cfg.Classes) == 0 || len(cfg.Classes) > maxPoolClasses {
+		return nil, 0, errorf("pool needs 1 to %d size classes, got %d", maxPoolClasses, len(cfg.Classes))
+	}
+	cs := slices.Clone(cfg.Classes)
+	slices.SortFunc(cs, func(a, b PoolClass) int { return a.Size - b.Size })
+	off := poolClassTable + len(cs)*cacheLine
+	out := make([]poolClass, len(cs))
+	for i, c := range cs {
+		if c.Size < 8 || c.Size > 1<<32 || c.Count < 1 || c.Count >= 1<<31 {
+			return nil, 0, errorf("pool class %d: size %d and count %d out of range", i, c.Size, c.Count)
+		}
+		if i > 0 && c.Size == cs[i-1].Size {
+			return nil, 0, errorf("pool classes repeat size %d", c.Size)
+		}
+		out[i] = poolClass{size: uint64(align8(c.Size)), count: uint64(c.Count), desc: uint64(off)}
+		off += c.Count * descSize
+	}
+	for i := range out {
+		a := dataAlign(out[i].size)
+		off = (off + a - 1) &^ (a - 1)
+		out[i].data = uint64(off)
+		off += int(out[i].size * out[i].count)
+	}
+	return out, off, nil
+}
+
+func dataAlign(size uint64) int {
+	if size >= 4096 {
+		return 4096
+	}
+	return 64
+}
+
+// PoolSize returns the number of segment bytes a pool with cfg occupies.
+func PoolSize(cfg PoolConfig) (int, error) {
+	_, n, err := cfg.layout()
+	return n, err
+}
+
+// Pool is a slab allocator of buffers inside a segment, shared by every
+// process that maps it. Buffers are named across processes by a Handle.
+// Loan, Return, Resolve and Adopt are safe for concurrent use by any number
+// of goroutines and processes.
+type Pool struct {
+	seg     *Segment
+	off     uint64
+	mem     []byte
+	classes []poolClass
+	segID   uint32
+}
+
+// CreatePool lays out a pool with cfg at offset off of seg's data area,
+// overwriting what was there.
+func CreatePool(seg *Segment, off int, cfg PoolConfig) (*Pool, error) {
+	classes, size, err := cfg.layout()
+	if err != nil {
+		return nil, err
+	}
+	mem, err := region(seg, off, size)
+	if err != nil {
+		return nil, err
+	}
+	clear(mem[:poolClassTable+len(classes)*cacheLine])
+	binary.LittleEndian.PutUint32(mem[poolOffVersion:], poolVersion)
+	binary.LittleEndian.PutUint32(mem[poolOffClasses:], uint32(len(classes)))
+	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID()}
+	for i, c := range classes {
+		t := mem[poolClassTable+i*cacheLine:]
+		binary.LittleEndian.PutUint64(t[classOffSize:], c.size)
+		binary.LittleEndian.PutUint64(t[classOffCount:], c.count)
+		binary.LittleEndian.PutUint64(t[classOffDesc:], c.desc)
+		binary.LittleEndian.PutUint64(t[classOffData:], c.data)
+		for j := range c.count {
+			d := p.desc(i, j)
+			binary.LittleEndian.PutUint64(d[descOffState:], 1<<32|stateFree)
+			binary.LittleEndian.PutUint64(d[descOffOwner:], 0)
+			next := uint32(j + 2)
+			if j+1 == c.count {
+				next = 0
+			}
+			binary.LittleEndian.PutUint32(d[descOffNext:], next)
+		}
+		binary.LittleEndian.PutUint64(t[classOffFree:], 1) // tag 0, index 0
+	}
+	atomicU64(mem, poolOffMagic).Store(poolMagic)
+	return p, nil
+}
+
+// OpenPool attaches to a pool another process created at offset off of seg,
+// validating its layout.
+func OpenPool(seg *Segment, off int) (*Pool, error) {
+	hdr, err := region(seg, off, poolClassTable+maxPoolClasses*cacheLine)
+	if err != nil {
+		hdr, err = region(seg, off, poolClassTable+cacheLine)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if atomicU64(hdr, poolOffMagic).Load() != poolMagic {
+		return nil, corruptf("no pool at offset %d (bad magic)", off)
+	}
+	if v := binary.LittleEndian.Uint32(hdr[poolOffVersion:]); v != poolVersion {
+		return nil, errorf("pool version %d, this ubkit speaks %d", v, poolVersion)
+	}
+	n := int(binary.LittleEndian.Uint32(hdr[poolOffClasses:]))
+	if n < 1 || n > maxPoolClasses || poolClassTable+n*cacheLine > len(hdr) {
+		return nil, corruptf("pool with %d size classes", n)
+	}
+	var cfg PoolConfig
+	for i := range n {
+		t := hdr[poolClassTable+i*cacheLine:]
+		size := binary.LittleEndian.Uint64(t[classOffSize:])
+		count := binary.LittleEndian.Uint64(t[classOffCount:])
+		if size > 1<<32 || count >= 1<<31 {
+			return nil, corruptf("pool class %d: %d buffers of %d bytes", i, count, size)
+		}
+		cfg.Classes = append(cfg.Classes, PoolClass{Size: int(size), Count: int(count)})
+	}
+	// Recompute the layout from sizes and counts and insist the stored
+	// offsets agree: then every offset we use is one we computed.
+	classes, size, err := cfg.layout()
+	if err != nil {
+		return nil, corruptf("pool layout: %v", err)
+	}
+	for i, c := range classes {
+		t := hdr[poolClassTable+i*cacheLine:]
+		if binary.LittleEndian.Uint64(t[classOffDesc:]) != c.desc || binary.LittleEndian.Uint64(t[classOffData:]) != c.data ||
+			binary.LittleEndian.Uint64(t[classOffSize:]) != c.size {
+			return nil, corruptf("pool class %d offsets disagree with its sizes", i)
+		}
+	}
+	mem, err := region(seg, off, size)
+	if err != nil {
+		return nil, corruptf("pool of %d bytes: %v", size, err)
+	}
+	return &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID()}, nil
+}
+
+func (p *Pool) desc(class int, idx uint64) []byte {
+	o := p.classes[class].desc + idx*descSize
+	return p.mem[o : o+descSize]
+}
+
+func (p *Pool) freeHead(class int) *atomic.Uint64 {
+	return atomicU64(p.mem, poolClassTable+class*cacheLine+classOffFree)
+}
+
+func (p *Pool) inUse(class int) *atomic.Uint64 {
+	return atomicU64(p.mem, poolClassTable+class*cacheLine+classOffInUse)
+}
+
+// Buffer is a loaned pool buffer. Its bytes are shared memory: any process
+// holding the handle can read and write them.
+type Buffer struct {
+	pool  *Pool
+	class int
+	idx   uint64
+	gen   uint32
+	data  []byte
+}
+
+// Bytes returns the whole buffer (its class size, which may exceed the size
+// asked for).
+func (b Buffer) Bytes() []byte { return b.data }
+
+// Handle returns the name of the buffer that other processes can Resolve.
+func (b Buffer) Handle() Handle {
+	c := b.pool.classes[b.class]
+	return Handle{Segment: b.pool.segID, Gen: b.gen, Offset: b.pool.off + c.data + b.idx*c.size}
+}
+
+// Return gives the buffer back to its pool.
+func (b Buffer) Return() error { return b.pool.Return(b.Handle()) }
+
+// Loan takes a buffer of at least n bytes from the smallest class that has
+// one free, owned by the calling process until it returns it or another
+// process adopts it.
+func (p *Pool) Loan(n int) (Buffer, error) {
+	if n < 0 {
+		return Buffer{}, errorf("loan of %d bytes", n)
+	}
+	first := -1
+	for i := range p.classes {
+		if p.classes[i].size < uint64(n) {
+			continue
+		}
+		if first < 0 {
+			first = i
+		}
+		b, err := p.pop(i)
+		if err != ErrPoolExhausted {
+			return b, err
+		}
+	}
+	if first < 0 {
+		return Buffer{}, fmt.Errorf("%w: %d bytes, largest pool buffer is %d", ErrTooLarge, n, p.classes[len(p.classes)-1].size)
+	}
+	return Buffer{}, fmt.Errorf("%w: no free buffer of %d bytes or more", ErrPoolExhausted, n)
+}
+
+func (p *Pool) pop(class int) (Buffer, error) {
+	c := p.classes[class]
+	head := p.freeHead(class)
+	for {
+		h := head.Load()
+		idx := h & 0xffffffff
+		if idx == 0 {
+			return Buffer{}, ErrPoolExhausted
+		}
+		if idx > c.count {
+			return Buffer{}, corruptf("pool class %d free list names buffer %d of %d", class, idx-1, c.count)
+		}
+		d := p.desc(class, idx-1)
+		next := uint64(atomicU32(d, descOffNext).Load())
+		if next > c.count {
+			// Possibly a stale read that the compare-and-swap would reject.
+			if head.Load() != h {
+				continue
+			}
+			return Buffer{}, corruptf("pool class %d buffer %d links to %d of %d", class, idx-1, next-1, c.count)
+		}
+		if !head.CompareAndSwap(h, (h>>32+1)<<32|next) {
+			continue
+		}
+		st := atomicU64(d, descOffState)
+		s := st.Load()
+		if s&0xffffffff != stateFree {
+			return Buffer{}, corruptf("pool class %d buffer %d on the free list is in use", class, idx-1)
+		}
+		atomicU64(d, descOffOwner).Store(Self().word())
+		if !st.CompareAndSwap(s, s&^0xffffffff|stateInUse) {
+			return Buffer{}, corruptf("pool class %d buffer %d changed while being loaned", class, idx-1)
+		}
+		p.inUse(class).Add(1)
+		o := c.data + (idx-1)*c.size
+		return Buffer{pool: p, class: class, idx: idx - 1, gen: uint32(s >> 32), data: p.mem[o : o+c.size : o+c.size]}, nil
+	}
+}
+
+func (p *Pool) push(class int, idx uint64) {
+	head := p.freeHead(class)
+	d := p.desc(class, idx)
+	for {
+		h := head.Load()
+		atomicU32(d, descOffNext).Store(uint32(h))
+		if head.CompareAndSwap(h, (h>>32+1)<<32|(idx+1)) {
+			return
+		}
+	}
+}
+
+// locate validates a handle against the pool's own layout and returns the
+// class and index it names.
+func (p *Pool) locate(h Handle) (int, uint64, error) {
+	if h.Segment != p.segID {
+		return 0, 0, fmt.Errorf("%w: %v belongs to segment %08x, not this pool's %08x", ErrInvalidHandle, h, h.Segment, p.segID)
+	}
+	if h.Offset < p.off {
+		return 0, 0, fmt.Errorf("%w: %v is before the pool", ErrInvalidHandle, h)
+	}
+	rel := h.Offset - p.off
+	for i, c := range p.classes {
+		if rel < c.data || rel >= c.data+c.size*c.count {
+			continue
+		}
+		if (rel-c.data)%c.size != 0 {
+			return 0, 0, fmt.Errorf("%w: %v is not at a buffer boundary", ErrInvalidHandle, h)
+		}
+		return i, (rel - c.data) / c.size, nil
+	}
+	return 0, 0, fmt.Errorf("%w: %v is not inside any size class", ErrInvalidHandle, h)
+}
+
+// Resolve returns the buffer a handle names, checking that it is loaned and
+// that the generation matches. It does not change the owner.
+func (p *Pool) Resolve(h Handle) (Buffer, error) {
+	class, idx, err := p.locate(h)
+	if err != nil {
+		return Buffer{}, err
+	}
+	s := atomicU64(p.desc(class, idx), descOffState).Load()
+	if uint32(s>>32) != h.Gen || s&0xffffffff != stateInUse {
+		return Buffer{}, fmt.Errorf("%w: %v", ErrStaleHandle, h)
+	}
+	c := p.classes[class]
+	o := c.data + idx*c.size
+	return Buffer{pool: p, class: class, idx: idx, gen: h.Gen, data: p.mem[o : o+c.size : o+c.size]}, nil
+}
+
+// Adopt resolves a handle and makes the calling process the buffer's owner,
+// so it is reclaimed with this process rather than with the sender. Adopt a
+// buffer received from another process before relying on it.
+func (p *Pool) Adopt(h Handle) (Buffer, error) {
+	b, err := p.Resolve(h)
+	if err != nil {
+		return b, err
+	}
+	d := p.desc(b.class, b.idx)
+	owner := atomicU64(d, descOffOwner)
+	w := owner.Load()
+	if w == 0 || !owner.CompareAndSwap(w, Self().word()) {
+		// Reclaim is taking it back from a dead owner.
+		return Buffer{}, fmt.Errorf("%w: %v is being reclaimed", ErrStaleHandle, h)
+	}
+	// The buffer may have been returned between Resolve and the swap.
+	if s := atomicU64(d, descOffState).Load(); uint32(s>>32) != h.Gen || s&0xffffffff != stateInUse {
+		return Buffer{}, fmt.Errorf("%w: %v", ErrStaleHandle, h)
+	}
+	return b, nil
+}
+
+// Return gives the buffer a handle names back to the pool. Returning a
+// buffer twice, or with a stale handle, fails with ErrStaleHandle.
+func (p *Pool) Return(h Handle) error {
+	class, idx, err := p.locate(h)
+	if err != nil {
+		return err
+	}
+	d := p.desc(class, idx)
+	st := atomicU64(d, descOffState)
+	inUse := uint64(h.Gen)<<32 | stateInUse
+	next := uint64(h.Gen + 1)
+	if next == 0 {
+		next = 1
+	}
+	if !st.CompareAndSwap(inUse, next<<32|stateFree) {
+		return fmt.Errorf("%w: %v (double return?)", ErrStaleHandle, h)
+	}
+	atomicU64(d, descOffOwner).Store(0)
+	p.inUse(class).Add(^uint64(0))
+	p.push(class, idx)
+	return nil
+}
+
+// Reclaim returns to the pool every buffer whose owning process has exited,
+// and reports how many it took back.
+func (p *Pool) Reclaim() int {
+	alive := map[uint64]bool{}
+	n := 0
+	for class, c := range p.classes {
+		for idx := range c.count {
+			d := p.desc(class, idx)
+			st := atomicU64(d, descOffState)
+			s := st.Load()
+			if s&0xffffffff != stateInUse {
+				continue
+			}
+			owner := atomicU64(d, descOffOwner)
+			w := owner.Load()
+			if w == 0 {
+				continue
+			}
+			a, seen := alive[w]
+			if !seen {
+				a = aliveWord(w)
+				alive[w] = a
+			}
+			if a || !owner.CompareAndSwap(w, 0) {
+				continue
+			}
+			next := s>>32 + 1
+			if uint32(next) == 0 {
+				next = 1
+			}
+			if st.CompareAndSwap(s, next<<32|stateFree) {
+				p.inUse(class).Add(^uint64(0))
+				p.push(class, idx)
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// ClassStats describes one size class.
+type ClassStats struct {
+	Size  int
+	Count int
+	InUse int
+}
+
+// Stats reports every class's size, buffer count and buffers in use.
+func (p *Pool) Stats() []ClassStats {
+	out := make([]ClassStats, len(p.classes))
+	for i, c := range p.classes {
+		out[i] = ClassStats{Size: int(c.size), Count: int(c.count), InUse: int(int64(p.inUse(i).Load()))}
+	}
+	return out
+}

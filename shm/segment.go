@@ -1,0 +1,395 @@
+package shm
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// NamePrefix starts the name of every named segment ubkit creates in /dev/shm.
+const NamePrefix = "ubkit-"
+
+// ShmDir is where named POSIX segments live.
+var ShmDir = "/dev/shm"
+
+// HeaderSize is the size of the header at the start of every segment. The
+// data area that users see starts after it, page aligned.
+const HeaderSize = 4096
+
+const (
+	segMagic   = 0x4745_5354_494b_4255 // "UBKITSEG" little endian
+	segVersion = 1
+)
+
+// Segment header layout (little endian, first HeaderSize bytes):
+//
+//	0  magic    uint64
+//	8  version  uint32
+//	12 id       uint32  random, names the segment in pool handles
+//	16 size     uint64  total size including the header
+//	24 creator  uint64  pid<<32 | low 32 bits of the creator's start time
+const (
+	segOffMagic   = 0
+	segOffVersion = 8
+	segOffID      = 12
+	segOffSize    = 16
+	segOffCreator = 24
+)
+
+// openSegments counts segments mapped by this process; tests use it to find
+// leaks.
+var openSegments atomic.Int64
+
+// SegmentOptions configures a new segment. The zero value is valid.
+type SegmentOptions struct {
+	// HugePages backs the segment with huge pages: MFD_HUGETLB for memfd
+	// segments (needs pages reserved in /proc/sys/vm/nr_hugepages) and
+	// transparent huge pages (madvise) for named segments.
+	HugePages bool
+	// Keep leaves a named segment in /dev/shm when its creator closes it.
+	// Someone must then Unlink it, or Sweep removes it once the creator died.
+	Keep bool
+}
+
+// Segment is a mapped shared-memory segment: named (in /dev/shm) or anonymous
+// (a memfd). The data area, Data, excludes the segment's own header.
+//
+// Ownership: the process that creates a named segment owns its name. Its
+// Close unmaps the segment and unlinks the name (unless SegmentOptions.Keep),
+// so peers that already mapped it keep working but nobody new can open it.
+// A process that opened a segment by name, or received one over a unix
+// socket, owns only its mapping: Close unmaps and closes the descriptor.
+// Unlink removes the name at any time. A memfd segment has no name and
+// disappears when the last process closes it.
+type Segment struct {
+	name    string // full name including NamePrefix; empty for memfd
+	fd      int
+	mem     []byte
+	created bool
+	keep    bool
+	closed  atomic.Bool
+}
+
+// CreateSegment creates a named segment of at least size data bytes in
+// /dev/shm, named NamePrefix+name, with mode 0600. It fails with an error
+// wrapping os.ErrExist if the name is taken.
+func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error) {
+	if opts == nil {
+		opts = &SegmentOptions{}
+	}
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("shm: segment size %d must be positive", size)
+	}
+	full := NamePrefix + name
+	path := filepath.Join(ShmDir, full)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, &os.PathError{Op: "create segment", Path: path, Err: err}
+	}
+	total := pageAlign(HeaderSize + size)
+	if err := unix.Ftruncate(fd, int64(total)); err != nil {
+		unix.Close(fd)
+		unix.Unlink(path)
+		return nil, fmt.Errorf("shm: size segment %s to %d bytes: %w (is /dev/shm full?)", path, total, err)
+	}
+	s, err := mapSegment(fd, total, opts.HugePages)
+	if err != nil {
+		unix.Unlink(path)
+		return nil, err
+	}
+	s.name, s.created, s.keep = full, true, opts.Keep
+	s.initHeader(total)
+	return s, nil
+}
+
+// OpenSegment maps an existing named segment, NamePrefix+name, after
+// checking its header.
+func OpenSegment(name string) (*Segment, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	full := NamePrefix + name
+	path := filepath.Join(ShmDir, full)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open segment", Path: path, Err: err}
+	}
+	s, err := mapExisting(fd)
+	if err != nil {
+		return nil, fmt.Errorf("shm: open %s: %w", path, err)
+	}
+	s.name = full
+	return s, nil
+}
+
+// CreateMemfd creates an anonymous segment backed by a memfd. name is only a
+// label shown in /proc/<pid>/fd. Pass it to another process with
+// SendSegment after Seal.
+func CreateMemfd(name string, size int, opts *SegmentOptions) (*Segment, error) {
+	if opts == nil {
+		opts = &SegmentOptions{}
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("shm: segment size %d must be positive", size)
+	}
+	flags := unix.MFD_CLOEXEC | unix.MFD_ALLOW_SEALING
+	total := pageAlign(HeaderSize + size)
+	if opts.HugePages {
+		flags |= unix.MFD_HUGETLB
+		total = (HeaderSize + size + hugePageSize - 1) &^ (hugePageSize - 1)
+	}
+	fd, err := unix.MemfdCreate(NamePrefix+name, flags)
+	if err != nil {
+		return nil, fmt.Errorf("shm: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(total)); err != nil {
+		unix.Close(fd)
+		hint := ""
+		if opts.HugePages {
+			hint = " (huge pages: reserve some with echo N > /proc/sys/vm/nr_hugepages)"
+		}
+		return nil, fmt.Errorf("shm: size memfd to %d bytes: %w%s", total, err, hint)
+	}
+	s, err := mapSegment(fd, total, false)
+	if err != nil {
+		return nil, err
+	}
+	s.created = true
+	s.initHeader(total)
+	return s, nil
+}
+
+const hugePageSize = 2 << 20
+
+func pageAlign(n int) int {
+	p := os.Getpagesize()
+	return (n + p - 1) &^ (p - 1)
+}
+
+func checkName(name string) error {
+	if name == "" || len(name) > 200 {
+		return fmt.Errorf("shm: segment name %q must be 1 to 200 characters", name)
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("shm: segment name %q may only hold letters, digits, '-', '_' and '.'", name)
+		}
+	}
+	if name == "." || name == ".." {
+		return fmt.Errorf("shm: segment name %q is not allowed", name)
+	}
+	return nil
+}
+
+func mapSegment(fd, total int, huge bool) (*Segment, error) {
+	mem, err := unix.Mmap(fd, 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: mmap %d bytes: %w", total, err)
+	}
+	if huge {
+		// Best effort: shmem THP depends on
+		// /sys/kernel/mm/transparent_hugepage/shmem_enabled.
+		_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
+	}
+	openSegments.Add(1)
+	return &Segment{fd: fd, mem: mem}, nil
+}
+
+// mapExisting maps a segment made by someone else and validates its header.
+// It takes ownership of fd.
+func mapExisting(fd int) (*Segment, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if st.Size < HeaderSize || st.Size > 1<<46 {
+		unix.Close(fd)
+		return nil, corruptf("segment size %d is not a valid ubkit segment", st.Size)
+	}
+	s, err := mapSegment(fd, int(st.Size), false)
+	if err != nil {
+		return nil, err
+	}
+	h := s.mem[:HeaderSize]
+	if binary.LittleEndian.Uint64(h[segOffMagic:]) != segMagic {
+		s.Close()
+		return nil, corruptf("not a ubkit segment (bad magic)")
+	}
+	if v := binary.LittleEndian.Uint32(h[segOffVersion:]); v != segVersion {
+		s.Close()
+		return nil, fmt.Errorf("shm: segment version %d, this ubkit speaks %d", v, segVersion)
+	}
+	if sz := binary.LittleEndian.Uint64(h[segOffSize:]); sz != uint64(st.Size) {
+		s.Close()
+		return nil, corruptf("segment header says %d bytes, file has %d", sz, st.Size)
+	}
+	return s, nil
+}
+
+func (s *Segment) initHeader(total int) {
+	var id [4]byte
+	_, _ = io.ReadFull(rand.Reader, id[:])
+	h := s.mem[:HeaderSize]
+	binary.LittleEndian.PutUint32(h[segOffVersion:], segVersion)
+	binary.LittleEndian.PutUint32(h[segOffID:], binary.LittleEndian.Uint32(id[:])|1)
+	binary.LittleEndian.PutUint64(h[segOffSize:], uint64(total))
+	binary.LittleEndian.PutUint64(h[segOffCreator:], Self().word())
+	// The magic goes last, atomically, so a concurrent opener or Sweep never
+	// takes a half-written header for a valid one.
+	(*atomic.Uint64)(unsafe.Pointer(&h[segOffMagic])).Store(segMagic)
+}
+
+// Name returns the segment's name without NamePrefix, or "" for a memfd.
+func (s *Segment) Name() string { return strings.TrimPrefix(s.name, NamePrefix) }
+
+// ID returns the random identifier written into the segment at creation. Pool
+// handles carry it so a handle for one segment is refused by another.
+func (s *Segment) ID() uint32 { return binary.LittleEndian.Uint32(s.mem[segOffID:]) }
+
+// Creator returns the process that created the segment, as recorded in its
+// header.
+func (s *Segment) Creator() Process {
+	return processFromWord(binary.LittleEndian.Uint64(s.mem[segOffCreator:]))
+}
+
+// Size returns the length of the data area.
+func (s *Segment) Size() int { return len(s.mem) - HeaderSize }
+
+// Data returns the data area: the mapped memory after the segment header,
+// shared with every process that maps the segment. Other processes may change
+// it at any time.
+func (s *Segment) Data() []byte { return s.mem[HeaderSize:] }
+
+// ReadAt copies from the data area at off, with bounds checks.
+func (s *Segment) ReadAt(p []byte, off int64) (int, error) {
+	d := s.Data()
+	if off < 0 || off > int64(len(d)) {
+		return 0, fmt.Errorf("shm: read at %d outside segment of %d bytes", off, len(d))
+	}
+	n := copy(p, d[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// WriteAt copies into the data area at off, with bounds checks.
+func (s *Segment) WriteAt(p []byte, off int64) (int, error) {
+	d := s.Data()
+	if off < 0 || off+int64(len(p)) > int64(len(d)) {
+		return 0, fmt.Errorf("shm: write of %d bytes at %d outside segment of %d bytes", len(p), off, len(d))
+	}
+	return copy(d[off:], p), nil
+}
+
+// Seal forbids changing the size of a memfd segment and further sealing, so
+// a receiver can map it without fear of a peer shrinking it under its feet
+// (which would fault on access).
+func (s *Segment) Seal() error {
+	if s.name != "" {
+		return errors.New("shm: only memfd segments can be sealed")
+	}
+	_, err := unix.FcntlInt(uintptr(s.fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
+	if err != nil {
+		return fmt.Errorf("shm: seal memfd: %w", err)
+	}
+	return nil
+}
+
+// Sealed reports whether the segment's size can no longer change.
+func (s *Segment) Sealed() bool {
+	seals, err := unix.FcntlInt(uintptr(s.fd), unix.F_GET_SEALS, 0)
+	return err == nil && seals&unix.F_SEAL_SHRINK != 0 && seals&unix.F_SEAL_GROW != 0
+}
+
+// Unlink removes the segment's name from /dev/shm. Mappings stay valid.
+func (s *Segment) Unlink() error {
+	if s.name == "" {
+		return nil
+	}
+	err := unix.Unlink(filepath.Join(ShmDir, s.name))
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("shm: unlink %s: %w", s.name, err)
+	}
+	return nil
+}
+
+// Close unmaps the segment and closes its descriptor; the creator of a named
+// segment also unlinks it unless it was created with Keep. Memory obtained
+// from Data must not be used after Close. Close is idempotent.
+func (s *Segment) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	var errs []error
+	if s.created && !s.keep {
+		errs = append(errs, s.Unlink())
+	}
+	if err := unix.Munmap(s.mem); err != nil {
+		errs = append(errs, fmt.Errorf("shm: munmap: %w", err))
+	}
+	if err := unix.Close(s.fd); err != nil {
+		errs = append(errs, fmt.Errorf("shm: close: %w", err))
+	}
+	openSegments.Add(-1)
+	return errors.Join(errs...)
+}
+
+// Sweep removes named ubkit segments from /dev/shm whose creating process is
+// dead, and ubkit-named files with no valid header that are older than a
+// minute. It returns the names it removed. Segments of live processes are
+// left alone.
+func Sweep() ([]string, error) {
+	entries, err := os.ReadDir(ShmDir)
+	if err != nil {
+		return nil, fmt.Errorf("shm: sweep: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), NamePrefix) || !e.Type().IsRegular() {
+			continue
+		}
+		path := filepath.Join(ShmDir, e.Name())
+		if !sweepable(path) {
+			continue
+		}
+		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("shm: sweep %s: %w", path, err))
+			continue
+		}
+		removed = append(removed, strings.TrimPrefix(e.Name(), NamePrefix))
+	}
+	return removed, errors.Join(errs...)
+}
+
+func sweepable(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var h [32]byte
+	n, _ := io.ReadFull(f, h[:])
+	if n < len(h) || binary.LittleEndian.Uint64(h[segOffMagic:]) != segMagic {
+		// Not ours or being created right now: only stale leftovers go.
+		st, err := f.Stat()
+		return err == nil && time.Since(st.ModTime()) > time.Minute
+	}
+	return !aliveWord(binary.LittleEndian.Uint64(h[segOffCreator:]))
+}

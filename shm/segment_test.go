@@ -1,0 +1,292 @@
+package shm
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestSegmentCreateOpen(t *testing.T) {
+	name := testName(t)
+	s, err := CreateSegment(name, 10000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	st, err := os.Stat(filepath.Join(ShmDir, NamePrefix+name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, want 0600", st.Mode().Perm())
+	}
+	if s.Size() < 10000 || s.Name() != name || s.Creator() != Self() {
+		t.Errorf("size %d name %q creator %v", s.Size(), s.Name(), s.Creator())
+	}
+	if _, err := CreateSegment(name, 100, nil); !errors.Is(err, os.ErrExist) {
+		t.Errorf("second create: %v, want ErrExist", err)
+	}
+	if _, err := s.WriteAt([]byte("hello"), 100); err != nil {
+		t.Fatal(err)
+	}
+	o, err := OpenSegment(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 5)
+	if _, err := o.ReadAt(got, 100); err != nil || string(got) != "hello" {
+		t.Errorf("read %q, %v", got, err)
+	}
+	if o.ID() != s.ID() {
+		t.Errorf("ids differ")
+	}
+	if _, err := o.WriteAt(got, int64(o.Size())-2); err == nil {
+		t.Error("write past the end succeeded")
+	}
+	if _, err := o.ReadAt(got, -1); err == nil {
+		t.Error("read at -1 succeeded")
+	}
+	// The opener's Close leaves the name; the creator's removes it.
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(ShmDir, NamePrefix+name)); err != nil {
+		t.Errorf("opener's Close removed the name: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(ShmDir, NamePrefix+name)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("creator's Close left the name: %v", err)
+	}
+}
+
+func TestSegmentBadNames(t *testing.T) {
+	for _, name := range []string{"", ".", "..", "a/b", "../x", "sp ace", string(make([]byte, 300))} {
+		if _, err := CreateSegment(name, 10, nil); err == nil {
+			t.Errorf("CreateSegment(%q) succeeded", name)
+		}
+		if _, err := OpenSegment(name); err == nil {
+			t.Errorf("OpenSegment(%q) succeeded", name)
+		}
+	}
+	if _, err := CreateSegment(testName(t), 0, nil); err == nil {
+		t.Error("zero size accepted")
+	}
+}
+
+func TestOpenCorruptSegment(t *testing.T) {
+	cases := map[string]func(path string) error{
+		"empty":     func(p string) error { return os.WriteFile(p, nil, 0o600) },
+		"bad magic": func(p string) error { return os.WriteFile(p, make([]byte, 8192), 0o600) },
+		"wrong size": func(p string) error {
+			s, err := CreateSegment(filepath.Base(p)[len(NamePrefix):], 100, &SegmentOptions{Keep: true})
+			if err != nil {
+				return err
+			}
+			s.Close()
+			return os.Truncate(p, 3*HeaderSize)
+		},
+	}
+	for name, make := range cases {
+		t.Run(name, func(t *testing.T) {
+			n := testName(t)
+			path := filepath.Join(ShmDir, NamePrefix+n)
+			defer os.Remove(path)
+			if err := make(path); err != nil {
+				t.Fatal(err)
+			}
+			s, err := OpenSegment(n)
+			if err == nil {
+				s.Close()
+				t.Fatal("opened a corrupt segment")
+			}
+			if !errors.Is(err, ErrCorrupt) {
+				t.Errorf("error %v does not wrap ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+func TestMemfdSealAndPass(t *testing.T) {
+	s, err := CreateMemfd("pass", 1<<16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	copy(s.Data(), "shared through SCM_RIGHTS")
+	a, b := socketPair(t)
+	// An unsealed segment is refused by a receiver that requires a seal.
+	if err := SendSegment(a, s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReceiveSegment(b, &ReceiveOptions{RequireSeal: true}); err == nil {
+		t.Fatal("unsealed segment accepted")
+	}
+	if err := s.Seal(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Sealed() {
+		t.Fatal("not sealed after Seal")
+	}
+	if err := SendSegment(a, s); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ReceiveSegment(b, &ReceiveOptions{RequireSeal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if !bytes.HasPrefix(r.Data(), []byte("shared through SCM_RIGHTS")) || r.ID() != s.ID() {
+		t.Errorf("received segment differs")
+	}
+	// Writes are visible both ways: same memory.
+	copy(r.Data()[100:], "back")
+	if string(s.Data()[100:104]) != "back" {
+		t.Error("write through the received mapping not visible")
+	}
+	// A message without a descriptor is an error, not a crash.
+	a.Write([]byte("S"))
+	if _, err := ReceiveSegment(b, nil); err == nil {
+		t.Error("message without a descriptor accepted")
+	}
+}
+
+func socketPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "s")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func init() {
+	children["memfd-receiver"] = func(args []string) error {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: args[0], Net: "unix"})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		s, err := ReceiveSegment(c, &ReceiveOptions{RequireSeal: true})
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if !bytes.HasPrefix(s.Data(), []byte("ping")) {
+			return errors.New("no ping in received segment")
+		}
+		copy(s.Data(), "pong")
+		return nil
+	}
+	children["keep-segment"] = func(args []string) error {
+		s, err := CreateSegment(args[0], 4096, &SegmentOptions{Keep: true})
+		if err != nil {
+			return err
+		}
+		// Exit without Close: the name stays behind for Sweep.
+		_ = s
+		return nil
+	}
+}
+
+func TestMemfdAcrossProcesses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cmd := startChild(t, "memfd-receiver", path)
+	c, err := l.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := CreateMemfd("xproc", 4096, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	copy(s.Data(), "ping")
+	if err := s.Seal(); err != nil {
+		t.Fatal(err)
+	}
+	if err := SendSegment(c, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if string(s.Data()[:4]) != "pong" {
+		t.Errorf("child's write not visible: %q", s.Data()[:4])
+	}
+}
+
+func TestSweep(t *testing.T) {
+	dead := testName(t) + "-dead"
+	if err := startChild(t, "keep-segment", dead).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	live, err := CreateSegment(testName(t)+"-live", 4096, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	removed, err := Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range removed {
+		if r == dead {
+			found = true
+		}
+		if r == live.Name() {
+			t.Errorf("Sweep removed a live process's segment")
+		}
+	}
+	if !found {
+		t.Errorf("Sweep removed %v, not the dead process's %s", removed, dead)
+	}
+	if _, err := os.Stat(filepath.Join(ShmDir, NamePrefix+dead)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dead segment still there: %v", err)
+	}
+}
+
+func TestProcessLiveness(t *testing.T) {
+	if !Self().Alive() {
+		t.Fatal("self not alive")
+	}
+	cmd := startChild(t, "keep-segment", testName(t))
+	p, err := LookupProcess(cmd.Process.Pid)
+	if err != nil {
+		// The child may already have exited; that is fine for this check.
+		t.Logf("lookup: %v", err)
+	}
+	cmd.Wait()
+	os.Remove(filepath.Join(ShmDir, NamePrefix+cmd.Env[len(cmd.Env)-1][len("UBKIT_SHM_ARGS="):]))
+	if err == nil && p.Alive() {
+		t.Errorf("process %d alive after it was reaped", p.PID)
+	}
+	if (Process{PID: uint32(os.Getpid()), Start: Self().Start + 1}).Alive() {
+		t.Error("a process with our pid but another start time counts as alive")
+	}
+}

@@ -1,0 +1,406 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync/atomic"
+)
+
+// SPSC ring layout, at a cacheLine-aligned offset of a segment:
+//
+//	control line   0: magic u64, version u32, pad u32, capacity u64,
+//	                  producer u64 (process word), consumer u64, closed u32
+//	producer line 128: tail u64, dataSeq u32 (futex), consumerWaiters u32
+//	consumer line 256: head u64, spaceSeq u32 (futex), producerWaiters u32
+//	data          384: capacity bytes of records
+//
+// head and tail count bytes since the ring was created; they never wrap in
+// practice (2^64 bytes). A record is an 8-byte header (payload length u32,
+// reserved u32) followed by the payload, padded to 8 bytes. A record never
+// wraps around the end of the data area: the producer writes a padding
+// header (length padMarker) and starts again at offset 0.
+const (
+	spscMagic   = 0x3143_5350_534b_4255 // "UBKSPSC1"
+	spscVersion = 1
+
+	spscOffMagic    = 0
+	spscOffVersion  = 8
+	spscOffCap      = 16
+	spscOffProducer = 24
+	spscOffConsumer = 32
+	spscOffClosed   = 40
+
+	spscOffTail            = cacheLine
+	spscOffDataSeq         = cacheLine + 8
+	spscOffConsumerWaiters = cacheLine + 12
+
+	spscOffHead            = 2 * cacheLine
+	spscOffSpaceSeq        = 2*cacheLine + 8
+	spscOffProducerWaiters = 2*cacheLine + 12
+
+	spscHeaderSize = 3 * cacheLine
+
+	recordHeader = 8
+	padMarker    = 0xffff_ffff
+
+	closedProducer = 1
+	closedConsumer = 2
+)
+
+// SPSCSize returns the number of segment bytes an SPSC ring with the given
+// data capacity occupies.
+func SPSCSize(capacity int) int { return spscHeaderSize + capacity }
+
+// SPSC is a single-producer single-consumer ring of variable-length records
+// in shared memory. One process attaches as Producer and one as Consumer;
+// they may be the same process. Records are read in place, without a copy.
+type SPSC struct {
+	mem      []byte
+	data     []byte
+	capacity int
+	mask     uint64
+
+	tail, head                 *atomic.Uint64
+	dataSeq, consumerWaiters   *atomic.Uint32
+	spaceSeq, producerWaiters  *atomic.Uint32
+	producerWord, consumerWord *atomic.Uint64
+	closed                     *atomic.Uint32
+}
+
+// CreateSPSC initializes a ring with capacity data bytes (a power of two, at
+// least 64) at offset off of seg's data area, overwriting what was there.
+func CreateSPSC(seg *Segment, off, capacity int) (*SPSC, error) {
+	if capacity < 64 || capacity&(capacity-1) != 0 || capacity > 1<<40 {
+		return nil, errorf("ring capacity %d must be a power of two between 64 and 2^40", capacity)
+	}
+	mem, err := region(seg, off, SPSCSize(capacity))
+	if err != nil {
+		return nil, err
+	}
+	clear(mem[:spscHeaderSize])
+	binary.LittleEndian.PutUint32(mem[spscOffVersion:], spscVersion)
+	binary.LittleEndian.PutUint64(mem[spscOffCap:], uint64(capacity))
+	atomicU64(mem, spscOffMagic).Store(spscMagic)
+	return attachSPSC(mem, capacity), nil
+}
+
+// OpenSPSC attaches to a ring that another process created at offset off of
+// seg, validating its header.
+func OpenSPSC(seg *Segment, off int) (*SPSC, error) {
+	hdr, err := region(seg, off, spscHeaderSize)
+	if err != nil {
+		return nil, err
+	}
+	if atomicU64(hdr, spscOffMagic).Load() != spscMagic {
+		return nil, corruptf("no SPSC ring at offset %d (bad magic)", off)
+	}
+	if v := binary.LittleEndian.Uint32(hdr[spscOffVersion:]); v != spscVersion {
+		return nil, errorf("SPSC ring version %d, this ubkit speaks %d", v, spscVersion)
+	}
+	c := binary.LittleEndian.Uint64(hdr[spscOffCap:])
+	if c < 64 || c&(c-1) != 0 || c > 1<<40 {
+		return nil, corruptf("SPSC ring capacity %d", c)
+	}
+	mem, err := region(seg, off, SPSCSize(int(c)))
+	if err != nil {
+		return nil, corruptf("SPSC ring capacity %d: %v", c, err)
+	}
+	return attachSPSC(mem, int(c)), nil
+}
+
+func attachSPSC(mem []byte, capacity int) *SPSC {
+	return &SPSC{
+		mem:             mem,
+		data:            mem[spscHeaderSize:],
+		capacity:        capacity,
+		mask:            uint64(capacity - 1),
+		tail:            atomicU64(mem, spscOffTail),
+		head:            atomicU64(mem, spscOffHead),
+		dataSeq:         atomicU32(mem, spscOffDataSeq),
+		consumerWaiters: atomicU32(mem, spscOffConsumerWaiters),
+		spaceSeq:        atomicU32(mem, spscOffSpaceSeq),
+		producerWaiters: atomicU32(mem, spscOffProducerWaiters),
+		producerWord:    atomicU64(mem, spscOffProducer),
+		consumerWord:    atomicU64(mem, spscOffConsumer),
+		closed:          atomicU32(mem, spscOffClosed),
+	}
+}
+
+// Capacity returns the ring's data capacity in bytes.
+func (r *SPSC) Capacity() int { return r.capacity }
+
+// MaxRecord returns the largest payload a single record can carry.
+func (r *SPSC) MaxRecord() int { return r.capacity - recordHeader }
+
+func claimEnd(word *atomic.Uint64) error {
+	me := Self().word()
+	for {
+		cur := word.Load()
+		if cur != 0 && cur != me && aliveWord(cur) {
+			p := processFromWord(cur)
+			return fmt.Errorf("%w (pid %d)", ErrBusy, p.PID)
+		}
+		if word.CompareAndSwap(cur, me) {
+			return nil
+		}
+	}
+}
+
+// peerCheck returns the liveness check for the side whose identity is in
+// word and whose close bit is closedBit.
+func (r *SPSC) peerCheck(word *atomic.Uint64, closedBit uint32) func() error {
+	return func() error {
+		if r.closed.Load()&closedBit != 0 {
+			return ErrClosed
+		}
+		w := word.Load()
+		if w != 0 && !aliveWord(w) {
+			return fmt.Errorf("%w (pid %d)", ErrPeerDead, processFromWord(w).PID)
+		}
+		return nil
+	}
+}
+
+// Producer attaches the calling process as the ring's producer. It fails
+// with ErrBusy if a live process already is.
+func (r *SPSC) Producer(w Wait) (*Producer, error) {
+	if err := claimEnd(r.producerWord); err != nil {
+		return nil, err
+	}
+	t := r.tail.Load()
+	if t&7 != 0 {
+		return nil, corruptf("ring tail %d is not 8-byte aligned", t)
+	}
+	p := &Producer{r: r, wait: w, tail: t, claim: t, head: r.head.Load()}
+	p.peer = r.peerCheck(r.consumerWord, closedConsumer)
+	return p, nil
+}
+
+// Consumer attaches the calling process as the ring's consumer. It fails
+// with ErrBusy if a live process already is.
+func (r *SPSC) Consumer(w Wait) (*Consumer, error) {
+	if err := claimEnd(r.consumerWord); err != nil {
+		return nil, err
+	}
+	h := r.head.Load()
+	if h&7 != 0 {
+		return nil, corruptf("ring head %d is not 8-byte aligned", h)
+	}
+	c := &Consumer{r: r, wait: w, head: h, read: h, tail: h}
+	c.peer = r.peerCheck(r.producerWord, closedProducer)
+	return c, nil
+}
+
+// Producer is the writing end of an SPSC ring. It is not safe for concurrent
+// use; one goroutine produces.
+type Producer struct {
+	r    *SPSC
+	wait Wait
+	peer func() error
+
+	tail  uint64 // published tail
+	claim uint64 // end of claimed, unpublished records
+	head  uint64 // last head seen
+}
+
+// Claim reserves room for a record of n payload bytes and returns the
+// payload to fill in place. Claimed records become visible to the consumer,
+// in order, at the next Commit. It returns ErrRingFull if there is no room
+// now; fill every claimed record before the next Claim or ClaimWait.
+func (p *Producer) Claim(n int) ([]byte, error) {
+	r := p.r
+	if n < 0 || n > r.capacity-recordHeader {
+		return nil, fmt.Errorf("%w: record of %d bytes, ring holds at most %d", ErrTooLarge, n, r.capacity-recordHeader)
+	}
+	need := uint64(recordHeader + align8(n))
+	pos := p.claim & r.mask
+	toEnd := uint64(r.capacity) - pos
+	total := need
+	if toEnd < need {
+		total += toEnd
+	}
+	if p.claim+total-p.head > uint64(r.capacity) {
+		if err := p.refreshHead(); err != nil {
+			return nil, err
+		}
+		if p.claim+total-p.head > uint64(r.capacity) {
+			return nil, ErrRingFull
+		}
+	}
+	if toEnd < need {
+		binary.LittleEndian.PutUint32(r.data[pos:], padMarker)
+		p.claim += toEnd
+		pos = 0
+	}
+	binary.LittleEndian.PutUint64(r.data[pos:], uint64(n))
+	p.claim += need
+	start := pos + recordHeader
+	return r.data[start : start+uint64(n) : start+uint64(n)], nil
+}
+
+func (p *Producer) refreshHead() error {
+	h := p.r.head.Load()
+	if h < p.head || h > p.tail || h&7 != 0 {
+		return corruptf("ring head %d outside [%d, %d]", h, p.head, p.tail)
+	}
+	p.head = h
+	return nil
+}
+
+// Commit publishes every record claimed since the last Commit with one store
+// and wakes a sleeping consumer.
+func (p *Producer) Commit() {
+	if p.claim == p.tail {
+		return
+	}
+	p.tail = p.claim
+	p.r.tail.Store(p.claim)
+	wake(p.r.dataSeq, p.r.consumerWaiters, false)
+}
+
+// ClaimWait is Claim that waits, with the producer's wait strategy, until
+// there is room, ctx ends, or the consumer dies or closes. It commits the
+// records claimed so far before it waits.
+func (p *Producer) ClaimWait(ctx context.Context, n int) ([]byte, error) {
+	b, err := p.Claim(n)
+	if err != ErrRingFull {
+		return b, err
+	}
+	p.Commit()
+	err = p.wait.wait(ctx, waiter{
+		ready: func() (bool, error) {
+			b, err = p.Claim(n)
+			if err == ErrRingFull {
+				return false, nil
+			}
+			return true, err
+		},
+		seq:     p.r.spaceSeq,
+		waiters: p.r.producerWaiters,
+		peer:    p.peer,
+	})
+	return b, err
+}
+
+// Send writes one record holding a copy of payload and commits it, waiting
+// for room as ClaimWait does.
+func (p *Producer) Send(ctx context.Context, payload []byte) error {
+	b, err := p.ClaimWait(ctx, len(payload))
+	if err != nil {
+		return err
+	}
+	copy(b, payload)
+	p.Commit()
+	return nil
+}
+
+// Close commits pending records and tells the consumer no more will come:
+// once it has read everything, it gets ErrClosed.
+func (p *Producer) Close() error {
+	p.Commit()
+	p.r.closed.Or(closedProducer)
+	p.r.dataSeq.Add(1)
+	futexWake(p.r.dataSeq, 1)
+	p.r.producerWord.CompareAndSwap(Self().word(), 0)
+	return nil
+}
+
+// Consumer is the reading end of an SPSC ring. It is not safe for concurrent
+// use; one goroutine consumes.
+type Consumer struct {
+	r    *SPSC
+	wait Wait
+	peer func() error
+
+	head uint64 // published head
+	read uint64 // end of records returned, not yet released
+	tail uint64 // last tail seen
+}
+
+// Next returns the payload of the next record, in place in shared memory, or
+// ErrRingEmpty. The bytes stay valid until Release (or a NextWait that has to
+// wait); the producer cannot reuse them before. It returns ErrClosed once the
+// producer closed and every record was read.
+func (c *Consumer) Next() ([]byte, error) {
+	r := c.r
+	for range 2 {
+		if c.read == c.tail {
+			t := r.tail.Load()
+			if t < c.tail || t-c.head > uint64(r.capacity) || t&7 != 0 {
+				return nil, corruptf("ring tail %d outside [%d, %d]", t, c.tail, c.head+uint64(r.capacity))
+			}
+			c.tail = t
+			if c.read == t {
+				if r.closed.Load()&closedProducer != 0 && r.tail.Load() == t {
+					return nil, ErrClosed
+				}
+				return nil, ErrRingEmpty
+			}
+		}
+		pos := c.read & r.mask
+		n := binary.LittleEndian.Uint64(r.data[pos:])
+		if uint32(n) == padMarker {
+			toEnd := uint64(r.capacity) - pos
+			if pos == 0 || c.read+toEnd > c.tail {
+				return nil, corruptf("padding record at %d runs past tail %d", c.read, c.tail)
+			}
+			c.read += toEnd
+			continue
+		}
+		need := recordHeader + (n+7)&^7
+		if n > uint64(r.capacity-recordHeader) || c.read+need > c.tail || pos+need > uint64(r.capacity) {
+			return nil, corruptf("record of %d bytes at %d does not fit (tail %d)", n, c.read, c.tail)
+		}
+		c.read += need
+		start := pos + recordHeader
+		return r.data[start : start+n : start+n], nil
+	}
+	return nil, corruptf("two padding records in a row at %d", c.read)
+}
+
+// Release gives the space of every record returned by Next back to the
+// producer with one store, and wakes a producer waiting for room.
+func (c *Consumer) Release() {
+	if c.read == c.head {
+		return
+	}
+	c.head = c.read
+	c.r.head.Store(c.read)
+	wake(c.r.spaceSeq, c.r.producerWaiters, false)
+}
+
+// NextWait is Next that waits, with the consumer's wait strategy, until a
+// record arrives, ctx ends, or the producer dies. Before it waits it
+// releases the records read so far, so their bytes must no longer be used.
+func (c *Consumer) NextWait(ctx context.Context) ([]byte, error) {
+	b, err := c.Next()
+	if err != ErrRingEmpty {
+		return b, err
+	}
+	c.Release()
+	err = c.wait.wait(ctx, waiter{
+		ready: func() (bool, error) {
+			b, err = c.Next()
+			if err == ErrRingEmpty {
+				return false, nil
+			}
+			return true, err
+		},
+		seq:     c.r.dataSeq,
+		waiters: c.r.consumerWaiters,
+		peer:    c.peer,
+	})
+	return b, err
+}
+
+// Close releases what was read and tells the producer nobody reads any more:
+// its waiting calls fail with ErrClosed.
+func (c *Consumer) Close() error {
+	c.Release()
+	c.r.closed.Or(closedConsumer)
+	c.r.spaceSeq.Add(1)
+	futexWake(c.r.spaceSeq, 1)
+	c.r.consumerWord.CompareAndSwap(Self().word(), 0)
+	return nil
+}

@@ -1,0 +1,150 @@
+package shm
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// WaitMode selects how a blocked ring call waits for its peer.
+type WaitMode uint8
+
+const (
+	// WaitBlock spins for Wait.Spin, then sleeps on a futex until the peer
+	// wakes it. Each sleep is bounded (FUTEX_WAIT always has a timeout) so a
+	// dead peer is noticed. The default.
+	WaitBlock WaitMode = iota
+	// WaitSpin busy-spins until the call can proceed. Lowest latency; burns a
+	// core while waiting.
+	WaitSpin
+	// WaitYield spins for Wait.Spin, then spins while yielding the CPU to other
+	// threads between checks.
+	WaitYield
+)
+
+// DefaultSpin is how long WaitBlock and WaitYield spin before they sleep or
+// yield when Wait.Spin is zero. Waking a thread sleeping on another CPU costs
+// tens of microseconds on virtual machines, so a short spin catches a reply
+// that is about to arrive far more cheaply.
+const DefaultSpin = 50 * time.Microsecond
+
+// Wait says how a blocked call waits. The zero value is WaitBlock with
+// DefaultSpin.
+type Wait struct {
+	Mode WaitMode
+	// Spin is how long to spin before yielding or sleeping. Zero means
+	// DefaultSpin; a negative value means do not spin at all.
+	Spin time.Duration
+}
+
+func (w Wait) spin() time.Duration {
+	switch {
+	case w.Spin == 0:
+		return DefaultSpin
+	case w.Spin < 0:
+		return 0
+	}
+	return w.Spin
+}
+
+// waiter is the shared state a blocked call needs: the condition, the futex
+// word its peer bumps when it makes progress, the count of sleepers the peer
+// checks before waking, and a check for a dead or departed peer.
+type waiter struct {
+	ready   func() (bool, error)
+	seq     *atomic.Uint32
+	waiters *atomic.Uint32
+	peer    func() error
+}
+
+// wait blocks until w.ready reports true or an error, ctx ends, or the peer
+// check fails. It never sleeps longer than livenessInterval at a time.
+func (s Wait) wait(ctx context.Context, w waiter) error {
+	start := time.Now()
+	spinFor := s.spin()
+	lastCheck := start
+	done := ctx.Done()
+	check := func(now time.Time) error {
+		if done != nil {
+			select {
+			case <-done:
+				return ctx.Err()
+			default:
+			}
+		}
+		if now.Sub(lastCheck) >= livenessInterval {
+			lastCheck = now
+			if err := w.peer(); err != nil {
+				// The peer may have published its last records before it
+				// died or closed: report them first.
+				if ok, rerr := w.ready(); ok || rerr != nil {
+					return rerr
+				}
+				return err
+			}
+		}
+		return nil
+	}
+	for i := 1; ; i++ {
+		ok, err := w.ready()
+		if ok || err != nil {
+			return err
+		}
+		if i&63 != 0 {
+			continue
+		}
+		now := time.Now()
+		if err := check(now); err != nil {
+			return err
+		}
+		if s.Mode != WaitSpin && now.Sub(start) >= spinFor {
+			break
+		}
+	}
+	if s.Mode == WaitYield {
+		for {
+			ok, err := w.ready()
+			if ok || err != nil {
+				return err
+			}
+			osYield()
+			if err := check(time.Now()); err != nil {
+				return err
+			}
+		}
+	}
+	for {
+		w.waiters.Add(1)
+		v := w.seq.Load()
+		ok, err := w.ready()
+		if ok || err != nil {
+			w.waiters.Add(^uint32(0))
+			return err
+		}
+		d := livenessInterval
+		if dl, has := ctx.Deadline(); has {
+			if r := time.Until(dl); r < d {
+				d = max(r, time.Microsecond)
+			}
+		}
+		futexWait(w.seq, v, d)
+		w.waiters.Add(^uint32(0))
+		if err := check(time.Now()); err != nil {
+			return err
+		}
+	}
+}
+
+// wake wakes sleepers on seq if there are any. Callers publish their progress
+// before calling it.
+func wake(seq, waiters *atomic.Uint32, all bool) {
+	if waiters.Load() == 0 {
+		return
+	}
+	seq.Add(1)
+	n := 1
+	if all {
+		n = 1 << 30
+	}
+	futexWake(seq, n)
+}
