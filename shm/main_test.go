@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "unknown child %q\n", name)
 			os.Exit(2)
 		}
-		if err := f(strings.Split(os.Getenv("UBKIT_SHM_ARGS"), "\x00")); err != nil {
+		if err := f(strings.Split(os.Getenv("UBKIT_SHM_ARGS"), "\x1f")); err != nil {
 			fmt.Fprintf(os.Stderr, "child %s: %v\n", name, err)
 			os.Exit(1)
 		}
@@ -65,7 +65,7 @@ func ubkitNames() []string {
 func startChild(t testing.TB, name string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "UBKIT_SHM_CHILD="+name, "UBKIT_SHM_ARGS="+strings.Join(args, "\x00"))
+	cmd.Env = append(os.Environ(), "UBKIT_SHM_CHILD="+name, "UBKIT_SHM_ARGS="+strings.Join(args, "\x1f"))
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

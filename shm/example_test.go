@@ -1,0 +1,128 @@
+package shm_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+func Example() {
+	// One process creates a segment and a ring in it...
+	name := "example-" + strconv.Itoa(os.Getpid())
+	seg, err := shm.CreateSegment(name, shm.SPSCSize(4096), nil)
+	if err != nil {
+		panic(err)
+	}
+	defer seg.Close()
+	ring, _ := shm.CreateSPSC(seg, 0, 4096)
+	producer, _ := ring.Producer(shm.Wait{})
+
+	// ...another opens them by name (here the same process, for brevity).
+	peer, _ := shm.OpenSegment(name)
+	defer peer.Close()
+	peerRing, _ := shm.OpenSPSC(peer, 0)
+	consumer, _ := peerRing.Consumer(shm.Wait{})
+
+	ctx := context.Background()
+	producer.Send(ctx, []byte("hello"))
+	producer.Send(ctx, []byte("world"))
+	producer.Close()
+	for {
+		rec, err := consumer.NextWait(ctx)
+		if err != nil {
+			fmt.Println(err)
+			break
+		}
+		fmt.Println(string(rec))
+	}
+	// Output:
+	// hello
+	// world
+	// shm: closed
+}
+
+func ExampleProducer_Claim() {
+	seg, _ := shm.CreateMemfd("batch", shm.SPSCSize(1024), nil)
+	defer seg.Close()
+	ring, _ := shm.CreateSPSC(seg, 0, 1024)
+	p, _ := ring.Producer(shm.Wait{})
+	c, _ := ring.Consumer(shm.Wait{})
+
+	// Claim several records, fill them in place, publish them with one store.
+	for i := range 3 {
+		rec, _ := p.Claim(8)
+		copy(rec, "record "+strconv.Itoa(i))
+	}
+	p.Commit()
+
+	for {
+		rec, err := c.Next()
+		if err == shm.ErrRingEmpty {
+			break
+		}
+		fmt.Println(string(rec))
+	}
+	c.Release() // give the space back with one store
+	// Output:
+	// record 0
+	// record 1
+	// record 2
+}
+
+func ExamplePool() {
+	cfg := shm.PoolConfig{Classes: []shm.PoolClass{{Size: 4096, Count: 8}}}
+	size, _ := shm.PoolSize(cfg)
+	seg, _ := shm.CreateMemfd("pool", size, nil)
+	defer seg.Close()
+	pool, _ := shm.CreatePool(seg, 0, cfg)
+
+	buf, _ := pool.Loan(100)
+	copy(buf.Bytes(), "zero copy")
+	wire, _ := buf.Handle().MarshalBinary() // 16 bytes to send to a peer
+
+	// The peer decodes the handle and adopts the buffer: no payload copied.
+	var h shm.Handle
+	h.UnmarshalBinary(wire)
+	got, _ := pool.Adopt(h)
+	fmt.Println(string(got.Bytes()[:9]))
+	got.Return()
+
+	// The stale handle is refused once the buffer went back.
+	_, err := pool.Resolve(h)
+	fmt.Println(err != nil)
+	// Output:
+	// zero copy
+	// true
+}
+
+func ExampleMPMC() {
+	seg, _ := shm.CreateMemfd("mpmc", shm.MPMCSize(8, 64), nil)
+	defer seg.Close()
+	q, _ := shm.CreateMPMC(seg, 0, 8, 64, shm.Wait{})
+	defer q.Close()
+	q.TryPush([]byte("job 1"))
+	q.TryPush([]byte("job 2"))
+	buf := make([]byte, q.SlotSize())
+	for {
+		n, err := q.TryPop(buf)
+		if err != nil {
+			break
+		}
+		fmt.Println(string(buf[:n]))
+	}
+	// Output:
+	// job 1
+	// job 2
+}
+
+func ExampleSweep() {
+	// Remove segments left behind by processes that died without Close.
+	removed, err := shm.Sweep()
+	if err != nil {
+		fmt.Println(err)
+	}
+	_ = removed
+}
