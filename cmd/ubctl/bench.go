@@ -1,0 +1,102 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
+)
+
+var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
+	"shm": func(o *benchOpts) ([]bench.Case, error) {
+		bin := ""
+		if !o.noShmipc {
+			b, err := shmsuite.BuildShmipc(cacheDir())
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "warning: shmipc-go baseline unavailable: %v\n", err)
+			}
+			bin = b
+		}
+		return shmsuite.Cases(bin), nil
+	},
+}
+
+type benchOpts struct {
+	quick, json, noShmipc, verbose bool
+	rounds                         int
+	duration                       time.Duration
+	only                           string
+}
+
+func benchCmd(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var o benchOpts
+	fs.BoolVar(&o.quick, "quick", false, "short runs (under 30 seconds per suite)")
+	fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&o.noShmipc, "no-shmipc", false, "leave out the shmipc-go baseline")
+	fs.BoolVar(&o.verbose, "v", false, "print each round")
+	fs.IntVar(&o.rounds, "rounds", 0, "measured rounds per contender (default 5, 3 with -quick)")
+	fs.DurationVar(&o.duration, "duration", 0, "length of each run (default 1s, 200ms with -quick)")
+	fs.StringVar(&o.only, "case", "", "run only this case")
+	suite := ""
+	if len(args) > 0 && args[0][0] != '-' {
+		suite, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if suite == "" && fs.NArg() > 0 {
+		suite = fs.Arg(0)
+	}
+	names := []string{suite}
+	if suite == "all" {
+		names = names[:0]
+		for n := range suites {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+	} else if _, ok := suites[suite]; !ok {
+		return fmt.Errorf("unknown suite %q (have: shm, all)", suite)
+	}
+	opts := bench.Options{Rounds: 5, Duration: time.Second, Warmup: 200 * time.Millisecond}
+	if o.quick {
+		opts = bench.Options{Rounds: 3, Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond}
+	}
+	if o.rounds > 0 {
+		opts.Rounds = o.rounds
+	}
+	if o.duration > 0 {
+		opts.Duration = o.duration
+	}
+	if o.verbose {
+		opts.Progress = os.Stderr
+	}
+	for _, n := range names {
+		cases, err := suites[n](&o)
+		if err != nil {
+			return err
+		}
+		if o.only != "" {
+			cases = slices.DeleteFunc(cases, func(c bench.Case) bool { return c.Name != o.only })
+		}
+		rep, err := bench.Run(n, cases, opts)
+		if err != nil {
+			return err
+		}
+		var w io.Writer = os.Stdout
+		if o.json {
+			err = rep.WriteJSON(w)
+		} else {
+			err = rep.WriteTable(w)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
+)
+
+func demoCmd(args []string) error {
+	fmt.Println("ubkit demo: two processes exchanging messages through shared memory")
+	fmt.Println("(this process and a peer it starts; the same work over a unix socket and TCP loopback)")
+	fmt.Println()
+	rep, err := bench.Run("demo", shmsuite.DemoCases(), bench.Options{Rounds: 3, Duration: 300 * time.Millisecond, Warmup: 50 * time.Millisecond})
+	if err != nil {
+		return err
+	}
+	lat, thr := rep.Results[0], rep.Results[1]
+	fmt.Printf("%-10s %16s %16s %18s\n", "path", "latency p50", "latency p99", "64 B messages/s")
+	for _, name := range []string{"ubkit", "uds", "tcp"} {
+		l, t := lat.Detail[name], thr.Detail[name]
+		label := map[string]string{"ubkit": "ubkit shm", "uds": "unix socket", "tcp": "TCP loopback"}[name]
+		fmt.Printf("%-12s %14s %16s %18s\n", label, dur(l.P50), dur(l.P99), rate(t.Median))
+	}
+	fmt.Println()
+	fmt.Printf("ubkit round trip: %.1fx faster than the unix socket, %.1fx faster than TCP\n",
+		lat.Baselines["uds"]/lat.Value, lat.Baselines["tcp"]/lat.Value)
+	fmt.Printf("ubkit streaming:  %.1fx the unix socket's messages/s, %.1fx TCP's\n",
+		thr.Value/thr.Baselines["uds"], thr.Value/thr.Baselines["tcp"])
+	fmt.Fprintln(os.Stderr, "\nfull comparison, shmipc-go included: go run ./cmd/ubctl bench shm")
+	return nil
+}
+
+func dur(ns float64) string { return time.Duration(ns).Round(10 * time.Nanosecond).String() }
+
+func rate(v float64) string {
+	if v >= 1e6 {
+		return fmt.Sprintf("%.1f M", v/1e6)
+	}
+	return fmt.Sprintf("%.0f k", v/1e3)
+}

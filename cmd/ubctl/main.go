@@ -1,0 +1,59 @@
+// Command ubctl is ubkit's command-line tool: benchmarks against baselines
+// and the demo.
+//
+//	ubctl bench <suite|all> [-quick] [-json]
+//	ubctl demo
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+)
+
+const usage = `ubctl: ubkit's command-line tool
+
+usage:
+  ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D]
+        run a benchmark suite against its baselines, side by side (suites: shm)
+  ubctl demo
+        two processes exchanging messages through shared memory, next to a
+        unix socket and TCP loopback
+`
+
+func main() {
+	// A benchmark peer is this program re-executed: run its role and exit.
+	bench.RunPeerIfChild()
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "bench":
+		err = benchCmd(os.Args[2:])
+	case "demo":
+		err = demoCmd(os.Args[2:])
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "ubctl: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ubctl %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func cacheDir() string {
+	if d := os.Getenv("UBKIT_CACHE"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return d + "/ubkit"
+	}
+	return os.TempDir() + "/ubkit-cache"
+}

@@ -1,0 +1,96 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+const (
+	envRole = "UBKIT_BENCH_PEER"
+	envArgs = "UBKIT_BENCH_ARGS"
+)
+
+var peers = map[string]func(args json.RawMessage) error{}
+
+// RegisterPeer names a function a peer process can run. Call it from init.
+func RegisterPeer(role string, f func(args json.RawMessage) error) {
+	if _, dup := peers[role]; dup {
+		panic("bench: peer role registered twice: " + role)
+	}
+	peers[role] = f
+}
+
+// RunPeerIfChild runs the peer role this process was started for, if any,
+// and exits. It returns when the process is not a benchmark peer.
+func RunPeerIfChild() {
+	role := os.Getenv(envRole)
+	if role == "" {
+		return
+	}
+	f, ok := peers[role]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "bench peer: unknown role %q\n", role)
+		os.Exit(2)
+	}
+	if err := f(json.RawMessage(os.Getenv(envArgs))); err != nil {
+		fmt.Fprintf(os.Stderr, "bench peer %s: %v\n", role, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// Peer is a running peer process.
+type Peer struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// StartPeer re-executes this program as the peer role with args encoded as
+// JSON. The peer dies with its parent.
+func StartPeer(role string, args any) (*Peer, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("bench: find own executable: %w", err)
+	}
+	a, err := json.Marshal(args)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), envRole+"="+role, envArgs+"="+string(a))
+	cmd.Stdout = os.Stderr
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("bench: start peer %s: %w", role, err)
+	}
+	p := &Peer{cmd: cmd, done: make(chan error, 1)}
+	go func() { p.done <- cmd.Wait() }()
+	return p, nil
+}
+
+// Done is closed-over by a receive when the peer exits; it yields its exit
+// error.
+func (p *Peer) Done() <-chan error { return p.done }
+
+// Wait waits for the peer to exit and returns its error.
+func (p *Peer) Wait() error {
+	err := <-p.done
+	p.done <- err
+	if err != nil {
+		return fmt.Errorf("bench peer: %w", err)
+	}
+	return nil
+}
+
+// Kill stops the peer and waits for it.
+func (p *Peer) Kill() {
+	p.cmd.Process.Kill()
+	p.Wait()
+}
+
+// PID returns the peer's process id.
+func (p *Peer) PID() int { return p.cmd.Process.Pid }

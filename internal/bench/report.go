@@ -1,0 +1,257 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Measurement is what one run of one contender produced.
+type Measurement struct {
+	Value   float64   // in the case's unit
+	Samples []float64 // latency samples in ns, for latency cases
+	// P50 and P99 in ns, for latency cases measured by an outside program
+	// that reports percentiles rather than samples.
+	P50, P99 float64
+}
+
+// Contender is one implementation of a case: ubkit or a baseline.
+type Contender struct {
+	Name string
+	// Run runs the case for about d and measures it. Both ends of the work
+	// must run in separate processes.
+	Run func(d time.Duration) (Measurement, error)
+}
+
+// Case is one benchmark: ubkit's contender (named "ubkit") and its baselines.
+type Case struct {
+	Name   string
+	Unit   string
+	Better string // "lower" or "higher"
+	// Latency cases report the median of all samples as the value, with p50,
+	// p99 and p99.9 from the samples.
+	Latency    bool
+	Contenders []Contender
+}
+
+// Options control a suite run.
+type Options struct {
+	Rounds   int           // measured rounds per contender
+	Duration time.Duration // per run
+	Warmup   time.Duration // one unmeasured run per contender
+	Progress io.Writer     // progress lines, or nil
+}
+
+// Stats summarises one contender's rounds.
+type Stats struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+	P50    float64 `json:"p50,omitempty"`
+	P99    float64 `json:"p99,omitempty"`
+	P999   float64 `json:"p999,omitempty"`
+	Rounds int     `json:"rounds"`
+	Error  string  `json:"error,omitempty"`
+}
+
+// Result is one row of a report.
+type Result struct {
+	Case      string             `json:"case"`
+	Unit      string             `json:"unit"`
+	Better    string             `json:"better"`
+	Value     float64            `json:"value"`
+	Baselines map[string]float64 `json:"baselines"`
+	Detail    map[string]Stats   `json:"detail"`
+}
+
+// Report is a suite's output.
+type Report struct {
+	Suite   string   `json:"suite"`
+	Machine string   `json:"machine,omitempty"`
+	Date    string   `json:"date,omitempty"`
+	Results []Result `json:"results"`
+}
+
+// Run measures every case: after a warm-up it runs the contenders in turn,
+// round after round (A B C A B C ...), so drift on a shared machine hits all
+// of them alike.
+func Run(suite string, cases []Case, o Options) (*Report, error) {
+	rep := &Report{Suite: suite, Machine: Machine(), Date: time.Now().UTC().Format(time.DateOnly)}
+	for _, c := range cases {
+		values := make([][]float64, len(c.Contenders))
+		samples := make([][]float64, len(c.Contenders))
+		p50s := make([][]float64, len(c.Contenders))
+		p99s := make([][]float64, len(c.Contenders))
+		errs := make([]error, len(c.Contenders))
+		for i, k := range c.Contenders {
+			if o.Warmup > 0 {
+				if _, err := k.Run(o.Warmup); err != nil {
+					errs[i] = err
+				}
+			}
+		}
+		for r := range o.Rounds {
+			for i, k := range c.Contenders {
+				if errs[i] != nil {
+					continue
+				}
+				m, err := k.Run(o.Duration)
+				if err != nil {
+					errs[i] = err
+					continue
+				}
+				values[i] = append(values[i], m.Value)
+				samples[i] = append(samples[i], m.Samples...)
+				if m.P50 > 0 {
+					p50s[i] = append(p50s[i], m.P50)
+					p99s[i] = append(p99s[i], m.P99)
+				}
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "  %s round %d %s: %.4g %s\n", c.Name, r+1, k.Name, m.Value, c.Unit)
+				}
+			}
+		}
+		res := Result{Case: c.Name, Unit: c.Unit, Better: c.Better, Baselines: map[string]float64{}, Detail: map[string]Stats{}}
+		for i, k := range c.Contenders {
+			st := summarize(values[i], samples[i], c.Latency)
+			if c.Latency && len(samples[i]) == 0 && len(p50s[i]) > 0 {
+				slices.Sort(p50s[i])
+				slices.Sort(p99s[i])
+				st.P50, st.P99 = percentile(p50s[i], 0.5), percentile(p99s[i], 0.5)
+			}
+			if errs[i] != nil {
+				st.Error = errs[i].Error()
+				if k.Name == "ubkit" {
+					return nil, fmt.Errorf("%s/%s: %w", suite, c.Name, errs[i])
+				}
+			}
+			res.Detail[k.Name] = st
+			v := st.Median
+			if c.Latency && st.P50 > 0 {
+				v = st.P50
+			}
+			if k.Name == "ubkit" {
+				res.Value = v
+			} else if errs[i] == nil {
+				res.Baselines[k.Name] = v
+			}
+		}
+		rep.Results = append(rep.Results, res)
+	}
+	return rep, nil
+}
+
+func summarize(values, samples []float64, latency bool) Stats {
+	var st Stats
+	st.Rounds = len(values)
+	if len(values) == 0 {
+		return st
+	}
+	slices.Sort(values)
+	st.Median, st.Min, st.Max = percentile(values, 0.5), values[0], values[len(values)-1]
+	if latency && len(samples) > 0 {
+		slices.Sort(samples)
+		st.P50, st.P99, st.P999 = percentile(samples, 0.5), percentile(samples, 0.99), percentile(samples, 0.999)
+	}
+	return st
+}
+
+func percentile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+// Ratio is value over baseline; for "lower is better" units below 1 is a win.
+func Ratio(value, baseline float64) float64 {
+	if baseline == 0 {
+		return math.NaN()
+	}
+	return value / baseline
+}
+
+// WriteJSON writes the report as one JSON document.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteTable writes the report as a human-readable table with ratios.
+func (r *Report) WriteTable(w io.Writer) error {
+	fmt.Fprintf(w, "suite %s  (%s, %s)\n", r.Suite, r.Machine, r.Date)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "case\tcontender\tvalue\tunit\tp99\tspread\tubkit ratio\t")
+	for _, res := range r.Results {
+		names := []string{"ubkit"}
+		for n := range res.Detail {
+			if n != "ubkit" {
+				names = append(names, n)
+			}
+		}
+		slices.Sort(names[1:])
+		for i, n := range names {
+			st := res.Detail[n]
+			c := ""
+			if i == 0 {
+				c = res.Case
+			}
+			if st.Error != "" {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\n", c, n, "error: "+firstLine(st.Error))
+				continue
+			}
+			v := st.Median
+			if st.P50 > 0 {
+				v = st.P50
+			}
+			p99, ratio := "", ""
+			if st.P99 > 0 {
+				p99 = human(st.P99)
+			}
+			if n != "ubkit" {
+				ratio = fmt.Sprintf("%.2fx", Ratio(res.Value, v))
+			}
+			spread := ""
+			if st.Rounds > 1 && st.Median != 0 {
+				spread = fmt.Sprintf("±%.0f%%", 100*(st.Max-st.Min)/2/st.Median)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", c, n, human(v), res.Unit, p99, spread, ratio)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "ratio = ubkit / baseline: below 1 wins for lower-is-better units (ns/op), above 1 for higher-is-better (msg/s, GB/s)")
+	return nil
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	if len(s) > 60 {
+		return s[:60] + "..."
+	}
+	return s
+}
+
+func human(v float64) string {
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.2fG", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e4:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	case v >= 100:
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.3g", v)
+}

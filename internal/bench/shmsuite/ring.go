@@ -1,0 +1,369 @@
+package shmsuite
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+var segCounter atomic.Uint64
+
+// ringSetup makes a segment holding two SPSC rings (and, for the zero-copy
+// case, a pool) and starts the peer that serves them.
+type ringSetup struct {
+	seg      *shm.Segment
+	a, b     *shm.SPSC // a: parent to peer, b: peer to parent
+	pool     *shm.Pool
+	peer     *bench.Peer
+	poolOff  int
+	capA     int
+	capB     int
+	waitMode shm.WaitMode
+}
+
+var zeroCopyPool = shm.PoolConfig{Classes: []shm.PoolClass{{Size: 256, Count: 16}, {Size: mib, Count: 4}}}
+
+// layout returns the offsets of ring a, ring b and the pool.
+func layout(capA, capB int, withPool bool) (offA, offB, offPool, size int) {
+	align := func(n int) int { return (n + 4095) &^ 4095 }
+	offB = align(shm.SPSCSize(capA))
+	size = offB + align(shm.SPSCSize(capB))
+	if withPool {
+		offPool = size
+		ps, _ := shm.PoolSize(zeroCopyPool)
+		size += ps
+	}
+	return offA, offB, offPool, size
+}
+
+func startRing(caseName string, capA, capB int, withPool bool, wait shm.WaitMode) (*ringSetup, error) {
+	offA, offB, offPool, size := layout(capA, capB, withPool)
+	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), segCounter.Add(1))
+	seg, err := shm.CreateSegment(name, size, nil)
+	if err != nil {
+		return nil, err
+	}
+	s := &ringSetup{seg: seg, capA: capA, capB: capB, waitMode: wait}
+	fail := func(err error) (*ringSetup, error) { seg.Close(); return nil, err }
+	if s.a, err = shm.CreateSPSC(seg, offA, capA); err != nil {
+		return fail(err)
+	}
+	if s.b, err = shm.CreateSPSC(seg, offB, capB); err != nil {
+		return fail(err)
+	}
+	if withPool {
+		if s.pool, err = shm.CreatePool(seg, offPool, zeroCopyPool); err != nil {
+			return fail(err)
+		}
+	}
+	s.peer, err = bench.StartPeer("shm-ring", peerArgs{Case: caseName, Addr: name, Wait: wait, Size: capA<<20 | capB, Extra: time.Duration(offPool)})
+	if err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+func (s *ringSetup) close() {
+	s.peer.Kill()
+	s.seg.Close()
+}
+
+// ends attaches this process as producer of a and consumer of b.
+func (s *ringSetup) ends() (*shm.Producer, *shm.Consumer, error) {
+	w := shm.Wait{Mode: s.waitMode}
+	p, err := s.a.Producer(w)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := s.b.Consumer(w)
+	return p, c, err
+}
+
+func shmPingPong(d time.Duration, wait shm.WaitMode) (bench.Measurement, error) {
+	s, err := startRing("pingpong", 4096, 4096, false, wait)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer s.close()
+	p, c, err := s.ends()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
+	defer cancel()
+	samples := make([]float64, 0, 1<<20)
+	start := time.Now()
+	for i := uint64(0); ; i++ {
+		t0 := time.Now()
+		if t0.Sub(start) > d {
+			break
+		}
+		out, err := p.ClaimWait(ctx, 64)
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+		bench.Fill(out, i)
+		want := bench.Sum(out)
+		p.Commit()
+		in, err := c.NextWait(ctx)
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+		if got := binary.LittleEndian.Uint64(in); got != want {
+			return bench.Measurement{}, fmt.Errorf("reply checksum %x, want %x", got, want)
+		}
+		_ = bench.Sum(in)
+		c.Release()
+		samples = append(samples, float64(time.Since(t0)))
+	}
+	p.Close()
+	if err := s.peer.Wait(); err != nil {
+		return bench.Measurement{}, err
+	}
+	return bench.Measurement{Samples: samples, Value: median(samples)}, nil
+}
+
+func shmStream(d time.Duration, size int, copyIn bool) (bench.Measurement, error) {
+	capA := 256 << 10
+	if size >= 4096 {
+		capA = 4 * mib
+	}
+	s, err := startRing("stream", capA, 4096, false, shm.WaitBlock)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer s.close()
+	p, c, err := s.ends()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
+	defer cancel()
+	var n, sum uint64
+	start := time.Now()
+	if copyIn {
+		// The Send path: the payload is produced in private memory and
+		// copied into the ring; the receiver reads it in place.
+		payload := make([]byte, size)
+		for time.Since(start) < d {
+			bench.Fill(payload, n)
+			sum += partialSum(payload)
+			if err := p.Send(ctx, payload); err != nil {
+				return bench.Measurement{}, err
+			}
+			n++
+		}
+	} else {
+		for time.Since(start) < d {
+			for range Batch {
+				b, err := p.Claim(size)
+				if err == shm.ErrRingFull {
+					b, err = p.ClaimWait(ctx, size)
+				}
+				if err != nil {
+					return bench.Measurement{}, err
+				}
+				bench.Fill(b, n)
+				sum += bench.Sum(b)
+				n++
+			}
+			p.Commit()
+		}
+	}
+	p.Close()
+	res, err := c.NextWait(ctx)
+	if err != nil {
+		return bench.Measurement{}, fmt.Errorf("read result: %w", err)
+	}
+	elapsed := time.Since(start)
+	if err := checkResult(res, n, sum, size); err != nil {
+		return bench.Measurement{}, err
+	}
+	c.Release()
+	return streamValue(n, size, elapsed), nil
+}
+
+func shmZeroCopy(d time.Duration) (bench.Measurement, error) {
+	s, err := startRing("zerocopy", 4096, 4096, true, shm.WaitBlock)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer s.close()
+	p, c, err := s.ends()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
+	defer cancel()
+	var n, sum uint64
+	var h [shm.HandleSize]byte
+	start := time.Now()
+	for time.Since(start) < d {
+		buf, err := s.pool.Loan(mib)
+		for errors.Is(err, shm.ErrPoolExhausted) {
+			// Every buffer is with the receiver: wait for one to come back.
+			if _, err := c.NextWait(ctx); err != nil {
+				return bench.Measurement{}, err
+			}
+			c.Release()
+			buf, err = s.pool.Loan(mib)
+		}
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+		payload := buf.Bytes()[:mib]
+		bench.Fill(payload, n)
+		sum += partialSum(payload)
+		buf.Handle().AppendBinary(h[:0])
+		if err := p.Send(ctx, h[:]); err != nil {
+			return bench.Measurement{}, err
+		}
+		n++
+	}
+	p.Close()
+	for {
+		res, err := c.NextWait(ctx)
+		if err != nil {
+			return bench.Measurement{}, fmt.Errorf("read result: %w", err)
+		}
+		if len(res) == 16 {
+			elapsed := time.Since(start)
+			if err := checkResult(res, n, sum, mib); err != nil {
+				return bench.Measurement{}, err
+			}
+			c.Release()
+			return streamValue(n, mib, elapsed), nil
+		}
+	}
+}
+
+// ringPeer is the other process of every ring case.
+func ringPeer(a peerArgs) error {
+	seg, err := shm.OpenSegment(a.Addr)
+	if err != nil {
+		return err
+	}
+	defer seg.Close()
+	capA, capB := a.Size>>20, a.Size&(1<<20-1)
+	offA, offB, _, _ := layout(capA, capB, false)
+	ra, err := shm.OpenSPSC(seg, offA)
+	if err != nil {
+		return err
+	}
+	rb, err := shm.OpenSPSC(seg, offB)
+	if err != nil {
+		return err
+	}
+	w := shm.Wait{Mode: a.Wait}
+	c, err := ra.Consumer(w)
+	if err != nil {
+		return err
+	}
+	p, err := rb.Producer(w)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	switch a.Case {
+	case "pingpong":
+		for {
+			in, err := c.NextWait(ctx)
+			if errors.Is(err, shm.ErrClosed) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			s := bench.Sum(in)
+			out, err := p.ClaimWait(ctx, 64)
+			if err != nil {
+				return err
+			}
+			bench.Fill(out, s)
+			binary.LittleEndian.PutUint64(out, s)
+			p.Commit()
+			c.Release()
+		}
+	case "stream":
+		var n, sum uint64
+		for i := 0; ; i++ {
+			in, err := c.NextWait(ctx)
+			if errors.Is(err, shm.ErrClosed) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			full := bench.Sum(in)
+			if len(in) >= 4096 {
+				sum += partialSum(in)
+				c.Release()
+			} else {
+				sum += full
+				if i%Batch == Batch-1 {
+					c.Release()
+				}
+			}
+			n++
+		}
+		return sendResult(ctx, p, n, sum)
+	case "zerocopy":
+		pool, err := shm.OpenPool(seg, int(a.Extra))
+		if err != nil {
+			return err
+		}
+		var n, sum uint64
+		for {
+			in, err := c.NextWait(ctx)
+			if errors.Is(err, shm.ErrClosed) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			var h shm.Handle
+			if err := h.UnmarshalBinary(in); err != nil {
+				return err
+			}
+			c.Release()
+			buf, err := pool.Adopt(h)
+			if err != nil {
+				return err
+			}
+			payload := buf.Bytes()[:mib]
+			_ = bench.Sum(payload)
+			sum += partialSum(payload)
+			n++
+			if err := buf.Return(); err != nil {
+				return err
+			}
+			// Tell the sender a buffer is free again.
+			if err := p.Send(ctx, []byte{1}); err != nil {
+				return err
+			}
+		}
+		return sendResult(ctx, p, n, sum)
+	}
+	return fmt.Errorf("unknown case %q", a.Case)
+}
+
+func sendResult(ctx context.Context, p *shm.Producer, n, sum uint64) error {
+	var res [16]byte
+	binary.LittleEndian.PutUint64(res[:], n)
+	binary.LittleEndian.PutUint64(res[8:], sum)
+	if err := p.Send(ctx, res[:]); err != nil {
+		return err
+	}
+	// Wait until the parent has read the result (it then kills us), so the
+	// ring's consumer sees a live producer until the end.
+	time.Sleep(time.Hour)
+	return nil
+}
+
