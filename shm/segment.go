@@ -56,6 +56,9 @@ type SegmentOptions struct {
 	// segments (needs pages reserved in /proc/sys/vm/nr_hugepages) and
 	// transparent huge pages (madvise) for named segments.
 	HugePages bool
+	// Populate faults every page in at creation (MAP_POPULATE), so the first
+	// pass over the segment does not pay a page fault per page.
+	Populate bool
 	// Keep leaves a named segment in /dev/shm when its creator closes it.
 	// Someone must then Unlink it, or Sweep removes it once the creator died.
 	Keep bool
@@ -105,7 +108,7 @@ func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error
 		unix.Unlink(path)
 		return nil, fmt.Errorf("shm: size segment %s to %d bytes: %w (is /dev/shm full?)", path, total, err)
 	}
-	s, err := mapSegment(fd, total, opts.HugePages)
+	s, err := mapSegment(fd, total, opts.HugePages, opts.Populate)
 	if err != nil {
 		unix.Unlink(path)
 		return nil, err
@@ -163,7 +166,7 @@ func CreateMemfd(name string, size int, opts *SegmentOptions) (*Segment, error) 
 		}
 		return nil, fmt.Errorf("shm: size memfd to %d bytes: %w%s", total, err, hint)
 	}
-	s, err := mapSegment(fd, total, false)
+	s, err := mapSegment(fd, total, false, opts.Populate)
 	if err != nil {
 		return nil, err
 	}
@@ -194,8 +197,12 @@ func checkName(name string) error {
 	return nil
 }
 
-func mapSegment(fd, total int, huge bool) (*Segment, error) {
-	mem, err := unix.Mmap(fd, 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+func mapSegment(fd, total int, huge, populate bool) (*Segment, error) {
+	flags := unix.MAP_SHARED
+	if populate {
+		flags |= unix.MAP_POPULATE
+	}
+	mem, err := unix.Mmap(fd, 0, total, unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: mmap %d bytes: %w", total, err)
@@ -221,7 +228,7 @@ func mapExisting(fd int) (*Segment, error) {
 		unix.Close(fd)
 		return nil, corruptf("segment size %d is not a valid ubkit segment", st.Size)
 	}
-	s, err := mapSegment(fd, int(st.Size), false)
+	s, err := mapSegment(fd, int(st.Size), false, false)
 	if err != nil {
 		return nil, err
 	}

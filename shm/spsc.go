@@ -71,8 +71,8 @@ type SPSC struct {
 // CreateSPSC initializes a ring with capacity data bytes (a power of two, at
 // least 64) at offset off of seg's data area, overwriting what was there.
 func CreateSPSC(seg *Segment, off, capacity int) (*SPSC, error) {
-	if capacity < 64 || capacity&(capacity-1) != 0 || capacity > 1<<40 {
-		return nil, errorf("ring capacity %d must be a power of two between 64 and 2^40", capacity)
+	if capacity < 64 || capacity&(capacity-1) != 0 || capacity > 1<<31 {
+		return nil, errorf("ring capacity %d must be a power of two between 64 and 2^31", capacity)
 	}
 	mem, err := region(seg, off, SPSCSize(capacity))
 	if err != nil {
@@ -99,7 +99,7 @@ func OpenSPSC(seg *Segment, off int) (*SPSC, error) {
 		return nil, errorf("SPSC ring version %d, this ubkit speaks %d", v, spscVersion)
 	}
 	c := binary.LittleEndian.Uint64(hdr[spscOffCap:])
-	if c < 64 || c&(c-1) != 0 || c > 1<<40 {
+	if c < 64 || c&(c-1) != 0 || c > 1<<31 {
 		return nil, corruptf("SPSC ring capacity %d", c)
 	}
 	mem, err := region(seg, off, SPSCSize(int(c)))
@@ -172,7 +172,8 @@ func (r *SPSC) Producer(w Wait) (*Producer, error) {
 	if t&7 != 0 {
 		return nil, corruptf("ring tail %d is not 8-byte aligned", t)
 	}
-	p := &Producer{r: r, wait: w, tail: t, claim: t, head: r.head.Load()}
+	p := &Producer{r: r, wait: w, tail: t, claim: t, head: r.head.Load(),
+		data: r.data, mask: r.mask, capacity: uint64(r.capacity), maxRecord: uint64(r.capacity - recordHeader)}
 	p.peer = r.peerCheck(r.consumerWord, closedConsumer)
 	return p, nil
 }
@@ -187,7 +188,8 @@ func (r *SPSC) Consumer(w Wait) (*Consumer, error) {
 	if h&7 != 0 {
 		return nil, corruptf("ring head %d is not 8-byte aligned", h)
 	}
-	c := &Consumer{r: r, wait: w, head: h, read: h, tail: h}
+	c := &Consumer{r: r, wait: w, head: h, read: h, tail: h,
+		data: r.data, mask: r.mask, capacity: uint64(r.capacity), maxRecord: uint64(r.capacity - recordHeader)}
 	c.peer = r.peerCheck(r.producerWord, closedProducer)
 	return c, nil
 }
@@ -199,6 +201,10 @@ type Producer struct {
 	wait Wait
 	peer func() error
 
+	// Copies of the ring's geometry for the fast path.
+	data                      []byte
+	mask, capacity, maxRecord uint64
+
 	tail  uint64 // published tail
 	claim uint64 // end of claimed, unpublished records
 	head  uint64 // last head seen
@@ -209,6 +215,19 @@ type Producer struct {
 // in order, at the next Commit. It returns ErrRingFull if there is no room
 // now; fill every claimed record before the next Claim or ClaimWait.
 func (p *Producer) Claim(n int) ([]byte, error) {
+	// Fast path: the record fits before the end of
+	// the data area and within the space last known to be free.
+	need := uint64(recordHeader + (n+7)&^7)
+	pos := p.claim & p.mask
+	if uint64(n) <= p.maxRecord && pos+need <= p.capacity && p.claim+need-p.head <= p.capacity {
+		binary.LittleEndian.PutUint64(p.data[pos:pos+8], uint64(n))
+		p.claim += need
+		return p.data[pos+8 : pos+8+uint64(n) : pos+8+uint64(n)], nil
+	}
+	return p.claimSlow(n)
+}
+
+func (p *Producer) claimSlow(n int) ([]byte, error) {
 	r := p.r
 	if n < 0 || n > r.capacity-recordHeader {
 		return nil, fmt.Errorf("%w: record of %d bytes, ring holds at most %d", ErrTooLarge, n, r.capacity-recordHeader)
@@ -313,6 +332,10 @@ type Consumer struct {
 	wait Wait
 	peer func() error
 
+	// Copies of the ring's geometry for the fast path.
+	data                      []byte
+	mask, capacity, maxRecord uint64
+
 	head uint64 // published head
 	read uint64 // end of records returned, not yet released
 	tail uint64 // last tail seen
@@ -323,6 +346,21 @@ type Consumer struct {
 // wait); the producer cannot reuse them before. It returns ErrClosed once the
 // producer closed and every record was read.
 func (c *Consumer) Next() ([]byte, error) {
+	// Fast path: a whole record lies between what we
+	// read and the tail we last saw.
+	if c.read != c.tail {
+		pos := c.read & c.mask
+		n := binary.LittleEndian.Uint64(c.data[pos : pos+8])
+		need := recordHeader + (n+7)&^7
+		if n <= c.maxRecord && c.read+need <= c.tail && pos+need <= c.capacity {
+			c.read += need
+			return c.data[pos+8 : pos+8+n : pos+8+n], nil
+		}
+	}
+	return c.nextSlow()
+}
+
+func (c *Consumer) nextSlow() ([]byte, error) {
 	r := c.r
 	for range 2 {
 		if c.read == c.tail {

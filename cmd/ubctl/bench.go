@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"time"
 
@@ -30,7 +32,7 @@ type benchOpts struct {
 	quick, json, noShmipc, verbose bool
 	rounds                         int
 	duration                       time.Duration
-	only                           string
+	only, profile                  string
 }
 
 func benchCmd(args []string) error {
@@ -43,6 +45,7 @@ func benchCmd(args []string) error {
 	fs.IntVar(&o.rounds, "rounds", 0, "measured rounds per contender (default 5, 3 with -quick)")
 	fs.DurationVar(&o.duration, "duration", 0, "length of each run (default 1s, 200ms with -quick)")
 	fs.StringVar(&o.only, "case", "", "run only this case")
+	fs.StringVar(&o.profile, "cpuprofile", "", "write CPU profiles of this process and of every peer (their first 3s) into this directory")
 	suite := ""
 	if len(args) > 0 && args[0][0] != '-' {
 		suite, args = args[0], args[1:]
@@ -75,6 +78,21 @@ func benchCmd(args []string) error {
 	}
 	if o.verbose {
 		opts.Progress = os.Stderr
+	}
+	if o.profile != "" {
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return err
+		}
+		os.Setenv(bench.EnvProfileDir, o.profile)
+		f, err := os.Create(filepath.Join(o.profile, "ubctl.prof"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	for _, n := range names {
 		cases, err := suites[n](&o)

@@ -2,29 +2,76 @@ package bench
 
 import "encoding/binary"
 
-// Fill writes every byte of b from seed, 8 bytes at a time: the work of
-// producing a payload, done the same way by every contender.
+// Fill writes every byte of b: the little-endian words seed, seed+1, ...,
+// then seed's low byte into any tail shorter than a word. It is the work of
+// producing a payload, done the same way by every contender (the shmipc-go
+// baseline program writes the same pattern).
 func Fill(b []byte, seed uint64) {
-	i := 0
-	for ; i+8 <= len(b); i += 8 {
-		binary.LittleEndian.PutUint64(b[i:], seed+uint64(i))
+	for len(b) >= 32 {
+		binary.LittleEndian.PutUint64(b[0:8], seed)
+		binary.LittleEndian.PutUint64(b[8:16], seed+1)
+		binary.LittleEndian.PutUint64(b[16:24], seed+2)
+		binary.LittleEndian.PutUint64(b[24:32], seed+3)
+		seed += 4
+		b = b[32:]
 	}
-	for ; i < len(b); i++ {
+	for len(b) >= 8 {
+		binary.LittleEndian.PutUint64(b, seed)
+		seed++
+		b = b[8:]
+	}
+	for i := range b {
 		b[i] = byte(seed)
 	}
 }
 
-// Sum reads every byte of b into a checksum: the work of consuming a
-// payload, done the same way by every contender.
+// FillSum is Sum of a buffer of n bytes written by Fill(b, seed), computed
+// without touching memory: a sender uses it to know what the receiver must
+// report.
+func FillSum(n int, seed uint64) uint64 {
+	k := uint64(n / 8)
+	s := k*seed + k*(k-1)/2
+	for range n % 8 {
+		s += uint64(byte(seed + k))
+	}
+	return s
+}
+
+// Sum reads every byte of b into a checksum (the sum of its little-endian
+// words plus its tail bytes): the work of consuming a payload, done the same
+// way by every contender.
 func Sum(b []byte) uint64 {
-	var s0, s1 uint64
-	i := 0
-	for ; i+16 <= len(b); i += 16 {
-		s0 += binary.LittleEndian.Uint64(b[i:])
-		s1 += binary.LittleEndian.Uint64(b[i+8:])
+	var s0, s1, s2, s3 uint64
+	for len(b) >= 32 {
+		s0 += binary.LittleEndian.Uint64(b[0:8])
+		s1 += binary.LittleEndian.Uint64(b[8:16])
+		s2 += binary.LittleEndian.Uint64(b[16:24])
+		s3 += binary.LittleEndian.Uint64(b[24:32])
+		b = b[32:]
 	}
-	for ; i < len(b); i++ {
-		s0 += uint64(b[i])
+	for len(b) >= 8 {
+		s0 += binary.LittleEndian.Uint64(b)
+		b = b[8:]
 	}
-	return s0 + s1
+	for _, c := range b {
+		s1 += uint64(c)
+	}
+	return s0 + s1 + s2 + s3
+}
+
+// FillSums is the sum of FillSum(n, seed) for seed = first, first+1, ...,
+// first+count-1, in closed form: what a receiver of count messages must
+// report.
+func FillSums(n int, first, count uint64) uint64 {
+	k := uint64(n / 8)
+	s := k*(count*first+count*(count-1)/2) + count*(k*(k-1)/2)
+	for j := range count {
+		for range n % 8 {
+			s += uint64(byte(first + j + k))
+		}
+		if n%8 == 0 {
+			break
+		}
+	}
+	return s
 }

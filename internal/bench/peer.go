@@ -5,13 +5,45 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"sync"
 	"syscall"
+	"time"
 )
 
 const (
 	envRole = "UBKIT_BENCH_PEER"
 	envArgs = "UBKIT_BENCH_ARGS"
+	// EnvProfileDir, when set, makes every peer process write a CPU profile
+	// of its first seconds into that directory (`ubctl bench -cpuprofile`).
+	EnvProfileDir = "UBKIT_BENCH_PROFILE_DIR"
 )
+
+// profileFor starts a CPU profile into path and stops it after
+// peerProfileWindow or when the returned function runs, whichever is first.
+func profileFor(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	var once sync.Once
+	stop := func() { once.Do(func() { pprof.StopCPUProfile(); f.Close() }) }
+	time.AfterFunc(peerProfileWindow, stop)
+	return stop, nil
+}
+
+const peerProfileWindow = 3 * time.Second
+
+var stopProfile = func() {}
+
+// PeerFinished tells the harness a peer has done its measured work and will
+// only wait to be killed: its profile, if any, is written now.
+func PeerFinished() { stopProfile() }
 
 var peers = map[string]func(args json.RawMessage) error{}
 
@@ -34,6 +66,17 @@ func RunPeerIfChild() {
 	if !ok {
 		fmt.Fprintf(os.Stderr, "bench peer: unknown role %q\n", role)
 		os.Exit(2)
+	}
+	if dir := os.Getenv(EnvProfileDir); dir != "" {
+		// Peers exit through os.Exit or are killed; profile for a fixed
+		// window instead of until exit.
+		stop, err := profileFor(filepath.Join(dir, fmt.Sprintf("peer-%s-%d.prof", role, os.Getpid())))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench peer: %v\n", err)
+		} else {
+			stopProfile = stop
+			defer stop()
+		}
 	}
 	if err := f(json.RawMessage(os.Getenv(envArgs))); err != nil {
 		fmt.Fprintf(os.Stderr, "bench peer %s: %v\n", role, err)

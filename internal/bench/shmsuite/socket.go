@@ -88,7 +88,7 @@ func sockPingPong(d time.Duration, network string) (bench.Measurement, error) {
 		if _, err := io.ReadFull(conn, in); err != nil {
 			return bench.Measurement{}, err
 		}
-		if got, want := binary.LittleEndian.Uint64(in), bench.Sum(out); got != want {
+		if got, want := binary.LittleEndian.Uint64(in), bench.FillSum(64, i); got != want {
 			return bench.Measurement{}, fmt.Errorf("reply checksum %x, want %x", got, want)
 		}
 		_ = bench.Sum(in)
@@ -116,10 +116,10 @@ func sockStream(d time.Duration, network string, size int) (bench.Measurement, e
 			for range Batch {
 				b := w.AvailableBuffer()[:size]
 				bench.Fill(b, n)
-				sum += bench.Sum(b)
 				w.Write(b)
 				n++
 			}
+			sum += bench.FillSums(size, n-Batch, Batch)
 			if err := w.Flush(); err != nil {
 				return bench.Measurement{}, err
 			}
@@ -128,7 +128,7 @@ func sockStream(d time.Duration, network string, size int) (bench.Measurement, e
 		payload := make([]byte, size)
 		for time.Since(start) < d {
 			bench.Fill(payload, n)
-			sum += bench.Sum(payload[:64])
+			sum += bench.FillSum(size, n)
 			if _, err := conn.Write(payload); err != nil {
 				return bench.Measurement{}, err
 			}
@@ -148,10 +148,8 @@ func sockStream(d time.Duration, network string, size int) (bench.Measurement, e
 	return streamValue(n, size, elapsed), nil
 }
 
-// checkResult compares the receiver's count and checksum with the sender's.
-// For large messages the sender sums only the first 64 bytes of each (it
-// writes them all); the receiver reports the same partial sum beside its
-// full read.
+// checkResult compares the receiver's count and checksum (the Sum of every
+// byte it read) with what the sender wrote (FillSum of every message).
 func checkResult(res []byte, n, sum uint64, size int) error {
 	gotN, gotSum := binary.LittleEndian.Uint64(res), binary.LittleEndian.Uint64(res[8:])
 	if gotN != n || gotSum != sum {
@@ -192,7 +190,7 @@ func sockPeer(a peerArgs) error {
 	case "stream":
 		r := bufio.NewReaderSize(conn, max(64<<10, 0))
 		msg := make([]byte, a.Size)
-		var n, sum, full uint64
+		var n, sum uint64
 		for {
 			if _, err := io.ReadFull(r, msg); err != nil {
 				if err == io.EOF {
@@ -200,11 +198,9 @@ func sockPeer(a peerArgs) error {
 				}
 				return err
 			}
-			full += bench.Sum(msg)
-			sum += partialSum(msg)
+			sum += bench.Sum(msg)
 			n++
 		}
-		_ = full
 		var res [16]byte
 		binary.LittleEndian.PutUint64(res[:], n)
 		binary.LittleEndian.PutUint64(res[8:], sum)
@@ -212,16 +208,6 @@ func sockPeer(a peerArgs) error {
 		return err
 	}
 	return fmt.Errorf("unknown case %q", a.Case)
-}
-
-// partialSum is the checksum both ends compare: the whole message for small
-// ones, the first 64 bytes for large ones (the receiver still reads every
-// byte, with Sum).
-func partialSum(b []byte) uint64 {
-	if len(b) >= 4096 {
-		return bench.Sum(b[:64])
-	}
-	return bench.Sum(b)
 }
 
 func median(s []float64) float64 {
