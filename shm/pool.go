@@ -2,8 +2,11 @@ package shm
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
+	"sync"
 	"sync/atomic"
 )
 
@@ -13,7 +16,8 @@ import (
 //	classes   128: one line per class: size u64, count u64, descriptors u64
 //	               (offset), data u64 (offset), free-list head u64
 //	descriptors:   per buffer 32 bytes: state u64 (generation<<32 | state),
-//	               owner u64 (process word), next u32 (free list, index+1)
+//	               owner u64 (process word), next u32 (free list, index+1),
+//	               pad u32, loaner u64 (process word of the Loan)
 //	data:          per class count x size bytes, aligned
 //
 // The free lists are Treiber stacks whose head packs a 32-bit tag with the
@@ -35,15 +39,20 @@ const (
 	classOffDesc  = 16
 	classOffData  = 24
 	classOffFree  = 32
-	classOffInUse = 40
 
-	descSize     = 32
-	descOffState = 0
-	descOffOwner = 8
-	descOffNext  = 16
+	descSize      = 32
+	descOffState  = 0
+	descOffOwner  = 8
+	descOffNext   = 16
+	descOffLoaner = 24
 
-	stateFree  = 0
-	stateInUse = 1
+	stateFree   = 0
+	stateInUse  = 1
+	stateCached = 2 // free, kept in its owner's local cache
+
+	// localCacheSize is how many free buffers per class an attachment keeps
+	// for itself, so that a loan/return cycle touches no shared cache line.
+	localCacheSize = 32
 )
 
 // PoolClass is one size class: Count buffers of Size bytes.
@@ -128,6 +137,25 @@ type Pool struct {
 	mem     []byte
 	classes []poolClass
 	segID   uint32
+	local   []localCache
+	me      uint64 // Self().word()
+}
+
+// localCache holds free buffers of one class that this attachment took from
+// (or returned instead of to) the shared free list. They are marked
+// stateCached with this process as owner, so Reclaim takes them back if the
+// process dies.
+type localCache struct {
+	mu  sync.Mutex
+	idx []uint64
+}
+
+func attachPool(seg *Segment, off int, mem []byte, classes []poolClass) *Pool {
+	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID(), local: make([]localCache, len(classes)), me: Self().word()}
+	for i := range p.local {
+		p.local[i].idx = make([]uint64, 0, localCacheSize)
+	}
+	return p
 }
 
 // CreatePool lays out a pool with cfg at offset off of seg's data area,
@@ -144,7 +172,7 @@ func CreatePool(seg *Segment, off int, cfg PoolConfig) (*Pool, error) {
 	clear(mem[:poolClassTable+len(classes)*cacheLine])
 	binary.LittleEndian.PutUint32(mem[poolOffVersion:], poolVersion)
 	binary.LittleEndian.PutUint32(mem[poolOffClasses:], uint32(len(classes)))
-	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID()}
+	p := attachPool(seg, off, mem, classes)
 	for i, c := range classes {
 		t := mem[poolClassTable+i*cacheLine:]
 		binary.LittleEndian.PutUint64(t[classOffSize:], c.size)
@@ -214,7 +242,7 @@ func OpenPool(seg *Segment, off int) (*Pool, error) {
 	if err != nil {
 		return nil, corruptf("pool of %d bytes: %v", size, err)
 	}
-	return &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID()}, nil
+	return attachPool(seg, off, mem, classes), nil
 }
 
 func (p *Pool) desc(class int, idx uint64) []byte {
@@ -224,10 +252,6 @@ func (p *Pool) desc(class int, idx uint64) []byte {
 
 func (p *Pool) freeHead(class int) *atomic.Uint64 {
 	return atomicU64(p.mem, poolClassTable+class*cacheLine+classOffFree)
-}
-
-func (p *Pool) inUse(class int) *atomic.Uint64 {
-	return atomicU64(p.mem, poolClassTable+class*cacheLine+classOffInUse)
 }
 
 // Buffer is a loaned pool buffer. Its bytes are shared memory: any process
@@ -251,7 +275,7 @@ func (b Buffer) Handle() Handle {
 }
 
 // Return gives the buffer back to its pool.
-func (b Buffer) Return() error { return b.pool.Return(b.Handle()) }
+func (b Buffer) Return() error { return b.pool.release(b.class, b.idx, b.gen) }
 
 // Loan takes a buffer of at least n bytes from the smallest class that has
 // one free, owned by the calling process until it returns it or another
@@ -267,6 +291,9 @@ func (p *Pool) Loan(n int) (Buffer, error) {
 		}
 		if first < 0 {
 			first = i
+		}
+		if b, ok, err := p.fromLocal(i); ok || err != nil {
+			return b, err
 		}
 		b, err := p.pop(i)
 		if err != ErrPoolExhausted {
@@ -308,14 +335,36 @@ func (p *Pool) pop(class int) (Buffer, error) {
 		if s&0xffffffff != stateFree {
 			return Buffer{}, corruptf("pool class %d buffer %d on the free list is in use", class, idx-1)
 		}
-		atomicU64(d, descOffOwner).Store(Self().word())
+		atomicU64(d, descOffOwner).Store(p.me)
+		atomicU64(d, descOffLoaner).Store(p.me)
 		if !st.CompareAndSwap(s, s&^0xffffffff|stateInUse) {
 			return Buffer{}, corruptf("pool class %d buffer %d changed while being loaned", class, idx-1)
 		}
-		p.inUse(class).Add(1)
 		o := c.data + (idx-1)*c.size
 		return Buffer{pool: p, class: class, idx: idx - 1, gen: uint32(s >> 32), data: p.mem[o : o+c.size : o+c.size]}, nil
 	}
+}
+
+// fromLocal loans a buffer from this attachment's cache of class.
+func (p *Pool) fromLocal(class int) (Buffer, bool, error) {
+	lc := &p.local[class]
+	lc.mu.Lock()
+	n := len(lc.idx)
+	if n == 0 {
+		lc.mu.Unlock()
+		return Buffer{}, false, nil
+	}
+	idx := lc.idx[n-1]
+	lc.idx = lc.idx[:n-1]
+	lc.mu.Unlock()
+	st := atomicU64(p.desc(class, idx), descOffState)
+	s := st.Load()
+	if s&0xffffffff != stateCached || !st.CompareAndSwap(s, s&^0xffffffff|stateInUse) {
+		return Buffer{}, false, corruptf("pool class %d buffer %d in our cache changed state to %x", class, idx, s)
+	}
+	c := p.classes[class]
+	o := c.data + idx*c.size
+	return Buffer{pool: p, class: class, idx: idx, gen: uint32(s >> 32), data: p.mem[o : o+c.size : o+c.size]}, true, nil
 }
 
 func (p *Pool) push(class int, idx uint64) {
@@ -344,10 +393,17 @@ func (p *Pool) locate(h Handle) (int, uint64, error) {
 		if rel < c.data || rel >= c.data+c.size*c.count {
 			continue
 		}
-		if (rel-c.data)%c.size != 0 {
+		o := rel - c.data
+		if c.size&(c.size-1) == 0 {
+			if o&(c.size-1) != 0 {
+				return 0, 0, fmt.Errorf("%w: %v is not at a buffer boundary", ErrInvalidHandle, h)
+			}
+			return i, o >> bits.TrailingZeros64(c.size), nil
+		}
+		if o%c.size != 0 {
 			return 0, 0, fmt.Errorf("%w: %v is not at a buffer boundary", ErrInvalidHandle, h)
 		}
-		return i, (rel - c.data) / c.size, nil
+		return i, o / c.size, nil
 	}
 	return 0, 0, fmt.Errorf("%w: %v is not inside any size class", ErrInvalidHandle, h)
 }
@@ -391,30 +447,85 @@ func (p *Pool) Adopt(h Handle) (Buffer, error) {
 }
 
 // Return gives the buffer a handle names back to the pool. Returning a
-// buffer twice, or with a stale handle, fails with ErrStaleHandle.
+// buffer twice, or with a stale handle, fails with ErrStaleHandle. The buffer
+// may go to this attachment's local cache rather than the shared free list;
+// Close gives cached buffers back.
 func (p *Pool) Return(h Handle) error {
 	class, idx, err := p.locate(h)
 	if err != nil {
 		return err
 	}
+	return p.release(class, idx, h.Gen)
+}
+
+func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	d := p.desc(class, idx)
+	// Take ownership first: once the owner is us (alive), Reclaim leaves the
+	// buffer alone; if Reclaim got there first, the owner reads 0 and the
+	// buffer is already on its way back.
+	me := p.me
+	owner := atomicU64(d, descOffOwner)
+	if w := owner.Load(); w != me && (w == 0 || !owner.CompareAndSwap(w, me)) {
+		return fmt.Errorf("%w: buffer %d of class %d is being reclaimed", ErrStaleHandle, idx, class)
+	}
 	st := atomicU64(d, descOffState)
-	inUse := uint64(h.Gen)<<32 | stateInUse
-	next := uint64(h.Gen + 1)
-	if next == 0 {
+	inUse := uint64(gen)<<32 | stateInUse
+	next := uint64(gen + 1)
+	if next>>32 != 0 || next == 0 {
 		next = 1
 	}
-	if !st.CompareAndSwap(inUse, next<<32|stateFree) {
-		return fmt.Errorf("%w: %v (double return?)", ErrStaleHandle, h)
+	// A buffer this process loaned and returns itself goes to the local
+	// cache; one that came from another process goes back to the shared list
+	// where its loaner can find it again.
+	lc := &p.local[class]
+	mine := atomicU64(d, descOffLoaner).Load() == me
+	lc.mu.Lock()
+	if mine && len(lc.idx) < localCacheSize {
+		if !st.CompareAndSwap(inUse, next<<32|stateCached) {
+			lc.mu.Unlock()
+			return fmt.Errorf("%w: buffer %d of class %d generation %d (double return?)", ErrStaleHandle, idx, class, gen)
+		}
+		lc.idx = append(lc.idx, idx)
+		lc.mu.Unlock()
+		return nil
 	}
-	atomicU64(d, descOffOwner).Store(0)
-	p.inUse(class).Add(^uint64(0))
+	lc.mu.Unlock()
+	if !st.CompareAndSwap(inUse, next<<32|stateFree) {
+		return fmt.Errorf("%w: buffer %d of class %d generation %d (double return?)", ErrStaleHandle, idx, class, gen)
+	}
+	owner.Store(0)
 	p.push(class, idx)
 	return nil
 }
 
+// Close gives the buffers in this attachment's local caches back to the
+// shared free lists. Loaned buffers stay loaned. The Pool may still be used
+// after Close; it simply starts with empty caches.
+func (p *Pool) Close() error {
+	var errs []error
+	for class := range p.local {
+		lc := &p.local[class]
+		lc.mu.Lock()
+		idxs := lc.idx
+		lc.idx = make([]uint64, 0, localCacheSize)
+		lc.mu.Unlock()
+		for _, idx := range idxs {
+			d := p.desc(class, idx)
+			st := atomicU64(d, descOffState)
+			s := st.Load()
+			if s&0xffffffff != stateCached || !st.CompareAndSwap(s, s&^0xffffffff|stateFree) {
+				errs = append(errs, corruptf("pool class %d buffer %d in our cache changed state to %x", class, idx, s))
+				continue
+			}
+			atomicU64(d, descOffOwner).Store(0)
+			p.push(class, idx)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Reclaim returns to the pool every buffer whose owning process has exited,
-// and reports how many it took back.
+// loaned or kept in its local cache, and reports how many it took back.
 func (p *Pool) Reclaim() int {
 	alive := map[uint64]bool{}
 	n := 0
@@ -423,7 +534,8 @@ func (p *Pool) Reclaim() int {
 			d := p.desc(class, idx)
 			st := atomicU64(d, descOffState)
 			s := st.Load()
-			if s&0xffffffff != stateInUse {
+			state := s & 0xffffffff
+			if state != stateInUse && state != stateCached {
 				continue
 			}
 			owner := atomicU64(d, descOffOwner)
@@ -439,12 +551,14 @@ func (p *Pool) Reclaim() int {
 			if a || !owner.CompareAndSwap(w, 0) {
 				continue
 			}
-			next := s>>32 + 1
-			if uint32(next) == 0 {
-				next = 1
+			gen := s >> 32
+			if state == stateInUse {
+				// Outstanding handles of the dead owner must go stale.
+				if gen++; uint32(gen) == 0 {
+					gen = 1
+				}
 			}
-			if st.CompareAndSwap(s, next<<32|stateFree) {
-				p.inUse(class).Add(^uint64(0))
+			if st.CompareAndSwap(s, gen<<32|stateFree) {
 				p.push(class, idx)
 				n++
 			}
@@ -460,11 +574,18 @@ type ClassStats struct {
 	InUse int
 }
 
-// Stats reports every class's size, buffer count and buffers in use.
+// Stats reports every class's size, buffer count and buffers loaned, by
+// scanning the descriptors: it is meant for monitoring, not hot paths.
 func (p *Pool) Stats() []ClassStats {
 	out := make([]ClassStats, len(p.classes))
 	for i, c := range p.classes {
-		out[i] = ClassStats{Size: int(c.size), Count: int(c.count), InUse: int(int64(p.inUse(i).Load()))}
+		inUse := 0
+		for idx := range c.count {
+			if atomicU64(p.desc(i, idx), descOffState).Load()&0xffffffff == stateInUse {
+				inUse++
+			}
+		}
+		out[i] = ClassStats{Size: int(c.size), Count: int(c.count), InUse: inUse}
 	}
 	return out
 }
