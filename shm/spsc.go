@@ -3,6 +3,7 @@ package shm
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync/atomic"
 )
@@ -309,9 +310,22 @@ func (p *Producer) Send(ctx context.Context, payload []byte) error {
 	if err != nil {
 		return err
 	}
-	copy(b, payload)
+	copyCached(b, payload)
 	p.Commit()
 	return nil
+}
+
+// copyCached copies src into dst in pieces small enough that the runtime's
+// memmove uses ordinary stores: for 1 MiB and more it switches to
+// non-temporal stores, which push the data out to DRAM just before the
+// consumer reads it.
+func copyCached(dst, src []byte) {
+	const piece = 256 << 10
+	for len(src) > piece {
+		copy(dst[:piece], src[:piece])
+		dst, src = dst[piece:], src[piece:]
+	}
+	copy(dst, src)
 }
 
 // Close commits pending records and tells the consumer no more will come:
@@ -358,6 +372,38 @@ func (c *Consumer) Next() ([]byte, error) {
 		}
 	}
 	return c.nextSlow()
+}
+
+// NextBatch appends to recs[:0] the payloads of up to cap(recs) records, in
+// place as Next returns them, and returns the slice. It returns ErrRingEmpty
+// only when there is no record at all; the records stay valid until Release.
+func (c *Consumer) NextBatch(recs [][]byte) ([][]byte, error) {
+	recs = recs[:0]
+	for len(recs) < cap(recs) {
+		if c.read != c.tail {
+			pos := c.read & c.mask
+			n := binary.LittleEndian.Uint64(c.data[pos : pos+8])
+			need := recordHeader + (n+7)&^7
+			if n <= c.maxRecord && c.read+need <= c.tail && pos+need <= c.capacity {
+				c.read += need
+				recs = append(recs, c.data[pos+8:pos+8+n:pos+8+n])
+				continue
+			}
+		}
+		b, err := c.nextSlow()
+		if err != nil {
+			if len(recs) > 0 && err == ErrRingEmpty {
+				return recs, nil
+			}
+			if len(recs) > 0 && errors.Is(err, ErrClosed) {
+				// Report the records first; the next call returns ErrClosed.
+				return recs, nil
+			}
+			return recs, err
+		}
+		recs = append(recs, b)
+	}
+	return recs, nil
 }
 
 func (c *Consumer) nextSlow() ([]byte, error) {

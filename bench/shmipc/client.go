@@ -220,6 +220,8 @@ type streamClient struct {
 
 	msgs uint64 // messages since the last sync
 	sum  uint64 // checksum since the last sync
+
+	private []byte // with -copy: the payload is produced here, then copied
 }
 
 // readControl reads one server->client control frame.
@@ -266,7 +268,12 @@ func (c *streamClient) sendFrame() error {
 		}
 		putHeader(p[:headerSize], hdr)
 		base := seqBase(c.seq)
-		fillPattern(p[headerSize:], base)
+		if c.private != nil {
+			fillPattern(c.private, base)
+			copy(p[headerSize:], c.private)
+		} else {
+			fillPattern(p[headerSize:], base)
+		}
 		c.sum += patternSum(base, uint64(c.msgSize/8))
 		c.seq++
 	} else {
@@ -348,6 +355,9 @@ func runStream(st *shmipc.Stream, opts options) (*result, uint64, error) {
 		st:       st,
 		msgSize:  spec.msgSize,
 		perFrame: spec.msgsPerFrame(opts.batch),
+	}
+	if opts.copyIn && c.perFrame == 1 {
+		c.private = make([]byte, spec.msgSize)
 	}
 	if opts.window > 0 {
 		c.window = uint64(opts.window)

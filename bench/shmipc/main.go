@@ -98,6 +98,7 @@ type options struct {
 	window        int
 	gomaxprocs    int
 	allowFallback bool
+	copyIn        bool
 }
 
 type result struct {
@@ -114,6 +115,7 @@ func parentMain() int {
 	fs := flag.NewFlagSet("shmipc-bench", flag.ContinueOnError)
 	caseName := fs.String("case", "", "benchmark case: pingpong-64B, stream-64B or stream-1MiB")
 	duration := fs.Duration("duration", time.Second, "measured duration (a warm-up of 10% runs first)")
+	copyIn := fs.Bool("copy", false, "stream-1MiB: produce each payload in private memory and copy it into the shared buffer (the copy path, like ubkit's stream-1MiB-copy)")
 	batch := fs.Int("batch", 64, "stream-64B: messages written into the stream buffer per Flush")
 	memmap := fs.String("memmap", "memfd", "shmipc-go MemMapType: memfd (anonymous memory, fds passed over the unix socket; nothing to leak) or devshm (files in a private dir under /dev/shm)")
 	shmMiB := fs.Int("shm-mib", 64, "shmipc-go ShareMemoryBufferCap in MiB")
@@ -166,6 +168,7 @@ func parentMain() int {
 		window:        *window,
 		gomaxprocs:    *gomaxprocs,
 		allowFallback: *allowFallback,
+		copyIn:        *copyIn,
 	}
 	if !spec.pingpong && slicesAvailable(spec, opts.batch, opts.shmCap) < 4 {
 		fmt.Fprintf(os.Stderr, "shmipc-bench: -shm-mib %d is too small for -batch %d (need room for at least 4 flushes)\n", *shmMiB, *batch)

@@ -24,4 +24,7 @@ need go golang-go
 # Module downloads are cached by the go command; fetch them once up front so a
 # network problem shows here, named, rather than inside a test.
 go mod download
+# The shmipc-go benchmark baseline is a nested module (so ubkit's users do not
+# inherit its dependencies); its test builds it.
+(cd bench/shmipc && go mod download)
 echo "prereqs: ok (cache $cache)"

@@ -293,24 +293,25 @@ func ringPeer(a peerArgs) error {
 		}
 	case "stream":
 		var n, sum uint64
+		recs := make([][]byte, 0, Batch)
 		for {
-			in, err := c.Next()
+			recs, err = c.NextBatch(recs)
+			if err == shm.ErrRingEmpty {
+				var in []byte
+				in, err = c.NextWait(ctx)
+				recs = append(recs[:0], in)
+			}
+			if errors.Is(err, shm.ErrClosed) {
+				break
+			}
 			if err != nil {
-				if err == shm.ErrRingEmpty {
-					in, err = c.NextWait(ctx)
-				}
-				if errors.Is(err, shm.ErrClosed) {
-					break
-				}
-				if err != nil {
-					return err
-				}
+				return err
 			}
-			sum += bench.Sum(in)
-			n++
-			if len(in) >= 4096 || n%Batch == 0 {
-				c.Release()
+			for _, in := range recs {
+				sum += bench.Sum(in)
 			}
+			n += uint64(len(recs))
+			c.Release()
 		}
 		return sendResult(ctx, p, n, sum)
 	case "zerocopy":

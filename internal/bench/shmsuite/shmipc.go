@@ -70,8 +70,9 @@ func fresh(bin, src string) bool {
 	return !newer
 }
 
-func runShmipc(bin, caseName string, d time.Duration) (bench.Measurement, error) {
-	cmd := exec.Command(bin, "-case", caseName, "-duration", d.String(), "-batch", fmt.Sprint(Batch))
+func runShmipc(bin, caseName string, d time.Duration, flags ...string) (bench.Measurement, error) {
+	args := append([]string{"-case", caseName, "-duration", d.String(), "-batch", fmt.Sprint(Batch)}, flags...)
+	cmd := exec.Command(bin, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -46,7 +46,7 @@ func Cases(shmipcBin string) []bench.Case {
 			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return shmStream(d, mib, true) }},
 			{Name: "uds", Run: func(d time.Duration) (bench.Measurement, error) { return sockStream(d, "unix", mib) }},
 			{Name: "tcp", Run: func(d time.Duration) (bench.Measurement, error) { return sockStream(d, "tcp", mib) }},
-		}}, shmipcBin, "stream-1MiB"),
+		}}, shmipcBin, "stream-1MiB", "-copy"),
 		{Name: "pool-alloc-free", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
 			{Name: "ubkit", Run: poolAllocFree},
 			{Name: "sync.Pool", Run: syncPoolAllocFree},
@@ -62,12 +62,12 @@ func DemoCases() []bench.Case {
 	return []bench.Case{all[1], all[2]}
 }
 
-func withShmipc(c bench.Case, bin, shmipcCase string) bench.Case {
+func withShmipc(c bench.Case, bin, shmipcCase string, flags ...string) bench.Case {
 	if bin == "" {
 		return c
 	}
 	c.Contenders = append(c.Contenders, bench.Contender{Name: "shmipc-go", Run: func(d time.Duration) (bench.Measurement, error) {
-		return runShmipc(bin, shmipcCase, d)
+		return runShmipc(bin, shmipcCase, d, flags...)
 	}})
 	return c
 }

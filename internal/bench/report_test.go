@@ -1,0 +1,71 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRunInterleavesAndReports(t *testing.T) {
+	var order []string
+	contender := func(name string, v float64, err error) Contender {
+		return Contender{Name: name, Run: func(d time.Duration) (Measurement, error) {
+			order = append(order, name)
+			return Measurement{Value: v, Samples: []float64{v, v * 2}}, err
+		}}
+	}
+	cases := []Case{{
+		Name: "c1", Unit: "ns/op", Better: "lower", Latency: true,
+		Contenders: []Contender{contender("ubkit", 100, nil), contender("uds", 400, nil), contender("broken", 1, errors.New("no such thing"))},
+	}}
+	rep, err := Run("s", cases, Options{Rounds: 2, Duration: time.Millisecond, Warmup: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Warm-up once each, then rounds A B A B (the broken one drops out).
+	want := "ubkit uds broken ubkit uds ubkit uds"
+	if got := strings.Join(order, " "); got != want {
+		t.Errorf("order %q, want %q", got, want)
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Suite   string `json:"suite"`
+		Results []struct {
+			Case      string             `json:"case"`
+			Unit      string             `json:"unit"`
+			Better    string             `json:"better"`
+			Value     float64            `json:"value"`
+			Baselines map[string]float64 `json:"baselines"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	r := doc.Results[0]
+	if doc.Suite != "s" || r.Case != "c1" || r.Unit != "ns/op" || r.Better != "lower" || r.Value != 100 || r.Baselines["uds"] != 400 {
+		t.Errorf("unexpected report %s", buf.String())
+	}
+	if _, ok := r.Baselines["broken"]; ok {
+		t.Error("a failed baseline has a value")
+	}
+	buf.Reset()
+	rep.WriteTable(&buf)
+	if !strings.Contains(buf.String(), "0.25x") || !strings.Contains(buf.String(), "error: no such thing") {
+		t.Errorf("table lacks the ratio or the error:\n%s", buf.String())
+	}
+}
+
+func TestRunFailsWhenUbkitFails(t *testing.T) {
+	_, err := Run("s", []Case{{Name: "c", Contenders: []Contender{{Name: "ubkit", Run: func(time.Duration) (Measurement, error) {
+		return Measurement{}, errors.New("boom")
+	}}}}}, Options{Rounds: 1})
+	if err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("err = %v", err)
+	}
+}
