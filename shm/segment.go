@@ -168,6 +168,9 @@ func CreateMemfd(name string, size int, opts *SegmentOptions) (*Segment, error) 
 	}
 	s, err := mapSegment(fd, total, false, opts.Populate)
 	if err != nil {
+		if opts.HugePages {
+			err = fmt.Errorf("%w (huge pages: reserve some with echo N > /proc/sys/vm/nr_hugepages)", err)
+		}
 		return nil, err
 	}
 	s.created = true

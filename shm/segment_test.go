@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -289,4 +290,29 @@ func TestProcessLiveness(t *testing.T) {
 	if (Process{PID: uint32(os.Getpid()), Start: Self().Start + 1}).Alive() {
 		t.Error("a process with our pid but another start time counts as alive")
 	}
+}
+
+func TestHugePages(t *testing.T) {
+	// Named segments ask for transparent huge pages (best effort).
+	s, err := CreateSegment(testName(t), 4<<20, &SegmentOptions{HugePages: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Data()[len(s.Data())-1] = 1
+	s.Close()
+	// memfd segments need reserved huge pages: either it works, or the error
+	// says how to reserve them.
+	m, err := CreateMemfd("huge", 4<<20, &SegmentOptions{HugePages: true})
+	if err != nil {
+		if !strings.Contains(err.Error(), "nr_hugepages") {
+			t.Fatalf("huge page failure without a hint: %v", err)
+		}
+		t.Logf("no huge pages reserved on this machine: %v", err)
+		return
+	}
+	defer m.Close()
+	if m.Size() < 4<<20 {
+		t.Fatalf("size %d", m.Size())
+	}
+	m.Data()[0] = 1
 }

@@ -21,6 +21,12 @@ need go golang-go
 [ -d /dev/shm ] && [ -w /dev/shm ] || { echo "prereqs: /dev/shm must exist and be writable (mount a tmpfs there)" >&2; exit 1; }
 [ -r /proc/self/stat ] || { echo "prereqs: /proc must be mounted" >&2; exit 1; }
 
+# Reserve a few huge pages so the huge-page segment tests run the success
+# path (best effort: they accept and report a machine without any).
+if [ "$(id -u)" = 0 ] && [ "$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo 1)" = 0 ]; then
+	echo 16 > /proc/sys/vm/nr_hugepages 2>/dev/null || true
+fi
+
 # Module downloads are cached by the go command; fetch them once up front so a
 # network problem shows here, named, rather than inside a test.
 go mod download
