@@ -33,6 +33,7 @@ const (
 	poolOffClasses = 12
 	poolClassTable = cacheLine
 	maxPoolClasses = 16
+	maxPoolBytes   = 1 << 46
 
 	classOffSize  = 0
 	classOffCount = 8
@@ -105,13 +106,21 @@ func (cfg PoolConfig) layout() ([]poolClass, int, error) {
 		out[i] = poolClass{size: uint64(align8(c.Size)), count: uint64(c.Count), desc: uint64(off)}
 		off += c.Count * descSize
 	}
+	// Sizes and counts may come from a hostile header: add with overflow
+	// checks and refuse anything larger than a segment can be.
+	total := uint64(off)
 	for i := range out {
-		a := dataAlign(out[i].size)
-		off = (off + a - 1) &^ (a - 1)
-		out[i].data = uint64(off)
-		off += int(out[i].size * out[i].count)
+		a := uint64(dataAlign(out[i].size))
+		total = (total + a - 1) &^ (a - 1)
+		out[i].data = total
+		hi, bytes := bits.Mul64(out[i].size, out[i].count)
+		var carry uint64
+		total, carry = bits.Add64(total, bytes, 0)
+		if hi != 0 || carry != 0 || total > maxPoolBytes {
+			return nil, 0, errorf("pool of more than %d bytes", uint64(maxPoolBytes))
+		}
 	}
-	return out, off, nil
+	return out, int(total), nil
 }
 
 func dataAlign(size uint64) int {
@@ -435,12 +444,18 @@ func (p *Pool) Adopt(h Handle) (Buffer, error) {
 	d := p.desc(b.class, b.idx)
 	owner := atomicU64(d, descOffOwner)
 	w := owner.Load()
-	if w == 0 || !owner.CompareAndSwap(w, Self().word()) {
+	if w == p.me {
+		return b, nil
+	}
+	if w == 0 || !owner.CompareAndSwap(w, p.me) {
 		// Reclaim is taking it back from a dead owner.
 		return Buffer{}, fmt.Errorf("%w: %v is being reclaimed", ErrStaleHandle, h)
 	}
-	// The buffer may have been returned between Resolve and the swap.
+	// The buffer may have been returned, and loaned again, between Resolve
+	// and the swap: then the owner we replaced is the new holder's, and goes
+	// back.
 	if s := atomicU64(d, descOffState).Load(); uint32(s>>32) != h.Gen || s&0xffffffff != stateInUse {
+		owner.CompareAndSwap(p.me, w)
 		return Buffer{}, fmt.Errorf("%w: %v", ErrStaleHandle, h)
 	}
 	return b, nil
@@ -464,12 +479,24 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	// buffer alone; if Reclaim got there first, the owner reads 0 and the
 	// buffer is already on its way back.
 	me := p.me
-	owner := atomicU64(d, descOffOwner)
-	if w := owner.Load(); w != me && (w == 0 || !owner.CompareAndSwap(w, me)) {
-		return fmt.Errorf("%w: buffer %d of class %d is being reclaimed", ErrStaleHandle, idx, class)
-	}
 	st := atomicU64(d, descOffState)
 	inUse := uint64(gen)<<32 | stateInUse
+	// A stale handle must not touch the owner of whoever holds the buffer now.
+	if st.Load() != inUse {
+		return fmt.Errorf("%w: buffer %d of class %d generation %d (double return?)", ErrStaleHandle, idx, class, gen)
+	}
+	owner := atomicU64(d, descOffOwner)
+	w := owner.Load()
+	if w != me && (w == 0 || !owner.CompareAndSwap(w, me)) {
+		return fmt.Errorf("%w: buffer %d of class %d is being reclaimed", ErrStaleHandle, idx, class)
+	}
+	// If the state changes under us from here on, the buffer went back and
+	// out again: restore the owner we replaced.
+	restore := func() {
+		if w != me {
+			owner.CompareAndSwap(me, w)
+		}
+	}
 	next := uint64(gen + 1)
 	if next>>32 != 0 || next == 0 {
 		next = 1
@@ -483,6 +510,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	if mine && len(lc.idx) < localCacheSize {
 		if !st.CompareAndSwap(inUse, next<<32|stateCached) {
 			lc.mu.Unlock()
+			restore()
 			return fmt.Errorf("%w: buffer %d of class %d generation %d (double return?)", ErrStaleHandle, idx, class, gen)
 		}
 		lc.idx = append(lc.idx, idx)
@@ -491,6 +519,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	}
 	lc.mu.Unlock()
 	if !st.CompareAndSwap(inUse, next<<32|stateFree) {
+		restore()
 		return fmt.Errorf("%w: buffer %d of class %d generation %d (double return?)", ErrStaleHandle, idx, class, gen)
 	}
 	owner.Store(0)

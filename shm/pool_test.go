@@ -380,3 +380,60 @@ func TestPoolCorrupt(t *testing.T) {
 		t.Logf("%d corruption errors", corrupt)
 	})
 }
+
+// TestPoolLayoutOverflow: sizes and counts whose byte total wraps around 64
+// bits must be refused, not laid out over a tiny region (review finding).
+func TestPoolLayoutOverflow(t *testing.T) {
+	cfg := PoolConfig{Classes: []PoolClass{{Size: 8192, Count: 1053896401}, {Size: 1<<32 - 4096, Count: 1<<31 - 1}, {Size: 1 << 32, Count: 1<<31 - 1}}}
+	if _, err := PoolSize(cfg); err == nil {
+		t.Fatal("a layout of more than 2^64 bytes was accepted")
+	}
+	if _, err := CreatePool(newSegment(t, 4096), 0, cfg); err == nil {
+		t.Fatal("CreatePool accepted it")
+	}
+}
+
+// TestPoolStaleReturnKeepsOwner: a stale Return by one process must not make
+// it the owner of the buffer another process now holds; otherwise its death
+// would let Reclaim free a live buffer (review finding).
+func TestPoolStaleReturnKeepsOwner(t *testing.T) {
+	seg, a := newPool(t, PoolConfig{Classes: []PoolClass{{Size: 64, Count: 1}}})
+	attach := func(w uint64) *Pool {
+		p, err := OpenPool(seg, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.me = w // as if another process had attached
+		return p
+	}
+	init, err := LookupProcess(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := Process{PID: init.PID, Start: init.Start + 1}.word()
+	b, c := attach(dead), attach(Self().word())
+	stale, err := b.Loan(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := stale.Handle()
+	if err := a.Return(h); err != nil {
+		t.Fatal(err)
+	}
+	held, err := c.Loan(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Return(h); !errors.Is(err, ErrStaleHandle) {
+		t.Fatalf("stale return: %v", err)
+	}
+	if _, err := b.Adopt(h); !errors.Is(err, ErrStaleHandle) {
+		t.Fatalf("stale adopt: %v", err)
+	}
+	if n := a.Reclaim(); n != 0 {
+		t.Fatalf("Reclaim freed %d buffers held by a live process", n)
+	}
+	if err := held.Return(); err != nil {
+		t.Fatal(err)
+	}
+}
