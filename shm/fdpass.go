@@ -23,11 +23,14 @@ func SendSegment(conn *net.UnixConn, s *Segment) error {
 	return nil
 }
 
-// ReceiveOptions says what ReceiveSegment accepts.
+// ReceiveOptions says what ReceiveSegment accepts. The zero value is the
+// safe default.
 type ReceiveOptions struct {
-	// RequireSeal refuses segments whose size is not sealed. A sender that
-	// can shrink the segment after we map it can make our accesses fault.
-	RequireSeal bool
+	// AllowUnsealed accepts segments whose size is not sealed. A sender that
+	// can shrink a segment after we mapped it can make our next access fault
+	// (SIGBUS), which no error check can catch: allow it only for trusted
+	// senders.
+	AllowUnsealed bool
 }
 
 // ReceiveSegment receives a segment sent with SendSegment and maps it after
@@ -64,7 +67,7 @@ func ReceiveSegment(conn *net.UnixConn, opts *ReceiveOptions) (*Segment, error) 
 	}
 	fd := fds[0]
 	unix.CloseOnExec(fd)
-	if opts.RequireSeal {
+	if !opts.AllowUnsealed {
 		seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 		if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
 			unix.Close(fd)

@@ -43,7 +43,7 @@ func FuzzSPSCRecords(f *testing.F) {
 				t.Fatalf("read %d bytes of records from a 256-byte ring", total)
 			}
 		}
-		r.consumerWord.Store(0)
+		c.Close()
 	})
 }
 

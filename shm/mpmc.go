@@ -61,6 +61,9 @@ type MPMC struct {
 	notFullSeq, pushWaiters *atomic.Uint32
 	wait                    Wait
 	me                      int // our participant index
+
+	sawDeath atomic.Bool   // another participant died
+	stalled  atomic.Uint64 // 1 + position found claimed-but-unpublished at the last check
 }
 
 // CreateMPMC initializes a ring of slots slots (a power of two) of slotSize
@@ -247,12 +250,13 @@ func (r *MPMC) TryPop(dst []byte) (int, error) {
 	}
 }
 
-// peerCheck fails when no other live process is attached, or when a slot
-// was claimed by a producer that died before publishing it (the ring cannot
-// move past it).
+// peerCheck fails when every other process that attached has exited, or
+// when a slot stays claimed-but-unpublished across two checks after a
+// participant died (a producer died mid-push; the ring cannot move past the
+// slot). Dead participants' entries are cleared as they are found.
 func (r *MPMC) peerCheck() error {
 	me := Self().word()
-	live, dead := 0, 0
+	live := 0
 	for i := range mpmcParticipants {
 		w := r.part(i).Load()
 		switch {
@@ -260,18 +264,24 @@ func (r *MPMC) peerCheck() error {
 		case aliveWord(w):
 			live++
 		default:
-			dead++
+			if r.part(i).CompareAndSwap(w, 0) {
+				r.sawDeath.Store(true)
+			}
 		}
 	}
-	if dead > 0 {
+	if r.sawDeath.Load() {
 		if live == 0 {
 			return fmt.Errorf("%w: every other process attached to the ring exited", ErrPeerDead)
 		}
 		pos := r.deq.Load()
 		if r.enq.Load() > pos && r.seq(pos).Load() == pos {
-			return fmt.Errorf("%w: a producer died before publishing slot %d", ErrPeerDead, pos)
+			if r.stalled.Swap(pos+1) == pos+1 {
+				return fmt.Errorf("%w: a producer died before publishing slot %d", ErrPeerDead, pos)
+			}
+			return nil
 		}
 	}
+	r.stalled.Store(0)
 	return nil
 }
 

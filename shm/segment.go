@@ -130,6 +130,17 @@ func OpenSegment(name string) (*Segment, error) {
 	if err != nil {
 		return nil, &os.PathError{Op: "open segment", Path: path, Err: err}
 	}
+	// /dev/shm is world-writable: refuse a file planted by another user or
+	// open to others, who could change it under us.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: %w", path, err)
+	}
+	if int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: owned by uid %d with mode %#o; ubkit opens only its own user's segments with mode 0600", path, st.Uid, st.Mode&0o777)
+	}
 	s, err := mapExisting(fd)
 	if err != nil {
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
@@ -301,7 +312,7 @@ func (s *Segment) ReadAt(p []byte, off int64) (int, error) {
 // WriteAt copies into the data area at off, with bounds checks.
 func (s *Segment) WriteAt(p []byte, off int64) (int, error) {
 	d := s.Data()
-	if off < 0 || off+int64(len(p)) > int64(len(d)) {
+	if off < 0 || off > int64(len(d)) || int64(len(p)) > int64(len(d))-off {
 		return 0, fmt.Errorf("shm: write of %d bytes at %d outside segment of %d bytes", len(p), off, len(d))
 	}
 	return copy(d[off:], p), nil

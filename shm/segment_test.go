@@ -115,6 +115,24 @@ func TestOpenCorruptSegment(t *testing.T) {
 	}
 }
 
+func TestOpenRefusesForeignModes(t *testing.T) {
+	name := testName(t)
+	path := filepath.Join(ShmDir, NamePrefix+name)
+	if err := os.WriteFile(path, make([]byte, 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	os.Chmod(path, 0o644)
+	s, err := OpenSegment(name)
+	if err == nil {
+		s.Close()
+		t.Fatal("opened a segment readable by other users")
+	}
+	if !strings.Contains(err.Error(), "mode") {
+		t.Errorf("error does not say why: %v", err)
+	}
+}
+
 func TestMemfdSealAndPass(t *testing.T) {
 	s, err := CreateMemfd("pass", 1<<16, nil)
 	if err != nil {
@@ -127,9 +145,17 @@ func TestMemfdSealAndPass(t *testing.T) {
 	if err := SendSegment(a, s); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ReceiveSegment(b, &ReceiveOptions{RequireSeal: true}); err == nil {
-		t.Fatal("unsealed segment accepted")
+	if _, err := ReceiveSegment(b, nil); err == nil {
+		t.Fatal("unsealed segment accepted by default")
 	}
+	if err := SendSegment(a, s); err != nil {
+		t.Fatal(err)
+	}
+	u, err := ReceiveSegment(b, &ReceiveOptions{AllowUnsealed: true})
+	if err != nil {
+		t.Fatalf("unsealed segment with AllowUnsealed: %v", err)
+	}
+	u.Close()
 	if err := s.Seal(); err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +165,7 @@ func TestMemfdSealAndPass(t *testing.T) {
 	if err := SendSegment(a, s); err != nil {
 		t.Fatal(err)
 	}
-	r, err := ReceiveSegment(b, &ReceiveOptions{RequireSeal: true})
+	r, err := ReceiveSegment(b, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +212,7 @@ func init() {
 			return err
 		}
 		defer c.Close()
-		s, err := ReceiveSegment(c, &ReceiveOptions{RequireSeal: true})
+		s, err := ReceiveSegment(c, nil)
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 )
 
@@ -57,6 +58,7 @@ func SPSCSize(capacity int) int { return spscHeaderSize + capacity }
 // in shared memory. One process attaches as Producer and one as Consumer;
 // they may be the same process. Records are read in place, without a copy.
 type SPSC struct {
+	key      endKey
 	mem      []byte
 	data     []byte
 	capacity int
@@ -83,7 +85,7 @@ func CreateSPSC(seg *Segment, off, capacity int) (*SPSC, error) {
 	binary.LittleEndian.PutUint32(mem[spscOffVersion:], spscVersion)
 	binary.LittleEndian.PutUint64(mem[spscOffCap:], uint64(capacity))
 	atomicU64(mem, spscOffMagic).Store(spscMagic)
-	return attachSPSC(mem, capacity), nil
+	return attachSPSC(mem, capacity, endKey{seg.ID(), off}), nil
 }
 
 // OpenSPSC attaches to a ring that another process created at offset off of
@@ -107,11 +109,12 @@ func OpenSPSC(seg *Segment, off int) (*SPSC, error) {
 	if err != nil {
 		return nil, corruptf("SPSC ring capacity %d: %v", c, err)
 	}
-	return attachSPSC(mem, int(c)), nil
+	return attachSPSC(mem, int(c), endKey{seg.ID(), off}), nil
 }
 
-func attachSPSC(mem []byte, capacity int) *SPSC {
+func attachSPSC(mem []byte, capacity int, key endKey) *SPSC {
 	return &SPSC{
+		key:             key,
 		mem:             mem,
 		data:            mem[spscHeaderSize:],
 		capacity:        capacity,
@@ -134,7 +137,27 @@ func (r *SPSC) Capacity() int { return r.capacity }
 // MaxRecord returns the largest payload a single record can carry.
 func (r *SPSC) MaxRecord() int { return r.capacity - recordHeader }
 
-func claimEnd(word *atomic.Uint64) error {
+// endKey names a ring end within this process: segment id, ring offset and
+// the end (producer or consumer).
+type endKey struct {
+	seg uint32
+	off int
+}
+
+// attached records the ring ends this process holds, so that the same
+// process cannot attach one end twice (two producers would corrupt the ring,
+// and shared memory alone cannot tell them apart: they have the same pid).
+var attached = struct {
+	sync.Mutex
+	ends map[endKey]uint32
+}{ends: map[endKey]uint32{}}
+
+func claimEnd(key endKey, bit uint32, word *atomic.Uint64) error {
+	attached.Lock()
+	defer attached.Unlock()
+	if attached.ends[key]&bit != 0 {
+		return fmt.Errorf("%w (this process, not yet closed)", ErrBusy)
+	}
 	me := Self().word()
 	for {
 		cur := word.Load()
@@ -143,9 +166,19 @@ func claimEnd(word *atomic.Uint64) error {
 			return fmt.Errorf("%w (pid %d)", ErrBusy, p.PID)
 		}
 		if word.CompareAndSwap(cur, me) {
+			attached.ends[key] |= bit
 			return nil
 		}
 	}
+}
+
+func releaseEnd(key endKey, bit uint32, word *atomic.Uint64) {
+	attached.Lock()
+	defer attached.Unlock()
+	if attached.ends[key] &^= bit; attached.ends[key] == 0 {
+		delete(attached.ends, key)
+	}
+	word.CompareAndSwap(Self().word(), 0)
 }
 
 // peerCheck returns the liveness check for the side whose identity is in
@@ -166,9 +199,11 @@ func (r *SPSC) peerCheck(word *atomic.Uint64, closedBit uint32) func() error {
 // Producer attaches the calling process as the ring's producer. It fails
 // with ErrBusy if a live process already is.
 func (r *SPSC) Producer(w Wait) (*Producer, error) {
-	if err := claimEnd(r.producerWord); err != nil {
+	if err := claimEnd(r.key, closedProducer, r.producerWord); err != nil {
 		return nil, err
 	}
+	// A new producer: whatever an earlier one closed is open again.
+	r.closed.And(^uint32(closedProducer))
 	t := r.tail.Load()
 	if t&7 != 0 {
 		return nil, corruptf("ring tail %d is not 8-byte aligned", t)
@@ -182,9 +217,10 @@ func (r *SPSC) Producer(w Wait) (*Producer, error) {
 // Consumer attaches the calling process as the ring's consumer. It fails
 // with ErrBusy if a live process already is.
 func (r *SPSC) Consumer(w Wait) (*Consumer, error) {
-	if err := claimEnd(r.consumerWord); err != nil {
+	if err := claimEnd(r.key, closedConsumer, r.consumerWord); err != nil {
 		return nil, err
 	}
+	r.closed.And(^uint32(closedConsumer))
 	h := r.head.Load()
 	if h&7 != 0 {
 		return nil, corruptf("ring head %d is not 8-byte aligned", h)
@@ -209,6 +245,7 @@ type Producer struct {
 	tail  uint64 // published tail
 	claim uint64 // end of claimed, unpublished records
 	head  uint64 // last head seen
+	done  bool   // Close was called
 }
 
 // Claim reserves room for a record of n payload bytes and returns the
@@ -230,6 +267,9 @@ func (p *Producer) Claim(n int) ([]byte, error) {
 
 func (p *Producer) claimSlow(n int) ([]byte, error) {
 	r := p.r
+	if p.done {
+		return nil, ErrClosed
+	}
 	if n < 0 || n > r.capacity-recordHeader {
 		return nil, fmt.Errorf("%w: record of %d bytes, ring holds at most %d", ErrTooLarge, n, r.capacity-recordHeader)
 	}
@@ -283,6 +323,9 @@ func (p *Producer) Commit() {
 // there is room, ctx ends, or the consumer dies or closes. It commits the
 // records claimed so far before it waits.
 func (p *Producer) ClaimWait(ctx context.Context, n int) ([]byte, error) {
+	if p.r.closed.Load()&closedConsumer != 0 {
+		return nil, fmt.Errorf("%w: the consumer closed the ring", ErrClosed)
+	}
 	b, err := p.Claim(n)
 	if err != ErrRingFull {
 		return b, err
@@ -329,13 +372,19 @@ func copyCached(dst, src []byte) {
 }
 
 // Close commits pending records and tells the consumer no more will come:
-// once it has read everything, it gets ErrClosed.
+// once it has read everything, it gets ErrClosed. Later calls on this
+// Producer fail with ErrClosed. Another Producer may attach afterwards.
 func (p *Producer) Close() error {
+	if p.done {
+		return nil
+	}
 	p.Commit()
+	p.done = true
+	p.capacity, p.maxRecord = 0, 0 // every Claim takes the slow path
 	p.r.closed.Or(closedProducer)
 	p.r.dataSeq.Add(1)
 	futexWake(p.r.dataSeq, 1)
-	p.r.producerWord.CompareAndSwap(Self().word(), 0)
+	releaseEnd(p.r.key, closedProducer, p.r.producerWord)
 	return nil
 }
 
@@ -353,6 +402,7 @@ type Consumer struct {
 	head uint64 // published head
 	read uint64 // end of records returned, not yet released
 	tail uint64 // last tail seen
+	done bool   // Close was called
 }
 
 // Next returns the payload of the next record, in place in shared memory, or
@@ -408,6 +458,9 @@ func (c *Consumer) NextBatch(recs [][]byte) ([][]byte, error) {
 
 func (c *Consumer) nextSlow() ([]byte, error) {
 	r := c.r
+	if c.done {
+		return nil, ErrClosed
+	}
 	for range 2 {
 		if c.read == c.tail {
 			t := r.tail.Load()
@@ -455,14 +508,15 @@ func (c *Consumer) Release() {
 }
 
 // NextWait is Next that waits, with the consumer's wait strategy, until a
-// record arrives, ctx ends, or the producer dies. Before it waits it
-// releases the records read so far, so their bytes must no longer be used.
+// record arrives, ctx ends, or the producer dies. It never releases records
+// by itself: a consumer that keeps a whole ring's worth of records without
+// calling Release leaves the producer no room and waits for ever (or until
+// ctx ends).
 func (c *Consumer) NextWait(ctx context.Context) ([]byte, error) {
 	b, err := c.Next()
 	if err != ErrRingEmpty {
 		return b, err
 	}
-	c.Release()
 	err = c.wait.wait(ctx, waiter{
 		ready: func() (bool, error) {
 			b, err = c.Next()
@@ -479,12 +533,18 @@ func (c *Consumer) NextWait(ctx context.Context) ([]byte, error) {
 }
 
 // Close releases what was read and tells the producer nobody reads any more:
-// its waiting calls fail with ErrClosed.
+// its ClaimWait and Send fail with ErrClosed. Another Consumer may attach
+// afterwards.
 func (c *Consumer) Close() error {
+	if c.done {
+		return nil
+	}
 	c.Release()
+	c.done = true
+	c.tail = c.read // Next takes the slow path, which reports ErrClosed
 	c.r.closed.Or(closedConsumer)
 	c.r.spaceSeq.Add(1)
 	futexWake(c.r.spaceSeq, 1)
-	c.r.consumerWord.CompareAndSwap(Self().word(), 0)
+	releaseEnd(c.r.key, closedConsumer, c.r.consumerWord)
 	return nil
 }

@@ -154,14 +154,19 @@ func TestSPSCFullEmptyTooLarge(t *testing.T) {
 
 func TestSPSCBusyEnd(t *testing.T) {
 	_, r := newRing(t, 256)
-	if _, err := r.Producer(Wait{}); err != nil {
+	p, err := r.Producer(Wait{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	// The same process may re-attach (it owns the end)...
-	if _, err := r.Producer(Wait{}); err != nil {
-		t.Fatal(err)
+	// Not twice in one process: two producers would corrupt the ring.
+	if _, err := r.Producer(Wait{}); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second producer in one process: %v", err)
 	}
-	// ...another live process may not.
+	p.Close()
+	if _, err := p.Claim(8); !errors.Is(err, ErrClosed) {
+		t.Fatalf("claim after Close: %v", err)
+	}
+	// Another live process holds it.
 	init, err := LookupProcess(1)
 	if err != nil {
 		t.Fatal(err)
@@ -172,8 +177,29 @@ func TestSPSCBusyEnd(t *testing.T) {
 	}
 	// A dead process's end can be taken over.
 	r.producerWord.Store(Process{PID: init.PID, Start: init.Start + 1}.word())
-	if _, err := r.Producer(Wait{}); err != nil {
+	p, err = r.Producer(Wait{})
+	if err != nil {
 		t.Fatalf("attach over a dead process: %v", err)
+	}
+	// A closed consumer makes waiting producers fail; a new consumer
+	// reopens the ring.
+	c, _ := r.Consumer(Wait{})
+	c.Close()
+	if err := p.Send(context.Background(), []byte("x")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("send to a closed consumer: %v", err)
+	}
+	if _, err := c.Next(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Next after Close: %v", err)
+	}
+	c, err = r.Consumer(Wait{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Send(context.Background(), []byte("y")); err != nil {
+		t.Fatalf("send to a new consumer: %v", err)
+	}
+	if b, err := c.Next(); err != nil || string(b) != "y" {
+		t.Fatalf("new consumer got %q, %v", b, err)
 	}
 }
 
