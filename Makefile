@@ -1,5 +1,5 @@
 # ubkit: two commands do everything.
-#   make demo   the main job, on a simulated super node in one process
+#   make demo   the main job: two processes talking through shared memory, next to a unix socket and TCP
 #   make test   installs missing test prerequisites, then vet, race tests, examples
 
 GO       ?= go

@@ -9,7 +9,8 @@ import (
 
 // MPMC ring layout, at a cacheLine-aligned offset of a segment:
 //
-//	control line   0: magic u64, version u32, slots u32, slotSize u32
+//	control line   0: magic u64, version u32, slots u32, slotSize u32,
+//	                  deaths u32
 //	enqueue line 128: enqueue position u64, notEmptySeq u32, popWaiters u32
 //	dequeue line 256: dequeue position u64, notFullSeq u32, pushWaiters u32
 //	participants 384: mpmcParticipants process words
@@ -27,6 +28,7 @@ const (
 	mpmcOffVersion  = 8
 	mpmcOffSlots    = 12
 	mpmcOffSlotSize = 16
+	mpmcOffDeaths   = 20 // participants found dead, by anyone
 
 	mpmcOffEnq         = cacheLine
 	mpmcOffNotEmptySeq = cacheLine + 8
@@ -62,8 +64,7 @@ type MPMC struct {
 	wait                    Wait
 	me                      int // our participant index
 
-	sawDeath atomic.Bool   // another participant died
-	stalled  atomic.Uint64 // 1 + position found claimed-but-unpublished at the last check
+	stalled atomic.Uint64 // 1 + position found claimed-but-unpublished at the last check
 }
 
 // CreateMPMC initializes a ring of slots slots (a power of two) of slotSize
@@ -265,11 +266,11 @@ func (r *MPMC) peerCheck() error {
 			live++
 		default:
 			if r.part(i).CompareAndSwap(w, 0) {
-				r.sawDeath.Store(true)
+				atomicU32(r.mem, mpmcOffDeaths).Add(1)
 			}
 		}
 	}
-	if r.sawDeath.Load() {
+	if atomicU32(r.mem, mpmcOffDeaths).Load() != 0 {
 		if live == 0 {
 			return fmt.Errorf("%w: every other process attached to the ring exited", ErrPeerDead)
 		}

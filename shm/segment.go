@@ -201,7 +201,9 @@ func checkName(name string) error {
 		return fmt.Errorf("shm: segment name %q must be 1 to 200 characters", name)
 	}
 	for _, c := range name {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		default:
 			return fmt.Errorf("shm: segment name %q may only hold letters, digits, '-', '_' and '.'", name)
 		}
 	}

@@ -428,6 +428,9 @@ func (c *Consumer) Next() ([]byte, error) {
 // place as Next returns them, and returns the slice. It returns ErrRingEmpty
 // only when there is no record at all; the records stay valid until Release.
 func (c *Consumer) NextBatch(recs [][]byte) ([][]byte, error) {
+	if cap(recs) == 0 {
+		return recs, errorf("NextBatch needs a slice with room for at least one record")
+	}
 	recs = recs[:0]
 	for len(recs) < cap(recs) {
 		if c.read != c.tail {

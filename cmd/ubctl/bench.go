@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
@@ -47,7 +48,7 @@ func benchCmd(args []string) error {
 	fs.StringVar(&o.only, "case", "", "run only this case")
 	fs.StringVar(&o.profile, "cpuprofile", "", "write CPU profiles of this process and of every peer (their first 3s) into this directory")
 	suite := ""
-	if len(args) > 0 && args[0][0] != '-' {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		suite, args = args[0], args[1:]
 	}
 	if err := fs.Parse(args); err != nil {
@@ -63,7 +64,7 @@ func benchCmd(args []string) error {
 			names = append(names, n)
 		}
 		slices.Sort(names)
-	} else if _, ok := suites[suite]; !ok {
+	} else if _, ok := suites[suite]; !ok || suite == "" {
 		return fmt.Errorf("unknown suite %q (have: shm, all)", suite)
 	}
 	opts := bench.Options{Rounds: 5, Duration: time.Second, Warmup: 200 * time.Millisecond}

@@ -25,10 +25,12 @@ func demoCmd(args []string) error {
 		fmt.Printf("%-12s %14s %16s %18s\n", label, dur(l.P50), dur(l.P99), rate(t.Median))
 	}
 	fmt.Println()
-	fmt.Printf("ubkit round trip: %.1fx faster than the unix socket, %.1fx faster than TCP\n",
-		lat.Baselines["uds"]/lat.Value, lat.Baselines["tcp"]/lat.Value)
-	fmt.Printf("ubkit streaming:  %.1fx the unix socket's messages/s, %.1fx TCP's\n",
-		thr.Value/thr.Baselines["uds"], thr.Value/thr.Baselines["tcp"])
+	if uds, tcp := lat.Baselines["uds"], lat.Baselines["tcp"]; uds > 0 && tcp > 0 {
+		fmt.Printf("ubkit round trip: %.0fx faster than the unix socket, %.0fx faster than TCP\n", uds/lat.Value, tcp/lat.Value)
+	}
+	if uds, tcp := thr.Baselines["uds"], thr.Baselines["tcp"]; uds > 0 && tcp > 0 {
+		fmt.Printf("ubkit streaming:  %.1fx the unix socket's messages/s, %.1fx TCP's\n", thr.Value/uds, thr.Value/tcp)
+	}
 	fmt.Fprintln(os.Stderr, "\nfull comparison, shmipc-go included: go run ./cmd/ubctl bench shm")
 	return nil
 }

@@ -22,13 +22,12 @@ type ringSetup struct {
 	a, b     *shm.SPSC // a: parent to peer, b: peer to parent
 	pool     *shm.Pool
 	peer     *bench.Peer
-	poolOff  int
 	capA     int
 	capB     int
 	waitMode shm.WaitMode
 }
 
-var zeroCopyPool = shm.PoolConfig{Classes: []shm.PoolClass{{Size: 256, Count: 16}, {Size: mib, Count: 4}}}
+var zeroCopyPool = shm.PoolConfig{Classes: []shm.PoolClass{{Size: 256, Count: 16}, {Size: mib, Count: zeroCopyBuffers}}}
 
 // layout returns the offsets of ring a, ring b and the pool.
 func layout(capA, capB int, withPool bool) (offA, offB, offPool, size int) {
@@ -77,7 +76,7 @@ func (s *ringSetup) close() {
 
 // ends attaches this process as producer of a and consumer of b.
 func (s *ringSetup) ends() (*shm.Producer, *shm.Consumer, error) {
-	w := shm.Wait{Mode: s.waitMode}
+	w := waitFor(s.waitMode)
 	p, err := s.a.Producer(w)
 	if err != nil {
 		return nil, nil, err
@@ -190,6 +189,12 @@ func shmStream(d time.Duration, size int, copyIn bool) (bench.Measurement, error
 	return streamValue(n, size, elapsed), nil
 }
 
+// zeroCopyBuffers is how many 1 MiB pool buffers the sender rotates
+// through. It reuses them oldest first: the buffer the receiver finished
+// last is still in the receiver's cache, and writing it at once would pull
+// every line back across cores.
+const zeroCopyBuffers = 8
+
 func shmZeroCopy(d time.Duration) (bench.Measurement, error) {
 	s, err := startRing("zerocopy", 4096, 4096, true, shm.WaitBlock)
 	if err != nil {
@@ -202,22 +207,44 @@ func shmZeroCopy(d time.Duration) (bench.Measurement, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
 	defer cancel()
+	// Loan the buffers once; the receiver hands each back by handle when it
+	// has read it, and the sender refills the oldest.
+	var free []shm.Buffer
+	for range zeroCopyBuffers {
+		b, err := s.pool.Loan(mib)
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+		free = append(free, b)
+	}
+	back := func(rec []byte) error {
+		var h shm.Handle
+		if err := h.UnmarshalBinary(rec); err != nil {
+			return err
+		}
+		b, err := s.pool.Resolve(h)
+		if err != nil {
+			return err
+		}
+		free = append(free, b)
+		return nil
+	}
 	var n, sum uint64
 	var h [shm.HandleSize]byte
 	start := time.Now()
 	for time.Since(start) < d {
-		buf, err := s.pool.Loan(mib)
-		for errors.Is(err, shm.ErrPoolExhausted) {
-			// Every buffer is with the receiver: wait for one to come back.
-			if _, err := c.NextWait(ctx); err != nil {
+		for len(free) == 0 {
+			rec, err := c.NextWait(ctx)
+			if err != nil {
+				return bench.Measurement{}, err
+			}
+			if err := back(rec); err != nil {
 				return bench.Measurement{}, err
 			}
 			c.Release()
-			buf, err = s.pool.Loan(mib)
 		}
-		if err != nil {
-			return bench.Measurement{}, err
-		}
+		buf := free[0]
+		free = free[1:]
 		payload := buf.Bytes()[:mib]
 		bench.Fill(payload, n)
 		sum += bench.FillSum(mib, n)
@@ -233,7 +260,7 @@ func shmZeroCopy(d time.Duration) (bench.Measurement, error) {
 		if err != nil {
 			return bench.Measurement{}, fmt.Errorf("read result: %w", err)
 		}
-		if len(res) == 16 {
+		if len(res) != shm.HandleSize {
 			elapsed := time.Since(start)
 			if err := checkResult(res, n, sum, mib); err != nil {
 				return bench.Measurement{}, err
@@ -241,8 +268,27 @@ func shmZeroCopy(d time.Duration) (bench.Measurement, error) {
 			c.Release()
 			return streamValue(n, mib, elapsed), nil
 		}
+		if err := back(res); err != nil {
+			return bench.Measurement{}, err
+		}
+		c.Release()
 	}
 }
+
+// waitFor is the wait strategy both ends use. Blocking waits spin for
+// BlockSpin first: producing or consuming a 1 MiB payload takes about 50 µs
+// here, and a futex wake-up across vCPUs costs more than that
+// (../shared/BENCHMARKS.md), so a shorter spin puts a wake-up on the
+// critical path of every message.
+func waitFor(m shm.WaitMode) shm.Wait {
+	if m == shm.WaitBlock {
+		return shm.Wait{Mode: m, Spin: BlockSpin}
+	}
+	return shm.Wait{Mode: m}
+}
+
+// BlockSpin is how long WaitBlock spins before sleeping in this suite.
+const BlockSpin = 200 * time.Microsecond
 
 // ringPeer is the other process of every ring case.
 func ringPeer(a peerArgs) error {
@@ -261,7 +307,7 @@ func ringPeer(a peerArgs) error {
 	if err != nil {
 		return err
 	}
-	w := shm.Wait{Mode: a.Wait}
+	w := waitFor(a.Wait)
 	c, err := ra.Consumer(w)
 	if err != nil {
 		return err
@@ -332,33 +378,30 @@ func ringPeer(a peerArgs) error {
 			if err := h.UnmarshalBinary(in); err != nil {
 				return err
 			}
-			c.Release()
-			buf, err := pool.Adopt(h)
+			buf, err := pool.Resolve(h)
 			if err != nil {
 				return err
 			}
-			payload := buf.Bytes()[:mib]
-			sum += bench.Sum(payload)
+			sum += bench.Sum(buf.Bytes()[:mib])
 			n++
-			if err := buf.Return(); err != nil {
+			// Hand the buffer back to the sender, by handle.
+			if err := p.Send(ctx, in); err != nil {
 				return err
 			}
-			// Tell the sender a buffer is free again.
-			if err := p.Send(ctx, []byte{1}); err != nil {
-				return err
-			}
+			c.Release()
 		}
-		return sendResult(ctx, p, n, sum)
+		return sendResult(ctx, p, n, sum, 'R')
 	}
 	return fmt.Errorf("unknown case %q", a.Case)
 }
 
-func sendResult(ctx context.Context, p *shm.Producer, n, sum uint64) error {
+// sendResult sends the count and checksum, with tag bytes appended (the
+// zero-copy case tags it so it differs from a 16-byte handle).
+func sendResult(ctx context.Context, p *shm.Producer, n, sum uint64, tag ...byte) error {
 	bench.PeerFinished()
-	var res [16]byte
-	binary.LittleEndian.PutUint64(res[:], n)
-	binary.LittleEndian.PutUint64(res[8:], sum)
-	if err := p.Send(ctx, res[:]); err != nil {
+	res := binary.LittleEndian.AppendUint64(nil, n)
+	res = binary.LittleEndian.AppendUint64(res, sum)
+	if err := p.Send(ctx, append(res, tag...)); err != nil {
 		return err
 	}
 	// Wait until the parent has read the result (it then kills us), so the

@@ -144,7 +144,9 @@ func sockStream(d time.Duration, network string, size int) (bench.Measurement, e
 	if err := checkResult(res[:], n, sum, size); err != nil {
 		return bench.Measurement{}, err
 	}
-	peer.Wait()
+	if err := peer.Wait(); err != nil {
+		return bench.Measurement{}, err
+	}
 	return streamValue(n, size, elapsed), nil
 }
 
