@@ -29,4 +29,7 @@ func futexWake(addr *atomic.Uint32, n int) {
 		uintptr(n), 0, 0, 0)
 }
 
-func osYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+// osYield gives the CPU to another runnable thread, if any. A raw system
+// call: it returns at once, and going through the runtime's syscall entry would
+// make it hand our P to another thread.
+func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

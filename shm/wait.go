@@ -93,6 +93,13 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 		if i&63 != 0 {
 			continue
 		}
+		if i >= 1024 && s.Mode != WaitSpin {
+			// Past the first microseconds, give the CPU away now and then:
+			// when the peer shares our CPU (an oversubscribed machine), a
+			// pure spin would burn the time it needs to make progress.
+			// With nothing else runnable, sched_yield returns at once.
+			osYield()
+		}
 		now := time.Now()
 		if err := check(now); err != nil {
 			return err
