@@ -36,7 +36,7 @@ type benchOpts struct {
 	only, profile                  string
 }
 
-func benchCmd(args []string) error {
+func benchCmd(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var o benchOpts
 	fs.BoolVar(&o.quick, "quick", false, "short runs (under 30 seconds per suite)")
@@ -107,7 +107,7 @@ func benchCmd(args []string) error {
 		if err != nil {
 			return err
 		}
-		var w io.Writer = os.Stdout
+		w := out
 		if o.json {
 			err = rep.WriteJSON(w)
 		} else {

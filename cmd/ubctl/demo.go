@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -9,27 +10,30 @@ import (
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 )
 
-func demoCmd(args []string) error {
-	fmt.Println("ubkit demo: two processes exchanging messages through shared memory")
-	fmt.Println("(this process and a peer it starts; the same work over a unix socket and TCP loopback)")
-	fmt.Println()
-	rep, err := bench.Run("demo", shmsuite.DemoCases(), bench.Options{Rounds: 3, Duration: 300 * time.Millisecond, Warmup: 50 * time.Millisecond})
+// demoOptions are the demo's run lengths; tests shorten them.
+var demoOptions = bench.Options{Rounds: 3, Duration: 300 * time.Millisecond, Warmup: 50 * time.Millisecond}
+
+func demoCmd(args []string, w io.Writer) error {
+	fmt.Fprintln(w, "ubkit demo: two processes exchanging messages through shared memory")
+	fmt.Fprintln(w, "(this process and a peer it starts; the same work over a unix socket and TCP loopback)")
+	fmt.Fprintln(w)
+	rep, err := bench.Run("demo", shmsuite.DemoCases(), demoOptions)
 	if err != nil {
 		return err
 	}
 	lat, thr := rep.Results[0], rep.Results[1]
-	fmt.Printf("%-10s %16s %16s %18s\n", "path", "latency p50", "latency p99", "64 B messages/s")
+	fmt.Fprintf(w, "%-12s %14s %16s %18s\n", "path", "latency p50", "latency p99", "64 B messages/s")
 	for _, name := range []string{"ubkit", "uds", "tcp"} {
 		l, t := lat.Detail[name], thr.Detail[name]
 		label := map[string]string{"ubkit": "ubkit shm", "uds": "unix socket", "tcp": "TCP loopback"}[name]
-		fmt.Printf("%-12s %14s %16s %18s\n", label, dur(l.P50), dur(l.P99), rate(t.Median))
+		fmt.Fprintf(w, "%-12s %14s %16s %18s\n", label, dur(l.P50), dur(l.P99), rate(t.Median))
 	}
-	fmt.Println()
+	fmt.Fprintln(w)
 	if uds, tcp := lat.Baselines["uds"], lat.Baselines["tcp"]; uds > 0 && tcp > 0 {
-		fmt.Printf("ubkit round trip: %.0fx faster than the unix socket, %.0fx faster than TCP\n", uds/lat.Value, tcp/lat.Value)
+		fmt.Fprintf(w, "ubkit round trip: %.0fx faster than the unix socket, %.0fx faster than TCP\n", uds/lat.Value, tcp/lat.Value)
 	}
 	if uds, tcp := thr.Baselines["uds"], thr.Baselines["tcp"]; uds > 0 && tcp > 0 {
-		fmt.Printf("ubkit streaming:  %.1fx the unix socket's messages/s, %.1fx TCP's\n", thr.Value/uds, thr.Value/tcp)
+		fmt.Fprintf(w, "ubkit streaming:  %.1fx the unix socket's messages/s, %.1fx TCP's\n", thr.Value/uds, thr.Value/tcp)
 	}
 	fmt.Fprintln(os.Stderr, "\nfull comparison, shmipc-go included: go run ./cmd/ubctl bench shm")
 	return nil

@@ -32,9 +32,9 @@ func main() {
 	var err error
 	switch os.Args[1] {
 	case "bench":
-		err = benchCmd(os.Args[2:])
+		err = benchCmd(os.Args[2:], os.Stdout)
 	case "demo":
-		err = demoCmd(os.Args[2:])
+		err = demoCmd(os.Args[2:], os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+)
+
+func TestMain(m *testing.M) {
+	bench.RunPeerIfChild()
+	os.Exit(m.Run())
+}
+
+func TestBenchJSON(t *testing.T) {
+	var out bytes.Buffer
+	err := benchCmd([]string{"shm", "-case", "stream-64B", "-rounds", "1", "-duration", "30ms", "-json", "-no-shmipc"}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Suite   string `json:"suite"`
+		Results []struct {
+			Case      string             `json:"case"`
+			Unit      string             `json:"unit"`
+			Better    string             `json:"better"`
+			Value     float64            `json:"value"`
+			Baselines map[string]float64 `json:"baselines"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v in %s", err, out.String())
+	}
+	if rep.Suite != "shm" || len(rep.Results) != 1 {
+		t.Fatalf("report %s", out.String())
+	}
+	r := rep.Results[0]
+	if r.Case != "stream-64B" || r.Unit != "msg/s" || r.Better != "higher" || r.Value <= 0 || r.Baselines["uds"] <= 0 || r.Baselines["tcp"] <= 0 {
+		t.Fatalf("row %+v", r)
+	}
+}
+
+func TestBenchBadArgs(t *testing.T) {
+	for _, args := range [][]string{{}, {""}, {"nosuch"}, {"shm", "-rounds", "x"}} {
+		if err := benchCmd(args, &bytes.Buffer{}); err == nil {
+			t.Errorf("bench %q succeeded", args)
+		}
+	}
+}
+
+func TestDemo(t *testing.T) {
+	demoOptions = bench.Options{Rounds: 1, Duration: 30 * time.Millisecond}
+	var out bytes.Buffer
+	if err := demoCmd(nil, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"ubkit shm", "unix socket", "TCP loopback", "latency p50", "messages/s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
