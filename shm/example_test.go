@@ -3,8 +3,10 @@ package shm_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
+	"syscall"
 
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -125,4 +127,34 @@ func ExampleSweep() {
 		fmt.Println(err)
 	}
 	_ = removed
+}
+
+func ExampleSendSegment() {
+	// A connected pair of unix sockets; normally each end is in another
+	// process (a listener and a dialer).
+	fds, _ := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	fa, fb := os.NewFile(uintptr(fds[0]), "a"), os.NewFile(uintptr(fds[1]), "b")
+	a, _ := net.FileConn(fa) // FileConn duplicates the descriptor
+	b, _ := net.FileConn(fb)
+	fa.Close()
+	fb.Close()
+	defer a.Close()
+	defer b.Close()
+
+	seg, _ := shm.CreateMemfd("handoff", 4096, nil)
+	defer seg.Close()
+	copy(seg.Data(), "shared by descriptor")
+	seg.Seal() // receivers refuse unsealed segments unless told otherwise
+	if err := shm.SendSegment(a.(*net.UnixConn), seg); err != nil {
+		panic(err)
+	}
+
+	got, err := shm.ReceiveSegment(b.(*net.UnixConn), nil)
+	if err != nil {
+		panic(err)
+	}
+	defer got.Close()
+	fmt.Println(string(got.Data()[:20]))
+	// Output:
+	// shared by descriptor
 }
