@@ -416,3 +416,30 @@ func sweepable(path string) bool {
 	}
 	return !aliveWord(binary.LittleEndian.Uint64(h[segOffCreator:]))
 }
+
+// Uint64At returns an atomic view of the 8-byte word at offset off of the
+// data area, after checking that it lies inside and is 8-byte aligned. The
+// word is shared memory: other processes may change it at any time. It must
+// not be used after Close.
+func (s *Segment) Uint64At(off int) (*atomic.Uint64, error) {
+	d := s.Data()
+	if off < 0 || off > len(d)-8 {
+		return nil, fmt.Errorf("shm: 8-byte word at %d outside a segment of %d bytes", off, len(d))
+	}
+	if off%8 != 0 {
+		return nil, fmt.Errorf("shm: word offset %d is not 8-byte aligned", off)
+	}
+	return atomicU64(d, off), nil
+}
+
+// Uint32At is Uint64At for a 4-byte word (4-byte aligned).
+func (s *Segment) Uint32At(off int) (*atomic.Uint32, error) {
+	d := s.Data()
+	if off < 0 || off > len(d)-4 {
+		return nil, fmt.Errorf("shm: 4-byte word at %d outside a segment of %d bytes", off, len(d))
+	}
+	if off%4 != 0 {
+		return nil, fmt.Errorf("shm: word offset %d is not 4-byte aligned", off)
+	}
+	return atomicU32(d, off), nil
+}

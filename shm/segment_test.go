@@ -2,6 +2,7 @@ package shm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"net"
 	"os"
@@ -341,4 +342,24 @@ func TestHugePages(t *testing.T) {
 		t.Fatalf("size %d", m.Size())
 	}
 	m.Data()[0] = 1
+}
+
+func TestUint64At(t *testing.T) {
+	s := newSegment(t, 64)
+	w, err := s.Uint64At(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Store(42)
+	if w.CompareAndSwap(42, 7); binary.LittleEndian.Uint64(s.Data()[8:]) != 7 {
+		t.Error("atomic view does not alias the segment")
+	}
+	for _, off := range []int{-8, 4, s.Size() - 4, s.Size()} {
+		if _, err := s.Uint64At(off); err == nil {
+			t.Errorf("Uint64At(%d) accepted", off)
+		}
+	}
+	if _, err := s.Uint32At(2); err == nil {
+		t.Error("misaligned Uint32At accepted")
+	}
 }

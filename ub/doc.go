@@ -1,0 +1,30 @@
+// Package ub is ubkit's bus: a verbs API shaped like Huawei's URMA (the UB
+// verbs of openEuler UMDK), so that a hardware provider can later be a thin
+// binding, and the providers that implement it without UB hardware.
+//
+// The objects mirror URMA's:
+//
+//   - [Context]: a device endpoint, named by its [EID] (urma_create_context).
+//   - [Segment]: local memory registered for remote access, with access
+//     flags and a [Token] (urma_register_seg); a peer reaches it through a
+//     [RemoteSegment] it imports with the segment's descriptor and token
+//     (urma_import_seg).
+//   - [Jetty]: a send queue and a receive queue (urma_create_jetty), in
+//     reliable-connection, reliable-message or unreliable mode; a peer's
+//     jetty is reached through a [Target] (urma_import_jetty).
+//   - [CQ]: a completion queue (urma_create_jfc) with non-blocking Poll and
+//     blocking Wait.
+//
+// Work requests ([WR]) are posted in batches and each finishes with a
+// [Completion]. Errors in the operation itself (out of bounds, wrong token,
+// missing permission, no posted receive, a dead peer) are completion
+// statuses, never panics: a post returns an error only when the request
+// could not even be queued.
+//
+// Providers register by name with [Register], like database/sql drivers,
+// and are opened with [Open]. ubkit ships "shm" (processes on one host, real
+// zero copy through shared memory) in package ub/provider/shmprov.
+//
+// ub is not a message protocol: connections, streams and flow control live
+// in ubkit's transport package.
+package ub

@@ -1,0 +1,473 @@
+package shmprov
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// jettyRings are the two shared rings of a jetty: posted receives (pushed by
+// the owner, popped by senders) and receive completions (pushed by senders,
+// popped by the owner's RecvCQ).
+type jettyRings struct {
+	seg    *shm.Segment
+	recvs  *shm.MPMC
+	compls *shm.MPMC
+	state  *atomic.Uint32
+	token  ub.Token
+	mode   ub.Mode
+	maxMsg int
+}
+
+func openJettyRings(s *shm.Segment) (*jettyRings, error) {
+	d := s.Data()
+	if len(d) < jettyHeader {
+		return nil, errors.New("too small for a jetty")
+	}
+	magic, _ := s.Uint64At(0)
+	if magic.Load() != jettyMagic {
+		return nil, errors.New("not a jetty (bad magic)")
+	}
+	depth := int(binary.LittleEndian.Uint32(d[jettyOffDepth:]))
+	maxMsg := int(binary.LittleEndian.Uint32(d[jettyOffMaxMsg:]))
+	mode := ub.Mode(binary.LittleEndian.Uint32(d[jettyOffMode:]))
+	if depth < 2 || depth > 1<<16 || depth&(depth-1) != 0 || maxMsg < 1 || mode > ub.Unreliable {
+		return nil, fmt.Errorf("jetty header: depth %d, max message %d, mode %d", depth, maxMsg, mode)
+	}
+	recvOff, complOff, _ := jettyLayout(depth)
+	recvs, err := shm.OpenMPMC(s, recvOff, shm.Wait{})
+	if err != nil {
+		return nil, err
+	}
+	compls, err := shm.OpenMPMC(s, complOff, shm.Wait{})
+	if err != nil {
+		recvs.Close()
+		return nil, err
+	}
+	state, _ := s.Uint32At(jettyOffState)
+	return &jettyRings{seg: s, recvs: recvs, compls: compls, state: state,
+		token: ub.Token(binary.LittleEndian.Uint32(d[jettyOffToken:])), mode: mode, maxMsg: maxMsg}, nil
+}
+
+type jetty struct {
+	c      *Context
+	name   string
+	rings  *jettyRings
+	cfg    ub.JettyConfig
+	send   *cq
+	recv   *cq
+	mu     sync.Mutex
+	bound  *target
+	closed bool
+	slot   []byte
+}
+
+// NewJetty makes a jetty whose receive queue peers reach by its descriptor
+// and token.
+func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
+	send, ok1 := cfg.SendCQ.(*cq)
+	recv, ok2 := cfg.RecvCQ.(*cq)
+	if !ok1 || !ok2 {
+		return nil, errors.New("shmprov: a jetty needs SendCQ and RecvCQ made by this provider")
+	}
+	if cfg.Mode > ub.Unreliable {
+		return nil, fmt.Errorf("shmprov: unknown mode %v", cfg.Mode)
+	}
+	depth := cfg.RecvDepth
+	if depth <= 0 {
+		depth = defaultRecvDepth
+	}
+	for depth&(depth-1) != 0 {
+		depth++
+	}
+	if depth < 2 || depth > 1<<16 {
+		return nil, fmt.Errorf("shmprov: receive depth %d out of range [2, 65536]", cfg.RecvDepth)
+	}
+	if cfg.MaxMessage <= 0 {
+		cfg.MaxMessage = defaultMaxMsg
+	}
+	cfg.RecvDepth = depth
+	name := c.name("j")
+	recvOff, complOff, size := jettyLayout(depth)
+	s, err := shm.CreateSegment(name, size, nil)
+	if err != nil {
+		return nil, err
+	}
+	d := s.Data()
+	binary.LittleEndian.PutUint32(d[jettyOffToken:], uint32(cfg.Token))
+	binary.LittleEndian.PutUint32(d[jettyOffMode:], uint32(cfg.Mode))
+	binary.LittleEndian.PutUint32(d[jettyOffMaxMsg:], uint32(cfg.MaxMessage))
+	binary.LittleEndian.PutUint32(d[jettyOffDepth:], uint32(depth))
+	if _, err := shm.CreateMPMC(s, recvOff, depth, recvSlotSize, shm.Wait{}); err != nil {
+		s.Close()
+		return nil, err
+	}
+	// Twice the depth: every completion consumed a posted receive, so at
+	// most depth are in flight, plus slack for a receiver that reposts
+	// before it polls. A receiver that never polls its RecvCQ eventually
+	// makes senders see StatusReceiverNotReady.
+	if _, err := shm.CreateMPMC(s, complOff, 2*depth, complSlotSize, shm.Wait{}); err != nil {
+		s.Close()
+		return nil, err
+	}
+	state, _ := s.Uint32At(jettyOffState)
+	state.Store(stateLive)
+	magic, _ := s.Uint64At(0)
+	magic.Store(jettyMagic)
+	rings, err := openJettyRings(s)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	j := &jetty{c: c, name: name, rings: rings, cfg: cfg, send: send, recv: recv, slot: make([]byte, recvSlotSize)}
+	recv.attach(rings.compls)
+	if err := c.track(j); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+func (j *jetty) Desc() ub.JettyDesc { return ub.JettyDesc{Provider: Name, EID: j.c.eid, Name: j.name} }
+
+func (j *jetty) Bind(t ub.Target) error {
+	tg, ok := t.(*target)
+	if !ok {
+		return errors.New("shmprov: Bind needs a target imported by this provider")
+	}
+	if j.cfg.Mode != ub.ReliableConnection {
+		return fmt.Errorf("shmprov: Bind is for reliable-connection jetties, this one is %v", j.cfg.Mode)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.bound != nil {
+		return errors.New("shmprov: jetty already bound")
+	}
+	j.bound = tg
+	return nil
+}
+
+// PostRecv posts receive buffers into the jetty's shared receive ring.
+func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return 0, ErrClosed
+	}
+	for i, wr := range wrs {
+		s, ok := wr.Buf.Seg.(*segment)
+		if !ok || s.c != j.c {
+			return i, errors.New("shmprov: receive buffer must be a segment of this context")
+		}
+		if wr.Buf.Offset < 0 || wr.Buf.Len < 0 || wr.Buf.Offset > len(s.bytes) || wr.Buf.Len > len(s.bytes)-wr.Buf.Offset || wr.Buf.Len > 1<<31 {
+			return i, fmt.Errorf("shmprov: receive buffer [%d, +%d) outside its %d-byte segment", wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
+		}
+		postedRecv{name: s.name, off: uint64(segHeader + wr.Buf.Offset), len: uint32(wr.Buf.Len), userCtx: wr.UserCtx}.encode(j.slot)
+		if err := j.rings.recvs.TryPush(j.slot); err != nil {
+			if err == shm.ErrRingFull {
+				return i, fmt.Errorf("shmprov: receive queue full (depth %d)", j.cfg.RecvDepth)
+			}
+			return i, err
+		}
+	}
+	return len(wrs), nil
+}
+
+// PostSend runs each work request and queues its completion.
+func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return 0, ErrClosed
+	}
+	for i := range wrs {
+		if j.send.room() == 0 {
+			return i, ErrCQFull
+		}
+		c := j.run(&wrs[i])
+		c.Op, c.UserCtx = wrs[i].Op, wrs[i].UserCtx
+		if err := j.send.push(c); err != nil {
+			return i, err
+		}
+	}
+	return len(wrs), nil
+}
+
+func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {
+	s, ok := l.Seg.(*segment)
+	if !ok || s.c != j.c {
+		return nil, ub.StatusLocalLength
+	}
+	if l.Offset < 0 || l.Len < 0 || l.Offset > len(s.bytes) || l.Len > len(s.bytes)-l.Offset {
+		return nil, ub.StatusLocalLength
+	}
+	return s.bytes[l.Offset : l.Offset+l.Len], ub.StatusSuccess
+}
+
+func (j *jetty) run(wr *ub.WR) ub.Completion {
+	switch wr.Op {
+	case ub.OpWrite, ub.OpWriteImm, ub.OpRead, ub.OpCAS, ub.OpFetchAdd:
+		if j.cfg.Mode == ub.Unreliable {
+			return ub.Completion{Status: ub.StatusUnsupported}
+		}
+		return j.oneSided(wr)
+	case ub.OpSend, ub.OpSendImm:
+		buf, st := j.local(wr.Local)
+		if st != ub.StatusSuccess {
+			return ub.Completion{Status: st}
+		}
+		t, st := j.target(wr.Target)
+		if st != ub.StatusSuccess {
+			return ub.Completion{Status: st}
+		}
+		if len(buf) > j.cfg.MaxMessage || len(buf) > t.rings.maxMsg {
+			return ub.Completion{Status: ub.StatusLocalLength}
+		}
+		st = t.deliver(j.c, buf, wr.Op, wr.Imm, wr.Op == ub.OpSendImm, j.cfg.Mode == ub.Unreliable)
+		return ub.Completion{Status: st, Len: len(buf)}
+	}
+	return ub.Completion{Status: ub.StatusUnsupported}
+}
+
+func (j *jetty) target(t ub.Target) (*target, ub.Status) {
+	if t == nil {
+		if j.bound == nil {
+			return nil, ub.StatusUnsupported
+		}
+		return j.bound, ub.StatusSuccess
+	}
+	tg, ok := t.(*target)
+	if !ok {
+		return nil, ub.StatusUnsupported
+	}
+	if j.cfg.Mode == ub.ReliableConnection && j.bound != nil && tg != j.bound {
+		return nil, ub.StatusUnsupported
+	}
+	return tg, ub.StatusSuccess
+}
+
+func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
+	r, ok := wr.Remote.Seg.(*remoteSegment)
+	if !ok {
+		return ub.Completion{Status: ub.StatusUnsupported}
+	}
+	switch wr.Op {
+	case ub.OpWrite, ub.OpWriteImm:
+		buf, st := j.local(wr.Local)
+		if st != ub.StatusSuccess {
+			return ub.Completion{Status: st}
+		}
+		if st := r.check(wr.Remote.Offset, len(buf), ub.AccessWrite); st != ub.StatusSuccess {
+			return ub.Completion{Status: st}
+		}
+		copy(r.bytes(wr.Remote.Offset, len(buf)), buf)
+		if wr.Op == ub.OpWriteImm {
+			t, st := j.target(wr.Target)
+			if st != ub.StatusSuccess {
+				return ub.Completion{Status: st, Len: len(buf)}
+			}
+			if st := t.deliver(j.c, nil, ub.OpWriteImm, wr.Imm, true, false); st != ub.StatusSuccess {
+				return ub.Completion{Status: st, Len: len(buf)}
+			}
+		}
+		return ub.Completion{Len: len(buf)}
+	case ub.OpRead:
+		buf, st := j.local(wr.Local)
+		if st != ub.StatusSuccess {
+			return ub.Completion{Status: st}
+		}
+		if st := r.check(wr.Remote.Offset, len(buf), ub.AccessRead); st != ub.StatusSuccess {
+			return ub.Completion{Status: st}
+		}
+		copy(buf, r.bytes(wr.Remote.Offset, len(buf)))
+		return ub.Completion{Len: len(buf)}
+	}
+	// CAS and FetchAdd.
+	if st := r.check(wr.Remote.Offset, 8, ub.AccessAtomic); st != ub.StatusSuccess {
+		return ub.Completion{Status: st}
+	}
+	if wr.Remote.Offset%8 != 0 {
+		return ub.Completion{Status: ub.StatusMisaligned}
+	}
+	var out []byte
+	if wr.Local.Seg != nil {
+		wr.Local.Len = 8
+		b, st := j.local(wr.Local)
+		if st != ub.StatusSuccess {
+			return ub.Completion{Status: st}
+		}
+		out = b
+	}
+	w, err := r.seg.Uint64At(segHeader + wr.Remote.Offset)
+	if err != nil {
+		return ub.Completion{Status: ub.StatusOutOfBounds}
+	}
+	var old uint64
+	if wr.Op == ub.OpCAS {
+		for {
+			old = w.Load()
+			if old != wr.Compare || w.CompareAndSwap(old, wr.Swap) {
+				break
+			}
+		}
+	} else {
+		old = w.Add(wr.Add) - wr.Add
+	}
+	if out != nil {
+		binary.LittleEndian.PutUint64(out, old)
+	}
+	return ub.Completion{Len: 8, Value: old}
+}
+
+// Close marks the jetty gone for senders, flushes its posted receives to the
+// RecvCQ and releases the shared memory.
+func (j *jetty) Close() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil
+	}
+	j.closed = true
+	j.mu.Unlock()
+	j.rings.state.Store(stateDead)
+	j.recv.detach(j.rings.compls)
+	// Completions peers delivered before the close are still the owner's.
+	var c ub.Completion
+	for {
+		n, err := j.rings.compls.TryPop(j.slot)
+		if err != nil {
+			break
+		}
+		if c, err = decodeCompletion(j.slot[:n]); err == nil {
+			j.recv.push(c)
+		}
+	}
+	for {
+		n, err := j.rings.recvs.TryPop(j.slot)
+		if err != nil {
+			break
+		}
+		if r, err := decodeRecv(j.slot[:n]); err == nil {
+			j.recv.push(ub.Completion{Status: ub.StatusFlushed, Op: ub.OpRecv, UserCtx: r.userCtx})
+		}
+	}
+	j.rings.recvs.Close()
+	j.rings.compls.Close()
+	return j.rings.seg.Close()
+}
+
+// target is a peer's jetty, imported with a token.
+type target struct {
+	desc  ub.JettyDesc
+	token ub.Token
+	rings *jettyRings
+	mu    sync.Mutex
+	peer  peerSeg
+	slot  []byte
+	once  sync.Once
+}
+
+// ImportJetty maps a peer's jetty so sends can reach it.
+func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, error) {
+	if desc.Provider != Name {
+		return nil, fmt.Errorf("shmprov: cannot import a %q jetty", desc.Provider)
+	}
+	s, err := shm.OpenSegment(desc.Name)
+	if err != nil {
+		return nil, fmt.Errorf("shmprov: import jetty: %w", err)
+	}
+	rings, err := openJettyRings(s)
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("shmprov: import jetty %s: %w", desc.Name, err)
+	}
+	t := &target{desc: desc, token: token, rings: rings, peer: peerSeg{seg: s}, slot: make([]byte, recvSlotSize)}
+	if err := c.track(t); err != nil {
+		t.Close()
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *target) Desc() ub.JettyDesc { return t.desc }
+
+func (t *target) Close() error {
+	var err error
+	t.once.Do(func() {
+		t.rings.recvs.Close()
+		t.rings.compls.Close()
+		err = t.rings.seg.Close()
+	})
+	return err
+}
+
+// deliver consumes the target's next posted receive, copies payload into it
+// and pushes the receive completion. dropIfNone is the unreliable mode: no
+// receive means the message is lost, not an error.
+func (t *target) deliver(c *Context, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.peer.ownerAlive(time.Now()) {
+		return ub.StatusPeerDead
+	}
+	if t.rings.state.Load() != stateLive {
+		return ub.StatusFlushed
+	}
+	if t.rings.token != t.token {
+		return ub.StatusBadToken
+	}
+	n, err := t.rings.recvs.TryPop(t.slot)
+	if err == shm.ErrRingEmpty {
+		if dropIfNone {
+			return ub.StatusSuccess
+		}
+		return ub.StatusReceiverNotReady
+	}
+	if err != nil {
+		return ub.StatusRemoteLength
+	}
+	r, err := decodeRecv(t.slot[:n])
+	compl := ub.Completion{Op: ub.OpRecv, UserCtx: r.userCtx, Len: len(payload), Imm: imm, HasImm: hasImm}
+	if op == ub.OpWriteImm {
+		compl.Op, compl.Len = ub.OpWriteImm, 0
+	}
+	status := ub.StatusSuccess
+	if err != nil {
+		status = ub.StatusRemoteLength
+	} else if len(payload) > 0 {
+		status = t.copyInto(c, r, payload)
+	}
+	compl.Status = status
+	if status != ub.StatusSuccess {
+		compl.Len = 0
+	}
+	encodeCompletion(t.slot, compl)
+	if err := t.rings.compls.TryPush(t.slot[:complSlotSize]); err != nil {
+		return ub.StatusReceiverNotReady
+	}
+	return status
+}
+
+// copyInto validates a posted receive read from shared memory and copies the
+// payload into the receiver's segment.
+func (t *target) copyInto(c *Context, r postedRecv, payload []byte) ub.Status {
+	if uint64(len(payload)) > uint64(r.len) {
+		return ub.StatusRemoteLength
+	}
+	p, err := c.peer(r.name)
+	if err != nil {
+		return ub.StatusRemoteLength
+	}
+	d := p.seg.Data()
+	if r.off < segHeader || r.off > uint64(len(d)) || uint64(len(payload)) > uint64(len(d))-r.off {
+		return ub.StatusRemoteLength
+	}
+	copy(d[r.off:], payload)
+	return ub.StatusSuccess
+}

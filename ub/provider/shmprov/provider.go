@@ -1,0 +1,256 @@
+package shmprov
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// Name is the provider's registered name.
+const Name = "shm"
+
+func init() { ub.Register(Name, provider{}) }
+
+type provider struct{}
+
+func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
+	var eid ub.EID
+	if _, err := io.ReadFull(rand.Reader, eid[:]); err != nil {
+		return nil, err
+	}
+	c := &Context{eid: eid, prefix: "ub-" + hex.EncodeToString(eid[:6]), opened: map[string]*peerSeg{}}
+	return c, nil
+}
+
+// ErrClosed is returned for calls on a closed object.
+var ErrClosed = errors.New("shmprov: closed")
+
+// Context is an endpoint of the shm provider.
+type Context struct {
+	eid    ub.EID
+	prefix string
+	seq    atomic.Uint64
+
+	mu      sync.Mutex
+	closed  bool
+	objects []io.Closer
+	// opened caches peers' segments mapped to deliver sends into them.
+	opened map[string]*peerSeg
+}
+
+// peerSeg is a peer's shm segment this context mapped, with a cached answer
+// to "is its owner alive".
+type peerSeg struct {
+	seg       *shm.Segment
+	checkedAt time.Time
+	alive     bool
+}
+
+// livenessEvery bounds how stale a cached liveness answer may be.
+const livenessEvery = 10 * time.Millisecond
+
+func (p *peerSeg) ownerAlive(now time.Time) bool {
+	if now.Sub(p.checkedAt) >= livenessEvery {
+		p.alive = p.seg.Creator().Alive()
+		p.checkedAt = now
+	}
+	return p.alive
+}
+
+func (c *Context) EID() ub.EID      { return c.eid }
+func (c *Context) Provider() string { return Name }
+
+func (c *Context) name(kind string) string {
+	return fmt.Sprintf("%s-%s%d", c.prefix, kind, c.seq.Add(1))
+}
+
+func (c *Context) track(o io.Closer) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.objects = append(c.objects, o)
+	return nil
+}
+
+// Close closes everything the context made or imported.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	objs := c.objects
+	c.objects = nil
+	opened := c.opened
+	c.opened = nil
+	c.mu.Unlock()
+	var errs []error
+	for i := len(objs) - 1; i >= 0; i-- {
+		errs = append(errs, objs[i].Close())
+	}
+	for _, p := range opened {
+		errs = append(errs, p.seg.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// peer maps (once) the named segment of a peer.
+func (c *Context) peer(name string) (*peerSeg, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if p, ok := c.opened[name]; ok {
+		return p, nil
+	}
+	s, err := shm.OpenSegment(name)
+	if err != nil {
+		return nil, err
+	}
+	p := &peerSeg{seg: s}
+	c.opened[name] = p
+	return p, nil
+}
+
+// segment is a registered local segment.
+type segment struct {
+	c     *Context
+	shm   *shm.Segment
+	name  string
+	bytes []byte
+	state *atomic.Uint32
+	once  sync.Once
+}
+
+// AllocSegment allocates size bytes in a new shared-memory segment and
+// registers them with cfg's access flags and token.
+func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("shmprov: segment size %d must be positive", size)
+	}
+	name := c.name("s")
+	s, err := shm.CreateSegment(name, segHeader+size, &shm.SegmentOptions{})
+	if err != nil {
+		return nil, err
+	}
+	d := s.Data()
+	binary.LittleEndian.PutUint32(d[segOffToken:], uint32(cfg.Token))
+	binary.LittleEndian.PutUint32(d[segOffAccess:], uint32(cfg.Access.Normalize()))
+	binary.LittleEndian.PutUint64(d[segOffSize:], uint64(size))
+	state, _ := s.Uint32At(segOffState)
+	state.Store(stateLive)
+	magic, _ := s.Uint64At(0)
+	magic.Store(segMagic)
+	seg := &segment{c: c, shm: s, name: name, bytes: d[segHeader : segHeader+size : segHeader+size], state: state}
+	if err := c.track(seg); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return seg, nil
+}
+
+func (s *segment) Bytes() []byte { return s.bytes }
+
+func (s *segment) Desc() ub.SegmentDesc {
+	return ub.SegmentDesc{Provider: Name, EID: s.c.eid, Name: s.name, Size: len(s.bytes)}
+}
+
+// Close deregisters the segment: peers' later accesses fail. Peers that
+// mapped it keep a valid mapping, so nobody faults.
+func (s *segment) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.state.Store(stateDead)
+		err = s.shm.Close()
+	})
+	return err
+}
+
+// remoteSegment is a peer's segment, imported with a token.
+type remoteSegment struct {
+	peerSeg
+	desc  ub.SegmentDesc
+	token ub.Token
+	size  int
+	once  sync.Once
+	mu    sync.Mutex // guards the liveness cache
+}
+
+// ImportSegment maps a peer's segment. The token is checked on every access,
+// as the target of a real bus would.
+func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteSegment, error) {
+	if desc.Provider != Name {
+		return nil, fmt.Errorf("shmprov: cannot import a %q segment", desc.Provider)
+	}
+	s, err := shm.OpenSegment(desc.Name)
+	if err != nil {
+		return nil, fmt.Errorf("shmprov: import segment: %w", err)
+	}
+	d := s.Data()
+	magic, _ := s.Uint64At(0)
+	size := binary.LittleEndian.Uint64(d[segOffSize:])
+	if len(d) < segHeader || magic.Load() != segMagic || size > uint64(len(d)-segHeader) {
+		s.Close()
+		return nil, fmt.Errorf("shmprov: %s is not a registered segment", desc.Name)
+	}
+	r := &remoteSegment{peerSeg: peerSeg{seg: s}, desc: desc, token: token, size: int(size)}
+	if err := c.track(r); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *remoteSegment) Desc() ub.SegmentDesc { return r.desc }
+
+func (r *remoteSegment) Close() error {
+	var err error
+	r.once.Do(func() { err = r.seg.Close() })
+	return err
+}
+
+// check decides whether an access of n bytes at off with the needed rights
+// may go ahead, reading the owner's current token, flags and state.
+func (r *remoteSegment) check(off, n int, need ub.Access) ub.Status {
+	r.mu.Lock()
+	alive := r.ownerAlive(time.Now())
+	r.mu.Unlock()
+	if !alive {
+		return ub.StatusPeerDead
+	}
+	d := r.seg.Data()
+	state, _ := r.seg.Uint32At(segOffState)
+	if state.Load() != stateLive {
+		return ub.StatusNoPermission
+	}
+	if ub.Token(binary.LittleEndian.Uint32(d[segOffToken:])) != r.token {
+		return ub.StatusBadToken
+	}
+	have := ub.Access(binary.LittleEndian.Uint32(d[segOffAccess:])).Normalize()
+	if have&need != need {
+		return ub.StatusNoPermission
+	}
+	if off < 0 || n < 0 || off > r.size || n > r.size-off {
+		return ub.StatusOutOfBounds
+	}
+	return ub.StatusSuccess
+}
+
+func (r *remoteSegment) bytes(off, n int) []byte {
+	d := r.seg.Data()[segHeader:]
+	return d[off : off+n : off+n]
+}

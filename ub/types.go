@@ -1,0 +1,189 @@
+package ub
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+)
+
+// EID names an endpoint on the bus, like URMA's 16-byte eid.
+type EID [16]byte
+
+func (e EID) String() string { return hex.EncodeToString(e[:]) }
+
+// Token protects a segment or jetty: a peer must present it to reach them
+// (URMA's token value).
+type Token uint32
+
+// Access says what peers may do with a segment. Write implies Read and
+// Atomic implies both, as in URMA.
+type Access uint8
+
+const (
+	// AccessLocal allows no remote access at all.
+	AccessLocal Access = 0
+	// AccessRead allows remote Read.
+	AccessRead Access = 1 << iota
+	// AccessWrite allows remote Read and Write.
+	AccessWrite
+	// AccessAtomic allows remote Read, Write, CAS and FetchAdd.
+	AccessAtomic
+)
+
+// Normalize applies the implications: Atomic needs Write, Write needs Read.
+func (a Access) Normalize() Access {
+	if a&AccessAtomic != 0 {
+		a |= AccessWrite
+	}
+	if a&AccessWrite != 0 {
+		a |= AccessRead
+	}
+	return a
+}
+
+func (a Access) String() string {
+	a = a.Normalize()
+	switch {
+	case a&AccessAtomic != 0:
+		return "read|write|atomic"
+	case a&AccessWrite != 0:
+		return "read|write"
+	case a&AccessRead != 0:
+		return "read"
+	}
+	return "local"
+}
+
+// SegmentConfig describes memory to register.
+type SegmentConfig struct {
+	Access Access
+	Token  Token
+}
+
+// SegmentDesc is what a peer needs, besides the token, to import a segment.
+// It is plain data: send it to the peer any way you like (it marshals to
+// JSON).
+type SegmentDesc struct {
+	Provider string `json:"provider"`
+	EID      EID    `json:"eid"`
+	// Name locates the memory for the provider (for "shm", the shared
+	// memory segment's name).
+	Name string `json:"name"`
+	Size int    `json:"size"`
+}
+
+// Segment is local memory registered for remote access.
+type Segment interface {
+	// Bytes is the registered memory. Peers may read and write it at any
+	// time, within the segment's access flags.
+	Bytes() []byte
+	// Desc describes the segment for peers.
+	Desc() SegmentDesc
+	// Close deregisters the segment. Peers' later accesses fail.
+	Close() error
+}
+
+// RemoteSegment is a peer's segment, imported with its token.
+type RemoteSegment interface {
+	Desc() SegmentDesc
+	Close() error
+}
+
+// Mode is a jetty's transport mode.
+type Mode uint8
+
+const (
+	// ReliableMessage (URMA RM): one jetty sends to many peers, each work
+	// request naming its target; delivery is reliable and ordered per
+	// initiator.
+	ReliableMessage Mode = iota
+	// ReliableConnection (URMA RC): the jetty is bound to one peer with
+	// Bind; work requests go there in order.
+	ReliableConnection
+	// Unreliable (URMA UM): sends only, no one-sided operations; a send that
+	// finds no posted receive is dropped.
+	Unreliable
+)
+
+func (m Mode) String() string {
+	switch m {
+	case ReliableMessage:
+		return "RM"
+	case ReliableConnection:
+		return "RC"
+	case Unreliable:
+		return "UM"
+	}
+	return fmt.Sprintf("Mode(%d)", uint8(m))
+}
+
+// JettyConfig describes a new jetty.
+type JettyConfig struct {
+	Mode Mode
+	// SendCQ receives completions of posted sends; RecvCQ of posted
+	// receives. They may be the same CQ.
+	SendCQ, RecvCQ CQ
+	// RecvDepth is how many receives can be posted at once (default 64).
+	RecvDepth int
+	// MaxMessage is the largest Send payload accepted (default 64 KiB).
+	MaxMessage int
+	// Token protects the jetty's receive queue.
+	Token Token
+}
+
+// JettyDesc is what a peer needs, besides the token, to import a jetty.
+type JettyDesc struct {
+	Provider string `json:"provider"`
+	EID      EID    `json:"eid"`
+	Name     string `json:"name"`
+}
+
+// Target is a peer's jetty, imported with its token: where sends go.
+type Target interface {
+	Desc() JettyDesc
+	Close() error
+}
+
+// Jetty is a send queue and a receive queue.
+type Jetty interface {
+	Desc() JettyDesc
+	// Bind ties a reliable-connection jetty to its one peer.
+	Bind(Target) error
+	// PostSend queues work requests in order and returns how many it
+	// queued; on error, the request at that index was not queued.
+	PostSend(wrs []WR) (int, error)
+	// PostRecv queues receive buffers, consumed in order by incoming sends.
+	PostRecv(wrs []RecvWR) (int, error)
+	// Close flushes posted receives (StatusFlushed) and releases the jetty.
+	Close() error
+}
+
+// CQ is a completion queue.
+type CQ interface {
+	// Poll copies up to len(out) completions into out without blocking.
+	Poll(out []Completion) (int, error)
+	// Wait blocks until a completion is ready to Poll, or ctx ends.
+	Wait(ctx context.Context) error
+	Close() error
+}
+
+// CQConfig describes a new completion queue.
+type CQConfig struct {
+	// Depth bounds the completions held (default 4096). A full CQ makes
+	// posts fail rather than lose completions.
+	Depth int
+}
+
+// Context is an open device endpoint of a provider.
+type Context interface {
+	EID() EID
+	Provider() string
+	// AllocSegment allocates size bytes of memory registered for remote
+	// access (memory a provider can expose to peers).
+	AllocSegment(size int, cfg SegmentConfig) (Segment, error)
+	ImportSegment(desc SegmentDesc, token Token) (RemoteSegment, error)
+	NewCQ(cfg CQConfig) (CQ, error)
+	NewJetty(cfg JettyConfig) (Jetty, error)
+	ImportJetty(desc JettyDesc, token Token) (Target, error)
+	Close() error
+}

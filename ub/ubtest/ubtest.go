@@ -1,0 +1,283 @@
+// Package ubtest is the bus conformance suite ("bus consistency testing"):
+// the behaviour every ub provider must show, checked across processes.
+//
+// A provider's test package runs it in two lines:
+//
+//	func TestMain(m *testing.M) {
+//		ubtest.RunPeerIfChild(open) // the suite re-executes the test binary as peers
+//		os.Exit(m.Run())
+//	}
+//
+//	func TestConformance(t *testing.T) { ubtest.Run(t, open) }
+//
+// where open returns a fresh ub.Context of the provider. The suite checks
+// one-sided Write and Read, token, permission and bounds checks, Send and
+// Recv with ordering per jetty, immediate data, receive overrun, atomics
+// under contention from several processes, the unreliable mode's rules,
+// completion semantics (one completion per request, with its UserCtx, in
+// order), flushing on close, and peer death.
+package ubtest
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// Open returns a new context of the provider under test.
+type Open func() (ub.Context, error)
+
+const (
+	envPeer = "UBTEST_PEER"
+	// PeerSegmentSize is the size of the segment every peer registers.
+	PeerSegmentSize = 1 << 16
+	peerToken       = ub.Token(0x5eed)
+	msgSize         = 256
+)
+
+// hello is what a peer prints when it is ready.
+type hello struct {
+	Seg      ub.SegmentDesc `json:"seg"`
+	ReadOnly ub.SegmentDesc `json:"readOnly"`
+	Jetty    ub.JettyDesc   `json:"jetty"`
+}
+
+// RunPeerIfChild turns the process into a suite peer when the suite started
+// it, and exits; otherwise it returns at once. Call it first in TestMain.
+func RunPeerIfChild(open Open) {
+	if os.Getenv(envPeer) == "" {
+		return
+	}
+	if err := servePeer(open); err != nil {
+		fmt.Fprintf(os.Stderr, "ubtest peer: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// servePeer registers a segment (read/write/atomic), a read-only segment and
+// a jetty, prints their descriptors, then obeys one command per stdin line,
+// answering one JSON line each.
+func servePeer(open Open) error {
+	c, err := open()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	seg, err := c.AllocSegment(PeerSegmentSize, ub.SegmentConfig{Access: ub.AccessAtomic, Token: peerToken})
+	if err != nil {
+		return err
+	}
+	ro, err := c.AllocSegment(4096, ub.SegmentConfig{Access: ub.AccessRead, Token: peerToken})
+	if err != nil {
+		return err
+	}
+	copy(ro.Bytes(), "read only")
+	cq, err := c.NewCQ(ub.CQConfig{})
+	if err != nil {
+		return err
+	}
+	j, err := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq, RecvDepth: 256, Token: peerToken})
+	if err != nil {
+		return err
+	}
+	out := json.NewEncoder(os.Stdout)
+	if err := out.Encode(hello{Seg: seg.Desc(), ReadOnly: ro.Desc(), Jetty: j.Desc()}); err != nil {
+		return err
+	}
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 1<<20)
+	recvBase := PeerSegmentSize / 2
+	for in.Scan() {
+		f := strings.Fields(in.Text())
+		if len(f) == 0 {
+			continue
+		}
+		arg := func(i int) int {
+			if i >= len(f) {
+				return 0
+			}
+			n, _ := strconv.Atoi(f[i])
+			return n
+		}
+		var reply any
+		switch f[0] {
+		case "recv": // recv N: post N receives of msgSize in the upper half
+			n := arg(1)
+			wrs := make([]ub.RecvWR, n)
+			for i := range wrs {
+				wrs[i] = ub.RecvWR{UserCtx: uint64(1000 + i), Buf: ub.Local{Seg: seg, Offset: recvBase + (i%128)*msgSize, Len: msgSize}}
+			}
+			k, err := j.PostRecv(wrs)
+			reply = map[string]any{"posted": k, "err": errString(err)}
+		case "poll": // poll N: wait for N completions, report them and the received bytes
+			n := arg(1)
+			var got []map[string]any
+			buf := make([]ub.Completion, n)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			for len(got) < n {
+				if err := cq.Wait(ctx); err != nil {
+					break
+				}
+				k, _ := cq.Poll(buf[:n-len(got)])
+				for _, comp := range buf[:k] {
+					e := map[string]any{"status": comp.Status.String(), "op": comp.Op.String(), "ctx": comp.UserCtx, "len": comp.Len, "imm": comp.Imm, "hasImm": comp.HasImm}
+					if comp.Op == ub.OpRecv && comp.Status == ub.StatusSuccess && comp.UserCtx >= 1000 {
+						off := recvBase + int(comp.UserCtx-1000)%128*msgSize
+						e["data"] = string(seg.Bytes()[off : off+comp.Len])
+					}
+					got = append(got, e)
+				}
+			}
+			cancel()
+			reply = got
+		case "read": // read OFF LEN: bytes of the segment
+			off, n := arg(1), arg(2)
+			reply = string(seg.Bytes()[off : off+n])
+		case "word": // word OFF: the 8-byte word
+			reply = binary.LittleEndian.Uint64(seg.Bytes()[arg(1):])
+		case "add": // add OFF N SEGJSON: N FetchAdds of 1 on a remote word
+			var desc ub.SegmentDesc
+			json.Unmarshal([]byte(strings.Join(f[3:], " ")), &desc)
+			reply = remoteAdds(c, cq, desc, arg(1), arg(2))
+		case "closejetty":
+			reply = errString(j.Close())
+		case "exit":
+			return nil
+		default:
+			reply = "unknown command " + f[0]
+		}
+		if err := out.Encode(reply); err != nil {
+			return err
+		}
+	}
+	return in.Err()
+}
+
+// remoteAdds does n FetchAdd(1) on the word at off of a peer's segment,
+// half of them as CAS loops, and reports failures.
+func remoteAdds(c ub.Context, cq ub.CQ, desc ub.SegmentDesc, off, n int) string {
+	r, err := c.ImportSegment(desc, peerToken)
+	if err != nil {
+		return err.Error()
+	}
+	defer r.Close()
+	j, err := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		return err.Error()
+	}
+	defer j.Close()
+	comp := make([]ub.Completion, 1)
+	for i := range n {
+		wr := ub.WR{Op: ub.OpFetchAdd, Remote: ub.Remote{Seg: r, Offset: off}, Add: 1}
+		if i%2 == 1 {
+			// The same increment as a compare-and-swap loop.
+			var old uint64
+			for {
+				w := ub.WR{Op: ub.OpCAS, Remote: ub.Remote{Seg: r, Offset: off}, Compare: old, Swap: old + 1}
+				if _, err := j.PostSend([]ub.WR{w}); err != nil {
+					return err.Error()
+				}
+				if k, _ := cq.Poll(comp); k != 1 || comp[0].Status != ub.StatusSuccess {
+					return fmt.Sprintf("cas completion %+v", comp[0])
+				}
+				if comp[0].Value == old {
+					break
+				}
+				old = comp[0].Value
+			}
+			continue
+		}
+		if _, err := j.PostSend([]ub.WR{wr}); err != nil {
+			return err.Error()
+		}
+		if k, _ := cq.Poll(comp); k != 1 || comp[0].Status != ub.StatusSuccess {
+			return fmt.Sprintf("fetch-add completion %+v", comp[0])
+		}
+	}
+	return "ok"
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// peer is a running suite peer.
+type peer struct {
+	t     testing.TB
+	cmd   *exec.Cmd
+	in    *bufio.Writer
+	out   *json.Decoder
+	hello hello
+}
+
+func startPeer(t testing.TB) *peer {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envPeer+"=1")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start peer: %v", err)
+	}
+	p := &peer{t: t, cmd: cmd, in: bufio.NewWriter(stdin), out: json.NewDecoder(stdout)}
+	t.Cleanup(func() {
+		if cmd.ProcessState != nil {
+			return
+		}
+		// Ask it to exit so it closes what it made; kill it if it does not.
+		fmt.Fprintln(p.in, "exit")
+		p.in.Flush()
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	if err := p.out.Decode(&p.hello); err != nil {
+		t.Fatalf("peer did not start (is RunPeerIfChild called in TestMain?): %v", err)
+	}
+	return p
+}
+
+func (p *peer) do(reply any, cmd string, args ...any) {
+	p.t.Helper()
+	fmt.Fprintln(p.in, append([]any{cmd}, args...)...)
+	p.in.Flush()
+	if err := p.out.Decode(reply); err != nil {
+		p.t.Fatalf("peer %s: %v", cmd, err)
+	}
+}
+
+// kill kills the peer with SIGKILL: it leaves what it made behind, as a
+// crashed process would (the provider's own cleanup must cope).
+func (p *peer) kill() {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
