@@ -3,6 +3,7 @@ package bench
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,13 +88,28 @@ func RunPeerIfChild() {
 
 // Peer is a running peer process.
 type Peer struct {
-	cmd  *exec.Cmd
-	done chan error
+	cmd    *exec.Cmd
+	done   chan error
+	stdout io.Reader
 }
+
+// StartPeerPipe is StartPeer with the peer's standard output connected to
+// Stdout, for peers that report something (descriptors, results) there.
+func StartPeerPipe(role string, args any) (*Peer, error) {
+	return startPeer(role, args, true)
+}
+
+// Stdout is the peer's standard output, for peers started with
+// StartPeerPipe.
+func (p *Peer) Stdout() io.Reader { return p.stdout }
 
 // StartPeer re-executes this program as the peer role with args encoded as
 // JSON. The peer dies with its parent.
 func StartPeer(role string, args any) (*Peer, error) {
+	return startPeer(role, args, false)
+}
+
+func startPeer(role string, args any, pipe bool) (*Peer, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("bench: find own executable: %w", err)
@@ -107,10 +123,19 @@ func StartPeer(role string, args any) (*Peer, error) {
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var stdout io.Reader
+	if pipe {
+		cmd.Stdout = nil
+		r, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		stdout = r
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("bench: start peer %s: %w", role, err)
 	}
-	p := &Peer{cmd: cmd, done: make(chan error, 1)}
+	p := &Peer{cmd: cmd, done: make(chan error, 1), stdout: stdout}
 	go func() { p.done <- cmd.Wait() }()
 	return p, nil
 }

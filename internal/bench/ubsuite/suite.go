@@ -1,0 +1,248 @@
+// Package ubsuite is the `ubctl bench ub` suite: the verbs of the ub
+// providers against the work they stand for (a memcpy, a TCP round trip),
+// each between two processes.
+package ubsuite
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/provider/shmprov"
+)
+
+const (
+	mib       = 1 << 20
+	segSize   = 4 * mib
+	token     = ub.Token(0xbe4c)
+	recvSlots = 256
+	sendSize  = 64
+)
+
+// Cases returns the suite's cases.
+func Cases() []bench.Case {
+	memcpy := func(size int) bench.Contender {
+		return bench.Contender{Name: "memcpy", Run: func(d time.Duration) (bench.Measurement, error) { return memcpyRun(d, size) }}
+	}
+	return []bench.Case{
+		{Name: "shm-write-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return shmOneSided(d, ub.OpWrite, 64) }}, memcpy(64)}},
+		{Name: "shm-read-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return shmOneSided(d, ub.OpRead, 64) }}, memcpy(64)}},
+		{Name: "shm-send-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
+			{Name: "ubkit", Run: shmSend}, memcpy(64)}},
+		{Name: "shm-write-1MiB", Unit: "GB/s", Better: "higher", Contenders: []bench.Contender{
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return shmOneSided(d, ub.OpWrite, mib) }}, memcpy(mib)}},
+	}
+}
+
+// peerHello is what the peer prints once it is ready.
+type peerHello struct {
+	Seg   ub.SegmentDesc `json:"seg"`
+	Jetty ub.JettyDesc   `json:"jetty"`
+}
+
+func init() {
+	bench.RegisterPeer("ub-shm", func(json.RawMessage) error { return shmPeer() })
+}
+
+// shmPeer registers a segment and a jetty, keeps receives posted, and
+// consumes what arrives (summing every received byte) until it is killed.
+func shmPeer() error {
+	c, err := ub.Open(context.Background(), shmprov.Name, ub.Config{})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	seg, err := c.AllocSegment(segSize, ub.SegmentConfig{Access: ub.AccessAtomic, Token: token})
+	if err != nil {
+		return err
+	}
+	cq, err := c.NewCQ(ub.CQConfig{})
+	if err != nil {
+		return err
+	}
+	j, err := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq, RecvDepth: recvSlots, Token: token})
+	if err != nil {
+		return err
+	}
+	post := func(slot int) error {
+		_, err := j.PostRecv([]ub.RecvWR{{UserCtx: uint64(slot), Buf: ub.Local{Seg: seg, Offset: slot * sendSize, Len: sendSize}}})
+		return err
+	}
+	for i := range recvSlots {
+		if err := post(i); err != nil {
+			return err
+		}
+	}
+	w := bufio.NewWriter(os.Stdout)
+	json.NewEncoder(w).Encode(peerHello{Seg: seg.Desc(), Jetty: j.Desc()})
+	w.Flush()
+	comps := make([]ub.Completion, 64)
+	var sum uint64
+	for {
+		if err := cq.Wait(context.Background()); err != nil {
+			return err
+		}
+		n, err := cq.Poll(comps)
+		if err != nil {
+			return err
+		}
+		for _, comp := range comps[:n] {
+			if comp.Status != ub.StatusSuccess {
+				return fmt.Errorf("receive: %v", comp.Status)
+			}
+			off := int(comp.UserCtx) * sendSize
+			sum += bench.Sum(seg.Bytes()[off : off+comp.Len])
+			if err := post(int(comp.UserCtx)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// session is this process's side: a context, a local segment, a jetty, and
+// the peer's segment and jetty imported.
+type session struct {
+	peer   *bench.Peer
+	c      ub.Context
+	seg    ub.Segment
+	cq     ub.CQ
+	j      ub.Jetty
+	remote ub.RemoteSegment
+	target ub.Target
+}
+
+func startSession() (*session, error) {
+	peer, err := bench.StartPeerPipe("ub-shm", nil)
+	if err != nil {
+		return nil, err
+	}
+	var hello peerHello
+	if err := json.NewDecoder(peer.Stdout()).Decode(&hello); err != nil {
+		peer.Kill()
+		return nil, fmt.Errorf("peer hello: %w", err)
+	}
+	s := &session{peer: peer}
+	fail := func(err error) (*session, error) { s.close(); return nil, err }
+	if s.c, err = ub.Open(context.Background(), shmprov.Name, ub.Config{}); err != nil {
+		return fail(err)
+	}
+	if s.seg, err = s.c.AllocSegment(segSize, ub.SegmentConfig{Token: token}); err != nil {
+		return fail(err)
+	}
+	if s.cq, err = s.c.NewCQ(ub.CQConfig{}); err != nil {
+		return fail(err)
+	}
+	if s.j, err = s.c.NewJetty(ub.JettyConfig{SendCQ: s.cq, RecvCQ: s.cq}); err != nil {
+		return fail(err)
+	}
+	if s.remote, err = s.c.ImportSegment(hello.Seg, token); err != nil {
+		return fail(err)
+	}
+	if s.target, err = s.c.ImportJetty(hello.Jetty, token); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+func (s *session) close() {
+	if s.c != nil {
+		s.c.Close()
+	}
+	s.peer.Kill()
+}
+
+// run posts wr (with the local buffer filled first, for writes and sends)
+// and polls its completion, repeatedly for about d.
+func (s *session) run(d time.Duration, wr ub.WR, size int) (bench.Measurement, error) {
+	comp := make([]ub.Completion, 1)
+	wrs := []ub.WR{wr}
+	buf := s.seg.Bytes()[:size]
+	n := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		for range 64 {
+			if wr.Op != ub.OpRead {
+				bench.Fill(buf, uint64(n))
+			}
+			if _, err := s.j.PostSend(wrs); err != nil {
+				return bench.Measurement{}, err
+			}
+			for {
+				k, err := s.cq.Poll(comp)
+				if err != nil {
+					return bench.Measurement{}, err
+				}
+				if k == 1 {
+					break
+				}
+			}
+			if comp[0].Status != ub.StatusSuccess {
+				if comp[0].Status == ub.StatusReceiverNotReady {
+					continue // the peer has not reposted yet: try again
+				}
+				return bench.Measurement{}, comp[0].Err()
+			}
+			if wr.Op == ub.OpRead {
+				bench.Sum(buf)
+			}
+			n++
+		}
+	}
+	el := time.Since(start)
+	if size >= 4096 {
+		return bench.Measurement{Value: float64(n) * float64(size) / el.Seconds() / 1e9}, nil
+	}
+	return bench.Measurement{Value: float64(el.Nanoseconds()) / float64(n)}, nil
+}
+
+func shmOneSided(d time.Duration, op ub.Opcode, size int) (bench.Measurement, error) {
+	s, err := startSession()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer s.close()
+	return s.run(d, ub.WR{Op: op, Local: ub.Local{Seg: s.seg, Len: size}, Remote: ub.Remote{Seg: s.remote}}, size)
+}
+
+func shmSend(d time.Duration) (bench.Measurement, error) {
+	s, err := startSession()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer s.close()
+	return s.run(d, ub.WR{Op: ub.OpSend, Local: ub.Local{Seg: s.seg, Len: sendSize}, Target: s.target}, sendSize)
+}
+
+// memcpyRun is the baseline: the same payload produced (or consumed) and
+// copied once with copy(), into memory shared with another process.
+func memcpyRun(d time.Duration, size int) (bench.Measurement, error) {
+	s, err := startSession()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer s.close()
+	src := make([]byte, size)
+	// The destination is a shared segment, as for the verbs.
+	dst := s.seg.Bytes()[mib : mib+size]
+	n := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		for range 64 {
+			bench.Fill(src, uint64(n))
+			copy(dst, src)
+			n++
+		}
+	}
+	el := time.Since(start)
+	if size >= 4096 {
+		return bench.Measurement{Value: float64(n) * float64(size) / el.Seconds() / 1e9}, nil
+	}
+	return bench.Measurement{Value: float64(el.Nanoseconds()) / float64(n)}, nil
+}
