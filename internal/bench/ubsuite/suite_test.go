@@ -1,0 +1,32 @@
+package ubsuite
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+)
+
+func TestMain(m *testing.M) {
+	bench.RunPeerIfChild()
+	os.Exit(m.Run())
+}
+
+// TestCasesRun runs every contender briefly across processes, so a broken
+// case fails here rather than in `ubctl bench ub`.
+func TestCasesRun(t *testing.T) {
+	for _, c := range Cases() {
+		for _, k := range c.Contenders {
+			t.Run(c.Name+"/"+k.Name, func(t *testing.T) {
+				m, err := k.Run(30 * time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.Value <= 0 {
+					t.Fatalf("value %v", m.Value)
+				}
+			})
+		}
+	}
+}
