@@ -18,6 +18,15 @@ need() { # need <command> <debian package>
 }
 
 need go golang-go
+# Network namespace tests (internal/testenv NewNetnsPair) need root and `ip`.
+# Without root they fail, saying so; there is nothing to install for them.
+if [ "$(id -u)" = 0 ]; then
+	# The Go side also looks in the sbin directories, which a minimal $PATH
+	# may lack.
+	[ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need ip iproute2
+else
+	echo "prereqs: not root: the network namespace tests will fail (they need root and the ip command, Debian package iproute2)" >&2
+fi
 [ -d /dev/shm ] && [ -w /dev/shm ] || { echo "prereqs: /dev/shm must exist and be writable (mount a tmpfs there)" >&2; exit 1; }
 [ -r /proc/self/stat ] || { echo "prereqs: /proc must be mounted" >&2; exit 1; }
 

@@ -1,0 +1,13 @@
+// Package testenv gives ubkit's tests the real parts they run against
+// (DESIGN.md, "Tests use real parts"): today, two "hosts" made of network
+// namespaces joined by a veth link (NewNetnsPair), for multi-host transport
+// and CNI tests.
+//
+// Every helper takes the test's testing.TB and registers t.Cleanup for what it
+// makes, so a test leaves nothing behind; leftovers of a test process that was
+// killed are swept by the next one. A missing prerequisite fails the test
+// with a message that names it and says how to get it: nothing here skips.
+// `make test` runs prereqs.sh first, which installs what it can.
+//
+// It is for tests only, not for ubkit's library code or programs.
+package testenv
