@@ -71,18 +71,18 @@ type RecvWR struct {
 type Status uint8
 
 const (
-	StatusSuccess        Status = iota
-	StatusOutOfBounds           // the remote range is outside the segment (REM_ACCESS_ABORT)
-	StatusBadToken              // the token does not match (REM_ACCESS_ABORT)
-	StatusNoPermission          // the segment's access flags forbid it (REM_ACCESS_ABORT)
-	StatusReceiverNotReady      // no posted receive at the target (RNR_RETRY_CNT_EXC)
-	StatusPeerDead              // the peer's process is gone (ACK_TIMEOUT)
-	StatusLocalLength           // a local buffer is too small or out of range (LOC_LEN)
-	StatusRemoteLength          // the message exceeds the posted receive (REM_RESP_LEN)
-	StatusUnsupported           // the operation is not allowed here (UNSUPPORTED_OPCODE)
-	StatusFlushed               // the queue was closed before the request ran (WR_FLUSH)
-	StatusLinkDown              // the path to the peer is down (simulated faults)
-	StatusMisaligned            // an atomic's remote word is not 8-byte aligned (REM_OPERATION)
+	StatusSuccess          Status = iota
+	StatusOutOfBounds             // the remote range is outside the segment (REM_ACCESS_ABORT)
+	StatusBadToken                // the token does not match (REM_ACCESS_ABORT)
+	StatusNoPermission            // the segment's access flags forbid it (REM_ACCESS_ABORT)
+	StatusReceiverNotReady        // no posted receive at the target (RNR_RETRY_CNT_EXC)
+	StatusPeerDead                // the peer's process is gone (ACK_TIMEOUT)
+	StatusLocalLength             // a local buffer is too small or out of range (LOC_LEN)
+	StatusRemoteLength            // the message exceeds the posted receive (REM_RESP_LEN)
+	StatusUnsupported             // the operation is not allowed here (UNSUPPORTED_OPCODE)
+	StatusFlushed                 // the queue was closed before the request ran (WR_FLUSH)
+	StatusLinkDown                // the path to the peer is down (simulated faults)
+	StatusMisaligned              // an atomic's remote word is not 8-byte aligned (REM_OPERATION)
 )
 
 var statusNames = [...]string{"success", "out of bounds", "bad token", "no permission",

@@ -39,6 +39,14 @@ import (
 type Open func() (ub.Context, error)
 
 const (
+	// EnvPeerWrap, if set, is a command prefix the suite starts its peer
+	// processes with, such as "ip netns exec other-host" to put them on
+	// another (virtual) host.
+	EnvPeerWrap = "UBTEST_PEER_WRAP"
+	// EnvPeerEnv adds space-separated NAME=value settings to the peers'
+	// environment, such as the address a tcp provider peer listens on.
+	EnvPeerEnv = "UBTEST_PEER_ENV"
+
 	envPeer = "UBTEST_PEER"
 	// PeerSegmentSize is the size of the segment every peer registers.
 	PeerSegmentSize = 1 << 16
@@ -189,8 +197,8 @@ func remoteAdds(c ub.Context, cq ub.CQ, desc ub.SegmentDesc, off, n int) string 
 				if _, err := j.PostSend([]ub.WR{w}); err != nil {
 					return err.Error()
 				}
-				if k, _ := cq.Poll(comp); k != 1 || comp[0].Status != ub.StatusSuccess {
-					return fmt.Sprintf("cas completion %+v", comp[0])
+				if err := waitOne(cq, comp); err != nil || comp[0].Status != ub.StatusSuccess {
+					return fmt.Sprintf("cas completion %+v %v", comp[0], err)
 				}
 				if comp[0].Value == old {
 					break
@@ -202,11 +210,26 @@ func remoteAdds(c ub.Context, cq ub.CQ, desc ub.SegmentDesc, off, n int) string 
 		if _, err := j.PostSend([]ub.WR{wr}); err != nil {
 			return err.Error()
 		}
-		if k, _ := cq.Poll(comp); k != 1 || comp[0].Status != ub.StatusSuccess {
-			return fmt.Sprintf("fetch-add completion %+v", comp[0])
+		if err := waitOne(cq, comp); err != nil || comp[0].Status != ub.StatusSuccess {
+			return fmt.Sprintf("fetch-add completion %+v %v", comp[0], err)
 		}
 	}
 	return "ok"
+}
+
+// waitOne waits for one completion (providers may complete asynchronously).
+func waitOne(cq ub.CQ, out []ub.Completion) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		if err := cq.Wait(ctx); err != nil {
+			return err
+		}
+		n, err := cq.Poll(out[:1])
+		if err != nil || n == 1 {
+			return err
+		}
+	}
 }
 
 func errString(err error) string {
@@ -227,8 +250,12 @@ type peer struct {
 
 func startPeer(t testing.TB) *peer {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envPeer+"=1")
+	// PeerWrap runs peers elsewhere, e.g. in another network namespace.
+	args := append(strings.Fields(os.Getenv(EnvPeerWrap)), os.Args[0], "-test.run=^$")
+	cmd := exec.Command(args[0], args[1:]...)
+	// A race-enabled binary sleeps a second at exit unless told not to.
+	cmd.Env = append(os.Environ(), envPeer+"=1", "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	cmd.Env = append(cmd.Env, strings.Fields(os.Getenv(EnvPeerEnv))...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdin, err := cmd.StdinPipe()

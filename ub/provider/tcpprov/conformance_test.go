@@ -1,0 +1,22 @@
+package tcpprov_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/provider/tcpprov"
+	"github.com/ubkit-io/ubkit/ub/ubtest"
+)
+
+func open() (ub.Context, error) { return ub.Open(context.Background(), tcpprov.Name, ub.Config{}) }
+
+func TestMain(m *testing.M) {
+	ubtest.RunPeerIfChild(open)
+	os.Exit(m.Run())
+}
+
+// TestConformance runs the suite over loopback; TestAcrossNetns runs it
+// between two network namespaces.
+func TestConformance(t *testing.T) { ubtest.Run(t, open) }

@@ -1,0 +1,577 @@
+package tcpprov
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+const (
+	defaultCQDepth   = 4096
+	defaultRecvDepth = 64
+	defaultMaxMsg    = 64 << 10
+)
+
+// ErrCQFull is returned by a post when the completion queue has no room
+// for the completions of what is already in flight plus the new requests.
+var ErrCQFull = errors.New("tcpprov: completion queue full")
+
+// cq is an in-memory completion queue.
+type cq struct {
+	mu       sync.Mutex
+	q        []ub.Completion
+	head, n  int
+	reserved int // completions promised to requests in flight
+	closed   bool
+	ready    chan struct{}
+}
+
+func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
+	depth := cfg.Depth
+	if depth <= 0 {
+		depth = defaultCQDepth
+	}
+	q := &cq{q: make([]ub.Completion, depth), ready: make(chan struct{}, 1)}
+	if _, err := c.track(q); err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+func (q *cq) reserve(n int) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n+q.reserved+n > len(q.q) {
+		return false
+	}
+	q.reserved += n
+	return true
+}
+
+// push delivers a completion, using a reservation if reserved.
+func (q *cq) push(c ub.Completion, reserved bool) bool {
+	q.mu.Lock()
+	if reserved {
+		q.reserved--
+	}
+	if q.closed || q.n == len(q.q) {
+		q.mu.Unlock()
+		return false
+	}
+	q.q[(q.head+q.n)%len(q.q)] = c
+	q.n++
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (q *cq) Poll(out []ub.Completion) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0, ErrClosed
+	}
+	n := 0
+	for n < len(out) && q.n > 0 {
+		out[n] = q.q[q.head]
+		q.head = (q.head + 1) % len(q.q)
+		q.n--
+		n++
+	}
+	return n, nil
+}
+
+func (q *cq) Wait(ctx context.Context) error {
+	for {
+		q.mu.Lock()
+		n, closed := q.n, q.closed
+		q.mu.Unlock()
+		if closed {
+			return ErrClosed
+		}
+		if n > 0 {
+			return nil
+		}
+		select {
+		case <-q.ready:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (q *cq) Close() error {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+type postedRecv struct {
+	ctx uint64
+	buf []byte
+}
+
+type jetty struct {
+	c    *Context
+	id   uint32
+	cfg  ub.JettyConfig
+	send *cq
+	recv *cq
+
+	mu     sync.Mutex
+	closed bool
+	bound  *target
+	recvs  []postedRecv // posted receives, oldest first
+	// order holds this jetty's requests in posting order; completions go
+	// to the CQ only from the front, so they come out in order.
+	order []*pending
+}
+
+func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
+	send, ok1 := cfg.SendCQ.(*cq)
+	recv, ok2 := cfg.RecvCQ.(*cq)
+	if !ok1 || !ok2 {
+		return nil, errors.New("tcpprov: a jetty needs SendCQ and RecvCQ made by this provider")
+	}
+	if cfg.Mode > ub.Unreliable {
+		return nil, fmt.Errorf("tcpprov: unknown mode %v", cfg.Mode)
+	}
+	if cfg.RecvDepth <= 0 {
+		cfg.RecvDepth = defaultRecvDepth
+	}
+	if cfg.MaxMessage <= 0 {
+		cfg.MaxMessage = defaultMaxMsg
+	}
+	j := &jetty{c: c, cfg: cfg, send: send, recv: recv}
+	id, err := c.track(j)
+	if err != nil {
+		return nil, err
+	}
+	j.id = id
+	c.mu.Lock()
+	c.jetties[id] = j
+	c.mu.Unlock()
+	return j, nil
+}
+
+func (j *jetty) Desc() ub.JettyDesc {
+	return ub.JettyDesc{Provider: Name, EID: j.c.eid, Name: j.c.descName("j", j.id)}
+}
+
+func (j *jetty) Bind(t ub.Target) error {
+	tg, ok := t.(*target)
+	if !ok {
+		return errors.New("tcpprov: Bind needs a target imported by this provider")
+	}
+	if j.cfg.Mode != ub.ReliableConnection {
+		return fmt.Errorf("tcpprov: Bind is for reliable-connection jetties, this one is %v", j.cfg.Mode)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.bound != nil {
+		return errors.New("tcpprov: jetty already bound")
+	}
+	j.bound = tg
+	return nil
+}
+
+func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return 0, ErrClosed
+	}
+	for i, wr := range wrs {
+		s, ok := wr.Buf.Seg.(*segment)
+		if !ok || s.c != j.c {
+			return i, errors.New("tcpprov: receive buffer must be a segment of this context")
+		}
+		if wr.Buf.Offset < 0 || wr.Buf.Len < 0 || wr.Buf.Offset > len(s.bytes) || wr.Buf.Len > len(s.bytes)-wr.Buf.Offset {
+			return i, fmt.Errorf("tcpprov: receive buffer [%d, +%d) outside its %d-byte segment", wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
+		}
+		if len(j.recvs) >= j.cfg.RecvDepth {
+			return i, fmt.Errorf("tcpprov: receive queue full (depth %d)", j.cfg.RecvDepth)
+		}
+		j.recvs = append(j.recvs, postedRecv{ctx: wr.UserCtx, buf: s.bytes[wr.Buf.Offset : wr.Buf.Offset+wr.Buf.Len]})
+	}
+	return len(wrs), nil
+}
+
+// deliver runs on the server side when a peer's message arrives.
+func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return ub.StatusFlushed
+	}
+	if token != j.cfg.Token {
+		return ub.StatusBadToken
+	}
+	if len(j.recvs) == 0 {
+		if dropIfNone {
+			return ub.StatusSuccess
+		}
+		return ub.StatusReceiverNotReady
+	}
+	r := j.recvs[0]
+	j.recvs = j.recvs[1:]
+	comp := ub.Completion{Op: op, UserCtx: r.ctx, Len: len(payload), Imm: imm, HasImm: hasImm}
+	if op == ub.OpWriteImm {
+		comp.Len = 0
+	}
+	status := ub.StatusSuccess
+	if len(payload) > len(r.buf) {
+		status, comp.Len = ub.StatusRemoteLength, 0
+	} else {
+		copy(r.buf, payload)
+	}
+	comp.Status = status
+	if !j.recv.push(comp, false) {
+		return ub.StatusReceiverNotReady
+	}
+	return status
+}
+
+func (j *jetty) target(t ub.Target) (*target, ub.Status) {
+	if t == nil {
+		if j.bound == nil {
+			return nil, ub.StatusUnsupported
+		}
+		return j.bound, ub.StatusSuccess
+	}
+	tg, ok := t.(*target)
+	if !ok || (j.cfg.Mode == ub.ReliableConnection && j.bound != nil && tg != j.bound) {
+		return nil, ub.StatusUnsupported
+	}
+	return tg, ub.StatusSuccess
+}
+
+func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {
+	s, ok := l.Seg.(*segment)
+	if !ok || s.c != j.c || l.Offset < 0 || l.Len < 0 || l.Offset > len(s.bytes) || l.Len > len(s.bytes)-l.Offset {
+		return nil, ub.StatusLocalLength
+	}
+	return s.bytes[l.Offset : l.Offset+l.Len], ub.StatusSuccess
+}
+
+// PostSend sends each request to its peer (or completes it at once when it
+// fails a local check), and flushes the connections it used.
+func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return 0, ErrClosed
+	}
+	if !j.send.reserve(len(wrs)) {
+		j.mu.Unlock()
+		return 0, ErrCQFull
+	}
+	used := map[*conn]bool{}
+	for i := range wrs {
+		p := &pending{j: j, wr: wrs[i]}
+		j.order = append(j.order, p)
+		if st := j.start(p, used); st != ub.StatusSuccess {
+			p.done, p.comp.Status = true, st
+		}
+	}
+	j.mu.Unlock()
+	for cn := range used {
+		cn.flush()
+	}
+	j.complete()
+	return len(wrs), nil
+}
+
+// start checks a request and hands it to the connection to its peer.
+func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
+	wr := &p.wr
+	req := request{}
+	var addr string
+	switch wr.Op {
+	case ub.OpWrite, ub.OpWriteImm, ub.OpRead, ub.OpCAS, ub.OpFetchAdd:
+		if j.cfg.Mode == ub.Unreliable {
+			return ub.StatusUnsupported
+		}
+		r, ok := wr.Remote.Seg.(*remoteSegment)
+		if !ok {
+			return ub.StatusUnsupported
+		}
+		if wr.Remote.Offset < 0 {
+			return ub.StatusOutOfBounds
+		}
+		addr = r.addr
+		req = request{token: uint32(r.token), object: r.id, offset: uint64(wr.Remote.Offset)}
+		switch wr.Op {
+		case ub.OpWrite, ub.OpWriteImm:
+			buf, st := j.local(wr.Local)
+			if st != ub.StatusSuccess {
+				return st
+			}
+			req.op, req.payload = opWrite, buf
+			if wr.Op == ub.OpWriteImm {
+				t, st := j.target(wr.Target)
+				if st != ub.StatusSuccess {
+					return st
+				}
+				if t.addr != r.addr {
+					return ub.StatusUnsupported // the notification must go where the data goes
+				}
+				req.op, req.a, req.b = opWriteImm, uint64(t.id), wr.Imm
+			}
+			p.comp.Len = len(buf)
+		case ub.OpRead:
+			buf, st := j.local(wr.Local)
+			if st != ub.StatusSuccess {
+				return st
+			}
+			req.op, req.n, p.into = opRead, uint32(len(buf)), buf
+		case ub.OpCAS, ub.OpFetchAdd:
+			if wr.Local.Seg != nil {
+				l := wr.Local
+				l.Len = 8
+				buf, st := j.local(l)
+				if st != ub.StatusSuccess {
+					return st
+				}
+				p.into = buf
+			}
+			req.op, req.a, req.b = opFetchAdd, wr.Add, 0
+			if wr.Op == ub.OpCAS {
+				req.op, req.a, req.b = opCAS, wr.Compare, wr.Swap
+			}
+			p.comp.Len = 8
+		}
+	case ub.OpSend, ub.OpSendImm:
+		buf, st := j.local(wr.Local)
+		if st != ub.StatusSuccess {
+			return st
+		}
+		if len(buf) > j.cfg.MaxMessage {
+			return ub.StatusLocalLength
+		}
+		t, st := j.target(wr.Target)
+		if st != ub.StatusSuccess {
+			return st
+		}
+		addr = t.addr
+		req = request{op: opSend, token: uint32(t.token), object: t.id, payload: buf, a: wr.Imm}
+		if wr.Op == ub.OpSendImm {
+			req.flags = flagImm
+		}
+		if j.cfg.Mode == ub.Unreliable {
+			req.flags |= flagUnreliable
+		}
+		p.comp.Len = len(buf)
+	default:
+		return ub.StatusUnsupported
+	}
+	cn, err := j.c.dial(addr)
+	if err != nil {
+		return ub.StatusPeerDead
+	}
+	if !cn.send(p, &req) {
+		return ub.StatusPeerDead
+	}
+	used[cn] = true
+	return ub.StatusSuccess
+}
+
+// complete moves finished requests from the front of the order to the CQ.
+func (j *jetty) complete() {
+	j.mu.Lock()
+	var out []ub.Completion
+	for len(j.order) > 0 && j.order[0].done {
+		p := j.order[0]
+		j.order = j.order[1:]
+		c := p.comp
+		c.Op, c.UserCtx = p.wr.Op, p.wr.UserCtx
+		if c.Status != ub.StatusSuccess {
+			c.Len = 0
+		}
+		out = append(out, c)
+	}
+	j.mu.Unlock()
+	for _, c := range out {
+		j.send.push(c, true)
+	}
+}
+
+func (j *jetty) Close() error {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil
+	}
+	j.closed = true
+	recvs := j.recvs
+	j.recvs = nil
+	j.mu.Unlock()
+	j.c.mu.Lock()
+	delete(j.c.jetties, j.id)
+	j.c.mu.Unlock()
+	for _, r := range recvs {
+		j.recv.push(ub.Completion{Status: ub.StatusFlushed, Op: ub.OpRecv, UserCtx: r.ctx}, false)
+	}
+	return nil
+}
+
+// pending is a request in flight.
+type pending struct {
+	j    *jetty
+	wr   ub.WR
+	into []byte // where a Read's data or an atomic's old value goes
+	comp ub.Completion
+	done bool
+}
+
+// finish records the peer's answer and lets the jetty release completions.
+func (p *pending) finish(status ub.Status, value uint64, payload []byte) {
+	p.j.mu.Lock()
+	p.comp.Status, p.comp.Value = status, value
+	if status == ub.StatusSuccess && p.into != nil {
+		if p.wr.Op == ub.OpRead {
+			if len(payload) != len(p.into) {
+				p.comp.Status = ub.StatusRemoteLength
+			} else {
+				copy(p.into, payload)
+			}
+		} else {
+			binary.LittleEndian.PutUint64(p.into, value)
+		}
+	}
+	p.done = true
+	p.j.mu.Unlock()
+	p.j.complete()
+}
+
+// conn is a client connection to one peer. Requests are written in order
+// and answered in order, so answers match the queue of pending requests.
+type conn struct {
+	nc      net.Conn
+	mu      sync.Mutex
+	w       *bufio.Writer
+	queue   []*pending
+	broken  bool
+	scratch []byte
+}
+
+// dial returns the connection to addr, opening it if needed.
+func (c *Context) dial(addr string) (*conn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if cn := c.conns[addr]; cn != nil && !cn.isBroken() {
+		c.mu.Unlock()
+		return cn, nil
+	}
+	c.mu.Unlock()
+	nc, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+		// A peer host that vanishes without a reset is noticed too.
+		tc.SetKeepAlive(true)
+		tc.SetKeepAlivePeriod(time.Second)
+	}
+	cn := &conn{nc: nc, w: bufio.NewWriterSize(nc, 64<<10)}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		nc.Close()
+		return nil, ErrClosed
+	}
+	c.conns[addr] = cn
+	c.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		cn.readLoop()
+	}()
+	return cn, nil
+}
+
+func (cn *conn) isBroken() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.broken
+}
+
+func (cn *conn) send(p *pending, req *request) bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.broken {
+		return false
+	}
+	cn.scratch = req.appendTo(cn.scratch[:0])
+	if _, err := cn.w.Write(cn.scratch); err != nil {
+		cn.broken = true
+		return false
+	}
+	cn.queue = append(cn.queue, p)
+	return true
+}
+
+func (cn *conn) flush() {
+	cn.mu.Lock()
+	err := cn.w.Flush()
+	cn.mu.Unlock()
+	if err != nil {
+		cn.fail(ub.StatusPeerDead)
+	}
+}
+
+func (cn *conn) readLoop() {
+	r := bufio.NewReaderSize(cn.nc, 64<<10)
+	var buf []byte
+	for {
+		frame, err := readFrame(r, buf, respHeader)
+		if err != nil {
+			cn.fail(ub.StatusPeerDead)
+			return
+		}
+		buf = frame
+		resp, err := decodeResponse(frame)
+		cn.mu.Lock()
+		if err != nil || len(cn.queue) == 0 {
+			cn.mu.Unlock()
+			cn.fail(ub.StatusPeerDead) // an answer nobody asked for: drop the peer
+			return
+		}
+		p := cn.queue[0]
+		cn.queue = cn.queue[1:]
+		cn.mu.Unlock()
+		p.finish(ub.Status(resp.status), resp.value, resp.payload)
+	}
+}
+
+// fail closes the connection and completes everything in flight on it.
+func (cn *conn) fail(status ub.Status) {
+	cn.mu.Lock()
+	cn.broken = true
+	q := cn.queue
+	cn.queue = nil
+	cn.mu.Unlock()
+	cn.nc.Close()
+	for _, p := range q {
+		p.finish(status, 0, nil)
+	}
+}

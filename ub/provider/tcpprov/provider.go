@@ -1,0 +1,355 @@
+package tcpprov
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// Name is the provider's registered name.
+const Name = "tcp"
+
+func init() { ub.Register(Name, provider{}) }
+
+type provider struct{}
+
+// ErrClosed is returned for calls on a closed object.
+var ErrClosed = errors.New("tcpprov: closed")
+
+func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
+	addr := cfg.Options["listen"]
+	if addr == "" {
+		addr = os.Getenv("UB_TCP_LISTEN")
+	}
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("tcpprov: listen on %s (set Options[\"listen\"] or UB_TCP_LISTEN): %w", addr, err)
+	}
+	c := &Context{l: l, addr: l.Addr().String(), segs: map[uint32]*segment{}, jetties: map[uint32]*jetty{},
+		conns: map[string]*conn{}, served: map[net.Conn]struct{}{}}
+	if _, err := io.ReadFull(rand.Reader, c.eid[:]); err != nil {
+		l.Close()
+		return nil, err
+	}
+	c.wg.Add(1)
+	go c.accept()
+	return c, nil
+}
+
+// Context is an endpoint of the tcp provider.
+type Context struct {
+	eid  ub.EID
+	l    net.Listener
+	addr string
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	nextID  uint32
+	segs    map[uint32]*segment
+	jetties map[uint32]*jetty
+	conns   map[string]*conn // client connections, by peer address
+	served  map[net.Conn]struct{}
+	objects []io.Closer
+}
+
+func (c *Context) EID() ub.EID      { return c.eid }
+func (c *Context) Provider() string { return Name }
+
+// Addr is the address peers reach this context at.
+func (c *Context) Addr() string { return c.addr }
+
+func (c *Context) track(o io.Closer) (uint32, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, ErrClosed
+	}
+	c.nextID++
+	c.objects = append(c.objects, o)
+	return c.nextID, nil
+}
+
+// Close stops serving peers, fails requests in flight and closes everything
+// the context made.
+func (c *Context) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	objs, conns := c.objects, c.conns
+	c.objects, c.conns = nil, nil
+	for nc := range c.served {
+		nc.Close()
+	}
+	c.mu.Unlock()
+	err := c.l.Close()
+	for _, cn := range conns {
+		cn.fail(ub.StatusFlushed)
+	}
+	var errs []error
+	for i := len(objs) - 1; i >= 0; i-- {
+		errs = append(errs, objs[i].Close())
+	}
+	c.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return errors.Join(append(errs, err)...)
+}
+
+// name and parse a descriptor's Name: "<address>/<kind><id>".
+func (c *Context) descName(kind string, id uint32) string {
+	return c.addr + "/" + kind + strconv.FormatUint(uint64(id), 10)
+}
+
+func parseName(name, kind string) (addr string, id uint32, err error) {
+	i := strings.LastIndexByte(name, '/')
+	if i < 0 || !strings.HasPrefix(name[i+1:], kind) {
+		return "", 0, fmt.Errorf("tcpprov: %q is not a %s descriptor name", name, kind)
+	}
+	n, err := strconv.ParseUint(name[i+1+len(kind):], 10, 32)
+	if err != nil {
+		return "", 0, fmt.Errorf("tcpprov: %q: bad id: %w", name, err)
+	}
+	return name[:i], uint32(n), nil
+}
+
+// segment is registered local memory. It lives in an anonymous shared
+// memory segment so that remote atomics are real atomics on the words
+// local code sees.
+type segment struct {
+	c      *Context
+	id     uint32
+	mem    *shm.Segment
+	bytes  []byte
+	access ub.Access
+	token  ub.Token
+	once   sync.Once
+}
+
+func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("tcpprov: segment size %d must be positive", size)
+	}
+	m, err := shm.CreateMemfd("tcpprov", size, nil)
+	if err != nil {
+		return nil, err
+	}
+	s := &segment{c: c, mem: m, bytes: m.Data()[:size:size], access: cfg.Access.Normalize(), token: cfg.Token}
+	id, err := c.track(s)
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	s.id = id
+	c.mu.Lock()
+	c.segs[id] = s
+	c.mu.Unlock()
+	return s, nil
+}
+
+func (s *segment) Bytes() []byte { return s.bytes }
+func (s *segment) Desc() ub.SegmentDesc {
+	return ub.SegmentDesc{Provider: Name, EID: s.c.eid, Name: s.c.descName("s", s.id), Size: len(s.bytes)}
+}
+
+func (s *segment) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.c.mu.Lock()
+		delete(s.c.segs, s.id)
+		s.c.mu.Unlock()
+		err = s.mem.Close()
+	})
+	return err
+}
+
+// remoteSegment is a peer's segment: its address, id and our token.
+type remoteSegment struct {
+	desc  ub.SegmentDesc
+	addr  string
+	id    uint32
+	token ub.Token
+}
+
+func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteSegment, error) {
+	if desc.Provider != Name {
+		return nil, fmt.Errorf("tcpprov: cannot import a %q segment", desc.Provider)
+	}
+	addr, id, err := parseName(desc.Name, "s")
+	if err != nil {
+		return nil, err
+	}
+	return &remoteSegment{desc: desc, addr: addr, id: id, token: token}, nil
+}
+
+func (r *remoteSegment) Desc() ub.SegmentDesc { return r.desc }
+func (r *remoteSegment) Close() error         { return nil }
+
+// target is a peer's jetty.
+type target struct {
+	desc  ub.JettyDesc
+	addr  string
+	id    uint32
+	token ub.Token
+}
+
+func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, error) {
+	if desc.Provider != Name {
+		return nil, fmt.Errorf("tcpprov: cannot import a %q jetty", desc.Provider)
+	}
+	addr, id, err := parseName(desc.Name, "j")
+	if err != nil {
+		return nil, err
+	}
+	return &target{desc: desc, addr: addr, id: id, token: token}, nil
+}
+
+func (t *target) Desc() ub.JettyDesc { return t.desc }
+func (t *target) Close() error       { return nil }
+
+// accept serves peers' requests, one goroutine per connection. Requests on
+// a connection run in order and are answered in order.
+func (c *Context) accept() {
+	defer c.wg.Done()
+	for {
+		nc, err := c.l.Accept()
+		if err != nil {
+			return
+		}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			nc.Close()
+			return
+		}
+		c.served[nc] = struct{}{}
+		c.mu.Unlock()
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.serve(nc)
+			c.mu.Lock()
+			delete(c.served, nc)
+			c.mu.Unlock()
+			nc.Close()
+		}()
+	}
+}
+
+func (c *Context) serve(nc net.Conn) {
+	r := bufio.NewReaderSize(nc, 64<<10)
+	w := bufio.NewWriterSize(nc, 64<<10)
+	var buf, out []byte
+	for {
+		frame, err := readFrame(r, buf, reqHeader)
+		if err != nil {
+			return // EOF, reset, or a malformed frame: drop the peer
+		}
+		buf = frame
+		req, err := decodeRequest(frame)
+		if err != nil {
+			return
+		}
+		status, value, payload := c.execute(&req)
+		out = appendResponse(out[:0], uint8(status), value, payload)
+		if _, err := w.Write(out); err != nil {
+			return
+		}
+		// Answer at once unless more requests are already here.
+		if r.Buffered() == 0 {
+			if err := w.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// execute runs one request against local objects, with the checks a bus
+// target makes.
+func (c *Context) execute(req *request) (ub.Status, uint64, []byte) {
+	switch req.op {
+	case opSend:
+		return c.deliver(req.object, ub.Token(req.token), req.payload, ub.OpRecv, req.a, req.flags&flagImm != 0, req.flags&flagUnreliable != 0), 0, nil
+	}
+	c.mu.Lock()
+	s := c.segs[req.object]
+	c.mu.Unlock()
+	if s == nil {
+		return ub.StatusNoPermission, 0, nil
+	}
+	if ub.Token(req.token) != s.token {
+		return ub.StatusBadToken, 0, nil
+	}
+	need := map[uint8]ub.Access{opWrite: ub.AccessWrite, opWriteImm: ub.AccessWrite, opRead: ub.AccessRead, opCAS: ub.AccessAtomic, opFetchAdd: ub.AccessAtomic}[req.op]
+	if s.access&need != need {
+		return ub.StatusNoPermission, 0, nil
+	}
+	n := uint64(req.n)
+	if req.op == opWrite || req.op == opWriteImm {
+		n = uint64(len(req.payload))
+	}
+	if req.op == opCAS || req.op == opFetchAdd {
+		n = 8
+	}
+	if req.offset > uint64(len(s.bytes)) || n > uint64(len(s.bytes))-req.offset {
+		return ub.StatusOutOfBounds, 0, nil
+	}
+	off := int(req.offset)
+	switch req.op {
+	case opWrite, opWriteImm:
+		copy(s.bytes[off:], req.payload)
+		if req.op == opWriteImm {
+			if st := c.deliver(uint32(req.a), ub.Token(req.token), nil, ub.OpWriteImm, req.b, true, false); st != ub.StatusSuccess {
+				return st, 0, nil
+			}
+		}
+		return ub.StatusSuccess, 0, nil
+	case opRead:
+		return ub.StatusSuccess, 0, s.bytes[off : off+int(n)]
+	}
+	if off%8 != 0 {
+		return ub.StatusMisaligned, 0, nil
+	}
+	word, err := s.mem.Uint64At(off)
+	if err != nil {
+		return ub.StatusOutOfBounds, 0, nil
+	}
+	if req.op == opCAS {
+		for {
+			old := word.Load()
+			if old != req.a || word.CompareAndSwap(old, req.b) {
+				return ub.StatusSuccess, old, nil
+			}
+		}
+	}
+	return ub.StatusSuccess, word.Add(req.a) - req.a, nil
+}
+
+// deliver puts an incoming message into the jetty's next posted receive.
+func (c *Context) deliver(jid uint32, token ub.Token, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
+	c.mu.Lock()
+	j := c.jetties[jid]
+	c.mu.Unlock()
+	if j == nil {
+		return ub.StatusFlushed
+	}
+	return j.deliver(token, payload, op, imm, hasImm, dropIfNone)
+}

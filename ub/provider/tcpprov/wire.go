@@ -1,0 +1,120 @@
+package tcpprov
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Wire format, little endian. Every frame starts with its length (u32,
+// excluding itself).
+//
+//	request:  op u8, flags u8, pad u16, token u32, object u32, pad u32,
+//	          offset u64, n u32, pad u32, a u64, b u64, payload
+//	response: status u8, pad 7, value u64, payload
+//
+// object is a segment id (one-sided ops) or a jetty id (sends); a is the
+// jetty id of a WriteImm notification, the immediate of a send, the compare
+// value of a CAS or the addend of a FetchAdd; b is the immediate of a
+// WriteImm or the swap value of a CAS.
+const (
+	reqHeader  = 48
+	respHeader = 16
+	// maxFrame bounds what a peer can make us allocate.
+	maxFrame = 64<<20 + reqHeader
+
+	opWrite    = 1
+	opWriteImm = 2
+	opRead     = 3
+	opSend     = 4
+	opCAS      = 5
+	opFetchAdd = 6
+
+	flagImm        = 1
+	flagUnreliable = 2 // the sender's mode: drop rather than fail without a receive
+)
+
+type request struct {
+	op, flags uint8
+	token     uint32
+	object    uint32
+	offset    uint64
+	n         uint32
+	a, b      uint64
+	payload   []byte
+}
+
+type response struct {
+	status  uint8
+	value   uint64
+	payload []byte
+}
+
+func (r *request) appendTo(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(reqHeader+len(r.payload)))
+	b = append(b, r.op, r.flags, 0, 0)
+	b = binary.LittleEndian.AppendUint32(b, r.token)
+	b = binary.LittleEndian.AppendUint32(b, r.object)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = binary.LittleEndian.AppendUint64(b, r.offset)
+	b = binary.LittleEndian.AppendUint32(b, r.n)
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = binary.LittleEndian.AppendUint64(b, r.a)
+	b = binary.LittleEndian.AppendUint64(b, r.b)
+	return append(b, r.payload...)
+}
+
+var errFrame = errors.New("tcpprov: malformed frame")
+
+// readFrame reads one length-prefixed frame into buf (grown as needed).
+func readFrame(r io.Reader, buf []byte, min int) ([]byte, error) {
+	var l [4]byte
+	if _, err := io.ReadFull(r, l[:]); err != nil {
+		return nil, err
+	}
+	n := binary.LittleEndian.Uint32(l[:])
+	if n < uint32(min) || n > maxFrame {
+		return nil, fmt.Errorf("%w: length %d", errFrame, n)
+	}
+	if cap(buf) < int(n) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	_, err := io.ReadFull(r, buf)
+	return buf, err
+}
+
+func decodeRequest(b []byte) (request, error) {
+	if len(b) < reqHeader {
+		return request{}, errFrame
+	}
+	r := request{
+		op: b[0], flags: b[1],
+		token:   binary.LittleEndian.Uint32(b[4:]),
+		object:  binary.LittleEndian.Uint32(b[8:]),
+		offset:  binary.LittleEndian.Uint64(b[16:]),
+		n:       binary.LittleEndian.Uint32(b[24:]),
+		a:       binary.LittleEndian.Uint64(b[32:]),
+		b:       binary.LittleEndian.Uint64(b[40:]),
+		payload: b[reqHeader:],
+	}
+	if r.op < opWrite || r.op > opFetchAdd {
+		return r, fmt.Errorf("%w: op %d", errFrame, r.op)
+	}
+	return r, nil
+}
+
+func appendResponse(b []byte, status uint8, value uint64, payload []byte) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(respHeader+len(payload)))
+	b = append(b, status, 0, 0, 0, 0, 0, 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, value)
+	return append(b, payload...)
+}
+
+func decodeResponse(b []byte) (response, error) {
+	if len(b) < respHeader {
+		return response{}, errFrame
+	}
+	return response{status: b[0], value: binary.LittleEndian.Uint64(b[8:]), payload: b[respHeader:]}, nil
+}
