@@ -14,6 +14,7 @@ import (
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/shmprov"
+	"github.com/ubkit-io/ubkit/ub/provider/tcpprov"
 )
 
 const (
@@ -31,13 +32,19 @@ func Cases() []bench.Case {
 	}
 	return []bench.Case{
 		{Name: "shm-write-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
-			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return shmOneSided(d, ub.OpWrite, 64) }}, memcpy(64)}},
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return oneSided(d, shmprov.Name, ub.OpWrite, 64) }}, memcpy(64)}},
 		{Name: "shm-read-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
-			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return shmOneSided(d, ub.OpRead, 64) }}, memcpy(64)}},
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return oneSided(d, shmprov.Name, ub.OpRead, 64) }}, memcpy(64)}},
 		{Name: "shm-send-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
 			{Name: "ubkit", Run: shmSend}, memcpy(64)}},
 		{Name: "shm-write-1MiB", Unit: "GB/s", Better: "higher", Contenders: []bench.Contender{
-			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return shmOneSided(d, ub.OpWrite, mib) }}, memcpy(mib)}},
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return oneSided(d, shmprov.Name, ub.OpWrite, mib) }}, memcpy(mib)}},
+		{Name: "tcp-write-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return oneSided(d, tcpprov.Name, ub.OpWrite, 64) }},
+			{Name: "tcp", Run: func(d time.Duration) (bench.Measurement, error) { return tcpAck(d, 64) }}}},
+		{Name: "tcp-write-1MiB", Unit: "GB/s", Better: "higher", Contenders: []bench.Contender{
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return oneSided(d, tcpprov.Name, ub.OpWrite, mib) }},
+			{Name: "tcp", Run: func(d time.Duration) (bench.Measurement, error) { return tcpAck(d, mib) }}}},
 	}
 }
 
@@ -48,13 +55,19 @@ type peerHello struct {
 }
 
 func init() {
-	bench.RegisterPeer("ub-shm", func(json.RawMessage) error { return shmPeer() })
+	bench.RegisterPeer("ub-peer", func(raw json.RawMessage) error {
+		var provider string
+		if err := json.Unmarshal(raw, &provider); err != nil {
+			return err
+		}
+		return providerPeer(provider)
+	})
 }
 
-// shmPeer registers a segment and a jetty, keeps receives posted, and
+// providerPeer registers a segment and a jetty, keeps receives posted, and
 // consumes what arrives (summing every received byte) until it is killed.
-func shmPeer() error {
-	c, err := ub.Open(context.Background(), shmprov.Name, ub.Config{})
+func providerPeer(provider string) error {
+	c, err := ub.Open(context.Background(), provider, ub.Config{})
 	if err != nil {
 		return err
 	}
@@ -118,8 +131,8 @@ type session struct {
 	target ub.Target
 }
 
-func startSession() (*session, error) {
-	peer, err := bench.StartPeerPipe("ub-shm", nil)
+func startSession(provider string) (*session, error) {
+	peer, err := bench.StartPeerPipe("ub-peer", provider)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +143,7 @@ func startSession() (*session, error) {
 	}
 	s := &session{peer: peer}
 	fail := func(err error) (*session, error) { s.close(); return nil, err }
-	if s.c, err = ub.Open(context.Background(), shmprov.Name, ub.Config{}); err != nil {
+	if s.c, err = ub.Open(context.Background(), provider, ub.Config{}); err != nil {
 		return fail(err)
 	}
 	if s.seg, err = s.c.AllocSegment(segSize, ub.SegmentConfig{Token: token}); err != nil {
@@ -182,6 +195,10 @@ func (s *session) run(d time.Duration, wr ub.WR, size int) (bench.Measurement, e
 				if k == 1 {
 					break
 				}
+				// Asynchronous providers (tcp): sleep until it arrives.
+				if err := s.cq.Wait(context.Background()); err != nil {
+					return bench.Measurement{}, err
+				}
 			}
 			if comp[0].Status != ub.StatusSuccess {
 				if comp[0].Status == ub.StatusReceiverNotReady {
@@ -202,8 +219,8 @@ func (s *session) run(d time.Duration, wr ub.WR, size int) (bench.Measurement, e
 	return bench.Measurement{Value: float64(el.Nanoseconds()) / float64(n)}, nil
 }
 
-func shmOneSided(d time.Duration, op ub.Opcode, size int) (bench.Measurement, error) {
-	s, err := startSession()
+func oneSided(d time.Duration, provider string, op ub.Opcode, size int) (bench.Measurement, error) {
+	s, err := startSession(provider)
 	if err != nil {
 		return bench.Measurement{}, err
 	}
@@ -212,7 +229,7 @@ func shmOneSided(d time.Duration, op ub.Opcode, size int) (bench.Measurement, er
 }
 
 func shmSend(d time.Duration) (bench.Measurement, error) {
-	s, err := startSession()
+	s, err := startSession(shmprov.Name)
 	if err != nil {
 		return bench.Measurement{}, err
 	}
@@ -223,7 +240,7 @@ func shmSend(d time.Duration) (bench.Measurement, error) {
 // memcpyRun is the baseline: the same payload produced (or consumed) and
 // copied once with copy(), into memory shared with another process.
 func memcpyRun(d time.Duration, size int) (bench.Measurement, error) {
-	s, err := startSession()
+	s, err := startSession(shmprov.Name)
 	if err != nil {
 		return bench.Measurement{}, err
 	}

@@ -521,8 +521,13 @@ func (cn *conn) send(p *pending, req *request) bool {
 	if cn.broken {
 		return false
 	}
-	cn.scratch = req.appendTo(cn.scratch[:0])
+	cn.scratch = req.appendHeader(cn.scratch[:0])
 	if _, err := cn.w.Write(cn.scratch); err != nil {
+		cn.broken = true
+		return false
+	}
+	// A large payload goes straight from the segment to the socket.
+	if _, err := cn.w.Write(req.payload); err != nil {
 		cn.broken = true
 		return false
 	}

@@ -51,7 +51,9 @@ type response struct {
 	payload []byte
 }
 
-func (r *request) appendTo(b []byte) []byte {
+// appendHeader appends the frame's length and header; the payload follows
+// on the wire without being copied here.
+func (r *request) appendHeader(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(reqHeader+len(r.payload)))
 	b = append(b, r.op, r.flags, 0, 0)
 	b = binary.LittleEndian.AppendUint32(b, r.token)
@@ -61,8 +63,7 @@ func (r *request) appendTo(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint32(b, r.n)
 	b = binary.LittleEndian.AppendUint32(b, 0)
 	b = binary.LittleEndian.AppendUint64(b, r.a)
-	b = binary.LittleEndian.AppendUint64(b, r.b)
-	return append(b, r.payload...)
+	return binary.LittleEndian.AppendUint64(b, r.b)
 }
 
 var errFrame = errors.New("tcpprov: malformed frame")
