@@ -30,7 +30,7 @@ func Cases() []bench.Case {
 	memcpy := func(size int) bench.Contender {
 		return bench.Contender{Name: "memcpy", Run: func(d time.Duration) (bench.Measurement, error) { return memcpyRun(d, size) }}
 	}
-	return []bench.Case{
+	return append([]bench.Case{
 		{Name: "shm-write-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
 			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return oneSided(d, shmprov.Name, ub.OpWrite, 64) }}, memcpy(64)}},
 		{Name: "shm-read-64B", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
@@ -45,7 +45,7 @@ func Cases() []bench.Case {
 		{Name: "tcp-write-1MiB", Unit: "GB/s", Better: "higher", Contenders: []bench.Contender{
 			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return oneSided(d, tcpprov.Name, ub.OpWrite, mib) }},
 			{Name: "tcp", Run: func(d time.Duration) (bench.Measurement, error) { return tcpAck(d, mib) }}}},
-	}
+	}, simCases()...)
 }
 
 // peerHello is what the peer prints once it is ready.
@@ -56,18 +56,24 @@ type peerHello struct {
 
 func init() {
 	bench.RegisterPeer("ub-peer", func(raw json.RawMessage) error {
-		var provider string
-		if err := json.Unmarshal(raw, &provider); err != nil {
+		var a peerArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
 			return err
 		}
-		return providerPeer(provider)
+		return providerPeer(a)
 	})
+}
+
+// peerArgs say which provider a peer opens, with which options.
+type peerArgs struct {
+	Provider string            `json:"provider"`
+	Options  map[string]string `json:"options,omitempty"`
 }
 
 // providerPeer registers a segment and a jetty, keeps receives posted, and
 // consumes what arrives (summing every received byte) until it is killed.
-func providerPeer(provider string) error {
-	c, err := ub.Open(context.Background(), provider, ub.Config{})
+func providerPeer(a peerArgs) error {
+	c, err := ub.Open(context.Background(), a.Provider, ub.Config{Options: a.Options})
 	if err != nil {
 		return err
 	}
@@ -132,18 +138,25 @@ type session struct {
 }
 
 func startSession(provider string) (*session, error) {
-	peer, err := bench.StartPeerPipe("ub-peer", provider)
+	return startSessionWith(peerArgs{Provider: provider}, nil)
+}
+
+// startSessionWith starts a peer with peer's settings and opens this side
+// with ours (nil: the same provider, no options).
+func startSessionWith(peer peerArgs, ours map[string]string) (*session, error) {
+	provider := peer.Provider
+	p, err := bench.StartPeerPipe("ub-peer", peer)
 	if err != nil {
 		return nil, err
 	}
 	var hello peerHello
-	if err := json.NewDecoder(peer.Stdout()).Decode(&hello); err != nil {
-		peer.Kill()
+	if err := json.NewDecoder(p.Stdout()).Decode(&hello); err != nil {
+		p.Kill()
 		return nil, fmt.Errorf("peer hello: %w", err)
 	}
-	s := &session{peer: peer}
+	s := &session{peer: p}
 	fail := func(err error) (*session, error) { s.close(); return nil, err }
-	if s.c, err = ub.Open(context.Background(), provider, ub.Config{}); err != nil {
+	if s.c, err = ub.Open(context.Background(), provider, ub.Config{Options: ours}); err != nil {
 		return fail(err)
 	}
 	if s.seg, err = s.c.AllocSegment(segSize, ub.SegmentConfig{Token: token}); err != nil {

@@ -257,6 +257,10 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 	if !ok {
 		return ub.Completion{Status: ub.StatusUnsupported}
 	}
+	if !r.acquire() {
+		return ub.Completion{Status: ub.StatusFlushed}
+	}
+	defer r.release()
 	switch wr.Op {
 	case ub.OpWrite, ub.OpWriteImm:
 		buf, st := j.local(wr.Local)

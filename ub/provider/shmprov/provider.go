@@ -186,8 +186,11 @@ type remoteSegment struct {
 	desc  ub.SegmentDesc
 	token ub.Token
 	size  int
-	once  sync.Once
 	mu    sync.Mutex // guards the liveness cache
+	// use is held for reading by every access and for writing by Close, so
+	// the mapping is never unmapped under an operation.
+	use    sync.RWMutex
+	closed bool
 }
 
 // ImportSegment maps a peer's segment. The token is checked on every access,
@@ -218,10 +221,27 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 func (r *remoteSegment) Desc() ub.SegmentDesc { return r.desc }
 
 func (r *remoteSegment) Close() error {
-	var err error
-	r.once.Do(func() { err = r.seg.Close() })
-	return err
+	r.use.Lock()
+	defer r.use.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	return r.seg.Close()
 }
+
+// acquire holds the mapping for one operation; it reports false once the
+// segment was closed.
+func (r *remoteSegment) acquire() bool {
+	r.use.RLock()
+	if r.closed {
+		r.use.RUnlock()
+		return false
+	}
+	return true
+}
+
+func (r *remoteSegment) release() { r.use.RUnlock() }
 
 // check decides whether an access of n bytes at off with the needed rights
 // may go ahead, reading the owner's current token, flags and state.

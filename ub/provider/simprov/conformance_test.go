@@ -1,0 +1,38 @@
+package simprov_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/provider/simprov"
+	"github.com/ubkit-io/ubkit/ub/topology"
+	"github.com/ubkit-io/ubkit/ub/ubtest"
+)
+
+// The suite runs on the dev4 topology: this process plays n0 and the
+// suite's peers play n1, so every operation crosses a simulated 20 µs,
+// 5 GB/s link.
+func open() (ub.Context, error) {
+	return ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4"}})
+}
+
+func TestMain(m *testing.M) {
+	ubtest.RunPeerIfChild(open)
+	os.Setenv("UB_NODE", "n0")
+	os.Setenv(ubtest.EnvPeerEnv, "UB_NODE=n1")
+	code := m.Run()
+	// The fabric outlives its processes by design; the tests remove theirs.
+	if t, err := topology.Example("dev4"); err == nil {
+		if f, err := simprov.OpenFabric(t); err == nil {
+			f.Remove()
+			f.Close()
+		}
+	}
+	shm.Sweep()
+	os.Exit(code)
+}
+
+func TestConformance(t *testing.T) { ubtest.Run(t, open) }

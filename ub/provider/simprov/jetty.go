@@ -1,0 +1,212 @@
+package simprov
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// spinBelow is how close to its due time a delayed operation stops sleeping
+// and spins: timers are not precise to the microsecond, and simulated links
+// are.
+const spinBelow = 200 * time.Microsecond
+
+// queueDepth bounds the operations a jetty holds back at once.
+const queueDepth = 4096
+
+// scheduled is an operation held back until its simulated arrival.
+type scheduled struct {
+	due    time.Time
+	wr     ub.WR // already translated to the inner provider's objects
+	status ub.Status
+	op     ub.Opcode
+	ctx    uint64
+}
+
+type jetty struct {
+	inner  ub.Jetty
+	c      *Context
+	send   *cq
+	mode   ub.Mode
+	q      chan scheduled
+	done   chan struct{}
+	exited chan struct{}
+	once   sync.Once
+	mu     sync.Mutex
+	last   time.Time // due time of the previous operation: order is kept
+	bound  *target
+}
+
+func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
+	send, ok1 := cfg.SendCQ.(*cq)
+	recv, ok2 := cfg.RecvCQ.(*cq)
+	if !ok1 || !ok2 {
+		return nil, errors.New("simprov: a jetty needs SendCQ and RecvCQ made by this provider")
+	}
+	in := cfg
+	in.SendCQ, in.RecvCQ = send.inner, recv.inner
+	ij, err := c.inner.NewJetty(in)
+	if err != nil {
+		return nil, err
+	}
+	j := &jetty{inner: ij, c: c, send: send, mode: cfg.Mode, q: make(chan scheduled, queueDepth), done: make(chan struct{}), exited: make(chan struct{})}
+	c.mu.Lock()
+	c.jets = append(c.jets, j)
+	c.mu.Unlock()
+	go j.run()
+	return j, nil
+}
+
+func (j *jetty) Desc() ub.JettyDesc {
+	d := j.inner.Desc()
+	d.Name = wrapName(j.c.node, d.Provider, d.Name)
+	d.Provider = Name
+	return d
+}
+
+func (j *jetty) Bind(t ub.Target) error {
+	tg, ok := t.(*target)
+	if !ok {
+		return errors.New("simprov: Bind needs a target imported by this provider")
+	}
+	if err := j.inner.Bind(tg.Target); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	j.bound = tg
+	j.mu.Unlock()
+	return nil
+}
+
+func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
+	in := make([]ub.RecvWR, len(wrs))
+	for i, wr := range wrs {
+		s, ok := wr.Buf.Seg.(*segment)
+		if !ok {
+			return i, errors.New("simprov: receive buffer must be a segment of this provider")
+		}
+		in[i] = wr
+		in[i].Buf.Seg = s.Segment
+	}
+	return j.inner.PostRecv(in)
+}
+
+// PostSend works out when each request arrives over the simulated path and
+// hands it to the jetty's scheduler, which posts it to the inner provider
+// then. Requests keep their order.
+func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	select {
+	case <-j.done:
+		return 0, errors.New("simprov: jetty closed")
+	default:
+	}
+	for i, wr := range wrs {
+		s, err := j.schedule(wr)
+		if err != nil {
+			return i, err
+		}
+		if s.due.Before(j.last) {
+			s.due = j.last
+		}
+		j.last = s.due
+		select {
+		case j.q <- s:
+		default:
+			return i, fmt.Errorf("simprov: %d operations already held back on this jetty", queueDepth)
+		}
+	}
+	return len(wrs), nil
+}
+
+// schedule translates wr to the inner provider and books its path.
+func (j *jetty) schedule(wr ub.WR) (scheduled, error) {
+	s := scheduled{wr: wr, op: wr.Op, ctx: wr.UserCtx, due: time.Now()}
+	if l, ok := wr.Local.Seg.(*segment); ok {
+		s.wr.Local.Seg = l.Segment
+	}
+	var remote string
+	if r, ok := wr.Remote.Seg.(*remoteSegment); ok {
+		s.wr.Remote.Seg = r.RemoteSegment
+		remote = r.node
+	}
+	tg := j.bound
+	if t, ok := wr.Target.(*target); ok {
+		tg = t
+		s.wr.Target = t.Target
+	}
+	switch wr.Op {
+	case ub.OpSend, ub.OpSendImm:
+		if tg == nil {
+			return s, nil // the inner provider reports it
+		}
+		remote = tg.node
+	}
+	if remote == "" {
+		return s, nil
+	}
+	size := int64(wr.Local.Len)
+	if wr.Op == ub.OpCAS || wr.Op == ub.OpFetchAdd {
+		size = 8
+	}
+	r, err := j.c.fabric.reserve(j.c.node, remote, size, s.due)
+	if err != nil {
+		return s, err
+	}
+	switch {
+	case r.crashed:
+		s.status = ub.StatusPeerDead
+	case r.down:
+		s.status = ub.StatusLinkDown
+	default:
+		s.due = r.due
+	}
+	return s, nil
+}
+
+// run posts held-back operations when their time comes.
+func (j *jetty) run() {
+	defer close(j.exited)
+	for {
+		var s scheduled
+		select {
+		case s = <-j.q:
+		case <-j.done:
+			return
+		}
+		if d := time.Until(s.due) - spinBelow; d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-j.done:
+				t.Stop()
+				return
+			}
+		}
+		for time.Now().Before(s.due) {
+		}
+		if s.status != ub.StatusSuccess {
+			j.send.push(ub.Completion{Status: s.status, Op: s.op, UserCtx: s.ctx})
+			continue
+		}
+		if _, err := j.inner.PostSend([]ub.WR{s.wr}); err != nil {
+			j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
+		}
+	}
+}
+
+// stop ends the scheduler and waits for it, so nothing is posted to inner
+// objects that are about to be closed. Held-back operations are dropped.
+func (j *jetty) stop() {
+	j.once.Do(func() { close(j.done) })
+	<-j.exited
+}
+
+func (j *jetty) Close() error {
+	j.stop()
+	return j.inner.Close()
+}

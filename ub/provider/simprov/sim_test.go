@@ -1,0 +1,156 @@
+package simprov_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/provider/simprov"
+)
+
+// node is one simulated node's endpoint, with a segment and an RM jetty.
+type node struct {
+	c   ub.Context
+	seg ub.Segment
+	cq  ub.CQ
+	j   ub.Jetty
+}
+
+func openNode(t *testing.T, name string) *node {
+	t.Helper()
+	c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	seg, err := c.AllocSegment(1<<20, ub.SegmentConfig{Access: ub.AccessAtomic, Token: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, err := c.NewCQ(ub.CQConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq, Token: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &node{c: c, seg: seg, cq: cq, j: j}
+}
+
+// write writes n bytes to dst and returns the completion and how long it
+// took to arrive.
+func (a *node) write(t *testing.T, dst ub.RemoteSegment, n int) (ub.Completion, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	if _, err := a.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: a.seg, Len: n}, Remote: ub.Remote{Seg: dst}}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := make([]ub.Completion, 1)
+	for {
+		if err := a.cq.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if k, _ := a.cq.Poll(out); k == 1 {
+			return out[0], time.Since(start)
+		}
+	}
+}
+
+func importSeg(t *testing.T, from, to *node) ub.RemoteSegment {
+	t.Helper()
+	r, err := from.c.ImportSegment(to.seg.Desc(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestCostsAreHonoured checks that nothing arrives before the simulated
+// path allows: a lower bound, which is correctness, not speed (how close
+// the simulator gets to the configured figures is `ubctl bench ub`'s job).
+func TestCostsAreHonoured(t *testing.T) {
+	n0, n1 := openNode(t, "n0"), openNode(t, "n1")
+	remote := importSeg(t, n0, n1)
+	for _, size := range []int{64, 1 << 20} {
+		// dev4 links: 20 µs and 5 GB/s.
+		floor := 20*time.Microsecond + time.Duration(float64(size)/5e9*1e9)
+		c, took := n0.write(t, remote, size)
+		if c.Status != ub.StatusSuccess {
+			t.Fatalf("write of %d bytes: %v", size, c.Status)
+		}
+		if took < floor {
+			t.Errorf("write of %d bytes completed after %v, before the path allows (%v)", size, took, floor)
+		}
+	}
+	// The same node: no link, no delay to honour, and it works.
+	if c, _ := n0.write(t, importSeg(t, n0, n0), 64); c.Status != ub.StatusSuccess {
+		t.Fatalf("write to self: %v", c.Status)
+	}
+}
+
+// TestFaultsTouchOnlyTheirOperations takes a link down, slows one, crashes a
+// node, and checks which operations notice.
+func TestFaultsTouchOnlyTheirOperations(t *testing.T) {
+	n0, n1, n2 := openNode(t, "n0"), openNode(t, "n1"), openNode(t, "n2")
+	to1, to2 := importSeg(t, n0, n1), importSeg(t, n0, n2)
+	f := n0.c.(*simprov.Context).Fabric()
+	t.Cleanup(func() {
+		f.SetLinkDown("n0", "n1", false)
+		f.SetLinkSlow("n0", "n2", 1)
+		f.SetNodeCrashed("n2", false)
+	})
+
+	if err := f.SetLinkDown("n0", "n1", true); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := n0.write(t, to1, 64); c.Status != ub.StatusLinkDown {
+		t.Errorf("write across the down link: %v, want link down", c.Status)
+	}
+	if c, _ := n0.write(t, to2, 64); c.Status != ub.StatusSuccess {
+		t.Errorf("write over another link: %v", c.Status)
+	}
+	f.SetLinkDown("n0", "n1", false)
+	if c, _ := n0.write(t, to1, 64); c.Status != ub.StatusSuccess {
+		t.Errorf("write after the link came back: %v", c.Status)
+	}
+
+	if err := f.SetLinkSlow("n0", "n2", 10); err != nil {
+		t.Fatal(err)
+	}
+	if c, took := n0.write(t, to2, 64); c.Status != ub.StatusSuccess || took < 200*time.Microsecond {
+		t.Errorf("write over a 10x slower 20 µs link: %v after %v", c.Status, took)
+	}
+	f.SetLinkSlow("n0", "n2", 1)
+
+	if err := f.SetNodeCrashed("n2", true); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := n0.write(t, to2, 64); c.Status != ub.StatusPeerDead {
+		t.Errorf("write to a crashed node: %v, want peer dead", c.Status)
+	}
+	if c, _ := n0.write(t, to1, 64); c.Status != ub.StatusSuccess {
+		t.Errorf("write to a live node while another is down: %v", c.Status)
+	}
+	for _, bad := range [][2]string{{"n0", "nope"}, {"n0", "n0"}} {
+		if err := f.SetLinkDown(bad[0], bad[1], true); err == nil {
+			t.Errorf("SetLinkDown(%q, %q) accepted", bad[0], bad[1])
+		}
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	for name, opts := range map[string]map[string]string{
+		"unknown node":    {simprov.OptTopology: "dev4", simprov.OptNode: "n9"},
+		"unknown topo":    {simprov.OptTopology: "/no/such/file.yaml", simprov.OptNode: "n0"},
+		"sim over itself": {simprov.OptTopology: "dev4", simprov.OptNode: "n0", simprov.OptOver: "sim"},
+	} {
+		if c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: opts}); err == nil {
+			c.Close()
+			t.Errorf("%s: opened", name)
+		}
+	}
+}
