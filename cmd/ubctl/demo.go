@@ -35,7 +35,10 @@ func demoCmd(args []string, w io.Writer) error {
 	if uds, tcp := thr.Baselines["uds"], thr.Baselines["tcp"]; uds > 0 && tcp > 0 {
 		fmt.Fprintf(w, "ubkit streaming:  %.1fx the unix socket's messages/s, %.1fx TCP's\n", thr.Value/uds, thr.Value/tcp)
 	}
-	fmt.Fprintln(os.Stderr, "\nfull comparison, shmipc-go included: go run ./cmd/ubctl bench shm")
+	if err := demoSim(w); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "\nfull comparisons: go run ./cmd/ubctl bench shm (shmipc-go included), go run ./cmd/ubctl bench ub")
 	return nil
 }
 

@@ -2,6 +2,7 @@
 // and the demo.
 //
 //	ubctl bench <suite|all> [-quick] [-json]
+//	ubctl sim [-topology T] [fault flags]
 //	ubctl demo
 package main
 
@@ -10,6 +11,11 @@ import (
 	"os"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+
+	// The providers ubctl can open.
+	_ "github.com/ubkit-io/ubkit/ub/provider/shmprov"
+	_ "github.com/ubkit-io/ubkit/ub/provider/simprov"
+	_ "github.com/ubkit-io/ubkit/ub/provider/tcpprov"
 )
 
 const usage = `ubctl: ubkit's command-line tool
@@ -17,9 +23,13 @@ const usage = `ubctl: ubkit's command-line tool
 usage:
   ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D]
         run a benchmark suite against its baselines, side by side (suites: shm)
+  ubctl sim [-topology T] [-link-down A-B] [-slow A-B=F] [-crash N] [-clear] [-hold]
+        set up a simulated super node (shared link state and faults) and
+        say which links this host can honour
   ubctl demo
         two processes exchanging messages through shared memory, next to a
-        unix socket and TCP loopback
+        unix socket and TCP loopback, then a verb across a simulated
+        4-node super node
 `
 
 func main() {
@@ -35,6 +45,8 @@ func main() {
 		err = benchCmd(os.Args[2:], os.Stdout)
 	case "demo":
 		err = demoCmd(os.Args[2:], os.Stdout)
+	case "sim":
+		err = simCmd(os.Args[2:], os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -233,3 +233,20 @@ func (f *Fabric) reserve(a, b string, bytes int64, now time.Time) (route, error)
 	}
 	return route{due: time.Unix(0, start).Add(latency + xfer)}, nil
 }
+
+// LinkState describes the link between a and b now: "up", "down" or
+// "up, 10x slower".
+func (f *Fabric) LinkState(a, b string) string {
+	l, err := f.linkIndex(a, b)
+	if err != nil {
+		return err.Error()
+	}
+	rec := linksOff + l*linkRecord
+	if f.word32(rec+offDown).Load() != 0 {
+		return "down"
+	}
+	if slow := f.word32(rec + offSlow).Load(); slow > 100 {
+		return fmt.Sprintf("up, %gx slower", float64(slow)/100)
+	}
+	return "up"
+}
