@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/shmprov"
 	"github.com/ubkit-io/ubkit/ub/provider/tcpprov"
@@ -182,6 +183,9 @@ func (s *session) close() {
 		s.c.Close()
 	}
 	s.peer.Kill()
+	// The peer was killed, as a crashed process would be: its shared
+	// memory goes the way a crashed process's does.
+	shm.Sweep()
 }
 
 // run posts wr (with the local buffer filled first, for writes and sends)

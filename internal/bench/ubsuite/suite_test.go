@@ -1,6 +1,10 @@
 package ubsuite
 
 import (
+	"fmt"
+	"strings"
+
+	"github.com/ubkit-io/ubkit/shm"
 	"os"
 	"testing"
 	"time"
@@ -10,7 +14,17 @@ import (
 
 func TestMain(m *testing.M) {
 	bench.RunPeerIfChild()
-	os.Exit(m.Run())
+	code := m.Run()
+	// Nothing of the peers' or ours may stay in /dev/shm (the simulated
+	// fabric is shared state that outlives processes by design).
+	entries, _ := os.ReadDir(shm.ShmDir)
+	for _, e := range entries {
+		if code == 0 && strings.HasPrefix(e.Name(), shm.NamePrefix+"ub-") && createdByUs(e.Name()) {
+			fmt.Fprintf(os.Stderr, "FAIL: %s left behind\n", e.Name())
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // TestCasesRun runs every contender briefly across processes, so a broken
@@ -29,4 +43,15 @@ func TestCasesRun(t *testing.T) {
 			})
 		}
 	}
+}
+
+// createdByUs reports whether this process created the named segment (other
+// test packages may run at the same time and have live segments).
+func createdByUs(file string) bool {
+	seg, err := shm.OpenSegment(strings.TrimPrefix(file, shm.NamePrefix))
+	if err != nil {
+		return false
+	}
+	defer seg.Close()
+	return seg.Creator().PID == uint32(os.Getpid())
 }

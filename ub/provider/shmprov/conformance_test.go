@@ -2,7 +2,6 @@ package shmprov_test
 
 import (
 	"fmt"
-	"path/filepath"
 	"strings"
 
 	"context"
@@ -28,11 +27,17 @@ func TestMain(m *testing.M) {
 	}
 	if entries, _ := os.ReadDir(shm.ShmDir); code == 0 {
 		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), shm.NamePrefix+"ub-") {
-				if p, err := os.ReadFile(filepath.Join(shm.ShmDir, e.Name())); err == nil && len(p) > 0 {
+			name := strings.TrimPrefix(e.Name(), shm.NamePrefix)
+			if !strings.HasPrefix(name, "ub-") {
+				continue
+			}
+			// Other test packages may run now: only ours count.
+			if seg, err := shm.OpenSegment(name); err == nil {
+				if seg.Creator().PID == uint32(os.Getpid()) {
 					fmt.Fprintf(os.Stderr, "FAIL: %s left behind\n", e.Name())
 					code = 1
 				}
+				seg.Close()
 			}
 		}
 	}
