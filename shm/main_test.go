@@ -49,11 +49,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// ubkitNames lists the segments these tests name (other packages' tests may
+// run at the same time with segments of their own).
 func ubkitNames() []string {
 	entries, _ := os.ReadDir(ShmDir)
 	var out []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), NamePrefix) {
+		if strings.HasPrefix(e.Name(), NamePrefix+"test-") {
 			out = append(out, e.Name())
 		}
 	}

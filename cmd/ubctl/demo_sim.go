@@ -95,6 +95,8 @@ func demoSim(w io.Writer) error {
 	}
 	tw.Flush()
 	f := src.c.(*simprov.Context).Fabric()
+	// The simulation's shared state goes when the demo ends.
+	defer f.Remove()
 	if err := f.SetLinkDown("n0", "n3", true); err != nil {
 		return err
 	}
