@@ -46,7 +46,7 @@ func Cases() []bench.Case {
 		{Name: "tcp-write-1MiB", Unit: "GB/s", Better: "higher", Contenders: []bench.Contender{
 			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return oneSided(d, tcpprov.Name, ub.OpWrite, mib) }},
 			{Name: "tcp", Run: func(d time.Duration) (bench.Measurement, error) { return tcpAck(d, mib) }}}},
-	}, simCases()...)
+	}, append(simCases(), topoCases()...)...)
 }
 
 // peerHello is what the peer prints once it is ready.
