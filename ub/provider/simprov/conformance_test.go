@@ -14,9 +14,14 @@ import (
 
 // The suite runs on the dev4 topology: this process plays n0 and the
 // suite's peers play n1, so every operation crosses a simulated 20 µs,
-// 5 GB/s link.
+// 5 GB/s link. SIMTEST_OVER picks the provider underneath (peers inherit
+// it).
 func open() (ub.Context, error) {
-	return ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4"}})
+	over := os.Getenv("SIMTEST_OVER")
+	if over == "" {
+		over = "shm"
+	}
+	return ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptOver: over}})
 }
 
 func TestMain(m *testing.M) {
@@ -36,3 +41,10 @@ func TestMain(m *testing.M) {
 }
 
 func TestConformance(t *testing.T) { ubtest.Run(t, open) }
+
+// TestConformanceOverTCP runs the suite with the tcp provider under the
+// simulation.
+func TestConformanceOverTCP(t *testing.T) {
+	t.Setenv("SIMTEST_OVER", "tcp")
+	ubtest.Run(t, open)
+}
