@@ -100,6 +100,7 @@ func Run(t *testing.T, open Open) {
 	t.Run("ReceiverNotReady", func(t *testing.T) { testOverrun(t, open) })
 	t.Run("Atomics", func(t *testing.T) { testAtomics(t, open) })
 	t.Run("Unreliable", func(t *testing.T) { testUnreliable(t, open) })
+	t.Run("ReliableConnection", func(t *testing.T) { testConnection(t, open) })
 	t.Run("CompletionOrder", func(t *testing.T) { testCompletionOrder(t, open) })
 	t.Run("FlushOnClose", func(t *testing.T) { testFlush(t, open) })
 	t.Run("PeerDeath", func(t *testing.T) { testPeerDeath(t, open) })
@@ -344,6 +345,41 @@ func testUnreliable(t *testing.T, open Open) {
 	}
 	// No receive posted: the message is dropped, not an error.
 	wantStatus(t, "unreliable send without a receive", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "lost"), Target: tgt}), ub.StatusSuccess)
+}
+
+func testConnection(t *testing.T, open Open) {
+	p := startPeer(t)
+	l := newLocal(t, open, ub.ReliableConnection)
+	tgt, err := l.c.ImportJetty(p.hello.Jetty, peerToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Unbound: a send has nowhere to go.
+	wantStatus(t, "send on an unbound connection", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "x")}), ub.StatusUnsupported)
+	if err := l.j.Bind(tgt); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.j.Bind(tgt); err == nil {
+		t.Error("a connection bound twice")
+	}
+	var posted map[string]any
+	p.do(&posted, "recv", 2)
+	wantStatus(t, "send on the bound connection", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "bound")}), ub.StatusSuccess)
+	other, err := l.c.ImportJetty(startPeer(t).hello.Jetty, peerToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, "send to another peer on a bound connection", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "x"), Target: other}), ub.StatusUnsupported)
+	var comps []map[string]any
+	p.do(&comps, "poll", 1)
+	if len(comps) != 1 || comps[0]["data"] != "bound" {
+		t.Fatalf("peer received %v", comps)
+	}
+	// A reliable-message jetty cannot be bound.
+	rm := newLocal(t, open, ub.ReliableMessage)
+	if err := rm.j.Bind(tgt); err == nil {
+		t.Error("bound a reliable-message jetty")
+	}
 }
 
 func testCompletionOrder(t *testing.T, open Open) {
