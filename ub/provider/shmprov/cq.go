@@ -8,6 +8,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 )
 
 const defaultCQDepth = 4096
@@ -20,14 +21,10 @@ var ErrCQFull = errors.New("shmprov: completion queue full")
 // completions that peers push into the shared rings of the jetties whose
 // RecvCQ it is.
 type cq struct {
-	mu      sync.Mutex
-	q       []ub.Completion
-	head    int
-	n       int
-	rings   []*shm.MPMC
-	buf     []byte
-	closed  bool
-	changed chan struct{}
+	local *verbs.Queue
+	mu    sync.Mutex // guards rings and buf
+	rings []*shm.MPMC
+	buf   []byte
 }
 
 // NewCQ makes a completion queue.
@@ -36,38 +33,11 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	if depth <= 0 {
 		depth = defaultCQDepth
 	}
-	q := &cq{q: make([]ub.Completion, depth), buf: make([]byte, complSlotSize), changed: make(chan struct{}, 1)}
+	q := &cq{local: verbs.NewQueue(depth), buf: make([]byte, complSlotSize)}
 	if err := c.track(q); err != nil {
 		return nil, err
 	}
 	return q, nil
-}
-
-// reserve checks there is room for n more local completions.
-func (q *cq) room() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.q) - q.n
-}
-
-func (q *cq) push(c ub.Completion) error {
-	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return ErrClosed
-	}
-	if q.n == len(q.q) {
-		q.mu.Unlock()
-		return ErrCQFull
-	}
-	q.q[(q.head+q.n)%len(q.q)] = c
-	q.n++
-	q.mu.Unlock()
-	select {
-	case q.changed <- struct{}{}:
-	default:
-	}
-	return nil
 }
 
 func (q *cq) attach(r *shm.MPMC) {
@@ -90,31 +60,21 @@ func (q *cq) detach(r *shm.MPMC) {
 // Poll returns local completions first, then receive completions from the
 // shared rings, in each ring's order.
 func (q *cq) Poll(out []ub.Completion) (int, error) {
+	n, err := q.local.Pop(out)
+	if err != nil {
+		return n, ErrClosed
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed {
-		return 0, ErrClosed
-	}
-	n := 0
-	for n < len(out) && q.n > 0 {
-		out[n] = q.q[q.head]
-		q.head = (q.head + 1) % len(q.q)
-		q.n--
-		n++
-	}
 	for _, r := range q.rings {
 		for n < len(out) {
-			m, err := r.TryPop(q.buf)
-			if err == shm.ErrRingEmpty {
+			c, ok, err := q.popRing(r)
+			if err != nil || !ok {
+				if err != nil {
+					// A peer scribbled over the ring: report it, do not crash.
+					return n, err
+				}
 				break
-			}
-			if err != nil {
-				// A peer scribbled over the ring: report it, do not crash.
-				return n, err
-			}
-			c, err := decodeCompletion(q.buf[:m])
-			if err != nil {
-				return n, err
 			}
 			out[n] = c
 			n++
@@ -123,32 +83,38 @@ func (q *cq) Poll(out []ub.Completion) (int, error) {
 	return n, nil
 }
 
+func (q *cq) popRing(r *shm.MPMC) (ub.Completion, bool, error) {
+	m, err := r.TryPop(q.buf)
+	if err == shm.ErrRingEmpty {
+		return ub.Completion{}, false, nil
+	}
+	if err != nil {
+		return ub.Completion{}, false, err
+	}
+	c, err := decodeCompletion(q.buf[:m])
+	return c, err == nil, err
+}
+
 // ready reports whether Poll would return something, moving one shared
 // completion into the local queue if need be.
 func (q *cq) ready() (bool, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
+	if q.local.Closed() {
 		return false, ErrClosed
 	}
-	if q.n > 0 {
+	if q.local.Len() > 0 {
 		return true, nil
 	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	for _, r := range q.rings {
-		m, err := r.TryPop(q.buf)
-		if err == shm.ErrRingEmpty {
-			continue
-		}
+		c, ok, err := q.popRing(r)
 		if err != nil {
 			return false, err
 		}
-		c, err := decodeCompletion(q.buf[:m])
-		if err != nil {
-			return false, err
+		if ok {
+			q.local.Push(c, false)
+			return true, nil
 		}
-		q.q[(q.head+q.n)%len(q.q)] = c
-		q.n++
-		return true, nil
 	}
 	return false, nil
 }
@@ -172,7 +138,7 @@ func (q *cq) Wait(ctx context.Context) error {
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
-		case <-q.changed:
+		case <-q.local.Ready():
 			t.Stop()
 		case <-t.C:
 			backoff = min(2*backoff, time.Millisecond)
@@ -182,8 +148,7 @@ func (q *cq) Wait(ctx context.Context) error {
 
 func (q *cq) Close() error {
 	q.mu.Lock()
-	q.closed = true
 	q.rings = nil
 	q.mu.Unlock()
-	return nil
+	return q.local.Close()
 }

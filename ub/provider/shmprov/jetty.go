@@ -10,6 +10,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 )
 
 // jettyRings are the two shared rings of a jetty: posted receives (pushed by
@@ -63,7 +64,7 @@ type jetty struct {
 	send   *cq
 	recv   *cq
 	mu     sync.Mutex
-	bound  *target
+	bind   verbs.Binding[*target]
 	closed bool
 	slot   []byte
 }
@@ -125,7 +126,7 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 		s.Close()
 		return nil, err
 	}
-	j := &jetty{c: c, name: name, rings: rings, cfg: cfg, send: send, recv: recv, slot: make([]byte, recvSlotSize)}
+	j := &jetty{c: c, name: name, rings: rings, cfg: cfg, send: send, recv: recv, slot: make([]byte, recvSlotSize), bind: verbs.Binding[*target]{Mode: cfg.Mode}}
 	recv.attach(rings.compls)
 	if err := c.track(j); err != nil {
 		j.Close()
@@ -141,16 +142,9 @@ func (j *jetty) Bind(t ub.Target) error {
 	if !ok {
 		return errors.New("shmprov: Bind needs a target imported by this provider")
 	}
-	if j.cfg.Mode != ub.ReliableConnection {
-		return fmt.Errorf("shmprov: Bind is for reliable-connection jetties, this one is %v", j.cfg.Mode)
-	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.bound != nil {
-		return errors.New("shmprov: jetty already bound")
-	}
-	j.bound = tg
-	return nil
+	return j.bind.Bind("shmprov", tg)
 }
 
 // PostRecv posts receive buffers into the jetty's shared receive ring.
@@ -165,7 +159,7 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 		if !ok || s.c != j.c {
 			return i, errors.New("shmprov: receive buffer must be a segment of this context")
 		}
-		if wr.Buf.Offset < 0 || wr.Buf.Len < 0 || wr.Buf.Offset > len(s.bytes) || wr.Buf.Len > len(s.bytes)-wr.Buf.Offset || wr.Buf.Len > 1<<31 {
+		if !verbs.InRange(wr.Buf.Offset, wr.Buf.Len, len(s.bytes)) || wr.Buf.Len > 1<<31 {
 			return i, fmt.Errorf("shmprov: receive buffer [%d, +%d) outside its %d-byte segment", wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
 		}
 		postedRecv{name: s.name, off: uint64(segHeader + wr.Buf.Offset), len: uint32(wr.Buf.Len), userCtx: wr.UserCtx}.encode(j.slot)
@@ -187,13 +181,13 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 		return 0, ErrClosed
 	}
 	for i := range wrs {
-		if j.send.room() == 0 {
+		if !j.send.local.Reserve(1) {
 			return i, ErrCQFull
 		}
 		c := j.run(&wrs[i])
 		c.Op, c.UserCtx = wrs[i].Op, wrs[i].UserCtx
-		if err := j.send.push(c); err != nil {
-			return i, err
+		if !j.send.local.Push(c, true) {
+			return i, ErrClosed
 		}
 	}
 	return len(wrs), nil
@@ -204,7 +198,7 @@ func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {
 	if !ok || s.c != j.c {
 		return nil, ub.StatusLocalLength
 	}
-	if l.Offset < 0 || l.Len < 0 || l.Offset > len(s.bytes) || l.Len > len(s.bytes)-l.Offset {
+	if !verbs.InRange(l.Offset, l.Len, len(s.bytes)) {
 		return nil, ub.StatusLocalLength
 	}
 	return s.bytes[l.Offset : l.Offset+l.Len], ub.StatusSuccess
@@ -237,19 +231,13 @@ func (j *jetty) run(wr *ub.WR) ub.Completion {
 
 func (j *jetty) target(t ub.Target) (*target, ub.Status) {
 	if t == nil {
-		if j.bound == nil {
-			return nil, ub.StatusUnsupported
-		}
-		return j.bound, ub.StatusSuccess
+		return j.bind.Resolve(nil, false)
 	}
 	tg, ok := t.(*target)
 	if !ok {
 		return nil, ub.StatusUnsupported
 	}
-	if j.cfg.Mode == ub.ReliableConnection && j.bound != nil && tg != j.bound {
-		return nil, ub.StatusUnsupported
-	}
-	return tg, ub.StatusSuccess
+	return j.bind.Resolve(tg, true)
 }
 
 func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
@@ -349,7 +337,7 @@ func (j *jetty) Close() error {
 			break
 		}
 		if c, err = decodeCompletion(j.slot[:n]); err == nil {
-			j.recv.push(c)
+			j.recv.local.Push(c, false)
 		}
 	}
 	for {
@@ -358,7 +346,7 @@ func (j *jetty) Close() error {
 			break
 		}
 		if r, err := decodeRecv(j.slot[:n]); err == nil {
-			j.recv.push(ub.Completion{Status: ub.StatusFlushed, Op: ub.OpRecv, UserCtx: r.userCtx})
+			j.recv.local.Push(ub.Completion{Status: ub.StatusFlushed, Op: ub.OpRecv, UserCtx: r.userCtx}, false)
 		}
 	}
 	j.rings.recvs.Close()

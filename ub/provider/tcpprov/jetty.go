@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 )
 
 const (
@@ -24,101 +25,36 @@ const (
 var ErrCQFull = errors.New("tcpprov: completion queue full")
 
 // cq is an in-memory completion queue.
-type cq struct {
-	mu       sync.Mutex
-	q        []ub.Completion
-	head, n  int
-	reserved int // completions promised to requests in flight
-	closed   bool
-	ready    chan struct{}
-}
+type cq struct{ *verbs.Queue }
 
 func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	depth := cfg.Depth
 	if depth <= 0 {
 		depth = defaultCQDepth
 	}
-	q := &cq{q: make([]ub.Completion, depth), ready: make(chan struct{}, 1)}
+	q := &cq{verbs.NewQueue(depth)}
 	if _, err := c.track(q); err != nil {
 		return nil, err
 	}
 	return q, nil
 }
 
-func (q *cq) reserve(n int) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.n+q.reserved+n > len(q.q) {
-		return false
-	}
-	q.reserved += n
-	return true
-}
-
-// push delivers a completion, using a reservation if reserved.
-func (q *cq) push(c ub.Completion, reserved bool) bool {
-	q.mu.Lock()
-	if reserved {
-		q.reserved--
-	}
-	if q.closed || q.n == len(q.q) {
-		q.mu.Unlock()
-		return false
-	}
-	q.q[(q.head+q.n)%len(q.q)] = c
-	q.n++
-	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
-	return true
-}
-
-func (q *cq) Poll(out []ub.Completion) (int, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.closed {
-		return 0, ErrClosed
-	}
-	n := 0
-	for n < len(out) && q.n > 0 {
-		out[n] = q.q[q.head]
-		q.head = (q.head + 1) % len(q.q)
-		q.n--
-		n++
-	}
-	return n, nil
-}
+func (q *cq) Poll(out []ub.Completion) (int, error) { return q.Pop(out) }
 
 func (q *cq) Wait(ctx context.Context) error {
 	for {
-		q.mu.Lock()
-		n, closed := q.n, q.closed
-		q.mu.Unlock()
-		if closed {
+		if q.Closed() {
 			return ErrClosed
 		}
-		if n > 0 {
+		if q.Len() > 0 {
 			return nil
 		}
 		select {
-		case <-q.ready:
+		case <-q.Ready():
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-}
-
-func (q *cq) Close() error {
-	q.mu.Lock()
-	q.closed = true
-	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
-	return nil
 }
 
 type postedRecv struct {
@@ -135,7 +71,7 @@ type jetty struct {
 
 	mu     sync.Mutex
 	closed bool
-	bound  *target
+	bind   verbs.Binding[*target]
 	recvs  []postedRecv // posted receives, oldest first
 	// order holds this jetty's requests in posting order; completions go
 	// to the CQ only from the front, so they come out in order.
@@ -157,7 +93,7 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	if cfg.MaxMessage <= 0 {
 		cfg.MaxMessage = defaultMaxMsg
 	}
-	j := &jetty{c: c, cfg: cfg, send: send, recv: recv}
+	j := &jetty{c: c, cfg: cfg, send: send, recv: recv, bind: verbs.Binding[*target]{Mode: cfg.Mode}}
 	id, err := c.track(j)
 	if err != nil {
 		return nil, err
@@ -178,16 +114,9 @@ func (j *jetty) Bind(t ub.Target) error {
 	if !ok {
 		return errors.New("tcpprov: Bind needs a target imported by this provider")
 	}
-	if j.cfg.Mode != ub.ReliableConnection {
-		return fmt.Errorf("tcpprov: Bind is for reliable-connection jetties, this one is %v", j.cfg.Mode)
-	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.bound != nil {
-		return errors.New("tcpprov: jetty already bound")
-	}
-	j.bound = tg
-	return nil
+	return j.bind.Bind("tcpprov", tg)
 }
 
 func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
@@ -201,7 +130,7 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 		if !ok || s.c != j.c {
 			return i, errors.New("tcpprov: receive buffer must be a segment of this context")
 		}
-		if wr.Buf.Offset < 0 || wr.Buf.Len < 0 || wr.Buf.Offset > len(s.bytes) || wr.Buf.Len > len(s.bytes)-wr.Buf.Offset {
+		if !verbs.InRange(wr.Buf.Offset, wr.Buf.Len, len(s.bytes)) {
 			return i, fmt.Errorf("tcpprov: receive buffer [%d, +%d) outside its %d-byte segment", wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
 		}
 		if len(j.recvs) >= j.cfg.RecvDepth {
@@ -241,7 +170,7 @@ func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64
 		copy(r.buf, payload)
 	}
 	comp.Status = status
-	if !j.recv.push(comp, false) {
+	if !j.recv.Push(comp, false) {
 		return ub.StatusReceiverNotReady
 	}
 	return status
@@ -249,21 +178,18 @@ func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64
 
 func (j *jetty) target(t ub.Target) (*target, ub.Status) {
 	if t == nil {
-		if j.bound == nil {
-			return nil, ub.StatusUnsupported
-		}
-		return j.bound, ub.StatusSuccess
+		return j.bind.Resolve(nil, false)
 	}
 	tg, ok := t.(*target)
-	if !ok || (j.cfg.Mode == ub.ReliableConnection && j.bound != nil && tg != j.bound) {
+	if !ok {
 		return nil, ub.StatusUnsupported
 	}
-	return tg, ub.StatusSuccess
+	return j.bind.Resolve(tg, true)
 }
 
 func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {
 	s, ok := l.Seg.(*segment)
-	if !ok || s.c != j.c || l.Offset < 0 || l.Len < 0 || l.Offset > len(s.bytes) || l.Len > len(s.bytes)-l.Offset {
+	if !ok || s.c != j.c || !verbs.InRange(l.Offset, l.Len, len(s.bytes)) {
 		return nil, ub.StatusLocalLength
 	}
 	return s.bytes[l.Offset : l.Offset+l.Len], ub.StatusSuccess
@@ -277,7 +203,7 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 		j.mu.Unlock()
 		return 0, ErrClosed
 	}
-	if !j.send.reserve(len(wrs)) {
+	if !j.send.Reserve(len(wrs)) {
 		j.mu.Unlock()
 		return 0, ErrCQFull
 	}
@@ -407,7 +333,7 @@ func (j *jetty) complete() {
 	}
 	j.mu.Unlock()
 	for _, c := range out {
-		j.send.push(c, true)
+		j.send.Push(c, true)
 	}
 }
 
@@ -425,7 +351,7 @@ func (j *jetty) Close() error {
 	delete(j.c.jetties, j.id)
 	j.c.mu.Unlock()
 	for _, r := range recvs {
-		j.recv.push(ub.Completion{Status: ub.StatusFlushed, Op: ub.OpRecv, UserCtx: r.ctx}, false)
+		j.recv.Push(ub.Completion{Status: ub.StatusFlushed, Op: ub.OpRecv, UserCtx: r.ctx}, false)
 	}
 	return nil
 }

@@ -1,0 +1,161 @@
+// Package verbs holds the pieces every ub provider needs the same way: the
+// range checks of buffers, the reliable-connection binding rules and an
+// in-memory completion queue. It is not for users: providers import it.
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// InRange reports whether [off, off+n) lies inside a buffer of size bytes,
+// without overflowing.
+func InRange(off, n, size int) bool {
+	return off >= 0 && n >= 0 && off <= size && n <= size-off
+}
+
+// Binding applies the reliable-connection rules to a jetty's target: only
+// an RC jetty binds, once; an RC jetty sends only to its bound target; any
+// jetty without a target falls back to the bound one. T is the provider's
+// target type. Binding is not safe for concurrent use: its jetty's lock
+// guards it.
+type Binding[T comparable] struct {
+	Mode  ub.Mode
+	bound T
+	set   bool
+}
+
+// Bind ties the jetty to t. provider prefixes the errors.
+func (b *Binding[T]) Bind(provider string, t T) error {
+	if b.Mode != ub.ReliableConnection {
+		return fmt.Errorf("%s: Bind is for reliable-connection jetties, this one is %v", provider, b.Mode)
+	}
+	if b.set {
+		return fmt.Errorf("%s: jetty already bound", provider)
+	}
+	b.bound, b.set = t, true
+	return nil
+}
+
+// Bound returns the bound target, if any.
+func (b *Binding[T]) Bound() (T, bool) { return b.bound, b.set }
+
+// Resolve picks the target of a work request: t when given (refused on an
+// RC jetty bound elsewhere), else the bound one. It returns
+// StatusUnsupported when there is none.
+func (b *Binding[T]) Resolve(t T, given bool) (T, ub.Status) {
+	var zero T
+	if !given {
+		if !b.set {
+			return zero, ub.StatusUnsupported
+		}
+		return b.bound, ub.StatusSuccess
+	}
+	if b.Mode == ub.ReliableConnection && b.set && t != b.bound {
+		return zero, ub.StatusUnsupported
+	}
+	return t, ub.StatusSuccess
+}
+
+// ErrQueueClosed is returned by a closed Queue.
+var ErrQueueClosed = errors.New("ub: completion queue closed")
+
+// Queue is a bounded in-memory completion queue. Posts reserve room for the
+// completions they will produce, so a completion is never dropped for want
+// of space. Safe for concurrent use.
+type Queue struct {
+	mu       sync.Mutex
+	q        []ub.Completion
+	head, n  int
+	reserved int
+	closed   bool
+	ready    chan struct{}
+}
+
+// NewQueue makes a queue holding up to depth completions.
+func NewQueue(depth int) *Queue {
+	return &Queue{q: make([]ub.Completion, depth), ready: make(chan struct{}, 1)}
+}
+
+// Reserve sets room aside for n completions; it reports false if there is
+// not that much room.
+func (q *Queue) Reserve(n int) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n+q.reserved+n > len(q.q) {
+		return false
+	}
+	q.reserved += n
+	return true
+}
+
+// Push adds a completion, using one reservation if reserved. It reports
+// false when the queue is closed or (unreserved) full.
+func (q *Queue) Push(c ub.Completion, reserved bool) bool {
+	q.mu.Lock()
+	if reserved && q.reserved > 0 {
+		q.reserved--
+	}
+	if q.closed || q.n == len(q.q) {
+		q.mu.Unlock()
+		return false
+	}
+	q.q[(q.head+q.n)%len(q.q)] = c
+	q.n++
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// Pop moves up to len(out) completions into out, oldest first.
+func (q *Queue) Pop(out []ub.Completion) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return 0, ErrQueueClosed
+	}
+	n := 0
+	for n < len(out) && q.n > 0 {
+		out[n] = q.q[q.head]
+		q.head = (q.head + 1) % len(q.q)
+		q.n--
+		n++
+	}
+	return n, nil
+}
+
+// Len returns how many completions are waiting.
+func (q *Queue) Len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}
+
+// Ready is signalled (without blocking, at most once pending) on every Push
+// and on Close.
+func (q *Queue) Ready() <-chan struct{} { return q.ready }
+
+// Close makes later calls fail and wakes a waiter.
+func (q *Queue) Close() error {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Closed reports whether Close was called.
+func (q *Queue) Closed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}

@@ -1,0 +1,66 @@
+package verbs
+
+import (
+	"math"
+	"testing"
+
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+func TestInRange(t *testing.T) {
+	for _, c := range []struct {
+		off, n, size int
+		want         bool
+	}{{0, 0, 0, true}, {0, 8, 8, true}, {1, 8, 8, false}, {-1, 1, 8, false}, {0, -1, 8, false}, {8, 0, 8, true}, {9, 0, 8, false}, {1, math.MaxInt, 8, false}} {
+		if got := InRange(c.off, c.n, c.size); got != c.want {
+			t.Errorf("InRange(%d, %d, %d) = %v", c.off, c.n, c.size, got)
+		}
+	}
+}
+
+func TestBinding(t *testing.T) {
+	rm := Binding[*int]{Mode: ub.ReliableMessage}
+	x, y := new(int), new(int)
+	if err := rm.Bind("p", x); err == nil {
+		t.Error("RM jetty bound")
+	}
+	if _, st := rm.Resolve(nil, false); st != ub.StatusUnsupported {
+		t.Error("RM without a target resolved")
+	}
+	if got, st := rm.Resolve(y, true); got != y || st != ub.StatusSuccess {
+		t.Error("RM with a target")
+	}
+	rc := Binding[*int]{Mode: ub.ReliableConnection}
+	if err := rc.Bind("p", x); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Bind("p", y); err == nil {
+		t.Error("bound twice")
+	}
+	if got, st := rc.Resolve(nil, false); got != x || st != ub.StatusSuccess {
+		t.Error("RC default target")
+	}
+	if _, st := rc.Resolve(y, true); st != ub.StatusUnsupported {
+		t.Error("RC sent elsewhere")
+	}
+}
+
+func TestQueue(t *testing.T) {
+	q := NewQueue(2)
+	if !q.Reserve(2) || q.Reserve(1) {
+		t.Fatal("reservations")
+	}
+	q.Push(ub.Completion{UserCtx: 1}, true)
+	q.Push(ub.Completion{UserCtx: 2}, true)
+	if q.Push(ub.Completion{UserCtx: 3}, false) {
+		t.Error("pushed into a full queue")
+	}
+	out := make([]ub.Completion, 4)
+	if n, _ := q.Pop(out); n != 2 || out[0].UserCtx != 1 || out[1].UserCtx != 2 {
+		t.Errorf("pop %d %+v", n, out[:n])
+	}
+	q.Close()
+	if _, err := q.Pop(out); err == nil {
+		t.Error("pop after close")
+	}
+}
