@@ -17,27 +17,33 @@ const spinBelow = 200 * time.Microsecond
 // queueDepth bounds the operations a jetty holds back at once.
 const queueDepth = 4096
 
-// scheduled is an operation held back until its simulated arrival.
+// scheduled is an operation held back until its simulated arrival. A
+// one-sided operation starts early enough for the host's own copy to end
+// by its due time (its completion is held until then); a send is delivered
+// at its due time, so the receiver never sees it early.
 type scheduled struct {
-	due    time.Time
-	wr     ub.WR // already translated to the inner provider's objects
+	start  time.Time // when to post it to the inner provider
+	due    time.Time // when it has arrived over the simulated path
+	hold   bool      // hold the completion until due
+	wr     ub.WR     // already translated to the inner provider's objects
 	status ub.Status
 	op     ub.Opcode
 	ctx    uint64
 }
 
 type jetty struct {
-	inner  ub.Jetty
-	c      *Context
-	send   *cq
-	mode   ub.Mode
-	q      chan scheduled
-	done   chan struct{}
-	exited chan struct{}
-	once   sync.Once
-	mu     sync.Mutex
-	last   time.Time // due time of the previous operation: order is kept
-	bound  *target
+	inner     ub.Jetty
+	c         *Context
+	send      *cq
+	mode      ub.Mode
+	q         chan scheduled
+	done      chan struct{}
+	exited    chan struct{}
+	once      sync.Once
+	mu        sync.Mutex
+	last      time.Time // due time of the previous operation: order is kept
+	lastStart time.Time
+	bound     *target
 }
 
 func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
@@ -114,6 +120,13 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 			s.due = j.last
 		}
 		j.last = s.due
+		if s.start.IsZero() || s.start.After(s.due) {
+			s.start = s.due
+		}
+		if s.start.Before(j.lastStart) {
+			s.start = j.lastStart
+		}
+		j.lastStart = s.start
 		select {
 		case j.q <- s:
 		default:
@@ -164,6 +177,11 @@ func (j *jetty) schedule(wr ub.WR) (scheduled, error) {
 		s.status = ub.StatusLinkDown
 	default:
 		s.due = r.due
+		switch wr.Op {
+		case ub.OpWrite, ub.OpRead, ub.OpCAS, ub.OpFetchAdd:
+			s.hold = true
+			s.start = s.due.Add(-j.c.copyTime(size))
+		}
 	}
 	return s, nil
 }
@@ -178,7 +196,7 @@ func (j *jetty) run() {
 		case <-j.done:
 			return
 		}
-		if d := time.Until(s.due) - spinBelow; d > 0 {
+		if d := time.Until(s.start) - spinBelow; d > 0 {
 			t := time.NewTimer(d)
 			select {
 			case <-t.C:
@@ -187,12 +205,19 @@ func (j *jetty) run() {
 				return
 			}
 		}
-		for time.Now().Before(s.due) {
+		for time.Now().Before(s.start) {
 		}
 		if s.status != ub.StatusSuccess {
 			j.send.push(ub.Completion{Status: s.status, Op: s.op, UserCtx: s.ctx})
 			continue
 		}
+		// Every inner send-side completion carries an id the CQ maps back
+		// to the user's context (and, for held ones, their due time).
+		var release time.Time
+		if s.hold {
+			release = s.due
+		}
+		s.wr.UserCtx = j.send.track(s.ctx, release)
 		if _, err := j.inner.PostSend([]ub.WR{s.wr}); err != nil {
 			j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
 		}

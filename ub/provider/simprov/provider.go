@@ -68,7 +68,11 @@ func (provider) Open(ctx context.Context, cfg ub.Config) (ub.Context, error) {
 		inner.Close()
 		return nil, err
 	}
-	return &Context{inner: inner, t: t, node: node, fabric: f}, nil
+	c := &Context{inner: inner, t: t, node: node, fabric: f}
+	if over == "shm" {
+		c.hostBandwidth = measureHost(inner)
+	}
+	return c, nil
 }
 
 func loadTopology(src string) (*topology.Topology, error) {
@@ -102,6 +106,56 @@ type Context struct {
 	fabric *Fabric
 	mu     sync.Mutex
 	jets   []*jetty
+	// hostBandwidth is what the inner provider copies per second here
+	// (measured at Open for shm; 0 means unknown), to start one-sided
+	// operations early enough to end on time.
+	hostBandwidth float64
+}
+
+// copyTime estimates how long the inner provider takes to move size bytes.
+func (c *Context) copyTime(size int64) time.Duration {
+	if c.hostBandwidth <= 0 {
+		return 0
+	}
+	return time.Duration(float64(size) / c.hostBandwidth * 1e9)
+}
+
+// measureHost times 1 MiB writes with the inner provider to itself.
+func measureHost(in ub.Context) float64 {
+	const size = 1 << 20
+	seg, err := in.AllocSegment(2*size, ub.SegmentConfig{Access: ub.AccessWrite, Token: 1})
+	if err != nil {
+		return 0
+	}
+	defer seg.Close()
+	r, err := in.ImportSegment(seg.Desc(), 1)
+	if err != nil {
+		return 0
+	}
+	defer r.Close()
+	q, err := in.NewCQ(ub.CQConfig{})
+	if err != nil {
+		return 0
+	}
+	defer q.Close()
+	j, err := in.NewJetty(ub.JettyConfig{SendCQ: q, RecvCQ: q})
+	if err != nil {
+		return 0
+	}
+	defer j.Close()
+	out := make([]ub.Completion, 1)
+	best := time.Duration(1 << 62)
+	for range 4 {
+		start := time.Now()
+		if _, err := j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: seg, Len: size}, Remote: ub.Remote{Seg: r, Offset: size}}}); err != nil {
+			return 0
+		}
+		if n, _ := q.Poll(out); n != 1 || out[0].Status != ub.StatusSuccess {
+			return 0 // an asynchronous provider: no estimate
+		}
+		best = min(best, time.Since(start))
+	}
+	return size / best.Seconds()
 }
 
 func (c *Context) EID() ub.EID      { return c.inner.EID() }
@@ -215,12 +269,30 @@ func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, err
 func (t *target) Desc() ub.JettyDesc { return t.desc }
 
 // cq is the inner completion queue plus completions sim itself decides
-// (faults).
+// (faults). Completions of its jetties' requests come back from the inner
+// provider under an id; the cq restores the user's context and holds a
+// one-sided operation's completion until its simulated arrival.
 type cq struct {
 	inner ub.CQ
 	mu    sync.Mutex
-	local []ub.Completion
-	ready chan struct{}
+	local []ub.Completion // sim's own, ready at once
+	// pending are inner completions in arrival order, each releasable at
+	// its time; later ones wait behind an earlier held one, so order is kept.
+	pending []timed
+	ids     map[uint64]tracked
+	nextID  uint64
+	buf     []ub.Completion
+	ready   chan struct{}
+}
+
+type tracked struct {
+	ctx     uint64
+	release time.Time
+}
+
+type timed struct {
+	c       ub.Completion
+	release time.Time
 }
 
 func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
@@ -228,7 +300,7 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &cq{inner: in, ready: make(chan struct{}, 1)}, nil
+	return &cq{inner: in, ready: make(chan struct{}, 1), ids: map[uint64]tracked{}, buf: make([]ub.Completion, 64)}, nil
 }
 
 func (q *cq) push(c ub.Completion) {
@@ -241,41 +313,106 @@ func (q *cq) push(c ub.Completion) {
 	}
 }
 
-func (q *cq) Poll(out []ub.Completion) (int, error) {
+// track registers a request about to be posted and returns the id it
+// carries to the inner provider.
+func (q *cq) track(ctx uint64, release time.Time) uint64 {
 	q.mu.Lock()
-	n := copy(out, q.local)
-	q.local = q.local[n:]
-	q.mu.Unlock()
-	m, err := q.inner.Poll(out[n:])
-	return n + m, err
+	defer q.mu.Unlock()
+	q.nextID++
+	q.ids[q.nextID] = tracked{ctx, release}
+	return q.nextID
 }
 
-// Wait first polls the inner queue for up to waitSpin, yielding between
-// looks (a held-back operation is usually about to complete, and handing a
-// completion between goroutines costs microseconds a simulated link does
-// not have), then blocks on it.
-func (q *cq) Wait(ctx context.Context) error {
-	start := time.Now()
-	buf := make([]ub.Completion, 16)
+// isReceive tells a receive-side completion (which carries the receiver's
+// own context) from the completion of one of our requests.
+func isReceive(c ub.Completion) bool {
+	return c.Op == ub.OpRecv || (c.Op == ub.OpWriteImm && c.HasImm)
+}
+
+// drain moves inner completions to pending, mapping ids back.
+func (q *cq) drain() error {
 	for {
-		q.mu.Lock()
-		n := len(q.local)
-		q.mu.Unlock()
-		if n > 0 {
-			return nil
-		}
-		m, err := q.inner.Poll(buf)
+		n, err := q.inner.Poll(q.buf)
 		if err != nil {
 			return err
 		}
-		if m > 0 {
-			q.mu.Lock()
-			q.local = append(q.local, buf[:m]...)
-			q.mu.Unlock()
+		for _, c := range q.buf[:n] {
+			var release time.Time
+			if !isReceive(c) {
+				if t, ok := q.ids[c.UserCtx]; ok {
+					delete(q.ids, c.UserCtx)
+					c.UserCtx, release = t.ctx, t.release
+				}
+			}
+			q.pending = append(q.pending, timed{c, release})
+		}
+		if n < len(q.buf) {
 			return nil
+		}
+	}
+}
+
+func (q *cq) Poll(out []ub.Completion) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := copy(out, q.local)
+	q.local = q.local[n:]
+	err := q.drain()
+	now := time.Now()
+	for n < len(out) && len(q.pending) > 0 && !q.pending[0].release.After(now) {
+		out[n] = q.pending[0].c
+		q.pending = q.pending[1:]
+		n++
+	}
+	return n, err
+}
+
+// next reports whether Poll has something now and, if not, when the first
+// held completion is released (zero if none is pending).
+func (q *cq) next() (bool, time.Time, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.local) > 0 {
+		return true, time.Time{}, nil
+	}
+	if err := q.drain(); err != nil {
+		return false, time.Time{}, err
+	}
+	if len(q.pending) == 0 {
+		return false, time.Time{}, nil
+	}
+	r := q.pending[0].release
+	return !r.After(time.Now()), r, nil
+}
+
+// Wait polls for up to waitSpin, yielding between looks (a held-back
+// operation is usually about to complete, and handing a completion between
+// goroutines costs microseconds a simulated link does not have), sleeps
+// until a held completion's release time, and otherwise blocks on the inner
+// queue.
+func (q *cq) Wait(ctx context.Context) error {
+	start := time.Now()
+	for {
+		ok, release, err := q.next()
+		if ok || err != nil {
+			return err
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if !release.IsZero() {
+			if d := time.Until(release) - spinBelow; d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return ctx.Err()
+				}
+			} else {
+				runtime.Gosched()
+			}
+			continue
 		}
 		if time.Since(start) < waitSpin {
 			runtime.Gosched()
@@ -286,11 +423,14 @@ func (q *cq) Wait(ctx context.Context) error {
 		cancel()
 		switch {
 		case err == nil:
-			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case !errors.Is(err, context.DeadlineExceeded):
 			return err
+		}
+		select {
+		case <-q.ready:
+		default:
 		}
 	}
 }
