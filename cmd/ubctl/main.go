@@ -2,6 +2,7 @@
 // and the demo.
 //
 //	ubctl bench <suite|all> [-quick] [-json]
+//	ubctl topology show|validate|render
 //	ubctl sim [-topology T] [fault flags]
 //	ubctl demo
 package main
@@ -23,6 +24,8 @@ const usage = `ubctl: ubkit's command-line tool
 usage:
   ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D]
         run a benchmark suite against its baselines, side by side (suites: shm)
+  ubctl topology show|validate|render ...
+        show a super node topology, check topology files, draw one (DOT, SVG)
   ubctl sim [-topology T] [-link-down A-B] [-slow A-B=F] [-crash N] [-clear] [-hold]
         set up a simulated super node (shared link state and faults) and
         say which links this host can honour
@@ -47,6 +50,8 @@ func main() {
 		err = demoCmd(os.Args[2:], os.Stdout)
 	case "sim":
 		err = simCmd(os.Args[2:], os.Stdout)
+	case "topology":
+		err = topologyCmd(os.Args[2:], os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -2,6 +2,7 @@ package topology_test
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
@@ -76,10 +77,18 @@ func ExampleTopology_PathCostIdx() {
 }
 
 func ExampleLocalNode() {
-	topo, _ := topology.Example("laptop")
-	n, err := topology.LocalNode(topo) // UB_NODE, else the host name, else the only node
-	fmt.Println(n.Name, err)
-	// Output: laptop <nil>
+	// A simulated super node runs one process per node; each is told which
+	// node it plays (without UB_NODE: the node named like the host, or the
+	// only compute node).
+	os.Setenv(topology.EnvNode, "n2")
+	defer os.Unsetenv(topology.EnvNode)
+	topo, _ := topology.Example("dev4")
+	n, err := topology.LocalNode(topo)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(n.Name, n.DeviceCount(topology.GPU), "GPU")
+	// Output: n2 1 GPU
 }
 
 func ExampleParseBandwidth() {

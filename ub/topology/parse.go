@@ -20,15 +20,7 @@ import (
 const MaxFileSize = 64 << 20
 
 // Parse reads a topology from YAML or JSON, validates it and computes its
-// path tables.
-//
-// Input that starts with '{' followed by a quoted key (or '}') is read as
-// JSON, so syntax errors are reported in JSON's terms, with line and
-// column. Anything else is YAML, including a flow mapping with unquoted keys
-// such as {name: x, nodes: [...]} (one document; anchors, aliases and merge keys are allowed,
-// and keys that start with "x-" are ignored, so templates can be defined
-// under them as in Compose files).
-// The format is described in docs/topology.md:
+// path tables. The format is described in docs/topology.md:
 //
 //	name: dev4
 //	nodes:
@@ -36,6 +28,13 @@ const MaxFileSize = 64 << 20
 //	  - {name: n1, cpus: 4, memory: 8GiB}
 //	links:
 //	  - {a: n0, b: n1, bandwidth: 5GB/s, latency: 20us}
+//
+// Input that starts with '{' followed by a quoted key (or '}') is read as
+// JSON, so syntax errors are reported in JSON's terms, with line and column.
+// Anything else is YAML, one document, including a flow mapping with
+// unquoted keys such as {name: x, nodes: [...]}. Anchors, aliases and merge
+// keys work, and keys that start with "x-" are ignored, so templates can be
+// defined under them as in Compose files.
 //
 // Problems with the content, from an unknown field to a disconnected node,
 // are returned together in a *[ValidationError] whose problems carry the
@@ -303,9 +302,17 @@ func describe(n *yaml.Node) string {
 		if n.Tag == "!!null" {
 			return "null"
 		}
-		return strconv.Quote(n.Value)
+		return quote(n.Value)
 	}
 	return "nothing"
+}
+
+// quote quotes s for a message, cut short if long.
+func quote(s string) string {
+	if r := []rune(s); len(r) > 40 {
+		s = string(r[:40]) + "…"
+	}
+	return strconv.Quote(s)
 }
 
 func elem(path string, i int) string { return path + "[" + strconv.Itoa(i) + "]" }
@@ -358,14 +365,14 @@ func (d *decoder) collect(path string, n *yaml.Node, known []string, out map[str
 			continue // an extension field, for anchors: ignored
 		}
 		if first, dup := lines[k.Value]; dup && depth == 0 {
-			d.fail(path, k, "duplicate key %q (first at line %d)", k.Value, first)
+			d.fail(path, k, "duplicate key %s (first at line %d)", quote(k.Value), first)
 			continue
 		}
 		if _, set := out[k.Value]; set {
 			continue // an explicit key wins over a merged one
 		}
 		if !slices.Contains(known, k.Value) {
-			d.fail(path, k, "unknown field %q (known: %s)", k.Value, strings.Join(known, ", "))
+			d.fail(path, k, "unknown field %s (known: %s)", quote(k.Value), strings.Join(known, ", "))
 			continue
 		}
 		lines[k.Value] = k.Line
@@ -437,10 +444,10 @@ func (d *decoder) integer(path string, f map[string]*yaml.Node, key string, def 
 	v, err := strconv.ParseInt(strings.ReplaceAll(s, "_", ""), 10, 32)
 	switch {
 	case errors.Is(err, strconv.ErrRange):
-		d.fail(field(path, key), f[key], "%s is out of range", s)
+		d.fail(field(path, key), f[key], "%s is out of range", quote(s))
 		return def
 	case err != nil:
-		d.fail(field(path, key), f[key], "want a whole number, got %q", s)
+		d.fail(field(path, key), f[key], "want a whole number, got %s", quote(s))
 		return def
 	}
 	return int(v)

@@ -110,7 +110,7 @@ func TestParseErrors(t *testing.T) {
 		{"null nodes", "name: x\nnodes: ~\n", "topology \"x\": nodes: a topology needs at least one node (line 2)"},
 		{"unknown top-level field", "name: x\nnode: []\nnodes: [{name: a}]\n", "topology \"x\": unknown field \"node\" (known: name, nodes, links) (line 2)"},
 		{"too many devices", "name: x\nnodes: [{name: a, devices: [" + strings.Repeat("{kind: GPU},", 1025) + "]}]", "topology \"x\": nodes[0].devices: 1025 entries, more than the limit of 1024 (line 2)"},
-		{"count range", "name: x\nnodes: [{name: a, cpus: 99999999999}]", "topology \"x\": nodes[0].cpus: 99999999999 is out of range (line 2)"},
+		{"count range", "name: x\nnodes: [{name: a, cpus: 99999999999}]", "topology \"x\": nodes[0].cpus: \"99999999999\" is out of range (line 2)"},
 		{"label key", "name: x\nnodes: [{name: a, labels: {[k]: v}}]", "topology \"x\": nodes[0].labels: a key must be a string, got a list (line 2)"},
 		{"merge cycle", "name: x\nnodes:\n  - &a {<<: *a, name: n}\n", "topology \"x\": nodes[0]: merge keys nested too deeply (line 3)"},
 	} {
@@ -214,6 +214,36 @@ func TestParseMergeFanOut(t *testing.T) {
 		}
 		if last := verr.Problems[len(verr.Problems)-1]; !strings.Contains(last.Msg, "stopped after") && !strings.Contains(last.Msg, "too many values") {
 			t.Errorf("%s: last problem %q", field, last)
+		}
+	}
+}
+
+// TestDocExample checks that the YAML and JSON examples of
+// docs/topology.md, kept in testdata/valid, say the same thing.
+func TestDocExample(t *testing.T) {
+	y, err := Load("testdata/valid/two-racks.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := Load("testdata/valid/two-racks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sameData(y, j) {
+		t.Errorf("YAML %+v\nJSON %+v", *y, *j)
+	}
+	doc, err := os.ReadFile("../../docs/topology.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{"testdata/valid/two-racks.yaml", "testdata/valid/two-racks.json"} {
+		data, _ := os.ReadFile(file)
+		text := string(data)
+		if i := strings.Index(text, "name: two-racks"); i > 0 {
+			text = text[i:] // the YAML file starts with a comment the doc does not have
+		}
+		if !strings.Contains(string(doc), text) {
+			t.Errorf("docs/topology.md does not hold %s as it is", file)
 		}
 	}
 }

@@ -70,7 +70,8 @@ func (t *Topology) PathCost(from, to string, bytes int64) (Cost, error) {
 // PathCostIdx is [Topology.PathCost] for node indices (positions in
 // t.Nodes, see [Topology.NodeIndex]): it neither allocates nor looks up a
 // map. A negative size counts as zero. It panics if i or j is out of range,
-// like a slice index.
+// like a slice index, or if t was not made by this package (New, Parse,
+// ...), which [Topology.PathCost] reports as an error.
 func (t *Topology) PathCostIdx(i, j int, bytes int64) Cost {
 	r := t.routes
 	if uint(i) >= uint(r.n) || uint(j) >= uint(r.n) {
