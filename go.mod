@@ -8,3 +8,8 @@ require (
 )
 
 require gopkg.in/yaml.v3 v3.0.1
+
+require (
+	github.com/kr/text v0.2.0 // indirect
+	golang.org/x/net v0.62.0
+)

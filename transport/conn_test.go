@@ -1,0 +1,118 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/nettest"
+)
+
+var serviceSeq atomic.Int64
+
+func pipe(t *testing.T) (net.Conn, net.Conn, func()) {
+	t.Helper()
+	addr := fmt.Sprintf("ub:///test-%d-%d", os.Getpid(), serviceSeq.Add(1))
+	l, err := Listen(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 1)
+	errc := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			errc <- err
+			return
+		}
+		accepted <- c
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c1, err := Dial(ctx, addr)
+	if err != nil {
+		l.Close()
+		t.Fatal(err)
+	}
+	var c2 net.Conn
+	select {
+	case c2 = <-accepted:
+	case err := <-errc:
+		t.Fatal(err)
+	}
+	l.Close()
+	return c1, c2, func() { c1.Close(); c2.Close() }
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "ubkit-transport-")
+	if err != nil {
+		panic(err)
+	}
+	os.Setenv("UBKIT_RUNTIME_DIR", dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// TestNetConn runs the standard net.Conn conformance tests over the
+// same-host path.
+func TestNetConn(t *testing.T) {
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		c1, c2, stop := pipe(t)
+		return c1, c2, stop, nil
+	})
+}
+
+func TestHalfCloseAndEOF(t *testing.T) {
+	c1, c2, stop := pipe(t)
+	defer stop()
+	if _, err := c1.Write([]byte("last words")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.(*Conn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c2)
+	if err != nil || string(got) != "last words" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	// The other direction still works.
+	if _, err := c2.Write([]byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(c1, buf); err != nil || string(buf) != "reply" {
+		t.Fatalf("reply %q, %v", buf, err)
+	}
+	if c1.(*Conn).Path() != PathShm {
+		t.Errorf("path %v", c1.(*Conn).Path())
+	}
+}
+
+func TestListenErrors(t *testing.T) {
+	for _, bad := range []string{"tcp://x/y", "ub://node", "ub://node/", "ub://n/a/b", "ub://n/.."} {
+		if l, err := Listen(context.Background(), bad); err == nil {
+			l.Close()
+			t.Errorf("Listen(%q) succeeded", bad)
+		}
+	}
+	addr := fmt.Sprintf("ub:///dup-%d", os.Getpid())
+	l, err := Listen(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l2, err := Listen(context.Background(), addr); err == nil {
+		l2.Close()
+		t.Error("two listeners on one service")
+	}
+	if _, err := Dial(context.Background(), "ub:///nobody-listens"); err == nil {
+		t.Error("dialed a service nobody listens on")
+	}
+}

@@ -1,0 +1,206 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// Listener accepts connections for one service. It is a net.Listener.
+type Listener struct {
+	addr Addr
+	path string
+	l    *net.UnixListener
+	once sync.Once
+}
+
+var _ net.Listener = (*Listener)(nil)
+
+// Listen listens on addr, "ub://<node>/<service>", creating the service's
+// rendezvous socket. A stale socket left by a dead listener is replaced; a
+// live one makes Listen fail.
+func Listen(ctx context.Context, addr string) (*Listener, error) {
+	a, err := ParseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(RuntimeDir(), 0o700); err != nil {
+		return nil, fmt.Errorf("transport: runtime directory: %w", err)
+	}
+	path := socketPath(a)
+	var lc net.ListenConfig
+	l, err := lc.Listen(ctx, "unix", path)
+	if err != nil && errors.Is(err, syscall.EADDRINUSE) {
+		// Someone listens, or a dead listener left its socket behind.
+		if c, derr := net.Dial("unix", path); derr == nil {
+			c.Close()
+			return nil, fmt.Errorf("transport: %s is already being listened on", a)
+		}
+		os.Remove(path)
+		l, err = lc.Listen(ctx, "unix", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen on %s: %w", a, err)
+	}
+	ul := l.(*net.UnixListener)
+	ul.SetUnlinkOnClose(true)
+	return &Listener{addr: a, path: path, l: ul}, nil
+}
+
+// Addr returns the listener's address.
+func (l *Listener) Addr() net.Addr { return l.addr }
+
+// Close stops listening and removes the rendezvous socket.
+func (l *Listener) Close() error {
+	err := net.ErrClosed
+	l.once.Do(func() { err = l.l.Close() })
+	return err
+}
+
+// Accept waits for a dialer, checks it runs as this user, and maps the
+// connection's shared memory it hands over.
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		uc, err := l.l.AcceptUnix()
+		if err != nil {
+			return nil, err
+		}
+		c, err := l.handshake(uc)
+		uc.Close()
+		if err != nil {
+			// A bad dialer does not stop the listener.
+			continue
+		}
+		return c, nil
+	}
+}
+
+func (l *Listener) handshake(uc *net.UnixConn) (*Conn, error) {
+	if err := checkPeer(uc); err != nil {
+		return nil, err
+	}
+	seg, err := shm.ReceiveSegment(uc, nil)
+	if err != nil {
+		return nil, err
+	}
+	offA, offB, _ := ringOffsets()
+	ra, err := shm.OpenSPSC(seg, offA)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	rb, err := shm.OpenSPSC(seg, offB)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	cons, err := ra.Consumer(shm.Wait{})
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	prod, err := rb.Producer(shm.Wait{})
+	if err != nil {
+		cons.Close()
+		seg.Close()
+		return nil, err
+	}
+	// Tell the dialer its connection is accepted.
+	if _, err := uc.Write([]byte{1}); err != nil {
+		prod.Close()
+		cons.Close()
+		seg.Close()
+		return nil, err
+	}
+	return newConn(seg, prod, cons, l.addr, Addr{Node: l.addr.Node, Service: l.addr.Service + "-peer"}), nil
+}
+
+// checkPeer refuses a dialer that runs as another user.
+func checkPeer(uc *net.UnixConn) error {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	if int(cred.Uid) != os.Geteuid() {
+		return fmt.Errorf("transport: refusing a dialer running as uid %d", cred.Uid)
+	}
+	return nil
+}
+
+// Dial connects to addr, "ub://<node>/<service>", on this host: it makes
+// the connection's rings in a sealed anonymous segment and hands it to the
+// listener.
+func Dial(ctx context.Context, addr string) (*Conn, error) {
+	a, err := ParseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", socketPath(a))
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial %s: %w", a, err)
+	}
+	uc := nc.(*net.UnixConn)
+	defer uc.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		uc.SetDeadline(dl)
+	}
+	offA, offB, size := ringOffsets()
+	seg, err := shm.CreateMemfd("transport", size, nil)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Conn, error) {
+		seg.Close()
+		return nil, fmt.Errorf("transport: dial %s: %w", a, err)
+	}
+	ra, err := shm.CreateSPSC(seg, offA, ringCapacity)
+	if err != nil {
+		return fail(err)
+	}
+	rb, err := shm.CreateSPSC(seg, offB, ringCapacity)
+	if err != nil {
+		return fail(err)
+	}
+	if err := seg.Seal(); err != nil {
+		return fail(err)
+	}
+	prod, err := ra.Producer(shm.Wait{})
+	if err != nil {
+		return fail(err)
+	}
+	cons, err := rb.Consumer(shm.Wait{})
+	if err != nil {
+		prod.Close()
+		return fail(err)
+	}
+	closeEnds := func(err error) (*Conn, error) {
+		prod.Close()
+		cons.Close()
+		return fail(err)
+	}
+	if err := shm.SendSegment(uc, seg); err != nil {
+		return closeEnds(err)
+	}
+	var ok [1]byte
+	if _, err := uc.Read(ok[:]); err != nil {
+		return closeEnds(fmt.Errorf("not accepted: %w", err))
+	}
+	return newConn(seg, prod, cons, Addr{Node: a.Node, Service: a.Service + "-peer"}, a), nil
+}
