@@ -31,10 +31,16 @@ func ParseAddr(s string) (Addr, error) {
 	if !ok || service == "" {
 		return Addr{}, fmt.Errorf("transport: address %q lacks a service (ub://<node>/<service>)", s)
 	}
+	bad := service == "." || service == ".."
 	for _, c := range service {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') || service == "." || service == ".." {
-			return Addr{}, fmt.Errorf("transport: service %q may only hold letters, digits, '-', '_' and '.'", service)
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		default:
+			bad = true
 		}
+	}
+	if bad {
+		return Addr{}, fmt.Errorf("transport: service %q may only hold letters, digits, '-', '_' and '.'", service)
 	}
 	return Addr{Node: node, Service: service}, nil
 }
