@@ -7,7 +7,16 @@ require (
 	golang.org/x/sys v0.50.0
 )
 
-require gopkg.in/yaml.v3 v3.0.1
+require (
+	google.golang.org/grpc v1.85.0
+	gopkg.in/yaml.v3 v3.0.1
+)
+
+require (
+	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
 
 require (
 	github.com/kr/text v0.2.0 // indirect

@@ -1,0 +1,103 @@
+package transport_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ubkit-io/ubkit/transport"
+)
+
+var seq atomic.Int64
+
+func service(t *testing.T) string {
+	t.Helper()
+	return fmt.Sprintf("ub:///%s-%d-%d", strings.ReplaceAll(t.Name(), "/", "-"), os.Getpid(), seq.Add(1))
+}
+
+// TestGRPC runs an unchanged gRPC server on a transport listener and an
+// unchanged client through transport.Dial: a unary call and a server
+// stream.
+func TestGRPC(t *testing.T) {
+	addr := service(t)
+	l, err := transport.Listen(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	go srv.Serve(l)
+	defer srv.Stop()
+
+	cc, err := grpc.NewClient("passthrough:///ubkit",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return transport.Dial(ctx, addr) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := healthpb.NewHealthClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("unary call: %v %v", resp, err)
+	}
+	stream, err := client.Watch(ctx, &healthpb.HealthCheckRequest{Service: "svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs.SetServingStatus("svc", healthpb.HealthCheckResponse_SERVING)
+	second, err := stream.Recv()
+	if err != nil || second.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("stream: %v then %v, %v", first.Status, second, err)
+	}
+}
+
+// TestHTTP serves net/http on a transport listener and calls it through an
+// http.Transport whose DialContext is transport.Dial.
+func TestHTTP(t *testing.T) {
+	addr := service(t)
+	l, err := transport.Listen(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s %d", r.Method, r.URL.Path, len(body))
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return transport.Dial(ctx, addr) },
+	}, Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	for i := range 3 { // the connection is reused
+		resp, err := client.Post("http://ubkit/echo", "text/plain", strings.NewReader(strings.Repeat("x", 100000*i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := fmt.Sprintf("POST /echo %d", 100000*i); string(body) != want {
+			t.Fatalf("got %q, want %q", body, want)
+		}
+	}
+}
