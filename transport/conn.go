@@ -78,8 +78,10 @@ func (c *Conn) opError(op string, err error) error {
 }
 
 // blocking returns a context that ends when the deadline passes or the
-// connection closes, for one blocking wait.
-func (c *Conn) blocking(dl *deadline) (context.Context, func()) {
+// connection closes, for one blocking wait, and the deadline channel it
+// watched (the deadline may be moved meanwhile; what counts is whether the
+// one the wait saw passed).
+func (c *Conn) blocking(dl *deadline) (context.Context, chan struct{}, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := make(chan struct{})
 	ch := dl.wait()
@@ -91,18 +93,22 @@ func (c *Conn) blocking(dl *deadline) (context.Context, func()) {
 		}
 		cancel()
 	}()
-	return ctx, func() { close(stop); cancel() }
+	return ctx, ch, func() { close(stop); cancel() }
 }
 
-// why turns the end of a wait into the error net.Conn users expect.
-func (c *Conn) why(dl *deadline, err error) error {
+// why turns the end of a wait into the error net.Conn users expect; seen is
+// the deadline channel the wait watched (nil if it did not wait).
+func (c *Conn) why(dl *deadline, seen chan struct{}, err error) error {
 	switch {
 	case isClosed(c.closing):
 		return net.ErrClosed
-	case isClosed(dl.wait()):
+	case seen != nil && isClosed(seen), isClosed(dl.wait()):
 		return os.ErrDeadlineExceeded
 	case errors.Is(err, shm.ErrPeerDead):
 		return fmt.Errorf("transport: peer process died: %w", syscall.ECONNRESET)
+	case errors.Is(err, context.Canceled):
+		// The wait ended for a deadline that has since moved.
+		return os.ErrDeadlineExceeded
 	}
 	return err
 }
@@ -122,8 +128,11 @@ func (c *Conn) Read(b []byte) (int, error) {
 	}
 	for len(c.rec) == 0 {
 		rec, err := c.cons.Next()
+		var seen chan struct{}
 		if err == shm.ErrRingEmpty {
-			ctx, done := c.blocking(c.readDeadline)
+			var ctx context.Context
+			var done func()
+			ctx, seen, done = c.blocking(c.readDeadline)
 			rec, err = c.cons.NextWait(ctx)
 			done()
 		}
@@ -131,7 +140,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 			if errors.Is(err, shm.ErrClosed) && !isClosed(c.closing) {
 				return 0, io.EOF
 			}
-			return 0, c.opError("read", c.why(c.readDeadline, err))
+			return 0, c.opError("read", c.why(c.readDeadline, seen, err))
 		}
 		if len(rec) == 0 {
 			c.cons.Release()
@@ -168,8 +177,11 @@ func (c *Conn) Write(b []byte) (int, error) {
 		}
 		chunk := min(len(b)-n, maxChunk)
 		buf, err := c.prod.Claim(chunk)
+		var seen chan struct{}
 		if err == shm.ErrRingFull {
-			ctx, done := c.blocking(c.writeDeadline)
+			var ctx context.Context
+			var done func()
+			ctx, seen, done = c.blocking(c.writeDeadline)
 			buf, err = c.prod.ClaimWait(ctx, chunk)
 			done()
 		}
@@ -177,7 +189,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			if errors.Is(err, shm.ErrClosed) && !isClosed(c.closing) {
 				err = syscall.EPIPE // the reader is gone
 			}
-			return n, c.opError("write", c.why(c.writeDeadline, err))
+			return n, c.opError("write", c.why(c.writeDeadline, seen, err))
 		}
 		copy(buf, b[n:n+chunk])
 		c.prod.Commit()
