@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,9 +30,24 @@ const (
 	maxChunk     = 64 << 10
 )
 
-func ringOffsets() (a, b, size int) {
-	return 0, shm.SPSCSize(ringCapacity), 2 * shm.SPSCSize(ringCapacity)
+// ringOffsets lays out a connection's segment: ring a (dialer to listener),
+// ring b (listener to dialer), then one cache line per ring holding the
+// "reader is parked" word its writer checks after each commit.
+func ringOffsets() (a, b, ctl, size int) {
+	ring := shm.SPSCSize(ringCapacity)
+	return 0, ring, 2 * ring, 2*ring + 256
 }
+
+// Parked-reader states.
+const (
+	readerActive   = 0
+	readerParked   = 1 // waiting on its notification pipe
+	readerNotified = 2 // a byte is on its way
+)
+
+// readSpin is how long a reader polls the ring before it parks in Go's
+// netpoller on its notification pipe.
+const readSpin = 20 * time.Microsecond
 
 // Conn is a connection over the bus. It is a net.Conn; CloseWrite
 // half-closes it.
@@ -41,6 +57,14 @@ type Conn struct {
 	cons   *shm.Consumer
 	local  Addr
 	remote Addr
+
+	// A reader with nothing to read parks on notifyIn, a pipe its peer's
+	// writer writes a byte to (notifyOut on that side) when it finds the
+	// reader's word parked. The pipe also tells of the peer's death: its
+	// write end closes with the process.
+	waitIn, waitOut     *atomic.Uint32
+	notifyIn, notifyOut *os.File
+	peerGone            bool
 
 	rmu, wmu      sync.Mutex
 	rec           []byte // unread rest of the current record
@@ -53,8 +77,9 @@ type Conn struct {
 
 var _ net.Conn = (*Conn)(nil)
 
-func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, local, remote Addr) *Conn {
+func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) *Conn {
 	return &Conn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
+		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut,
 		readDeadline: newDeadline(), writeDeadline: newDeadline(), closing: make(chan struct{})}
 }
 
@@ -65,12 +90,17 @@ func (c *Conn) LocalAddr() net.Addr  { return c.local }
 func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
 func (c *Conn) SetDeadline(t time.Time) error {
-	c.readDeadline.set(t)
+	c.SetReadDeadline(t)
 	c.writeDeadline.set(t)
 	return nil
 }
 
-func (c *Conn) SetReadDeadline(t time.Time) error  { c.readDeadline.set(t); return nil }
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	c.readDeadline.set(t)
+	// A reader parked on the pipe wakes when this deadline passes.
+	c.notifyIn.SetReadDeadline(t)
+	return nil
+}
 func (c *Conn) SetWriteDeadline(t time.Time) error { c.writeDeadline.set(t); return nil }
 
 func (c *Conn) opError(op string, err error) error {
@@ -126,21 +156,26 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
+	var spinStart time.Time
 	for len(c.rec) == 0 {
 		rec, err := c.cons.Next()
-		var seen chan struct{}
 		if err == shm.ErrRingEmpty {
-			var ctx context.Context
-			var done func()
-			ctx, seen, done = c.blocking(c.readDeadline)
-			rec, err = c.cons.NextWait(ctx)
-			done()
+			if spinStart.IsZero() {
+				spinStart = time.Now()
+			}
+			if time.Since(spinStart) < readSpin {
+				continue
+			}
+			rec, err = c.park()
+			if err == nil && rec == nil {
+				continue
+			}
 		}
 		if err != nil {
 			if errors.Is(err, shm.ErrClosed) && !isClosed(c.closing) {
 				return 0, io.EOF
 			}
-			return 0, c.opError("read", c.why(c.readDeadline, seen, err))
+			return 0, c.opError("read", c.why(c.readDeadline, nil, err))
 		}
 		if len(rec) == 0 {
 			c.cons.Release()
@@ -154,6 +189,46 @@ func (c *Conn) Read(b []byte) (int, error) {
 		c.cons.Release()
 	}
 	return n, nil
+}
+
+// park waits on the notification pipe until the writer has committed
+// something, the deadline passes, the connection closes or the peer dies.
+// It returns a record if one arrived as it parked, nothing if woken (the
+// caller looks again), or an error.
+func (c *Conn) park() ([]byte, error) {
+	if c.peerGone {
+		return nil, fmt.Errorf("transport: peer process died: %w", syscall.ECONNRESET)
+	}
+	c.waitIn.Store(readerParked)
+	defer c.waitIn.Store(readerActive)
+	// Look again after announcing: the writer either sees the word or we
+	// see its commit.
+	if rec, err := c.cons.Next(); err != shm.ErrRingEmpty {
+		return rec, err
+	}
+	var buf [64]byte
+	_, err := c.notifyIn.Read(buf[:])
+	switch {
+	case err == nil:
+		return nil, nil
+	case isClosed(c.closing):
+		return nil, net.ErrClosed
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil, os.ErrDeadlineExceeded
+	case errors.Is(err, io.EOF):
+		// The writer closed its end: a CloseWrite or Close (the ring then
+		// says so), or its process died.
+		c.peerGone = true
+		return nil, nil
+	}
+	return nil, err
+}
+
+// notify wakes the peer's reader if it is parked.
+func (c *Conn) notify() {
+	if c.waitOut.CompareAndSwap(readerParked, readerNotified) {
+		c.notifyOut.Write([]byte{1})
+	}
 }
 
 // Write copies b into the ring in records of up to 64 KiB, waiting for room
@@ -193,6 +268,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 		}
 		copy(buf, b[n:n+chunk])
 		c.prod.Commit()
+		c.notify()
 		n += chunk
 	}
 }
@@ -208,6 +284,8 @@ func (c *Conn) CloseWrite() error {
 	if !c.writeClosed {
 		c.writeClosed = true
 		c.prod.Close()
+		// The parked peer reader wakes on EOF and finds the ring closed.
+		c.notifyOut.Close()
 	}
 	return nil
 }
@@ -223,12 +301,15 @@ func (c *Conn) Close() error {
 	if !first {
 		return c.opError("close", net.ErrClosed)
 	}
-	// Wait for reads and writes in flight to notice.
+	// Wake a parked reader, then wait for reads and writes in flight to
+	// notice.
+	c.notifyIn.Close()
 	c.rmu.Lock()
 	c.cons.Close()
 	c.rmu.Unlock()
 	c.wmu.Lock()
 	c.prod.Close()
+	c.notifyOut.Close()
 	c.wmu.Unlock()
 	return c.seg.Close()
 }

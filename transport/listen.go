@@ -89,36 +89,56 @@ func (l *Listener) handshake(uc *net.UnixConn) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	offA, offB, _ := ringOffsets()
-	ra, err := shm.OpenSPSC(seg, offA)
+	// Then the read end of ring a's notification pipe and the write end of
+	// ring b's.
+	files, err := receiveFiles(uc, 2)
 	if err != nil {
 		seg.Close()
 		return nil, err
+	}
+	closeFiles := func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}
+	offA, offB, offCtl, _ := ringOffsets()
+	fail := func(err error) (*Conn, error) {
+		closeFiles()
+		seg.Close()
+		return nil, err
+	}
+	ra, err := shm.OpenSPSC(seg, offA)
+	if err != nil {
+		return fail(err)
 	}
 	rb, err := shm.OpenSPSC(seg, offB)
 	if err != nil {
-		seg.Close()
-		return nil, err
+		return fail(err)
+	}
+	waitA, err := seg.Uint32At(offCtl)
+	if err != nil {
+		return fail(err)
+	}
+	waitB, err := seg.Uint32At(offCtl + 128)
+	if err != nil {
+		return fail(err)
 	}
 	cons, err := ra.Consumer(shm.Wait{})
 	if err != nil {
-		seg.Close()
-		return nil, err
+		return fail(err)
 	}
 	prod, err := rb.Producer(shm.Wait{})
 	if err != nil {
 		cons.Close()
-		seg.Close()
-		return nil, err
+		return fail(err)
 	}
 	// Tell the dialer its connection is accepted.
 	if _, err := uc.Write([]byte{1}); err != nil {
 		prod.Close()
 		cons.Close()
-		seg.Close()
-		return nil, err
+		return fail(err)
 	}
-	return newConn(seg, prod, cons, l.addr, Addr{Node: l.addr.Node, Service: l.addr.Service + "-peer"}), nil
+	return newConn(seg, prod, cons, waitA, waitB, files[0], files[1], l.addr, Addr{Node: l.addr.Node, Service: l.addr.Service + "-peer"}), nil
 }
 
 // checkPeer refuses a dialer that runs as another user.
@@ -161,7 +181,7 @@ func Dial(ctx context.Context, addr string) (*Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		uc.SetDeadline(dl)
 	}
-	offA, offB, size := ringOffsets()
+	offA, offB, offCtl, size := ringOffsets()
 	seg, err := shm.CreateMemfd("transport", size, nil)
 	if err != nil {
 		return nil, err
@@ -195,12 +215,38 @@ func Dial(ctx context.Context, addr string) (*Conn, error) {
 		cons.Close()
 		return fail(err)
 	}
-	if err := shm.SendSegment(uc, seg); err != nil {
+	// Notification pipes: a for ring a (we write, the listener reads), b
+	// for ring b (the listener writes, we read).
+	aR, aW, err := os.Pipe()
+	if err != nil {
 		return closeEnds(err)
+	}
+	bR, bW, err := os.Pipe()
+	if err != nil {
+		aR.Close()
+		aW.Close()
+		return closeEnds(err)
+	}
+	closePipes := func(err error) (*Conn, error) {
+		for _, f := range []*os.File{aR, aW, bR, bW} {
+			f.Close()
+		}
+		return closeEnds(err)
+	}
+	waitA, _ := seg.Uint32At(offCtl)
+	waitB, _ := seg.Uint32At(offCtl + 128)
+	if err := shm.SendSegment(uc, seg); err != nil {
+		return closePipes(err)
+	}
+	if err := sendFiles(uc, aR, bW); err != nil {
+		return closePipes(err)
 	}
 	var ok [1]byte
 	if _, err := uc.Read(ok[:]); err != nil {
-		return closeEnds(fmt.Errorf("not accepted: %w", err))
+		return closePipes(fmt.Errorf("not accepted: %w", err))
 	}
-	return newConn(seg, prod, cons, Addr{Node: a.Node, Service: a.Service + "-peer"}, a), nil
+	// The listener holds its ends now.
+	aR.Close()
+	bW.Close()
+	return newConn(seg, prod, cons, waitB, waitA, bR, aW, Addr{Node: a.Node, Service: a.Service + "-peer"}, a), nil
 }
