@@ -55,7 +55,9 @@ func (p Process) Alive() bool {
 	if state == 'Z' || state == 'X' {
 		return false
 	}
-	return p.Start == 0 || start == p.Start
+	// Identities read back from shared memory carry only the low 32 bits
+	// of the start time.
+	return p.Start == 0 || start == p.Start || (p.Start <= 0xffffffff && start&0xffffffff == p.Start)
 }
 
 // word packs the identity into 64 bits for storage in shared memory: the pid

@@ -93,11 +93,16 @@ func (q *Queue) Reserve(n int) bool {
 }
 
 // Push adds a completion, using one reservation if reserved. It reports
-// false when the queue is closed or (unreserved) full.
+// false when the queue is closed, or (unreserved) has no room that is not
+// promised to a reservation.
 func (q *Queue) Push(c ub.Completion, reserved bool) bool {
 	q.mu.Lock()
 	if reserved && q.reserved > 0 {
 		q.reserved--
+	} else if q.n+q.reserved >= len(q.q) {
+		// Room promised to requests in flight is theirs.
+		q.mu.Unlock()
+		return false
 	}
 	if q.closed || q.n == len(q.q) {
 		q.mu.Unlock()
@@ -158,4 +163,11 @@ func (q *Queue) Closed() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.closed
+}
+
+// Room reports how many more unreserved completions fit.
+func (q *Queue) Room() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.q) - q.n - q.reserved
 }

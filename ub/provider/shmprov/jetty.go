@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,12 +85,10 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	if depth <= 0 {
 		depth = defaultRecvDepth
 	}
-	for depth&(depth-1) != 0 {
-		depth++
+	if depth > 1<<16 {
+		return nil, fmt.Errorf("shmprov: receive depth %d out of range [1, 65536]", cfg.RecvDepth)
 	}
-	if depth < 2 || depth > 1<<16 {
-		return nil, fmt.Errorf("shmprov: receive depth %d out of range [2, 65536]", cfg.RecvDepth)
-	}
+	depth = max(2, 1<<bits.Len(uint(depth-1)))
 	if cfg.MaxMessage <= 0 {
 		cfg.MaxMessage = defaultMaxMsg
 	}

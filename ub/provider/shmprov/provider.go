@@ -204,9 +204,13 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 		return nil, fmt.Errorf("shmprov: import segment: %w", err)
 	}
 	d := s.Data()
+	if len(d) < segHeader {
+		s.Close()
+		return nil, fmt.Errorf("shmprov: %s is too small to be a registered segment", desc.Name)
+	}
 	magic, _ := s.Uint64At(0)
 	size := binary.LittleEndian.Uint64(d[segOffSize:])
-	if len(d) < segHeader || magic.Load() != segMagic || size > uint64(len(d)-segHeader) {
+	if magic.Load() != segMagic || size > uint64(len(d)-segHeader) {
 		s.Close()
 		return nil, fmt.Errorf("shmprov: %s is not a registered segment", desc.Name)
 	}

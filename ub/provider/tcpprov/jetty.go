@@ -69,6 +69,7 @@ type jetty struct {
 	send *cq
 	recv *cq
 
+	postMu sync.Mutex // held by PostSend and Bind
 	mu     sync.Mutex
 	closed bool
 	bind   verbs.Binding[*target]
@@ -114,6 +115,8 @@ func (j *jetty) Bind(t ub.Target) error {
 	if !ok {
 		return errors.New("tcpprov: Bind needs a target imported by this provider")
 	}
+	j.postMu.Lock()
+	defer j.postMu.Unlock()
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.bind.Bind("tcpprov", tg)
@@ -150,6 +153,10 @@ func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64
 	}
 	if token != j.cfg.Token {
 		return ub.StatusBadToken
+	}
+	if len(j.recvs) > 0 && j.recv.Room() == 0 {
+		// No room for the completion: do not use up the receive.
+		return ub.StatusReceiverNotReady
 	}
 	if len(j.recvs) == 0 {
 		if dropIfNone {
@@ -198,6 +205,11 @@ func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {
 // PostSend sends each request to its peer (or completes it at once when it
 // fails a local check), and flushes the connections it used.
 func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
+	// postMu keeps this jetty's requests in posting order on the wire; mu
+	// is never held across socket I/O, so answers can be taken in while a
+	// large batch is still being written.
+	j.postMu.Lock()
+	defer j.postMu.Unlock()
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
@@ -207,15 +219,20 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 		j.mu.Unlock()
 		return 0, ErrCQFull
 	}
-	used := map[*conn]bool{}
+	ps := make([]*pending, len(wrs))
 	for i := range wrs {
-		p := &pending{j: j, wr: wrs[i]}
-		j.order = append(j.order, p)
-		if st := j.start(p, used); st != ub.StatusSuccess {
-			p.done, p.comp.Status = true, st
-		}
+		ps[i] = &pending{j: j, wr: wrs[i]}
+		j.order = append(j.order, ps[i])
 	}
 	j.mu.Unlock()
+	used := map[*conn]bool{}
+	for _, p := range ps {
+		if st := j.start(p, used); st != ub.StatusSuccess {
+			j.mu.Lock()
+			p.done, p.comp.Status = true, st
+			j.mu.Unlock()
+		}
+	}
 	for cn := range used {
 		cn.flush()
 	}
@@ -257,7 +274,8 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 				if t.addr != r.addr {
 					return ub.StatusUnsupported // the notification must go where the data goes
 				}
-				req.op, req.a, req.b = opWriteImm, uint64(t.id), wr.Imm
+				// n carries the jetty's token: the segment's may differ.
+				req.op, req.a, req.b, req.n = opWriteImm, uint64(t.id), wr.Imm, uint32(t.token)
 			}
 			p.comp.Len = len(buf)
 		case ub.OpRead:
@@ -319,8 +337,10 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 
 // complete moves finished requests from the front of the order to the CQ.
 func (j *jetty) complete() {
+	// Push while holding mu: two connections finishing at once must not
+	// interleave their completions.
 	j.mu.Lock()
-	var out []ub.Completion
+	defer j.mu.Unlock()
 	for len(j.order) > 0 && j.order[0].done {
 		p := j.order[0]
 		j.order = j.order[1:]
@@ -329,10 +349,6 @@ func (j *jetty) complete() {
 		if c.Status != ub.StatusSuccess {
 			c.Len = 0
 		}
-		out = append(out, c)
-	}
-	j.mu.Unlock()
-	for _, c := range out {
 		j.send.Push(c, true)
 	}
 }

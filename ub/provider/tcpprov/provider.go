@@ -317,7 +317,7 @@ func (c *Context) execute(req *request) (ub.Status, uint64, []byte) {
 	case opWrite, opWriteImm:
 		copy(s.bytes[off:], req.payload)
 		if req.op == opWriteImm {
-			if st := c.deliver(uint32(req.a), ub.Token(req.token), nil, ub.OpWriteImm, req.b, true, false); st != ub.StatusSuccess {
+			if st := c.deliver(uint32(req.a), ub.Token(req.n), nil, ub.OpWriteImm, req.b, true, false); st != ub.StatusSuccess {
 				return st, 0, nil
 			}
 		}

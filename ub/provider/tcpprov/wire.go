@@ -17,7 +17,8 @@ import (
 // object is a segment id (one-sided ops) or a jetty id (sends); a is the
 // jetty id of a WriteImm notification, the immediate of a send, the compare
 // value of a CAS or the addend of a FetchAdd; b is the immediate of a
-// WriteImm or the swap value of a CAS.
+// WriteImm or the swap value of a CAS; n is the length of a Read, or the
+// jetty's token for a WriteImm's notification.
 const (
 	reqHeader  = 48
 	respHeader = 16
@@ -69,21 +70,30 @@ func (r *request) appendHeader(b []byte) []byte {
 var errFrame = errors.New("tcpprov: malformed frame")
 
 // readFrame reads one length-prefixed frame into buf (grown as needed).
-func readFrame(r io.Reader, buf []byte, min int) ([]byte, error) {
+func readFrame(r io.Reader, buf []byte, minLen int) ([]byte, error) {
 	var l [4]byte
 	if _, err := io.ReadFull(r, l[:]); err != nil {
 		return nil, err
 	}
 	n := binary.LittleEndian.Uint32(l[:])
-	if n < uint32(min) || n > maxFrame {
+	if n < uint32(minLen) || n > maxFrame {
 		return nil, fmt.Errorf("%w: length %d", errFrame, n)
 	}
-	if cap(buf) < int(n) {
-		buf = make([]byte, n)
+	// Grow the buffer as the bytes arrive, not as the header claims: four
+	// bytes from a peer must not cost us a 64 MiB allocation.
+	buf = buf[:0]
+	for uint32(len(buf)) < n {
+		step := min(int(n)-len(buf), 1<<20)
+		if cap(buf)-len(buf) < step {
+			buf = append(buf[:len(buf):len(buf)], make([]byte, step)...)[:len(buf)]
+		}
+		k, err := io.ReadFull(r, buf[len(buf):len(buf)+step])
+		buf = buf[:len(buf)+k]
+		if err != nil {
+			return buf, err
+		}
 	}
-	buf = buf[:n]
-	_, err := io.ReadFull(r, buf)
-	return buf, err
+	return buf, nil
 }
 
 func decodeRequest(b []byte) (request, error) {
