@@ -59,6 +59,7 @@ func (q *cq) Wait(ctx context.Context) error {
 
 type postedRecv struct {
 	ctx uint64
+	seg *segment
 	buf []byte
 }
 
@@ -139,7 +140,7 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 		if len(j.recvs) >= j.cfg.RecvDepth {
 			return i, fmt.Errorf("tcpprov: receive queue full (depth %d)", j.cfg.RecvDepth)
 		}
-		j.recvs = append(j.recvs, postedRecv{ctx: wr.UserCtx, buf: s.bytes[wr.Buf.Offset : wr.Buf.Offset+wr.Buf.Len]})
+		j.recvs = append(j.recvs, postedRecv{ctx: wr.UserCtx, seg: s, buf: s.bytes[wr.Buf.Offset : wr.Buf.Offset+wr.Buf.Len]})
 	}
 	return len(wrs), nil
 }
@@ -171,9 +172,12 @@ func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64
 		comp.Len = 0
 	}
 	status := ub.StatusSuccess
-	if len(payload) > len(r.buf) {
+	switch {
+	case r.seg.closed: // the caller holds c.mem
+		status, comp.Len = ub.StatusFlushed, 0
+	case len(payload) > len(r.buf):
 		status, comp.Len = ub.StatusRemoteLength, 0
-	} else {
+	default:
 		copy(r.buf, payload)
 	}
 	comp.Status = status
@@ -196,7 +200,7 @@ func (j *jetty) target(t ub.Target) (*target, ub.Status) {
 
 func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {
 	s, ok := l.Seg.(*segment)
-	if !ok || s.c != j.c || !verbs.InRange(l.Offset, l.Len, len(s.bytes)) {
+	if !ok || s.c != j.c || s.closed || !verbs.InRange(l.Offset, l.Len, len(s.bytes)) {
 		return nil, ub.StatusLocalLength
 	}
 	return s.bytes[l.Offset : l.Offset+l.Len], ub.StatusSuccess
@@ -226,6 +230,7 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 	}
 	j.mu.Unlock()
 	used := map[*conn]bool{}
+	j.c.mem.RLock() // payloads are read from segments as they are sent
 	for _, p := range ps {
 		if st := j.start(p, used); st != ub.StatusSuccess {
 			j.mu.Lock()
@@ -233,6 +238,7 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 			j.mu.Unlock()
 		}
 	}
+	j.c.mem.RUnlock()
 	for cn := range used {
 		cn.flush()
 	}
@@ -283,7 +289,7 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 			if st != ub.StatusSuccess {
 				return st
 			}
-			req.op, req.n, p.into = opRead, uint32(len(buf)), buf
+			req.op, req.n, p.into, p.seg = opRead, uint32(len(buf)), buf, wr.Local.Seg.(*segment)
 		case ub.OpCAS, ub.OpFetchAdd:
 			if wr.Local.Seg != nil {
 				l := wr.Local
@@ -292,7 +298,7 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 				if st != ub.StatusSuccess {
 					return st
 				}
-				p.into = buf
+				p.into, p.seg = buf, l.Seg.(*segment)
 			}
 			req.op, req.a, req.b = opFetchAdd, wr.Add, 0
 			if wr.Op == ub.OpCAS {
@@ -376,16 +382,20 @@ func (j *jetty) Close() error {
 type pending struct {
 	j    *jetty
 	wr   ub.WR
-	into []byte // where a Read's data or an atomic's old value goes
+	into []byte   // where a Read's data or an atomic's old value goes
+	seg  *segment // the segment into lies in
 	comp ub.Completion
 	done bool
 }
 
 // finish records the peer's answer and lets the jetty release completions.
 func (p *pending) finish(status ub.Status, value uint64, payload []byte) {
+	p.j.c.mem.RLock()
 	p.j.mu.Lock()
 	p.comp.Status, p.comp.Value = status, value
-	if status == ub.StatusSuccess && p.into != nil {
+	if status == ub.StatusSuccess && p.into != nil && p.seg.closed {
+		p.comp.Status = ub.StatusLocalLength // the local segment went away
+	} else if status == ub.StatusSuccess && p.into != nil {
 		if p.wr.Op == ub.OpRead {
 			if len(payload) != len(p.into) {
 				p.comp.Status = ub.StatusRemoteLength
@@ -398,18 +408,23 @@ func (p *pending) finish(status ub.Status, value uint64, payload []byte) {
 	}
 	p.done = true
 	p.j.mu.Unlock()
+	p.j.c.mem.RUnlock()
 	p.j.complete()
 }
 
 // conn is a client connection to one peer. Requests are written in order
 // and answered in order, so answers match the queue of pending requests.
+// wmu serializes writes (and is held across socket I/O); mu guards the
+// queue and is never held across I/O, so answers keep flowing while a large
+// request is being written.
 type conn struct {
 	nc      net.Conn
-	mu      sync.Mutex
+	wmu     sync.Mutex
 	w       *bufio.Writer
+	scratch []byte
+	mu      sync.Mutex
 	queue   []*pending
 	broken  bool
-	scratch []byte
 }
 
 // dial returns the connection to addr, opening it if needed.
@@ -457,32 +472,37 @@ func (cn *conn) isBroken() bool {
 	return cn.broken
 }
 
+// send queues p and writes its request. Once queued, p completes through
+// the queue: by its answer, or by fail if the connection breaks.
 func (cn *conn) send(p *pending, req *request) bool {
+	cn.wmu.Lock()
+	defer cn.wmu.Unlock()
 	cn.mu.Lock()
-	defer cn.mu.Unlock()
 	if cn.broken {
-		return false
-	}
-	cn.scratch = req.appendHeader(cn.scratch[:0])
-	if _, err := cn.w.Write(cn.scratch); err != nil {
-		cn.broken = true
-		return false
-	}
-	// A large payload goes straight from the segment to the socket.
-	if _, err := cn.w.Write(req.payload); err != nil {
-		cn.broken = true
+		cn.mu.Unlock()
 		return false
 	}
 	cn.queue = append(cn.queue, p)
+	cn.mu.Unlock()
+	cn.scratch = req.appendHeader(cn.scratch[:0])
+	_, err := cn.w.Write(cn.scratch)
+	if err == nil {
+		// A large payload goes straight from the segment to the socket.
+		_, err = cn.w.Write(req.payload)
+	}
+	if err != nil {
+		// The reader sees the closed connection and fails the queue.
+		cn.nc.Close()
+	}
 	return true
 }
 
 func (cn *conn) flush() {
-	cn.mu.Lock()
+	cn.wmu.Lock()
 	err := cn.w.Flush()
-	cn.mu.Unlock()
+	cn.wmu.Unlock()
 	if err != nil {
-		cn.fail(ub.StatusPeerDead)
+		cn.nc.Close()
 	}
 }
 

@@ -56,6 +56,9 @@ type Context struct {
 	l    net.Listener
 	addr string
 	wg   sync.WaitGroup
+	// mem guards every segment's mapping: accesses hold it for reading,
+	// unmapping for writing, so memory is never unmapped under a copy.
+	mem sync.RWMutex
 
 	mu      sync.Mutex
 	closed  bool
@@ -103,11 +106,12 @@ func (c *Context) Close() error {
 	for _, cn := range conns {
 		cn.fail(ub.StatusFlushed)
 	}
+	// Nothing serves or answers any more: now memory can go.
+	c.wg.Wait()
 	var errs []error
 	for i := len(objs) - 1; i >= 0; i-- {
 		errs = append(errs, objs[i].Close())
 	}
-	c.wg.Wait()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
@@ -141,7 +145,7 @@ type segment struct {
 	bytes  []byte
 	access ub.Access
 	token  ub.Token
-	once   sync.Once
+	closed bool // guarded by c.mem
 }
 
 func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, error) {
@@ -171,14 +175,16 @@ func (s *segment) Desc() ub.SegmentDesc {
 }
 
 func (s *segment) Close() error {
-	var err error
-	s.once.Do(func() {
-		s.c.mu.Lock()
-		delete(s.c.segs, s.id)
-		s.c.mu.Unlock()
-		err = s.mem.Close()
-	})
-	return err
+	s.c.mem.Lock()
+	defer s.c.mem.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	s.c.mu.Lock()
+	delete(s.c.segs, s.id)
+	s.c.mu.Unlock()
+	return s.mem.Close()
 }
 
 // remoteSegment is a peer's segment: its address, id and our token.
@@ -268,8 +274,10 @@ func (c *Context) serve(nc net.Conn) {
 		if err != nil {
 			return
 		}
+		c.mem.RLock()
 		status, value, payload := c.execute(&req)
 		out = appendResponse(out[:0], uint8(status), value, payload)
+		c.mem.RUnlock()
 		if _, err := w.Write(out); err != nil {
 			return
 		}
