@@ -21,6 +21,7 @@ var ErrCQFull = errors.New("shmprov: completion queue full")
 // completions that peers push into the shared rings of the jetties whose
 // RecvCQ it is.
 type cq struct {
+	c     *Context
 	local *verbs.Queue
 	mu    sync.Mutex // guards rings and buf
 	rings []*shm.MPMC
@@ -33,7 +34,7 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	if depth <= 0 {
 		depth = defaultCQDepth
 	}
-	q := &cq{local: verbs.NewQueue(depth), buf: make([]byte, complSlotSize)}
+	q := &cq{c: c, local: verbs.NewQueue(depth), buf: make([]byte, complSlotSize)}
 	if err := c.track(q); err != nil {
 		return nil, err
 	}
@@ -60,6 +61,8 @@ func (q *cq) detach(r *shm.MPMC) {
 // Poll returns local completions first, then receive completions from the
 // shared rings, in each ring's order.
 func (q *cq) Poll(out []ub.Completion) (int, error) {
+	q.c.ops.RLock()
+	defer q.c.ops.RUnlock()
 	n, err := q.local.Pop(out)
 	if err != nil {
 		return n, ErrClosed
@@ -98,6 +101,8 @@ func (q *cq) popRing(r *shm.MPMC) (ub.Completion, bool, error) {
 // ready reports whether Poll would return something, moving one shared
 // completion into the local queue if need be.
 func (q *cq) ready() (bool, error) {
+	q.c.ops.RLock()
+	defer q.c.ops.RUnlock()
 	if q.local.Closed() {
 		return false, ErrClosed
 	}
@@ -147,6 +152,8 @@ func (q *cq) Wait(ctx context.Context) error {
 }
 
 func (q *cq) Close() error {
+	q.c.ops.Lock()
+	defer q.c.ops.Unlock()
 	q.mu.Lock()
 	q.rings = nil
 	q.mu.Unlock()

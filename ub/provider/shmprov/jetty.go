@@ -148,6 +148,8 @@ func (j *jetty) Bind(t ub.Target) error {
 
 // PostRecv posts receive buffers into the jetty's shared receive ring.
 func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
+	j.c.ops.RLock()
+	defer j.c.ops.RUnlock()
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
@@ -155,8 +157,8 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 	}
 	for i, wr := range wrs {
 		s, ok := wr.Buf.Seg.(*segment)
-		if !ok || s.c != j.c {
-			return i, errors.New("shmprov: receive buffer must be a segment of this context")
+		if !ok || s.c != j.c || s.closed {
+			return i, errors.New("shmprov: receive buffer must be an open segment of this context")
 		}
 		if !verbs.InRange(wr.Buf.Offset, wr.Buf.Len, len(s.bytes)) || wr.Buf.Len > 1<<31 {
 			return i, fmt.Errorf("shmprov: receive buffer [%d, +%d) outside its %d-byte segment", wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
@@ -174,6 +176,8 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 
 // PostSend runs each work request and queues its completion.
 func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
+	j.c.ops.RLock()
+	defer j.c.ops.RUnlock()
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
@@ -194,7 +198,7 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 
 func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {
 	s, ok := l.Seg.(*segment)
-	if !ok || s.c != j.c {
+	if !ok || s.c != j.c || s.closed {
 		return nil, ub.StatusLocalLength
 	}
 	if !verbs.InRange(l.Offset, l.Len, len(s.bytes)) {
@@ -319,6 +323,8 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 // Close marks the jetty gone for senders, flushes its posted receives to the
 // RecvCQ and releases the shared memory.
 func (j *jetty) Close() error {
+	j.c.ops.Lock()
+	defer j.c.ops.Unlock()
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
@@ -355,13 +361,15 @@ func (j *jetty) Close() error {
 
 // target is a peer's jetty, imported with a token.
 type target struct {
-	desc  ub.JettyDesc
-	token ub.Token
-	rings *jettyRings
-	mu    sync.Mutex
-	peer  peerSeg
-	slot  []byte
-	once  sync.Once
+	c      *Context
+	closed bool // guarded by c.ops
+	desc   ub.JettyDesc
+	token  ub.Token
+	rings  *jettyRings
+	mu     sync.Mutex
+	peer   peerSeg
+	slot   []byte
+	once   sync.Once
 }
 
 // ImportJetty maps a peer's jetty so sends can reach it.
@@ -378,7 +386,7 @@ func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, err
 		s.Close()
 		return nil, fmt.Errorf("shmprov: import jetty %s: %w", desc.Name, err)
 	}
-	t := &target{desc: desc, token: token, rings: rings, peer: peerSeg{seg: s}, slot: make([]byte, recvSlotSize)}
+	t := &target{c: c, desc: desc, token: token, rings: rings, peer: peerSeg{seg: s}, slot: make([]byte, recvSlotSize)}
 	if err := c.track(t); err != nil {
 		t.Close()
 		return nil, err
@@ -389,6 +397,9 @@ func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, err
 func (t *target) Desc() ub.JettyDesc { return t.desc }
 
 func (t *target) Close() error {
+	t.c.ops.Lock()
+	defer t.c.ops.Unlock()
+	t.closed = true
 	var err error
 	t.once.Do(func() {
 		t.rings.recvs.Close()
@@ -404,6 +415,9 @@ func (t *target) Close() error {
 func (t *target) deliver(c *Context, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		return ub.StatusFlushed
+	}
 	if !t.peer.ownerAlive(time.Now()) {
 		return ub.StatusPeerDead
 	}

@@ -41,6 +41,10 @@ type Context struct {
 	prefix string
 	seq    atomic.Uint64
 
+	// ops is held for reading by every operation (posts, polls) and for
+	// writing by every Close, so nothing is unmapped under an operation.
+	ops sync.RWMutex
+
 	mu      sync.Mutex
 	closed  bool
 	objects []io.Closer
@@ -101,9 +105,11 @@ func (c *Context) Close() error {
 	for i := len(objs) - 1; i >= 0; i-- {
 		errs = append(errs, objs[i].Close())
 	}
+	c.ops.Lock()
 	for _, p := range opened {
 		errs = append(errs, p.seg.Close())
 	}
+	c.ops.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -128,12 +134,13 @@ func (c *Context) peer(name string) (*peerSeg, error) {
 
 // segment is a registered local segment.
 type segment struct {
-	c     *Context
-	shm   *shm.Segment
-	name  string
-	bytes []byte
-	state *atomic.Uint32
-	once  sync.Once
+	c      *Context
+	closed bool // guarded by c.ops
+	shm    *shm.Segment
+	name   string
+	bytes  []byte
+	state  *atomic.Uint32
+	once   sync.Once
 }
 
 // AllocSegment allocates size bytes in a new shared-memory segment and
@@ -172,6 +179,9 @@ func (s *segment) Desc() ub.SegmentDesc {
 // Close deregisters the segment: peers' later accesses fail. Peers that
 // mapped it keep a valid mapping, so nobody faults.
 func (s *segment) Close() error {
+	s.c.ops.Lock()
+	defer s.c.ops.Unlock()
+	s.closed = true
 	var err error
 	s.once.Do(func() {
 		s.state.Store(stateDead)
@@ -183,6 +193,7 @@ func (s *segment) Close() error {
 // remoteSegment is a peer's segment, imported with a token.
 type remoteSegment struct {
 	peerSeg
+	c     *Context
 	desc  ub.SegmentDesc
 	token ub.Token
 	size  int
@@ -214,7 +225,7 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 		s.Close()
 		return nil, fmt.Errorf("shmprov: %s is not a registered segment", desc.Name)
 	}
-	r := &remoteSegment{peerSeg: peerSeg{seg: s}, desc: desc, token: token, size: int(size)}
+	r := &remoteSegment{peerSeg: peerSeg{seg: s}, c: c, desc: desc, token: token, size: int(size)}
 	if err := c.track(r); err != nil {
 		s.Close()
 		return nil, err
@@ -225,6 +236,8 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 func (r *remoteSegment) Desc() ub.SegmentDesc { return r.desc }
 
 func (r *remoteSegment) Close() error {
+	r.c.ops.Lock()
+	defer r.c.ops.Unlock()
 	r.use.Lock()
 	defer r.use.Unlock()
 	if r.closed {

@@ -104,6 +104,11 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 // hands it to the jetty's scheduler, which posts it to the inner provider
 // then. Requests keep their order.
 func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
+	j.c.ops.RLock()
+	defer j.c.ops.RUnlock()
+	if j.c.closed {
+		return 0, errors.New("simprov: context closed")
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	select {

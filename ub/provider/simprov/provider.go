@@ -106,6 +106,10 @@ type Context struct {
 	fabric *Fabric
 	mu     sync.Mutex
 	jets   []*jetty
+	// ops is held for reading by posts and for writing by Close, so the
+	// fabric is not unmapped under a post.
+	ops    sync.RWMutex
+	closed bool
 	// hostBandwidth is what the inner provider copies per second here
 	// (measured at Open for shm; 0 means unknown), to start one-sided
 	// operations early enough to end on time.
@@ -171,6 +175,13 @@ func (c *Context) Topology() *topology.Topology { return c.t }
 func (c *Context) Fabric() *Fabric { return c.fabric }
 
 func (c *Context) Close() error {
+	c.ops.Lock()
+	if c.closed {
+		c.ops.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.ops.Unlock()
 	c.mu.Lock()
 	jets := c.jets
 	c.jets = nil
