@@ -104,6 +104,7 @@ func Run(t *testing.T, open Open) {
 	t.Run("CompletionOrder", func(t *testing.T) { testCompletionOrder(t, open) })
 	t.Run("FlushOnClose", func(t *testing.T) { testFlush(t, open) })
 	t.Run("PeerDeath", func(t *testing.T) { testPeerDeath(t, open) })
+	t.Run("CloseUnderLoad", func(t *testing.T) { testCloseUnderLoad(t, open) })
 }
 
 func testWriteRead(t *testing.T, open Open) {
@@ -465,5 +466,55 @@ func testPeerDeath(t *testing.T, open Open) {
 			t.Fatalf("5 s after the peer died: write %v, send %v", w.Status, s.Status)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// testCloseUnderLoad closes objects while other goroutines use them: the
+// owner's segment while a peer writes into it, and the sender's context
+// while it posts. Operations may fail; nothing may crash or hang.
+func testCloseUnderLoad(t *testing.T, open Open) {
+	for round := range 20 {
+		rx, tx := newLocal(t, open, ub.ReliableMessage), newLocal(t, open, ub.ReliableMessage)
+		victim, err := rx.c.AllocSegment(1<<16, ub.SegmentConfig{Access: ub.AccessWrite, Token: peerToken})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := tx.c.ImportSegment(victim.Desc(), peerToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tgt, err := tx.c.ImportJetty(rx.j.Desc(), peerToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rx.j.PostRecv([]ub.RecvWR{{Buf: ub.Local{Seg: rx.seg, Len: 64}}})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			out := make([]ub.Completion, 16)
+			for {
+				_, err := tx.j.PostSend([]ub.WR{
+					{Op: ub.OpWrite, Local: ub.Local{Seg: tx.seg, Len: 4096}, Remote: ub.Remote{Seg: r}},
+					{Op: ub.OpSend, Local: ub.Local{Seg: tx.seg, Len: 64}, Target: tgt},
+				})
+				if err != nil {
+					return
+				}
+				if _, err := tx.cq.Poll(out); err != nil {
+					return
+				}
+			}
+		}()
+		time.Sleep(time.Duration(round%5) * 100 * time.Microsecond)
+		if err := victim.Close(); err != nil {
+			t.Errorf("close a segment under remote writes: %v", err)
+		}
+		time.Sleep(time.Duration(round%3) * 100 * time.Microsecond)
+		tx.c.Close()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a post kept going 10 s after its context closed")
+		}
 	}
 }
