@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 )
 
 // spinBelow is how close to its due time a delayed operation stops sleeping
@@ -170,6 +171,10 @@ func (j *jetty) schedule(wr ub.WR) (scheduled, error) {
 	size := int64(wr.Local.Len)
 	if wr.Op == ub.OpCAS || wr.Op == ub.OpFetchAdd {
 		size = 8
+	} else if l, ok := wr.Local.Seg.(*segment); !ok || !verbs.InRange(wr.Local.Offset, wr.Local.Len, len(l.Bytes())) {
+		// Never book a shared link for a request that cannot run.
+		s.status = ub.StatusLocalLength
+		return s, nil
 	}
 	r, err := j.c.fabric.reserve(j.c.node, remote, size, s.due)
 	if err != nil {
@@ -199,6 +204,7 @@ func (j *jetty) run() {
 		select {
 		case s = <-j.q:
 		case <-j.done:
+			j.flush()
 			return
 		}
 		if d := time.Until(s.start) - spinBelow; d > 0 {
@@ -207,6 +213,8 @@ func (j *jetty) run() {
 			case <-t.C:
 			case <-j.done:
 				t.Stop()
+				j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
+				j.flush()
 				return
 			}
 		}
@@ -229,8 +237,21 @@ func (j *jetty) run() {
 	}
 }
 
+// flush completes every request still held back with StatusFlushed.
+func (j *jetty) flush() {
+	for {
+		select {
+		case s := <-j.q:
+			j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
+		default:
+			return
+		}
+	}
+}
+
 // stop ends the scheduler and waits for it, so nothing is posted to inner
-// objects that are about to be closed. Held-back operations are dropped.
+// objects that are about to be closed. Held-back operations complete with
+// StatusFlushed.
 func (j *jetty) stop() {
 	j.once.Do(func() { close(j.done) })
 	<-j.exited

@@ -314,9 +314,13 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	return &cq{inner: in, ready: make(chan struct{}, 1), ids: map[uint64]tracked{}, buf: make([]ub.Completion, 64)}, nil
 }
 
+// push adds a completion sim decided (a fault, a flush) behind every
+// completion already drained from the inner queue. One of a request still
+// in flight in the provider underneath can still come after it.
 func (q *cq) push(c ub.Completion) {
 	q.mu.Lock()
-	q.local = append(q.local, c)
+	q.drain()
+	q.pending = append(q.pending, timed{c: c})
 	q.mu.Unlock()
 	select {
 	case q.ready <- struct{}{}:
