@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -465,12 +466,29 @@ func (t *target) copyInto(c *Context, r postedRecv, payload []byte) ub.Status {
 	if uint64(len(payload)) > uint64(r.len) {
 		return ub.StatusRemoteLength
 	}
+	// The receive names a segment: it must be a live registered segment of
+	// the same context (name prefix) and process that own this jetty, and
+	// the range must lie inside what it registered. A receiver cannot aim
+	// our write at anyone else.
+	if i := strings.LastIndexByte(t.desc.Name, '-'); i < 0 || !strings.HasPrefix(r.name, t.desc.Name[:i+1]) {
+		return ub.StatusRemoteLength
+	}
 	p, err := c.peer(r.name)
 	if err != nil {
 		return ub.StatusRemoteLength
 	}
 	d := p.seg.Data()
-	if r.off < segHeader || r.off > uint64(len(d)) || uint64(len(payload)) > uint64(len(d))-r.off {
+	if len(d) < segHeader || p.seg.Creator() != t.peer.seg.Creator() {
+		return ub.StatusRemoteLength
+	}
+	magic, _ := p.seg.Uint64At(0)
+	state, _ := p.seg.Uint32At(segOffState)
+	size := binary.LittleEndian.Uint64(d[segOffSize:])
+	if magic.Load() != segMagic || state.Load() != stateLive || size > uint64(len(d)-segHeader) {
+		return ub.StatusRemoteLength
+	}
+	end := segHeader + size
+	if r.off < segHeader || r.off > end || uint64(len(payload)) > end-r.off {
 		return ub.StatusRemoteLength
 	}
 	copy(d[r.off:], payload)
