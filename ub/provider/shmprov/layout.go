@@ -119,6 +119,10 @@ func decodeCompletion(b []byte) (ub.Completion, error) {
 	if n > 1<<40 {
 		return ub.Completion{}, fmt.Errorf("completion length %d", n)
 	}
+	// Peers push only receive-side completions, with a known status.
+	if (c.Op != ub.OpRecv && c.Op != ub.OpWriteImm) || c.Status > ub.StatusMisaligned {
+		return ub.Completion{}, fmt.Errorf("completion with op %v and status %d", c.Op, c.Status)
+	}
 	c.Len = int(n)
 	return c, nil
 }

@@ -7,7 +7,8 @@
 //	ctx, err := ub.Open(context.Background(), "tcp", ub.Config{Options: map[string]string{"listen": "10.0.0.5:0"}})
 //
 // Each context listens on a TCP address (Config.Options["listen"], else the
-// UB_TCP_LISTEN variable, else 127.0.0.1:0); descriptors carry that address.
+// UB_TCP_LISTEN variable, else 127.0.0.1:0); descriptors carry that address,
+// or Options["advertise"] (required when listening on a wildcard address).
 // A one-sided operation is a request to the owner's context, which checks
 // token, access and bounds and answers; the initiator's completion arrives
 // with the answer. Requests to one peer travel in order on one connection,

@@ -155,6 +155,9 @@ func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64
 	if token != j.cfg.Token {
 		return ub.StatusBadToken
 	}
+	if len(payload) > j.cfg.MaxMessage {
+		return ub.StatusRemoteLength
+	}
 	if len(j.recvs) > 0 && j.recv.Room() == 0 {
 		// No room for the completion: do not use up the receive.
 		return ub.StatusReceiverNotReady
@@ -329,6 +332,9 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 		p.comp.Len = len(buf)
 	default:
 		return ub.StatusUnsupported
+	}
+	if len(req.payload) > maxFrame-reqHeader || (req.op == opRead && req.n > maxFrame-respHeader) {
+		return ub.StatusLocalLength // larger than a frame may be
 	}
 	cn, err := j.c.dial(addr)
 	if err != nil {

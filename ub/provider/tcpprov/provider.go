@@ -39,7 +39,19 @@ func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcpprov: listen on %s (set Options[\"listen\"] or UB_TCP_LISTEN): %w", addr, err)
 	}
-	c := &Context{l: l, addr: l.Addr().String(), segs: map[uint32]*segment{}, jetties: map[uint32]*jetty{},
+	// Descriptors carry the address peers dial: the listen address, unless
+	// it is a wildcard or Options["advertise"] says otherwise.
+	advertise := cfg.Options["advertise"]
+	if advertise == "" {
+		advertise = l.Addr().String()
+		if host, port, err := net.SplitHostPort(advertise); err == nil {
+			if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+				l.Close()
+				return nil, fmt.Errorf("tcpprov: listening on %s, peers need an address to dial: set Options[\"advertise\"] (e.g. \"10.0.0.5:%s\")", advertise, port)
+			}
+		}
+	}
+	c := &Context{l: l, addr: advertise, segs: map[uint32]*segment{}, jetties: map[uint32]*jetty{},
 		conns: map[string]*conn{}, served: map[net.Conn]struct{}{}}
 	if _, err := io.ReadFull(rand.Reader, c.eid[:]); err != nil {
 		l.Close()
