@@ -47,7 +47,7 @@ const (
 
 // readSpin is how long a reader polls the ring before it parks in Go's
 // netpoller on its notification pipe.
-const readSpin = 20 * time.Microsecond
+const readSpin = 5 * time.Microsecond
 
 // Conn is a connection over the bus. It is a net.Conn; CloseWrite
 // half-closes it.

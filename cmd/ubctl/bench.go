@@ -13,11 +13,13 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
+	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/ubsuite"
 )
 
 var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
-	"ub": func(o *benchOpts) ([]bench.Case, error) { return ubsuite.Cases(), nil },
+	"ub":        func(o *benchOpts) ([]bench.Case, error) { return ubsuite.Cases(), nil },
+	"transport": func(o *benchOpts) ([]bench.Case, error) { return transportsuite.Cases(), nil },
 	"shm": func(o *benchOpts) ([]bench.Case, error) {
 		bin := ""
 		if !o.noShmipc {
@@ -67,7 +69,7 @@ func benchCmd(args []string, out io.Writer) error {
 		}
 		slices.Sort(names)
 	} else if _, ok := suites[suite]; !ok || suite == "" {
-		return fmt.Errorf("unknown suite %q (have: shm, ub, all)", suite)
+		return fmt.Errorf("unknown suite %q (have: shm, ub, transport, all)", suite)
 	}
 	opts := bench.Options{Rounds: 5, Duration: time.Second, Warmup: 200 * time.Millisecond}
 	if o.quick {

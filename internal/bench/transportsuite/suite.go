@@ -1,0 +1,284 @@
+// Package transportsuite is the `ubctl bench transport` suite: connections
+// over ubkit's transport against TCP loopback and a unix socket, each
+// between two processes, with unchanged gRPC and net/http on top.
+package transportsuite
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/transport"
+)
+
+// Cases returns the suite's cases: ubkit (the same-host path) against
+// "tcp" (loopback) and "uds" (a unix socket).
+func Cases() []bench.Case {
+	three := func(run func(kind string, d time.Duration) (bench.Measurement, error)) []bench.Contender {
+		var cs []bench.Contender
+		for _, k := range []string{"ubkit", "tcp", "uds"} {
+			cs = append(cs, bench.Contender{Name: k, Run: func(d time.Duration) (bench.Measurement, error) { return run(k, d) }})
+		}
+		return cs
+	}
+	return []bench.Case{
+		{Name: "echo-64B", Unit: "ns/op", Better: "lower", Latency: true, Contenders: three(echo)},
+		{Name: "stream-64KiB", Unit: "GB/s", Better: "higher", Contenders: three(stream)},
+		{Name: "grpc-unary", Unit: "ns/op", Better: "lower", Latency: true, Contenders: three(grpcUnary)},
+		{Name: "http1-rps", Unit: "requests/s", Better: "higher", Contenders: three(httpRPS)},
+	}
+}
+
+type peerArgs struct {
+	Kind string `json:"kind"` // ubkit, tcp or uds
+	Mode string `json:"mode"` // echo, sink, grpc or http
+}
+
+func init() {
+	bench.RegisterPeer("transport-server", func(raw json.RawMessage) error {
+		var a peerArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		l, addr, err := listen(a.Kind)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		fmt.Println(addr)
+		switch a.Mode {
+		case "grpc":
+			srv := grpc.NewServer()
+			healthpb.RegisterHealthServer(srv, health.NewServer())
+			return srv.Serve(l)
+		case "http":
+			return http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				w.Write([]byte("ok"))
+			}))
+		}
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if a.Mode == "echo" {
+			buf := make([]byte, 64)
+			for {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return nil
+				}
+				if _, err := c.Write(buf); err != nil {
+					return nil
+				}
+			}
+		}
+		// sink: read and sum everything, then report count and checksum.
+		r := bufio.NewReaderSize(c, 256<<10)
+		buf := make([]byte, 64<<10)
+		var n, sum uint64
+		for {
+			k, err := io.ReadFull(r, buf)
+			sum += bench.Sum(buf[:k])
+			n += uint64(k)
+			if err != nil {
+				break
+			}
+		}
+		var res [16]byte
+		binary.LittleEndian.PutUint64(res[:], n)
+		binary.LittleEndian.PutUint64(res[8:], sum)
+		c.Write(res[:])
+		return nil
+	})
+}
+
+func listen(kind string) (net.Listener, string, error) {
+	switch kind {
+	case "ubkit":
+		addr := fmt.Sprintf("ub:///bench-%d", os.Getpid())
+		l, err := transport.Listen(context.Background(), addr)
+		return l, addr, err
+	case "tcp":
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, "", err
+		}
+		return l, l.Addr().String(), nil
+	}
+	dir, err := os.MkdirTemp("", "ubkit-bench-uds-")
+	if err != nil {
+		return nil, "", err
+	}
+	l, err := net.Listen("unix", filepath.Join(dir, "s"))
+	if err != nil {
+		return nil, "", err
+	}
+	return l, l.Addr().String(), nil
+}
+
+func dial(ctx context.Context, kind, addr string) (net.Conn, error) {
+	switch kind {
+	case "ubkit":
+		return transport.Dial(ctx, addr)
+	case "tcp":
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", addr)
+}
+
+// server starts a peer serving mode over kind and returns its address.
+func server(kind, mode string) (*bench.Peer, string, error) {
+	p, err := bench.StartPeerPipe("transport-server", peerArgs{Kind: kind, Mode: mode})
+	if err != nil {
+		return nil, "", err
+	}
+	addr, err := bufio.NewReader(p.Stdout()).ReadString('\n')
+	if err != nil {
+		p.Kill()
+		return nil, "", fmt.Errorf("transport-server: %w", err)
+	}
+	return p, strings.TrimSpace(addr), nil
+}
+
+func latency(samples []float64) bench.Measurement {
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	return bench.Measurement{Value: s[len(s)/2], Samples: samples}
+}
+
+func echo(kind string, d time.Duration) (bench.Measurement, error) {
+	p, addr, err := server(kind, "echo")
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer p.Kill()
+	c, err := dial(context.Background(), kind, addr)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer c.Close()
+	out, in := make([]byte, 64), make([]byte, 64)
+	var samples []float64
+	start := time.Now()
+	for i := uint64(0); time.Since(start) < d; i++ {
+		t0 := time.Now()
+		bench.Fill(out, i)
+		if _, err := c.Write(out); err != nil {
+			return bench.Measurement{}, err
+		}
+		if _, err := io.ReadFull(c, in); err != nil {
+			return bench.Measurement{}, err
+		}
+		if bench.Sum(in) != bench.FillSum(64, i) {
+			return bench.Measurement{}, fmt.Errorf("echo mismatch")
+		}
+		samples = append(samples, float64(time.Since(t0)))
+	}
+	return latency(samples), nil
+}
+
+func stream(kind string, d time.Duration) (bench.Measurement, error) {
+	p, addr, err := server(kind, "sink")
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer p.Kill()
+	c, err := dial(context.Background(), kind, addr)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer c.Close()
+	buf := make([]byte, 64<<10)
+	var n, sum uint64
+	start := time.Now()
+	for i := uint64(0); time.Since(start) < d; i++ {
+		bench.Fill(buf, i)
+		sum += bench.FillSum(len(buf), i)
+		if _, err := c.Write(buf); err != nil {
+			return bench.Measurement{}, err
+		}
+		n += uint64(len(buf))
+	}
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	var res [16]byte
+	if _, err := io.ReadFull(c, res[:]); err != nil {
+		return bench.Measurement{}, fmt.Errorf("sink result: %w", err)
+	}
+	el := time.Since(start)
+	if binary.LittleEndian.Uint64(res[:]) != n || binary.LittleEndian.Uint64(res[8:]) != sum {
+		return bench.Measurement{}, fmt.Errorf("sink got different bytes")
+	}
+	return bench.Measurement{Value: float64(n) / el.Seconds() / 1e9}, nil
+}
+
+func grpcUnary(kind string, d time.Duration) (bench.Measurement, error) {
+	p, addr, err := server(kind, "grpc")
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer p.Kill()
+	cc, err := grpc.NewClient("passthrough:///bench",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }))
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer cc.Close()
+	client := healthpb.NewHealthClient(cc)
+	ctx := context.Background()
+	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		return bench.Measurement{}, err
+	}
+	var samples []float64
+	start := time.Now()
+	for time.Since(start) < d {
+		t0 := time.Now()
+		if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			return bench.Measurement{}, err
+		}
+		samples = append(samples, float64(time.Since(t0)))
+	}
+	return latency(samples), nil
+}
+
+func httpRPS(kind string, d time.Duration) (bench.Measurement, error) {
+	p, addr, err := server(kind, "http")
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer p.Kill()
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	n := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		resp, err := client.Get("http://bench/")
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		n++
+	}
+	return bench.Measurement{Value: float64(n) / time.Since(start).Seconds()}, nil
+}
