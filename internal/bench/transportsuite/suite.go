@@ -122,11 +122,10 @@ func listen(kind string) (net.Listener, string, error) {
 		}
 		return l, l.Addr().String(), nil
 	}
-	dir, err := os.MkdirTemp("", "ubkit-bench-uds-")
-	if err != nil {
+	if err := os.MkdirAll(transport.RuntimeDir(), 0o700); err != nil {
 		return nil, "", err
 	}
-	l, err := net.Listen("unix", filepath.Join(dir, "s"))
+	l, err := net.Listen("unix", filepath.Join(transport.RuntimeDir(), fmt.Sprintf("bench-uds-%d.sock", os.Getpid())))
 	if err != nil {
 		return nil, "", err
 	}
@@ -145,8 +144,34 @@ func dial(ctx context.Context, kind, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, "unix", addr)
 }
 
-// server starts a peer serving mode over kind and returns its address.
-func server(kind, mode string) (*bench.Peer, string, error) {
+// server starts a peer serving mode over kind and returns it and its
+// address; kill stops it and removes what a killed peer leaves behind.
+func server(kind, mode string) (*killer, string, error) {
+	p, addr, err := startServer(kind, mode)
+	if err != nil {
+		return nil, "", err
+	}
+	return &killer{p, kind, addr}, addr, nil
+}
+
+type killer struct {
+	p          *bench.Peer
+	kind, addr string
+}
+
+func (k *killer) Kill() {
+	k.p.Kill()
+	switch k.kind {
+	case "uds":
+		os.Remove(k.addr)
+	case "ubkit":
+		if a, err := transport.ParseAddr(k.addr); err == nil {
+			os.Remove(filepath.Join(transport.RuntimeDir(), a.Service+".sock"))
+		}
+	}
+}
+
+func startServer(kind, mode string) (*bench.Peer, string, error) {
 	p, err := bench.StartPeerPipe("transport-server", peerArgs{Kind: kind, Mode: mode})
 	if err != nil {
 		return nil, "", err
