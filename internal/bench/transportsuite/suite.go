@@ -41,6 +41,7 @@ func Cases() []bench.Case {
 		{Name: "echo-64B", Unit: "ns/op", Better: "lower", Latency: true, Contenders: three(echo)},
 		{Name: "stream-64KiB", Unit: "GB/s", Better: "higher", Contenders: three(stream)},
 		{Name: "grpc-unary", Unit: "ns/op", Better: "lower", Latency: true, Contenders: three(grpcUnary)},
+		{Name: "grpc-stream-1MiB", Unit: "GB/s", Better: "higher", Contenders: three(grpcStream)},
 		{Name: "http1-rps", Unit: "requests/s", Better: "higher", Contenders: three(httpRPS)},
 	}
 }
@@ -63,6 +64,8 @@ func init() {
 		defer l.Close()
 		fmt.Println(addr)
 		switch a.Mode {
+		case "grpc-stream":
+			return newStreamServer().Serve(l)
 		case "grpc":
 			srv := grpc.NewServer()
 			healthpb.RegisterHealthServer(srv, health.NewServer())
