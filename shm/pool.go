@@ -17,7 +17,7 @@ import (
 //	               (offset), data u64 (offset), free-list head u64
 //	descriptors:   per buffer 32 bytes: state u64 (generation<<32 | state),
 //	               owner u64 (process word), next u32 (free list, index+1),
-//	               pad u32, loaner u64 (process word of the Loan)
+//	               pad u32, loaner u64 (the loaning attachment's id)
 //	data:          per class count x size bytes, aligned
 //
 // The free lists are Treiber stacks whose head packs a 32-bit tag with the
@@ -148,7 +148,16 @@ type Pool struct {
 	segID   uint32
 	local   []localCache
 	me      uint64 // Self().word()
+	loaner  uint64 // names this attachment in descriptors' loaner field
 }
+
+var attachments atomic.Uint64
+
+// attachmentID is unique to one Pool attachment across processes: the
+// process word with a per-process counter folded in. A buffer goes back to
+// the local cache only of the attachment that loaned it, even when two
+// attachments live in one process.
+func attachmentID() uint64 { return Self().word() ^ attachments.Add(1)<<48 }
 
 // localCache holds free buffers of one class that this attachment took from
 // (or returned instead of to) the shared free list. They are marked
@@ -160,7 +169,7 @@ type localCache struct {
 }
 
 func attachPool(seg *Segment, off int, mem []byte, classes []poolClass) *Pool {
-	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID(), local: make([]localCache, len(classes)), me: Self().word()}
+	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID(), local: make([]localCache, len(classes)), me: Self().word(), loaner: attachmentID()}
 	for i := range p.local {
 		p.local[i].idx = make([]uint64, 0, localCacheSize)
 	}
@@ -345,7 +354,7 @@ func (p *Pool) pop(class int) (Buffer, error) {
 			return Buffer{}, corruptf("pool class %d buffer %d on the free list is in use", class, idx-1)
 		}
 		atomicU64(d, descOffOwner).Store(p.me)
-		atomicU64(d, descOffLoaner).Store(p.me)
+		atomicU64(d, descOffLoaner).Store(p.loaner)
 		if !st.CompareAndSwap(s, s&^0xffffffff|stateInUse) {
 			return Buffer{}, corruptf("pool class %d buffer %d changed while being loaned", class, idx-1)
 		}
@@ -505,7 +514,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	// cache; one that came from another process goes back to the shared list
 	// where its loaner can find it again.
 	lc := &p.local[class]
-	mine := atomicU64(d, descOffLoaner).Load() == me
+	mine := atomicU64(d, descOffLoaner).Load() == p.loaner
 	lc.mu.Lock()
 	if mine && len(lc.idx) < localCacheSize {
 		if !st.CompareAndSwap(inUse, next<<32|stateCached) {

@@ -66,13 +66,16 @@ type Conn struct {
 	notifyIn, notifyOut *os.File
 	peerGone            bool
 
-	rmu, wmu      sync.Mutex
-	rec           []byte // unread rest of the current record
-	readDeadline  *deadline
-	writeDeadline *deadline
-	closing       chan struct{}
-	closeOnce     sync.Once
-	writeClosed   bool
+	msgs *messages
+	// rmu and wmu serialize stream reads and writes; rmmu and mmu message
+	// receives and sends.
+	rmu, wmu, rmmu, mmu sync.Mutex
+	rec                 []byte // unread rest of the current record
+	readDeadline        *deadline
+	writeDeadline       *deadline
+	closing             chan struct{}
+	closeOnce           sync.Once
+	writeClosed         bool
 }
 
 var _ net.Conn = (*Conn)(nil)
@@ -311,5 +314,10 @@ func (c *Conn) Close() error {
 	c.prod.Close()
 	c.notifyOut.Close()
 	c.wmu.Unlock()
+	c.rmmu.Lock()
+	c.mmu.Lock()
+	c.msgs.close()
+	c.mmu.Unlock()
+	c.rmmu.Unlock()
 	return c.seg.Close()
 }

@@ -132,13 +132,22 @@ func (l *Listener) handshake(uc *net.UnixConn) (*Conn, error) {
 		cons.Close()
 		return fail(err)
 	}
-	// Tell the dialer its connection is accepted.
-	if _, err := uc.Write([]byte{1}); err != nil {
+	msgs, err := attachMessages(seg, offCtl+256, false)
+	if err != nil {
 		prod.Close()
 		cons.Close()
 		return fail(err)
 	}
-	return newConn(seg, prod, cons, waitA, waitB, files[0], files[1], l.addr, Addr{Node: l.addr.Node, Service: l.addr.Service + "-peer"}), nil
+	// Tell the dialer its connection is accepted.
+	if _, err := uc.Write([]byte{1}); err != nil {
+		msgs.close()
+		prod.Close()
+		cons.Close()
+		return fail(err)
+	}
+	c := newConn(seg, prod, cons, waitA, waitB, files[0], files[1], l.addr, Addr{Node: l.addr.Node, Service: l.addr.Service + "-peer"})
+	c.msgs = msgs
+	return c, nil
 }
 
 // checkPeer refuses a dialer that runs as another user.
@@ -181,7 +190,8 @@ func Dial(ctx context.Context, addr string) (*Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		uc.SetDeadline(dl)
 	}
-	offA, offB, offCtl, size := ringOffsets()
+	offA, offB, offCtl, _ := ringOffsets()
+	_, _, _, size := messageLayout(offCtl + 256)
 	seg, err := shm.CreateMemfd("transport", size, nil)
 	if err != nil {
 		return nil, err
@@ -196,6 +206,9 @@ func Dial(ctx context.Context, addr string) (*Conn, error) {
 	}
 	rb, err := shm.CreateSPSC(seg, offB, ringCapacity)
 	if err != nil {
+		return fail(err)
+	}
+	if err := createMessages(seg, offCtl+256); err != nil {
 		return fail(err)
 	}
 	if err := seg.Seal(); err != nil {
@@ -248,5 +261,13 @@ func Dial(ctx context.Context, addr string) (*Conn, error) {
 	// The listener holds its ends now.
 	aR.Close()
 	bW.Close()
-	return newConn(seg, prod, cons, waitB, waitA, bR, aW, Addr{Node: a.Node, Service: a.Service + "-peer"}, a), nil
+	msgs, err := attachMessages(seg, offCtl+256, true)
+	if err != nil {
+		bR.Close()
+		aW.Close()
+		return closeEnds(err)
+	}
+	c := newConn(seg, prod, cons, waitB, waitA, bR, aW, Addr{Node: a.Node, Service: a.Service + "-peer"}, a)
+	c.msgs = msgs
+	return c, nil
 }

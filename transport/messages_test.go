@@ -1,0 +1,89 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestMessages(t *testing.T) {
+	c1, c2, stop := pipe(t)
+	defer stop()
+	a, b := c1.(*Conn), c2.(*Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// Many small messages, in order, each filled in place.
+	for i := range 200 {
+		m, err := a.Loan(100 + i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range m.Bytes() {
+			m.Bytes()[j] = byte(i + j)
+		}
+		if err := a.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		got, err := b.Recv(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Bytes()) != 100+i || got.Bytes()[0] != byte(i) || got.Bytes()[len(got.Bytes())-1] != byte(i+99+i) {
+			t.Fatalf("message %d: %d bytes", i, len(got.Bytes()))
+		}
+		if err := got.Release(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Send(&Msg{}); err == nil {
+		t.Error("sent a message that was not loaned")
+	}
+
+	// A 1 GiB message moves without a copy: the receiver sees the very
+	// bytes the sender wrote (only the touched pages are ever committed).
+	big, err := b.Loan(1 << 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bb := big.Bytes()
+	copy(bb, "head")
+	copy(bb[len(bb)-4:], "tail")
+	if err := b.Send(big); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Recv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb := got.Bytes()
+	if len(gb) != 1<<30 || !bytes.Equal(gb[:4], []byte("head")) || !bytes.Equal(gb[len(gb)-4:], []byte("tail")) {
+		t.Fatalf("1 GiB message: %d bytes", len(gb))
+	}
+	// The same memory, not a copy: a byte the sender changes now (which a
+	// real sender must not do after Send) is what the receiver sees.
+	bb[1<<29] = 42
+	if gb[1<<29] != 42 {
+		t.Error("the 1 GiB message was copied")
+	}
+	got.Release()
+	if _, err := a.Loan(2 << 30); !errors.Is(err, ErrMessageTooLarge) {
+		t.Errorf("2 GiB loan: %v", err)
+	}
+
+	// Recv honours its context and Close.
+	short, cancelShort := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancelShort()
+	if _, err := a.Recv(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Recv on an empty queue: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := a.Recv(ctx); done <- err }()
+	time.Sleep(10 * time.Millisecond)
+	a.Close()
+	if err := <-done; err == nil {
+		t.Error("Recv returned no error after Close")
+	}
+}
