@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/ubkit-io/ubkit/shm"
 	"time"
 )
 
@@ -86,4 +88,49 @@ func TestMessages(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Error("Recv returned no error after Close")
 	}
+}
+
+// TestHostileMessageRecords: records a buggy or hostile peer could put on
+// the message ring (bad handles, lengths past the buffer) give errors, not
+// panics, and the connection goes on working.
+func TestHostileMessageRecords(t *testing.T) {
+	c1, c2, stop := pipe(t)
+	defer stop()
+	a, b := c1.(*Conn), c2.(*Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	good, err := a.Loan(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := good.buf.Handle().MarshalBinary()
+	long := append(append([]byte(nil), h...), 0, 0, 0, 0, 0, 0, 0, 1) // 2^56 bytes
+	for _, rec := range [][]byte{
+		make([]byte, msgRecord), // zero handle
+		[]byte("short"),         // not a record
+		append(make([]byte, shm.HandleSize), 1, 0, 0, 0, 0, 0, 0, 0), // unknown segment
+		long,
+	} {
+		if err := a.msgs.prod.Send(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := b.Recv(ctx); err == nil {
+			m.Release()
+			t.Errorf("record %x accepted", rec)
+		}
+	}
+	good.Release()
+	m, err := a.Loan(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(m.Bytes(), "still fine")
+	if err := a.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Recv(ctx)
+	if err != nil || string(got.Bytes()) != "still fine" {
+		t.Fatalf("after the hostile records: %q %v", got.Bytes(), err)
+	}
+	got.Release()
 }
