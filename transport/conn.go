@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 )
 
 // Path says how a connection's bytes travel.
@@ -71,8 +72,8 @@ type Conn struct {
 	// receives and sends.
 	rmu, wmu, rmmu, mmu sync.Mutex
 	rec                 []byte // unread rest of the current record
-	readDeadline        *deadline
-	writeDeadline       *deadline
+	readDeadline        *deadline.Deadline
+	writeDeadline       *deadline.Deadline
 	closing             chan struct{}
 	closeOnce           sync.Once
 	writeClosed         bool
@@ -83,7 +84,7 @@ var _ net.Conn = (*Conn)(nil)
 func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) *Conn {
 	return &Conn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
 		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut,
-		readDeadline: newDeadline(), writeDeadline: newDeadline(), closing: make(chan struct{})}
+		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}
 }
 
 // Path reports how the connection's bytes travel.
@@ -94,17 +95,17 @@ func (c *Conn) RemoteAddr() net.Addr { return c.remote }
 
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.SetReadDeadline(t)
-	c.writeDeadline.set(t)
+	c.writeDeadline.Set(t)
 	return nil
 }
 
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	c.readDeadline.set(t)
+	c.readDeadline.Set(t)
 	// A reader parked on the pipe wakes when this deadline passes.
 	c.notifyIn.SetReadDeadline(t)
 	return nil
 }
-func (c *Conn) SetWriteDeadline(t time.Time) error { c.writeDeadline.set(t); return nil }
+func (c *Conn) SetWriteDeadline(t time.Time) error { c.writeDeadline.Set(t); return nil }
 
 func (c *Conn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "ub", Source: c.local, Addr: c.remote, Err: err}
@@ -114,10 +115,10 @@ func (c *Conn) opError(op string, err error) error {
 // connection closes, for one blocking wait, and the deadline channel it
 // watched (the deadline may be moved meanwhile; what counts is whether the
 // one the wait saw passed).
-func (c *Conn) blocking(dl *deadline) (context.Context, chan struct{}, func()) {
+func (c *Conn) blocking(dl *deadline.Deadline) (context.Context, chan struct{}, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stop := make(chan struct{})
-	ch := dl.wait()
+	ch := dl.Wait()
 	go func() {
 		select {
 		case <-ch:
@@ -131,11 +132,11 @@ func (c *Conn) blocking(dl *deadline) (context.Context, chan struct{}, func()) {
 
 // why turns the end of a wait into the error net.Conn users expect; seen is
 // the deadline channel the wait watched (nil if it did not wait).
-func (c *Conn) why(dl *deadline, seen chan struct{}, err error) error {
+func (c *Conn) why(dl *deadline.Deadline, seen chan struct{}, err error) error {
 	switch {
-	case isClosed(c.closing):
+	case deadline.IsClosed(c.closing):
 		return net.ErrClosed
-	case seen != nil && isClosed(seen), isClosed(dl.wait()):
+	case seen != nil && deadline.IsClosed(seen), deadline.IsClosed(dl.Wait()):
 		return os.ErrDeadlineExceeded
 	case errors.Is(err, shm.ErrPeerDead):
 		return fmt.Errorf("transport: peer process died: %w", syscall.ECONNRESET)
@@ -150,10 +151,10 @@ func (c *Conn) why(dl *deadline, seen chan struct{}, err error) error {
 func (c *Conn) Read(b []byte) (int, error) {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
-	if isClosed(c.closing) {
+	if deadline.IsClosed(c.closing) {
 		return 0, c.opError("read", net.ErrClosed)
 	}
-	if isClosed(c.readDeadline.wait()) {
+	if deadline.IsClosed(c.readDeadline.Wait()) {
 		return 0, c.opError("read", os.ErrDeadlineExceeded)
 	}
 	if len(b) == 0 {
@@ -175,7 +176,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 			}
 		}
 		if err != nil {
-			if errors.Is(err, shm.ErrClosed) && !isClosed(c.closing) {
+			if errors.Is(err, shm.ErrClosed) && !deadline.IsClosed(c.closing) {
 				return 0, io.EOF
 			}
 			return 0, c.opError("read", c.why(c.readDeadline, nil, err))
@@ -214,7 +215,7 @@ func (c *Conn) park() ([]byte, error) {
 	switch {
 	case err == nil:
 		return nil, nil
-	case isClosed(c.closing):
+	case deadline.IsClosed(c.closing):
 		return nil, net.ErrClosed
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		return nil, os.ErrDeadlineExceeded
@@ -239,7 +240,7 @@ func (c *Conn) notify() {
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if isClosed(c.closing) {
+	if deadline.IsClosed(c.closing) {
 		return 0, c.opError("write", net.ErrClosed)
 	}
 	if c.writeClosed {
@@ -247,7 +248,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	n := 0
 	for {
-		if isClosed(c.writeDeadline.wait()) {
+		if deadline.IsClosed(c.writeDeadline.Wait()) {
 			return n, c.opError("write", os.ErrDeadlineExceeded)
 		}
 		if n == len(b) {
@@ -264,7 +265,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			done()
 		}
 		if err != nil {
-			if errors.Is(err, shm.ErrClosed) && !isClosed(c.closing) {
+			if errors.Is(err, shm.ErrClosed) && !deadline.IsClosed(c.closing) {
 				err = syscall.EPIPE // the reader is gone
 			}
 			return n, c.opError("write", c.why(c.writeDeadline, seen, err))
@@ -281,7 +282,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 func (c *Conn) CloseWrite() error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if isClosed(c.closing) {
+	if deadline.IsClosed(c.closing) {
 		return c.opError("close", net.ErrClosed)
 	}
 	if !c.writeClosed {

@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 )
 
 // Messages travel beside the byte stream: a buffer is loaned from a pool in
@@ -122,7 +123,7 @@ var ErrMessageTooLarge = errors.New("transport: message larger than the largest 
 
 // Loan returns a buffer of n bytes to fill and Send, without a copy.
 func (c *Conn) Loan(n int) (*Msg, error) {
-	if isClosed(c.closing) {
+	if deadline.IsClosed(c.closing) {
 		return nil, c.opError("loan", net.ErrClosed)
 	}
 	b, err := c.msgs.pool.Loan(n)
@@ -143,7 +144,7 @@ func (c *Conn) Send(m *Msg) error {
 	}
 	c.mmu.Lock()
 	defer c.mmu.Unlock()
-	if isClosed(c.closing) {
+	if deadline.IsClosed(c.closing) {
 		return c.opError("send", net.ErrClosed)
 	}
 	var rec [msgRecord]byte
@@ -164,7 +165,7 @@ func (c *Conn) Send(m *Msg) error {
 func (c *Conn) Recv(ctx context.Context) (*Msg, error) {
 	c.rmmu.Lock()
 	defer c.rmmu.Unlock()
-	if isClosed(c.closing) {
+	if deadline.IsClosed(c.closing) {
 		return nil, c.opError("recv", net.ErrClosed)
 	}
 	cctx, cancel := context.WithCancel(ctx)
@@ -180,7 +181,7 @@ func (c *Conn) Recv(ctx context.Context) (*Msg, error) {
 	close(stop)
 	cancel()
 	if err != nil {
-		if isClosed(c.closing) {
+		if deadline.IsClosed(c.closing) {
 			err = net.ErrClosed
 		} else if errors.Is(err, shm.ErrPeerDead) {
 			err = fmt.Errorf("transport: peer process died: %w", errPeerDead)
