@@ -1,0 +1,156 @@
+package mux
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/net/nettest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair returns two sessions joined by an in-memory pipe.
+func pair(t testing.TB, cfg *Config) (*Session, *Session) {
+	t.Helper()
+	a, b := net.Pipe()
+	c, s := Client(a, cfg), Server(b, cfg)
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c, s
+}
+
+func TestStreamsAreConns(t *testing.T) {
+	nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+		c, s := pair(t, nil)
+		st1, err := c.Open()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		st2, err := s.Accept()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return st1, st2, func() { c.Close(); s.Close() }, nil
+	})
+}
+
+// TestSlowReaderHoldsOnlyItsStream: a stream whose reader does not read
+// stops its writer at the window, while another stream keeps flowing.
+func TestSlowReaderHoldsOnlyItsStream(t *testing.T) {
+	c, s := pair(t, nil)
+	slow, _ := c.Open()
+	fast, _ := c.Open()
+	sSlow, _ := s.Accept()
+	sFast, _ := s.Accept()
+	_ = sSlow
+	wrote := make(chan int, 1)
+	go func() {
+		slow.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+		n, _ := slow.Write(make([]byte, 4*initialWindow))
+		wrote <- n
+	}()
+	msg := bytes.Repeat([]byte("x"), 1<<20)
+	go fast.Write(msg)
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(sFast, got); err != nil {
+		t.Fatalf("the fast stream stalled behind the slow one: %v", err)
+	}
+	if n := <-wrote; n != initialWindow {
+		t.Errorf("slow stream wrote %d bytes with nobody reading, want the window %d", n, initialWindow)
+	}
+}
+
+func TestManyStreams(t *testing.T) {
+	c, s := pair(t, &Config{AcceptBacklog: 10000})
+	const n = 10000
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range n {
+			st, err := s.Accept()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			go func() {
+				io.Copy(st, st)
+				st.Close()
+			}()
+		}
+	}()
+	streams := make([]*Stream, n)
+	for i := range streams {
+		st, err := c.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams[i] = st
+	}
+	for i, st := range streams {
+		msg := []byte{byte(i), byte(i >> 8)}
+		if _, err := st.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		st.CloseWrite()
+	}
+	for i, st := range streams {
+		got, err := io.ReadAll(st)
+		if err != nil || len(got) != 2 || got[0] != byte(i) || got[1] != byte(i>>8) {
+			t.Fatalf("stream %d: %v %v", i, got, err)
+		}
+		st.Close()
+	}
+	wg.Wait()
+}
+
+// TestDeadPeer: a peer that stops answering is noticed by keepalives and
+// every stream fails.
+func TestDeadPeer(t *testing.T) {
+	a, b := net.Pipe()
+	c := Client(a, &Config{KeepaliveInterval: 20 * time.Millisecond, KeepaliveTimeout: 50 * time.Millisecond})
+	defer c.Close()
+	// The other end reads but never answers.
+	go io.Copy(io.Discard, b)
+	defer b.Close()
+	st, err := c.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+	_, err = st.Read(make([]byte, 1))
+	if !errors.Is(err, ErrKeepalive) {
+		t.Fatalf("read on a session whose peer went quiet: %v", err)
+	}
+}
+
+// FuzzFrames feeds arbitrary bytes to a session as if from its peer: it
+// must end the session with an error or carry on, never panic or hang.
+func FuzzFrames(f *testing.F) {
+	var h [headerSize]byte
+	header{typ: typeData, flags: flagSYN, stream: 2, length: 3}.encode(h[:])
+	f.Add(append(h[:], 'a', 'b', 'c'))
+	header{typ: typePing, flags: flagSYN, length: 7}.encode(h[:])
+	f.Add(h[:])
+	f.Add([]byte{9, 9, 9})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, b := net.Pipe()
+		s := Server(a, &Config{KeepaliveInterval: -1})
+		go func() {
+			b.Write(data)
+			b.Close()
+		}()
+		go io.Copy(io.Discard, b)
+		select {
+		case <-s.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("session did not end after its peer closed")
+		}
+		s.Close()
+	})
+}

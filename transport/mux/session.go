@@ -1,0 +1,360 @@
+package mux
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// Config tunes a session. The zero value is valid.
+type Config struct {
+	// KeepaliveInterval is how often an idle session pings its peer
+	// (default 10 s; negative disables keepalives).
+	KeepaliveInterval time.Duration
+	// KeepaliveTimeout is how long a ping may go unanswered before the
+	// session is closed as dead (default 30 s).
+	KeepaliveTimeout time.Duration
+	// AcceptBacklog bounds streams opened by the peer and not yet accepted
+	// (default 256); more are refused with a reset.
+	AcceptBacklog int
+}
+
+// Errors.
+var (
+	// ErrSessionClosed is returned by calls on a closed session and its
+	// streams.
+	ErrSessionClosed = errors.New("mux: session closed")
+	// ErrKeepalive reports a peer that stopped answering pings.
+	ErrKeepalive = errors.New("mux: peer stopped answering keepalives")
+	// ErrStreamReset reports a stream the peer aborted.
+	ErrStreamReset = errors.New("mux: stream reset by peer")
+)
+
+// Session multiplexes streams over one connection.
+type Session struct {
+	conn   net.Conn
+	cfg    Config
+	client bool
+
+	mu       sync.Mutex
+	streams  map[uint32]*Stream
+	nextID   uint32
+	err      error // why the session ended
+	accept   chan *Stream
+	done     chan struct{}
+	pingSeq  uint32
+	pings    map[uint32]chan struct{}
+	ctrl     chan []byte // control frames, written before data
+	data     chan writeReq
+	closeOne sync.Once
+}
+
+type writeReq struct {
+	frame [][]byte
+	done  chan error
+}
+
+// Client starts the session of the side that dialed conn.
+func Client(conn net.Conn, cfg *Config) *Session { return newSession(conn, cfg, true) }
+
+// Server starts the session of the side that accepted conn.
+func Server(conn net.Conn, cfg *Config) *Session { return newSession(conn, cfg, false) }
+
+func newSession(conn net.Conn, cfg *Config, client bool) *Session {
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.KeepaliveInterval == 0 {
+		c.KeepaliveInterval = 10 * time.Second
+	}
+	if c.KeepaliveTimeout <= 0 {
+		c.KeepaliveTimeout = 30 * time.Second
+	}
+	if c.AcceptBacklog <= 0 {
+		c.AcceptBacklog = 256
+	}
+	s := &Session{conn: conn, cfg: c, client: client, streams: map[uint32]*Stream{},
+		accept: make(chan *Stream, c.AcceptBacklog), done: make(chan struct{}),
+		pings: map[uint32]chan struct{}{}, ctrl: make(chan []byte, 64), data: make(chan writeReq)}
+	s.nextID = 2
+	if client {
+		s.nextID = 1
+	}
+	go s.writeLoop()
+	go s.readLoop()
+	if c.KeepaliveInterval > 0 {
+		go s.keepalive()
+	}
+	return s
+}
+
+// Close closes the session and every stream.
+func (s *Session) Close() error {
+	s.shutdown(ErrSessionClosed)
+	return nil
+}
+
+// Err returns why the session ended, or nil while it runs.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Done is closed when the session ends.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+func (s *Session) shutdown(err error) {
+	s.closeOne.Do(func() {
+		s.mu.Lock()
+		s.err = err
+		streams := s.streams
+		s.streams = map[uint32]*Stream{}
+		s.mu.Unlock()
+		close(s.done)
+		s.conn.Close()
+		for _, st := range streams {
+			st.wake()
+		}
+	})
+}
+
+// Open opens a new stream.
+func (s *Session) Open() (*Stream, error) {
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return nil, err
+	}
+	id := s.nextID
+	s.nextID += 2
+	st := newStream(s, id)
+	s.streams[id] = st
+	s.mu.Unlock()
+	if err := s.control(header{typ: typeWindow, flags: flagSYN, stream: id}); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// Accept waits for a stream the peer opened.
+func (s *Session) Accept() (*Stream, error) {
+	select {
+	case st := <-s.accept:
+		return st, nil
+	case <-s.done:
+		return nil, s.Err()
+	}
+}
+
+// Ping measures a round trip to the peer.
+func (s *Session) Ping() (time.Duration, error) {
+	s.mu.Lock()
+	s.pingSeq++
+	id := s.pingSeq
+	ch := make(chan struct{})
+	s.pings[id] = ch
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.pings, id)
+		s.mu.Unlock()
+	}()
+	start := time.Now()
+	if err := s.control(header{typ: typePing, flags: flagSYN, length: id}); err != nil {
+		return 0, err
+	}
+	t := time.NewTimer(s.cfg.KeepaliveTimeout)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return time.Since(start), nil
+	case <-t.C:
+		s.shutdown(ErrKeepalive)
+		return 0, ErrKeepalive
+	case <-s.done:
+		return 0, s.Err()
+	}
+}
+
+func (s *Session) keepalive() {
+	t := time.NewTicker(s.cfg.KeepaliveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			if _, err := s.Ping(); err != nil {
+				return
+			}
+		case <-s.done:
+			return
+		}
+	}
+}
+
+// control queues a control frame; control frames go before data.
+func (s *Session) control(h header) error {
+	b := make([]byte, headerSize)
+	h.encode(b)
+	select {
+	case s.ctrl <- b:
+		return nil
+	case <-s.done:
+		return s.Err()
+	}
+}
+
+// writeData writes one data frame and waits until it is on the wire.
+func (s *Session) writeData(id uint32, flags uint16, body []byte) error {
+	hdr := make([]byte, headerSize)
+	header{typ: typeData, flags: flags, stream: id, length: uint32(len(body))}.encode(hdr)
+	req := writeReq{frame: [][]byte{hdr, body}, done: make(chan error, 1)}
+	select {
+	case s.data <- req:
+	case <-s.done:
+		return s.Err()
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-s.done:
+		return s.Err()
+	}
+}
+
+// writeLoop is the only writer of the connection.
+func (s *Session) writeLoop() {
+	for {
+		// Control first.
+		select {
+		case b := <-s.ctrl:
+			if _, err := s.conn.Write(b); err != nil {
+				s.shutdown(fmt.Errorf("mux: write: %w", err))
+				return
+			}
+			continue
+		default:
+		}
+		select {
+		case b := <-s.ctrl:
+			if _, err := s.conn.Write(b); err != nil {
+				s.shutdown(fmt.Errorf("mux: write: %w", err))
+				return
+			}
+		case req := <-s.data:
+			bufs := net.Buffers(req.frame)
+			_, err := bufs.WriteTo(s.conn)
+			req.done <- err
+			if err != nil {
+				s.shutdown(fmt.Errorf("mux: write: %w", err))
+				return
+			}
+		case <-s.done:
+			return
+		}
+	}
+}
+
+// readLoop reads frames and dispatches them; a bad frame ends the session.
+func (s *Session) readLoop() {
+	hdr := make([]byte, headerSize)
+	for {
+		if _, err := io.ReadFull(s.conn, hdr); err != nil {
+			s.shutdown(fmt.Errorf("mux: read: %w", err))
+			return
+		}
+		h, err := decodeHeader(hdr)
+		if err != nil {
+			s.shutdown(err)
+			return
+		}
+		if err := s.dispatch(h); err != nil {
+			s.shutdown(err)
+			return
+		}
+	}
+}
+
+func (s *Session) dispatch(h header) error {
+	switch h.typ {
+	case typePing:
+		if h.flags&flagSYN != 0 {
+			return s.control(header{typ: typePing, flags: flagACK, length: h.length})
+		}
+		s.mu.Lock()
+		ch := s.pings[h.length]
+		delete(s.pings, h.length)
+		s.mu.Unlock()
+		if ch != nil {
+			close(ch)
+		}
+		return nil
+	case typeGoAway:
+		return fmt.Errorf("mux: peer went away (reason %d)", h.length)
+	}
+	st, err := s.stream(h)
+	if err != nil {
+		return err
+	}
+	if h.typ == typeWindow {
+		if st != nil {
+			st.credit(h.length)
+		}
+	} else {
+		var body []byte
+		if h.length > 0 {
+			body = make([]byte, h.length)
+			if _, err := io.ReadFull(s.conn, body); err != nil {
+				return fmt.Errorf("mux: read: %w", err)
+			}
+		}
+		if st != nil {
+			if err := st.receive(body); err != nil {
+				return err
+			}
+		}
+	}
+	if st != nil {
+		if h.flags&flagFIN != 0 {
+			st.remoteClose()
+		}
+		if h.flags&flagRST != 0 {
+			st.resetByPeer()
+		}
+	}
+	return nil
+}
+
+// stream finds (or, for SYN, creates) the stream a frame is for. It returns
+// nil for frames of streams already gone.
+func (s *Session) stream(h header) (*Stream, error) {
+	s.mu.Lock()
+	st := s.streams[h.stream]
+	if st == nil && h.flags&flagSYN != 0 {
+		if h.stream%2 == s.nextID%2 || h.stream == 0 {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w: peer opened stream %d with our parity", ErrProtocol, h.stream)
+		}
+		st = newStream(s, h.stream)
+		select {
+		case s.accept <- st:
+			s.streams[h.stream] = st
+		default:
+			s.mu.Unlock()
+			return nil, s.control(header{typ: typeWindow, flags: flagRST, stream: h.stream})
+		}
+	}
+	s.mu.Unlock()
+	return st, nil
+}
+
+func (s *Session) forget(id uint32) {
+	s.mu.Lock()
+	delete(s.streams, id)
+	s.mu.Unlock()
+}
