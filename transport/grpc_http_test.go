@@ -2,6 +2,7 @@ package transport_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -98,6 +101,38 @@ func TestHTTP(t *testing.T) {
 		resp.Body.Close()
 		if want := fmt.Sprintf("POST /echo %d", 100000*i); string(body) != want {
 			t.Fatalf("got %q, want %q", body, want)
+		}
+	}
+}
+
+// TestHTTP2Cleartext serves HTTP/2 without TLS (h2c) over a transport
+// listener to an HTTP/2 client dialing through transport.
+func TestHTTP2Cleartext(t *testing.T) {
+	addr := service(t)
+	l, err := transport.Listen(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2s := &http2.Server{}
+	srv := &http.Server{Handler: h2c.NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", r.Proto, r.URL.Path)
+	}), h2s)}
+	go srv.Serve(l)
+	defer srv.Close()
+	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+		return transport.Dial(ctx, addr)
+	}}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	for range 3 {
+		resp, err := client.Get("http://ubkit/h2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != "HTTP/2.0 /h2" {
+			t.Fatalf("got %q", body)
 		}
 	}
 }
