@@ -2,7 +2,6 @@ package transport_test
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -13,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/h2c"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -106,20 +103,22 @@ func TestHTTP(t *testing.T) {
 }
 
 // TestHTTP2Cleartext serves HTTP/2 without TLS (h2c) over a transport
-// listener to an HTTP/2 client dialing through transport.
+// listener to an HTTP/2 client dialing through transport, with net/http's
+// own unencrypted HTTP/2.
 func TestHTTP2Cleartext(t *testing.T) {
 	addr := service(t)
 	l, err := transport.Listen(context.Background(), addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h2s := &http2.Server{}
-	srv := &http.Server{Handler: h2c.NewHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var h2 http.Protocols
+	h2.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Protocols: &h2, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s %s", r.Proto, r.URL.Path)
-	}), h2s)}
+	})}
 	go srv.Serve(l)
 	defer srv.Close()
-	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, _, _ string, _ *tls.Config) (net.Conn, error) {
+	tr := &http.Transport{Protocols: &h2, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return transport.Dial(ctx, addr)
 	}}
 	defer tr.CloseIdleConnections()
