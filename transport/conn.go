@@ -14,6 +14,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport/internal/deadline"
+	"github.com/ubkit-io/ubkit/transport/mux"
 )
 
 // Path says how a connection's bytes travel.
@@ -67,7 +68,8 @@ type Conn struct {
 	notifyIn, notifyOut *os.File
 	peerGone            bool
 
-	msgs *messages
+	msgs   *messages
+	dialed bool // this side dialed (it opens odd-numbered mux streams)
 	// rmu and wmu serialize stream reads and writes; rmmu and mmu message
 	// receives and sends.
 	rmu, wmu, rmmu, mmu sync.Mutex
@@ -85,6 +87,16 @@ func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, w
 	return &Conn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
 		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut,
 		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}
+}
+
+// Session starts a session of multiplexed streams over the connection
+// (package transport/mux); call it on both sides. The connection then
+// belongs to the session.
+func (c *Conn) Session(cfg *mux.Config) *mux.Session {
+	if c.dialed {
+		return mux.Client(c, cfg)
+	}
+	return mux.Server(c, cfg)
 }
 
 // Path reports how the connection's bytes travel.

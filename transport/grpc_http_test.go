@@ -135,3 +135,48 @@ func TestHTTP2Cleartext(t *testing.T) {
 		}
 	}
 }
+
+// TestGRPCOverStreams serves gRPC on the streams of one session over one
+// same-host connection: every client connection is a stream.
+func TestGRPCOverStreams(t *testing.T) {
+	addr := service(t)
+	l, err := transport.Listen(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dialed, err := transport.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverSide := (<-accepted).(*transport.Conn).Session(nil)
+	clientSide := dialed.Session(nil)
+	defer clientSide.Close()
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(serverSide.Listener())
+	defer srv.Stop()
+	// Three clients, three streams, one connection.
+	for range 3 {
+		cc, err := grpc.NewClient("passthrough:///streams",
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return clientSide.Open() }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+		cc.Close()
+		if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("call over a stream: %v %v", resp, err)
+		}
+	}
+}

@@ -268,6 +268,6 @@ func Dial(ctx context.Context, addr string) (*Conn, error) {
 		return closeEnds(err)
 	}
 	c := newConn(seg, prod, cons, waitB, waitA, bR, aW, Addr{Node: a.Node, Service: a.Service + "-peer"}, a)
-	c.msgs = msgs
+	c.msgs, c.dialed = msgs, true
 	return c, nil
 }

@@ -358,3 +358,21 @@ func (s *Session) forget(id uint32) {
 	delete(s.streams, id)
 	s.mu.Unlock()
 }
+
+// Listener returns a net.Listener whose Accept yields the streams the peer
+// opens, so a server (gRPC, net/http) can serve streams of one session.
+// Closing it closes the session.
+func (s *Session) Listener() net.Listener { return sessionListener{s} }
+
+type sessionListener struct{ s *Session }
+
+func (l sessionListener) Accept() (net.Conn, error) {
+	st, err := l.s.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+func (l sessionListener) Close() error   { return l.s.Close() }
+func (l sessionListener) Addr() net.Addr { return l.s.conn.LocalAddr() }
