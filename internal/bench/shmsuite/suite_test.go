@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/benchtest"
 )
 
 func TestMain(m *testing.M) {
@@ -16,29 +17,9 @@ func TestMain(m *testing.M) {
 // TestCasesRun runs every contender of every case briefly, across
 // processes, so a broken case fails here rather than in `ubctl bench`. The
 // contenders verify counts and checksums themselves.
-func TestCasesRun(t *testing.T) {
-	for _, c := range Cases("") {
-		for _, k := range c.Contenders {
-			t.Run(c.Name+"/"+k.Name, func(t *testing.T) {
-				m, err := k.Run(50 * time.Millisecond)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if m.Value <= 0 {
-					t.Fatalf("value %v", m.Value)
-				}
-				if c.Latency && len(m.Samples) == 0 {
-					t.Fatal("latency case without samples")
-				}
-			})
-		}
-	}
-}
+func TestCasesRun(t *testing.T) { benchtest.CasesRun(t, Cases(""), 50*time.Millisecond) }
 
 func TestShmipcBaselineBuilds(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the shmipc-go baseline module; skipped in -short mode")
-	}
 	bin, err := BuildShmipc(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

@@ -5,11 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 )
@@ -64,18 +62,11 @@ func newStreamServer() *grpc.Server {
 
 // grpcStream sends 1 MiB messages on one client stream for d.
 func grpcStream(kind string, d time.Duration) (bench.Measurement, error) {
-	p, addr, err := server(kind, "grpc-stream")
+	cc, stop, err := grpcTo(kind, "grpc-stream")
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	defer p.Kill()
-	cc, err := grpc.NewClient("passthrough:///bench",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }))
-	if err != nil {
-		return bench.Measurement{}, err
-	}
-	defer cc.Close()
+	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
 	defer cancel()
 	cs, err := cc.NewStream(ctx, &sinkService.Streams[0], "/ubkit.bench.Pump/Sink", grpc.ForceCodec(rawCodec{}))

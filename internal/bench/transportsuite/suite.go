@@ -187,6 +187,39 @@ func startServer(kind, mode string) (*bench.Peer, string, error) {
 	return p, strings.TrimSpace(addr), nil
 }
 
+// connTo starts a server peer in mode over kind and dials it; stop closes
+// the connection and kills the peer.
+func connTo(kind, mode string) (net.Conn, func(), error) {
+	p, addr, err := server(kind, mode)
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := dial(context.Background(), kind, addr)
+	if err != nil {
+		p.Kill()
+		return nil, nil, err
+	}
+	return c, func() { c.Close(); p.Kill() }, nil
+}
+
+// grpcTo starts a gRPC server peer in mode over kind and returns a client
+// connection to it; stop closes it and kills the peer.
+func grpcTo(kind, mode string, opts ...grpc.DialOption) (*grpc.ClientConn, func(), error) {
+	p, addr, err := server(kind, mode)
+	if err != nil {
+		return nil, nil, err
+	}
+	opts = append(opts,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }))
+	cc, err := grpc.NewClient("passthrough:///bench", opts...)
+	if err != nil {
+		p.Kill()
+		return nil, nil, err
+	}
+	return cc, func() { cc.Close(); p.Kill() }, nil
+}
+
 func latency(samples []float64) bench.Measurement {
 	s := slices.Clone(samples)
 	slices.Sort(s)
@@ -194,16 +227,11 @@ func latency(samples []float64) bench.Measurement {
 }
 
 func echo(kind string, d time.Duration) (bench.Measurement, error) {
-	p, addr, err := server(kind, "echo")
+	c, stop, err := connTo(kind, "echo")
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	defer p.Kill()
-	c, err := dial(context.Background(), kind, addr)
-	if err != nil {
-		return bench.Measurement{}, err
-	}
-	defer c.Close()
+	defer stop()
 	out, in := make([]byte, 64), make([]byte, 64)
 	var samples []float64
 	start := time.Now()
@@ -225,16 +253,11 @@ func echo(kind string, d time.Duration) (bench.Measurement, error) {
 }
 
 func stream(kind string, d time.Duration) (bench.Measurement, error) {
-	p, addr, err := server(kind, "sink")
+	c, stop, err := connTo(kind, "sink")
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	defer p.Kill()
-	c, err := dial(context.Background(), kind, addr)
-	if err != nil {
-		return bench.Measurement{}, err
-	}
-	defer c.Close()
+	defer stop()
 	buf := make([]byte, 64<<10)
 	var n, sum uint64
 	start := time.Now()
@@ -259,18 +282,11 @@ func stream(kind string, d time.Duration) (bench.Measurement, error) {
 }
 
 func grpcUnary(kind string, d time.Duration) (bench.Measurement, error) {
-	p, addr, err := server(kind, "grpc")
+	cc, stop, err := grpcTo(kind, "grpc")
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	defer p.Kill()
-	cc, err := grpc.NewClient("passthrough:///bench",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }))
-	if err != nil {
-		return bench.Measurement{}, err
-	}
-	defer cc.Close()
+	defer stop()
 	client := healthpb.NewHealthClient(cc)
 	ctx := context.Background()
 	if _, err := client.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {

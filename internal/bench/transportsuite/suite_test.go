@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/benchtest"
 )
 
 func TestMain(m *testing.M) {
@@ -21,18 +22,4 @@ func TestMain(m *testing.M) {
 }
 
 // TestCasesRun runs every contender briefly across processes.
-func TestCasesRun(t *testing.T) {
-	for _, c := range Cases() {
-		for _, k := range c.Contenders {
-			t.Run(c.Name+"/"+k.Name, func(t *testing.T) {
-				m, err := k.Run(30 * time.Millisecond)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if m.Value <= 0 {
-					t.Fatalf("value %v", m.Value)
-				}
-			})
-		}
-	}
-}
+func TestCasesRun(t *testing.T) { benchtest.CasesRun(t, Cases(), 30*time.Millisecond) }

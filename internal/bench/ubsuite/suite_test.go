@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/benchtest"
 )
 
 func TestMain(m *testing.M) {
@@ -29,21 +30,7 @@ func TestMain(m *testing.M) {
 
 // TestCasesRun runs every contender briefly across processes, so a broken
 // case fails here rather than in `ubctl bench ub`.
-func TestCasesRun(t *testing.T) {
-	for _, c := range Cases() {
-		for _, k := range c.Contenders {
-			t.Run(c.Name+"/"+k.Name, func(t *testing.T) {
-				m, err := k.Run(30 * time.Millisecond)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if m.Value <= 0 {
-					t.Fatalf("value %v", m.Value)
-				}
-			})
-		}
-	}
-}
+func TestCasesRun(t *testing.T) { benchtest.CasesRun(t, Cases(), 30*time.Millisecond) }
 
 // createdByUs reports whether this process created the named segment (other
 // test packages may run at the same time and have live segments).

@@ -1,0 +1,33 @@
+// Package benchtest helps the tests of benchmark suites.
+package benchtest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+)
+
+// CasesRun runs every contender of every case for d, as a subtest, so a
+// broken case fails in `go test` rather than in `ubctl bench`. The
+// contenders check their own results (counts, checksums); a latency case
+// must also return samples.
+func CasesRun(t *testing.T, cases []bench.Case, d time.Duration) {
+	t.Helper()
+	for _, c := range cases {
+		for _, k := range c.Contenders {
+			t.Run(c.Name+"/"+k.Name, func(t *testing.T) {
+				m, err := k.Run(d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m.Value <= 0 {
+					t.Fatalf("value %v", m.Value)
+				}
+				if c.Latency && len(m.Samples) == 0 && m.P50 == 0 {
+					t.Fatal("latency case without samples")
+				}
+			})
+		}
+	}
+}
