@@ -8,6 +8,8 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
+	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
+	"github.com/ubkit-io/ubkit/transport"
 )
 
 // demoOptions are the demo's run lengths; tests shorten them.
@@ -35,10 +37,18 @@ func demoCmd(args []string, w io.Writer) error {
 	if uds, tcp := thr.Baselines["uds"], thr.Baselines["tcp"]; uds > 0 && tcp > 0 {
 		fmt.Fprintf(w, "ubkit streaming:  %.1fx the unix socket's messages/s, %.1fx TCP's\n", thr.Value/uds, thr.Value/tcp)
 	}
+	grpcRep, err := bench.Run("demo", transportsuite.DemoCases(), demoOptions)
+	if err != nil {
+		return err
+	}
+	g := grpcRep.Results[0]
+	fmt.Fprintf(w, "\ngRPC (unchanged grpc-go) health check, server in another process:\n")
+	fmt.Fprintf(w, "  %-22s p50 %-10s p99 %s\n", "over ubkit (path "+string(transport.PathShm)+")", dur(g.Detail["ubkit"].P50), dur(g.Detail["ubkit"].P99))
+	fmt.Fprintf(w, "  %-22s p50 %-10s p99 %s\n", "over TCP loopback", dur(g.Detail["tcp"].P50), dur(g.Detail["tcp"].P99))
 	if err := demoSim(w); err != nil {
 		return err
 	}
-	fmt.Fprintln(os.Stderr, "\nfull comparisons: go run ./cmd/ubctl bench shm (shmipc-go included), go run ./cmd/ubctl bench ub")
+	fmt.Fprintln(os.Stderr, "\nfull comparisons: go run ./cmd/ubctl bench shm (shmipc-go included), bench ub, bench transport")
 	return nil
 }
 

@@ -58,7 +58,7 @@ func TestDemo(t *testing.T) {
 	if err := demoCmd(nil, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"ubkit shm", "unix socket", "TCP loopback", "latency p50", "messages/s"} {
+	for _, want := range []string{"ubkit shm", "unix socket", "TCP loopback", "latency p50", "messages/s", "gRPC", "path shm", "link down"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}

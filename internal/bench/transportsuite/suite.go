@@ -46,6 +46,19 @@ func Cases() []bench.Case {
 	}
 }
 
+// DemoCases is what `ubctl demo` shows: a gRPC unary call to a server in
+// another process, over ubkit and over TCP loopback.
+func DemoCases() []bench.Case {
+	var out []bench.Case
+	for _, c := range Cases() {
+		if c.Name == "grpc-unary" {
+			c.Contenders = c.Contenders[:2] // ubkit, tcp
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 type peerArgs struct {
 	Kind string `json:"kind"` // ubkit, tcp or uds
 	Mode string `json:"mode"` // echo, sink, grpc or http
