@@ -154,3 +154,26 @@ func FuzzFrames(f *testing.F) {
 		s.Close()
 	})
 }
+
+// TestCreditViolation: a peer that sends more than the window it was given
+// ends the session with a protocol error, before the bytes are buffered.
+func TestCreditViolation(t *testing.T) {
+	a, b := net.Pipe()
+	s := Server(a, &Config{KeepaliveInterval: -1})
+	defer s.Close()
+	go io.Copy(io.Discard, b)
+	var h [headerSize]byte
+	header{typ: typeWindow, flags: flagSYN, stream: 1}.encode(h[:])
+	b.Write(h[:])
+	header{typ: typeData, stream: 1, length: initialWindow + 1}.encode(h[:])
+	b.Write(h[:])
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session took more than its window")
+	}
+	if !errors.Is(s.Err(), ErrProtocol) {
+		t.Fatalf("session ended with %v, want a protocol error", s.Err())
+	}
+	b.Close()
+}

@@ -303,9 +303,21 @@ func (s *Session) dispatch(h header) error {
 	}
 	if h.typ == typeWindow {
 		if st != nil {
-			st.credit(h.length)
+			if err := st.credit(h.length); err != nil {
+				return err
+			}
+		}
+	} else if st == nil {
+		// A stream already gone: skip its bytes without keeping them.
+		if _, err := io.CopyN(io.Discard, s.conn, int64(h.length)); err != nil {
+			return fmt.Errorf("mux: read: %w", err)
 		}
 	} else {
+		// Check the credit before allocating: a peer cannot make us hold
+		// more than the window it was given.
+		if err := st.admit(h.length); err != nil {
+			return err
+		}
 		var body []byte
 		if h.length > 0 {
 			body = make([]byte, h.length)
@@ -313,10 +325,8 @@ func (s *Session) dispatch(h header) error {
 				return fmt.Errorf("mux: read: %w", err)
 			}
 		}
-		if st != nil {
-			if err := st.receive(body); err != nil {
-				return err
-			}
+		if err := st.receive(body); err != nil {
+			return err
 		}
 	}
 	if st != nil {

@@ -71,6 +71,16 @@ func (st *Stream) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "mux", Addr: st.RemoteAddr(), Err: err}
 }
 
+// admit checks that n more bytes fit in the credit the peer was given.
+func (st *Stream) admit(n uint32) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if n > st.recvCredit {
+		return fmt.Errorf("%w: stream %d sent %d bytes with %d credit", ErrProtocol, st.id, n, st.recvCredit)
+	}
+	return nil
+}
+
 // receive takes a data frame's body; more than the credit given is a
 // protocol error.
 func (st *Stream) receive(body []byte) error {
@@ -87,11 +97,15 @@ func (st *Stream) receive(body []byte) error {
 	return nil
 }
 
-func (st *Stream) credit(n uint32) {
+func (st *Stream) credit(n uint32) error {
 	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.sendCredit+n < st.sendCredit {
+		return fmt.Errorf("%w: stream %d credit overflows", ErrProtocol, st.id)
+	}
 	st.sendCredit += n
-	st.mu.Unlock()
 	signal(st.writable)
+	return nil
 }
 
 func (st *Stream) remoteClose() {
