@@ -68,8 +68,10 @@ type Conn struct {
 	notifyIn, notifyOut *os.File
 	peerGone            bool
 
-	msgs   *messages
-	dialed bool // this side dialed (it opens odd-numbered mux streams)
+	msgs       *messages
+	live       int  // messages loaned or received, not yet sent or released (mmu)
+	unmapLater bool // Close left the unmapping to the last Release (mmu)
+	dialed     bool // this side dialed (it opens odd-numbered mux streams)
 	// rmu and wmu serialize stream reads and writes; rmmu and mmu message
 	// receives and sends.
 	rmu, wmu, rmmu, mmu sync.Mutex
@@ -330,7 +332,13 @@ func (c *Conn) Close() error {
 	c.rmmu.Lock()
 	c.mmu.Lock()
 	c.msgs.close()
+	// Messages still held keep the memory they point into mapped.
+	later := c.live > 0
+	c.unmapLater = later
 	c.mmu.Unlock()
 	c.rmmu.Unlock()
+	if later {
+		return nil
+	}
 	return c.seg.Close()
 }

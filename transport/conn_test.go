@@ -189,3 +189,32 @@ func TestListenErrors(t *testing.T) {
 		t.Error("dialed a service nobody listens on")
 	}
 }
+
+// TestSilentDialerBlocksNobody: a process that connects to the rendezvous
+// socket and says nothing does not hold up other dialers.
+func TestSilentDialerBlocksNobody(t *testing.T) {
+	addr := fmt.Sprintf("ub:///silent-%d", os.Getpid())
+	l, err := Listen(context.Background(), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a, _ := ParseAddr(addr)
+	silent, err := net.Dial("unix", socketPath(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, addr)
+	if err != nil {
+		t.Fatalf("dial behind a silent dialer: %v", err)
+	}
+	c.Close()
+}

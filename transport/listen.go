@@ -8,17 +8,25 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
 )
 
 // Listener accepts connections for one service. It is a net.Listener.
 type Listener struct {
-	addr Addr
-	path string
-	l    *net.UnixListener
-	once sync.Once
+	addr  Addr
+	path  string
+	l     *net.UnixListener
+	once  sync.Once
+	conns chan *Conn
+	done  chan struct{}
+	err   error // why accepting stopped (set before done closes)
 }
+
+// handshakeTimeout bounds a dialer's handshake, so a silent or stopped one
+// holds nobody up.
+const handshakeTimeout = 5 * time.Second
 
 var _ net.Listener = (*Listener)(nil)
 
@@ -37,9 +45,13 @@ func Listen(ctx context.Context, addr string) (*Listener, error) {
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "unix", path)
 	if err != nil && errors.Is(err, syscall.EADDRINUSE) {
-		// Someone listens, or a dead listener left its socket behind.
-		if c, derr := net.Dial("unix", path); derr == nil {
+		// Someone listens, or a dead listener left its socket behind: only
+		// a refused connection proves the latter.
+		c, derr := net.Dial("unix", path)
+		if derr == nil {
 			c.Close()
+		}
+		if !errors.Is(derr, syscall.ECONNREFUSED) {
 			return nil, fmt.Errorf("transport: %s is already being listened on", a)
 		}
 		os.Remove(path)
@@ -50,7 +62,35 @@ func Listen(ctx context.Context, addr string) (*Listener, error) {
 	}
 	ul := l.(*net.UnixListener)
 	ul.SetUnlinkOnClose(true)
-	return &Listener{addr: a, path: path, l: ul}, nil
+	ln := &Listener{addr: a, path: path, l: ul, conns: make(chan *Conn), done: make(chan struct{})}
+	go ln.acceptLoop()
+	return ln, nil
+}
+
+// acceptLoop takes dialers and runs each handshake on its own, so one slow
+// dialer delays nobody else.
+func (l *Listener) acceptLoop() {
+	for {
+		uc, err := l.l.AcceptUnix()
+		if err != nil {
+			l.err = err
+			close(l.done)
+			return
+		}
+		go func() {
+			uc.SetDeadline(time.Now().Add(handshakeTimeout))
+			c, err := l.handshake(uc)
+			uc.Close()
+			if err != nil {
+				return // a bad dialer does not stop the listener
+			}
+			select {
+			case l.conns <- c:
+			case <-l.done:
+				c.Close()
+			}
+		}()
+	}
 }
 
 // Addr returns the listener's address.
@@ -63,21 +103,14 @@ func (l *Listener) Close() error {
 	return err
 }
 
-// Accept waits for a dialer, checks it runs as this user, and maps the
-// connection's shared memory it hands over.
+// Accept waits for a dialer that has completed its handshake: it runs as
+// this user and handed over the connection's shared memory.
 func (l *Listener) Accept() (net.Conn, error) {
-	for {
-		uc, err := l.l.AcceptUnix()
-		if err != nil {
-			return nil, err
-		}
-		c, err := l.handshake(uc)
-		uc.Close()
-		if err != nil {
-			// A bad dialer does not stop the listener.
-			continue
-		}
+	select {
+	case c := <-l.conns:
 		return c, nil
+	case <-l.done:
+		return nil, l.err
 	}
 }
 
@@ -190,6 +223,9 @@ func Dial(ctx context.Context, addr string) (*Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		uc.SetDeadline(dl)
 	}
+	// A cancelled ctx ends the handshake too.
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	offA, offB, offCtl, _ := ringOffsets()
 	_, _, _, size := messageLayout(offCtl + 256)
 	seg, err := shm.CreateMemfd("transport", size, nil)

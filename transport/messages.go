@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
+	"syscall"
 
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport/internal/deadline"
@@ -109,13 +109,17 @@ type Msg struct {
 // Bytes returns the message's bytes, in shared memory.
 func (m *Msg) Bytes() []byte { return m.buf.Bytes()[:m.n] }
 
-// Release gives a received (or unsent loaned) buffer back to the pool.
+// Release gives a received (or unsent loaned) buffer back to the pool. Its
+// bytes stay valid until then, even after the connection closes.
 func (m *Msg) Release() error {
-	if m.c == nil {
+	c := m.c
+	if c == nil {
 		return errors.New("transport: message already released or sent")
 	}
 	m.c = nil
-	return m.buf.Return()
+	err := m.buf.Return()
+	c.msgDone()
+	return err
 }
 
 // ErrMessageTooLarge is returned by Loan for more than the largest buffer.
@@ -123,6 +127,8 @@ var ErrMessageTooLarge = errors.New("transport: message larger than the largest 
 
 // Loan returns a buffer of n bytes to fill and Send, without a copy.
 func (c *Conn) Loan(n int) (*Msg, error) {
+	c.mmu.Lock()
+	defer c.mmu.Unlock()
 	if deadline.IsClosed(c.closing) {
 		return nil, c.opError("loan", net.ErrClosed)
 	}
@@ -133,6 +139,7 @@ func (c *Conn) Loan(n int) (*Msg, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: loan %d bytes: %w", n, err)
 	}
+	c.live++
 	return &Msg{c: c, buf: b, n: n}, nil
 }
 
@@ -157,6 +164,7 @@ func (c *Conn) Send(m *Msg) error {
 		return c.opError("send", c.why(c.writeDeadline, seen, err))
 	}
 	m.c = nil
+	c.live--
 	return nil
 }
 
@@ -184,7 +192,7 @@ func (c *Conn) Recv(ctx context.Context) (*Msg, error) {
 		if deadline.IsClosed(c.closing) {
 			err = net.ErrClosed
 		} else if errors.Is(err, shm.ErrPeerDead) {
-			err = fmt.Errorf("transport: peer process died: %w", errPeerDead)
+			err = fmt.Errorf("transport: peer process died: %w", syscall.ECONNRESET)
 		}
 		return nil, c.opError("recv", err)
 	}
@@ -206,7 +214,19 @@ func (c *Conn) Recv(ctx context.Context) (*Msg, error) {
 		b.Return()
 		return nil, c.opError("recv", fmt.Errorf("transport: message of %d bytes in a %d-byte buffer", n, len(b.Bytes())))
 	}
+	c.mmu.Lock()
+	c.live++
+	c.mmu.Unlock()
 	return &Msg{c: c, buf: b, n: int(n)}, nil
 }
 
-var errPeerDead = os.ErrProcessDone
+// msgDone notes a released message; the last one after Close unmaps.
+func (c *Conn) msgDone() {
+	c.mmu.Lock()
+	c.live--
+	last := c.live == 0 && c.unmapLater
+	c.mmu.Unlock()
+	if last {
+		c.seg.Close()
+	}
+}

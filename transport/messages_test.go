@@ -134,3 +134,41 @@ func TestHostileMessageRecords(t *testing.T) {
 	}
 	got.Release()
 }
+
+// TestMessageOutlivesClose: a message held when its connection closes stays
+// readable until released (the memory is unmapped after the last Release).
+func TestMessageOutlivesClose(t *testing.T) {
+	c1, c2, stop := pipe(t)
+	defer stop()
+	a, b := c1.(*Conn), c2.(*Conn)
+	m, err := a.Loan(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(m.Bytes(), "kept")
+	if err := a.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Recv(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := b.Loan(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if string(got.Bytes()[:4]) != "kept" {
+		t.Fatalf("after Close: %q", got.Bytes()[:4])
+	}
+	held.Bytes()[0] = 1
+	if err := got.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Loan(1); err == nil {
+		t.Error("loaned from a closed connection")
+	}
+}

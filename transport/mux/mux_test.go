@@ -177,3 +177,28 @@ func TestCreditViolation(t *testing.T) {
 	}
 	b.Close()
 }
+
+// TestWriterNotStuckWhenPeerCloses: a writer waiting for credit is not left
+// waiting when the reader closes its stream: the data is dropped and the
+// credit returned.
+func TestWriterNotStuckWhenPeerCloses(t *testing.T) {
+	c, s := pair(t, nil)
+	w, _ := c.Open()
+	r, _ := s.Accept()
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.Write(make([]byte, 4*initialWindow))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	r.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the writer is stuck after the reader closed its stream")
+	}
+	w.Close()
+}

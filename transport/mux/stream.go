@@ -90,9 +90,16 @@ func (st *Stream) receive(body []byte) error {
 		return fmt.Errorf("%w: stream %d sent %d bytes with %d credit", ErrProtocol, st.id, len(body), st.recvCredit)
 	}
 	st.recvCredit -= uint32(len(body))
-	if !st.closed {
-		st.buf.Write(body)
+	if st.closed {
+		// Closed here, still open there: drop the data but give the credit
+		// back, so the peer's writer is never stuck waiting for it.
+		st.recvCredit += uint32(len(body))
+		if len(body) > 0 {
+			go st.s.control(header{typ: typeWindow, stream: st.id, length: uint32(len(body))})
+		}
+		return nil
 	}
+	st.buf.Write(body)
 	signal(st.readable)
 	return nil
 }
@@ -111,7 +118,7 @@ func (st *Stream) credit(n uint32) error {
 func (st *Stream) remoteClose() {
 	st.mu.Lock()
 	st.remoteFIN = true
-	done := st.localFIN || st.closed
+	done := st.localFIN
 	st.mu.Unlock()
 	signal(st.readable)
 	if done {
@@ -261,12 +268,20 @@ func (st *Stream) Close() error {
 	st.closed = true
 	fin := !st.localFIN && !st.reset
 	st.localFIN = true
+	// What was received and not read is dropped; its credit goes back.
+	unread := uint32(st.buf.Len())
 	st.buf.Reset()
+	st.recvCredit += unread
+	// Until the peer's FIN the stream stays known, so its data keeps
+	// being dropped with credit returned (its writer must not hang).
+	forget := st.remoteFIN || st.reset
 	st.mu.Unlock()
 	st.wake()
 	if fin {
-		st.s.control(header{typ: typeWindow, flags: flagFIN, stream: st.id})
+		st.s.control(header{typ: typeWindow, flags: flagFIN, stream: st.id, length: unread})
 	}
-	st.s.forget(st.id)
+	if forget {
+		st.s.forget(st.id)
+	}
 	return nil
 }
