@@ -202,3 +202,40 @@ func TestWriterNotStuckWhenPeerCloses(t *testing.T) {
 	}
 	w.Close()
 }
+
+// TestUnopenedStreams: frames for streams never opened, and a SYN reusing
+// an id, end the session, as PROTOCOL.md says.
+func TestUnopenedStreams(t *testing.T) {
+	frames := map[string][]header{
+		"data for a stream never opened": {{typ: typeData, stream: 7}},
+		"a stream opened twice":          {{typ: typeWindow, flags: flagSYN, stream: 1}, {typ: typeWindow, flags: flagSYN, stream: 1}},
+		"an id below the last one":       {{typ: typeWindow, flags: flagSYN, stream: 5}, {typ: typeWindow, flags: flagSYN, stream: 3}},
+		"our parity":                     {{typ: typeWindow, flags: flagSYN, stream: 2}},
+	}
+	for name, hs := range frames {
+		t.Run(name, func(t *testing.T) {
+			a, b := net.Pipe()
+			s := Server(a, &Config{KeepaliveInterval: -1})
+			defer s.Close()
+			go io.Copy(io.Discard, b)
+			go func() {
+				for _, h := range hs {
+					var buf [headerSize]byte
+					h.encode(buf[:])
+					if _, err := b.Write(buf[:]); err != nil {
+						return
+					}
+				}
+			}()
+			select {
+			case <-s.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("session went on")
+			}
+			if !errors.Is(s.Err(), ErrProtocol) {
+				t.Fatalf("ended with %v", s.Err())
+			}
+			b.Close()
+		})
+	}
+}

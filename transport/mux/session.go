@@ -42,7 +42,8 @@ type Session struct {
 	mu       sync.Mutex
 	streams  map[uint32]*Stream
 	nextID   uint32
-	err      error // why the session ended
+	peerMax  uint32 // highest stream id the peer opened
+	err      error  // why the session ended
 	accept   chan *Stream
 	done     chan struct{}
 	pingSeq  uint32
@@ -345,11 +346,20 @@ func (s *Session) dispatch(h header) error {
 func (s *Session) stream(h header) (*Stream, error) {
 	s.mu.Lock()
 	st := s.streams[h.stream]
+	ours := h.stream%2 == s.nextID%2
+	switch {
+	case h.stream == 0:
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: frame for stream 0", ErrProtocol)
+	case h.flags&flagSYN != 0 && (st != nil || ours || h.stream <= s.peerMax):
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: stream %d opened twice or with our parity", ErrProtocol, h.stream)
+	case st == nil && h.flags&flagSYN == 0 && ((ours && h.stream >= s.nextID) || (!ours && h.stream > s.peerMax)):
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: frame for stream %d, which was never opened", ErrProtocol, h.stream)
+	}
 	if st == nil && h.flags&flagSYN != 0 {
-		if h.stream%2 == s.nextID%2 || h.stream == 0 {
-			s.mu.Unlock()
-			return nil, fmt.Errorf("%w: peer opened stream %d with our parity", ErrProtocol, h.stream)
-		}
+		s.peerMax = h.stream
 		st = newStream(s, h.stream)
 		select {
 		case s.accept <- st:

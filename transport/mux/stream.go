@@ -277,8 +277,15 @@ func (st *Stream) Close() error {
 	forget := st.remoteFIN || st.reset
 	st.mu.Unlock()
 	st.wake()
+	if unread > 0 {
+		st.s.control(header{typ: typeWindow, stream: st.id, length: unread})
+	}
 	if fin {
-		st.s.control(header{typ: typeWindow, flags: flagFIN, stream: st.id, length: unread})
+		// After any Write in flight (woken above, it returns), on the data
+		// path, so the FIN never overtakes data.
+		st.wmu.Lock()
+		st.s.writeData(st.id, flagFIN, nil)
+		st.wmu.Unlock()
 	}
 	if forget {
 		st.s.forget(st.id)
