@@ -167,11 +167,19 @@ func (s *Session) Ping() (time.Duration, error) {
 		s.mu.Unlock()
 	}()
 	start := time.Now()
-	if err := s.control(header{typ: typePing, flags: flagSYN, length: id}); err != nil {
-		return 0, err
-	}
+	// The timer runs from before the ping is queued: a stuck writer counts.
 	t := time.NewTimer(s.cfg.KeepaliveTimeout)
 	defer t.Stop()
+	b := make([]byte, headerSize)
+	header{typ: typePing, flags: flagSYN, length: id}.encode(b)
+	select {
+	case s.ctrl <- b:
+	case <-t.C:
+		s.shutdown(ErrKeepalive)
+		return 0, ErrKeepalive
+	case <-s.done:
+		return 0, s.Err()
+	}
 	select {
 	case <-ch:
 		return time.Since(start), nil
@@ -285,7 +293,15 @@ func (s *Session) dispatch(h header) error {
 	switch h.typ {
 	case typePing:
 		if h.flags&flagSYN != 0 {
-			return s.control(header{typ: typePing, flags: flagACK, length: h.length})
+			// Answer if there is room; a peer that floods pings and stops
+			// reading must not stall this loop.
+			b := make([]byte, headerSize)
+			header{typ: typePing, flags: flagACK, length: h.length}.encode(b)
+			select {
+			case s.ctrl <- b:
+			default:
+			}
+			return nil
 		}
 		s.mu.Lock()
 		ch := s.pings[h.length]
