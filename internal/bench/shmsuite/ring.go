@@ -25,6 +25,10 @@ type ringSetup struct {
 	capA     int
 	capB     int
 	waitMode shm.WaitMode
+	p        *shm.Producer
+	c        *shm.Consumer
+	ctx      context.Context
+	cancel   context.CancelFunc
 }
 
 var zeroCopyPool = shm.PoolConfig{Classes: []shm.PoolClass{{Size: 256, Count: 16}, {Size: mib, Count: zeroCopyBuffers}}}
@@ -42,7 +46,9 @@ func layout(capA, capB int, withPool bool) (offA, offB, offPool, size int) {
 	return offA, offB, offPool, size
 }
 
-func startRing(caseName string, capA, capB int, withPool bool, wait shm.WaitMode) (*ringSetup, error) {
+// startRing makes the segment, starts the peer, attaches this process's
+// ends and gives them a context that outlasts a run of d.
+func startRing(caseName string, capA, capB int, withPool bool, wait shm.WaitMode, d time.Duration) (*ringSetup, error) {
 	offA, offB, offPool, size := layout(capA, capB, withPool)
 	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), segCounter.Add(1))
 	seg, err := shm.CreateSegment(name, size, &shm.SegmentOptions{Populate: true})
@@ -66,10 +72,18 @@ func startRing(caseName string, capA, capB int, withPool bool, wait shm.WaitMode
 	if err != nil {
 		return fail(err)
 	}
+	if s.p, s.c, err = s.ends(); err != nil {
+		s.close()
+		return nil, err
+	}
+	s.ctx, s.cancel = context.WithTimeout(context.Background(), d+10*time.Second)
 	return s, nil
 }
 
 func (s *ringSetup) close() {
+	if s.cancel != nil {
+		s.cancel()
+	}
 	s.peer.Kill()
 	s.seg.Close()
 }
@@ -86,17 +100,12 @@ func (s *ringSetup) ends() (*shm.Producer, *shm.Consumer, error) {
 }
 
 func shmPingPong(d time.Duration, wait shm.WaitMode) (bench.Measurement, error) {
-	s, err := startRing("pingpong", 4096, 4096, false, wait)
+	s, err := startRing("pingpong", 4096, 4096, false, wait, d)
 	if err != nil {
 		return bench.Measurement{}, err
 	}
 	defer s.close()
-	p, c, err := s.ends()
-	if err != nil {
-		return bench.Measurement{}, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
-	defer cancel()
+	p, c, ctx := s.p, s.c, s.ctx
 	samples := make([]float64, 0, 1<<20)
 	start := time.Now()
 	for i := uint64(0); ; i++ {
@@ -134,17 +143,12 @@ func shmStream(d time.Duration, size int, copyIn bool) (bench.Measurement, error
 	// lines the consumer's cache no longer holds (measured: 64 KiB to 1 MiB
 	// rings run at a third of the rate; see docs/PERFORMANCE.md).
 	capA := 4 * mib
-	s, err := startRing("stream", capA, 4096, false, shm.WaitBlock)
+	s, err := startRing("stream", capA, 4096, false, shm.WaitBlock, d)
 	if err != nil {
 		return bench.Measurement{}, err
 	}
 	defer s.close()
-	p, c, err := s.ends()
-	if err != nil {
-		return bench.Measurement{}, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
-	defer cancel()
+	p, c, ctx := s.p, s.c, s.ctx
 	var n, sum uint64
 	start := time.Now()
 	if copyIn {
@@ -196,17 +200,12 @@ func shmStream(d time.Duration, size int, copyIn bool) (bench.Measurement, error
 const zeroCopyBuffers = 8
 
 func shmZeroCopy(d time.Duration) (bench.Measurement, error) {
-	s, err := startRing("zerocopy", 4096, 4096, true, shm.WaitBlock)
+	s, err := startRing("zerocopy", 4096, 4096, true, shm.WaitBlock, d)
 	if err != nil {
 		return bench.Measurement{}, err
 	}
 	defer s.close()
-	p, c, err := s.ends()
-	if err != nil {
-		return bench.Measurement{}, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
-	defer cancel()
+	p, c, ctx := s.p, s.c, s.ctx
 	// Loan the buffers once; the receiver hands each back by handle when it
 	// has read it, and the sender refills the oldest.
 	var free []shm.Buffer
