@@ -60,6 +60,20 @@ func (b *Binding[T]) Resolve(t T, given bool) (T, ub.Status) {
 	return t, ub.StatusSuccess
 }
 
+// Target resolves a work request's Target given as a ub.Target: nil means
+// the bound one; a target of another provider (not a T) is unsupported.
+func (b *Binding[T]) Target(t ub.Target) (T, ub.Status) {
+	var zero T
+	if t == nil {
+		return b.Resolve(zero, false)
+	}
+	tg, ok := t.(T)
+	if !ok {
+		return zero, ub.StatusUnsupported
+	}
+	return b.Resolve(tg, true)
+}
+
 // ErrQueueClosed is returned by a closed Queue.
 var ErrQueueClosed = errors.New("ub: completion queue closed")
 

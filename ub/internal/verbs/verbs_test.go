@@ -64,3 +64,21 @@ func TestQueue(t *testing.T) {
 		t.Error("pop after close")
 	}
 }
+
+type fakeTarget struct{ ub.Target }
+
+func TestBindingTarget(t *testing.T) {
+	x := &fakeTarget{}
+	rc := Binding[*fakeTarget]{Mode: ub.ReliableConnection}
+	if _, st := rc.Target(nil); st != ub.StatusUnsupported {
+		t.Error("unbound RC resolved a nil target")
+	}
+	rc.Bind("p", x)
+	if got, st := rc.Target(nil); got != x || st != ub.StatusSuccess {
+		t.Error("nil target did not resolve to the bound one")
+	}
+	var other ub.Target = struct{ ub.Target }{}
+	if _, st := rc.Target(other); st != ub.StatusUnsupported {
+		t.Error("a foreign target type was accepted")
+	}
+}

@@ -220,7 +220,7 @@ func (j *jetty) run(wr *ub.WR) ub.Completion {
 		if st != ub.StatusSuccess {
 			return ub.Completion{Status: st}
 		}
-		t, st := j.target(wr.Target)
+		t, st := j.bind.Target(wr.Target)
 		if st != ub.StatusSuccess {
 			return ub.Completion{Status: st}
 		}
@@ -231,17 +231,6 @@ func (j *jetty) run(wr *ub.WR) ub.Completion {
 		return ub.Completion{Status: st, Len: len(buf)}
 	}
 	return ub.Completion{Status: ub.StatusUnsupported}
-}
-
-func (j *jetty) target(t ub.Target) (*target, ub.Status) {
-	if t == nil {
-		return j.bind.Resolve(nil, false)
-	}
-	tg, ok := t.(*target)
-	if !ok {
-		return nil, ub.StatusUnsupported
-	}
-	return j.bind.Resolve(tg, true)
 }
 
 func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
@@ -264,7 +253,7 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 		}
 		copy(r.bytes(wr.Remote.Offset, len(buf)), buf)
 		if wr.Op == ub.OpWriteImm {
-			t, st := j.target(wr.Target)
+			t, st := j.bind.Target(wr.Target)
 			if st != ub.StatusSuccess {
 				return ub.Completion{Status: st, Len: len(buf)}
 			}

@@ -190,17 +190,6 @@ func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64
 	return status
 }
 
-func (j *jetty) target(t ub.Target) (*target, ub.Status) {
-	if t == nil {
-		return j.bind.Resolve(nil, false)
-	}
-	tg, ok := t.(*target)
-	if !ok {
-		return nil, ub.StatusUnsupported
-	}
-	return j.bind.Resolve(tg, true)
-}
-
 func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {
 	s, ok := l.Seg.(*segment)
 	if !ok || s.c != j.c || s.closed || !verbs.InRange(l.Offset, l.Len, len(s.bytes)) {
@@ -276,7 +265,7 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 			}
 			req.op, req.payload = opWrite, buf
 			if wr.Op == ub.OpWriteImm {
-				t, st := j.target(wr.Target)
+				t, st := j.bind.Target(wr.Target)
 				if st != ub.StatusSuccess {
 					return st
 				}
@@ -317,7 +306,7 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 		if len(buf) > j.cfg.MaxMessage {
 			return ub.StatusLocalLength
 		}
-		t, st := j.target(wr.Target)
+		t, st := j.bind.Target(wr.Target)
 		if st != ub.StatusSuccess {
 			return st
 		}
