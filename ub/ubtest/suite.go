@@ -43,6 +43,26 @@ func newLocal(t *testing.T, open Open, mode ub.Mode) *local {
 	return &local{c: c, seg: seg, cq: cq, j: j}
 }
 
+// importSegment imports a peer's segment or fails the test.
+func (l *local) importSegment(t *testing.T, desc ub.SegmentDesc, token ub.Token) ub.RemoteSegment {
+	t.Helper()
+	r, err := l.c.ImportSegment(desc, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// importJetty imports a peer's jetty or fails the test.
+func (l *local) importJetty(t *testing.T, desc ub.JettyDesc, token ub.Token) ub.Target {
+	t.Helper()
+	tg, err := l.c.ImportJetty(desc, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tg
+}
+
 // post posts one work request and returns its completion.
 func (l *local) post(t *testing.T, wr ub.WR) ub.Completion {
 	t.Helper()
@@ -110,10 +130,7 @@ func Run(t *testing.T, open Open) {
 func testWriteRead(t *testing.T, open Open) {
 	p := startPeer(t)
 	l := newLocal(t, open, ub.ReliableMessage)
-	r, err := l.c.ImportSegment(p.hello.Seg, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := l.importSegment(t, p.hello.Seg, peerToken)
 	c := l.post(t, ub.WR{Op: ub.OpWrite, UserCtx: 7, Local: l.put(0, "hello, bus"), Remote: ub.Remote{Seg: r, Offset: 100}})
 	wantStatus(t, "write", c, ub.StatusSuccess)
 	if c.UserCtx != 7 || c.Op != ub.OpWrite || c.Len != 10 {
@@ -136,10 +153,7 @@ func testWriteRead(t *testing.T, open Open) {
 	for i := range 50 {
 		l.post(t, ub.WR{Op: ub.OpWrite, Local: l.put(300+8*i, fmt.Sprintf("w%07d", i)), Remote: ub.Remote{Seg: r, Offset: 1000 + 8*i}})
 	}
-	tgt, err := l.c.ImportJetty(p.hello.Jetty, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tgt := l.importJetty(t, p.hello.Jetty, peerToken)
 	wantStatus(t, "send after writes", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(800, "done"), Target: tgt}), ub.StatusSuccess)
 	var comps []map[string]any
 	p.do(&comps, "poll", 1)
@@ -154,18 +168,9 @@ func testWriteRead(t *testing.T, open Open) {
 func testAccess(t *testing.T, open Open) {
 	p := startPeer(t)
 	l := newLocal(t, open, ub.ReliableMessage)
-	bad, err := l.c.ImportSegment(p.hello.Seg, peerToken+1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ro, err := l.c.ImportSegment(p.hello.ReadOnly, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	good, err := l.c.ImportSegment(p.hello.Seg, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bad := l.importSegment(t, p.hello.Seg, peerToken+1)
+	ro := l.importSegment(t, p.hello.ReadOnly, peerToken)
+	good := l.importSegment(t, p.hello.Seg, peerToken)
 	data := l.put(0, "xxxxxxxx")
 	cases := []struct {
 		name string
@@ -200,10 +205,7 @@ func testAccess(t *testing.T, open Open) {
 func testSendRecv(t *testing.T, open Open) {
 	p := startPeer(t)
 	l := newLocal(t, open, ub.ReliableMessage)
-	tgt, err := l.c.ImportJetty(p.hello.Jetty, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tgt := l.importJetty(t, p.hello.Jetty, peerToken)
 	var posted map[string]any
 	p.do(&posted, "recv", 100)
 	wrs := make([]ub.WR, 100)
@@ -245,10 +247,7 @@ func testSendRecv(t *testing.T, open Open) {
 		}
 	}
 	// WriteImm writes, then notifies through a posted receive.
-	r, err := l.c.ImportSegment(p.hello.Seg, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := l.importSegment(t, p.hello.Seg, peerToken)
 	p.do(&posted, "recv", 1)
 	wantStatus(t, "write-imm", l.post(t, ub.WR{Op: ub.OpWriteImm, Local: l.put(0, "imm!"), Remote: ub.Remote{Seg: r, Offset: 64}, Target: tgt, Imm: 99}), ub.StatusSuccess)
 	p.do(&comps, "poll", 1)
@@ -265,20 +264,14 @@ func testSendRecv(t *testing.T, open Open) {
 		t.Fatalf("receiver of the oversized message: %+v", comps)
 	}
 	// A wrong jetty token is refused.
-	badTgt, err := l.c.ImportJetty(p.hello.Jetty, peerToken+1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	badTgt := l.importJetty(t, p.hello.Jetty, peerToken+1)
 	wantStatus(t, "send with a wrong token", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "x"), Target: badTgt}), ub.StatusBadToken)
 }
 
 func testOverrun(t *testing.T, open Open) {
 	p := startPeer(t)
 	l := newLocal(t, open, ub.ReliableMessage)
-	tgt, err := l.c.ImportJetty(p.hello.Jetty, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tgt := l.importJetty(t, p.hello.Jetty, peerToken)
 	var posted map[string]any
 	p.do(&posted, "recv", 2)
 	for i, want := range []ub.Status{ub.StatusSuccess, ub.StatusSuccess, ub.StatusReceiverNotReady} {
@@ -289,10 +282,7 @@ func testOverrun(t *testing.T, open Open) {
 func testAtomics(t *testing.T, open Open) {
 	l := newLocal(t, open, ub.ReliableMessage)
 	// Our own word, hammered by two peer processes and by us.
-	self, err := l.c.ImportSegment(l.seg.Desc(), peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	self := l.importSegment(t, l.seg.Desc(), peerToken)
 	const off, n = 512, 400
 	c := l.post(t, ub.WR{Op: ub.OpCAS, Remote: ub.Remote{Seg: self, Offset: off}, Compare: 0, Swap: 0})
 	wantStatus(t, "cas", c, ub.StatusSuccess)
@@ -333,14 +323,8 @@ func testAtomics(t *testing.T, open Open) {
 func testUnreliable(t *testing.T, open Open) {
 	p := startPeer(t)
 	l := newLocal(t, open, ub.Unreliable)
-	r, err := l.c.ImportSegment(p.hello.Seg, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tgt, err := l.c.ImportJetty(p.hello.Jetty, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := l.importSegment(t, p.hello.Seg, peerToken)
+	tgt := l.importJetty(t, p.hello.Jetty, peerToken)
 	for _, op := range []ub.Opcode{ub.OpWrite, ub.OpRead, ub.OpCAS, ub.OpFetchAdd} {
 		wantStatus(t, op.String()+" in unreliable mode", l.post(t, ub.WR{Op: op, Local: l.put(0, "12345678"), Remote: ub.Remote{Seg: r}}), ub.StatusUnsupported)
 	}
@@ -351,10 +335,7 @@ func testUnreliable(t *testing.T, open Open) {
 func testConnection(t *testing.T, open Open) {
 	p := startPeer(t)
 	l := newLocal(t, open, ub.ReliableConnection)
-	tgt, err := l.c.ImportJetty(p.hello.Jetty, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tgt := l.importJetty(t, p.hello.Jetty, peerToken)
 	// Unbound: a send has nowhere to go.
 	wantStatus(t, "send on an unbound connection", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "x")}), ub.StatusUnsupported)
 	if err := l.j.Bind(tgt); err != nil {
@@ -366,10 +347,7 @@ func testConnection(t *testing.T, open Open) {
 	var posted map[string]any
 	p.do(&posted, "recv", 2)
 	wantStatus(t, "send on the bound connection", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "bound")}), ub.StatusSuccess)
-	other, err := l.c.ImportJetty(startPeer(t).hello.Jetty, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := l.importJetty(t, startPeer(t).hello.Jetty, peerToken)
 	wantStatus(t, "send to another peer on a bound connection", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "x"), Target: other}), ub.StatusUnsupported)
 	var comps []map[string]any
 	p.do(&comps, "poll", 1)
@@ -386,10 +364,7 @@ func testConnection(t *testing.T, open Open) {
 func testCompletionOrder(t *testing.T, open Open) {
 	p := startPeer(t)
 	l := newLocal(t, open, ub.ReliableMessage)
-	r, err := l.c.ImportSegment(p.hello.Seg, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := l.importSegment(t, p.hello.Seg, peerToken)
 	wrs := make([]ub.WR, 64)
 	for i := range wrs {
 		wrs[i] = ub.WR{Op: ub.OpWrite, UserCtx: uint64(i), Local: l.put(0, "z"), Remote: ub.Remote{Seg: r, Offset: i}}
@@ -442,14 +417,8 @@ func testFlush(t *testing.T, open Open) {
 func testPeerDeath(t *testing.T, open Open) {
 	p := startPeer(t)
 	l := newLocal(t, open, ub.ReliableMessage)
-	r, err := l.c.ImportSegment(p.hello.Seg, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tgt, err := l.c.ImportJetty(p.hello.Jetty, peerToken)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := l.importSegment(t, p.hello.Seg, peerToken)
+	tgt := l.importJetty(t, p.hello.Jetty, peerToken)
 	var posted map[string]any
 	p.do(&posted, "recv", 4)
 	wantStatus(t, "write before the peer dies", l.post(t, ub.WR{Op: ub.OpWrite, Local: l.put(0, "alive"), Remote: ub.Remote{Seg: r}}), ub.StatusSuccess)
