@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"fmt"
 	"sync/atomic"
 	"unsafe"
 )
@@ -32,4 +33,17 @@ func region(seg *Segment, off, size int) ([]byte, error) {
 		return nil, errorf("%d bytes at offset %d do not fit in a %d-byte segment", size, off, len(d))
 	}
 	return d[off : off+size : off+size], nil
+}
+
+// WordIn returns the 8-byte word at off of b as an atomic, for memory
+// shared with another process or a device (a ub segment's Bytes, say). The
+// word must lie inside b and be 8-byte aligned in memory.
+func WordIn(b []byte, off int) (*atomic.Uint64, error) {
+	if off < 0 || off > len(b)-8 {
+		return nil, fmt.Errorf("shm: 8-byte word at %d outside %d bytes", off, len(b))
+	}
+	if uintptr(unsafe.Pointer(&b[off]))%8 != 0 {
+		return nil, fmt.Errorf("shm: word at %d is not 8-byte aligned", off)
+	}
+	return atomicU64(b, off), nil
 }

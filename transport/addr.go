@@ -9,40 +9,55 @@ import (
 	"strings"
 )
 
-// Addr is a transport address, ub://<node>/<service>.
+// Addr is a transport address, ub://<node>/<service>, optionally with
+// ?path=shm|ub|tcp to force a path.
 type Addr struct {
 	Node    string
 	Service string
+	Path    Path
 }
 
 // Network returns "ub".
 func (a Addr) Network() string { return "ub" }
 
-func (a Addr) String() string { return "ub://" + a.Node + "/" + a.Service }
+func (a Addr) String() string {
+	s := "ub://" + a.Node + "/" + a.Service
+	if a.Path != "" {
+		s += "?path=" + string(a.Path)
+	}
+	return s
+}
 
-// ParseAddr parses "ub://<node>/<service>". The node may be empty (this
-// host).
+// ParseAddr parses "ub://<node>/<service>[?path=<path>]". The node may be
+// empty: the dialing or listening endpoint's own.
 func ParseAddr(s string) (Addr, error) {
 	rest, ok := strings.CutPrefix(s, "ub://")
 	if !ok {
 		return Addr{}, fmt.Errorf("transport: address %q does not start with ub://", s)
 	}
+	rest, query, hasQuery := strings.Cut(rest, "?")
 	node, service, ok := strings.Cut(rest, "/")
 	if !ok || service == "" {
 		return Addr{}, fmt.Errorf("transport: address %q lacks a service (ub://<node>/<service>)", s)
 	}
-	bad := service == "." || service == ".."
-	for _, c := range service {
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
-		default:
-			bad = true
+	if err := checkName("service", service); err != nil {
+		return Addr{}, err
+	}
+	if node != "" {
+		if err := checkName("node", node); err != nil {
+			return Addr{}, err
 		}
 	}
-	if bad {
-		return Addr{}, fmt.Errorf("transport: service %q may only hold letters, digits, '-', '_' and '.'", service)
+	a := Addr{Node: node, Service: service}
+	if hasQuery {
+		v, ok := strings.CutPrefix(query, "path=")
+		p, err := ParsePath(v)
+		if !ok || err != nil || p == "" {
+			return Addr{}, fmt.Errorf("transport: address %q: the only option is path=shm|ub|tcp", s)
+		}
+		a.Path = p
 	}
-	return Addr{Node: node, Service: service}, nil
+	return a, nil
 }
 
 // RuntimeDir is where rendezvous sockets live: $XDG_RUNTIME_DIR/ubkit, else
@@ -56,7 +71,5 @@ func RuntimeDir() string {
 	}
 	return filepath.Join(os.TempDir(), "ubkit-"+strconv.Itoa(os.Getuid()))
 }
-
-func socketPath(a Addr) string { return filepath.Join(RuntimeDir(), a.Service+".sock") }
 
 var _ net.Addr = Addr{}

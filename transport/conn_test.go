@@ -200,7 +200,8 @@ func TestSilentDialerBlocksNobody(t *testing.T) {
 	}
 	defer l.Close()
 	a, _ := ParseAddr(addr)
-	silent, err := net.Dial("unix", socketPath(a))
+	ep, _ := Default()
+	silent, err := net.Dial("unix", ep.socketPath(ep.resolve(a)))
 	if err != nil {
 		t.Fatal(err)
 	}

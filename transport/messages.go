@@ -98,20 +98,36 @@ func (m *messages) close() {
 	m.pool.Close()
 }
 
-// Msg is a message buffer in shared memory: loaned to fill and Send, or
-// received to read and Release.
+// Msg is a message buffer: loaned to fill and Send, or received to read
+// and Release. On the shm path it lies in shared memory.
 type Msg struct {
-	c   *Conn
+	c   *shmConn // shm path: the owner until sent or released
 	buf shm.Buffer
 	n   int
+	// Other paths: ordinary memory.
+	heap bool
+	pc   *pktConn
+	data []byte
 }
 
-// Bytes returns the message's bytes, in shared memory.
-func (m *Msg) Bytes() []byte { return m.buf.Bytes()[:m.n] }
+// Bytes returns the message's bytes.
+func (m *Msg) Bytes() []byte {
+	if m.heap {
+		return m.data
+	}
+	return m.buf.Bytes()[:m.n]
+}
 
-// Release gives a received (or unsent loaned) buffer back to the pool. Its
-// bytes stay valid until then, even after the connection closes.
+// Release gives a received (or unsent loaned) buffer back. Its bytes stay
+// valid until then, even after the connection closes.
 func (m *Msg) Release() error {
+	if m.heap {
+		if m.data == nil {
+			return errors.New("transport: message already released or sent")
+		}
+		m.pc, m.data = nil, nil
+		return nil
+	}
 	c := m.c
 	if c == nil {
 		return errors.New("transport: message already released or sent")
@@ -126,7 +142,7 @@ func (m *Msg) Release() error {
 var ErrMessageTooLarge = errors.New("transport: message larger than the largest buffer (1 GiB)")
 
 // Loan returns a buffer of n bytes to fill and Send, without a copy.
-func (c *Conn) Loan(n int) (*Msg, error) {
+func (c *shmConn) Loan(n int) (*Msg, error) {
 	c.mmu.Lock()
 	defer c.mmu.Unlock()
 	if deadline.IsClosed(c.closing) {
@@ -145,7 +161,7 @@ func (c *Conn) Loan(n int) (*Msg, error) {
 
 // Send hands a loaned buffer to the peer: only its handle moves. m must not
 // be used afterwards.
-func (c *Conn) Send(m *Msg) error {
+func (c *shmConn) Send(m *Msg) error {
 	if m.c != c {
 		return errors.New("transport: Send takes a message loaned from this connection, once")
 	}
@@ -170,7 +186,7 @@ func (c *Conn) Send(m *Msg) error {
 
 // Recv returns the next message, waiting until one arrives, ctx ends or the
 // connection closes. Release it when done.
-func (c *Conn) Recv(ctx context.Context) (*Msg, error) {
+func (c *shmConn) Recv(ctx context.Context) (*Msg, error) {
 	c.rmmu.Lock()
 	defer c.rmmu.Unlock()
 	if deadline.IsClosed(c.closing) {
@@ -221,7 +237,7 @@ func (c *Conn) Recv(ctx context.Context) (*Msg, error) {
 }
 
 // msgDone notes a released message; the last one after Close unmaps.
-func (c *Conn) msgDone() {
+func (c *shmConn) msgDone() {
 	c.mmu.Lock()
 	c.live--
 	last := c.live == 0 && c.unmapLater

@@ -111,7 +111,7 @@ func TestHostileMessageRecords(t *testing.T) {
 		append(make([]byte, shm.HandleSize), 1, 0, 0, 0, 0, 0, 0, 0), // unknown segment
 		long,
 	} {
-		if err := a.msgs.prod.Send(ctx, rec); err != nil {
+		if err := a.c.(*shmConn).msgs.prod.Send(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
 		if m, err := b.Recv(ctx); err == nil {

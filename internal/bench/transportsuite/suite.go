@@ -181,8 +181,8 @@ func (k *killer) Kill() {
 	case "uds":
 		os.Remove(k.addr)
 	case "ubkit":
-		if a, err := transport.ParseAddr(k.addr); err == nil {
-			os.Remove(filepath.Join(transport.RuntimeDir(), a.Service+".sock"))
+		if ep, err := transport.Default(); err == nil {
+			ep.Sweep()
 		}
 	}
 }

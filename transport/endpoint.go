@@ -1,0 +1,452 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/topology"
+
+	// The providers the ub path can use.
+	_ "github.com/ubkit-io/ubkit/ub/provider/simprov"
+)
+
+// Environment variables read by the default endpoint (besides UB_NODE and
+// UB_TOPOLOGY, see package topology).
+const (
+	// EnvProvider names the ub provider of the ub path (default "tcp").
+	EnvProvider = "UB_PROVIDER"
+	// EnvPath forces a path for every Dial: "shm", "ub" or "tcp".
+	EnvPath = "UBKIT_PATH"
+)
+
+// Topology labels the transport reads from a node.
+const (
+	// LabelRegistry is the host:port of the node's registry, which tells
+	// dialers on other hosts where a service listens. Default: the node's
+	// name, port 7470.
+	LabelRegistry = "ubkit.io/registry"
+	// LabelAddress is the IP address or host name other hosts reach the
+	// node at; listeners accept remote dialers there. Default: the
+	// registry's host, else loopback.
+	LabelAddress = "ubkit.io/address"
+)
+
+// DefaultRegistryPort is the registry's port when the topology says none.
+const DefaultRegistryPort = "7470"
+
+// Config describes an Endpoint. The zero value reads the environment.
+type Config struct {
+	// Node is the node this endpoint plays. Default: UB_NODE, else the
+	// topology's node for this host, else this host's name.
+	Node string
+	// Topology is the super node. Default: UB_TOPOLOGY, else this host
+	// alone.
+	Topology *topology.Topology
+	// Provider is the ub provider of the ub path ("sim", "tcp", or a
+	// hardware one). Default: UB_PROVIDER, else "tcp".
+	Provider string
+	// ProviderOptions go to ub.Open. For "sim", "topology" and "node"
+	// default to this endpoint's.
+	ProviderOptions map[string]string
+	// Path forces the path of every Dial. Default: UBKIT_PATH, else each
+	// Dial chooses (see Endpoint.Dial).
+	Path Path
+	// RuntimeDir holds this host's registry: one rendezvous socket per
+	// service. Default: RuntimeDir().
+	RuntimeDir string
+	// AllowUIDs are users besides this process's whose processes may
+	// connect on this host (SO_PEERCRED is checked). Default: none.
+	AllowUIDs []int
+}
+
+// Endpoint is a process's place on the super node: the node it plays, the
+// topology it sees, and the ub context its cross-node connections use. The
+// package-level Listen and Dial use one made from the environment; a
+// process that plays several nodes (a simulation) makes one per node.
+type Endpoint struct {
+	node    string
+	topo    *topology.Topology
+	prov    string
+	opts    map[string]string
+	path    Path
+	dir     string
+	allow   []int
+	regAddr string // this node's registry address, if it serves one
+
+	mu        sync.Mutex
+	ubctx     ub.Context
+	listeners int
+	reg       net.Listener
+	regStop   chan struct{}
+	closed    bool
+}
+
+// NewEndpoint makes an endpoint; nothing is opened until it is used.
+func NewEndpoint(cfg Config) (*Endpoint, error) {
+	t := cfg.Topology
+	if t == nil {
+		var err error
+		if t, err = topology.FromEnv(); err != nil {
+			return nil, fmt.Errorf("transport: %w", err)
+		}
+	}
+	node := cfg.Node
+	if node == "" {
+		if n, err := topology.LocalNode(t); err == nil {
+			node = n.Name
+		} else if os.Getenv(topology.EnvNode) != "" {
+			return nil, fmt.Errorf("transport: %w", err)
+		} else {
+			node, _ = os.Hostname()
+		}
+	}
+	if err := checkName("node", node); err != nil {
+		return nil, err
+	}
+	prov := cfg.Provider
+	if prov == "" {
+		prov = os.Getenv(EnvProvider)
+	}
+	if prov == "" {
+		prov = "tcp"
+	}
+	path := cfg.Path
+	if path == "" {
+		var err error
+		if path, err = ParsePath(os.Getenv(EnvPath)); err != nil {
+			return nil, fmt.Errorf("transport: %s: %w", EnvPath, err)
+		}
+	}
+	if _, err := ParsePath(string(path)); err != nil {
+		return nil, err
+	}
+	dir := cfg.RuntimeDir
+	if dir == "" {
+		dir = RuntimeDir()
+	}
+	e := &Endpoint{node: node, topo: t, prov: prov, opts: maps.Clone(cfg.ProviderOptions), path: path, dir: dir, allow: slices.Clone(cfg.AllowUIDs)}
+	if e.opts == nil {
+		e.opts = map[string]string{}
+	}
+	if prov == "sim" {
+		if e.opts["node"] == "" {
+			e.opts["node"] = node
+		}
+		if e.opts["topology"] == "" && cfg.Topology != nil {
+			if _, err := topology.Example(cfg.Topology.Name); err != nil {
+				return nil, fmt.Errorf("transport: the sim provider loads its topology itself: set ProviderOptions[\"topology\"] to the file or example name of %q", cfg.Topology.Name)
+			}
+			e.opts["topology"] = cfg.Topology.Name
+		}
+	}
+	if i, ok := t.NodeIndex(node); ok {
+		e.regAddr = t.Nodes[i].Labels[LabelRegistry]
+	}
+	return e, nil
+}
+
+var defaultEndpoint = sync.OnceValues(func() (*Endpoint, error) { return NewEndpoint(Config{}) })
+
+// Default returns the endpoint the package-level Listen and Dial use, made
+// from the environment on first use.
+func Default() (*Endpoint, error) { return defaultEndpoint() }
+
+// Node returns the node the endpoint plays.
+func (e *Endpoint) Node() string { return e.node }
+
+// Topology returns the super node the endpoint sees.
+func (e *Endpoint) Topology() *topology.Topology { return e.topo }
+
+// Close closes the endpoint's ub context and registry. Close its
+// listeners and connections first.
+func (e *Endpoint) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	e.stopRegistryLocked()
+	if e.ubctx != nil {
+		return e.ubctx.Close()
+	}
+	return nil
+}
+
+// ubContext opens the endpoint's ub context on first use.
+func (e *Endpoint) ubContext(ctx context.Context) (ub.Context, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errors.New("transport: endpoint closed")
+	}
+	if e.ubctx != nil {
+		return e.ubctx, nil
+	}
+	c, err := ub.Open(ctx, e.prov, ub.Config{Options: e.opts})
+	if err != nil {
+		return nil, fmt.Errorf("transport: ub path of node %s: %w", e.node, err)
+	}
+	e.ubctx = c
+	return c, nil
+}
+
+// resolve fills in an address's node.
+func (e *Endpoint) resolve(a Addr) Addr {
+	if a.Node == "" || a.Node == "localhost" {
+		a.Node = e.node
+	}
+	return a
+}
+
+// choose picks the path to a node: this node → shm, another node of the
+// super node → ub, anything else → tcp.
+func (e *Endpoint) choose(a Addr) Path {
+	switch {
+	case a.Path != "":
+		return a.Path
+	case e.path != "":
+		return e.path
+	case a.Node == e.node:
+		return PathShm
+	}
+	if i, ok := e.topo.NodeIndex(a.Node); ok && !e.topo.Nodes[i].IsSwitch() {
+		return PathUB
+	}
+	return PathTCP
+}
+
+// nodeDir is where a node's rendezvous sockets live on this host.
+func (e *Endpoint) nodeDir(node string) string { return filepath.Join(e.dir, node) }
+
+func (e *Endpoint) socketPath(a Addr) string {
+	return filepath.Join(e.nodeDir(a.Node), a.Service+".sock")
+}
+
+// tcpFile records where a service accepts dialers from other hosts.
+func (e *Endpoint) tcpFile(a Addr) string {
+	return filepath.Join(e.nodeDir(a.Node), a.Service+".tcp")
+}
+
+// registryAddr is where node's registry answers.
+func (e *Endpoint) registryAddr(node string) string {
+	if i, ok := e.topo.NodeIndex(node); ok {
+		if r := e.topo.Nodes[i].Labels[LabelRegistry]; r != "" {
+			return r
+		}
+	}
+	return net.JoinHostPort(node, DefaultRegistryPort)
+}
+
+// listenHost is the address a listener accepts remote dialers on.
+func (e *Endpoint) listenHost() string {
+	if i, ok := e.topo.NodeIndex(e.node); ok {
+		labels := e.topo.Nodes[i].Labels
+		if a := labels[LabelAddress]; a != "" {
+			return a
+		}
+		if host, _, err := net.SplitHostPort(labels[LabelRegistry]); err == nil && host != "" {
+			return host
+		}
+	}
+	return "127.0.0.1"
+}
+
+// checkName keeps node and service names usable as file names.
+func checkName(what, s string) error {
+	bad := s == "" || s == "." || s == ".." || len(s) > 253
+	for _, c := range s {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_', c == '.':
+		default:
+			bad = true
+		}
+	}
+	if bad {
+		return fmt.Errorf("transport: %s %q must be 1 to 253 letters, digits, '-', '_' or '.'", what, s)
+	}
+	return nil
+}
+
+// The registry: a line protocol on TCP, "lookup <node> <service>\n"
+// answered by "ok <host:port>\n" or "error <why>\n".
+
+// startRegistry serves this node's registry if the topology gives it an
+// address; when another process on the host already does, it retries in
+// the background so the registry outlives whichever process serves it.
+func (e *Endpoint) startRegistry() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.listeners++
+	if e.regAddr == "" || e.regStop != nil || e.closed {
+		return
+	}
+	e.regStop = make(chan struct{})
+	stop := e.regStop
+	go func() {
+		for {
+			l, err := net.Listen("tcp", e.regAddr)
+			if err == nil {
+				e.mu.Lock()
+				if deadlineClosed(stop) {
+					e.mu.Unlock()
+					l.Close()
+					return
+				}
+				e.reg = l
+				e.mu.Unlock()
+				e.serveRegistry(l)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+}
+
+func deadlineClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// listenerGone stops serving the registry with the endpoint's last
+// listener.
+func (e *Endpoint) listenerGone() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.listeners--
+	if e.listeners == 0 {
+		e.stopRegistryLocked()
+	}
+}
+
+func (e *Endpoint) stopRegistryLocked() {
+	if e.regStop != nil {
+		close(e.regStop)
+		e.regStop = nil
+	}
+	if e.reg != nil {
+		e.reg.Close()
+		e.reg = nil
+	}
+}
+
+func (e *Endpoint) serveRegistry(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(handshakeTimeout))
+			line, err := readLine(c, 600)
+			if err != nil {
+				return
+			}
+			f := strings.Fields(line)
+			if len(f) != 3 || f[0] != "lookup" {
+				fmt.Fprintf(c, "error bad request\n")
+				return
+			}
+			if checkName("node", f[1]) != nil || checkName("service", f[2]) != nil {
+				fmt.Fprintf(c, "error bad name\n")
+				return
+			}
+			b, err := os.ReadFile(e.tcpFile(Addr{Node: f[1], Service: f[2]}))
+			if err != nil {
+				fmt.Fprintf(c, "error no service %s on node %s here\n", f[2], f[1])
+				return
+			}
+			fmt.Fprintf(c, "ok %s\n", strings.TrimSpace(string(b)))
+		}()
+	}
+}
+
+// readLine reads up to a newline, at most max bytes, one byte at a time
+// (the connection carries nothing after it that must not be consumed).
+func readLine(c net.Conn, max int) (string, error) {
+	var b []byte
+	var one [1]byte
+	for len(b) < max {
+		if _, err := c.Read(one[:]); err != nil {
+			return "", err
+		}
+		if one[0] == '\n' {
+			return string(b), nil
+		}
+		b = append(b, one[0])
+	}
+	return "", errors.New("transport: registry line too long")
+}
+
+// lookup asks node's registry where service listens for remote dialers.
+func (e *Endpoint) lookup(ctx context.Context, a Addr) (string, error) {
+	if b, err := os.ReadFile(e.tcpFile(a)); err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	reg := e.registryAddr(a.Node)
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", reg)
+	if err != nil {
+		return "", fmt.Errorf("transport: registry of node %s at %s (topology label %s): %w", a.Node, reg, LabelRegistry, err)
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	} else {
+		c.SetDeadline(time.Now().Add(handshakeTimeout))
+	}
+	if _, err := fmt.Fprintf(c, "lookup %s %s\n", a.Node, a.Service); err != nil {
+		return "", err
+	}
+	line, err := readLine(c, 600)
+	if err != nil {
+		return "", fmt.Errorf("transport: registry of node %s at %s: %w", a.Node, reg, err)
+	}
+	if rest, ok := strings.CutPrefix(line, "ok "); ok {
+		return rest, nil
+	}
+	return "", fmt.Errorf("transport: registry of node %s at %s: %s", a.Node, reg, strings.TrimPrefix(line, "error "))
+}
+
+// Sweep removes registry entries on this host whose listener died without
+// closing them (a killed process), and returns how many it removed.
+// Listen replaces a stale entry anyway; Sweep keeps the directory tidy.
+func (e *Endpoint) Sweep() (int, error) {
+	socks, err := filepath.Glob(filepath.Join(e.dir, "*", "*.sock"))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, s := range socks {
+		c, err := net.DialTimeout("unix", s, time.Second)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			os.Remove(s)
+			os.Remove(strings.TrimSuffix(s, ".sock") + ".tcp")
+			n++
+		}
+	}
+	return n, nil
+}

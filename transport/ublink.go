@@ -1,0 +1,382 @@
+package transport
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/transport/internal/deadline"
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// The ub path's geometry: each side posts ubDepth receive buffers of
+// ubSize bytes in its segment, and sends from as many staging buffers.
+const (
+	ubDepth = 16
+	ubSize  = 64 << 10
+	ubHead  = 64 // the credit word, alone on its cache line
+)
+
+// Completion tags.
+const (
+	tagSend = iota + 1
+	tagCredit
+)
+
+// ubLink carries packets over ub verbs, receive-side buffered as URMA
+// wants it: each side posts receives into its own segment and the peer's
+// sends land there; the receiver then returns credits by a one-sided
+// fetch-and-add on a word in the sender's segment, which the sender reads
+// locally. A packet is a SendImm whose immediate is its kind.
+//
+// The connection's rendezvous socket stays open beside it: the peer's
+// process ending closes it, which is how a dead peer is noticed.
+type ubLink struct {
+	seg     ub.Segment
+	credit  *atomic.Uint64 // receives the peer has reposted for us
+	sq, rq  ub.CQ
+	j       ub.Jetty // RC, bound to the peer: packets
+	cq      ub.CQ
+	cj      ub.Jetty // RM: credit returns, reaped by the receiving side
+	peer    ub.Target
+	peerSeg ub.RemoteSegment
+	ctl     net.Conn
+
+	smu     sync.Mutex
+	sent    uint64 // packets posted
+	reaped  uint64 // their completions taken
+	sendErr error
+	wdl     *deadline.Deadline
+
+	cur      int // the buffer recv returned last, or -1
+	reposted uint64
+	credits  int // credit returns not yet completed
+	comp     [1]ub.Completion
+	rctx     context.Context
+	rcancel  context.CancelFunc
+	peerGone atomic.Bool
+	shut     chan struct{}
+	once     sync.Once
+}
+
+// ubHello is what each side tells the other on the rendezvous socket.
+type ubHello struct {
+	Provider   string         `json:"provider"`
+	Node       string         `json:"node"`
+	Service    string         `json:"service,omitempty"`
+	Jetty      ub.JettyDesc   `json:"jetty"`
+	JettyToken ub.Token       `json:"jettyToken"`
+	Seg        ub.SegmentDesc `json:"seg"`
+	SegToken   ub.Token       `json:"segToken"`
+	Depth      int            `json:"depth"`
+	Size       int            `json:"size"`
+	Err        string         `json:"err,omitempty"`
+}
+
+func randomToken() ub.Token {
+	var b [4]byte
+	rand.Read(b[:])
+	return ub.Token(binary.LittleEndian.Uint32(b[:]) | 1)
+}
+
+// newUBLink makes this side's half: its segment, queues and jetties, and
+// the hello that describes them.
+func newUBLink(ctx ub.Context, ctl net.Conn) (*ubLink, ubHello, error) {
+	l := &ubLink{ctl: ctl, cur: -1, wdl: deadline.New(), shut: make(chan struct{})}
+	fail := func(err error) (*ubLink, ubHello, error) {
+		l.release()
+		return nil, ubHello{}, fmt.Errorf("transport: ub path: %w", err)
+	}
+	segToken, jToken := randomToken(), randomToken()
+	var err error
+	if l.seg, err = ctx.AllocSegment(ubHead+2*ubDepth*ubSize, ub.SegmentConfig{Access: ub.AccessAtomic, Token: segToken}); err != nil {
+		return fail(err)
+	}
+	if l.credit, err = shm.WordIn(l.seg.Bytes(), 0); err != nil {
+		return fail(err)
+	}
+	if l.sq, err = ctx.NewCQ(ub.CQConfig{}); err != nil {
+		return fail(err)
+	}
+	if l.rq, err = ctx.NewCQ(ub.CQConfig{}); err != nil {
+		return fail(err)
+	}
+	if l.cq, err = ctx.NewCQ(ub.CQConfig{}); err != nil {
+		return fail(err)
+	}
+	if l.j, err = ctx.NewJetty(ub.JettyConfig{Mode: ub.ReliableConnection, SendCQ: l.sq, RecvCQ: l.rq,
+		RecvDepth: ubDepth, MaxMessage: ubSize, Token: jToken}); err != nil {
+		return fail(err)
+	}
+	if l.cj, err = ctx.NewJetty(ub.JettyConfig{Mode: ub.ReliableMessage, SendCQ: l.cq, RecvCQ: l.cq, Token: randomToken()}); err != nil {
+		return fail(err)
+	}
+	l.rctx, l.rcancel = context.WithCancel(context.Background())
+	return l, ubHello{Provider: ctx.Provider(), Jetty: l.j.Desc(), JettyToken: jToken, Seg: l.seg.Desc(), SegToken: segToken,
+		Depth: ubDepth, Size: ubSize}, nil
+}
+
+// connect imports the peer's half, posts the receives and waits until the
+// peer has posted its own, so no send finds the peer unready.
+func (l *ubLink) connect(ctx ub.Context, peer ubHello) error {
+	if peer.Depth != ubDepth || peer.Size != ubSize {
+		return fmt.Errorf("transport: ub path: peer uses %d buffers of %d bytes, this side %d of %d", peer.Depth, peer.Size, ubDepth, ubSize)
+	}
+	var err error
+	if l.peer, err = ctx.ImportJetty(peer.Jetty, peer.JettyToken); err != nil {
+		return fmt.Errorf("transport: ub path: import the peer's jetty: %w", err)
+	}
+	if err := l.j.Bind(l.peer); err != nil {
+		return fmt.Errorf("transport: ub path: %w", err)
+	}
+	if l.peerSeg, err = ctx.ImportSegment(peer.Seg, peer.SegToken); err != nil {
+		return fmt.Errorf("transport: ub path: import the peer's segment: %w", err)
+	}
+	wrs := make([]ub.RecvWR, ubDepth)
+	for i := range wrs {
+		wrs[i] = ub.RecvWR{UserCtx: uint64(i), Buf: ub.Local{Seg: l.seg, Offset: ubHead + i*ubSize, Len: ubSize}}
+	}
+	if _, err := l.j.PostRecv(wrs); err != nil {
+		return fmt.Errorf("transport: ub path: post receives: %w", err)
+	}
+	if _, err := l.ctl.Write([]byte{'R'}); err != nil {
+		return err
+	}
+	var b [1]byte
+	if _, err := io.ReadFull(l.ctl, b[:]); err != nil || b[0] != 'R' {
+		return fmt.Errorf("transport: ub path: the peer did not get ready: %v", err)
+	}
+	// From now on the socket only tells of the peer's end.
+	l.ctl.SetDeadline(time.Time{})
+	go l.watch()
+	return nil
+}
+
+// watch notices the peer's process ending.
+func (l *ubLink) watch() {
+	var b [64]byte
+	for {
+		if _, err := l.ctl.Read(b[:]); err != nil {
+			l.peerGone.Store(true)
+			l.rcancel()
+			return
+		}
+	}
+}
+
+func (l *ubLink) mtu() int { return ubSize }
+
+func (l *ubLink) setWriteDeadline(t time.Time) { l.wdl.Set(t) }
+
+// waitFor polls cond, spinning briefly, then yielding, then sleeping up to
+// a millisecond between looks, until it holds, the write deadline passes
+// or the link shuts down.
+func (l *ubLink) waitFor(cond func() (bool, error)) error {
+	sleep := time.Duration(0)
+	for i := 0; ; i++ {
+		ok, err := cond()
+		if err != nil || ok {
+			return err
+		}
+		select {
+		case <-l.shut:
+			return net.ErrClosed
+		case <-l.wdl.Wait():
+			return os.ErrDeadlineExceeded
+		default:
+		}
+		if l.peerGone.Load() {
+			return errPeerGone
+		}
+		switch {
+		case i < 64:
+		case i < 256:
+			runtime.Gosched()
+		default:
+			sleep = min(max(2*sleep, 20*time.Microsecond), time.Millisecond)
+			time.Sleep(sleep)
+		}
+	}
+}
+
+var errPeerGone = fmt.Errorf("transport: the peer's process ended: %w", syscall.ECONNRESET)
+
+// reap takes send completions (smu held).
+func (l *ubLink) reap() error {
+	var out [ubDepth]ub.Completion
+	for l.reaped < l.sent {
+		n, err := l.sq.Poll(out[:])
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+		for _, c := range out[:n] {
+			if c.Status != ub.StatusSuccess && l.sendErr == nil {
+				l.sendErr = fmt.Errorf("transport: ub path: send: %v: %w", c.Status, syscall.ECONNRESET)
+			}
+		}
+		l.reaped += uint64(n)
+	}
+	return l.sendErr
+}
+
+func (l *ubLink) send(kind byte, p []byte) error {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	if l.sendErr != nil {
+		return l.sendErr
+	}
+	// A staging buffer is free once its previous send completed; the peer
+	// has a receive posted once it returned the credit.
+	err := l.waitFor(func() (bool, error) {
+		if err := l.reap(); err != nil {
+			return false, err
+		}
+		return l.sent-l.reaped < ubDepth && l.sent-l.credit.Load() < ubDepth, nil
+	})
+	if err != nil {
+		return err
+	}
+	slot := int(l.sent % ubDepth)
+	off := ubHead + (ubDepth+slot)*ubSize
+	copy(l.seg.Bytes()[off:off+ubSize], p)
+	_, err = l.j.PostSend([]ub.WR{{Op: ub.OpSendImm, UserCtx: tagSend, Local: ub.Local{Seg: l.seg, Offset: off, Len: len(p)}, Imm: uint64(kind)}})
+	if err != nil {
+		l.sendErr = fmt.Errorf("transport: ub path: post: %w", err)
+		return l.sendErr
+	}
+	l.sent++
+	return nil
+}
+
+func (l *ubLink) flush(timeout time.Duration) {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	end := time.Now().Add(timeout)
+	l.waitFor(func() (bool, error) {
+		err := l.reap()
+		return l.reaped == l.sent || time.Now().After(end), err
+	})
+}
+
+func (l *ubLink) recv() (byte, []byte, error) {
+	if l.cur >= 0 {
+		i := l.cur
+		l.cur = -1
+		if _, err := l.j.PostRecv([]ub.RecvWR{{UserCtx: uint64(i), Buf: ub.Local{Seg: l.seg, Offset: ubHead + i*ubSize, Len: ubSize}}}); err != nil {
+			return 0, nil, fmt.Errorf("transport: ub path: repost: %w", err)
+		}
+		l.reposted++
+	}
+	var goneAt time.Time
+	for {
+		if l.reposted >= ubDepth/4 {
+			if err := l.returnCredits(); err != nil {
+				return 0, nil, err
+			}
+		}
+		n, err := l.rq.Poll(l.comp[:])
+		if err != nil {
+			return 0, nil, err
+		}
+		if n == 1 {
+			c := l.comp[0]
+			if c.Status != ub.StatusSuccess {
+				return 0, nil, fmt.Errorf("transport: ub path: receive: %v: %w", c.Status, syscall.ECONNRESET)
+			}
+			if c.UserCtx >= ubDepth || c.Len > ubSize || !c.HasImm || c.Imm > 255 {
+				return 0, nil, errors.New("transport: malformed packets: a receive completion that no buffer accounts for")
+			}
+			l.cur = int(c.UserCtx)
+			off := ubHead + l.cur*ubSize
+			return byte(c.Imm), l.seg.Bytes()[off : off+c.Len], nil
+		}
+		// Idle: hand back what was consumed, then wait.
+		if l.reposted > 0 {
+			if err := l.returnCredits(); err != nil {
+				return 0, nil, err
+			}
+		}
+		select {
+		case <-l.shut:
+			return 0, nil, net.ErrClosed
+		default:
+		}
+		if l.peerGone.Load() {
+			// Packets the peer sent before it went may still be on
+			// their way over the simulated or remote path.
+			if goneAt.IsZero() {
+				goneAt = time.Now()
+			}
+			if time.Since(goneAt) > 100*time.Millisecond {
+				return 0, nil, errPeerGone
+			}
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if err := l.rq.Wait(l.rctx); err != nil && l.rctx.Err() == nil {
+			return 0, nil, err
+		}
+	}
+}
+
+// returnCredits adds the reposted receives to the peer's credit word.
+func (l *ubLink) returnCredits() error {
+	var out [8]ub.Completion
+	for {
+		n, err := l.cq.Poll(out[:])
+		if err != nil {
+			return err
+		}
+		for _, c := range out[:n] {
+			if c.Status != ub.StatusSuccess {
+				return fmt.Errorf("transport: ub path: credit return: %v: %w", c.Status, syscall.ECONNRESET)
+			}
+		}
+		l.credits -= n
+		if n < len(out) {
+			break
+		}
+	}
+	if l.credits >= 64 {
+		return nil // the peer is slow to take them: try later
+	}
+	if _, err := l.cj.PostSend([]ub.WR{{Op: ub.OpFetchAdd, UserCtx: tagCredit, Remote: ub.Remote{Seg: l.peerSeg}, Add: l.reposted}}); err != nil {
+		return fmt.Errorf("transport: ub path: credit return: %w", err)
+	}
+	l.credits++
+	l.reposted = 0
+	return nil
+}
+
+func (l *ubLink) shutdown() {
+	l.once.Do(func() {
+		close(l.shut)
+		if l.rcancel != nil {
+			l.rcancel()
+		}
+		l.ctl.Close()
+	})
+}
+
+func (l *ubLink) release() {
+	l.shutdown()
+	for _, c := range []interface{ Close() error }{l.peer, l.peerSeg, l.j, l.cj, l.sq, l.rq, l.cq, l.seg} {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
