@@ -107,7 +107,8 @@ func (e *Endpoint) Listen(ctx context.Context, addr string) (*Listener, error) {
 	ln := &Listener{ep: e, addr: a, ul: ul, tl: tl.(*net.TCPListener), tcpFile: e.tcpFile(a),
 		conns: make(chan *Conn), done: make(chan struct{})}
 	tmp := ln.tcpFile + ".tmp"
-	if err := os.WriteFile(tmp, []byte(tl.Addr().String()+"\n"), 0o600); err == nil {
+	err = os.WriteFile(tmp, []byte(tl.Addr().String()+"\n"), 0o600)
+	if err == nil {
 		err = os.Rename(tmp, ln.tcpFile)
 	}
 	if err != nil {

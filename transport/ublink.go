@@ -321,7 +321,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			if goneAt.IsZero() {
 				goneAt = time.Now()
 			}
-			if time.Since(goneAt) > 100*time.Millisecond {
+			if time.Since(goneAt) > 50*time.Millisecond {
 				return 0, nil, errPeerGone
 			}
 			time.Sleep(time.Millisecond)
