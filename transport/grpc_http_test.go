@@ -27,10 +27,19 @@ func service(t *testing.T) string {
 	return fmt.Sprintf("ub:///%s-%d-%d", strings.ReplaceAll(t.Name(), "/", "-"), os.Getpid(), seq.Add(1))
 }
 
+// paths are the address suffixes that force each path.
+var paths = map[string]string{"shm": "", "tcp": "?path=tcp", "ub": "?path=ub"}
+
 // TestGRPC runs an unchanged gRPC server on a transport listener and an
-// unchanged client through transport.Dial: a unary call and a server
-// stream.
+// unchanged client through transport.Dial, on every path: a unary call and
+// a server stream.
 func TestGRPC(t *testing.T) {
+	for name, query := range paths {
+		t.Run(name, func(t *testing.T) { testGRPC(t, query) })
+	}
+}
+
+func testGRPC(t *testing.T, query string) {
 	addr := service(t)
 	l, err := transport.Listen(context.Background(), addr)
 	if err != nil {
@@ -44,7 +53,7 @@ func TestGRPC(t *testing.T) {
 
 	cc, err := grpc.NewClient("passthrough:///ubkit",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return transport.Dial(ctx, addr) }))
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return transport.Dial(ctx, addr+query) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,8 +81,14 @@ func TestGRPC(t *testing.T) {
 }
 
 // TestHTTP serves net/http on a transport listener and calls it through an
-// http.Transport whose DialContext is transport.Dial.
+// http.Transport whose DialContext is transport.Dial, on every path.
 func TestHTTP(t *testing.T) {
+	for name, query := range paths {
+		t.Run(name, func(t *testing.T) { testHTTP(t, query) })
+	}
+}
+
+func testHTTP(t *testing.T, query string) {
 	addr := service(t)
 	l, err := transport.Listen(context.Background(), addr)
 	if err != nil {
@@ -86,7 +101,7 @@ func TestHTTP(t *testing.T) {
 	go srv.Serve(l)
 	defer srv.Close()
 	client := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return transport.Dial(ctx, addr) },
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return transport.Dial(ctx, addr+query) },
 	}, Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
 	for i := range 3 { // the connection is reused

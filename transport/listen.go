@@ -190,7 +190,7 @@ func (l *Listener) handshake(nc net.Conn) (c *Conn, keep bool, err error) {
 			return nil, false, err
 		}
 		nc.SetDeadline(time.Time{})
-		pc := newPktConn(newTCPLink(nc.(*net.TCPConn)), l.addr, Addr{Node: node, Service: l.addr.Service + "-peer"})
+		pc := newPktConn(newTCPLink(nc), l.addr, Addr{Node: node, Service: l.addr.Service + "-peer"})
 		return &Conn{c: pc, path: PathTCP}, true, nil
 	}
 	return nil, false, fmt.Errorf("transport: unknown path request %q", kind[0])
@@ -401,7 +401,7 @@ func (e *Endpoint) dial(ctx context.Context, a Addr, path Path) (*Conn, error) {
 		return nil, fmt.Errorf("not accepted: %v", err)
 	}
 	nc.SetDeadline(time.Time{})
-	pc := newPktConn(newTCPLink(nc.(*net.TCPConn)), local, a)
+	pc := newPktConn(newTCPLink(nc), local, a)
 	return &Conn{c: pc, path: PathTCP, dialed: true}, nil
 }
 

@@ -17,7 +17,7 @@ const tcpMTU = 64 << 10
 // tcpLink carries packets over a TCP connection, each as a 5-byte header
 // (kind, little-endian length) and its payload.
 type tcpLink struct {
-	c *net.TCPConn
+	c net.Conn
 
 	mu      sync.Mutex
 	pending []byte // the unsent rest of a packet a deadline interrupted
@@ -29,8 +29,10 @@ type tcpLink struct {
 	once sync.Once
 }
 
-func newTCPLink(c *net.TCPConn) *tcpLink {
-	c.SetNoDelay(true)
+func newTCPLink(c net.Conn) *tcpLink {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
 	return &tcpLink{c: c, r: bufio.NewReaderSize(c, 64<<10), buf: make([]byte, tcpMTU)}
 }
 
