@@ -298,14 +298,17 @@ func (c *pktConn) Write(b []byte) (int, error) {
 		if err := c.writable(); err != nil {
 			return n, c.opError("write", err)
 		}
-		if n == len(b) {
-			return n, nil
+		if len(b) == 0 {
+			return 0, nil
 		}
 		chunk := min(len(b)-n, c.l.mtu())
 		if err := c.l.send(pkData, b[n:n+chunk]); err != nil {
 			return n, c.opError("write", c.sendError(err))
 		}
 		n += chunk
+		if n == len(b) {
+			return n, nil
+		}
 	}
 }
 

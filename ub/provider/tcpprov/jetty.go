@@ -451,6 +451,13 @@ func (c *Context) dial(addr string) (*conn, error) {
 		nc.Close()
 		return nil, ErrClosed
 	}
+	// Another caller may have connected meanwhile: everything to one peer
+	// goes over one connection, or requests could overtake each other.
+	if other := c.conns[addr]; other != nil && !other.isBroken() {
+		c.mu.Unlock()
+		nc.Close()
+		return other, nil
+	}
 	c.conns[addr] = cn
 	c.mu.Unlock()
 	c.wg.Add(1)
