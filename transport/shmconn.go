@@ -38,7 +38,11 @@ const (
 )
 
 // readSpin is how long a reader polls the ring before it parks in Go's
-// netpoller on its notification pipe.
+// netpoller on its notification pipe. It spins only when this side wrote
+// since it last received: a ping-pong peer's answer is then likely within
+// the spin. Otherwise (a gRPC reader goroutine waiting for the next frame)
+// it parks at once: spinning there held the P on which the goroutines it
+// had just readied wait, and gRPC unary calls got slower.
 const readSpin = 5 * time.Microsecond
 
 // shmConn is the same-node path of a Conn: two shared-memory rings.
@@ -56,6 +60,7 @@ type shmConn struct {
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
 	peerGone            bool
+	wrote               atomic.Bool // a Write committed since Read last got a record
 
 	msgs       *messages
 	live       int  // messages loaned or received, not yet sent or released (mmu)
@@ -156,7 +161,7 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			if spinStart.IsZero() {
 				spinStart = time.Now()
 			}
-			if time.Since(spinStart) < readSpin {
+			if c.wrote.Load() && time.Since(spinStart) < readSpin {
 				continue
 			}
 			rec, err = c.park()
@@ -174,6 +179,7 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			c.cons.Release()
 			continue
 		}
+		c.wrote.Store(false)
 		c.rec = rec
 	}
 	n := copy(b, c.rec)
@@ -261,6 +267,7 @@ func (c *shmConn) Write(b []byte) (int, error) {
 		}
 		copy(buf, b[n:n+chunk])
 		c.prod.Commit()
+		c.wrote.Store(true)
 		c.notify()
 		n += chunk
 	}
