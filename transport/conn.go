@@ -67,10 +67,22 @@ func (c *Conn) Session(cfg *mux.Config) *mux.Session {
 	return mux.Server(c, cfg)
 }
 
-func (c *Conn) Read(b []byte) (int, error)         { return c.c.Read(b) }
-func (c *Conn) Write(b []byte) (int, error)        { return c.c.Write(b) }
-func (c *Conn) LocalAddr() net.Addr                { return c.c.LocalAddr() }
-func (c *Conn) RemoteAddr() net.Addr               { return c.c.RemoteAddr() }
+func (c *Conn) Read(b []byte) (int, error)  { return c.c.Read(b) }
+func (c *Conn) Write(b []byte) (int, error) { return c.c.Write(b) }
+
+// LocalAddr and RemoteAddr carry the path ("ub://n0/svc?path=ub"), so
+// whoever sees a peer's address (gRPC's peer.FromContext, say) sees how
+// its bytes travel.
+func (c *Conn) LocalAddr() net.Addr  { return c.withPath(c.c.LocalAddr()) }
+func (c *Conn) RemoteAddr() net.Addr { return c.withPath(c.c.RemoteAddr()) }
+
+func (c *Conn) withPath(a net.Addr) net.Addr {
+	if ua, ok := a.(Addr); ok {
+		ua.Path = c.path
+		return ua
+	}
+	return a
+}
 func (c *Conn) SetDeadline(t time.Time) error      { return c.c.SetDeadline(t) }
 func (c *Conn) SetReadDeadline(t time.Time) error  { return c.c.SetReadDeadline(t) }
 func (c *Conn) SetWriteDeadline(t time.Time) error { return c.c.SetWriteDeadline(t) }

@@ -48,6 +48,9 @@ func demoCmd(args []string, w io.Writer) error {
 	if err := demoSim(w); err != nil {
 		return err
 	}
+	if err := demoGRPCSuperNode(w); err != nil {
+		return err
+	}
 	fmt.Fprintln(os.Stderr, "\nfull comparisons: go run ./cmd/ubctl bench shm (shmipc-go included), bench ub, bench transport")
 	return nil
 }

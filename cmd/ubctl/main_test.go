@@ -54,11 +54,13 @@ func TestBenchBadArgs(t *testing.T) {
 
 func TestDemo(t *testing.T) {
 	demoOptions = bench.Options{Rounds: 1, Duration: 30 * time.Millisecond}
+	demoCalls = 20
 	var out bytes.Buffer
 	if err := demoCmd(nil, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"ubkit shm", "unix socket", "TCP loopback", "latency p50", "messages/s", "gRPC", "path shm", "link down"} {
+	for _, want := range []string{"ubkit shm", "unix socket", "TCP loopback", "latency p50", "messages/s", "gRPC", "path shm", "link down",
+		"ub://n0/health?path=shm", "ub://n0/health?path=ub", "client on n1"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())
 		}
