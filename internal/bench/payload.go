@@ -75,3 +75,36 @@ func FillSums(n int, first, count uint64) uint64 {
 	}
 	return s
 }
+
+// Summer computes Sum of a payload that arrives in pieces of any sizes.
+type Summer struct {
+	sum  uint64
+	tail [8]byte
+	nt   int
+}
+
+// Write adds the next piece.
+func (s *Summer) Write(b []byte) {
+	if s.nt > 0 {
+		k := copy(s.tail[s.nt:], b)
+		s.nt += k
+		b = b[k:]
+		if s.nt < 8 {
+			return
+		}
+		s.sum += binary.LittleEndian.Uint64(s.tail[:])
+		s.nt = 0
+	}
+	whole := len(b) &^ 7
+	s.sum += Sum(b[:whole])
+	s.nt = copy(s.tail[:], b[whole:])
+}
+
+// Sum returns Sum of everything written.
+func (s *Summer) Sum() uint64 {
+	sum := s.sum
+	for _, c := range s.tail[:s.nt] {
+		sum += uint64(c)
+	}
+	return sum
+}

@@ -49,3 +49,19 @@ func BenchmarkFill64(b *testing.B) {
 		Fill(p, uint64(i))
 	}
 }
+
+func TestSummer(t *testing.T) {
+	b := make([]byte, 1000)
+	Fill(b, 3)
+	for _, cuts := range [][]int{{0}, {1, 7, 8, 9}, {3, 500, 999}, {13, 14, 15, 16, 17}} {
+		var s Summer
+		prev := 0
+		for _, c := range append(cuts, len(b)) {
+			s.Write(b[prev:c])
+			prev = c
+		}
+		if s.Sum() != Sum(b) {
+			t.Errorf("cuts %v: %d, want %d", cuts, s.Sum(), Sum(b))
+		}
+	}
+}
