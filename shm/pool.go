@@ -287,9 +287,11 @@ type Buffer struct {
 func (b Buffer) Bytes() []byte { return b.data }
 
 // Handle returns the name of the buffer that other processes can Resolve.
-func (b Buffer) Handle() Handle {
-	c := b.pool.classes[b.class]
-	return Handle{Segment: b.pool.segID, Gen: b.gen, Offset: b.pool.off + c.data + b.idx*c.size}
+func (b Buffer) Handle() Handle { return b.pool.handle(b.class, b.idx, b.gen) }
+
+func (p *Pool) handle(class int, idx uint64, gen uint32) Handle {
+	c := p.classes[class]
+	return Handle{Segment: p.segID, Gen: gen, Offset: p.off + c.data + idx*c.size}
 }
 
 // Return gives the buffer back to its pool.
@@ -562,6 +564,43 @@ func (p *Pool) Close() error {
 	return errors.Join(errs...)
 }
 
+// sharedOwner marks a buffer that belongs to a structure in shared memory
+// rather than to a process (no process has PID 0).
+const sharedOwner = 1
+
+// Share hands a loaned buffer over to a structure in shared memory (a table
+// that points at it, say): it stops belonging to this process, so Reclaim
+// leaves it alone when the process exits, and any process may Return it by
+// its handle. Publish the handle before sharing, so that a crash in
+// between leaves a buffer Reclaim takes back rather than one nobody frees.
+func (b Buffer) Share() error {
+	p := b.pool
+	d := p.desc(b.class, b.idx)
+	if atomicU64(d, descOffState).Load() != uint64(b.gen)<<32|stateInUse {
+		return fmt.Errorf("%w: buffer %d of class %d generation %d", ErrStaleHandle, b.idx, b.class, b.gen)
+	}
+	owner := atomicU64(d, descOffOwner)
+	if w := owner.Load(); w != sharedOwner && !owner.CompareAndSwap(p.me, sharedOwner) {
+		return fmt.Errorf("%w: buffer %d of class %d is not this process's", ErrStaleHandle, b.idx, b.class)
+	}
+	return nil
+}
+
+// Shared calls fn with the handle of every loaned buffer that was shared,
+// for sweeps that free the ones a crashed process left unreferenced.
+func (p *Pool) Shared(fn func(Handle)) {
+	for class, c := range p.classes {
+		for idx := range c.count {
+			d := p.desc(class, idx)
+			s := atomicU64(d, descOffState).Load()
+			if s&0xffffffff != stateInUse || atomicU64(d, descOffOwner).Load() != sharedOwner {
+				continue
+			}
+			fn(p.handle(class, idx, uint32(s>>32)))
+		}
+	}
+}
+
 // Reclaim returns to the pool every buffer whose owning process has exited,
 // loaned or kept in its local cache, and reports how many it took back.
 func (p *Pool) Reclaim() int {
@@ -578,7 +617,7 @@ func (p *Pool) Reclaim() int {
 			}
 			owner := atomicU64(d, descOffOwner)
 			w := owner.Load()
-			if w == 0 {
+			if w == 0 || w == sharedOwner {
 				continue
 			}
 			a, seen := alive[w]

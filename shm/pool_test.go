@@ -437,3 +437,49 @@ func TestPoolStaleReturnKeepsOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPoolShare: a shared buffer belongs to no process: Reclaim leaves it,
+// Shared lists it, and any attachment returns it by handle.
+func TestPoolShare(t *testing.T) {
+	seg, p := newPool(t, testPoolConfig)
+	b, err := p.Loan(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Share(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Share(); err != nil {
+		t.Fatalf("sharing twice: %v", err)
+	}
+	// As if the process that shared it had died: Reclaim must not care.
+	if n := p.Reclaim(); n != 0 {
+		t.Fatalf("reclaimed %d shared buffers", n)
+	}
+	var listed []Handle
+	p.Shared(func(h Handle) { listed = append(listed, h) })
+	if len(listed) != 1 || listed[0] != b.Handle() {
+		t.Fatalf("Shared listed %v, want %v", listed, b.Handle())
+	}
+	other, err := OpenPool(seg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Return(b.Handle()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Share(); err == nil {
+		t.Fatal("shared a returned buffer")
+	}
+	listed = nil
+	p.Shared(func(h Handle) { listed = append(listed, h) })
+	if len(listed) != 0 {
+		t.Fatalf("Shared listed %v after the return", listed)
+	}
+	// Another process's buffer is not ours to share.
+	c, _ := p.Loan(8)
+	atomicU64(p.desc(c.class, c.idx), descOffOwner).Store(12345 << 32)
+	if err := c.Share(); err == nil {
+		t.Fatal("shared a buffer this process does not own")
+	}
+}
