@@ -108,3 +108,10 @@ func procStat(pid int) (start uint64, state byte, err error) {
 // livenessInterval is how often a blocked waiter checks that its peer lives.
 // It bounds how long a waiter takes to notice a dead peer.
 const livenessInterval = 20 * time.Millisecond
+
+// Word packs the identity into 64 bits (pid and the low half of the start
+// time), for owner and lock words in shared memory. It is never 0 or 1.
+func (p Process) Word() uint64 { return p.word() }
+
+// AliveWord reports whether the process a Word names still runs.
+func AliveWord(w uint64) bool { return aliveWord(w) }

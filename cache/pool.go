@@ -1,0 +1,976 @@
+package cache
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// Errors.
+var (
+	// ErrNotFound: no live entry for the key.
+	ErrNotFound = errors.New("cache: not found")
+	// ErrExists: Add found the key, or a compare-and-swap found another
+	// version.
+	ErrExists = errors.New("cache: key exists with another version")
+	// ErrTooLarge: the key and value do not fit the largest buffer.
+	ErrTooLarge = errors.New("cache: value too large")
+	// ErrFull: eviction could not make room.
+	ErrFull = errors.New("cache: full")
+	// ErrCorrupt: the shared memory does not hold a valid table.
+	ErrCorrupt = errors.New("cache: corrupt shared memory")
+)
+
+// Layout of a pool's segment.
+//
+//	header   0: magic u64, version u32, ready u32, buckets u64, max bytes
+//	            u64, pool offset u64, max record u64
+//	       128: version counter       256: clock hand
+//	       384: bytes in use          512: items
+//	       640: 16 stat stripes of 128 bytes (hits, misses, sets, deletes,
+//	            evictions, expired, repairs)
+//	buckets 4096: 512 bytes each: lock u64 (holder's process word), seq
+//	            u64 (odd while written), CLOCK hand u64, 40 bytes pad, 14 slots of 32
+//	            bytes: hash u64 (0: empty), handle u64 (gen<<32|segment),
+//	            offset u64, size u64 (bit 63: referenced, for CLOCK)
+//	pool:       an shm.Pool holding the records
+//
+// A record is a pool buffer: checksum u64 (xxhash of bytes 8..32 and of
+// the key and value), key length u32, value length u32, version u64, flags
+// u32, pad u32, expiry u64 (unix ns, 0: never; the one mutable field, not
+// in the checksum), then the key and the value.
+const (
+	magic      = 0x3148_4341_434b_4255 // "UBKCACH1"
+	layoutVer  = 1
+	headerSize = 4096
+
+	hOffMagic    = 0
+	hOffVersion  = 8
+	hOffReady    = 12
+	hOffBuckets  = 16
+	hOffMaxBytes = 24
+	hOffPoolOff  = 32
+	hOffMaxRec   = 40
+	hOffVerCtr   = 128
+	hOffHand     = 256
+	hOffBytes    = 384
+	hOffItems    = 512
+	hOffStats    = 640
+	statStripes  = 16
+	stripeSize   = 128
+
+	bucketSize  = 512
+	bOffLock    = 0
+	bOffSeq     = 8
+	bOffHand    = 16 // where the bucket's CLOCK resumes
+	bOffSlots   = 64
+	slotSize    = 32
+	slotsPerBkt = (bucketSize - bOffSlots) / slotSize
+	sOffHash    = 0
+	sOffHandle  = 8
+	sOffOffset  = 16
+	sOffSize    = 24
+	refBit      = 1 << 63
+
+	recHeader   = 40
+	rOffSum     = 0
+	rOffKeyLen  = 8
+	rOffValLen  = 12
+	rOffVersion = 16
+	rOffFlags   = 24
+	rOffExpire  = 32
+
+	minClass = 128
+)
+
+// Stat stripe fields.
+const (
+	stHits = iota
+	stMisses
+	stSets
+	stDeletes
+	stEvictions
+	stExpired
+	stRepairs
+	nStats
+)
+
+// Options size a pool when it is created; attaching processes take the
+// creator's geometry.
+type Options struct {
+	// MaxBytes bounds the bytes of live records (keys, values and a 40-byte
+	// header each, rounded up to a size class); beyond it, CLOCK evicts.
+	// Default 64 MiB.
+	MaxBytes int64
+	// MaxValue is the largest key plus value. Default 1 MiB.
+	MaxValue int
+	// Buckets of 14 entries each (rounded up to a power of two). Default:
+	// enough for MaxBytes of 256-byte records.
+	Buckets int
+}
+
+// Pool is a key-value store in shared memory that every process on the
+// host opens by name. Reads take no lock (a sequence number per bucket
+// tells a reader to retry); writers lock one bucket at a time, and a lock
+// whose holder died is taken over and the bucket repaired. Values live in
+// an shm.Pool in the same segment.
+type Pool struct {
+	seg      *shm.Segment
+	mem      []byte
+	pool     *shm.Pool
+	nbuckets uint64
+	maxBytes int64
+	maxRec   int
+	me       uint64
+	stripe   int
+
+	verCtr, hand, used, items *atomic.Uint64
+}
+
+// Open attaches to the pool named name, creating it with opts if it does
+// not exist. Every process that opens the same name shares the entries.
+func Open(name string, opts Options) (*Pool, error) {
+	seg, err := shm.OpenSegment(segName(name))
+	if errors.Is(err, os.ErrNotExist) {
+		p, cerr := create(name, opts)
+		if !errors.Is(cerr, os.ErrExist) {
+			return p, cerr
+		}
+		seg, err = shm.OpenSegment(segName(name)) // lost the race to create it
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cache: open %s: %w", name, err)
+	}
+	p, err := attach(seg)
+	if err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("cache: open %s: %w", name, err)
+	}
+	return p, nil
+}
+
+// Remove unlinks the pool's segment; processes attached keep their mapping.
+func Remove(name string) error {
+	seg, err := shm.OpenSegment(segName(name))
+	if err != nil {
+		return err
+	}
+	defer seg.Close()
+	return seg.Unlink()
+}
+
+func segName(name string) string { return "cache-" + name }
+
+func (o Options) withDefaults() Options {
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = 64 << 20
+	}
+	if o.MaxValue <= 0 {
+		o.MaxValue = 1 << 20
+	}
+	if o.Buckets <= 0 {
+		o.Buckets = int(o.MaxBytes / 256 / slotsPerBkt)
+	}
+	o.Buckets = 1 << bits.Len(uint(max(o.Buckets, 16)-1))
+	return o
+}
+
+// poolConfig has power-of-two classes from 128 bytes to the largest
+// record; each could hold MaxBytes alone (memory is committed only as
+// buffers are touched), so any mix of sizes fits the byte limit.
+func poolConfig(o Options) shm.PoolConfig {
+	var c shm.PoolConfig
+	top := 1 << bits.Len(uint(recHeader+o.MaxValue-1))
+	for size := minClass; size <= top; size *= 2 {
+		c.Classes = append(c.Classes, shm.PoolClass{Size: size, Count: int(max(o.MaxBytes/int64(size), 2))})
+	}
+	return c
+}
+
+func create(name string, opts Options) (*Pool, error) {
+	o := opts.withDefaults()
+	cfg := poolConfig(o)
+	psize, err := shm.PoolSize(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cache: create %s: %w", name, err)
+	}
+	poolOff := headerSize + o.Buckets*bucketSize
+	poolOff = (poolOff + 4095) &^ 4095
+	seg, err := shm.CreateSegment(segName(name), poolOff+psize, nil)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Pool, error) {
+		seg.Unlink()
+		seg.Close()
+		return nil, fmt.Errorf("cache: create %s: %w", name, err)
+	}
+	if _, err := shm.CreatePool(seg, poolOff, cfg); err != nil {
+		return fail(err)
+	}
+	d := seg.Data()
+	binary.LittleEndian.PutUint64(d[hOffMagic:], magic)
+	binary.LittleEndian.PutUint32(d[hOffVersion:], layoutVer)
+	binary.LittleEndian.PutUint64(d[hOffBuckets:], uint64(o.Buckets))
+	binary.LittleEndian.PutUint64(d[hOffMaxBytes:], uint64(o.MaxBytes))
+	binary.LittleEndian.PutUint64(d[hOffPoolOff:], uint64(poolOff))
+	binary.LittleEndian.PutUint64(d[hOffMaxRec:], uint64(recHeader+o.MaxValue))
+	ready, _ := seg.Uint32At(hOffReady)
+	ready.Store(1)
+	p, err := attach(seg)
+	if err != nil {
+		return fail(err)
+	}
+	return p, nil
+}
+
+// attach validates the header once; the hot paths use the checked copy.
+func attach(seg *shm.Segment) (*Pool, error) {
+	d := seg.Data()
+	if len(d) < headerSize {
+		return nil, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(d))
+	}
+	ready, _ := seg.Uint32At(hOffReady)
+	for start := time.Now(); ready.Load() != 1; {
+		if time.Since(start) > 2*time.Second {
+			return nil, fmt.Errorf("%w: its creator never finished it (remove it with cache.Remove)", ErrCorrupt)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if binary.LittleEndian.Uint64(d[hOffMagic:]) != magic || binary.LittleEndian.Uint32(d[hOffVersion:]) != layoutVer {
+		return nil, fmt.Errorf("%w: not a cache pool of layout %d", ErrCorrupt, layoutVer)
+	}
+	nb := binary.LittleEndian.Uint64(d[hOffBuckets:])
+	maxBytes := binary.LittleEndian.Uint64(d[hOffMaxBytes:])
+	poolOff := binary.LittleEndian.Uint64(d[hOffPoolOff:])
+	maxRec := binary.LittleEndian.Uint64(d[hOffMaxRec:])
+	if nb == 0 || nb&(nb-1) != 0 || nb > 1<<40 || poolOff < headerSize+nb*bucketSize || poolOff >= uint64(len(d)) ||
+		maxRec < recHeader || maxRec > 1<<40 || maxBytes == 0 || maxBytes > 1<<50 {
+		return nil, fmt.Errorf("%w: bad geometry", ErrCorrupt)
+	}
+	pool, err := shm.OpenPool(seg, int(poolOff))
+	if err != nil {
+		return nil, err
+	}
+	me := shm.Self()
+	p := &Pool{seg: seg, mem: d, pool: pool, nbuckets: nb, maxBytes: int64(maxBytes), maxRec: int(maxRec),
+		me: me.Word(), stripe: int(me.PID) % statStripes}
+	p.verCtr = p.word(hOffVerCtr)
+	p.hand = p.word(hOffHand)
+	p.used = p.word(hOffBytes)
+	p.items = p.word(hOffItems)
+	return p, nil
+}
+
+// word is an atomic view of a validated, aligned offset.
+func (p *Pool) word(off int) *atomic.Uint64 {
+	w, err := p.seg.Uint64At(off)
+	if err != nil {
+		panic(err) // offsets come from the validated geometry
+	}
+	return w
+}
+
+// Close detaches; entries stay for other processes.
+func (p *Pool) Close() error {
+	p.pool.Close()
+	return p.seg.Close()
+}
+
+func hashKey(key []byte) uint64 { return xxhash.Sum64(key) | 1 }
+
+func (p *Pool) bucketOff(h uint64) int { return headerSize + int(h&(p.nbuckets-1))*bucketSize }
+
+func slotOff(b, i int) int { return b + bOffSlots + i*slotSize }
+
+func (p *Pool) stat(i int) *atomic.Uint64 { return p.word(hOffStats + p.stripe*stripeSize + i*8) }
+
+// Info describes an entry.
+type Info struct {
+	Version uint64
+	Flags   uint32
+	// Expires is zero for an entry that does not expire.
+	Expires time.Time
+}
+
+// record is a resolved record buffer.
+type record struct {
+	buf    shm.Buffer
+	handle shm.Handle
+}
+
+func (r record) b() []byte { return r.buf.Bytes() }
+
+// parse bounds-checks a record's lengths against its buffer.
+func (r record) parse() (key, val []byte, ok bool) {
+	b := r.b()
+	if len(b) < recHeader {
+		return nil, nil, false
+	}
+	kl := int(binary.LittleEndian.Uint32(b[rOffKeyLen:]))
+	vl := int(binary.LittleEndian.Uint32(b[rOffValLen:]))
+	if kl > len(b)-recHeader || vl > len(b)-recHeader-kl {
+		return nil, nil, false
+	}
+	return b[recHeader : recHeader+kl], b[recHeader+kl : recHeader+kl+vl], true
+}
+
+func (r record) info() Info {
+	b := r.b()
+	in := Info{Version: binary.LittleEndian.Uint64(b[rOffVersion:]), Flags: binary.LittleEndian.Uint32(b[rOffFlags:])}
+	if e := r.expire(); e != 0 {
+		in.Expires = time.Unix(0, e)
+	}
+	return in
+}
+
+func (r record) expire() int64 {
+	w, err := shm.WordIn(r.b(), rOffExpire)
+	if err != nil {
+		return 0
+	}
+	return int64(w.Load())
+}
+
+func checksum(b []byte, kl, vl int) uint64 {
+	d := xxhash.New()
+	d.Write(b[8:32])
+	d.Write(b[recHeader : recHeader+kl+vl])
+	return d.Sum64()
+}
+
+// resolve turns a slot's handle words into a record, or reports it stale.
+func (p *Pool) resolve(hw, off uint64) (record, bool) {
+	h := shm.Handle{Segment: uint32(hw), Gen: uint32(hw >> 32), Offset: off}
+	buf, err := p.pool.Resolve(h)
+	if err != nil {
+		return record{}, false
+	}
+	return record{buf: buf, handle: h}, true
+}
+
+// stillLoaned checks, after reading a record, that it was not returned and
+// reused meanwhile.
+func (p *Pool) stillLoaned(r record) bool {
+	_, err := p.pool.Resolve(r.handle)
+	return err == nil
+}
+
+// lookup finds key's live record in a bucket as a reader: no lock; the
+// caller validates the bucket's sequence afterwards.
+func (p *Pool) lookup(b int, h uint64, key []byte, now int64) (record, int, bool) {
+	for i := range slotsPerBkt {
+		s := slotOff(b, i)
+		if p.word(s+sOffHash).Load() != h {
+			continue
+		}
+		r, ok := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
+		if !ok {
+			continue
+		}
+		k, _, ok := r.parse()
+		if !ok || !bytes.Equal(k, key) {
+			continue
+		}
+		if e := r.expire(); e != 0 && e <= now {
+			return record{}, -1, false
+		}
+		return r, i, true
+	}
+	return record{}, -1, false
+}
+
+// read runs fn on key's value under the bucket's sequence number, retrying
+// while writers intervene; fn may run more than once.
+func (p *Pool) read(key []byte, fn func(val []byte, in Info)) (bool, error) {
+	h := hashKey(key)
+	b := p.bucketOff(h)
+	seq := p.word(b + bOffSeq)
+	for attempt := 0; ; attempt++ {
+		s1 := seq.Load()
+		if s1&1 != 0 {
+			if err := p.waitWriter(b, attempt); err != nil {
+				return false, err
+			}
+			continue
+		}
+		r, i, ok := p.lookup(b, h, key, time.Now().UnixNano())
+		if ok {
+			_, v, _ := r.parse()
+			fn(v, r.info())
+			if !p.stillLoaned(r) || seq.Load() != s1 {
+				continue
+			}
+			if sz := p.word(slotOff(b, i) + sOffSize); sz.Load()&refBit == 0 {
+				sz.Or(refBit)
+			}
+			p.stat(stHits).Add(1)
+			return true, nil
+		}
+		if seq.Load() != s1 {
+			continue
+		}
+		p.stat(stMisses).Add(1)
+		return false, nil
+	}
+}
+
+// waitWriter waits out a bucket being written; a writer that died leaves
+// the sequence odd, and the bucket is then repaired.
+func (p *Pool) waitWriter(b int, attempt int) error {
+	switch {
+	case attempt < 100:
+		return nil
+	case attempt < 1000:
+		runtime.Gosched()
+		return nil
+	}
+	if w := p.word(b + bOffLock).Load(); w == 0 || !shm.AliveWord(w) {
+		// No live writer, yet the sequence is odd: repair under the lock.
+		if err := p.lock(b); err != nil {
+			return err
+		}
+		p.unlock(b)
+		return nil
+	}
+	time.Sleep(50 * time.Microsecond)
+	return nil
+}
+
+// Get copies key's value into dst (grown as needed) and returns it.
+func (p *Pool) Get(key, dst []byte) ([]byte, Info, error) {
+	var out Info
+	found, err := p.read(key, func(v []byte, in Info) {
+		dst = append(dst[:0], v...)
+		out = in
+	})
+	if err != nil {
+		return nil, Info{}, err
+	}
+	if !found {
+		return nil, Info{}, ErrNotFound
+	}
+	return dst, out, nil
+}
+
+// View calls fn with key's value in shared memory, without copying. fn
+// must not keep the slice or modify it, and may be called more than once
+// (when a writer replaced the value meanwhile, the last call saw the
+// current one). It reports whether the key was found.
+func (p *Pool) View(key []byte, fn func(val []byte, in Info)) (bool, error) {
+	return p.read(key, fn)
+}
+
+// Mode says when Set stores.
+type Mode uint8
+
+const (
+	// Always stores.
+	Always Mode = iota
+	// IfAbsent stores only if the key has no live entry (memcached add).
+	IfAbsent
+	// IfPresent stores only if it has one (memcached replace).
+	IfPresent
+	// IfVersion stores only if the entry's version is SetOptions.Version
+	// (compare-and-swap).
+	IfVersion
+)
+
+// SetOptions qualify a Set.
+type SetOptions struct {
+	Mode    Mode
+	Version uint64
+	// TTL: 0 never expires.
+	TTL   time.Duration
+	Flags uint32
+}
+
+// Set stores value under key and returns the entry's new version.
+func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
+	n := recHeader + len(key) + len(value)
+	if n > p.maxRec || len(key) > 1<<20 {
+		return 0, ErrTooLarge
+	}
+	buf, err := p.loan(n)
+	if err != nil {
+		return 0, err
+	}
+	b := buf.Bytes()
+	ver := p.verCtr.Add(1)
+	binary.LittleEndian.PutUint32(b[rOffKeyLen:], uint32(len(key)))
+	binary.LittleEndian.PutUint32(b[rOffValLen:], uint32(len(value)))
+	binary.LittleEndian.PutUint64(b[rOffVersion:], ver)
+	binary.LittleEndian.PutUint32(b[rOffFlags:], o.Flags)
+	binary.LittleEndian.PutUint32(b[rOffFlags+4:], 0)
+	var exp int64
+	if o.TTL > 0 {
+		exp = time.Now().Add(o.TTL).UnixNano()
+	}
+	binary.LittleEndian.PutUint64(b[rOffExpire:], uint64(exp))
+	copy(b[recHeader:], key)
+	copy(b[recHeader+len(key):], value)
+	binary.LittleEndian.PutUint64(b[rOffSum:], checksum(b, len(key), len(value)))
+	size := uint64(len(b))
+	if err := p.reserve(size); err != nil {
+		buf.Return()
+		return 0, err
+	}
+	h := hashKey(key)
+	bk := p.bucketOff(h)
+	if err := p.lock(bk); err != nil {
+		buf.Return()
+		p.used.Add(-size)
+		return 0, err
+	}
+	seq := p.word(bk + bOffSeq)
+	seq.Add(1)
+	var freed []record
+	now := time.Now().UnixNano()
+	freed = p.dropExpired(bk, now, freed)
+	cur, i, found := p.lookup(bk, h, key, now)
+	switch {
+	case o.Mode == IfAbsent && found, o.Mode == IfVersion && found && cur.info().Version != o.Version:
+		err = ErrExists
+	case (o.Mode == IfPresent || o.Mode == IfVersion) && !found:
+		err = ErrNotFound
+	}
+	if err == nil {
+		if !found {
+			i = p.freeSlot(bk)
+			if i < 0 {
+				var victim record
+				i, victim = p.victim(bk)
+				freed = append(freed, victim)
+				p.stat(stEvictions).Add(1)
+			} else {
+				p.items.Add(1)
+			}
+		} else {
+			freed = append(freed, cur)
+			p.used.Add(-(p.word(slotOff(bk, i)+sOffSize).Load() &^ refBit))
+		}
+		s := slotOff(bk, i)
+		bh := buf.Handle()
+		p.word(s + sOffHash).Store(h)
+		p.word(s + sOffHandle).Store(uint64(bh.Gen)<<32 | uint64(bh.Segment))
+		p.word(s + sOffOffset).Store(bh.Offset)
+		p.word(s + sOffHash).Store(h)
+		if testHookMidWrite != nil {
+			testHookMidWrite()
+		}
+		p.word(s + sOffHandle).Store(uint64(bh.Gen)<<32 | uint64(bh.Segment))
+		p.word(s + sOffOffset).Store(bh.Offset)
+		p.word(s + sOffSize).Store(size)
+	}
+	seq.Add(1)
+	p.unlock(bk)
+	if err != nil {
+		buf.Return()
+		p.used.Add(-size)
+		p.release(freed)
+		return 0, err
+	}
+	buf.Share() // a writer that replaced it already (and freed it) makes this fail: fine
+	p.release(freed)
+	p.stat(stSets).Add(1)
+	return ver, nil
+}
+
+// loan takes a buffer, evicting when its class has none left.
+func (p *Pool) loan(n int) (shm.Buffer, error) {
+	for attempt := 0; ; attempt++ {
+		buf, err := p.pool.Loan(n)
+		if err == nil {
+			return buf, nil
+		}
+		if errors.Is(err, shm.ErrTooLarge) {
+			return shm.Buffer{}, ErrTooLarge
+		}
+		if attempt == 0 {
+			// Buffers of processes that died are the first to take back.
+			if p.pool.Reclaim() > 0 {
+				continue
+			}
+		}
+		if attempt > 64 || p.evict() == 0 {
+			return shm.Buffer{}, fmt.Errorf("%w: no buffer of %d bytes: %v", ErrFull, n, err)
+		}
+	}
+}
+
+// reserve counts size bytes against the limit, evicting until they fit.
+func (p *Pool) reserve(size uint64) error {
+	if p.used.Add(size) <= uint64(p.maxBytes) {
+		return nil
+	}
+	for range 1 << 16 {
+		if p.used.Load() <= uint64(p.maxBytes) {
+			return nil
+		}
+		if p.evict() == 0 && p.used.Load() > uint64(p.maxBytes) {
+			break
+		}
+	}
+	if p.used.Load() <= uint64(p.maxBytes) {
+		return nil
+	}
+	p.used.Add(-size)
+	return fmt.Errorf("%w: %d bytes over the limit of %d", ErrFull, p.used.Load()+size-uint64(p.maxBytes), p.maxBytes)
+}
+
+// evict advances the CLOCK hand one bucket: referenced entries lose their
+// bit, the others go. It returns how many it removed (it gives up, with 0,
+// after a full turn found nothing).
+func (p *Pool) evict() int {
+	for range p.nbuckets * 2 {
+		bk := headerSize + int(p.hand.Add(1)&(p.nbuckets-1))*bucketSize
+		if p.lock(bk) != nil {
+			continue
+		}
+		seq := p.word(bk + bOffSeq)
+		seq.Add(1)
+		var freed []record
+		for i := range slotsPerBkt {
+			s := slotOff(bk, i)
+			if p.word(s+sOffHash).Load() == 0 {
+				continue
+			}
+			sz := p.word(s + sOffSize)
+			if v := sz.Load(); v&refBit != 0 {
+				sz.Store(v &^ refBit)
+				continue
+			}
+			freed = append(freed, p.clearSlot(s))
+		}
+		seq.Add(1)
+		p.unlock(bk)
+		p.release(freed)
+		if n := len(freed); n > 0 {
+			p.stat(stEvictions).Add(uint64(n))
+			return n
+		}
+	}
+	return 0
+}
+
+// clearSlot empties slot s (lock held) and returns what it held.
+func (p *Pool) clearSlot(s int) record {
+	r, _ := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
+	r.buf = shm.Buffer{}
+	size := p.word(s+sOffSize).Load() &^ refBit
+	p.word(s + sOffHash).Store(0)
+	p.word(s + sOffSize).Store(0)
+	p.items.Add(^uint64(0))
+	p.used.Add(-size)
+	return r
+}
+
+// release gives removed records' buffers back.
+func (p *Pool) release(rs []record) {
+	for _, r := range rs {
+		if r.handle != (shm.Handle{}) {
+			p.pool.Return(r.handle) // a stale handle was already taken back
+		}
+	}
+}
+
+func (p *Pool) freeSlot(bk int) int {
+	for i := range slotsPerBkt {
+		if p.word(slotOff(bk, i)+sOffHash).Load() == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// victim picks the entry to replace in a full bucket by CLOCK: from the
+// bucket's hand, referenced entries lose their bit and the first entry
+// without one goes; the hand moves past it, so an entry whose bit was
+// cleared gets a full turn to be read again.
+func (p *Pool) victim(bk int) (int, record) {
+	hand := p.word(bk + bOffHand)
+	start := int(hand.Load() % slotsPerBkt)
+	for k := 0; ; k++ {
+		i := (start + k) % slotsPerBkt
+		s := slotOff(bk, i)
+		sz := p.word(s + sOffSize)
+		if v := sz.Load(); v&refBit != 0 && k < slotsPerBkt {
+			sz.Store(v &^ refBit)
+			continue
+		}
+		hand.Store(uint64(i + 1))
+		r, _ := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
+		p.used.Add(-(sz.Load() &^ refBit))
+		return i, record{handle: r.handle}
+	}
+}
+
+// dropExpired removes expired entries of a locked bucket.
+func (p *Pool) dropExpired(bk int, now int64, freed []record) []record {
+	for i := range slotsPerBkt {
+		s := slotOff(bk, i)
+		if p.word(s+sOffHash).Load() == 0 {
+			continue
+		}
+		r, ok := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
+		if !ok {
+			continue
+		}
+		if e := r.expire(); e != 0 && e <= now {
+			freed = append(freed, p.clearSlot(s))
+			p.stat(stExpired).Add(1)
+		}
+	}
+	return freed
+}
+
+// Delete removes key and reports whether it was there.
+func (p *Pool) Delete(key []byte) (bool, error) {
+	h := hashKey(key)
+	bk := p.bucketOff(h)
+	if err := p.lock(bk); err != nil {
+		return false, err
+	}
+	seq := p.word(bk + bOffSeq)
+	seq.Add(1)
+	_, i, found := p.lookup(bk, h, key, time.Now().UnixNano())
+	var freed []record
+	if found {
+		freed = append(freed, p.clearSlot(slotOff(bk, i)))
+	}
+	seq.Add(1)
+	p.unlock(bk)
+	p.release(freed)
+	if found {
+		p.stat(stDeletes).Add(1)
+	}
+	return found, nil
+}
+
+// Touch sets a live entry's time to live (0: never expires).
+func (p *Pool) Touch(key []byte, ttl time.Duration) error {
+	h := hashKey(key)
+	bk := p.bucketOff(h)
+	if err := p.lock(bk); err != nil {
+		return err
+	}
+	defer p.unlock(bk)
+	r, _, found := p.lookup(bk, h, key, time.Now().UnixNano())
+	if !found {
+		return ErrNotFound
+	}
+	var exp int64
+	if ttl > 0 {
+		exp = time.Now().Add(ttl).UnixNano()
+	}
+	w, err := shm.WordIn(r.b(), rOffExpire)
+	if err != nil {
+		return err
+	}
+	w.Store(uint64(exp))
+	return nil
+}
+
+// Flush removes every entry.
+func (p *Pool) Flush() error {
+	for i := range p.nbuckets {
+		bk := headerSize + int(i)*bucketSize
+		if err := p.lock(bk); err != nil {
+			return err
+		}
+		seq := p.word(bk + bOffSeq)
+		seq.Add(1)
+		var freed []record
+		for j := range slotsPerBkt {
+			s := slotOff(bk, j)
+			if p.word(s+sOffHash).Load() != 0 {
+				freed = append(freed, p.clearSlot(s))
+			}
+		}
+		seq.Add(1)
+		p.unlock(bk)
+		p.release(freed)
+	}
+	return nil
+}
+
+// testHookMidWrite runs in the middle of a Set's change to its bucket, so
+// crash tests can kill a writer there.
+var testHookMidWrite func()
+
+// lockTimeout bounds the wait for a live writer's bucket lock.
+const lockTimeout = 5 * time.Second
+
+// lock takes a bucket's lock. A lock whose holder died is taken over, and
+// the bucket repaired, since its writer may have stopped half-way.
+func (p *Pool) lock(bk int) error {
+	l := p.word(bk + bOffLock)
+	var start time.Time
+	for i := 0; ; i++ {
+		if l.CompareAndSwap(0, p.me) {
+			return nil
+		}
+		if i < 64 {
+			continue
+		}
+		if i < 256 {
+			runtime.Gosched()
+			continue
+		}
+		w := l.Load()
+		if w == p.me {
+			// A lock this process holds is held by one of its goroutines.
+			time.Sleep(10 * time.Microsecond)
+		} else if w != 0 && !shm.AliveWord(w) {
+			if l.CompareAndSwap(w, p.me) {
+				p.repair(bk)
+				return nil
+			}
+			continue
+		}
+		if start.IsZero() {
+			start = time.Now()
+		} else if time.Since(start) > lockTimeout {
+			return fmt.Errorf("cache: bucket lock held by process %#x for over %v", w, lockTimeout)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+func (p *Pool) unlock(bk int) { p.word(bk + bOffLock).Store(0) }
+
+// repair checks every entry of a bucket whose writer died (lock held):
+// entries whose record does not verify are dropped, then the sequence is
+// made even again.
+func (p *Pool) repair(bk int) {
+	p.stat(stRepairs).Add(1)
+	seq := p.word(bk + bOffSeq)
+	if seq.Load()&1 == 0 {
+		seq.Add(1)
+	}
+	var freed []record
+	for i := range slotsPerBkt {
+		s := slotOff(bk, i)
+		h := p.word(s + sOffHash).Load()
+		if h == 0 {
+			continue
+		}
+		if !p.validSlot(s, h) {
+			freed = append(freed, p.clearSlot(s))
+		}
+	}
+	seq.Add(1)
+	p.release(freed)
+}
+
+// validSlot checks that a slot names a loaned record whose checksum, key
+// hash and size agree with it.
+func (p *Pool) validSlot(s int, h uint64) bool {
+	r, ok := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
+	if !ok {
+		return false
+	}
+	k, v, ok := r.parse()
+	if !ok || hashKey(k) != h {
+		return false
+	}
+	b := r.b()
+	return binary.LittleEndian.Uint64(b[rOffSum:]) == checksum(b, len(k), len(v)) &&
+		p.word(s+sOffSize).Load()&^refBit == uint64(len(b))
+}
+
+// Stats are a pool's counters, summed over every process.
+type Stats struct {
+	Hits, Misses, Sets, Deletes, Evictions, Expired uint64
+	// Repairs counts buckets taken over from a writer that died holding
+	// their lock.
+	Repairs uint64
+	// Items and Bytes are the live entries and the bytes they hold
+	// (rounded up to size classes); MaxBytes is the limit.
+	Items, Bytes, MaxBytes uint64
+}
+
+// Stats reads the counters.
+func (p *Pool) Stats() Stats {
+	var s Stats
+	for i := range statStripes {
+		base := hOffStats + i*stripeSize
+		s.Hits += p.word(base + stHits*8).Load()
+		s.Misses += p.word(base + stMisses*8).Load()
+		s.Sets += p.word(base + stSets*8).Load()
+		s.Deletes += p.word(base + stDeletes*8).Load()
+		s.Evictions += p.word(base + stEvictions*8).Load()
+		s.Expired += p.word(base + stExpired*8).Load()
+		s.Repairs += p.word(base + stRepairs*8).Load()
+	}
+	s.Items, s.Bytes, s.MaxBytes = p.items.Load(), p.used.Load(), uint64(p.maxBytes)
+	return s
+}
+
+// Verify checks the table's invariants: every bucket's lock is free or held
+// by a live process (a dead holder's lock is taken over and its bucket
+// repaired, as any writer would), its sequence is even, and every entry
+// names a loaned record whose checksum, key hash, bucket and size agree. It
+// then takes back buffers that no entry names (left by a writer that died
+// between storing an entry and freeing the one it replaced) and sets the
+// item and byte counters to what the entries hold. Run it while no
+// process writes: a concurrent writer's entry in flight would look leaked.
+func (p *Pool) Verify() error {
+	var errs []error
+	live := map[shm.Handle]bool{}
+	var items, used uint64
+	for i := range p.nbuckets {
+		bk := headerSize + int(i)*bucketSize
+		if w := p.word(bk + bOffLock).Load(); w != 0 && !shm.AliveWord(w) {
+			if err := p.lock(bk); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.unlock(bk)
+		}
+		if s := p.word(bk + bOffSeq).Load(); s&1 != 0 && p.word(bk+bOffLock).Load() == 0 {
+			errs = append(errs, fmt.Errorf("%w: bucket %d has an odd sequence and no writer", ErrCorrupt, i))
+		}
+		for j := range slotsPerBkt {
+			s := slotOff(bk, j)
+			h := p.word(s + sOffHash).Load()
+			if h == 0 {
+				continue
+			}
+			if h&(p.nbuckets-1) != i {
+				errs = append(errs, fmt.Errorf("%w: bucket %d slot %d holds a key of bucket %d", ErrCorrupt, i, j, h&(p.nbuckets-1)))
+			}
+			if !p.validSlot(s, h) {
+				errs = append(errs, fmt.Errorf("%w: bucket %d slot %d does not verify", ErrCorrupt, i, j))
+				continue
+			}
+			r, _ := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
+			live[r.handle] = true
+			items++
+			used += p.word(s+sOffSize).Load() &^ refBit
+		}
+	}
+	var leaked []shm.Handle
+	p.pool.Shared(func(h shm.Handle) {
+		if !live[h] {
+			leaked = append(leaked, h)
+		}
+	})
+	for _, h := range leaked {
+		p.pool.Return(h)
+	}
+	p.pool.Reclaim()
+	p.items.Store(items)
+	p.used.Store(used)
+	return errors.Join(errs...)
+}
