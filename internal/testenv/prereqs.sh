@@ -18,6 +18,20 @@ need() { # need <command> <debian package>
 }
 
 need go golang-go
+# Real servers for the cache tests (started by internal/testenv on free
+# loopback ports). Installing them must not start the system's own copies.
+need_server() { # need_server <command> <debian package>
+	command -v "$1" >/dev/null 2>&1 && return 0
+	local policy=""
+	if [ "$(id -u)" = 0 ] && [ ! -e /usr/sbin/policy-rc.d ]; then
+		printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy=1
+	fi
+	need "$1" "$2"
+	[ -n "$policy" ] && rm -f /usr/sbin/policy-rc.d
+	return 0
+}
+need_server redis-server redis-server
+need_server memcached memcached
 # Network namespace tests (internal/testenv NewNetnsPair) need root and `ip`.
 # Without root they fail, saying so; there is nothing to install for them.
 if [ "$(id -u)" = 0 ]; then
