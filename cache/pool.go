@@ -281,6 +281,9 @@ func (p *Pool) word(off int) *atomic.Uint64 {
 	return w
 }
 
+// MaxValue is the largest key plus value an entry can hold.
+func (p *Pool) MaxValue() int { return p.maxRec - recHeader }
+
 // Close detaches; entries stay for other processes.
 func (p *Pool) Close() error {
 	p.pool.Close()

@@ -11,11 +11,15 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/net/nettest"
+
+	"github.com/ubkit-io/ubkit/shm"
 )
 
 var serviceSeq atomic.Int64
@@ -63,11 +67,20 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	os.Setenv("UBKIT_RUNTIME_DIR", dir)
+	before, _ := filepath.Glob("/dev/shm/ubkit-*")
 	code := m.Run()
 	// The default endpoint lives as long as its process; close it here so
 	// that what it opened counts for the leak check.
 	if ep, err := Default(); err == nil {
 		ep.Close()
+	}
+	// Children killed on purpose leave their segments: sweep them as an
+	// operator would (shm.Sweep), then nothing new may remain.
+	shm.Sweep()
+	after, _ := filepath.Glob("/dev/shm/ubkit-*")
+	if left := slices.DeleteFunc(after, func(n string) bool { return slices.Contains(before, n) }); len(left) > 0 && code == 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: shared memory left behind: %v\n", left)
+		code = 1
 	}
 	if code == 0 {
 		// gRPC and net/http keep a few goroutines for a moment after
