@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"os"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -976,4 +977,73 @@ func (p *Pool) Verify() error {
 	p.items.Store(items)
 	p.used.Store(used)
 	return errors.Join(errs...)
+}
+
+// ErrNotNumber: Incr found a value that is not a decimal number.
+var ErrNotNumber = errors.New("cache: cannot increment or decrement non-numeric value")
+
+// Incr adds delta to key's decimal value (decr: subtracts, stopping at 0)
+// and returns the result, as memcached's incr and decr do: the number
+// wraps at 64 bits, and a result shorter than the old value is padded
+// with spaces to its length.
+func (p *Pool) Incr(key []byte, delta uint64, decr bool) (uint64, error) {
+	for {
+		old, in, err := p.Get(key, nil)
+		if err != nil {
+			return 0, err
+		}
+		cur, perr := strconv.ParseUint(string(bytes.TrimRight(old, " ")), 10, 64)
+		if perr != nil || len(old) == 0 {
+			return 0, ErrNotNumber
+		}
+		switch {
+		case !decr:
+			cur += delta
+		case delta > cur:
+			cur = 0
+		default:
+			cur -= delta
+		}
+		nv := strconv.AppendUint(nil, cur, 10)
+		for len(nv) < len(old) {
+			nv = append(nv, ' ')
+		}
+		if _, err = p.Set(key, nv, p.sameAs(in)); err == nil {
+			return cur, nil
+		}
+		if !errors.Is(err, ErrExists) && !errors.Is(err, ErrNotFound) {
+			return 0, err
+		}
+	}
+}
+
+// Append adds data after key's value (prepend: before it), keeping its
+// flags and expiry.
+func (p *Pool) Append(key, data []byte, prepend bool) error {
+	for {
+		old, in, err := p.Get(key, nil)
+		if err != nil {
+			return err
+		}
+		var v []byte
+		if prepend {
+			v = append(append(make([]byte, 0, len(old)+len(data)), data...), old...)
+		} else {
+			v = append(old, data...)
+		}
+		_, err = p.Set(key, v, p.sameAs(in))
+		if err == nil || (!errors.Is(err, ErrExists) && !errors.Is(err, ErrNotFound)) {
+			return err
+		}
+	}
+}
+
+// sameAs is a compare-and-swap on in's version that keeps its flags and
+// expiry.
+func (p *Pool) sameAs(in Info) SetOptions {
+	o := SetOptions{Mode: IfVersion, Version: in.Version, Flags: in.Flags}
+	if !in.Expires.IsZero() {
+		o.TTL = max(time.Until(in.Expires), time.Nanosecond)
+	}
+	return o
 }

@@ -389,32 +389,16 @@ func (s *Server) set(cmd string, key, data []byte, flags uint32, ttl time.Durati
 	case "cas":
 		o.Mode, o.Version = cache.IfVersion, casv
 	case "append", "prepend":
-		for {
-			old, in, err := p.Get(key, nil)
-			if err != nil {
-				return "NOT_STORED"
-			}
-			var v []byte
-			if cmd == "append" {
-				v = append(old, data...)
-			} else {
-				v = append(append([]byte(nil), data...), old...)
-			}
-			o := cache.SetOptions{Mode: cache.IfVersion, Version: in.Version, Flags: in.Flags}
-			if !in.Expires.IsZero() {
-				o.TTL = time.Until(in.Expires)
-			}
-			_, err = p.Set(key, v, o)
-			switch {
-			case err == nil:
-				return "STORED"
-			case errors.Is(err, cache.ErrExists), errors.Is(err, cache.ErrNotFound):
-				continue
-			case errors.Is(err, cache.ErrTooLarge):
-				return "SERVER_ERROR object too large for cache"
-			}
-			return "SERVER_ERROR " + err.Error()
+		err := p.Append(key, data, cmd == "prepend")
+		switch {
+		case err == nil:
+			return "STORED"
+		case errors.Is(err, cache.ErrNotFound):
+			return "NOT_STORED"
+		case errors.Is(err, cache.ErrTooLarge):
+			return "SERVER_ERROR object too large for cache"
 		}
+		return "SERVER_ERROR " + err.Error()
 	}
 	_, err := p.Set(key, data, o)
 	switch {
@@ -458,43 +442,19 @@ func (cn *conn) delete(f [][]byte) {
 	}
 }
 
-// incr adds (or, decr, subtracts down to 0) delta to a decimal value.
+// incr runs incr or decr and returns the result, or memcached's answer
+// for a failure.
 func (s *Server) incr(key []byte, delta uint64, decr bool) (uint64, string) {
-	p := s.Pool
-	for {
-		old, in, err := p.Get(key, nil)
-		if err != nil {
-			return 0, "NOT_FOUND"
-		}
-		// memcached pads a shrunken number with spaces in place.
-		cur, perr := strconv.ParseUint(string(bytes.TrimRight(old, " ")), 10, 64)
-		if perr != nil || len(old) == 0 {
-			return 0, "CLIENT_ERROR cannot increment or decrement non-numeric value"
-		}
-		switch {
-		case !decr:
-			cur += delta
-		case delta > cur:
-			cur = 0
-		default:
-			cur -= delta
-		}
-		o := cache.SetOptions{Mode: cache.IfVersion, Version: in.Version, Flags: in.Flags}
-		if !in.Expires.IsZero() {
-			o.TTL = time.Until(in.Expires)
-		}
-		nv := strconv.AppendUint(nil, cur, 10)
-		for len(nv) < len(old) {
-			nv = append(nv, ' ')
-		}
-		_, err = p.Set(key, nv, o)
-		if err == nil {
-			return cur, ""
-		}
-		if !errors.Is(err, cache.ErrExists) && !errors.Is(err, cache.ErrNotFound) {
-			return 0, "SERVER_ERROR " + err.Error()
-		}
+	v, err := s.Pool.Incr(key, delta, decr)
+	switch {
+	case err == nil:
+		return v, ""
+	case errors.Is(err, cache.ErrNotFound):
+		return 0, "NOT_FOUND"
+	case errors.Is(err, cache.ErrNotNumber):
+		return 0, "CLIENT_ERROR cannot increment or decrement non-numeric value"
 	}
+	return 0, "SERVER_ERROR " + err.Error()
 }
 
 func (cn *conn) arith(f [][]byte) {
