@@ -69,7 +69,7 @@ func RuntimeDir() string {
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 		return filepath.Join(d, "ubkit")
 	}
-	return filepath.Join(os.TempDir(), "ubkit-"+strconv.Itoa(os.Getuid()))
+	return filepath.Join(os.TempDir(), "ubkit-"+strconv.Itoa(os.Geteuid()))
 }
 
 var _ net.Addr = Addr{}

@@ -27,8 +27,12 @@ type Listener struct {
 	once    sync.Once
 	conns   chan *Conn
 	done    chan struct{}
+	slots   chan struct{} // handshakes in progress
 	wg      sync.WaitGroup
 }
+
+// maxHandshakes bounds a listener's handshakes in progress.
+const maxHandshakes = 128
 
 // handshakeTimeout bounds a dialer's handshake, so a silent or stopped one
 // holds nobody up.
@@ -75,8 +79,8 @@ func (e *Endpoint) Listen(ctx context.Context, addr string) (*Listener, error) {
 		return nil, fmt.Errorf("transport: listen on %s: this endpoint plays node %s", a, e.node)
 	}
 	a.Path = ""
-	if err := os.MkdirAll(e.nodeDir(a.Node), 0o700); err != nil {
-		return nil, fmt.Errorf("transport: runtime directory: %w", err)
+	if err := e.ensureDirs(a.Node); err != nil {
+		return nil, err
 	}
 	path := e.socketPath(a)
 	var lc net.ListenConfig
@@ -105,7 +109,7 @@ func (e *Endpoint) Listen(ctx context.Context, addr string) (*Listener, error) {
 		return nil, fmt.Errorf("transport: listen on %s for other hosts: %w", a, err)
 	}
 	ln := &Listener{ep: e, addr: a, ul: ul, tl: tl.(*net.TCPListener), tcpFile: e.tcpFile(a),
-		conns: make(chan *Conn), done: make(chan struct{})}
+		conns: make(chan *Conn), done: make(chan struct{}), slots: make(chan struct{}, maxHandshakes)}
 	tmp := ln.tcpFile + ".tmp"
 	err = os.WriteFile(tmp, []byte(tl.Addr().String()+"\n"), 0o600)
 	if err == nil {
@@ -127,17 +131,34 @@ func (e *Endpoint) Listen(ctx context.Context, addr string) (*Listener, error) {
 // dialer delays nobody else.
 func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 	defer l.wg.Done()
+	backoff := 5 * time.Millisecond
 	for {
 		nc, err := accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			l.Close()
-			return
+			// Out of descriptors, an aborted connection...: the listener
+			// stays, as net/http's does, and tries again.
+			select {
+			case <-l.done:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		// Bound the handshakes in progress: each holds memory until it
+		// finishes or times out.
+		select {
+		case l.slots <- struct{}{}:
+		default:
+			nc.Close()
+			continue
 		}
 		go func() {
+			defer func() { <-l.slots }()
 			nc.SetDeadline(time.Now().Add(handshakeTimeout))
 			c, keep, err := l.handshake(nc)
 			if !keep || err != nil {
@@ -368,9 +389,26 @@ func (e *Endpoint) dial(ctx context.Context, a Addr, path Path) (*Conn, error) {
 	} else {
 		nc.SetDeadline(time.Now().Add(handshakeTimeout))
 	}
-	// A cancelled ctx ends the handshake too.
+	if uc, ok := nc.(*net.UnixConn); ok {
+		// The listener must be this user too (or one allowed): the
+		// registry is a directory, and the dialer hands over memory.
+		if err := checkPeer(uc, e.allow); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	}
+	// A cancelled ctx ends the handshake too; once it is done, a late
+	// cancellation must not reach the live connection.
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	c, err := e.handshake(ctx, nc, a, path)
+	if !stop() && err == nil {
+		c.Close()
+		return nil, ctx.Err()
+	}
+	return c, err
+}
+
+func (e *Endpoint) handshake(ctx context.Context, nc net.Conn, a Addr, path Path) (*Conn, error) {
 	local := Addr{Node: e.node, Service: a.Service + "-peer"}
 	switch path {
 	case PathShm:

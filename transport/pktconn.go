@@ -30,18 +30,23 @@ type link interface {
 	// mtu is the largest packet payload.
 	mtu() int
 	// send transmits one packet, waiting for flow-control credit until the
-	// write deadline passes or the link shuts down. Concurrent calls send
-	// whole packets one after the other. An error means the packet was not
-	// sent; nil means it will be delivered.
+	// write deadline passes (os.ErrDeadlineExceeded) or interrupt is called
+	// (net.ErrClosed). Concurrent calls send whole packets one after the
+	// other. nil means the packet will be delivered unless the connection
+	// breaks.
 	send(kind byte, p []byte) error
 	setWriteDeadline(t time.Time)
-	// recv returns the next packet; p stays valid until the next call. One
-	// goroutine calls it.
+	// interrupt makes blocked and later sends fail, for Close.
+	interrupt()
+	// goodbye ends the connection gracefully: what was sent is delivered,
+	// then the peer's recv returns errPeerClosed. It waits at most timeout
+	// and may finish delivering in the background.
+	goodbye(timeout time.Duration) error
+	// recv returns the next packet (errPeerClosed after the peer's
+	// goodbye); p stays valid until the next call. One goroutine calls it.
 	recv() (kind byte, p []byte, err error)
-	// flush waits, at most timeout, until every packet sent was delivered.
-	flush(timeout time.Duration)
-	// shutdown makes blocked and later sends and recvs fail; release frees
-	// the link once recv's caller has returned.
+	// shutdown makes recv fail for good; release frees the link once recv's
+	// caller has returned.
 	shutdown()
 	release()
 }
@@ -133,6 +138,12 @@ func (c *pktConn) readLoop() {
 	want := 0
 	for {
 		kind, p, err := c.l.recv()
+		if err == errPeerClosed {
+			c.mu.Lock()
+			c.eof, c.peerClosed = true, true
+			c.changedLocked()
+			c.mu.Unlock()
+		}
 		if err != nil {
 			c.fail(err)
 			return
@@ -147,7 +158,9 @@ func (c *pktConn) readLoop() {
 				c.fail(errors.New("transport: malformed packets: stream bytes after the end of the stream"))
 				return
 			}
-			if c.inOff > 0 {
+			// Compact only when the read part is at least half: each byte
+			// moves a bounded number of times.
+			if c.inOff > 0 && c.inOff >= len(c.in)-c.inOff {
 				c.in = c.in[:copy(c.in, c.in[c.inOff:])]
 				c.inOff = 0
 			}
@@ -169,21 +182,15 @@ func (c *pktConn) readLoop() {
 				c.fail(fmt.Errorf("transport: malformed packets: a message of %d bytes", n))
 				return
 			}
+			// Grown as fragments arrive: a claimed length costs nothing.
 			want = int(n)
-			asm = append(make([]byte, 0, want), p[8:]...)
+			asm = append(make([]byte, 0, len(p)-8), p[8:]...)
 		case pkMsgMore:
 			if asm == nil || len(asm)+len(p) > want {
 				c.fail(errors.New("transport: malformed packets: a message fragment that belongs to no message"))
 				return
 			}
 			asm = append(asm, p...)
-		case pkClose:
-			c.mu.Lock()
-			c.eof, c.peerClosed = true, true
-			c.changedLocked()
-			c.mu.Unlock()
-			c.fail(errPeerClosed)
-			return
 		default:
 			c.fail(fmt.Errorf("transport: malformed packets: unknown kind %d", kind))
 			return
@@ -353,10 +360,10 @@ func (c *pktConn) CloseWrite() error {
 	if c.writeClosed {
 		return nil
 	}
-	c.writeClosed = true
 	if err := c.l.send(pkEOF, nil); err != nil {
 		return c.opError("close", c.sendError(err))
 	}
+	c.writeClosed = true
 	return nil
 }
 
@@ -459,20 +466,24 @@ func (c *pktConn) Close() error {
 	if !first {
 		return c.opError("close", net.ErrClosed)
 	}
-	// Wake blocked calls, then say goodbye after what was written, for at
-	// most closeLinger: a peer that stopped reading cannot hold Close.
+	// Wake blocked calls, then say goodbye after what was written: the
+	// link delivers it (in the background if the peer reads slowly).
 	close(c.closing)
-	c.l.setWriteDeadline(time.Unix(1, 0))
+	c.l.interrupt()
 	c.wmu.Lock()
 	c.smu.Lock()
-	c.l.setWriteDeadline(time.Now().Add(closeLinger))
-	if c.l.send(pkClose, nil) == nil {
-		c.l.flush(closeLinger)
-	}
+	err := c.l.goodbye(closeLinger)
 	c.smu.Unlock()
 	c.wmu.Unlock()
 	c.l.shutdown()
 	<-c.readerDone
 	c.l.release()
+	c.mu.Lock()
+	broken := c.err != nil && c.err != errPeerClosed
+	c.mu.Unlock()
+	if err != nil && !broken && !c.peerClosed {
+		// The peer is alive but did not take what was written in time.
+		return c.opError("close", err)
+	}
 	return nil
 }

@@ -7,69 +7,165 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 )
 
-// tcpMTU is the largest packet on the tcp path.
-const tcpMTU = 64 << 10
+// tcpMTU is the largest packet on the tcp path; tcpQueue how many packets
+// wait for the socket before send blocks.
+const (
+	tcpMTU   = 64 << 10
+	tcpQueue = 64
+)
+
+// tcpLingerMax bounds how long a closed connection keeps delivering what
+// was written to a peer that reads slowly, in the background.
+const tcpLingerMax = 30 * time.Second
+
+var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 5+tcpMTU); return &b }}
 
 // tcpLink carries packets over a TCP connection, each as a 5-byte header
-// (kind, little-endian length) and its payload.
+// (kind, little-endian length) and its payload. A writer goroutine owns
+// the socket's sending side: send queues whole packets (a deadline or an
+// interrupt only ever stops a packet from being queued, never cuts one),
+// and Close's goodbye lets the queue drain in the background, as the
+// kernel lingers for a closed socket.
 type tcpLink struct {
 	c net.Conn
 
-	mu      sync.Mutex
-	pending []byte // the unsent rest of a packet a deadline interrupted
-	hdr     [5]byte
+	q      chan *[]byte
+	queued atomic.Int64  // packets queued, not yet written
+	done   chan struct{} // the writer exited
+	stop   chan struct{} // the writer must exit now
+	mu     sync.Mutex
+	werr   error // why the writer stopped (mu)
+	bye    bool  // goodbye closed the queue
+
+	wdl      *deadline.Deadline
+	intr     chan struct{}
+	intrOnce sync.Once
+	shutOnce sync.Once
 
 	r   *bufio.Reader
 	buf []byte
-
-	once sync.Once
 }
 
 func newTCPLink(c net.Conn) *tcpLink {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	return &tcpLink{c: c, r: bufio.NewReaderSize(c, 64<<10), buf: make([]byte, tcpMTU)}
+	l := &tcpLink{c: c, q: make(chan *[]byte, tcpQueue), done: make(chan struct{}), stop: make(chan struct{}), wdl: deadline.New(),
+		intr: make(chan struct{}), r: bufio.NewReaderSize(c, 64<<10), buf: make([]byte, tcpMTU)}
+	go l.writeLoop()
+	return l
 }
 
 func (l *tcpLink) mtu() int { return tcpMTU }
 
-func (l *tcpLink) setWriteDeadline(t time.Time) { l.c.SetWriteDeadline(t) }
+func (l *tcpLink) setWriteDeadline(t time.Time) { l.wdl.Set(t) }
 
-// send writes one packet. A deadline that interrupts it after its first
-// byte leaves the rest pending for the next send, so packets stay whole.
-func (l *tcpLink) send(kind byte, p []byte) error {
+func (l *tcpLink) interrupt() { l.intrOnce.Do(func() { close(l.intr) }) }
+
+func (l *tcpLink) err() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.pending) > 0 {
-		n, err := l.c.Write(l.pending)
-		l.pending = l.pending[n:]
-		if err != nil {
-			return err
+	return l.werr
+}
+
+func (l *tcpLink) writeLoop() {
+	defer close(l.done)
+	for {
+		var f *[]byte
+		select {
+		case f = <-l.q:
+		case <-l.stop:
+			return
+		}
+		last := (*f)[0] == pkClose
+		if l.err() == nil {
+			if _, err := l.c.Write(*f); err != nil {
+				l.mu.Lock()
+				l.werr = err
+				l.mu.Unlock()
+			}
+		}
+		*f = (*f)[:0]
+		framePool.Put(f)
+		l.queued.Add(-1)
+		if last {
+			// The goodbye was the last packet: end the sending side.
+			if cw, ok := l.c.(interface{ CloseWrite() error }); ok && l.err() == nil {
+				cw.CloseWrite()
+			}
+			return
 		}
 	}
-	l.hdr[0] = kind
-	binary.LittleEndian.PutUint32(l.hdr[1:], uint32(len(p)))
-	bufs := net.Buffers{l.hdr[:], p}
-	total := int64(len(l.hdr) + len(p))
-	n, err := bufs.WriteTo(l.c)
-	if err == nil || n == 0 {
+}
+
+func frame(kind byte, p []byte) *[]byte {
+	f := framePool.Get().(*[]byte)
+	b := append((*f)[:0], kind, 0, 0, 0, 0)
+	binary.LittleEndian.PutUint32(b[1:], uint32(len(p)))
+	*f = append(b, p...)
+	return f
+}
+
+// send queues one packet. It waits for room until the write deadline
+// passes or the link is interrupted; once queued, the packet goes out
+// whole.
+func (l *tcpLink) send(kind byte, p []byte) error {
+	if err := l.err(); err != nil {
 		return err
 	}
-	if n < total {
-		rest := make([]byte, 0, total-n)
-		if n < int64(len(l.hdr)) {
-			rest = append(rest, l.hdr[n:]...)
-			rest = append(rest, p...)
-		} else {
-			rest = append(rest, p[n-int64(len(l.hdr)):]...)
-		}
-		l.pending = rest
+	select {
+	case <-l.intr:
+		return net.ErrClosed
+	default:
 	}
+	f := frame(kind, p)
+	select {
+	case l.q <- f:
+		l.queued.Add(1)
+		return nil
+	case <-l.wdl.Wait():
+		framePool.Put(f)
+		return os.ErrDeadlineExceeded
+	case <-l.intr:
+		framePool.Put(f)
+		return net.ErrClosed
+	case <-l.done:
+		framePool.Put(f)
+		return l.err()
+	}
+}
+
+// goodbye queues the goodbye packet after everything sent; the writer
+// delivers them in the background and then ends the sending side. It waits at most timeout
+// for the queue to take the goodbye.
+func (l *tcpLink) goodbye(timeout time.Duration) error {
+	if l.err() != nil {
+		return l.err()
+	}
+	f := frame(pkClose, nil)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case l.q <- f:
+		l.queued.Add(1)
+	case <-t.C:
+		framePool.Put(f)
+		return errors.New("transport: the peer stopped reading; the goodbye could not be queued")
+	case <-l.done:
+		framePool.Put(f)
+		return l.err()
+	}
+	l.mu.Lock()
+	l.bye = true
+	l.mu.Unlock()
 	return nil
 }
 
@@ -89,21 +185,39 @@ func (l *tcpLink) recv() (byte, []byte, error) {
 		}
 		return 0, nil, err
 	}
+	if hdr[0] == pkClose {
+		return 0, nil, errPeerClosed
+	}
 	return hdr[0], p, nil
 }
 
-// flush: the kernel delivers what was written before the socket closes,
-// unless a deadline left part of a packet pending.
-func (l *tcpLink) flush(timeout time.Duration) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.pending) > 0 {
-		l.c.SetWriteDeadline(time.Now().Add(timeout))
-		n, _ := l.c.Write(l.pending)
-		l.pending = l.pending[n:]
-	}
+// shutdown stops reading at once; the socket closes when the writer has
+// delivered the goodbye (at most tcpLingerMax later), or at once if there
+// was none.
+func (l *tcpLink) shutdown() {
+	l.shutOnce.Do(func() {
+		l.interrupt()
+		l.mu.Lock()
+		bye := l.bye
+		l.mu.Unlock()
+		if !bye {
+			close(l.stop)
+			l.c.Close()
+			return
+		}
+		if cr, ok := l.c.(interface{ CloseRead() error }); ok {
+			cr.CloseRead()
+		} else {
+			l.c.SetReadDeadline(time.Unix(1, 0))
+		}
+		go func() {
+			select {
+			case <-l.done:
+			case <-time.After(tcpLingerMax):
+			}
+			l.c.Close()
+		}()
+	})
 }
-
-func (l *tcpLink) shutdown() { l.once.Do(func() { l.c.Close() }) }
 
 func (l *tcpLink) release() {}

@@ -53,19 +53,26 @@ type ubLink struct {
 	peerSeg ub.RemoteSegment
 	ctl     net.Conn
 
+	intr     chan struct{}
+	intrOnce sync.Once
+
 	smu     sync.Mutex
 	sent    uint64 // packets posted
 	reaped  uint64 // their completions taken
 	sendErr error
 	wdl     *deadline.Deadline
 
-	cur      int // the buffer recv returned last, or -1
-	reposted uint64
-	credits  int // credit returns not yet completed
+	cur       int // the buffer recv returned last, or -1
+	reposted  uint64
+	received  uint64 // packets taken
+	creditErr error  // credit returns failed: the peer released its side
+	credits   int    // credit returns not yet completed
 	comp     [1]ub.Completion
 	rctx     context.Context
 	rcancel  context.CancelFunc
 	peerGone atomic.Bool
+	byeSeen  atomic.Bool   // the peer said goodbye on the socket...
+	byeAfter atomic.Uint64 // ...after this many packets
 	shut     chan struct{}
 	once     sync.Once
 }
@@ -93,8 +100,9 @@ func randomToken() ub.Token {
 // newUBLink makes this side's half: its segment, queues and jetties, and
 // the hello that describes them.
 func newUBLink(ctx ub.Context, ctl net.Conn) (*ubLink, ubHello, error) {
-	l := &ubLink{ctl: ctl, cur: -1, wdl: deadline.New(), shut: make(chan struct{})}
+	l := &ubLink{ctl: ctl, cur: -1, wdl: deadline.New(), shut: make(chan struct{}), intr: make(chan struct{})}
 	fail := func(err error) (*ubLink, ubHello, error) {
+		l.ctl = nil // the caller still answers on it
 		l.release()
 		return nil, ubHello{}, fmt.Errorf("transport: ub path: %w", err)
 	}
@@ -163,16 +171,44 @@ func (l *ubLink) connect(ctx ub.Context, peer ubHello) error {
 	return nil
 }
 
-// watch notices the peer's process ending.
+// watch reads the socket: the peer's goodbye (how many packets it sent),
+// then its end. The socket carries no data, so its goodbye never waits for
+// credit.
 func (l *ubLink) watch() {
-	var b [64]byte
+	var b [9]byte
 	for {
-		if _, err := l.ctl.Read(b[:]); err != nil {
+		if _, err := io.ReadFull(l.ctl, b[:]); err != nil {
 			l.peerGone.Store(true)
 			l.rcancel()
 			return
 		}
+		if b[0] == 'C' {
+			l.byeAfter.Store(binary.LittleEndian.Uint64(b[1:]))
+			l.byeSeen.Store(true)
+			l.rcancel()
+		}
 	}
+}
+
+func (l *ubLink) interrupt() { l.intrOnce.Do(func() { close(l.intr) }) }
+
+// goodbye waits (at most timeout) for the packets posted to complete, then
+// tells the peer on the socket how many there were.
+func (l *ubLink) goodbye(timeout time.Duration) error {
+	l.smu.Lock()
+	end := time.Now().Add(timeout)
+	l.waitFor(false, func() (bool, error) {
+		err := l.reap()
+		return l.reaped == l.sent || time.Now().After(end), err
+	})
+	sent := l.sent
+	l.smu.Unlock()
+	var b [9]byte
+	b[0] = 'C'
+	binary.LittleEndian.PutUint64(b[1:], sent)
+	l.ctl.SetWriteDeadline(time.Now().Add(timeout))
+	_, err := l.ctl.Write(b[:])
+	return err
 }
 
 func (l *ubLink) mtu() int { return ubSize }
@@ -182,8 +218,13 @@ func (l *ubLink) setWriteDeadline(t time.Time) { l.wdl.Set(t) }
 // waitFor polls cond, spinning briefly, then yielding, then sleeping up to
 // a millisecond between looks, until it holds, the write deadline passes
 // or the link shuts down.
-func (l *ubLink) waitFor(cond func() (bool, error)) error {
+func (l *ubLink) waitFor(interruptible bool, cond func() (bool, error)) error {
 	sleep := time.Duration(0)
+	var intr <-chan struct{}
+	var wdl chan struct{}
+	if interruptible {
+		intr, wdl = l.intr, l.wdl.Wait()
+	}
 	for i := 0; ; i++ {
 		ok, err := cond()
 		if err != nil || ok {
@@ -192,9 +233,14 @@ func (l *ubLink) waitFor(cond func() (bool, error)) error {
 		select {
 		case <-l.shut:
 			return net.ErrClosed
-		case <-l.wdl.Wait():
+		case <-intr:
+			return net.ErrClosed
+		case <-wdl:
 			return os.ErrDeadlineExceeded
 		default:
+		}
+		if interruptible && i%64 == 63 {
+			wdl = l.wdl.Wait() // the deadline may have moved
 		}
 		if l.peerGone.Load() {
 			return errPeerGone
@@ -241,7 +287,7 @@ func (l *ubLink) send(kind byte, p []byte) error {
 	}
 	// A staging buffer is free once its previous send completed; the peer
 	// has a receive posted once it returned the credit.
-	err := l.waitFor(func() (bool, error) {
+	err := l.waitFor(true, func() (bool, error) {
 		if err := l.reap(); err != nil {
 			return false, err
 		}
@@ -262,16 +308,6 @@ func (l *ubLink) send(kind byte, p []byte) error {
 	return nil
 }
 
-func (l *ubLink) flush(timeout time.Duration) {
-	l.smu.Lock()
-	defer l.smu.Unlock()
-	end := time.Now().Add(timeout)
-	l.waitFor(func() (bool, error) {
-		err := l.reap()
-		return l.reaped == l.sent || time.Now().After(end), err
-	})
-}
-
 func (l *ubLink) recv() (byte, []byte, error) {
 	if l.cur >= 0 {
 		i := l.cur
@@ -284,9 +320,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 	var goneAt time.Time
 	for {
 		if l.reposted >= ubDepth/4 {
-			if err := l.returnCredits(); err != nil {
-				return 0, nil, err
-			}
+			l.returnCredits()
 		}
 		n, err := l.rq.Poll(l.comp[:])
 		if err != nil {
@@ -301,27 +335,32 @@ func (l *ubLink) recv() (byte, []byte, error) {
 				return 0, nil, errors.New("transport: malformed packets: a receive completion that no buffer accounts for")
 			}
 			l.cur = int(c.UserCtx)
+			l.received++
 			off := ubHead + l.cur*ubSize
 			return byte(c.Imm), l.seg.Bytes()[off : off+c.Len], nil
 		}
 		// Idle: hand back what was consumed, then wait.
 		if l.reposted > 0 {
-			if err := l.returnCredits(); err != nil {
-				return 0, nil, err
-			}
+			l.returnCredits()
 		}
 		select {
 		case <-l.shut:
 			return 0, nil, net.ErrClosed
 		default:
 		}
-		if l.peerGone.Load() {
+		if l.byeSeen.Load() && l.received >= l.byeAfter.Load() {
+			return 0, nil, errPeerClosed
+		}
+		if l.peerGone.Load() || l.byeSeen.Load() {
 			// Packets the peer sent before it went may still be on
 			// their way over the simulated or remote path.
 			if goneAt.IsZero() {
 				goneAt = time.Now()
 			}
 			if time.Since(goneAt) > 50*time.Millisecond {
+				if l.byeSeen.Load() {
+					return 0, nil, fmt.Errorf("transport: ub path: the peer closed with %d packets still undelivered: %w", l.byeAfter.Load()-l.received, syscall.ECONNRESET)
+				}
 				return 0, nil, errPeerGone
 			}
 			time.Sleep(time.Millisecond)
@@ -333,17 +372,24 @@ func (l *ubLink) recv() (byte, []byte, error) {
 	}
 }
 
-// returnCredits adds the reposted receives to the peer's credit word.
-func (l *ubLink) returnCredits() error {
-	var out [8]ub.Completion
+// returnCredits adds the reposted receives to the peer's credit word. Once
+// that fails (the peer released its side after its goodbye), credits are
+// no longer returned, and the packets already here are still read.
+func (l *ubLink) returnCredits() {
+	if l.creditErr != nil {
+		return
+	}
+	var out [ubDepth]ub.Completion
 	for {
 		n, err := l.cq.Poll(out[:])
 		if err != nil {
-			return err
+			l.creditErr = err
+			return
 		}
 		for _, c := range out[:n] {
 			if c.Status != ub.StatusSuccess {
-				return fmt.Errorf("transport: ub path: credit return: %v: %w", c.Status, syscall.ECONNRESET)
+				l.creditErr = fmt.Errorf("transport: ub path: credit return: %v", c.Status)
+				return
 			}
 		}
 		l.credits -= n
@@ -351,24 +397,24 @@ func (l *ubLink) returnCredits() error {
 			break
 		}
 	}
-	if l.credits >= 64 {
-		return nil // the peer is slow to take them: try later
-	}
 	if _, err := l.cj.PostSend([]ub.WR{{Op: ub.OpFetchAdd, UserCtx: tagCredit, Remote: ub.Remote{Seg: l.peerSeg}, Add: l.reposted}}); err != nil {
-		return fmt.Errorf("transport: ub path: credit return: %w", err)
+		l.creditErr = fmt.Errorf("transport: ub path: credit return: %w", err)
+		return
 	}
 	l.credits++
 	l.reposted = 0
-	return nil
 }
 
 func (l *ubLink) shutdown() {
 	l.once.Do(func() {
+		l.interrupt()
 		close(l.shut)
 		if l.rcancel != nil {
 			l.rcancel()
 		}
-		l.ctl.Close()
+		if l.ctl != nil {
+			l.ctl.Close()
+		}
 	})
 }
 

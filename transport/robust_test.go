@@ -1,0 +1,268 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// packetCases are the paths made of packets (ub and tcp).
+func packetCases(t *testing.T) map[string]func() (*Conn, *Conn) {
+	all := pathCases(t)
+	return map[string]func() (*Conn, *Conn){"ub-tcp": all["ub-tcp"], "ub-sim": all["ub-sim"], "tcp": all["tcp"]}
+}
+
+// readAllSlowly reads to the end, pausing between reads.
+func readAllSlowly(c net.Conn) ([]byte, error) {
+	var got []byte
+	buf := make([]byte, 16<<10)
+	for {
+		n, err := c.Read(buf)
+		got = append(got, buf[:n]...)
+		if err != nil {
+			return got, err
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// TestCloseDeliversToASlowReader: the writer writes more than the reader's
+// queue holds and closes; the reader, starting late and reading slowly,
+// still gets every byte, then io.EOF (not a reset).
+func TestCloseDeliversToASlowReader(t *testing.T) {
+	for name, mk := range packetCases(t) {
+		t.Run(name, func(t *testing.T) {
+			a, b := mk()
+			defer b.Close()
+			data := bytes.Repeat([]byte("0123456789abcdef"), (pktQueue+10*64<<10)/16)
+			done := make(chan error, 1)
+			go func() {
+				_, err := a.Write(data)
+				if cerr := a.Close(); err == nil {
+					err = cerr
+				}
+				done <- err
+			}()
+			time.Sleep(200 * time.Millisecond)
+			got, err := readAllSlowly(b)
+			if err != io.EOF || !bytes.Equal(got, data) {
+				t.Fatalf("read %d of %d bytes, then %v", len(got), len(data), err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("writer: %v", err)
+			}
+		})
+	}
+}
+
+// TestCloseWhilePeerFarBehind: Close returns promptly even when the peer is
+// seconds behind, and the peer still reads everything, then io.EOF.
+func TestCloseWhilePeerFarBehind(t *testing.T) {
+	for name, mk := range packetCases(t) {
+		t.Run(name, func(t *testing.T) {
+			a, b := mk()
+			defer b.Close()
+			data := bytes.Repeat([]byte{7}, 5<<20)
+			go func() {
+				a.Write(data)
+				start := time.Now()
+				a.Close()
+				if d := time.Since(start); d > 3*time.Second {
+					t.Errorf("Close took %v", d)
+				}
+			}()
+			time.Sleep(1500 * time.Millisecond) // longer than Close lingers
+			got, err := readAllSlowly(b)
+			if err != io.EOF || len(got) != len(data) {
+				t.Fatalf("read %d of %d bytes, then %v", len(got), len(data), err)
+			}
+		})
+	}
+}
+
+// TestWriteDeadlineKeepsPacketsWhole: writes that run into their deadline
+// report what they wrote; after the deadline is lifted the stream goes on,
+// and the reader gets exactly the bytes reported, in order.
+func TestWriteDeadlineKeepsPacketsWhole(t *testing.T) {
+	for name, mk := range packetCases(t) {
+		t.Run(name, func(t *testing.T) {
+			a, b := mk()
+			defer a.Close()
+			defer b.Close()
+			var sent bytes.Buffer
+			chunk := make([]byte, 100<<10)
+			for i := range 60 {
+				for j := range chunk {
+					chunk[j] = byte(i + j)
+				}
+				a.SetWriteDeadline(time.Now().Add(2 * time.Millisecond))
+				n, err := a.Write(chunk)
+				sent.Write(chunk[:n])
+				if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatal(err)
+				}
+			}
+			type result struct {
+				b   []byte
+				err error
+			}
+			read := make(chan result, 1)
+			go func() {
+				got, err := io.ReadAll(b)
+				read <- result{got, err}
+			}()
+			a.SetWriteDeadline(time.Time{})
+			if _, err := a.Write([]byte("end")); err != nil {
+				t.Fatal(err)
+			}
+			sent.WriteString("end")
+			if err := a.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			r := <-read
+			if r.err != nil || !bytes.Equal(r.b, sent.Bytes()) {
+				t.Fatalf("read %d bytes, %d reported written (%v)", len(r.b), sent.Len(), r.err)
+			}
+		})
+	}
+}
+
+// TestCloseRacesDeadlineChanges: another goroutine moving the write
+// deadline cannot keep Close from waking a blocked Write.
+func TestCloseRacesDeadlineChanges(t *testing.T) {
+	for name, mk := range packetCases(t) {
+		t.Run(name, func(t *testing.T) {
+			a, b := mk()
+			defer b.Close()
+			go a.Write(make([]byte, 64<<20)) // blocks: b does not read
+			stop := make(chan struct{})
+			defer close(stop)
+			go func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+						a.SetWriteDeadline(time.Now().Add(time.Hour))
+					}
+				}
+			}()
+			time.Sleep(100 * time.Millisecond)
+			done := make(chan struct{})
+			go func() {
+				a.Close()
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("Close hung")
+			}
+		})
+	}
+}
+
+// TestCloseWriteHonoursTheDeadline: with the peer not reading, CloseWrite
+// fails at the deadline instead of blocking, and can be retried.
+func TestCloseWriteHonoursTheDeadline(t *testing.T) {
+	for name, mk := range packetCases(t) {
+		t.Run(name, func(t *testing.T) {
+			a, b := mk()
+			defer a.Close()
+			defer b.Close()
+			a.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+			a.Write(make([]byte, 32<<20))
+			if err := a.CloseWrite(); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("CloseWrite with a full window: %v", err)
+			}
+			a.SetWriteDeadline(time.Time{})
+			go io.Copy(io.Discard, b)
+			if err := a.CloseWrite(); err != nil {
+				t.Fatalf("CloseWrite once the peer reads: %v", err)
+			}
+		})
+	}
+}
+
+// TestListenerSurvivesAcceptErrors: running out of descriptors for a moment
+// does not end the listener.
+func TestListenerSurvivesAcceptErrors(t *testing.T) {
+	e, err := NewEndpoint(Config{RuntimeDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	l, err := e.Listen(context.Background(), "ub:///emfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	lim := old
+	lim.Cur = 256
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	var keep []*os.File
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		keep = append(keep, f)
+	}
+	keep[len(keep)-1].Close() // room for the dialer's socket, none for the accept
+	keep = keep[:len(keep)-1]
+	if c, err := net.Dial("unix", e.socketPath(e.resolve(Addr{Service: "emfile"}))); err == nil {
+		time.Sleep(100 * time.Millisecond)
+		c.Close()
+	}
+	for _, f := range keep {
+		f.Close()
+	}
+	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := e.Dial(ctx, "ub:///emfile")
+	if err != nil {
+		t.Fatalf("dial after a moment without descriptors: %v", err)
+	}
+	c.Close()
+}
+
+// TestRuntimeDirChecks: a registry directory others can write to, or a
+// symbolic link in its place, is refused.
+func TestRuntimeDirChecks(t *testing.T) {
+	open := t.TempDir()
+	os.Chmod(open, 0o777)
+	e, _ := NewEndpoint(Config{RuntimeDir: open})
+	if _, err := e.Listen(context.Background(), "ub:///x"); err == nil {
+		t.Error("listened in a world-writable registry")
+	}
+	base := t.TempDir()
+	link := filepath.Join(base, "link")
+	os.Symlink(t.TempDir(), link)
+	e, _ = NewEndpoint(Config{RuntimeDir: link})
+	if _, err := e.Listen(context.Background(), "ub:///x"); err == nil {
+		t.Error("listened in a registry reached through a symbolic link")
+	}
+}
