@@ -331,7 +331,7 @@ func (cn *conn) store(f [][]byte) bool {
 	if cmd == "cas" {
 		want = 6
 	}
-	if len(f) != want && !(len(f) == want+1 && noreply(f)) {
+	if len(f) != want && (len(f) != want+1 || !noreply(f)) {
 		cn.w.WriteString("ERROR\r\n")
 		return false
 	}
@@ -458,7 +458,7 @@ func (s *Server) incr(key []byte, delta uint64, decr bool) (uint64, string) {
 }
 
 func (cn *conn) arith(f [][]byte) {
-	if len(f) != 3 && !(len(f) == 4 && noreply(f)) {
+	if len(f) != 3 && (len(f) != 4 || !noreply(f)) {
 		cn.w.WriteString("ERROR\r\n")
 		return
 	}
@@ -483,7 +483,7 @@ func (cn *conn) arith(f [][]byte) {
 }
 
 func (cn *conn) touch(f [][]byte) {
-	if len(f) != 3 && !(len(f) == 4 && noreply(f)) {
+	if len(f) != 3 && (len(f) != 4 || !noreply(f)) {
 		cn.w.WriteString("ERROR\r\n")
 		return
 	}
