@@ -574,7 +574,8 @@ func parseMeta(f [][]byte) (metaFlags, bool) {
 	var m metaFlags
 	for _, a := range f {
 		c := a[0]
-		if c >= 128 || !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if !letter {
 			return m, false
 		}
 		if m.has[c] {
