@@ -1,0 +1,586 @@
+// Package rediscache is a drop-in for github.com/redis/go-redis/v9: one
+// constructor change gives a *redis.Client (embedded, so every go-redis
+// method is there) whose reads of common read commands are served from a
+// near cache in a shared cache.Pool, one near cache for every process on
+// the host. Writes, and everything else, go to Redis as usual.
+//
+//	pool, _ := cache.Open("redis-near", cache.Options{})
+//	rdb := rediscache.NewClient(&redis.Options{Addr: "10.0.0.5:6379"}, rediscache.Config{Pool: pool})
+//	defer rdb.Close()
+//	v, err := rdb.Get(ctx, "user:42").Result() // from shared memory once cached
+//
+// # Coherence
+//
+// The near cache is kept coherent by Redis client tracking in BCAST mode:
+// each process keeps one RESP3 connection with CLIENT TRACKING ON BCAST
+// (with the configured key prefixes), and Redis sends it an invalidation
+// for every key written. BCAST rather than default tracking, because the
+// cache is shared: in default mode Redis remembers which connection read a
+// key and tells only that one, so once the process that filled an entry
+// exits (or loses that connection) nobody would hear that the entry went
+// stale, while other processes keep reading it. With BCAST every live
+// process hears about every write, so the entry is dropped as long as any
+// of them runs. The price is an invalidation per write to a tracked key,
+// per process: narrow it with Config.Prefixes.
+//
+// A read that races a write never leaves a stale value behind: each Redis
+// key has a generation in the pool, bumped by every invalidation; a miss
+// notes the generations before it asks Redis and stores its answer with
+// them, and an entry whose generations have moved is never served. While a
+// process's tracking connection is down it neither serves nor fills, and
+// when it loses or regains that connection it flushes the near cache for
+// that server (a namespace generation, so the flush is one write).
+//
+// # Why hooks and not go-redis's client-side cache
+//
+// go-redis v9.22+ has an experimental client-side cache (Options.
+// ClientSideCache with its Cache interface). It is built on default-mode
+// tracking: entries belong to the connection that fetched them
+// (FulfillOwned, EvictByConn), which is right for a cache inside one
+// process and wrong for one shared by many, for the reason above. So this
+// package uses go-redis hooks (ProcessHook, ProcessPipelineHook) and its
+// own BCAST tracking connection.
+//
+// Cached commands: GET, MGET, GETRANGE, STRLEN, EXISTS (one key), HGET,
+// HMGET, HGETALL, HEXISTS, HLEN, HKEYS, HVALS, LRANGE, LLEN, LINDEX,
+// SMEMBERS, SISMEMBER, SCARD, ZSCORE, ZCARD, ZRANGE (no options). Misses
+// (redis.Nil) are cached too. A pipeline made only of cached commands is
+// served from the cache where it can, the rest sent together; any other
+// pipeline or transaction goes to Redis untouched.
+package rediscache
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ubkit-io/ubkit/cache"
+)
+
+// Config configures the near cache.
+type Config struct {
+	// Pool holds the near cache; every process that opens the same pool
+	// shares it. Required.
+	Pool *cache.Pool
+	// Prefixes limits caching, and the invalidations this process
+	// receives, to keys starting with one of them. Empty: every key.
+	Prefixes []string
+	// TTL bounds how long an entry lives even without invalidations
+	// (default 0: until invalidated or evicted).
+	TTL time.Duration
+}
+
+// Client is a go-redis client with a shared near cache.
+type Client struct {
+	*redis.Client
+	nc *nearCache
+}
+
+// NewClient returns a go-redis client for opt whose cacheable reads go
+// through the near cache in cfg.Pool.
+func NewClient(opt *redis.Options, cfg Config) *Client {
+	rdb := redis.NewClient(opt)
+	nc := newNearCache(opt, cfg)
+	rdb.AddHook(nc)
+	return &Client{Client: rdb, nc: nc}
+}
+
+// Close stops the tracking connection and closes the client.
+func (c *Client) Close() error {
+	c.nc.t.stop()
+	return c.Client.Close()
+}
+
+// Stats are the near cache's counters for this client.
+type Stats struct {
+	Hits, Misses, Fills, Bypassed uint64
+	// Invalidations counts keys invalidated by Redis; Flushes the times the
+	// whole near cache for the server was dropped (tracking lost or
+	// regained, FLUSHDB/FLUSHALL).
+	Invalidations, Flushes uint64
+	// Tracking reports whether the tracking connection is up.
+	Tracking bool
+}
+
+// Stats returns the counters.
+func (c *Client) Stats() Stats {
+	n := c.nc
+	return Stats{Hits: n.hits.Load(), Misses: n.misses.Load(), Fills: n.fills.Load(), Bypassed: n.bypassed.Load(),
+		Invalidations: n.t.invalidations.Load(), Flushes: n.t.flushes.Load(), Tracking: n.t.up.Load()}
+}
+
+// WaitTracking waits until the tracking connection is up (the cache serves
+// nothing before), or ctx ends.
+func (c *Client) WaitTracking(ctx context.Context) error {
+	for !c.nc.t.up.Load() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
+
+type nearCache struct {
+	pool     *cache.Pool
+	ns       string
+	prefixes []string
+	ttl      time.Duration
+	t        *tracker
+
+	hits, misses, fills, bypassed atomic.Uint64
+}
+
+func newNearCache(opt *redis.Options, cfg Config) *nearCache {
+	if cfg.Pool == nil {
+		panic("rediscache: Config.Pool is required")
+	}
+	addr := opt.Addr
+	if addr == "" {
+		addr = "localhost:6379"
+	}
+	n := &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL,
+		ns: "rc\x00" + addr + "\x00" + strconv.Itoa(opt.DB) + "\x00" + opt.Username + "\x00"}
+	n.t = startTracker(opt, n)
+	return n
+}
+
+// Keys in the pool.
+func (n *nearCache) nsKey() []byte              { return []byte(n.ns + "n") }
+func (n *nearCache) genKey(redisKey string) []byte { return []byte(n.ns + "g\x00" + redisKey) }
+
+// bump gives key a new generation (nil: the namespace).
+func (n *nearCache) bump(key []byte) {
+	n.pool.Set(key, nil, cache.SetOptions{})
+}
+
+// generation reads key's generation, creating it if needed.
+func (n *nearCache) generation(key []byte) (uint64, bool) {
+	for range 4 {
+		if _, in, err := n.pool.Get(key, nil); err == nil {
+			return in.Version, true
+		}
+		if v, err := n.pool.Set(key, nil, cache.SetOptions{Mode: cache.IfAbsent}); err == nil {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+func (n *nearCache) current(key []byte) (uint64, bool) {
+	_, in, err := n.pool.Get(key, nil)
+	return in.Version, err == nil
+}
+
+func (n *nearCache) tracked(keys []string) bool {
+	if len(n.prefixes) == 0 {
+		return true
+	}
+	for _, k := range keys {
+		ok := false
+		for _, p := range n.prefixes {
+			if len(k) >= len(p) && k[:len(p)] == p {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// snapshot is what a miss noted before asking Redis.
+type snapshot struct {
+	epoch uint64
+	gens  []uint64 // namespace, then each key
+}
+
+func (n *nearCache) snap(keys []string) (snapshot, bool) {
+	s := snapshot{epoch: n.t.epoch.Load(), gens: make([]uint64, 0, 1+len(keys))}
+	g, ok := n.generation(n.nsKey())
+	if !ok {
+		return s, false
+	}
+	s.gens = append(s.gens, g)
+	for _, k := range keys {
+		g, ok := n.generation(n.genKey(k))
+		if !ok {
+			return s, false
+		}
+		s.gens = append(s.gens, g)
+	}
+	return s, n.t.up.Load()
+}
+
+// Entry layout: generation count u32, generations u64..., payload.
+func (n *nearCache) lookup(ck []byte, keys []string, dst []byte) ([]byte, bool) {
+	v, _, err := n.pool.Get(ck, dst)
+	if err != nil || len(v) < 4 {
+		return nil, false
+	}
+	cnt := int(binary.LittleEndian.Uint32(v))
+	if cnt != 1+len(keys) || len(v) < 4+8*cnt {
+		return nil, false
+	}
+	for i := range cnt {
+		var key []byte
+		if i == 0 {
+			key = n.nsKey()
+		} else {
+			key = n.genKey(keys[i-1])
+		}
+		cur, ok := n.current(key)
+		if !ok || cur != binary.LittleEndian.Uint64(v[4+8*i:]) {
+			return nil, false
+		}
+	}
+	return v[4+8*cnt:], true
+}
+
+func (n *nearCache) fill(ck []byte, s snapshot, payload []byte) {
+	// Tracking lost (and maybe regained) since the snapshot: invalidations
+	// may have been missed.
+	if !n.t.up.Load() || n.t.epoch.Load() != s.epoch {
+		return
+	}
+	v := binary.LittleEndian.AppendUint32(make([]byte, 0, 4+8*len(s.gens)+len(payload)), uint32(len(s.gens)))
+	for _, g := range s.gens {
+		v = binary.LittleEndian.AppendUint64(v, g)
+	}
+	v = append(v, payload...)
+	if _, err := n.pool.Set(ck, v, cache.SetOptions{TTL: n.ttl}); err == nil {
+		n.fills.Add(1)
+	}
+}
+
+// Hooks.
+
+func (n *nearCache) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (n *nearCache) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		keys, ok := cacheable(cmd)
+		if !ok || !n.tracked(keys) {
+			return next(ctx, cmd)
+		}
+		if !n.t.up.Load() {
+			n.bypassed.Add(1)
+			return next(ctx, cmd)
+		}
+		ck := entryKey(n.ns, cmd)
+		if payload, ok := n.lookup(ck, keys, nil); ok && decode(cmd, payload) {
+			n.hits.Add(1)
+			return cmd.Err()
+		}
+		n.misses.Add(1)
+		s, ok := n.snap(keys)
+		err := next(ctx, cmd)
+		if ok && (err == nil || err == redis.Nil) {
+			if payload, ok := encode(cmd, err); ok {
+				n.fill(ck, s, payload)
+			}
+		}
+		return err
+	}
+}
+
+func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !n.t.up.Load() {
+			return next(ctx, cmds)
+		}
+		keys := make([][]string, len(cmds))
+		for i, cmd := range cmds {
+			k, ok := cacheable(cmd)
+			if !ok || !n.tracked(k) {
+				return next(ctx, cmds) // writes or transactions: untouched
+			}
+			keys[i] = k
+		}
+		var rest []redis.Cmder
+		var restIdx []int
+		var snaps []snapshot
+		var cks [][]byte
+		for i, cmd := range cmds {
+			ck := entryKey(n.ns, cmd)
+			if payload, ok := n.lookup(ck, keys[i], nil); ok && decode(cmd, payload) {
+				n.hits.Add(1)
+				continue
+			}
+			n.misses.Add(1)
+			s, _ := n.snap(keys[i])
+			rest, restIdx, snaps, cks = append(rest, cmd), append(restIdx, i), append(snaps, s), append(cks, ck)
+		}
+		if len(rest) == 0 {
+			return firstErr(cmds)
+		}
+		err := next(ctx, rest)
+		for j, cmd := range rest {
+			if e := cmd.Err(); e == nil || e == redis.Nil {
+				if payload, ok := encode(cmd, e); ok {
+					n.fill(cks[j], snaps[j], payload)
+				}
+			}
+		}
+		if err != nil {
+			return err
+		}
+		return firstErr(cmds)
+	}
+}
+
+// firstErr is what go-redis's pipeline returns: the first command error.
+func firstErr(cmds []redis.Cmder) error {
+	for _, c := range cmds {
+		if err := c.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cacheable returns the Redis keys a cached command reads.
+func cacheable(cmd redis.Cmder) ([]string, bool) {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return nil, false
+	}
+	name := cmd.Name()
+	want, ok := readCommands[name]
+	if !ok || (want > 0 && len(args) != want) || (want < 0 && len(args) < -want) {
+		return nil, false
+	}
+	if name == "mget" {
+		keys := make([]string, 0, len(args)-1)
+		for _, a := range args[1:] {
+			s, ok := a.(string)
+			if !ok {
+				return nil, false
+			}
+			keys = append(keys, s)
+		}
+		return keys, true
+	}
+	k, ok := args[1].(string)
+	return []string{k}, ok
+}
+
+// readCommands maps each cached command to its exact argument count
+// (negative: at least that many).
+var readCommands = map[string]int{
+	"get": 2, "mget": -2, "getrange": 4, "strlen": 2, "exists": 2,
+	"hget": 3, "hmget": -3, "hgetall": 2, "hexists": 3, "hlen": 2, "hkeys": 2, "hvals": 2,
+	"lrange": 4, "llen": 2, "lindex": 3,
+	"smembers": 2, "sismember": 3, "scard": 2,
+	"zscore": 3, "zcard": 2, "zrange": 4,
+}
+
+// entryKey names a command's entry: the namespace, then each argument with
+// its length.
+func entryKey(ns string, cmd redis.Cmder) []byte {
+	b := append([]byte(ns), 'e', 0)
+	for _, a := range cmd.Args() {
+		var s string
+		switch v := a.(type) {
+		case string:
+			s = v
+		case []byte:
+			s = string(v)
+		case int:
+			s = strconv.Itoa(v)
+		case int64:
+			s = strconv.FormatInt(v, 10)
+		case float64:
+			s = strconv.FormatFloat(v, 'f', -1, 64)
+		default:
+			s = "\x00?" // an argument type not named here: never shared
+			return append(b, s...)
+		}
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	return b
+}
+
+// Payload encodings, by result type.
+const (
+	tagNil   = 'n'
+	tagStr   = 's'
+	tagInt   = 'i'
+	tagBool  = 'b'
+	tagFloat = 'f'
+	tagList  = 'l' // nullable strings
+	tagArr   = 'a' // strings
+	tagMap   = 'm'
+)
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func readStr(b []byte) (string, []byte, bool) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)-k) {
+		return "", nil, false
+	}
+	return string(b[k : k+int(n)]), b[k+int(n):], true
+}
+
+// encode a command's result; err is its outcome (a hook sees it returned
+// before go-redis sets it on the command).
+func encode(cmd redis.Cmder, err error) ([]byte, bool) {
+	if err == redis.Nil {
+		return []byte{tagNil}, true
+	}
+	switch c := cmd.(type) {
+	case *redis.StringCmd:
+		return appendStr([]byte{tagStr}, c.Val()), true
+	case *redis.IntCmd:
+		return binary.AppendVarint([]byte{tagInt}, c.Val()), true
+	case *redis.BoolCmd:
+		if c.Val() {
+			return []byte{tagBool, 1}, true
+		}
+		return []byte{tagBool, 0}, true
+	case *redis.FloatCmd:
+		return binary.LittleEndian.AppendUint64([]byte{tagFloat}, math.Float64bits(c.Val())), true
+	case *redis.SliceCmd:
+		b := binary.AppendUvarint([]byte{tagList}, uint64(len(c.Val())))
+		for _, v := range c.Val() {
+			switch s := v.(type) {
+			case nil:
+				b = append(b, 0)
+			case string:
+				b = appendStr(append(b, 1), s)
+			default:
+				return nil, false
+			}
+		}
+		return b, true
+	case *redis.StringSliceCmd:
+		b := binary.AppendUvarint([]byte{tagArr}, uint64(len(c.Val())))
+		for _, s := range c.Val() {
+			b = appendStr(b, s)
+		}
+		return b, true
+	case *redis.MapStringStringCmd:
+		b := binary.AppendUvarint([]byte{tagMap}, uint64(len(c.Val())))
+		for k, v := range c.Val() {
+			b = appendStr(appendStr(b, k), v)
+		}
+		return b, true
+	}
+	return nil, false
+}
+
+var errDecode = errors.New("rediscache: undecodable entry")
+
+// decode sets cmd's result from a payload; false if it does not fit.
+func decode(cmd redis.Cmder, p []byte) bool {
+	if len(p) == 0 {
+		return false
+	}
+	tag, p := p[0], p[1:]
+	if tag == tagNil {
+		switch cmd.(type) {
+		case *redis.StringCmd, *redis.FloatCmd:
+			cmd.SetErr(redis.Nil)
+			return true
+		}
+		return false
+	}
+	switch c := cmd.(type) {
+	case *redis.StringCmd:
+		s, _, ok := readStr(p)
+		if tag != tagStr || !ok {
+			return false
+		}
+		c.SetVal(s)
+	case *redis.IntCmd:
+		v, k := binary.Varint(p)
+		if tag != tagInt || k <= 0 {
+			return false
+		}
+		c.SetVal(v)
+	case *redis.BoolCmd:
+		if tag != tagBool || len(p) != 1 {
+			return false
+		}
+		c.SetVal(p[0] == 1)
+	case *redis.FloatCmd:
+		if tag != tagFloat || len(p) != 8 {
+			return false
+		}
+		c.SetVal(math.Float64frombits(binary.LittleEndian.Uint64(p)))
+	case *redis.SliceCmd:
+		n, k := binary.Uvarint(p)
+		if tag != tagList || k <= 0 || n > uint64(len(p)) {
+			return false
+		}
+		p = p[k:]
+		out := make([]interface{}, 0, n)
+		for range n {
+			if len(p) == 0 {
+				return false
+			}
+			if p[0] == 0 {
+				out, p = append(out, nil), p[1:]
+				continue
+			}
+			s, rest, ok := readStr(p[1:])
+			if !ok {
+				return false
+			}
+			out, p = append(out, s), rest
+		}
+		c.SetVal(out)
+	case *redis.StringSliceCmd:
+		n, k := binary.Uvarint(p)
+		if tag != tagArr || k <= 0 || n > uint64(len(p)) {
+			return false
+		}
+		p = p[k:]
+		out := make([]string, 0, n)
+		for range n {
+			s, rest, ok := readStr(p)
+			if !ok {
+				return false
+			}
+			out, p = append(out, s), rest
+		}
+		c.SetVal(out)
+	case *redis.MapStringStringCmd:
+		n, k := binary.Uvarint(p)
+		if tag != tagMap || k <= 0 || n > uint64(len(p)) {
+			return false
+		}
+		p = p[k:]
+		out := make(map[string]string, n)
+		for range n {
+			key, rest, ok := readStr(p)
+			if !ok {
+				return false
+			}
+			val, rest, ok := readStr(rest)
+			if !ok {
+				return false
+			}
+			out[key], p = val, rest
+		}
+		c.SetVal(out)
+	default:
+		return false
+	}
+	cmd.SetErr(nil)
+	return true
+}
