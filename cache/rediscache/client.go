@@ -52,7 +52,6 @@ package rediscache
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"math"
 	"strconv"
 	"sync/atomic"
@@ -307,7 +306,6 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			keys[i] = k
 		}
 		var rest []redis.Cmder
-		var restIdx []int
 		var snaps []snapshot
 		var cks [][]byte
 		for i, cmd := range cmds {
@@ -318,7 +316,7 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			}
 			n.misses.Add(1)
 			s, _ := n.snap(keys[i])
-			rest, restIdx, snaps, cks = append(rest, cmd), append(restIdx, i), append(snaps, s), append(cks, ck)
+			rest, snaps, cks = append(rest, cmd), append(snaps, s), append(cks, ck)
 		}
 		if len(rest) == 0 {
 			return firstErr(cmds)
@@ -482,8 +480,6 @@ func encode(cmd redis.Cmder, err error) ([]byte, bool) {
 	}
 	return nil, false
 }
-
-var errDecode = errors.New("rediscache: undecodable entry")
 
 // decode sets cmd's result from a payload; false if it does not fit.
 func decode(cmd redis.Cmder, p []byte) bool {
