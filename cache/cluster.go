@@ -267,8 +267,8 @@ func readRequest(r *bufio.Reader) (request, error) {
 	if h[0] < opGet || h[0] > opDelete || h[1] > byte(IfVersion) || kl > 1<<20 || uint64(kl)+uint64(vl) > maxWire {
 		return request{}, fmt.Errorf("%w: a malformed cluster request", ErrCorrupt)
 	}
-	b := make([]byte, int(kl)+int(vl))
-	if _, err := io.ReadFull(r, b); err != nil {
+	b, err := readN(r, int(kl)+int(vl))
+	if err != nil {
 		return request{}, err
 	}
 	return request{op: h[0], key: b[:kl], val: b[kl:], opts: SetOptions{Mode: Mode(h[1]),
@@ -335,11 +335,27 @@ func readResponse(r *bufio.Reader) (response, error) {
 	if e := int64(binary.LittleEndian.Uint64(h[13:])); e != 0 {
 		res.info.Expires = time.Unix(0, e)
 	}
-	res.val = make([]byte, vl)
-	if _, err := io.ReadFull(r, res.val); err != nil {
+	var err error
+	if res.val, err = readN(r, int(vl)); err != nil {
 		return response{}, err
 	}
 	return res, nil
+}
+
+// readN reads n bytes, growing its buffer as they arrive: a length a peer
+// claims costs nothing until the bytes come.
+func readN(r io.Reader, n int) ([]byte, error) {
+	b := make([]byte, 0, min(n, 64<<10))
+	for len(b) < n {
+		k := min(n-len(b), max(len(b), 64<<10))
+		b = slices.Grow(b, k)
+		m, err := io.ReadFull(r, b[len(b):len(b)+k])
+		b = b[:len(b)+m]
+		if err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
 
 // serve answers other nodes' requests from this node's shard.
