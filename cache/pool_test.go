@@ -390,3 +390,22 @@ func TestOpenBadSegment(t *testing.T) {
 		t.Fatalf("open of a pool with 3 buckets: %v", err)
 	}
 }
+
+// FuzzAttach: a segment whose header holds anything is refused or opened,
+// never a panic.
+func FuzzAttach(f *testing.F) {
+	f.Add(make([]byte, 64))
+	f.Add(binary.LittleEndian.AppendUint64(nil, magic))
+	p, name := newPool(f, Options{MaxBytes: 1 << 20})
+	orig := append([]byte(nil), p.mem[:headerSize]...)
+	f.Fuzz(func(t *testing.T, hdr []byte) {
+		copy(p.mem[:headerSize], orig)
+		copy(p.mem[:min(len(hdr), hOffVerCtr)], hdr)
+		ready, _ := p.seg.Uint32At(hOffReady)
+		ready.Store(1)
+		if q, err := Open(name, Options{}); err == nil {
+			q.Get([]byte("k"), nil)
+			q.Close()
+		}
+	})
+}
