@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -235,15 +236,21 @@ func child(mode string) int {
 		return 1
 	}
 	switch mode {
-	case "writer":
-		// Pause inside some writes, so that kills land there too.
+	case "writer", "stall":
+		// Pause inside some writes, so that kills land there too; a
+		// "stall" writer stops inside its 300th write and says so.
 		n := 0
 		testHookMidWrite = func() {
-			if n++; n%50 == 0 {
+			n++
+			if mode == "stall" && n == 300 {
+				fmt.Println("stalled")
+				os.Stdout.Sync()
+				time.Sleep(time.Hour)
+			}
+			if n%50 == 0 {
 				time.Sleep(200 * time.Microsecond)
 			}
 		}
-		fmt.Println("ready")
 		r := rand.New(rand.NewPCG(uint64(os.Getpid()), 2))
 		for {
 			k := []byte(strconv.Itoa(r.IntN(500)))
@@ -271,11 +278,29 @@ func child(mode string) int {
 	return 2
 }
 
-func startChild(t *testing.T, name, mode string) (*exec.Cmd, *bytes.Buffer) {
+// lockedBuffer is a child's stdout, read while the child writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startChild(t *testing.T, name, mode string) (*exec.Cmd, *lockedBuffer) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "CACHE_TEST_CHILD="+mode, "CACHE_TEST_POOL="+name)
-	var out bytes.Buffer
+	var out lockedBuffer
 	cmd.Stdout = &out
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -315,9 +340,22 @@ func TestWriterKilled(t *testing.T) {
 	}()
 	r := rand.New(rand.NewPCG(1, 2))
 	for round := range 12 {
-		a, _ := startChild(t, name, "writer")
-		b, _ := startChild(t, name, "writer")
+		a, aout := startChild(t, name, "writer")
+		mode := "writer"
+		if round%2 == 0 {
+			mode = "stall" // killed for certain while it holds a lock
+		}
+		b, bout := startChild(t, name, mode)
 		time.Sleep(time.Duration(20+r.IntN(60)) * time.Millisecond)
+		if mode == "stall" {
+			for end := time.Now().Add(10 * time.Second); !strings.Contains(bout.String(), "stalled"); {
+				if time.Now().After(end) {
+					t.Fatalf("round %d: the writer never stalled", round)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		_ = aout
 		a.Process.Kill()
 		b.Process.Kill()
 		a.Wait()

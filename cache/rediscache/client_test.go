@@ -296,8 +296,12 @@ func TestFlushAllAndPipelines(t *testing.T) {
 	ctx := context.Background()
 	rdb := newClient(t, newPool(t), Config{})
 	direct := plain(t)
+	inv := rdb.Stats().Invalidations
 	direct.Set(ctx, "fp:a", "1", 0)
 	direct.Set(ctx, "fp:b", "2", 0)
+	// Those writes' invalidations would (rightly) void fills made before
+	// they arrive.
+	eventually(t, "the setup's invalidations", func() bool { return rdb.Stats().Invalidations >= inv+2 })
 	rdb.Get(ctx, "fp:a")
 	// A read-only pipeline is served from the cache where it can.
 	hits := rdb.Stats().Hits
