@@ -1,0 +1,95 @@
+package cachesuite
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// checkEvery is how many operations a load goroutine runs between looks
+// at the clock.
+const checkEvery = 64
+
+// warmAll GETs every key once through g, from Goroutines goroutines, and
+// checks every value: connections are open and a near cache is filled
+// before a throughput run is timed.
+func warmAll(g *getter) error {
+	var wg sync.WaitGroup
+	errs := make([]error, Goroutines)
+	for w := range Goroutines {
+		wg.Go(func() {
+			var dst []byte
+			for k := w; k < Keys; k += Goroutines {
+				v, err := g.get(k, dst)
+				if err == nil {
+					err = check(v, k)
+				}
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				dst = v[:0]
+			}
+		})
+	}
+	wg.Wait()
+	return firstError(errs)
+}
+
+// mixedLoad runs Goroutines goroutines for d, each drawing its own fixed
+// sequence of operations from seed: a SET of a new value to a random key
+// with probability setPercent/100, else a GET of a random key whose value
+// is checked. It returns operations per second.
+func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64, error) {
+	var wg sync.WaitGroup
+	var total atomic.Uint64
+	errs := make([]error, Goroutines)
+	start := time.Now()
+	for w := range Goroutines {
+		wg.Go(func() {
+			r := rng(seed, uint64(w))
+			val := make([]byte, ValueSize)
+			var dst []byte
+			var n uint64
+			defer func() { total.Add(n) }()
+			for time.Since(start) < d {
+				for range checkEvery {
+					k := r.IntN(Keys)
+					if r.IntN(100) < setPercent {
+						fillValue(val, k, uint32(w)<<24|uint32(n&0xffffff)+1)
+						if err := g.set(k, val); err != nil {
+							errs[w] = err
+							return
+						}
+					} else {
+						v, err := g.get(k, dst)
+						if err == nil {
+							err = check(v, k)
+						}
+						if err != nil {
+							errs[w] = err
+							return
+						}
+						dst = v[:0]
+					}
+					n++
+				}
+			}
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	if err := firstError(errs); err != nil {
+		return 0, err
+	}
+	return float64(total.Load()) / el.Seconds(), nil
+}
+
+func firstError(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
