@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/cachesuite"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/ubsuite"
@@ -20,6 +21,12 @@ import (
 var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 	"ub":        func(o *benchOpts) ([]bench.Case, error) { return ubsuite.Cases(), nil },
 	"transport": func(o *benchOpts) ([]bench.Case, error) { return transportsuite.Cases(), nil },
+	"cache": func(o *benchOpts) ([]bench.Case, error) {
+		// Real redis-server and memcached, started as the cases need them.
+		e := cachesuite.NewEnv()
+		o.cleanups = append(o.cleanups, e.Close)
+		return e.Cases(), nil
+	},
 	"shm": func(o *benchOpts) ([]bench.Case, error) {
 		bin := ""
 		if !o.noShmipc {
@@ -38,11 +45,17 @@ type benchOpts struct {
 	rounds                         int
 	duration                       time.Duration
 	only, profile                  string
+	cleanups                       []func() // run when benchCmd returns
 }
 
 func benchCmd(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var o benchOpts
+	defer func() {
+		for _, f := range o.cleanups {
+			f()
+		}
+	}()
 	fs.BoolVar(&o.quick, "quick", false, "short runs (under 30 seconds per suite)")
 	fs.BoolVar(&o.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&o.noShmipc, "no-shmipc", false, "leave out the shmipc-go baseline")
@@ -69,7 +82,7 @@ func benchCmd(args []string, out io.Writer) error {
 		}
 		slices.Sort(names)
 	} else if _, ok := suites[suite]; !ok || suite == "" {
-		return fmt.Errorf("unknown suite %q (have: shm, ub, transport, all)", suite)
+		return fmt.Errorf("unknown suite %q (have: cache, shm, ub, transport, all)", suite)
 	}
 	opts := bench.Options{Rounds: 5, Duration: time.Second, Warmup: 200 * time.Millisecond}
 	if o.quick {
