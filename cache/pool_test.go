@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
 var poolSeq atomic.Int64
@@ -38,7 +39,9 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv("CACHE_TEST_CHILD"); mode != "" {
 		os.Exit(child(mode))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	testenv.RemoveOwnSimFabrics() // the cluster tests' simulated super node
+	os.Exit(code)
 }
 
 // value makes a self-checking value: its seed, then Fill(seed).

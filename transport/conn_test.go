@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/net/nettest"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 )
 
@@ -78,6 +79,7 @@ func TestMain(m *testing.M) {
 	// Children killed on purpose leave their segments: sweep them as an
 	// operator would (shm.Sweep), then nothing new may remain.
 	shm.Sweep()
+	testenv.RemoveOwnSimFabrics()
 	after, _ := filepath.Glob("/dev/shm/ubkit-*")
 	// Other test processes (other packages) may share a segment by name,
 	// like a simulated super node's: only ours count.

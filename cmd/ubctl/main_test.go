@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"os"
 	"strings"
 	"testing"
@@ -13,7 +14,9 @@ import (
 
 func TestMain(m *testing.M) {
 	bench.RunPeerIfChild()
-	os.Exit(m.Run())
+	code := m.Run()
+	testenv.RemoveOwnSimFabrics() // the demo's simulated super node
+	os.Exit(code)
 }
 
 func TestBenchJSON(t *testing.T) {
