@@ -135,16 +135,18 @@ func session(t *testing.T, addr string, cmds []string) []string {
 		if _, err := io.WriteString(c, cmd); err != nil {
 			t.Fatal(err)
 		}
-		// Collect what arrives until the answer goes quiet.
+		// Every command here answers something: wait for it (a loaded
+		// machine may take a while), then collect until the answer goes
+		// quiet.
 		var got bytes.Buffer
-		c.SetReadDeadline(time.Now().Add(150 * time.Millisecond))
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		for {
 			line, err := r.ReadString('\n')
 			got.WriteString(line)
 			if err != nil {
 				break
 			}
-			c.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
+			c.SetReadDeadline(time.Now().Add(40 * time.Millisecond))
 		}
 		out = append(out, got.String())
 	}

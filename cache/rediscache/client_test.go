@@ -119,6 +119,8 @@ func TestSameAnswersAsRedis(t *testing.T) {
 	direct.RPush(ctx, "l", "x", "y", "z")
 	direct.SAdd(ctx, "set", "m1", "m2")
 	direct.ZAdd(ctx, "z", redis.Z{Score: 1.5, Member: "p"}, redis.Z{Score: 2, Member: "q"})
+	// Wait for the setup's invalidations, which would void earlier fills.
+	eventually(t, "the setup's invalidations", func() bool { return rdb.Stats().Invalidations >= 5 })
 	cmds := []func(redis.Cmdable) redis.Cmder{
 		func(c redis.Cmdable) redis.Cmder { return c.Get(ctx, "s") },
 		func(c redis.Cmdable) redis.Cmder { return c.Get(ctx, "missing") },
