@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"strconv"
@@ -133,7 +134,7 @@ type Pool struct {
 	maxBytes int64
 	maxRec   int
 	me       uint64
-	stripe   int
+	words    []atomic.Uint64 // the header and the buckets
 
 	verCtr, hand, used, items *atomic.Uint64
 }
@@ -263,9 +264,13 @@ func attach(seg *shm.Segment) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	words, err := seg.Uint64s(0, headerSize/8+int(nb)*bucketSize/8)
+	if err != nil {
+		return nil, err
+	}
 	me := shm.Self()
 	p := &Pool{seg: seg, mem: d, pool: pool, nbuckets: nb, maxBytes: int64(maxBytes), maxRec: int(maxRec),
-		me: me.Word(), stripe: int(me.PID) % statStripes}
+		me: me.Word(), words: words}
 	p.verCtr = p.word(hOffVerCtr)
 	p.hand = p.word(hOffHand)
 	p.used = p.word(hOffBytes)
@@ -273,14 +278,9 @@ func attach(seg *shm.Segment) (*Pool, error) {
 	return p, nil
 }
 
-// word is an atomic view of a validated, aligned offset.
-func (p *Pool) word(off int) *atomic.Uint64 {
-	w, err := p.seg.Uint64At(off)
-	if err != nil {
-		panic(err) // offsets come from the validated geometry
-	}
-	return w
-}
+// word is an atomic view of a validated, aligned offset of the header or
+// the buckets.
+func (p *Pool) word(off int) *atomic.Uint64 { return &p.words[off>>3] }
 
 // MaxValue is the largest key plus value an entry can hold.
 func (p *Pool) MaxValue() int { return p.maxRec - recHeader }
@@ -297,7 +297,11 @@ func (p *Pool) bucketOff(h uint64) int { return headerSize + int(h&(p.nbuckets-1
 
 func slotOff(b, i int) int { return b + bOffSlots + i*slotSize }
 
-func (p *Pool) stat(i int) *atomic.Uint64 { return p.word(hOffStats + p.stripe*stripeSize + i*8) }
+// stat is a counter in a stripe picked at random per call, so that
+// goroutines and processes counting at once rarely share a cache line.
+func (p *Pool) stat(i int) *atomic.Uint64 {
+	return p.word(hOffStats + int(rand.Uint32()%statStripes)*stripeSize + i*8)
+}
 
 // Info describes an entry.
 type Info struct {
@@ -372,6 +376,9 @@ func (p *Pool) stillLoaned(r record) bool {
 
 // lookup finds key's live record in a bucket as a reader: no lock; the
 // caller validates the bucket's sequence afterwards.
+//
+// now is the time in unix ns, or 0 to read the clock only if the entry
+// expires (most do not, and the clock costs a quarter of a read).
 func (p *Pool) lookup(b int, h uint64, key []byte, now int64) (record, int, bool) {
 	for i := range slotsPerBkt {
 		s := slotOff(b, i)
@@ -386,8 +393,13 @@ func (p *Pool) lookup(b int, h uint64, key []byte, now int64) (record, int, bool
 		if !ok || !bytes.Equal(k, key) {
 			continue
 		}
-		if e := r.expire(); e != 0 && e <= now {
-			return record{}, -1, false
+		if e := r.expire(); e != 0 {
+			if now == 0 {
+				now = time.Now().UnixNano()
+			}
+			if e <= now {
+				return record{}, -1, false
+			}
 		}
 		return r, i, true
 	}
@@ -397,6 +409,10 @@ func (p *Pool) lookup(b int, h uint64, key []byte, now int64) (record, int, bool
 // read runs fn on key's value under the bucket's sequence number, retrying
 // while writers intervene; fn may run more than once.
 func (p *Pool) read(key []byte, fn func(val []byte, in Info)) (bool, error) {
+	return p.readCounted(key, fn, true)
+}
+
+func (p *Pool) readCounted(key []byte, fn func(val []byte, in Info), count bool) (bool, error) {
 	h := hashKey(key)
 	b := p.bucketOff(h)
 	seq := p.word(b + bOffSeq)
@@ -408,7 +424,7 @@ func (p *Pool) read(key []byte, fn func(val []byte, in Info)) (bool, error) {
 			}
 			continue
 		}
-		r, i, ok := p.lookup(b, h, key, time.Now().UnixNano())
+		r, i, ok := p.lookup(b, h, key, 0)
 		if ok {
 			_, v, _ := r.parse()
 			fn(v, r.info())
@@ -418,13 +434,17 @@ func (p *Pool) read(key []byte, fn func(val []byte, in Info)) (bool, error) {
 			if sz := p.word(slotOff(b, i) + sOffSize); sz.Load()&refBit == 0 {
 				sz.Or(refBit)
 			}
-			p.stat(stHits).Add(1)
+			if count {
+				p.stat(stHits).Add(1)
+			}
 			return true, nil
 		}
 		if seq.Load() != s1 {
 			continue
 		}
-		p.stat(stMisses).Add(1)
+		if count {
+			p.stat(stMisses).Add(1)
+		}
 		return false, nil
 	}
 }
@@ -449,6 +469,14 @@ func (p *Pool) waitWriter(b int, attempt int) error {
 	}
 	time.Sleep(50 * time.Microsecond)
 	return nil
+}
+
+// Version returns key's version without reading its value (nor counting a
+// hit or a miss: it is for bookkeeping entries).
+func (p *Pool) Version(key []byte) (uint64, bool) {
+	var v uint64
+	found, err := p.readCounted(key, func(_ []byte, in Info) { v = in.Version }, false)
+	return v, found && err == nil
 }
 
 // Get copies key's value into dst (grown as needed) and returns it.

@@ -47,3 +47,17 @@ func WordIn(b []byte, off int) (*atomic.Uint64, error) {
 	}
 	return atomicU64(b, off), nil
 }
+
+// Uint64s returns n consecutive 8-byte words of the segment's data from
+// off, as atomics: a table of words in shared memory indexed without a
+// call per access. off must be 8-byte aligned.
+func (s *Segment) Uint64s(off, n int) ([]atomic.Uint64, error) {
+	d := s.Data()
+	if off < 0 || n < 0 || off%8 != 0 || n > (len(d)-off)/8 {
+		return nil, fmt.Errorf("shm: %d words at %d outside a segment of %d bytes", n, off, len(d))
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return unsafe.Slice((*atomic.Uint64)(unsafe.Pointer(&d[off])), n), nil
+}

@@ -53,6 +53,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -110,7 +111,7 @@ type Stats struct {
 // Stats returns the counters.
 func (c *Client) Stats() Stats {
 	n := c.nc
-	return Stats{Hits: n.hits.Load(), Misses: n.misses.Load(), Fills: n.fills.Load(), Bypassed: n.bypassed.Load(),
+	return Stats{Hits: n.hits.load(), Misses: n.misses.load(), Fills: n.fills.Load(), Bypassed: n.bypassed.Load(),
 		Invalidations: n.t.invalidations.Load(), Flushes: n.t.flushes.Load(), Tracking: n.t.up.Load()}
 }
 
@@ -128,13 +129,17 @@ func (c *Client) WaitTracking(ctx context.Context) error {
 }
 
 type nearCache struct {
-	pool     *cache.Pool
-	ns       string
-	prefixes []string
-	ttl      time.Duration
-	t        *tracker
+	pool      *cache.Pool
+	nsSeen    atomic.Uint64 // the namespace generation this process last knew
+	ns        string
+	nsKeyB    []byte
+	genPrefix []byte
+	prefixes  []string
+	ttl       time.Duration
+	t         *tracker
 
-	hits, misses, fills, bypassed atomic.Uint64
+	hits, misses    stripedCounter
+	fills, bypassed atomic.Uint64
 }
 
 func newNearCache(opt *redis.Options, cfg Config) *nearCache {
@@ -145,19 +150,59 @@ func newNearCache(opt *redis.Options, cfg Config) *nearCache {
 	if addr == "" {
 		addr = "localhost:6379"
 	}
-	n := &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL,
-		ns: "rc\x00" + addr + "\x00" + strconv.Itoa(opt.DB) + "\x00" + opt.Username + "\x00"}
+	ns := "rc\x00" + addr + "\x00" + strconv.Itoa(opt.DB) + "\x00" + opt.Username + "\x00"
+	n := &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL, ns: ns,
+		nsKeyB: []byte(ns + "n"), genPrefix: []byte(ns + "g\x00")}
 	n.t = startTracker(opt, n)
 	return n
 }
 
-// Keys in the pool.
-func (n *nearCache) nsKey() []byte              { return []byte(n.ns + "n") }
-func (n *nearCache) genKey(redisKey string) []byte { return []byte(n.ns + "g\x00" + redisKey) }
+// Keys in the pool: the namespace's generation, each Redis key's
+// generation, and the entries.
+func (n *nearCache) nsKey() []byte { return n.nsKeyB }
+
+func (n *nearCache) genKey(redisKey string) []byte {
+	return append(append(make([]byte, 0, len(n.genPrefix)+len(redisKey)), n.genPrefix...), redisKey...)
+}
+
+// genKeyIn builds a generation key in buf (no allocation when it fits).
+func (n *nearCache) genKeyIn(buf []byte, redisKey string) []byte {
+	return append(append(buf[:0], n.genPrefix...), redisKey...)
+}
 
 // bump gives key a new generation (nil: the namespace).
 func (n *nearCache) bump(key []byte) {
 	n.pool.Set(key, nil, cache.SetOptions{})
+}
+
+// flush drops the near cache for this server: a new namespace generation.
+// This process remembers it, so hits need not read it from the pool.
+func (n *nearCache) flush() {
+	v, err := n.pool.Set(n.nsKeyB, nil, cache.SetOptions{})
+	if err != nil {
+		v = 0 // unknown: lookups read the pool
+	}
+	n.nsSeen.Store(v)
+}
+
+// nsCurrent says whether an entry's namespace generation g is current.
+// Entries this process can trust carry the generation it last set or
+// read; another process's flush (its tracking came back) is noticed on the
+// first entry that carries the new generation, by reading the pool.
+//
+// Trusting the remembered generation is safe while this process's own
+// tracking has stayed up: it has heard every write since, so every stale
+// entry already failed its key generations.
+func (n *nearCache) nsCurrent(g uint64) bool {
+	if g == n.nsSeen.Load() && g != 0 {
+		return true
+	}
+	cur, ok := n.pool.Version(n.nsKeyB)
+	if !ok {
+		return false
+	}
+	n.nsSeen.Store(cur)
+	return g == cur
 }
 
 // generation reads key's generation, creating it if needed.
@@ -171,11 +216,6 @@ func (n *nearCache) generation(key []byte) (uint64, bool) {
 		}
 	}
 	return 0, false
-}
-
-func (n *nearCache) current(key []byte) (uint64, bool) {
-	_, in, err := n.pool.Get(key, nil)
-	return in.Version, err == nil
 }
 
 func (n *nearCache) tracked(keys []string) bool {
@@ -220,29 +260,34 @@ func (n *nearCache) snap(keys []string) (snapshot, bool) {
 	return s, n.t.up.Load()
 }
 
-// Entry layout: generation count u32, generations u64..., payload.
-func (n *nearCache) lookup(ck []byte, keys []string, dst []byte) ([]byte, bool) {
-	v, _, err := n.pool.Get(ck, dst)
-	if err != nil || len(v) < 4 {
-		return nil, false
-	}
-	cnt := int(binary.LittleEndian.Uint32(v))
-	if cnt != 1+len(keys) || len(v) < 4+8*cnt {
-		return nil, false
-	}
-	for i := range cnt {
-		var key []byte
-		if i == 0 {
-			key = n.nsKey()
-		} else {
-			key = n.genKey(keys[i-1])
+// lookup serves cmd from its entry, if the entry's generations are all
+// current. Entry layout: generation count u32, generations u64...,
+// payload. The entry is read in place (no copy); decode copies out what
+// the command keeps.
+func (n *nearCache) lookup(ck []byte, keys []string, cmd redis.Cmder) bool {
+	served := false
+	var kb [256]byte
+	found, err := n.pool.View(ck, func(v []byte, _ cache.Info) {
+		served = false
+		if len(v) < 4 {
+			return
 		}
-		cur, ok := n.current(key)
-		if !ok || cur != binary.LittleEndian.Uint64(v[4+8*i:]) {
-			return nil, false
+		cnt := int(binary.LittleEndian.Uint32(v))
+		if cnt != 1+len(keys) || len(v) < 4+8*cnt {
+			return
 		}
-	}
-	return v[4+8*cnt:], true
+		if !n.nsCurrent(binary.LittleEndian.Uint64(v[4:])) {
+			return
+		}
+		for i := 1; i < cnt; i++ {
+			cur, ok := n.pool.Version(n.genKeyIn(kb[:], keys[i-1]))
+			if !ok || cur != binary.LittleEndian.Uint64(v[4+8*i:]) {
+				return
+			}
+		}
+		served = decode(cmd, v[4+8*cnt:])
+	})
+	return found && err == nil && served
 }
 
 func (n *nearCache) fill(ck []byte, s snapshot, payload []byte) {
@@ -276,11 +321,11 @@ func (n *nearCache) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		ck := entryKey(n.ns, cmd)
-		if payload, ok := n.lookup(ck, keys, nil); ok && decode(cmd, payload) {
-			n.hits.Add(1)
+		if n.lookup(ck, keys, cmd) {
+			n.hits.add()
 			return cmd.Err()
 		}
-		n.misses.Add(1)
+		n.misses.add()
 		s, ok := n.snap(keys)
 		err := next(ctx, cmd)
 		if ok && (err == nil || err == redis.Nil) {
@@ -310,11 +355,11 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		var cks [][]byte
 		for i, cmd := range cmds {
 			ck := entryKey(n.ns, cmd)
-			if payload, ok := n.lookup(ck, keys[i], nil); ok && decode(cmd, payload) {
-				n.hits.Add(1)
+			if n.lookup(ck, keys[i], cmd) {
+				n.hits.add()
 				continue
 			}
-			n.misses.Add(1)
+			n.misses.add()
 			s, _ := n.snap(keys[i])
 			rest, snaps, cks = append(rest, cmd), append(snaps, s), append(cks, ck)
 		}
@@ -579,4 +624,23 @@ func decode(cmd redis.Cmder, p []byte) bool {
 	}
 	cmd.SetErr(nil)
 	return true
+}
+
+// stripedCounter is a counter that goroutines on different CPUs bump
+// without sharing a cache line.
+type stripedCounter struct {
+	s [8]struct {
+		n atomic.Uint64
+		_ [120]byte
+	}
+}
+
+func (c *stripedCounter) add() { c.s[rand.Uint32()%8].n.Add(1) }
+
+func (c *stripedCounter) load() uint64 {
+	var t uint64
+	for i := range c.s {
+		t += c.s[i].n.Load()
+	}
+	return t
 }

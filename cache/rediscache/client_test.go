@@ -368,3 +368,21 @@ func FuzzRESP(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkHit is one GET served by the near cache.
+func BenchmarkHit(b *testing.B) {
+	ctx := context.Background()
+	rdb := newClient(b, newPool(b), Config{})
+	plain(b).Set(ctx, "bench:hit", "0123456789012345678901234567890123456789012345678901234567890123", 0)
+	time.Sleep(50 * time.Millisecond) // the write's own invalidation
+	rdb.Get(ctx, "bench:hit")
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := rdb.Get(ctx, "bench:hit").Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if st := rdb.Stats(); st.Hits < uint64(b.N) {
+		b.Fatalf("%d hits for %d reads", st.Hits, b.N)
+	}
+}

@@ -68,7 +68,7 @@ func (t *tracker) stop() {
 func (t *tracker) down() {
 	if t.up.Swap(false) {
 		t.epoch.Add(1)
-		t.n.bump(t.n.nsKey())
+		t.n.flush()
 		t.flushes.Add(1)
 	}
 }
@@ -177,7 +177,7 @@ func (t *tracker) session() error {
 	}
 	// From here every write is heard. What was cached before may have
 	// missed some: drop it, then serve.
-	t.n.bump(t.n.nsKey())
+	t.n.flush()
 	t.flushes.Add(1)
 	t.epoch.Add(1)
 	t.up.Store(true)
@@ -222,7 +222,7 @@ func (t *tracker) push(v value) {
 	}
 	keys := v.items[1]
 	if keys.isNull() {
-		t.n.bump(t.n.nsKey())
+		t.n.flush()
 		t.flushes.Add(1)
 		return
 	}
