@@ -26,7 +26,9 @@
 // A read that races a write never leaves a stale value behind: each Redis
 // key has a generation in the pool, bumped by every invalidation; a miss
 // notes the generations before it asks Redis and stores its answer with
-// them, and an entry whose generations have moved is never served. While a
+// them, and an entry whose generations have moved is never served. GET's
+// answer lives in the key's generation entry itself and is stored by
+// compare-and-swap on that generation, so a hit is one read of the pool. While a
 // process's tracking connection is down it neither serves nor fills, and
 // when it loses or regains that connection it flushes the near cache for
 // that server (a namespace generation, so the flush is one write).
@@ -290,6 +292,63 @@ func (n *nearCache) lookup(ck []byte, keys []string, cmd redis.Cmder) bool {
 	return found && err == nil && served
 }
 
+// GET, the commonest read, is served with one read of the pool: its
+// answer lives in the key's generation entry itself, as the namespace
+// generation and the payload. An invalidation overwrites that entry (a new
+// generation, no payload), and a fill stores only if the generation is
+// still the one noted before asking Redis (compare-and-swap), so a fill
+// that raced a write is refused rather than voided later.
+
+func (n *nearCache) getLookup(cmd redis.Cmder, key string) bool {
+	var kb [256]byte
+	served := false
+	found, err := n.pool.View(n.genKeyIn(kb[:], key), func(v []byte, _ cache.Info) {
+		served = len(v) > 8 && n.nsCurrent(binary.LittleEndian.Uint64(v)) && decode(cmd, v[8:])
+	})
+	return found && err == nil && served
+}
+
+// getSnap notes what a GET fill must find unchanged.
+type getSnap struct {
+	epoch, ns, gen uint64
+	ok             bool
+}
+
+func (n *nearCache) getSnapshot(key string) getSnap {
+	s := getSnap{epoch: n.t.epoch.Load()}
+	var okNs, okGen bool
+	s.ns, okNs = n.generation(n.nsKeyB)
+	s.gen, okGen = n.generation(n.genKey(key))
+	s.ok = okNs && okGen
+	return s
+}
+
+func (n *nearCache) getFill(cmd redis.Cmder, key string, s getSnap, rerr error) {
+	if !s.ok || (rerr != nil && rerr != redis.Nil) || !n.t.up.Load() || n.t.epoch.Load() != s.epoch {
+		return
+	}
+	payload, ok := encode(cmd, rerr)
+	if !ok {
+		return
+	}
+	v := append(binary.LittleEndian.AppendUint64(make([]byte, 0, 8+len(payload)), s.ns), payload...)
+	if _, err := n.pool.Set(n.genKey(key), v, cache.SetOptions{Mode: cache.IfVersion, Version: s.gen, TTL: n.ttl}); err == nil {
+		n.fills.Add(1)
+	}
+}
+
+func (n *nearCache) get(ctx context.Context, next redis.ProcessHook, cmd redis.Cmder, key string) error {
+	if n.getLookup(cmd, key) {
+		n.hits.add()
+		return cmd.Err()
+	}
+	n.misses.add()
+	s := n.getSnapshot(key)
+	err := next(ctx, cmd)
+	n.getFill(cmd, key, s, err)
+	return err
+}
+
 func (n *nearCache) fill(ck []byte, s snapshot, payload []byte) {
 	// Tracking lost (and maybe regained) since the snapshot: invalidations
 	// may have been missed.
@@ -319,6 +378,9 @@ func (n *nearCache) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if !n.t.up.Load() {
 			n.bypassed.Add(1)
 			return next(ctx, cmd)
+		}
+		if cmd.Name() == "get" {
+			return n.get(ctx, next, cmd, keys[0])
 		}
 		ck := entryKey(n.ns, cmd)
 		if n.lookup(ck, keys, cmd) {
@@ -350,27 +412,50 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			}
 			keys[i] = k
 		}
+		type miss struct {
+			cmd   redis.Cmder
+			key   string
+			ck    []byte
+			s     snapshot
+			gs    getSnap
+			isGet bool
+		}
 		var rest []redis.Cmder
-		var snaps []snapshot
-		var cks [][]byte
+		var misses []miss
 		for i, cmd := range cmds {
-			ck := entryKey(n.ns, cmd)
-			if n.lookup(ck, keys[i], cmd) {
-				n.hits.add()
-				continue
+			m := miss{cmd: cmd, isGet: cmd.Name() == "get"}
+			if m.isGet {
+				m.key = keys[i][0]
+				if n.getLookup(cmd, m.key) {
+					n.hits.add()
+					continue
+				}
+				n.misses.add()
+				m.gs = n.getSnapshot(m.key)
+			} else {
+				m.ck = entryKey(n.ns, cmd)
+				if n.lookup(m.ck, keys[i], cmd) {
+					n.hits.add()
+					continue
+				}
+				n.misses.add()
+				m.s, _ = n.snap(keys[i])
 			}
-			n.misses.add()
-			s, _ := n.snap(keys[i])
-			rest, snaps, cks = append(rest, cmd), append(snaps, s), append(cks, ck)
+			rest, misses = append(rest, cmd), append(misses, m)
 		}
 		if len(rest) == 0 {
 			return firstErr(cmds)
 		}
 		err := next(ctx, rest)
-		for j, cmd := range rest {
-			if e := cmd.Err(); e == nil || e == redis.Nil {
-				if payload, ok := encode(cmd, e); ok {
-					n.fill(cks[j], snaps[j], payload)
+		for _, m := range misses {
+			e := m.cmd.Err()
+			if m.isGet {
+				n.getFill(m.cmd, m.key, m.gs, e)
+				continue
+			}
+			if e == nil || e == redis.Nil {
+				if payload, ok := encode(m.cmd, e); ok {
+					n.fill(m.ck, m.s, payload)
 				}
 			}
 		}
