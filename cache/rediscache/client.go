@@ -729,3 +729,9 @@ func (c *stripedCounter) load() uint64 {
 	}
 	return t
 }
+
+// The drop-in is usable wherever go-redis's client interfaces are.
+var (
+	_ redis.UniversalClient = (*Client)(nil)
+	_ redis.Cmdable         = (*Client)(nil)
+)
