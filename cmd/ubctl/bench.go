@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
@@ -24,7 +27,7 @@ var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 	"cache": func(o *benchOpts) ([]bench.Case, error) {
 		// Real redis-server and memcached, started as the cases need them.
 		e := cachesuite.NewEnv()
-		o.cleanups = append(o.cleanups, e.Close)
+		o.addCleanup(e.Close)
 		return e.Cases(), nil
 	},
 	"shm": func(o *benchOpts) ([]bench.Case, error) {
@@ -45,15 +48,44 @@ type benchOpts struct {
 	rounds                         int
 	duration                       time.Duration
 	only, profile                  string
-	cleanups                       []func() // run when benchCmd returns
+	mu                             sync.Mutex
+	cleanups                       []func() // run when benchCmd returns, or on an interrupt
+	cleaned                        sync.Once
+}
+
+func (o *benchOpts) addCleanup(f func()) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.cleanups = append(o.cleanups, f)
+}
+
+// cleanup stops what the suites started (real servers), once.
+func (o *benchOpts) cleanup() {
+	o.cleaned.Do(func() {
+		o.mu.Lock()
+		fs := o.cleanups
+		o.mu.Unlock()
+		for _, f := range fs {
+			f()
+		}
+	})
 }
 
 func benchCmd(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var o benchOpts
+	defer o.cleanup()
+	// Ctrl-C must not leave the servers a suite started running.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	defer func() {
-		for _, f := range o.cleanups {
-			f()
+		signal.Stop(sig)
+		close(sig)
+	}()
+	go func() {
+		if _, ok := <-sig; ok {
+			o.cleanup()
+			os.Exit(130)
 		}
 	}()
 	fs.BoolVar(&o.quick, "quick", false, "short runs (under 30 seconds per suite)")
