@@ -32,7 +32,7 @@ func run(ctx context.Context, addr string) error {
 	}
 	rdb.Set(ctx, "greeting", "hello from Redis", 0) // writes go to Redis
 	for range 3 {
-		v, err := rdb.Get(ctx, "greeting").Result() // the 2nd and 3rd come from shared memory
+		v, err := rdb.Get(ctx, "greeting").Result() // from shared memory once cached
 		fmt.Println(v, err)
 	}
 	fmt.Printf("near cache: %+v\n", rdb.Stats())
