@@ -1,0 +1,335 @@
+package mesh
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ubkit-io/ubkit/ub/topology"
+)
+
+// ControlPlane serves xDS (ADS and the separate LDS, RDS, CDS and EDS
+// services, v3) for the services of a Registry, with a view per node of
+// the topology.
+type ControlPlane struct {
+	topo  *topology.Topology
+	reg   Registry
+	cache cachev3.SnapshotCache
+	srv   *grpc.Server
+
+	mu    sync.Mutex
+	nodes map[string]bool // nodes that asked, by view key
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// nodeView keys snapshots by the node the client runs on: the locality
+// zone its bootstrap gives (see Bootstrap), else its node ID.
+type nodeView struct{}
+
+func (nodeView) ID(n *core.Node) string {
+	if n == nil {
+		return ""
+	}
+	if z := n.GetLocality().GetZone(); z != "" {
+		return z
+	}
+	return n.GetId()
+}
+
+// NewControlPlane returns a control plane for the services of reg, placed
+// on the nodes of t.
+func NewControlPlane(t *topology.Topology, reg Registry) *ControlPlane {
+	cp := &ControlPlane{topo: t, reg: reg, nodes: map[string]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
+	cp.cache = cachev3.NewSnapshotCache(true, nodeView{}, nil)
+	return cp
+}
+
+// Serve answers xDS on l until Close.
+func (cp *ControlPlane) Serve(l net.Listener) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cb := serverv3.CallbackFuncs{
+		StreamRequestFunc: func(_ int64, req *discovery.DiscoveryRequest) error {
+			cp.ensure(nodeView{}.ID(req.GetNode()))
+			return nil
+		},
+	}
+	xds := serverv3.NewServer(ctx, cp.cache, cb)
+	cp.mu.Lock()
+	cp.srv = grpc.NewServer()
+	srv := cp.srv
+	cp.mu.Unlock()
+	discovery.RegisterAggregatedDiscoveryServiceServer(srv, xds)
+	listenerservice.RegisterListenerDiscoveryServiceServer(srv, xds)
+	routeservice.RegisterRouteDiscoveryServiceServer(srv, xds)
+	clusterservice.RegisterClusterDiscoveryServiceServer(srv, xds)
+	endpointservice.RegisterEndpointDiscoveryServiceServer(srv, xds)
+	go cp.watch()
+	return srv.Serve(l)
+}
+
+// Close stops serving.
+func (cp *ControlPlane) Close() {
+	cp.mu.Lock()
+	srv := cp.srv
+	cp.mu.Unlock()
+	select {
+	case <-cp.stop:
+	default:
+		close(cp.stop)
+	}
+	if srv != nil {
+		srv.Stop()
+	}
+}
+
+// watch rebuilds every node's view when the registry changes.
+func (cp *ControlPlane) watch() {
+	for {
+		select {
+		case <-cp.stop:
+			return
+		case <-cp.reg.Changed():
+			cp.mu.Lock()
+			nodes := make([]string, 0, len(cp.nodes))
+			for n := range cp.nodes {
+				nodes = append(nodes, n)
+			}
+			cp.mu.Unlock()
+			for _, n := range nodes {
+				cp.update(n)
+			}
+		}
+	}
+}
+
+// ensure builds a node's view the first time it asks.
+func (cp *ControlPlane) ensure(node string) {
+	cp.mu.Lock()
+	known := cp.nodes[node]
+	cp.nodes[node] = true
+	cp.mu.Unlock()
+	if !known {
+		cp.update(node)
+	}
+}
+
+func (cp *ControlPlane) update(node string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	services, err := cp.reg.Services(ctx)
+	if err != nil {
+		return err
+	}
+	snap, err := cp.Snapshot(node, services)
+	if err != nil {
+		return err
+	}
+	return cp.cache.SetSnapshot(ctx, node, snap)
+}
+
+// Snapshot builds node's view of services: a listener (with its routes),
+// a cluster and an endpoint assignment per service. Its version is a hash of the content,
+// so it changes only when the content does.
+func (cp *ControlPlane) Snapshot(node string, services []Service) (*cachev3.Snapshot, error) {
+	services = slices.Clone(services)
+	slices.SortFunc(services, func(a, b Service) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	res := map[resource.Type][]types.Resource{}
+	h := sha256.New()
+	add := func(t resource.Type, m proto.Message) error {
+		res[t] = append(res[t], m.(types.Resource))
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		if err != nil {
+			return err
+		}
+		h.Write([]byte(t))
+		h.Write(b)
+		return nil
+	}
+	for _, s := range services {
+		l, err := apiListener(s.Name)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range []struct {
+			t resource.Type
+			m proto.Message
+		}{
+			{resource.ListenerType, l},
+			{resource.ClusterType, edsCluster(s.Name)},
+			{resource.EndpointType, cp.assignment(node, s)},
+		} {
+			if err := add(r.t, r.m); err != nil {
+				return nil, err
+			}
+		}
+	}
+	snap, err := cachev3.NewSnapshot(hex.EncodeToString(h.Sum(nil))[:16], res)
+	if err != nil {
+		return nil, err
+	}
+	if err := snap.Consistent(); err != nil {
+		return nil, fmt.Errorf("mesh: inconsistent snapshot for %s: %w", node, err)
+	}
+	return snap, nil
+}
+
+// apiListener is what proxyless gRPC asks for by the target's name.
+func apiListener(name string) (*listener.Listener, error) {
+	rtr, err := anypb.New(&router.Router{})
+	if err != nil {
+		return nil, err
+	}
+	m, err := anypb.New(&hcm.HttpConnectionManager{
+		StatPrefix: name,
+		// The routes travel inside the listener: go-control-plane's
+		// consistency check follows RDS references only from filter
+		// chains, not from the API listeners proxyless gRPC uses.
+		RouteSpecifier: &hcm.HttpConnectionManager_RouteConfig{RouteConfig: routeConfig(name)},
+		HttpFilters: []*hcm.HttpFilter{{Name: "router", ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: rtr}}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &listener.Listener{Name: name, ApiListener: &listener.ApiListener{ApiListener: m}}, nil
+}
+
+func ads() *core.ConfigSource {
+	return &core.ConfigSource{ResourceApiVersion: core.ApiVersion_V3,
+		ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}}}
+}
+
+func routeConfig(name string) *route.RouteConfiguration {
+	return &route.RouteConfiguration{
+		Name: name,
+		VirtualHosts: []*route.VirtualHost{{
+			Name:    name,
+			Domains: []string{name},
+			Routes: []*route.Route{{
+				Match:  &route.RouteMatch{PathSpecifier: &route.RouteMatch_Prefix{Prefix: ""}},
+				Action: &route.Route_Route{Route: &route.RouteAction{ClusterSpecifier: &route.RouteAction_Cluster{Cluster: name}}},
+			}},
+		}},
+	}
+}
+
+func edsCluster(name string) *cluster.Cluster {
+	return &cluster.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &cluster.Cluster_Type{Type: cluster.Cluster_EDS},
+		EdsClusterConfig:     &cluster.Cluster_EdsClusterConfig{EdsConfig: ads(), ServiceName: name},
+		LbPolicy:             cluster.Cluster_ROUND_ROBIN,
+		CommonLbConfig: &cluster.Cluster_CommonLbConfig{
+			LocalityConfigSpecifier: &cluster.Cluster_CommonLbConfig_LocalityWeightedLbConfig_{
+				LocalityWeightedLbConfig: &cluster.Cluster_CommonLbConfig_LocalityWeightedLbConfig{},
+			},
+		},
+	}
+}
+
+// assignment groups a service's endpoints by node (zone) and ranks the
+// nodes by what reaching them costs from the requesting node: the cheapest
+// cost is priority 0, the next priority 1, and so on; within a priority a
+// locality's weight is its endpoint count. Endpoints on nodes the topology
+// does not know come last.
+func (cp *ControlPlane) assignment(from string, s Service) *endpoint.ClusterLoadAssignment {
+	byNode := map[string][]Endpoint{}
+	for _, e := range s.Endpoints {
+		byNode[e.Node] = append(byNode[e.Node], e)
+	}
+	type loc struct {
+		node string
+		cost time.Duration
+	}
+	var locs []loc
+	for n := range byNode {
+		locs = append(locs, loc{n, cp.cost(from, n)})
+	}
+	slices.SortFunc(locs, func(a, b loc) int {
+		switch {
+		case a.cost != b.cost:
+			return int(a.cost - b.cost)
+		case a.node < b.node:
+			return -1
+		case a.node > b.node:
+			return 1
+		}
+		return 0
+	})
+	cla := &endpoint.ClusterLoadAssignment{ClusterName: s.Name}
+	prio, last := uint32(0), time.Duration(-1)
+	for i, l := range locs {
+		if i > 0 && l.cost != last {
+			prio++
+		}
+		last = l.cost
+		lle := &endpoint.LocalityLbEndpoints{
+			Locality:            &core.Locality{Region: cp.topo.Name, Zone: l.node},
+			Priority:            prio,
+			LoadBalancingWeight: wrapperspb.UInt32(uint32(len(byNode[l.node]))),
+		}
+		for _, e := range byNode[l.node] {
+			host, port, _ := net.SplitHostPort(e.Address)
+			p, _ := strconv.Atoi(port)
+			lle.LbEndpoints = append(lle.LbEndpoints, &endpoint.LbEndpoint{
+				HostIdentifier: &endpoint.LbEndpoint_Endpoint{Endpoint: &endpoint.Endpoint{
+					Address: &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
+						Address: host, PortSpecifier: &core.SocketAddress_PortValue{PortValue: uint32(p)},
+					}}},
+				}},
+				HealthStatus: core.HealthStatus_HEALTHY,
+			})
+		}
+		cla.Endpoints = append(cla.Endpoints, lle)
+	}
+	return cla
+}
+
+// cost is the topology's latency for a 1 KiB message; unknown nodes cost
+// the most.
+func (cp *ControlPlane) cost(from, to string) time.Duration {
+	if from == to {
+		return 0
+	}
+	c, err := cp.topo.PathCost(from, to, 1024)
+	if err != nil {
+		return time.Duration(1 << 62)
+	}
+	return c.Transfer
+}

@@ -1,0 +1,137 @@
+// Package mesh is ubkit's service mesh: an xDS control plane (on
+// github.com/envoyproxy/go-control-plane) that publishes services with
+// super-node locality and weights from the topology's path costs, and
+// helpers for proxyless gRPC whose calls to endpoints in the super node go
+// over the bus.
+//
+// Region is the super node, zone the node: each requesting node gets its
+// own endpoint view, with the endpoints it reaches most cheaply in priority
+// 0 and farther ones behind them, so grpc-go's own xDS client prefers its
+// node and fails over along the topology.
+package mesh
+
+import (
+	"context"
+
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Service is a named service and where it runs.
+type Service struct {
+	Name      string     `yaml:"name" json:"name"`
+	Endpoints []Endpoint `yaml:"endpoints" json:"endpoints"`
+}
+
+// Endpoint is one instance of a service.
+type Endpoint struct {
+	// Node is the super node's node the instance runs on.
+	Node string `yaml:"node" json:"node"`
+	// Address is its TCP host:port, reachable by any client.
+	Address string `yaml:"address" json:"address"`
+	// Bus, if set, is the transport service ("ub://<node>/<service>")
+	// where the instance also listens: ubkit clients dial it instead.
+	Bus string `yaml:"bus,omitempty" json:"bus,omitempty"`
+}
+
+// Registry is where the control plane learns services.
+type Registry interface {
+	// Services returns the current services.
+	Services(ctx context.Context) ([]Service, error)
+	// Changed is signalled (without blocking) whenever Services would
+	// return something new.
+	Changed() <-chan struct{}
+}
+
+// StaticRegistry is a Registry whose services are set by the program or
+// read from a file.
+type StaticRegistry struct {
+	mu       sync.Mutex
+	services []Service
+	changed  chan struct{}
+}
+
+// NewStaticRegistry returns a registry holding services.
+func NewStaticRegistry(services []Service) (*StaticRegistry, error) {
+	r := &StaticRegistry{changed: make(chan struct{}, 1)}
+	return r, r.Set(services)
+}
+
+// LoadRegistry reads a YAML (or JSON) file: {services: [{name, endpoints:
+// [{node, address, bus}]}]}.
+func LoadRegistry(path string) (*StaticRegistry, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var f struct {
+		Services []Service `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("mesh: %s: %w", path, err)
+	}
+	r, err := NewStaticRegistry(f.Services)
+	if err != nil {
+		return nil, fmt.Errorf("mesh: %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// Set replaces the services.
+func (r *StaticRegistry) Set(services []Service) error {
+	seen := map[string]bool{}
+	for i, s := range services {
+		if s.Name == "" || seen[s.Name] {
+			return fmt.Errorf("mesh: service %d: a name that is empty or repeated (%q)", i, s.Name)
+		}
+		seen[s.Name] = true
+		for j, e := range s.Endpoints {
+			host, port, err := net.SplitHostPort(e.Address)
+			if err != nil || host == "" {
+				return fmt.Errorf("mesh: service %s endpoint %d: address %q is not host:port", s.Name, j, e.Address)
+			}
+			if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+				return fmt.Errorf("mesh: service %s endpoint %d: bad port in %q", s.Name, j, e.Address)
+			}
+			if e.Node == "" {
+				return fmt.Errorf("mesh: service %s endpoint %d: no node", s.Name, j)
+			}
+		}
+	}
+	r.mu.Lock()
+	r.services = slices.Clone(services)
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Services returns a copy of the services.
+func (r *StaticRegistry) Services(context.Context) ([]Service, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.services), nil
+}
+
+// Changed is signalled by Set.
+func (r *StaticRegistry) Changed() <-chan struct{} { return r.changed }
+
+// busAddress returns the bus address of the endpoint at a TCP address.
+func busAddress(services []Service, addr string) (string, bool) {
+	for _, s := range services {
+		for _, e := range s.Endpoints {
+			if e.Address == addr && e.Bus != "" {
+				return e.Bus, true
+			}
+		}
+	}
+	return "", false
+}
