@@ -36,12 +36,12 @@ type nodeKey struct{}
 
 // WithNode tags a resolver address with the node it runs on.
 func WithNode(a resolver.Address, node string) resolver.Address {
-	a.BalancerAttributes = a.BalancerAttributes.WithValue(nodeKey{}, node)
+	a.Attributes = a.Attributes.WithValue(nodeKey{}, node)
 	return a
 }
 
 func nodeOf(a resolver.Address) string {
-	n, _ := a.BalancerAttributes.Value(nodeKey{}).(string)
+	n, _ := a.Attributes.Value(nodeKey{}).(string)
 	return n
 }
 
@@ -88,12 +88,12 @@ func (c *configured) UpdateClientConnState(s balancer.ClientConnState) error {
 	cfg, _ := s.BalancerConfig.(*balancerConfig)
 	if cfg != nil {
 		for i, a := range s.ResolverState.Addresses {
-			a.BalancerAttributes = a.BalancerAttributes.WithValue(configKey{}, cfg)
+			a.Attributes = a.Attributes.WithValue(configKey{}, cfg)
 			s.ResolverState.Addresses[i] = a
 		}
 		for i, e := range s.ResolverState.Endpoints {
 			for j, a := range e.Addresses {
-				a.BalancerAttributes = a.BalancerAttributes.WithValue(configKey{}, cfg)
+				a.Attributes = a.Attributes.WithValue(configKey{}, cfg)
 				e.Addresses[j] = a
 			}
 			s.ResolverState.Endpoints[i] = e
@@ -110,13 +110,10 @@ func loadTopology(src string) (*topology.Topology, error) {
 	}
 	var t *topology.Topology
 	var err error
-	switch {
-	case src == "":
+	if src == "" {
 		t, err = topology.FromEnv()
-	default:
-		if t, err = topology.Example(src); err != nil {
-			t, err = topology.Load(src)
-		}
+	} else if t, err = topology.Example(src); err != nil {
+		t, err = topology.Load(src)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("mesh: %s topology: %w", BalancerName, err)
@@ -149,7 +146,7 @@ func (pickerBuilder) Build(info base.PickerBuildInfo) balancer.Picker {
 	var cs []choice
 	for sc, sci := range info.ReadySCs {
 		c := choice{sc: sc, cost: time.Duration(1 << 40)}
-		if cfg, ok := sci.Address.BalancerAttributes.Value(configKey{}).(*balancerConfig); ok {
+		if cfg, ok := sci.Address.Attributes.Value(configKey{}).(*balancerConfig); ok {
 			to := nodeOf(sci.Address)
 			if to == cfg.Node {
 				c.cost = 0
