@@ -68,7 +68,9 @@ func (nodeView) ID(n *core.Node) string {
 // on the nodes of t.
 func NewControlPlane(t *topology.Topology, reg Registry) *ControlPlane {
 	cp := &ControlPlane{topo: t, reg: reg, nodes: map[string]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
-	cp.cache = cachev3.NewSnapshotCache(true, nodeView{}, nil)
+	// Every snapshot is complete and consistent, so requests are answered
+	// as they come, on ADS and on the separate services alike.
+	cp.cache = cachev3.NewSnapshotCache(false, nodeView{}, nil)
 	return cp
 }
 
