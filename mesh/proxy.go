@@ -1,0 +1,351 @@
+package mesh
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ubkit-io/ubkit/transport"
+)
+
+// ProxyService is the transport service node proxies accept hops on.
+const ProxyService = "ubkit-proxy"
+
+// ProxyConfig configures one node's proxy.
+type ProxyConfig struct {
+	// Endpoint is this node's transport endpoint. Required.
+	Endpoint *transport.Endpoint
+	// SuperNode names the super node (the certificates' trust domain).
+	SuperNode string
+	// Cert is this node's certificate from the mesh CA; Roots verifies
+	// the other proxies'. Required: every hop is mutual TLS.
+	Cert  tls.Certificate
+	Roots *x509.CertPool
+	// Registry gives the services and their endpoints.
+	Registry Registry
+	// Allow lists, per service, the nodes whose proxies may reach it; a
+	// service not listed may be reached from any node of the super node.
+	Allow map[string][]string
+}
+
+// NodeProxy is the one proxy of a node (ambient style: per node, not per
+// pod). Applications talk plain TCP to it, on a local listener per service;
+// it hands a connection to a backend on its own node directly, and to one
+// on another node through that node's proxy, over the bus with mutual TLS.
+type NodeProxy struct {
+	cfg  ProxyConfig
+	hops net.Listener
+
+	mu     sync.Mutex
+	ls     []net.Listener
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewNodeProxy starts accepting hops from other nodes' proxies.
+func NewNodeProxy(ctx context.Context, cfg ProxyConfig) (*NodeProxy, error) {
+	if cfg.Endpoint == nil || cfg.Registry == nil || cfg.Roots == nil || len(cfg.Cert.Certificate) == 0 {
+		return nil, errors.New("mesh: a node proxy needs an Endpoint, a Registry, a certificate and the CA's roots")
+	}
+	l, err := cfg.Endpoint.Listen(ctx, "ub:///"+ProxyService)
+	if err != nil {
+		return nil, err
+	}
+	p := &NodeProxy{cfg: cfg, hops: l, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.acceptHops()
+	return p, nil
+}
+
+// ListenService opens a local listener (addr, e.g. "127.0.0.1:0") that
+// carries connections to service.
+func (p *NodeProxy) ListenService(service, addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.ls = append(p.ls, l)
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.serve(c, func() { p.outbound(c, service) })
+		}
+	}()
+	return l, nil
+}
+
+// Close stops the proxy and its connections.
+func (p *NodeProxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	for _, l := range p.ls {
+		l.Close()
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	err := p.hops.Close()
+	p.wg.Wait()
+	return err
+}
+
+// serve runs f for connection c, tracked so Close can end it.
+func (p *NodeProxy) serve(c net.Conn, f func()) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		c.Close()
+		return
+	}
+	p.conns[c] = struct{}{}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		defer func() {
+			p.mu.Lock()
+			delete(p.conns, c)
+			p.mu.Unlock()
+			c.Close()
+		}()
+		f()
+	}()
+}
+
+// pick chooses service's endpoint: one on this node if there is one, else
+// one on the node the topology reaches most cheaply.
+func (p *NodeProxy) pick(service string) (Endpoint, error) {
+	services, err := p.cfg.Registry.Services(context.Background())
+	if err != nil {
+		return Endpoint{}, err
+	}
+	self, topo := p.cfg.Endpoint.Node(), p.cfg.Endpoint.Topology()
+	var best Endpoint
+	bestCost := time.Duration(-1)
+	for _, s := range services {
+		if s.Name != service {
+			continue
+		}
+		for _, e := range s.Endpoints {
+			cost := time.Duration(0)
+			if e.Node != self {
+				c, err := topo.PathCost(self, e.Node, 1024)
+				if err != nil {
+					continue // not in the super node: not reachable through a proxy
+				}
+				cost = c.Transfer
+			}
+			if bestCost < 0 || cost < bestCost {
+				best, bestCost = e, cost
+			}
+		}
+	}
+	if bestCost < 0 {
+		return Endpoint{}, fmt.Errorf("mesh: no endpoint of %s in super node %s", service, p.cfg.SuperNode)
+	}
+	return best, nil
+}
+
+func (p *NodeProxy) outbound(app net.Conn, service string) {
+	e, err := p.pick(service)
+	if err != nil {
+		return
+	}
+	if e.Node == p.cfg.Endpoint.Node() {
+		be, err := net.DialTimeout("tcp", e.Address, 5*time.Second)
+		if err != nil {
+			return
+		}
+		defer be.Close()
+		splice(app, be)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	hop, err := p.dialHop(ctx, e.Node)
+	cancel()
+	if err != nil {
+		return
+	}
+	defer hop.Close()
+	hop.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(hop, "%s %s\n", service, e.Address); err != nil {
+		return
+	}
+	line, err := readLine(hop)
+	if err != nil || line != "ok" {
+		return
+	}
+	hop.SetDeadline(time.Time{})
+	splice(app, hop)
+}
+
+// dialHop opens a mutual-TLS hop to node's proxy, checking that the
+// certificate it presents is that node's.
+func (p *NodeProxy) dialHop(ctx context.Context, node string) (*tls.Conn, error) {
+	c, err := p.cfg.Endpoint.Dial(ctx, "ub://"+node+"/"+ProxyService)
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Client(c, &tls.Config{
+		Certificates: []tls.Certificate{p.cfg.Cert},
+		RootCAs:      p.cfg.Roots,
+		ServerName:   node,
+		MinVersion:   tls.VersionTLS13,
+		// Identities are SPIFFE URIs, not host names.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if err := verifyChain(cs, p.cfg.Roots, x509.ExtKeyUsageServerAuth); err != nil {
+				return err
+			}
+			got, err := peerNode(cs, p.cfg.SuperNode)
+			if err == nil && got != node {
+				err = fmt.Errorf("mesh: dialed node %s's proxy, its certificate names %s", node, got)
+			}
+			return err
+		},
+	})
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return tc, nil
+}
+
+func verifyChain(cs tls.ConnectionState, roots *x509.CertPool, usage x509.ExtKeyUsage) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("mesh: the peer presented no certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}})
+	return err
+}
+
+func (p *NodeProxy) acceptHops() {
+	defer p.wg.Done()
+	cfg := &tls.Config{
+		Certificates: []tls.Certificate{p.cfg.Cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    p.cfg.Roots,
+		MinVersion:   tls.VersionTLS13,
+	}
+	for {
+		c, err := p.hops.Accept()
+		if err != nil {
+			return
+		}
+		p.serve(c, func() { p.inbound(tls.Server(c, cfg)) })
+	}
+}
+
+// inbound serves a hop: a verified peer node, an allowed service, and an
+// endpoint of that service on this node.
+func (p *NodeProxy) inbound(tc *tls.Conn) {
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		return // no valid credentials: refused
+	}
+	from, err := peerNode(tc.ConnectionState(), p.cfg.SuperNode)
+	if err != nil {
+		fmt.Fprintf(tc, "denied: %v\n", err)
+		return
+	}
+	line, err := readLine(tc)
+	if err != nil {
+		return
+	}
+	service, addr, ok := strings.Cut(line, " ")
+	if !ok {
+		fmt.Fprintf(tc, "denied: malformed request\n")
+		return
+	}
+	if allowed, listed := p.cfg.Allow[service]; listed && !slices.Contains(allowed, from) {
+		fmt.Fprintf(tc, "denied: node %s may not reach %s\n", from, service)
+		return
+	}
+	if !p.local(service, addr) {
+		fmt.Fprintf(tc, "denied: %s is no endpoint of %s on node %s\n", addr, service, p.cfg.Endpoint.Node())
+		return
+	}
+	be, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		fmt.Fprintf(tc, "unavailable: %v\n", err)
+		return
+	}
+	defer be.Close()
+	if _, err := io.WriteString(tc, "ok\n"); err != nil {
+		return
+	}
+	tc.SetDeadline(time.Time{})
+	splice(tc, be)
+}
+
+// local says whether addr is an endpoint of service on this node: a proxy
+// only hands hops to its own node's backends.
+func (p *NodeProxy) local(service, addr string) bool {
+	services, err := p.cfg.Registry.Services(context.Background())
+	if err != nil {
+		return false
+	}
+	for _, s := range services {
+		if s.Name == service {
+			for _, e := range s.Endpoints {
+				if e.Address == addr && e.Node == p.cfg.Endpoint.Node() {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func readLine(c net.Conn) (string, error) {
+	var b []byte
+	var one [1]byte
+	for len(b) < 1024 {
+		if _, err := c.Read(one[:]); err != nil {
+			return "", err
+		}
+		if one[0] == '\n' {
+			return string(b), nil
+		}
+		b = append(b, one[0])
+	}
+	return "", errors.New("mesh: line too long")
+}
+
+// splice copies both ways until either side ends, passing half-closes on.
+func splice(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	cp := func(dst, src net.Conn) {
+		io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go cp(a, b)
+	go cp(b, a)
+	<-done
+	<-done
+}
+
