@@ -132,3 +132,57 @@ func TestNodeProxyRefusals(t *testing.T) {
 	}
 	t.Logf("rogue refused: %v", err)
 }
+
+// TestNodeProxyFromXDS: the proxies learn the service and its endpoints
+// from the control plane over ADS, not from a registry of their own.
+func TestNodeProxyFromXDS(t *testing.T) {
+	topo, _ := topology.Example("dev4")
+	dir := t.TempDir()
+	ca, _ := NewCA("dev4", time.Hour)
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "n2 says hi") })}
+	bl, _ := net.Listen("tcp", "127.0.0.1:0")
+	go backend.Serve(bl)
+	defer backend.Close()
+	reg, _ := NewStaticRegistry([]Service{{Name: "hello", Endpoints: []Endpoint{{Node: "n2", Address: bl.Addr().String()}}}})
+	cp := NewControlPlane(topo, reg)
+	cl, _ := net.Listen("tcp", "127.0.0.1:0")
+	go cp.Serve(cl)
+	defer cp.Close()
+	var local string
+	for _, n := range []string{"n0", "n2"} {
+		ep, err := transport.NewEndpoint(transport.Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ep.Close()
+		xr := NewXDSRegistry("dev4", n, cl.Addr().String())
+		defer xr.Close()
+		select {
+		case <-xr.Ready():
+		case <-time.After(10 * time.Second):
+			t.Fatal("no endpoints from the control plane")
+		}
+		cert, _ := ca.Issue(n, time.Hour)
+		p, err := NewNodeProxy(context.Background(), ProxyConfig{Endpoint: ep, SuperNode: "dev4", Cert: cert, Roots: ca.Roots(), Registry: xr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if n == "n0" {
+			l, err := p.ListenService("hello", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			local = l.Addr().String()
+		}
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + local + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "n2 says hi" {
+		t.Fatalf("got %q", b)
+	}
+}
