@@ -16,6 +16,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/internal/bench/cachesuite"
+	"github.com/ubkit-io/ubkit/internal/bench/meshsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/ubsuite"
@@ -24,6 +25,7 @@ import (
 var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 	"ub":        func(o *benchOpts) ([]bench.Case, error) { return ubsuite.Cases(), nil },
 	"transport": func(o *benchOpts) ([]bench.Case, error) { return transportsuite.Cases(), nil },
+	"mesh":      func(o *benchOpts) ([]bench.Case, error) { return meshsuite.Cases(), nil },
 	"cache": func(o *benchOpts) ([]bench.Case, error) {
 		// Real redis-server and memcached, started as the cases need them.
 		e := cachesuite.NewEnv()
@@ -114,7 +116,7 @@ func benchCmd(args []string, out io.Writer) error {
 		}
 		slices.Sort(names)
 	} else if _, ok := suites[suite]; !ok || suite == "" {
-		return fmt.Errorf("unknown suite %q (have: cache, shm, ub, transport, all)", suite)
+		return fmt.Errorf("unknown suite %q (have: cache, mesh, shm, ub, transport, all)", suite)
 	}
 	opts := bench.Options{Rounds: 5, Duration: time.Second, Warmup: 200 * time.Millisecond}
 	if o.quick {

@@ -31,6 +31,23 @@ type Mesh struct {
 // Start runs topology example topo's nodes with a proxy each and service
 // served by handler on backendNode.
 func Start(topo string, nodes []string, service, backendNode string, handler http.Handler) (*Mesh, error) {
+	bl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: handler}
+	go srv.Serve(bl)
+	m, err := StartAt(topo, nodes, service, backendNode, bl.Addr().String())
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	m.closers = append([]func(){func() { srv.Close() }}, m.closers...)
+	return m, nil
+}
+
+// StartAt is Start for a backend already listening at backend.
+func StartAt(topo string, nodes []string, service, backendNode, backend string) (*Mesh, error) {
 	t, err := topology.Example(topo)
 	if err != nil {
 		return nil, err
@@ -39,19 +56,11 @@ func Start(topo string, nodes []string, service, backendNode string, handler htt
 	if err != nil {
 		return nil, err
 	}
-	m := &Mesh{Local: map[string]string{}, dir: dir}
+	m := &Mesh{Local: map[string]string{}, dir: dir, Backend: backend}
 	fail := func(err error) (*Mesh, error) {
 		m.Close()
 		return nil, err
 	}
-	bl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fail(err)
-	}
-	srv := &http.Server{Handler: handler}
-	go srv.Serve(bl)
-	m.closers = append(m.closers, func() { srv.Close() })
-	m.Backend = bl.Addr().String()
 	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Endpoints: []mesh.Endpoint{{Node: backendNode, Address: m.Backend}}}})
 	if err != nil {
 		return fail(err)
