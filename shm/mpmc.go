@@ -334,3 +334,17 @@ func (r *MPMC) Close() error {
 	}
 	return nil
 }
+
+// WaitNotEmpty waits, with the ring's wait strategy (a producer's push
+// wakes it), until a record may be popped, ctx ends or a participant is
+// found dead. It pops nothing: several rings can be watched in turn.
+func (r *MPMC) WaitNotEmpty(ctx context.Context) error {
+	ready := func() (bool, error) {
+		pos := r.deq.Load()
+		return r.seq(pos).Load() == pos+1, nil
+	}
+	if ok, _ := ready(); ok {
+		return nil
+	}
+	return r.wait.wait(ctx, waiter{ready: ready, seq: r.notEmptySeq, waiters: r.popWaiters, peer: r.peerCheck})
+}

@@ -124,9 +124,11 @@ func (q *cq) ready() (bool, error) {
 	return false, nil
 }
 
-// Wait blocks until Poll has something. Local completions wake it at once;
-// completions pushed by other processes are polled for, spinning for 20 µs
-// and then backing off from 10 µs to 1 ms between looks.
+// Wait blocks until Poll has something. Local completions wake it at once.
+// Completions other contexts push (other processes, or other nodes of a
+// simulation) are polled for 20 µs; then, when they can come from one ring
+// only, the wait sleeps on that ring's futex, which a push wakes; with
+// several rings it backs off from 10 µs to 1 ms between looks.
 func (q *cq) Wait(ctx context.Context) error {
 	start := time.Now()
 	backoff := 10 * time.Microsecond
@@ -136,6 +138,12 @@ func (q *cq) Wait(ctx context.Context) error {
 			return err
 		}
 		if time.Since(start) < 20*time.Microsecond {
+			continue
+		}
+		if q.waitRing(ctx) {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			continue
 		}
 		t := time.NewTimer(backoff)
@@ -149,6 +157,31 @@ func (q *cq) Wait(ctx context.Context) error {
 			backoff = min(2*backoff, time.Millisecond)
 		}
 	}
+}
+
+// waitRing sleeps on the futex of the CQ's one ring for up to a
+// millisecond (a push wakes it); it reports false if the CQ has several
+// rings. The context's lock is held meanwhile, so the ring is not unmapped
+// under the wait.
+func (q *cq) waitRing(ctx context.Context) bool {
+	q.c.ops.RLock()
+	defer q.c.ops.RUnlock()
+	if q.local.Closed() {
+		return false
+	}
+	q.mu.Lock()
+	var only *shm.MPMC
+	if len(q.rings) == 1 {
+		only = q.rings[0]
+	}
+	q.mu.Unlock()
+	if only == nil {
+		return false
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+	only.WaitNotEmpty(wctx)
+	cancel()
+	return true
 }
 
 func (q *cq) Close() error {
