@@ -51,6 +51,9 @@ func demoCmd(args []string, w io.Writer) error {
 	if err := demoGRPCSuperNode(w); err != nil {
 		return err
 	}
+	if err := demoMesh(w); err != nil {
+		return err
+	}
 	fmt.Fprintln(os.Stderr, "\nfull comparisons: go run ./cmd/ubctl bench shm (shmipc-go included), bench ub, bench transport")
 	return nil
 }
