@@ -18,6 +18,7 @@ import (
 	route "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	router "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcm "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpproxy "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
@@ -189,14 +190,25 @@ func (cp *ControlPlane) Snapshot(node string, services []Service) (*cachev3.Snap
 		if err != nil {
 			return nil, err
 		}
-		for _, r := range []struct {
+		rs := []struct {
 			t resource.Type
 			m proto.Message
 		}{
 			{resource.ListenerType, l},
 			{resource.ClusterType, edsCluster(s.Name)},
 			{resource.EndpointType, cp.assignment(node, s)},
-		} {
+		}
+		if s.ProxyPort > 0 {
+			pl, err := proxyListener(s.Name, s.ProxyPort)
+			if err != nil {
+				return nil, err
+			}
+			rs = append(rs, struct {
+				t resource.Type
+				m proto.Message
+			}{resource.ListenerType, pl})
+		}
+		for _, r := range rs {
 			if err := add(r.t, r.m); err != nil {
 				return nil, err
 			}
@@ -224,12 +236,34 @@ func apiListener(name string) (*listener.Listener, error) {
 		// consistency check follows RDS references only from filter
 		// chains, not from the API listeners proxyless gRPC uses.
 		RouteSpecifier: &hcm.HttpConnectionManager_RouteConfig{RouteConfig: routeConfig(name)},
-		HttpFilters: []*hcm.HttpFilter{{Name: "router", ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: rtr}}},
+		HttpFilters:    []*hcm.HttpFilter{{Name: "router", ConfigType: &hcm.HttpFilter_TypedConfig{TypedConfig: rtr}}},
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &listener.Listener{Name: name, ApiListener: &listener.ApiListener{ApiListener: m}}, nil
+}
+
+// ProxyListenerPrefix names the listeners node proxies open for their
+// node's applications: "proxy:<service>".
+const ProxyListenerPrefix = "proxy:"
+
+// proxyListener is a node proxy's loopback listener for a service: TCP
+// proxied to the service's cluster.
+func proxyListener(name string, port int) (*listener.Listener, error) {
+	tp, err := anypb.New(&tcpproxy.TcpProxy{StatPrefix: name, ClusterSpecifier: &tcpproxy.TcpProxy_Cluster{Cluster: name}})
+	if err != nil {
+		return nil, err
+	}
+	return &listener.Listener{
+		Name: ProxyListenerPrefix + name,
+		Address: &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
+			Address: "127.0.0.1", PortSpecifier: &core.SocketAddress_PortValue{PortValue: uint32(port)},
+		}}},
+		FilterChains: []*listener.FilterChain{{Filters: []*listener.Filter{{
+			Name: "envoy.filters.network.tcp_proxy", ConfigType: &listener.Filter_TypedConfig{TypedConfig: tp},
+		}}}},
+	}, nil
 }
 
 func ads() *core.ConfigSource {

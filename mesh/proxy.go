@@ -46,8 +46,10 @@ type NodeProxy struct {
 
 	mu     sync.Mutex
 	ls     []net.Listener
+	open   map[string]net.Listener // from the control plane, by service
 	conns  map[net.Conn]struct{}
 	closed bool
+	stop   chan struct{}
 	wg     sync.WaitGroup
 }
 
@@ -60,10 +62,75 @@ func NewNodeProxy(ctx context.Context, cfg ProxyConfig) (*NodeProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &NodeProxy{cfg: cfg, hops: l, conns: map[net.Conn]struct{}{}}
+	p := &NodeProxy{cfg: cfg, hops: l, conns: map[net.Conn]struct{}{}, open: map[string]net.Listener{}, stop: make(chan struct{})}
 	p.wg.Add(1)
 	go p.acceptHops()
+	if src, ok := cfg.Registry.(listenerSource); ok {
+		p.sync(src)
+		p.wg.Add(1)
+		go p.follow(src)
+	}
 	return p, nil
+}
+
+// listenerSource is a registry that also says where a node proxy listens
+// for each service (XDSRegistry: LDS).
+type listenerSource interface {
+	ProxyListeners() map[string]string
+}
+
+// follow opens and closes service listeners as the control plane says.
+func (p *NodeProxy) follow(src listenerSource) {
+	defer p.wg.Done()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.cfg.Registry.Changed():
+			p.sync(src)
+		}
+	}
+}
+
+func (p *NodeProxy) sync(src listenerSource) {
+	want := src.ProxyListeners()
+	p.mu.Lock()
+	var stale []net.Listener
+	for svc, l := range p.open {
+		if want[svc] != l.Addr().String() {
+			stale = append(stale, l)
+			delete(p.open, svc)
+		}
+	}
+	var add []string
+	for svc := range want {
+		if p.open[svc] == nil {
+			add = append(add, svc)
+		}
+	}
+	p.mu.Unlock()
+	for _, l := range stale {
+		l.Close()
+	}
+	for _, svc := range add {
+		if l, err := p.ListenService(svc, want[svc]); err == nil {
+			p.mu.Lock()
+			p.open[svc] = l
+			p.mu.Unlock()
+		}
+	}
+}
+
+// Listening returns the listeners the control plane had this proxy open,
+// by service.
+func (p *NodeProxy) Listening() map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]string{}
+	for svc, l := range p.open {
+		out[svc] = l.Addr().String()
+	}
+	return out
 }
 
 // ListenService opens a local listener (addr, e.g. "127.0.0.1:0") that
@@ -93,6 +160,9 @@ func (p *NodeProxy) ListenService(service, addr string) (net.Listener, error) {
 // Close stops the proxy and its connections.
 func (p *NodeProxy) Close() error {
 	p.mu.Lock()
+	if !p.closed {
+		close(p.stop)
+	}
 	p.closed = true
 	for _, l := range p.ls {
 		l.Close()
@@ -348,4 +418,3 @@ func splice(a, b net.Conn) {
 	<-done
 	<-done
 }
-

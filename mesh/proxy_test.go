@@ -133,8 +133,9 @@ func TestNodeProxyRefusals(t *testing.T) {
 	t.Logf("rogue refused: %v", err)
 }
 
-// TestNodeProxyFromXDS: the proxies learn the service and its endpoints
-// from the control plane over ADS, not from a registry of their own.
+// TestNodeProxyFromXDS: the proxies learn everything from the control plane
+// over ADS: the listener to open for the service (LDS), the service's
+// cluster and endpoints (CDS, EDS).
 func TestNodeProxyFromXDS(t *testing.T) {
 	topo, _ := topology.Example("dev4")
 	dir := t.TempDir()
@@ -143,12 +144,15 @@ func TestNodeProxyFromXDS(t *testing.T) {
 	bl, _ := net.Listen("tcp", "127.0.0.1:0")
 	go backend.Serve(bl)
 	defer backend.Close()
-	reg, _ := NewStaticRegistry([]Service{{Name: "hello", Endpoints: []Endpoint{{Node: "n2", Address: bl.Addr().String()}}}})
+	free, _ := net.Listen("tcp", "127.0.0.1:0")
+	port := free.Addr().(*net.TCPAddr).Port
+	free.Close()
+	reg, _ := NewStaticRegistry([]Service{{Name: "hello", ProxyPort: port, Endpoints: []Endpoint{{Node: "n2", Address: bl.Addr().String()}}}})
 	cp := NewControlPlane(topo, reg)
 	cl, _ := net.Listen("tcp", "127.0.0.1:0")
 	go cp.Serve(cl)
 	defer cp.Close()
-	var local string
+	proxies := map[string]*NodeProxy{}
 	for _, n := range []string{"n0", "n2"} {
 		ep, err := transport.NewEndpoint(transport.Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})
 		if err != nil {
@@ -168,15 +172,17 @@ func TestNodeProxyFromXDS(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer p.Close()
-		if n == "n0" {
-			l, err := p.ListenService("hello", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			local = l.Addr().String()
-		}
+		proxies[n] = p
 	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + local + "/")
+	// n0's proxy opens the listener LDS names, on its own.
+	want := fmt.Sprintf("127.0.0.1:%d", port)
+	for end := time.Now().Add(10 * time.Second); proxies["n0"].Listening()["hello"] != want; {
+		if time.Now().After(end) {
+			t.Fatalf("n0's proxy listens on %v, want hello on %s", proxies["n0"].Listening(), want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + want + "/")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,10 @@ import (
 type Service struct {
 	Name      string     `yaml:"name" json:"name"`
 	Endpoints []Endpoint `yaml:"endpoints" json:"endpoints"`
+	// ProxyPort, if set, is the loopback port every node proxy listens on
+	// for this service, for the applications of its node (published over
+	// LDS as "proxy:<name>").
+	ProxyPort int `yaml:"proxy_port,omitempty" json:"proxy_port,omitempty"`
 }
 
 // Endpoint is one instance of a service.
@@ -91,6 +95,9 @@ func (r *StaticRegistry) Set(services []Service) error {
 			return fmt.Errorf("mesh: service %d: a name that is empty or repeated (%q)", i, s.Name)
 		}
 		seen[s.Name] = true
+		if s.ProxyPort < 0 || s.ProxyPort > 65535 {
+			return fmt.Errorf("mesh: service %s: proxy port %d", s.Name, s.ProxyPort)
+		}
 		for j, e := range s.Endpoints {
 			host, port, err := net.SplitHostPort(e.Address)
 			if err != nil || host == "" {

@@ -2,15 +2,18 @@ package mesh
 
 import (
 	"context"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	cluster "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpoint "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
@@ -24,13 +27,14 @@ import (
 type XDSRegistry struct {
 	superNode, node, server string
 
-	mu       sync.Mutex
-	services []Service
-	ready    chan struct{}
-	once     sync.Once
-	changed  chan struct{}
-	cancel   context.CancelFunc
-	done     chan struct{}
+	mu        sync.Mutex
+	services  []Service
+	listeners map[string]string // service -> loopback address, from LDS
+	ready     chan struct{}
+	once      sync.Once
+	changed   chan struct{}
+	cancel    context.CancelFunc
+	done      chan struct{}
 }
 
 // NewXDSRegistry starts following the control plane at server for node of
@@ -86,6 +90,9 @@ func (r *XDSRegistry) stream(ctx context.Context) {
 	if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}) != nil {
 		return
 	}
+	if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}) != nil {
+		return
+	}
 	var names []string
 	assignments := map[string]*endpoint.ClusterLoadAssignment{}
 	edsVersion, edsNonce := "", ""
@@ -95,6 +102,27 @@ func (r *XDSRegistry) stream(ctx context.Context) {
 			return
 		}
 		switch resp.TypeUrl {
+		case resource.ListenerType:
+			ls := map[string]string{}
+			for _, a := range resp.Resources {
+				var l listener.Listener
+				if a.UnmarshalTo(&l) != nil {
+					continue
+				}
+				svc, ok := strings.CutPrefix(l.Name, ProxyListenerPrefix)
+				sa := l.GetAddress().GetSocketAddress()
+				if !ok || sa == nil {
+					continue
+				}
+				ls[svc] = net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+			}
+			if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) != nil {
+				return
+			}
+			r.mu.Lock()
+			r.listeners = ls
+			r.mu.Unlock()
+			r.signal()
 		case resource.ClusterType:
 			var got []string
 			for _, a := range resp.Resources {
@@ -156,8 +184,20 @@ func (r *XDSRegistry) publish(assignments map[string]*endpoint.ClusterLoadAssign
 	r.services = services
 	r.mu.Unlock()
 	r.once.Do(func() { close(r.ready) })
+	r.signal()
+}
+
+func (r *XDSRegistry) signal() {
 	select {
 	case r.changed <- struct{}{}:
 	default:
 	}
+}
+
+// ProxyListeners returns, per service, the loopback address the control
+// plane tells node proxies to listen on for it.
+func (r *XDSRegistry) ProxyListeners() map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.listeners)
 }
