@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -96,15 +97,7 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			c.peers[n] = &peer{c: c, node: n, idle: make(chan net.Conn, cfg.ConnsPerNode), slots: make(chan struct{}, cfg.ConnsPerNode)}
 		}
 	}
-	slices.SortFunc(c.ring, func(a, b vnode) int {
-		switch {
-		case a.h < b.h:
-			return -1
-		case a.h > b.h:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(c.ring, func(a, b vnode) int { return cmp.Compare(a.h, b.h) })
 	l, err := cfg.Endpoint.Listen(ctx, "ub:///"+cfg.Service)
 	if err != nil {
 		return nil, err
@@ -118,15 +111,7 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 // Owner returns the node that holds key.
 func (c *Cluster) Owner(key []byte) string {
 	h := xxhash.Sum64(key)
-	i, _ := slices.BinarySearchFunc(c.ring, h, func(v vnode, h uint64) int {
-		switch {
-		case v.h < h:
-			return -1
-		case v.h > h:
-			return 1
-		}
-		return 0
-	})
+	i, _ := slices.BinarySearchFunc(c.ring, h, func(v vnode, h uint64) int { return cmp.Compare(v.h, h) })
 	if i == len(c.ring) {
 		i = 0
 	}

@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -164,15 +165,7 @@ func (cp *ControlPlane) update(node string) error {
 // so it changes only when the content does.
 func (cp *ControlPlane) Snapshot(node string, services []Service) (*cachev3.Snapshot, error) {
 	services = slices.Clone(services)
-	slices.SortFunc(services, func(a, b Service) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(services, func(a, b Service) int { return cmp.Compare(a.Name, b.Name) })
 	res := map[resource.Type][]types.Resource{}
 	h := sha256.New()
 	add := func(t resource.Type, m proto.Message) error {
@@ -317,17 +310,7 @@ func (cp *ControlPlane) assignment(from string, s Service) *endpoint.ClusterLoad
 	for n := range byNode {
 		locs = append(locs, loc{n, cp.cost(from, n)})
 	}
-	slices.SortFunc(locs, func(a, b loc) int {
-		switch {
-		case a.cost != b.cost:
-			return int(a.cost - b.cost)
-		case a.node < b.node:
-			return -1
-		case a.node > b.node:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(locs, func(a, b loc) int { return cmp.Or(cmp.Compare(a.cost, b.cost), cmp.Compare(a.node, b.node)) })
 	cla := &endpoint.ClusterLoadAssignment{ClusterName: s.Name}
 	prio, last := uint32(0), time.Duration(-1)
 	for i, l := range locs {

@@ -319,12 +319,16 @@ func (c *pktConn) Write(b []byte) (int, error) {
 	}
 }
 
-// writable says why nothing more can be written, if so.
-func (c *pktConn) writable() error {
+// writable says why no more stream bytes can be written, if so.
+func (c *pktConn) writable() error { return c.usable(true) }
+
+// usable says why nothing more can be sent (stream: stream bytes, which
+// CloseWrite ends too), if so.
+func (c *pktConn) usable(stream bool) error {
 	if deadline.IsClosed(c.closing) {
 		return net.ErrClosed
 	}
-	if c.writeClosed {
+	if stream && c.writeClosed {
 		return syscall.EPIPE
 	}
 	if deadline.IsClosed(c.wdl.Wait()) {
@@ -335,10 +339,7 @@ func (c *pktConn) writable() error {
 	if c.peerClosed {
 		return syscall.EPIPE
 	}
-	if c.err != nil {
-		return c.err
-	}
-	return nil
+	return c.err
 }
 
 func (c *pktConn) sendError(err error) error {
@@ -411,20 +412,7 @@ func (c *pktConn) Send(m *Msg) error {
 	return nil
 }
 
-func (c *pktConn) sendable() error {
-	if deadline.IsClosed(c.closing) {
-		return net.ErrClosed
-	}
-	if deadline.IsClosed(c.wdl.Wait()) {
-		return os.ErrDeadlineExceeded
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.peerClosed {
-		return syscall.EPIPE
-	}
-	return c.err
-}
+func (c *pktConn) sendable() error { return c.usable(false) }
 
 func (c *pktConn) Recv(ctx context.Context) (*Msg, error) {
 	c.rmmu.Lock()

@@ -67,14 +67,14 @@ type ubLink struct {
 	received  uint64 // packets taken
 	creditErr error  // credit returns failed: the peer released its side
 	credits   int    // credit returns not yet completed
-	comp     [1]ub.Completion
-	rctx     context.Context
-	rcancel  context.CancelFunc
-	peerGone atomic.Bool
-	byeSeen  atomic.Bool   // the peer said goodbye on the socket...
-	byeAfter atomic.Uint64 // ...after this many packets
-	shut     chan struct{}
-	once     sync.Once
+	comp      [1]ub.Completion
+	rctx      context.Context
+	rcancel   context.CancelFunc
+	peerGone  atomic.Bool
+	byeSeen   atomic.Bool   // the peer said goodbye on the socket...
+	byeAfter  atomic.Uint64 // ...after this many packets
+	shut      chan struct{}
+	once      sync.Once
 }
 
 // ubHello is what each side tells the other on the rendezvous socket.

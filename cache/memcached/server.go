@@ -603,6 +603,26 @@ func metaKey(k []byte, m metaFlags) ([]byte, bool) {
 	return k, validKey(k)
 }
 
+// metaArgs parses a meta command's key and flags ("<cmd> <key> <flag>*"),
+// answering the client itself when they are bad.
+func (cn *conn) metaArgs(f [][]byte) (metaFlags, []byte, bool) {
+	if len(f) < 2 {
+		cn.clientError("bad command line format")
+		return metaFlags{}, nil, false
+	}
+	m, ok := parseMeta(f[2:])
+	if !ok {
+		cn.clientError("invalid flag")
+		return m, nil, false
+	}
+	key, ok := metaKey(f[1], m)
+	if !ok {
+		cn.keyError(m)
+		return m, nil, false
+	}
+	return m, key, true
+}
+
 func (cn *conn) keyError(m metaFlags) {
 	if m.b {
 		cn.clientError("error decoding key")
@@ -627,18 +647,8 @@ func (cn *conn) retFlags(m metaFlags, rawKey []byte) {
 }
 
 func (cn *conn) metaGet(f [][]byte) {
-	if len(f) < 2 {
-		cn.clientError("bad command line format")
-		return
-	}
-	m, ok := parseMeta(f[2:])
+	m, key, ok := cn.metaArgs(f)
 	if !ok {
-		cn.clientError("invalid flag")
-		return
-	}
-	key, ok := metaKey(f[1], m)
-	if !ok {
-		cn.keyError(m)
 		return
 	}
 	p := cn.s.Pool
@@ -789,18 +799,8 @@ func (cn *conn) metaSet(f [][]byte) bool {
 }
 
 func (cn *conn) metaDelete(f [][]byte) {
-	if len(f) < 2 {
-		cn.clientError("bad command line format")
-		return
-	}
-	m, ok := parseMeta(f[2:])
+	m, key, ok := cn.metaArgs(f)
 	if !ok {
-		cn.clientError("invalid flag")
-		return
-	}
-	key, ok := metaKey(f[1], m)
-	if !ok {
-		cn.keyError(m)
 		return
 	}
 	p := cn.s.Pool
@@ -831,18 +831,8 @@ func (cn *conn) metaDelete(f [][]byte) {
 }
 
 func (cn *conn) metaArith(f [][]byte) {
-	if len(f) < 2 {
-		cn.clientError("bad command line format")
-		return
-	}
-	m, ok := parseMeta(f[2:])
+	m, key, ok := cn.metaArgs(f)
 	if !ok {
-		cn.clientError("invalid flag")
-		return
-	}
-	key, ok := metaKey(f[1], m)
-	if !ok {
-		cn.keyError(m)
 		return
 	}
 	delta := uint64(1)

@@ -25,7 +25,9 @@ type value struct {
 	items []value // aggregates (maps: key, value, key, value ...)
 }
 
-func (v value) isNull() bool { return v.kind == '_' || (v.kind == '$' && v.num < 0) || (v.kind == '*' && v.num < 0) }
+func (v value) isNull() bool {
+	return v.kind == '_' || (v.kind == '$' && v.num < 0) || (v.kind == '*' && v.num < 0)
+}
 
 func (v value) err() error {
 	if v.kind == '-' || v.kind == '!' {

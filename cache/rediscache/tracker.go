@@ -231,4 +231,3 @@ func (t *tracker) push(v value) {
 		t.invalidations.Add(1)
 	}
 }
-
