@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ubkit-io/ubkit/ub"
@@ -17,6 +18,12 @@ const spinBelow = 200 * time.Microsecond
 
 // queueDepth bounds the operations a jetty holds back at once.
 const queueDepth = 4096
+
+// inlineBelow is how close to its start an operation may be for PostSend
+// to post it itself (spinning the rest of the way) rather than hand it to
+// the jetty's scheduler: on fast simulated links (a microsecond) the
+// hand-off between goroutines would cost more than the link.
+const inlineBelow = 2 * time.Microsecond
 
 // scheduled is an operation held back until its simulated arrival. A
 // one-sided operation starts early enough for the host's own copy to end
@@ -44,6 +51,7 @@ type jetty struct {
 	mu        sync.Mutex
 	last      time.Time // due time of the previous operation: order is kept
 	lastStart time.Time
+	pending   atomic.Int64 // operations handed to the scheduler, not yet posted
 	bound     *target
 }
 
@@ -133,9 +141,19 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 			s.start = j.lastStart
 		}
 		j.lastStart = s.start
+		// With nothing held back, an operation due to start now is posted
+		// here: order is kept, and no goroutine hand-off is paid.
+		if j.pending.Load() == 0 && time.Until(s.start) <= inlineBelow {
+			for time.Now().Before(s.start) {
+			}
+			j.post(s)
+			continue
+		}
+		j.pending.Add(1)
 		select {
 		case j.q <- s:
 		default:
+			j.pending.Add(-1)
 			return i, fmt.Errorf("simprov: %d operations already held back on this jetty", queueDepth)
 		}
 	}
@@ -220,20 +238,27 @@ func (j *jetty) run() {
 		}
 		for time.Now().Before(s.start) {
 		}
-		if s.status != ub.StatusSuccess {
-			j.send.push(ub.Completion{Status: s.status, Op: s.op, UserCtx: s.ctx})
-			continue
-		}
-		// Every inner send-side completion carries an id the CQ maps back
-		// to the user's context (and, for held ones, their due time).
-		var release time.Time
-		if s.hold {
-			release = s.due
-		}
-		s.wr.UserCtx = j.send.track(s.ctx, release)
-		if _, err := j.inner.PostSend([]ub.WR{s.wr}); err != nil {
-			j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
-		}
+		j.post(s)
+		j.pending.Add(-1)
+	}
+}
+
+// post hands an operation to the inner provider (or completes it with its
+// status when it cannot run).
+func (j *jetty) post(s scheduled) {
+	if s.status != ub.StatusSuccess {
+		j.send.push(ub.Completion{Status: s.status, Op: s.op, UserCtx: s.ctx})
+		return
+	}
+	// Every inner send-side completion carries an id the CQ maps back to
+	// the user's context (and, for held ones, their due time).
+	var release time.Time
+	if s.hold {
+		release = s.due
+	}
+	s.wr.UserCtx = j.send.track(s.ctx, release)
+	if _, err := j.inner.PostSend([]ub.WR{s.wr}); err != nil {
+		j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
 	}
 }
 
