@@ -56,8 +56,9 @@ func init() {
 	balancer.Register(&builder{Builder: base.NewBalancerBuilder(BalancerName, &pickerBuilder{}, base.Config{HealthCheck: true})})
 }
 
-// builder adds config parsing to the base balancer; the config reaches the
-// picker through the addresses' attributes (base passes only addresses).
+// builder adds config parsing to the base balancer (registered for its
+// name), and gives each channel a balancer of its own whose picker builder
+// holds the channel's config and endpoint loads.
 type builder struct{ balancer.Builder }
 
 func (b *builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
@@ -75,29 +76,19 @@ func (b *builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingCo
 }
 
 func (b *builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
-	return &configured{Balancer: b.Builder.Build(cc, opts)}
+	pb := &pickerBuilder{}
+	return &configured{pb: pb, Balancer: base.NewBalancerBuilder(BalancerName, pb, base.Config{HealthCheck: true}).Build(cc, opts)}
 }
 
-// configured hands the parsed config to the picker builder by tagging
-// every address with it.
-type configured struct{ balancer.Balancer }
-
-type configKey struct{}
+// configured hands the parsed config to its picker builder.
+type configured struct {
+	balancer.Balancer
+	pb *pickerBuilder
+}
 
 func (c *configured) UpdateClientConnState(s balancer.ClientConnState) error {
-	cfg, _ := s.BalancerConfig.(*balancerConfig)
-	if cfg != nil {
-		for i, a := range s.ResolverState.Addresses {
-			a.Attributes = a.Attributes.WithValue(configKey{}, cfg)
-			s.ResolverState.Addresses[i] = a
-		}
-		for i, e := range s.ResolverState.Endpoints {
-			for j, a := range e.Addresses {
-				a.Attributes = a.Attributes.WithValue(configKey{}, cfg)
-				e.Addresses[j] = a
-			}
-			s.ResolverState.Endpoints[i] = e
-		}
+	if cfg, _ := s.BalancerConfig.(*balancerConfig); cfg != nil {
+		c.pb.cfg.Store(cfg)
 	}
 	return c.Balancer.UpdateClientConnState(s)
 }
@@ -129,9 +120,10 @@ type endpointLoad struct {
 	serviceNs   atomic.Int64 // exponentially weighted service time
 }
 
-var loads sync.Map // balancer.SubConn -> *endpointLoad
-
-type pickerBuilder struct{}
+type pickerBuilder struct {
+	cfg   atomic.Pointer[balancerConfig]
+	loads map[balancer.SubConn]*endpointLoad // picker builds are serialized by base
+}
 
 type choice struct {
 	sc   balancer.SubConn
@@ -139,14 +131,22 @@ type choice struct {
 	load *endpointLoad
 }
 
-func (pickerBuilder) Build(info base.PickerBuildInfo) balancer.Picker {
+func (pb *pickerBuilder) Build(info base.PickerBuildInfo) balancer.Picker {
+	if pb.loads == nil {
+		pb.loads = map[balancer.SubConn]*endpointLoad{}
+	}
+	for sc := range pb.loads {
+		if _, ok := info.ReadySCs[sc]; !ok {
+			delete(pb.loads, sc)
+		}
+	}
 	if len(info.ReadySCs) == 0 {
 		return base.NewErrPicker(balancer.ErrNoSubConnAvailable)
 	}
 	var cs []choice
 	for sc, sci := range info.ReadySCs {
 		c := choice{sc: sc, cost: time.Duration(1 << 40)}
-		if cfg, ok := sci.Address.Attributes.Value(configKey{}).(*balancerConfig); ok {
+		if cfg := pb.cfg.Load(); cfg != nil {
 			to := nodeOf(sci.Address)
 			if to == cfg.Node {
 				c.cost = 0
@@ -156,8 +156,10 @@ func (pickerBuilder) Build(info base.PickerBuildInfo) balancer.Picker {
 				}
 			}
 		}
-		l, _ := loads.LoadOrStore(sc, &endpointLoad{})
-		c.load = l.(*endpointLoad)
+		if pb.loads[sc] == nil {
+			pb.loads[sc] = &endpointLoad{}
+		}
+		c.load = pb.loads[sc]
 		cs = append(cs, c)
 	}
 	return &picker{choices: cs}
@@ -189,8 +191,11 @@ func (p *picker) Pick(balancer.PickInfo) (balancer.PickResult, error) {
 	c := p.choices[best]
 	c.load.outstanding.Add(1)
 	start := time.Now()
-	return balancer.PickResult{SubConn: c.sc, Done: func(balancer.DoneInfo) {
+	return balancer.PickResult{SubConn: c.sc, Done: func(di balancer.DoneInfo) {
 		c.load.outstanding.Add(-1)
+		if di.Err != nil {
+			return // a fast failure must not make an endpoint look cheap
+		}
 		took := int64(time.Since(start))
 		old := c.load.serviceNs.Load()
 		if old == 0 {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -46,10 +47,13 @@ type ControlPlane struct {
 	cache cachev3.SnapshotCache
 	srv   *grpc.Server
 
-	mu    sync.Mutex
-	nodes map[string]bool // nodes that asked, by view key
-	stop  chan struct{}
-	done  chan struct{}
+	mu       sync.Mutex
+	nodes    map[string]bool // nodes that asked, by view key
+	closed   bool
+	serving  bool
+	stop     chan struct{}
+	stopOnce sync.Once
+	updating sync.Mutex // one view update at a time, so none lands stale
 }
 
 // nodeView keys snapshots by the node the client runs on: the locality
@@ -69,7 +73,7 @@ func (nodeView) ID(n *core.Node) string {
 // NewControlPlane returns a control plane for the services of reg, placed
 // on the nodes of t.
 func NewControlPlane(t *topology.Topology, reg Registry) *ControlPlane {
-	cp := &ControlPlane{topo: t, reg: reg, nodes: map[string]bool{}, stop: make(chan struct{}), done: make(chan struct{})}
+	cp := &ControlPlane{topo: t, reg: reg, nodes: map[string]bool{}, stop: make(chan struct{})}
 	// Every snapshot is complete and consistent, so requests are answered
 	// as they come, on ADS and on the separate services alike.
 	cp.cache = cachev3.NewSnapshotCache(false, nodeView{}, nil)
@@ -88,6 +92,11 @@ func (cp *ControlPlane) Serve(l net.Listener) error {
 	}
 	xds := serverv3.NewServer(ctx, cp.cache, cb)
 	cp.mu.Lock()
+	if cp.closed || cp.serving {
+		cp.mu.Unlock()
+		return errors.New("mesh: control plane closed or already serving")
+	}
+	cp.serving = true
 	cp.srv = grpc.NewServer()
 	srv := cp.srv
 	cp.mu.Unlock()
@@ -103,13 +112,10 @@ func (cp *ControlPlane) Serve(l net.Listener) error {
 // Close stops serving.
 func (cp *ControlPlane) Close() {
 	cp.mu.Lock()
+	cp.closed = true
 	srv := cp.srv
 	cp.mu.Unlock()
-	select {
-	case <-cp.stop:
-	default:
-		close(cp.stop)
-	}
+	cp.stopOnce.Do(func() { close(cp.stop) })
 	if srv != nil {
 		srv.Stop()
 	}
@@ -147,6 +153,8 @@ func (cp *ControlPlane) ensure(node string) {
 }
 
 func (cp *ControlPlane) update(node string) error {
+	cp.updating.Lock()
+	defer cp.updating.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	services, err := cp.reg.Services(ctx)
@@ -166,7 +174,9 @@ func (cp *ControlPlane) update(node string) error {
 func (cp *ControlPlane) Snapshot(node string, services []Service) (*cachev3.Snapshot, error) {
 	services = slices.Clone(services)
 	slices.SortFunc(services, func(a, b Service) int { return cmp.Compare(a.Name, b.Name) })
-	res := map[resource.Type][]types.Resource{}
+	// Every type is present, even empty, so that a node with no services
+	// still gets answers (and versions) for them.
+	res := map[resource.Type][]types.Resource{resource.ListenerType: {}, resource.ClusterType: {}, resource.EndpointType: {}}
 	h := sha256.New()
 	add := func(t resource.Type, m proto.Message) error {
 		res[t] = append(res[t], m.(types.Resource))

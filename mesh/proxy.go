@@ -141,9 +141,14 @@ func (p *NodeProxy) ListenService(service, addr string) (net.Listener, error) {
 		return nil, err
 	}
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		l.Close()
+		return nil, net.ErrClosed
+	}
 	p.ls = append(p.ls, l)
-	p.mu.Unlock()
 	p.wg.Add(1)
+	p.mu.Unlock()
 	go func() {
 		defer p.wg.Done()
 		for {
@@ -174,6 +179,19 @@ func (p *NodeProxy) Close() error {
 	err := p.hops.Close()
 	p.wg.Wait()
 	return err
+}
+
+// track registers a second leg of a served connection so Close ends it.
+func (p *NodeProxy) track(c net.Conn) (untrack func()) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		c.Close()
+		return func() {}
+	}
+	p.conns[c] = struct{}{}
+	p.mu.Unlock()
+	return func() { p.mu.Lock(); delete(p.conns, c); p.mu.Unlock() }
 }
 
 // serve runs f for connection c, tracked so Close can end it.
@@ -244,6 +262,7 @@ func (p *NodeProxy) outbound(app net.Conn, service string) {
 			return
 		}
 		defer be.Close()
+		defer p.track(be)()
 		splice(app, be)
 		return
 	}
@@ -254,6 +273,7 @@ func (p *NodeProxy) outbound(app net.Conn, service string) {
 		return
 	}
 	defer hop.Close()
+	defer p.track(hop)()
 	hop.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := fmt.Fprintf(hop, "%s %s\n", service, e.Address); err != nil {
 		return
@@ -362,6 +382,7 @@ func (p *NodeProxy) inbound(tc *tls.Conn) {
 		return
 	}
 	defer be.Close()
+	defer p.track(be)()
 	if _, err := io.WriteString(tc, "ok\n"); err != nil {
 		return
 	}

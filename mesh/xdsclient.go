@@ -132,6 +132,9 @@ func (r *XDSRegistry) stream(ctx context.Context) {
 				}
 			}
 			slices.Sort(got)
+			if len(got) == 0 {
+				r.publish(assignments) // nothing to ask endpoints for: the state is known
+			}
 			if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) != nil {
 				return
 			}
@@ -146,6 +149,9 @@ func (r *XDSRegistry) stream(ctx context.Context) {
 					VersionInfo: edsVersion, ResponseNonce: edsNonce}) != nil {
 					return
 				}
+				// A removed cluster may get no endpoints response: publish
+				// what is left now.
+				r.publish(assignments)
 			}
 		case resource.EndpointType:
 			for _, a := range resp.Resources {
