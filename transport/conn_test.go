@@ -26,37 +26,15 @@ import (
 
 var serviceSeq atomic.Int64
 
+// pipe joins two connections over the same-node path with the default
+// endpoint.
 func pipe(t *testing.T) (net.Conn, net.Conn, func()) {
 	t.Helper()
-	addr := fmt.Sprintf("ub:///test-%d-%d", os.Getpid(), serviceSeq.Add(1))
-	l, err := Listen(context.Background(), addr)
+	def, err := Default()
 	if err != nil {
 		t.Fatal(err)
 	}
-	accepted := make(chan net.Conn, 1)
-	errc := make(chan error, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			errc <- err
-			return
-		}
-		accepted <- c
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c1, err := Dial(ctx, addr)
-	if err != nil {
-		l.Close()
-		t.Fatal(err)
-	}
-	var c2 net.Conn
-	select {
-	case c2 = <-accepted:
-	case err := <-errc:
-		t.Fatal(err)
-	}
-	l.Close()
+	c1, c2 := connect(t, def, def, "", "", PathShm)
 	return c1, c2, func() { c1.Close(); c2.Close() }
 }
 

@@ -236,15 +236,7 @@ links:
 		t.Fatal(err)
 	}
 	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
+	go serveEach(l, func(c net.Conn) { io.Copy(c, c) })
 	for _, c := range []struct {
 		query string
 		want  Path
@@ -306,5 +298,20 @@ func TestSweep(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(e.nodeDir(e.Node()), "*"))
 	if len(left) != 2 {
 		t.Errorf("left %v, want the live service's socket and address", left)
+	}
+}
+
+// serveEach runs fn on every connection l accepts, then closes it, until l
+// closes.
+func serveEach(l net.Listener, fn func(net.Conn)) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			fn(c)
+			c.Close()
+		}()
 	}
 }
