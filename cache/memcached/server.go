@@ -631,6 +631,15 @@ func (cn *conn) keyError(m metaFlags) {
 	}
 }
 
+// ttlFlag is the meta "t" return flag: seconds left, -1 for no expiry.
+func ttlFlag(in cache.Info) string {
+	ttl := int64(-1)
+	if !in.Expires.IsZero() {
+		ttl = max(int64(time.Until(in.Expires).Round(time.Second)/time.Second), 0)
+	}
+	return " t" + strconv.FormatInt(ttl, 10)
+}
+
 // retFlags writes the flags every meta answer echoes (O, k, b).
 func (cn *conn) retFlags(m metaFlags, rawKey []byte) {
 	if m.has['O'] {
@@ -687,11 +696,7 @@ func (cn *conn) metaGet(f [][]byte) {
 		case 's':
 			cn.w.WriteString(" s" + strconv.Itoa(len(v)))
 		case 't':
-			ttl := int64(-1)
-			if !in.Expires.IsZero() {
-				ttl = max(int64(time.Until(in.Expires).Round(time.Second)/time.Second), 0)
-			}
-			cn.w.WriteString(" t" + strconv.FormatInt(ttl, 10))
+			cn.w.WriteString(ttlFlag(in))
 		}
 	}
 	cn.retFlags(m, f[1])
@@ -903,11 +908,7 @@ func (cn *conn) metaArith(f [][]byte) {
 				cn.w.WriteString(" c" + strconv.FormatUint(in.Version, 10))
 			}
 			if m.has['t'] {
-				ttl := int64(-1)
-				if !in.Expires.IsZero() {
-					ttl = max(int64(time.Until(in.Expires).Round(time.Second)/time.Second), 0)
-				}
-				cn.w.WriteString(" t" + strconv.FormatInt(ttl, 10))
+				cn.w.WriteString(ttlFlag(in))
 			}
 		}
 	}
