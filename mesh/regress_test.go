@@ -69,30 +69,18 @@ func twoProxies(t *testing.T, backendNode string, bl net.Listener) map[string]*N
 	return ps
 }
 
-// Close must end running splices even when the backend never closes.
-func TestRegressCloseHangsLocalSplice(t *testing.T) {
-	bl := holdBackend(t)
-	ps := twoProxies(t, "n0", bl)
-	l, _ := ps["n0"].ListenService("web", "127.0.0.1:0")
-	c, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.Write([]byte("hello"))
-	time.Sleep(200 * time.Millisecond)
-	done := make(chan struct{})
-	go func() { ps["n0"].Close(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(3 * time.Second):
-		t.Fatal("NodeProxy.Close hangs with a splice to a backend that does not close on EOF")
-	}
-}
+// Close must end running splices even when the backend never closes: a
+// backend on the proxy's own node (a local splice), and one on another
+// node (a hop splice, both proxies closed).
+func TestRegressCloseHangsLocalSplice(t *testing.T) { closeWhileSplicing(t, "n0", []string{"n0"}) }
 
 func TestRegressCloseHangsRemoteSplice(t *testing.T) {
+	closeWhileSplicing(t, "n1", []string{"n0", "n1"})
+}
+
+func closeWhileSplicing(t *testing.T, backendNode string, closeOrder []string) {
 	bl := holdBackend(t)
-	ps := twoProxies(t, "n1", bl)
+	ps := twoProxies(t, backendNode, bl)
 	l, _ := ps["n0"].ListenService("web", "127.0.0.1:0")
 	c, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
@@ -101,13 +89,13 @@ func TestRegressCloseHangsRemoteSplice(t *testing.T) {
 	defer c.Close()
 	c.Write([]byte("hello"))
 	time.Sleep(500 * time.Millisecond)
-	for _, n := range []string{"n0", "n1"} {
+	for _, n := range closeOrder {
 		done := make(chan struct{})
 		go func() { ps[n].Close(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(3 * time.Second):
-			t.Errorf("%s: NodeProxy.Close hangs with a hop splice whose backend does not close", n)
+			t.Errorf("%s: NodeProxy.Close hangs with a splice whose backend does not close", n)
 		}
 	}
 }
