@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/topology"
 
@@ -327,7 +328,7 @@ func (e *Endpoint) startRegistry() {
 			l, err := net.Listen("tcp", e.regAddr)
 			if err == nil {
 				e.mu.Lock()
-				if deadlineClosed(stop) {
+				if deadline.IsClosed(stop) {
 					e.mu.Unlock()
 					l.Close()
 					return
@@ -345,14 +346,6 @@ func (e *Endpoint) startRegistry() {
 	}()
 }
 
-func deadlineClosed(c chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
-}
 
 // listenerGone stops serving the registry with the endpoint's last
 // listener.
