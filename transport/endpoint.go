@@ -346,7 +346,6 @@ func (e *Endpoint) startRegistry() {
 	}()
 }
 
-
 // listenerGone stops serving the registry with the endpoint's last
 // listener.
 func (e *Endpoint) listenerGone() {
