@@ -1075,3 +1075,20 @@ func (p *Pool) sameAs(in Info) SetOptions {
 	}
 	return o
 }
+
+// ExpTime turns memcached's exptime (seconds; beyond 30 days a unix time)
+// into a TTL for Set: 0 never expires, negative means already expired.
+func ExpTime(seconds int64) time.Duration {
+	switch {
+	case seconds == 0:
+		return 0
+	case seconds < 0:
+		return -1
+	case seconds > 30*24*3600:
+		if d := time.Until(time.Unix(seconds, 0)); d > 0 {
+			return d
+		}
+		return -1
+	}
+	return time.Duration(seconds) * time.Second
+}

@@ -73,22 +73,8 @@ func legalKey(key string) bool {
 	return true
 }
 
-// ttl turns an Item's Expiration (seconds, or a unix time beyond 30 days)
-// into a TTL; negative means already expired.
-func ttl(exp int32) time.Duration {
-	switch {
-	case exp == 0:
-		return 0
-	case exp < 0:
-		return -1
-	case exp > 30*24*3600:
-		if d := time.Until(time.Unix(int64(exp), 0)); d > 0 {
-			return d
-		}
-		return -1
-	}
-	return time.Duration(exp) * time.Second
-}
+// ttl turns an Item's Expiration into a TTL; negative means expired.
+func ttl(exp int32) time.Duration { return cache.ExpTime(int64(exp)) }
 
 func item(key string, v []byte, in cache.Info) *memcache.Item {
 	it := &memcache.Item{Key: key, Value: v, Flags: in.Flags, CasID: in.Version}

@@ -242,19 +242,7 @@ func exptime(b []byte) (time.Duration, bool) {
 	if err != nil {
 		return 0, false
 	}
-	switch {
-	case v == 0:
-		return 0, true
-	case v < 0:
-		return -1, true
-	case v > 30*24*3600:
-		d := time.Until(time.Unix(v, 0))
-		if d <= 0 {
-			return -1, true
-		}
-		return d, true
-	}
-	return time.Duration(v) * time.Second, true
+	return cache.ExpTime(v), true
 }
 
 func (cn *conn) retrieve(keys [][]byte, withCAS, touch bool, ttl time.Duration) {
