@@ -39,6 +39,16 @@ func pipe(t *testing.T) (net.Conn, net.Conn, func()) {
 }
 
 func TestMain(m *testing.M) {
+	if path := os.Getenv("TRANSPORT_TEST_DIAL_UNIX"); path != "" {
+		// Connect, then wait for the other side to hang up.
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		io.Copy(io.Discard, c)
+		os.Exit(0)
+	}
 	if os.Getenv("TRANSPORT_TEST_CHILD") != "" {
 		os.Exit(child())
 	}

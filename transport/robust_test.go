@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -256,5 +258,60 @@ func TestRuntimeDirChecks(t *testing.T) {
 	e, _ = NewEndpoint(Config{RuntimeDir: link})
 	if _, err := e.Listen(context.Background(), "ub:///x"); err == nil {
 		t.Error("listened in a registry reached through a symbolic link")
+	}
+}
+
+// TestPeerCredentials: a process of another user is refused on the
+// rendezvous socket unless Config.AllowUIDs names its user. (Run as root,
+// as make test does, to start a process as another user.)
+func TestPeerCredentials(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test starts a process as user 65534 and needs root (make test runs as root in CI)")
+	}
+	// Not t.TempDir: its parent is root's alone, and the other user must
+	// reach the socket and the binary.
+	dir, err := os.MkdirTemp("", "ubkit-peercred-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o777)
+	path := filepath.Join(dir, "peer.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	os.Chmod(path, 0o777)
+	// The test binary's own directory is root's alone: run a copy.
+	bin := filepath.Join(dir, "dialer")
+	self, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "TRANSPORT_TEST_DIAL_UNIX="+path, "UBKIT_RUNTIME_DIR="+dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	l.SetDeadline(time.Now().Add(10 * time.Second))
+	uc, err := l.AcceptUnix()
+	if err != nil {
+		cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	defer uc.Close()
+	if err := checkPeer(uc, nil); err == nil || !strings.Contains(err.Error(), "uid 65534") {
+		t.Errorf("a dialer running as uid 65534 was not refused: %v", err)
+	}
+	if err := checkPeer(uc, []int{65534}); err != nil {
+		t.Errorf("AllowUIDs did not let uid 65534 in: %v", err)
 	}
 }
