@@ -281,3 +281,29 @@ func FuzzServer(f *testing.F) {
 		}
 	})
 }
+
+// TestUnixSocket: the server speaks the protocol on a unix socket too.
+func TestUnixSocket(t *testing.T) {
+	name := fmt.Sprintf("mc-unix-%d", os.Getpid())
+	p, err := cache.Open(name, cache.Options{MaxBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Remove(name)
+	defer p.Close()
+	path := t.TempDir() + "/mc.sock"
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(p)
+	go s.Serve(l)
+	defer s.Close()
+	mc := memcache.New(path)
+	if err := mc.Set(&memcache.Item{Key: "k", Value: []byte("over a unix socket")}); err != nil {
+		t.Fatal(err)
+	}
+	if it, err := mc.Get("k"); err != nil || string(it.Value) != "over a unix socket" {
+		t.Fatalf("get: %v %v", it, err)
+	}
+}
