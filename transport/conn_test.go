@@ -263,3 +263,29 @@ func TestSilentDialerBlocksNobody(t *testing.T) {
 	}
 	c.Close()
 }
+
+func TestReadSpinAdapts(t *testing.T) {
+	c := &shmConn{spinFor: readSpinMax}
+	for i := 0; i < 20; i++ {
+		c.adaptSpin(true, 10*time.Millisecond) // idle: every poll missed
+	}
+	if c.spinFor != 0 {
+		t.Fatalf("after twenty missed polls the reader still polls for %v", c.spinFor)
+	}
+	c.adaptSpin(true, 10*time.Millisecond)
+	if c.spinFor != 0 {
+		t.Fatalf("a long wait without polling restarted polling (%v)", c.spinFor)
+	}
+	c.adaptSpin(true, 100*time.Microsecond) // parked, but the record came soon
+	if c.spinFor != readSpinMax {
+		t.Fatalf("a short parked wait left the poll at %v, want %v", c.spinFor, readSpinMax)
+	}
+	c.adaptSpin(true, 300*time.Microsecond) // the poll missed
+	if c.spinFor != readSpinMax/2 {
+		t.Fatalf("one missed poll left it at %v, want %v", c.spinFor, readSpinMax/2)
+	}
+	c.adaptSpin(false, 30*time.Microsecond) // the poll caught it
+	if c.spinFor != readSpinMax {
+		t.Fatalf("a caught record left the poll at %v", c.spinFor)
+	}
+}

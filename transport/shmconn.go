@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -37,13 +38,30 @@ const (
 	readerNotified = 2 // a byte is on its way
 )
 
-// readSpin is how long a reader polls the ring before it parks in Go's
-// netpoller on its notification pipe. It spins only when this side wrote
-// since it last received: a ping-pong peer's answer is then likely within
-// the spin. Otherwise (a gRPC reader goroutine waiting for the next frame)
-// it parks at once: spinning there held the P on which the goroutines it
-// had just readied wait, and gRPC unary calls got slower.
-const readSpin = 5 * time.Microsecond
+// A reader that finds its ring empty polls it before it parks in Go's
+// netpoller on its notification pipe: waking a thread that sleeps on
+// another CPU costs tens of microseconds on virtual machines, often more
+// than the wait itself. After the first readSpinBusy it yields its
+// processor to other goroutines between polls (a gRPC reader has usually
+// just readied the goroutine that will answer, and must not keep it off
+// the CPU).
+//
+// How long it polls adapts per connection. A record caught by polling sets
+// the poll to readSpinMax; a poll that ends parked halves it, down to
+// nothing; a reader that parked without polling starts polling again when
+// its record came within readSpinQuiet. A request/response connection
+// therefore polls for as long as its round trip takes, up to readSpinMax,
+// and never needs a wake-up; a connection whose records come further apart
+// polls a few times, ever shorter, then parks at once.
+//
+// readSpinMax is 200 µs because 50 µs lost that regime on this machine's
+// slow phases (gRPC unary fell back from about 35 µs to 160-200 µs) while
+// 100-400 µs kept it; see docs/PERFORMANCE.md.
+const (
+	readSpinMax   = 200 * time.Microsecond
+	readSpinBusy  = 2 * time.Microsecond
+	readSpinQuiet = 250 * time.Microsecond
+)
 
 // shmConn is the same-node path of a Conn: two shared-memory rings.
 type shmConn struct {
@@ -60,7 +78,7 @@ type shmConn struct {
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
 	peerGone            bool
-	wrote               atomic.Bool // a Write committed since Read last got a record
+	spinFor             time.Duration // how long Read polls an empty ring (rmu)
 
 	msgs       *messages
 	live       int  // messages loaned or received, not yet sent or released (mmu)
@@ -81,7 +99,8 @@ var _ net.Conn = (*shmConn)(nil)
 func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) *shmConn {
 	return &shmConn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
 		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut,
-		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}
+		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{}),
+		spinFor: readSpinMax}
 }
 
 func (c *shmConn) LocalAddr() net.Addr  { return c.local }
@@ -154,16 +173,22 @@ func (c *shmConn) Read(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	var spinStart time.Time
+	var waitStart time.Time
+	parked := false
 	for len(c.rec) == 0 {
 		rec, err := c.cons.Next()
 		if err == shm.ErrRingEmpty {
-			if spinStart.IsZero() {
-				spinStart = time.Now()
+			now := time.Now()
+			if waitStart.IsZero() {
+				waitStart = now
 			}
-			if c.wrote.Load() && time.Since(spinStart) < readSpin {
+			if waited := now.Sub(waitStart); waited < c.spinFor {
+				if waited >= readSpinBusy {
+					runtime.Gosched()
+				}
 				continue
 			}
+			parked = true
 			rec, err = c.park()
 			if err == nil && rec == nil {
 				continue
@@ -179,7 +204,9 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			c.cons.Release()
 			continue
 		}
-		c.wrote.Store(false)
+		if !waitStart.IsZero() {
+			c.adaptSpin(parked, time.Since(waitStart))
+		}
 		c.rec = rec
 	}
 	n := copy(b, c.rec)
@@ -188,6 +215,23 @@ func (c *shmConn) Read(b []byte) (int, error) {
 		c.cons.Release()
 	}
 	return n, nil
+}
+
+// adaptSpin sets how long the next empty-ring wait polls, from how the
+// last one ended.
+func (c *shmConn) adaptSpin(parked bool, waited time.Duration) {
+	switch {
+	case !parked:
+		c.spinFor = readSpinMax
+	case c.spinFor == 0:
+		if waited < readSpinQuiet {
+			c.spinFor = readSpinMax
+		}
+	case c.spinFor >= 2*time.Microsecond:
+		c.spinFor /= 2
+	default:
+		c.spinFor = 0
+	}
 }
 
 // park waits on the notification pipe until the writer has committed
@@ -267,7 +311,6 @@ func (c *shmConn) Write(b []byte) (int, error) {
 		}
 		copy(buf, b[n:n+chunk])
 		c.prod.Commit()
-		c.wrote.Store(true)
 		c.notify()
 		n += chunk
 	}
