@@ -264,28 +264,32 @@ func TestSilentDialerBlocksNobody(t *testing.T) {
 	c.Close()
 }
 
-func TestReadSpinAdapts(t *testing.T) {
-	c := &shmConn{spinFor: readSpinMax}
-	for i := 0; i < 20; i++ {
-		c.adaptSpin(true, 10*time.Millisecond) // idle: every poll missed
+func TestReadPollBacksOff(t *testing.T) {
+	c := &shmConn{}
+	polls := 0
+	for i := 0; i < 1000; i++ {
+		if c.startPoll() {
+			polls++
+			c.pollEnded(10 * time.Millisecond) // idle: the poll never pays
+		}
 	}
-	if c.spinFor != 0 {
-		t.Fatalf("after twenty missed polls the reader still polls for %v", c.spinFor)
+	// 1 + 1 + 2 + 4 + ... + 64 waits, then one poll in 65.
+	if polls < 10 || polls > 25 {
+		t.Fatalf("an idle connection polled %d times in 1000 waits", polls)
 	}
-	c.adaptSpin(true, 10*time.Millisecond)
-	if c.spinFor != 0 {
-		t.Fatalf("a long wait without polling restarted polling (%v)", c.spinFor)
+	// A poll that pays keeps the reader polling every time.
+	for c.spinSkip > 0 {
+		c.startPoll()
 	}
-	c.adaptSpin(true, 100*time.Microsecond) // parked, but the record came soon
-	if c.spinFor != readSpinMax {
-		t.Fatalf("a short parked wait left the poll at %v, want %v", c.spinFor, readSpinMax)
+	for i := 0; i < 100; i++ {
+		if !c.startPoll() {
+			t.Fatalf("wait %d after a paying poll did not poll", i)
+		}
+		c.pollEnded(30 * time.Microsecond)
 	}
-	c.adaptSpin(true, 300*time.Microsecond) // the poll missed
-	if c.spinFor != readSpinMax/2 {
-		t.Fatalf("one missed poll left it at %v, want %v", c.spinFor, readSpinMax/2)
-	}
-	c.adaptSpin(false, 30*time.Microsecond) // the poll caught it
-	if c.spinFor != readSpinMax {
-		t.Fatalf("a caught record left the poll at %v", c.spinFor)
+	// A poll caught late (the peer could not run meanwhile) does not pay.
+	c.pollEnded(readSpinPays + time.Microsecond)
+	if c.startPoll() {
+		t.Fatal("the reader polled right after a poll that did not pay")
 	}
 }

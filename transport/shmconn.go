@@ -38,29 +38,29 @@ const (
 	readerNotified = 2 // a byte is on its way
 )
 
-// A reader that finds its ring empty polls it before it parks in Go's
+// A reader that finds its ring empty may poll it before it parks in Go's
 // netpoller on its notification pipe: waking a thread that sleeps on
 // another CPU costs tens of microseconds on virtual machines, often more
-// than the wait itself. After the first readSpinBusy it yields its
-// processor to other goroutines between polls (a gRPC reader has usually
-// just readied the goroutine that will answer, and must not keep it off
-// the CPU).
+// than the wait itself. It polls for at most readSpinMax. After the first
+// readSpinBusy it yields its processor to other goroutines between polls
+// (a gRPC reader has usually just readied the goroutine that will answer,
+// and must not keep it off the CPU), and after readSpinShare it also
+// yields its thread's CPU (the peer process may be waiting for it).
 //
-// How long it polls adapts per connection. A record caught by polling sets
-// the poll to readSpinMax; a poll that ends parked halves it, down to
-// nothing; a reader that parked without polling starts polling again when
-// its record came within readSpinQuiet. A request/response connection
-// therefore polls for as long as its round trip takes, up to readSpinMax,
-// and never needs a wake-up; a connection whose records come further apart
-// polls a few times, ever shorter, then parks at once.
-//
-// readSpinMax is 200 µs because 50 µs lost that regime on this machine's
-// slow phases (gRPC unary fell back from about 35 µs to 160-200 µs) while
-// 100-400 µs kept it; see docs/PERFORMANCE.md.
+// Polling pays only when the record comes soon: a request/response
+// connection whose round trip fits in the poll never needs a wake-up. When
+// it does not pay (an idle connection, a stream whose reader outruns its
+// writer, or a machine too busy for both ends to run at once, where the
+// poll only keeps the peer off the CPU) it costs CPU and latency. So each
+// connection learns: a poll that catches its record within readSpinPays
+// keeps polling on; any other poll makes the reader park at once for the
+// next 1, 2, 4, ... up to readSpinBackoffMax waits, then try again.
 const (
-	readSpinMax   = 200 * time.Microsecond
-	readSpinBusy  = 2 * time.Microsecond
-	readSpinQuiet = 250 * time.Microsecond
+	readSpinMax        = 200 * time.Microsecond
+	readSpinBusy       = 2 * time.Microsecond
+	readSpinShare      = 50 * time.Microsecond
+	readSpinPays       = 120 * time.Microsecond
+	readSpinBackoffMax = 64
 )
 
 // shmConn is the same-node path of a Conn: two shared-memory rings.
@@ -78,7 +78,9 @@ type shmConn struct {
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
 	peerGone            bool
-	spinFor             time.Duration // how long Read polls an empty ring (rmu)
+	// Polling state (rmu): waits left to park without polling, and the
+	// number to skip after the next poll that does not pay.
+	spinSkip, spinBackoff int
 
 	msgs       *messages
 	live       int  // messages loaned or received, not yet sent or released (mmu)
@@ -99,8 +101,7 @@ var _ net.Conn = (*shmConn)(nil)
 func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) *shmConn {
 	return &shmConn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
 		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut,
-		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{}),
-		spinFor: readSpinMax}
+		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}
 }
 
 func (c *shmConn) LocalAddr() net.Addr  { return c.local }
@@ -174,21 +175,24 @@ func (c *shmConn) Read(b []byte) (int, error) {
 		return 0, nil
 	}
 	var waitStart time.Time
-	parked := false
+	polling := false
 	for len(c.rec) == 0 {
 		rec, err := c.cons.Next()
 		if err == shm.ErrRingEmpty {
 			now := time.Now()
 			if waitStart.IsZero() {
 				waitStart = now
+				polling = c.startPoll()
 			}
-			if waited := now.Sub(waitStart); waited < c.spinFor {
+			if waited := now.Sub(waitStart); polling && waited < readSpinMax {
 				if waited >= readSpinBusy {
 					runtime.Gosched()
 				}
+				if waited >= readSpinShare {
+					osYield()
+				}
 				continue
 			}
-			parked = true
 			rec, err = c.park()
 			if err == nil && rec == nil {
 				continue
@@ -204,8 +208,8 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			c.cons.Release()
 			continue
 		}
-		if !waitStart.IsZero() {
-			c.adaptSpin(parked, time.Since(waitStart))
+		if polling {
+			c.pollEnded(time.Since(waitStart))
 		}
 		c.rec = rec
 	}
@@ -217,22 +221,28 @@ func (c *shmConn) Read(b []byte) (int, error) {
 	return n, nil
 }
 
-// adaptSpin sets how long the next empty-ring wait polls, from how the
-// last one ended.
-func (c *shmConn) adaptSpin(parked bool, waited time.Duration) {
-	switch {
-	case !parked:
-		c.spinFor = readSpinMax
-	case c.spinFor == 0:
-		if waited < readSpinQuiet {
-			c.spinFor = readSpinMax
-		}
-	case c.spinFor >= 2*time.Microsecond:
-		c.spinFor /= 2
-	default:
-		c.spinFor = 0
+// startPoll says whether a wait that just began polls.
+func (c *shmConn) startPoll() bool {
+	if c.spinSkip > 0 {
+		c.spinSkip--
+		return false
 	}
+	return true
 }
+
+// pollEnded learns from a polled wait that ended with a record after
+// waited (parked or not).
+func (c *shmConn) pollEnded(waited time.Duration) {
+	if waited <= readSpinPays {
+		c.spinBackoff = 0
+		return
+	}
+	c.spinBackoff = min(max(1, 2*c.spinBackoff), readSpinBackoffMax)
+	c.spinSkip = c.spinBackoff
+}
+
+// osYield gives the thread's CPU to another runnable thread, if any.
+func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // park waits on the notification pipe until the writer has committed
 // something, the deadline passes, the connection closes or the peer dies.
