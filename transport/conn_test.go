@@ -265,12 +265,12 @@ func TestSilentDialerBlocksNobody(t *testing.T) {
 }
 
 func TestReadPollBacksOff(t *testing.T) {
-	c := &shmConn{}
+	p := &poller{}
 	polls := 0
 	for i := 0; i < 1000; i++ {
-		if c.startPoll() {
+		if p.start() {
 			polls++
-			c.pollEnded(10 * time.Millisecond) // idle: the poll never pays
+			p.ended(10 * time.Millisecond) // idle: the poll never pays
 		}
 	}
 	// 1 + 1 + 2 + 4 + ... + 64 waits, then one poll in 65.
@@ -278,18 +278,18 @@ func TestReadPollBacksOff(t *testing.T) {
 		t.Fatalf("an idle connection polled %d times in 1000 waits", polls)
 	}
 	// A poll that pays keeps the reader polling every time.
-	for c.spinSkip > 0 {
-		c.startPoll()
+	for p.skip > 0 {
+		p.start()
 	}
 	for i := 0; i < 100; i++ {
-		if !c.startPoll() {
+		if !p.start() {
 			t.Fatalf("wait %d after a paying poll did not poll", i)
 		}
-		c.pollEnded(30 * time.Microsecond)
+		p.ended(30 * time.Microsecond)
 	}
 	// A poll caught late (the peer could not run meanwhile) does not pay.
-	c.pollEnded(readSpinPays + time.Microsecond)
-	if c.startPoll() {
+	p.ended(readSpinPays + time.Microsecond)
+	if p.start() {
 		t.Fatal("the reader polled right after a poll that did not pay")
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -38,31 +37,6 @@ const (
 	readerNotified = 2 // a byte is on its way
 )
 
-// A reader that finds its ring empty may poll it before it parks in Go's
-// netpoller on its notification pipe: waking a thread that sleeps on
-// another CPU costs tens of microseconds on virtual machines, often more
-// than the wait itself. It polls for at most readSpinMax. After the first
-// readSpinBusy it yields its processor to other goroutines between polls
-// (a gRPC reader has usually just readied the goroutine that will answer,
-// and must not keep it off the CPU), and after readSpinShare it also
-// yields its thread's CPU (the peer process may be waiting for it).
-//
-// Polling pays only when the record comes soon: a request/response
-// connection whose round trip fits in the poll never needs a wake-up. When
-// it does not pay (an idle connection, a stream whose reader outruns its
-// writer, or a machine too busy for both ends to run at once, where the
-// poll only keeps the peer off the CPU) it costs CPU and latency. So each
-// connection learns: a poll that catches its record within readSpinPays
-// keeps polling on; any other poll makes the reader park at once for the
-// next 1, 2, 4, ... up to readSpinBackoffMax waits, then try again.
-const (
-	readSpinMax        = 200 * time.Microsecond
-	readSpinBusy       = 2 * time.Microsecond
-	readSpinShare      = 50 * time.Microsecond
-	readSpinPays       = 120 * time.Microsecond
-	readSpinBackoffMax = 64
-)
-
 // shmConn is the same-node path of a Conn: two shared-memory rings.
 type shmConn struct {
 	seg    *shm.Segment
@@ -78,9 +52,7 @@ type shmConn struct {
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
 	peerGone            bool
-	// Polling state (rmu): waits left to park without polling, and the
-	// number to skip after the next poll that does not pay.
-	spinSkip, spinBackoff int
+	poll                poller // when Read polls an empty ring (rmu)
 
 	msgs       *messages
 	live       int  // messages loaned or received, not yet sent or released (mmu)
@@ -182,15 +154,9 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			now := time.Now()
 			if waitStart.IsZero() {
 				waitStart = now
-				polling = c.startPoll()
+				polling = c.poll.start()
 			}
-			if waited := now.Sub(waitStart); polling && waited < readSpinMax {
-				if waited >= readSpinBusy {
-					runtime.Gosched()
-				}
-				if waited >= readSpinShare {
-					osYield()
-				}
+			if polling && pollAgain(now.Sub(waitStart)) {
 				continue
 			}
 			rec, err = c.park()
@@ -209,7 +175,7 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			continue
 		}
 		if polling {
-			c.pollEnded(time.Since(waitStart))
+			c.poll.ended(time.Since(waitStart))
 		}
 		c.rec = rec
 	}
@@ -220,29 +186,6 @@ func (c *shmConn) Read(b []byte) (int, error) {
 	}
 	return n, nil
 }
-
-// startPoll says whether a wait that just began polls.
-func (c *shmConn) startPoll() bool {
-	if c.spinSkip > 0 {
-		c.spinSkip--
-		return false
-	}
-	return true
-}
-
-// pollEnded learns from a polled wait that ended with a record after
-// waited (parked or not).
-func (c *shmConn) pollEnded(waited time.Duration) {
-	if waited <= readSpinPays {
-		c.spinBackoff = 0
-		return
-	}
-	c.spinBackoff = min(max(1, 2*c.spinBackoff), readSpinBackoffMax)
-	c.spinSkip = c.spinBackoff
-}
-
-// osYield gives the thread's CPU to another runnable thread, if any.
-func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // park waits on the notification pipe until the writer has committed
 // something, the deadline passes, the connection closes or the peer dies.
