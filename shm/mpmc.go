@@ -5,13 +5,15 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync/atomic"
+	"time"
 )
 
 // MPMC ring layout, at a cacheLine-aligned offset of a segment:
 //
 //	control line   0: magic u64, version u32, slots u32, slotSize u32,
 //	                  deaths u32
-//	enqueue line 128: enqueue position u64, notEmptySeq u32, popWaiters u32
+//	enqueue line 128: enqueue position u64, notEmptySeq u32, popWaiters u32,
+//	                  bellArmed u32
 //	dequeue line 256: dequeue position u64, notFullSeq u32, pushWaiters u32
 //	participants 384: mpmcParticipants process words
 //	slots        640: slots x (sequence u64, length u32, pad u32, payload)
@@ -33,6 +35,7 @@ const (
 	mpmcOffEnq         = cacheLine
 	mpmcOffNotEmptySeq = cacheLine + 8
 	mpmcOffPopWaiters  = cacheLine + 12
+	mpmcOffBellArmed   = cacheLine + 16 // consumers asleep on the bell (zero in rings made before bells)
 	mpmcOffDeq         = 2 * cacheLine
 	mpmcOffNotFullSeq  = 2*cacheLine + 8
 	mpmcOffPushWaiters = 2*cacheLine + 12
@@ -65,6 +68,8 @@ type MPMC struct {
 	me                      int // our participant index
 
 	stalled atomic.Uint64 // 1 + position found claimed-but-unpublished at the last check
+
+	bell *bell
 }
 
 // CreateMPMC initializes a ring of slots slots (a power of two) of slotSize
@@ -85,6 +90,7 @@ func CreateMPMC(seg *Segment, off, slots, slotSize int, w Wait) (*MPMC, error) {
 	binary.LittleEndian.PutUint32(mem[mpmcOffSlots:], uint32(slots))
 	binary.LittleEndian.PutUint32(mem[mpmcOffSlotSize:], uint32(slotSize))
 	r := attachMPMC(mem, slots, slotSize, w)
+	r.bell = newBell(bellPath(seg, off), atomicU32(mem, mpmcOffBellArmed))
 	for i := range slots {
 		r.seq(uint64(i)).Store(uint64(i))
 	}
@@ -114,6 +120,7 @@ func OpenMPMC(seg *Segment, off int, w Wait) (*MPMC, error) {
 		return nil, corruptf("MPMC ring of %d slots of %d bytes: %v", slots, slotSize, err)
 	}
 	r := attachMPMC(mem, slots, slotSize, w)
+	r.bell = newBell(bellPath(seg, off), atomicU32(mem, mpmcOffBellArmed))
 	return r, r.join()
 }
 
@@ -184,6 +191,7 @@ func (r *MPMC) TryPush(payload []byte) error {
 			copy(s[mpmcSlotHeader:], payload)
 			atomicU64(s, 0).Store(pos + 1)
 			wake(r.notEmptySeq, r.popWaiters, false)
+			r.bell.ring()
 			return nil
 		case diff == -int64(r.slots) || diff == 1-int64(r.slots):
 			// The slot still holds (or is being given) the previous lap's
@@ -328,6 +336,7 @@ func (r *MPMC) Pop(ctx context.Context, dst []byte) (int, error) {
 // Close removes this process from the ring's participants. Other processes
 // keep using the ring.
 func (r *MPMC) Close() error {
+	r.bell.close()
 	if r.me >= 0 {
 		r.part(r.me).CompareAndSwap(Self().word(), 0)
 		r.me = -1
@@ -345,6 +354,35 @@ func (r *MPMC) WaitNotEmpty(ctx context.Context) error {
 	}
 	if ok, _ := ready(); ok {
 		return nil
+	}
+	if r.bell != nil && r.bell.rd != nil {
+		// Sleep on the bell, no spin (callers that want one spin first),
+		// checking the other participants as the futex wait does.
+		isReady := func() bool { ok, _ := ready(); return ok }
+		for last := time.Now(); ; {
+			if !r.bell.sleep(ctx, isReady, livenessInterval) {
+				break // another goroutine sleeps on the bell: use the futex
+			}
+			if isReady() {
+				return nil
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			now := time.Now()
+			if dl, ok := ctx.Deadline(); ok && !dl.After(now) {
+				return context.DeadlineExceeded
+			}
+			if now.Sub(last) >= livenessInterval {
+				last = now
+				if err := r.peerCheck(); err != nil {
+					if isReady() {
+						return nil
+					}
+					return err
+				}
+			}
+		}
 	}
 	return r.wait.wait(ctx, waiter{ready: ready, seq: r.notEmptySeq, waiters: r.popWaiters, peer: r.peerCheck})
 }

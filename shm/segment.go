@@ -374,8 +374,8 @@ func (s *Segment) Close() error {
 }
 
 // Sweep removes named ubkit segments from /dev/shm whose creating process is
-// dead, and ubkit-named files with no valid header that are older than a
-// minute. It returns the names it removed. Segments of live processes are
+// dead, ubkit-named files with no valid header that are older than a
+// minute, and rings' bells no process listens on. It returns the names it removed. Segments of live processes are
 // left alone.
 func Sweep() ([]string, error) {
 	entries, err := os.ReadDir(ShmDir)
@@ -385,6 +385,16 @@ func Sweep() ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range entries {
+		if e.Type()&os.ModeNamedPipe != 0 {
+			gone, err := sweepBell(e.Name())
+			if err != nil {
+				errs = append(errs, err)
+			}
+			if gone {
+				removed = append(removed, strings.TrimPrefix(e.Name(), NamePrefix))
+			}
+			continue
+		}
 		if !strings.HasPrefix(e.Name(), NamePrefix) || !e.Type().IsRegular() {
 			continue
 		}

@@ -125,24 +125,27 @@ func (q *cq) ready() (bool, error) {
 }
 
 // Wait blocks until Poll has something. Local completions wake it at once.
-// Completions other contexts push (other processes, or other nodes of a
-// simulation) are polled for 20 µs; then, when they can come from one ring
-// only, the wait sleeps on that ring's futex, which a push wakes; with
-// several rings it backs off from 10 µs to 1 ms between looks.
+// For completions other contexts push (other processes, or other nodes of a
+// simulation), when they can come from one ring only, the wait sleeps on
+// that ring's bell in Go's netpoller (or its futex, without a bell), which
+// a push rings; with several rings it backs off from 10 µs to 1 ms between
+// looks. It does not poll first: a polling goroutine keeps Go's netpoller
+// from running on its processor (see simprov's Wait).
 func (q *cq) Wait(ctx context.Context) error {
-	start := time.Now()
 	backoff := 10 * time.Microsecond
 	for {
 		ok, err := q.ready()
 		if ok || err != nil {
 			return err
 		}
-		if time.Since(start) < 20*time.Microsecond {
-			continue
-		}
 		if q.waitRing(ctx) {
 			if err := ctx.Err(); err != nil {
 				return err
+			}
+			// The deadline's timer may not have fired yet: without this
+			// look at the clock, every wait until it does returns at once.
+			if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+				return context.DeadlineExceeded
 			}
 			continue
 		}

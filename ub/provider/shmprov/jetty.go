@@ -126,6 +126,9 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 		s.Close()
 		return nil, err
 	}
+	// The receive CQ sleeps in Go's netpoller, rung by senders' pushes;
+	// without a bell (no FIFO can be made) it sleeps on the ring's futex.
+	rings.compls.EnableBell()
 	j := &jetty{c: c, name: name, rings: rings, cfg: cfg, send: send, recv: recv, slot: make([]byte, recvSlotSize), bind: verbs.Binding[*target]{Mode: cfg.Mode}}
 	recv.attach(rings.compls)
 	if err := c.track(j); err != nil {

@@ -400,13 +400,15 @@ func (q *cq) next() (bool, time.Time, error) {
 	return !r.After(time.Now()), r, nil
 }
 
-// Wait polls for up to waitSpin, yielding between looks (a held-back
-// operation is usually about to complete, and handing a completion between
-// goroutines costs microseconds a simulated link does not have), sleeps
-// until a held completion's release time, and otherwise blocks on the inner
-// queue.
+// Wait sleeps until a held completion's release time (yielding for the last
+// stretch, which timers cannot hit), and otherwise blocks on the inner
+// queue at once. It does not poll an empty queue: a goroutine that polls
+// with runtime.Gosched keeps its processor busy, and a busy processor never
+// looks at Go's netpoller, so the sockets and bells of everything else in
+// the process (a proxy's other side, the inner queue's own bell) went
+// unserved until the poll ended. Callers that know polling pays (the
+// transport's ub path) poll Poll themselves.
 func (q *cq) Wait(ctx context.Context) error {
-	start := time.Now()
 	for {
 		ok, release, err := q.next()
 		if ok || err != nil {
@@ -429,10 +431,6 @@ func (q *cq) Wait(ctx context.Context) error {
 			}
 			continue
 		}
-		if time.Since(start) < waitSpin {
-			runtime.Gosched()
-			continue
-		}
 		wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
 		err = q.inner.Wait(wctx)
 		cancel()
@@ -449,8 +447,5 @@ func (q *cq) Wait(ctx context.Context) error {
 		}
 	}
 }
-
-// waitSpin is how long Wait polls before it blocks.
-const waitSpin = 100 * time.Microsecond
 
 func (q *cq) Close() error { return q.inner.Close() }

@@ -1,0 +1,222 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A bell lets the consumer of an MPMC ring wait for a push in Go's
+// netpoller instead of a futex. A goroutine asleep on a futex holds its
+// thread in a system call, and waking it means waking that thread, which
+// on a virtual machine costs tens of microseconds when it sleeps on another
+// CPU; a goroutine parked in the netpoller is picked up by whichever of the
+// runtime's threads is running or spinning, as for a socket. The bell is a
+// FIFO next to the ring's segment in ShmDir; a consumer that sleeps counts
+// itself in a word of the ring's header, and a producer that finds the
+// count non-zero after a push writes a byte into the FIFO.
+type bell struct {
+	path  string
+	armed *atomic.Uint32 // sleepers on the bell, in the ring's header
+
+	// Consumer side (the handle that enabled the bell).
+	rd   *os.File
+	rdMu sync.Mutex // one sleeper on the file at a time; others use the futex
+
+	// Producer side: the FIFO opened for writing, once needed.
+	wmu     sync.Mutex
+	wfd     int
+	wfailed time.Time // last failed open: retried after bellRetry
+
+	closed atomic.Bool
+}
+
+// bellSuffix joins a segment's name and a ring's offset into the FIFO's.
+const bellSuffix = ".bell-"
+
+// bellRetry is how long a producer that could not open a bell waits before
+// trying again (the consumer's sleeps are bounded, so it loses at most that
+// much latency meanwhile).
+const bellRetry = time.Millisecond
+
+func bellPath(seg *Segment, off int) string {
+	if seg.name == "" {
+		return "" // anonymous segments have no place for a bell
+	}
+	return filepath.Join(ShmDir, seg.name+bellSuffix+strconv.Itoa(off))
+}
+
+func newBell(path string, armed *atomic.Uint32) *bell {
+	return &bell{path: path, armed: armed, wfd: -1}
+}
+
+// EnableBell makes WaitNotEmpty on this handle sleep in Go's netpoller,
+// woken by producers' pushes, instead of on a futex. Call it on the
+// consumer's handle of a ring in a named segment; Close removes the bell.
+func (r *MPMC) EnableBell() error {
+	if r.bell == nil || r.bell.path == "" {
+		return errors.New("shm: a bell needs a ring in a named segment")
+	}
+	b := r.bell
+	if b.rd != nil {
+		return nil
+	}
+	for attempt := 0; ; attempt++ {
+		err := unix.Mkfifo(b.path, 0o600)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EEXIST) || attempt > 0 {
+			return fmt.Errorf("shm: create bell %s: %w", b.path, err)
+		}
+		// A bell left by a consumer that died: only ours, and only a FIFO.
+		var st unix.Stat_t
+		if err := unix.Lstat(b.path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO || int(st.Uid) != os.Geteuid() {
+			return fmt.Errorf("shm: create bell %s: a file that is not our FIFO is in the way", b.path)
+		}
+		unix.Unlink(b.path)
+	}
+	// Read-write: the FIFO always has a writer, so it never reads as
+	// closed, and opening it does not block.
+	fd, err := unix.Open(b.path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		unix.Unlink(b.path)
+		return fmt.Errorf("shm: open bell %s: %w", b.path, err)
+	}
+	b.rd = os.NewFile(uintptr(fd), b.path)
+	return nil
+}
+
+// ring writes a byte into the bell if a consumer sleeps on it. Producers
+// call it after publishing a record.
+func (b *bell) ring() {
+	if b == nil || b.path == "" || b.armed.Load() == 0 {
+		return
+	}
+	b.wmu.Lock()
+	defer b.wmu.Unlock()
+	for attempt := 0; attempt < 2; attempt++ {
+		if b.wfd < 0 {
+			if !b.wfailed.IsZero() && time.Since(b.wfailed) < bellRetry {
+				return
+			}
+			fd, err := openBellForWriting(b.path)
+			if err != nil {
+				b.wfailed = time.Now()
+				return
+			}
+			b.wfd, b.wfailed = fd, time.Time{}
+		}
+		_, err := unix.Write(b.wfd, []byte{1})
+		if err == nil || errors.Is(err, unix.EAGAIN) {
+			return // rung, or bytes already wait to be read
+		}
+		// EPIPE: the FIFO we hold was replaced (its consumer closed it);
+		// open the current one.
+		unix.Close(b.wfd)
+		b.wfd = -1
+	}
+}
+
+// openBellForWriting opens a bell for writing, refusing anything but a
+// FIFO of our own user.
+func openBellForWriting(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return -1, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO || int(st.Uid) != os.Geteuid() {
+		unix.Close(fd)
+		return -1, fmt.Errorf("shm: %s is not our bell", path)
+	}
+	return fd, nil
+}
+
+// sleep waits on the bell until ready holds, ctx ends, or d passes. It
+// reports false, having waited for nothing, when another goroutine
+// already sleeps on the bell.
+func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bool {
+	if !b.rdMu.TryLock() {
+		return false
+	}
+	defer b.rdMu.Unlock()
+	b.armed.Add(1)
+	defer b.armed.Add(^uint32(0))
+	// Look again after announcing: the producer either sees the count or
+	// we see its record.
+	if ready() {
+		return true
+	}
+	now := time.Now()
+	dl := now.Add(d)
+	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
+		if !cdl.After(now) {
+			return true // the caller's time is up (its timer may not have fired yet)
+		}
+		dl = cdl
+	}
+	b.rd.SetReadDeadline(dl)
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { b.rd.SetReadDeadline(time.Now()) })
+		defer stop()
+	}
+	var buf [64]byte
+	b.rd.Read(buf[:]) // data, a deadline or a cancellation: the caller looks
+	return true
+}
+
+// close closes the bell's files, and removes the FIFO if this handle made
+// it (enabled the bell).
+func (b *bell) close() {
+	if b == nil {
+		return
+	}
+	b.wmu.Lock()
+	if b.wfd >= 0 {
+		unix.Close(b.wfd)
+		b.wfd = -1
+	}
+	b.wmu.Unlock()
+	if b.rd != nil && b.closed.CompareAndSwap(false, true) {
+		// rd stays set: a sleeper may still hold it, and its Read fails.
+		unix.Unlink(b.path)
+		b.rd.Close()
+	}
+}
+
+// sweepBell removes a bell (name in ShmDir) that no process listens on.
+func sweepBell(name string) (bool, error) {
+	if !strings.HasPrefix(name, NamePrefix) || !strings.Contains(name, bellSuffix) {
+		return false, nil
+	}
+	path := filepath.Join(ShmDir, name)
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO || int(st.Uid) != os.Geteuid() {
+		return false, nil
+	}
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err == nil {
+		unix.Close(fd) // its consumer is alive
+		return false, nil
+	}
+	if !errors.Is(err, unix.ENXIO) {
+		return false, nil
+	}
+	if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+		return false, fmt.Errorf("shm: sweep %s: %w", path, err)
+	}
+	return true, nil
+}
+
+// mkfifo makes a FIFO of mode 0600 (for tests).
+func mkfifo(path string) error { return unix.Mkfifo(path, 0o600) }

@@ -1,0 +1,101 @@
+package shm
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A consumer asleep on its bell wakes for each push, well before its
+// sleep's own end, and leaves no FIFO behind.
+func TestBellWakes(t *testing.T) {
+	seg, r := newMPMC(t, 64, 32)
+	if err := r.EnableBell(); err != nil {
+		t.Fatal(err)
+	}
+	prod, err := OpenMPMC(seg, 0, Wait{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	var lat []time.Duration
+	buf := make([]byte, 32)
+	for i := 0; i < 50; i++ {
+		pushed := make(chan time.Time, 1)
+		go func() {
+			time.Sleep(200 * time.Microsecond)
+			pushed <- time.Now()
+			if err := prod.TryPush([]byte("x")); err != nil {
+				t.Error(err)
+			}
+		}()
+		// A long sleep: only the bell ends it early.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := r.WaitNotEmpty(ctx)
+		cancel()
+		woke := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lat = append(lat, woke.Sub(<-pushed))
+		if _, err := r.TryPop(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(lat)
+	if lat[len(lat)/2] > 50*time.Millisecond {
+		t.Fatalf("median wake-up %v after the push: the bell did not ring", lat[len(lat)/2])
+	}
+	t.Logf("wake-up after a push: p50 %v, max %v", lat[len(lat)/2], lat[len(lat)-1])
+	path := r.bell.path
+	if _, err := os.Lstat(path); err != nil {
+		t.Fatalf("the bell is missing while the ring is open: %v", err)
+	}
+	r.Close()
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Fatalf("Close left the bell %s (%v)", path, err)
+	}
+}
+
+// A cancelled wait returns at once even while asleep on the bell.
+func TestBellCancel(t *testing.T) {
+	_, r := newMPMC(t, 8, 8)
+	if err := r.EnableBell(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(20*time.Millisecond, cancel)
+	start := time.Now()
+	if err := r.WaitNotEmpty(ctx); err != context.Canceled {
+		t.Fatalf("WaitNotEmpty after cancel: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the cancelled wait took %v", d)
+	}
+}
+
+// Sweep removes a bell no process listens on and keeps a live one.
+func TestSweepBells(t *testing.T) {
+	_, r := newMPMC(t, 8, 8)
+	if err := r.EnableBell(); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(ShmDir, NamePrefix+testName(t)+bellSuffix+"0")
+	if err := mkfifo(stale); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(removed, strings.TrimPrefix(filepath.Base(stale), NamePrefix)) {
+		t.Fatalf("Sweep left the stale bell %s (removed %v)", stale, removed)
+	}
+	if _, err := os.Lstat(r.bell.path); err != nil {
+		t.Fatalf("Sweep removed a live ring's bell: %v", err)
+	}
+}
