@@ -339,10 +339,11 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			off := ubHead + l.cur*ubSize
 			return byte(c.Imm), l.seg.Bytes()[off : off+c.Len], nil
 		}
-		// Idle: hand back what was consumed, then wait.
-		if l.reposted > 0 {
-			l.returnCredits()
-		}
+		// Idle. Credits go back in batches of ubDepth/4 (above), not
+		// here: returning each packet's credit as the queue empties cost
+		// a one-sided operation per packet of a request/response
+		// exchange, and the sender never needs them (it has ubDepth, and
+		// at most ubDepth/4 are held back, plus the buffer being read).
 		select {
 		case <-l.shut:
 			return 0, nil, net.ErrClosed

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,8 @@ type Fabric struct {
 	t     *topology.Topology
 	seg   *shm.Segment
 	links map[[2]int]int // node index pair -> link index
+
+	routes sync.Map // [2]int node indices -> []int link indices of the path
 }
 
 // Layout: magic u64 at 0, then per link a 64-byte record (busy-until ns
@@ -186,7 +189,11 @@ func (f *Fabric) reserve(a, b string, bytes int64, now time.Time) (route, error)
 	if a == b {
 		return route{due: now}, nil
 	}
-	path, err := f.t.Path(a, b)
+	ai, ok := f.t.NodeIndex(a)
+	if !ok {
+		return route{}, fmt.Errorf("simprov: unknown node %q", a)
+	}
+	links, err := f.pathLinks(ai, bi)
 	if err != nil {
 		return route{}, err
 	}
@@ -196,13 +203,10 @@ func (f *Fabric) reserve(a, b string, bytes int64, now time.Time) (route, error)
 		l   int
 		dur time.Duration
 	}
-	hops := make([]hop, 0, len(path))
+	var small [8]hop
+	hops := small[:0]
 	start := now.UnixNano()
-	for k := 1; k < len(path); k++ {
-		l, err := f.linkIndex(path[k-1], path[k])
-		if err != nil {
-			return route{}, err
-		}
+	for _, l := range links {
 		rec := linksOff + l*linkRecord
 		if f.word32(rec+offDown).Load() != 0 {
 			return route{down: true}, nil
@@ -232,6 +236,30 @@ func (f *Fabric) reserve(a, b string, bytes int64, now time.Time) (route, error)
 		}
 	}
 	return route{due: time.Unix(0, start).Add(latency + xfer)}, nil
+}
+
+// pathLinks returns the links of the path from node index a to b, worked
+// out once per pair (the topology does not change; links going down or
+// slowing down are read from the fabric on every operation).
+func (f *Fabric) pathLinks(a, b int) ([]int, error) {
+	key := [2]int{a, b}
+	if v, ok := f.routes.Load(key); ok {
+		return v.([]int), nil
+	}
+	path, err := f.t.Path(f.t.Nodes[a].Name, f.t.Nodes[b].Name)
+	if err != nil {
+		return nil, err
+	}
+	links := make([]int, 0, len(path))
+	for k := 1; k < len(path); k++ {
+		l, err := f.linkIndex(path[k-1], path[k])
+		if err != nil {
+			return nil, err
+		}
+		links = append(links, l)
+	}
+	f.routes.Store(key, links)
+	return links, nil
 }
 
 // LinkState describes the link between a and b now: "up", "down" or
