@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ubkit-io/ubkit/ub"
 )
@@ -87,6 +88,21 @@ type Queue struct {
 	reserved int
 	closed   bool
 	ready    chan struct{}
+	onPush   atomic.Pointer[func()]
+}
+
+// OnPush sets a function every later Push (and Close) calls after
+// signalling Ready: for a waiter that sleeps on something else as well.
+func (q *Queue) OnPush(f func()) { q.onPush.Store(&f) }
+
+func (q *Queue) pushed() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+	if f := q.onPush.Load(); f != nil {
+		(*f)()
+	}
 }
 
 // NewQueue makes a queue holding up to depth completions.
@@ -125,10 +141,7 @@ func (q *Queue) Push(c ub.Completion, reserved bool) bool {
 	q.q[(q.head+q.n)%len(q.q)] = c
 	q.n++
 	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
+	q.pushed()
 	return true
 }
 
@@ -165,10 +178,7 @@ func (q *Queue) Close() error {
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
+	q.pushed()
 	return nil
 }
 

@@ -26,6 +26,10 @@ type cq struct {
 	mu    sync.Mutex // guards rings and buf
 	rings []*shm.MPMC
 	buf   []byte
+
+	// A local completion ends a sleep on a ring's bell.
+	sleepMu sync.Mutex
+	wakeup  context.CancelFunc // of the sleep in progress, if any
 }
 
 // NewCQ makes a completion queue.
@@ -35,6 +39,13 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 		depth = defaultCQDepth
 	}
 	q := &cq{c: c, local: verbs.NewQueue(depth), buf: make([]byte, complSlotSize)}
+	q.local.OnPush(func() {
+		q.sleepMu.Lock()
+		if q.wakeup != nil {
+			q.wakeup()
+		}
+		q.sleepMu.Unlock()
+	})
 	if err := c.track(q); err != nil {
 		return nil, err
 	}
@@ -182,7 +193,16 @@ func (q *cq) waitRing(ctx context.Context) bool {
 		return false
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
-	only.WaitNotEmpty(wctx)
+	q.sleepMu.Lock()
+	q.wakeup = cancel
+	q.sleepMu.Unlock()
+	// A local completion pushed before the hook was set: do not sleep.
+	if q.local.Len() == 0 {
+		only.WaitNotEmpty(wctx)
+	}
+	q.sleepMu.Lock()
+	q.wakeup = nil
+	q.sleepMu.Unlock()
 	cancel()
 	return true
 }
