@@ -18,6 +18,10 @@
 //   - [SPSC]: a single-producer single-consumer ring of variable-length records
 //     with batched claim/commit and zero-copy reads.
 //   - [MPMC]: a bounded multi-producer multi-consumer ring of fixed-size slots.
+//     Its consumer may enable a bell ([MPMC.EnableBell]): a FIFO beside the
+//     segment that a sleeping consumer waits on in Go's netpoller and that
+//     producers ring after a push, instead of a futex, whose sleeper holds a
+//     thread in a system call. [Sweep] removes bells nobody listens on.
 //   - [Pool]: a slab allocator of buffers inside a segment, named across
 //     processes by a [Handle], with reclamation of buffers whose owner died.
 //   - [Wait]: how a blocked call waits: spin, spin then yield, or spin then
