@@ -40,6 +40,12 @@ type bell struct {
 	closed atomic.Bool
 }
 
+// localBells maps the path of every bell a consumer in this process
+// listens on to its bell: a producer in the same process wakes the sleeper
+// by moving its read deadline to now, which the runtime turns into a
+// wake-up without a system call, instead of writing into the FIFO.
+var localBells sync.Map // string -> *bell
+
 // bellSuffix joins a segment's name and a ring's offset into the FIFO's.
 const bellSuffix = ".bell-"
 
@@ -93,6 +99,7 @@ func (r *MPMC) EnableBell() error {
 		return fmt.Errorf("shm: open bell %s: %w", b.path, err)
 	}
 	b.rd = os.NewFile(uintptr(fd), b.path)
+	localBells.Store(b.path, b)
 	return nil
 }
 
@@ -100,6 +107,13 @@ func (r *MPMC) EnableBell() error {
 // call it after publishing a record.
 func (b *bell) ring() {
 	if b == nil || b.path == "" || b.armed.Load() == 0 {
+		return
+	}
+	if v, ok := localBells.Load(b.path); ok {
+		// The sleeper set its deadline before it last looked at the
+		// ring, and our record came after that look: this deadline is
+		// the later one, and its Read returns.
+		v.(*bell).rd.SetReadDeadline(time.Now())
 		return
 	}
 	b.wmu.Lock()
@@ -166,6 +180,11 @@ func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bo
 		dl = cdl
 	}
 	b.rd.SetReadDeadline(dl)
+	// Look once more after setting the deadline: a producer in this process
+	// rings by moving it, and must not be overtaken by this Set.
+	if ready() {
+		return true
+	}
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() { b.rd.SetReadDeadline(time.Now()) })
 		defer stop()
@@ -188,6 +207,7 @@ func (b *bell) close() {
 	}
 	b.wmu.Unlock()
 	if b.rd != nil && b.closed.CompareAndSwap(false, true) {
+		localBells.CompareAndDelete(b.path, b)
 		// rd stays set: a sleeper may still hold it, and its Read fails.
 		unix.Unlink(b.path)
 		b.rd.Close()
