@@ -18,7 +18,9 @@ import (
 // yields its thread's CPU (the peer process may be waiting for it).
 //
 // Polling pays only when the record comes soon: a request/response
-// connection whose round trip fits in the poll never needs a wake-up. When
+// connection whose round trip fits in the poll never needs a wake-up. So a
+// same-host reader polls only when its side wrote since it last waited (an
+// answer is due; a stream's reader, which does not write, parks at once). When
 // it does not pay (an idle connection, a stream whose reader outruns its
 // writer, or a machine too busy for both ends to run at once, where the
 // poll only keeps the peer off the CPU) it costs CPU and latency. So each

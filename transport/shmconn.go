@@ -52,7 +52,8 @@ type shmConn struct {
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
 	peerGone            bool
-	poll                poller // when Read polls an empty ring (rmu)
+	poll                poller      // when Read polls an empty ring (rmu)
+	wrote               atomic.Bool // a Write committed since Read last waited
 
 	msgs       *messages
 	live       int  // messages loaned or received, not yet sent or released (mmu)
@@ -154,7 +155,8 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			now := time.Now()
 			if waitStart.IsZero() {
 				waitStart = now
-				polling = c.poll.start()
+				// Poll only for an answer: after this side wrote.
+				polling = c.wrote.Swap(false) && c.poll.start()
 			}
 			if polling && pollAgain(now.Sub(waitStart)) {
 				continue
@@ -264,6 +266,7 @@ func (c *shmConn) Write(b []byte) (int, error) {
 		}
 		copy(buf, b[n:n+chunk])
 		c.prod.Commit()
+		c.wrote.Store(true)
 		c.notify()
 		n += chunk
 	}
