@@ -133,7 +133,7 @@ func (r *XDSRegistry) stream(ctx context.Context) {
 			}
 			slices.Sort(got)
 			if len(got) == 0 {
-				r.publish(assignments) // nothing to ask endpoints for: the state is known
+				r.publish(assignments, nil) // nothing to ask endpoints for: the state is known
 			}
 			if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) != nil {
 				return
@@ -151,7 +151,7 @@ func (r *XDSRegistry) stream(ctx context.Context) {
 				}
 				// A removed cluster may get no endpoints response: publish
 				// what is left now.
-				r.publish(assignments)
+				r.publish(assignments, names)
 			}
 		case resource.EndpointType:
 			for _, a := range resp.Resources {
@@ -165,12 +165,16 @@ func (r *XDSRegistry) stream(ctx context.Context) {
 				VersionInfo: edsVersion, ResponseNonce: edsNonce}) != nil {
 				return
 			}
-			r.publish(assignments)
+			r.publish(assignments, names)
 		}
 	}
 }
 
-func (r *XDSRegistry) publish(assignments map[string]*endpoint.ClusterLoadAssignment) {
+// publish makes assignments the registry's services. Ready closes only once
+// every cluster in names has its endpoints: a proxy that took the
+// clusters alone for the state answered its first requests with "no
+// endpoint".
+func (r *XDSRegistry) publish(assignments map[string]*endpoint.ClusterLoadAssignment, names []string) {
 	var services []Service
 	for name, cla := range assignments {
 		s := Service{Name: name}
@@ -189,7 +193,15 @@ func (r *XDSRegistry) publish(assignments map[string]*endpoint.ClusterLoadAssign
 	r.mu.Lock()
 	r.services = services
 	r.mu.Unlock()
-	r.once.Do(func() { close(r.ready) })
+	complete := true
+	for _, n := range names {
+		if assignments[n] == nil {
+			complete = false
+		}
+	}
+	if complete {
+		r.once.Do(func() { close(r.ready) })
+	}
 	r.signal()
 }
 
