@@ -30,6 +30,7 @@ type bell struct {
 
 	// Consumer side (the handle that enabled the bell).
 	rd   *os.File
+	fd   int        // rd's descriptor, to tell whether the FIFO at path is still ours
 	rdMu sync.Mutex // one sleeper on the file at a time; others use the futex
 
 	// Producer side: the FIFO opened for writing, once needed.
@@ -77,27 +78,42 @@ func (r *MPMC) EnableBell() error {
 		return nil
 	}
 	for attempt := 0; ; attempt++ {
+		if attempt == 3 {
+			return fmt.Errorf("shm: create bell %s: it keeps disappearing", b.path)
+		}
 		err := unix.Mkfifo(b.path, 0o600)
-		if err == nil {
-			break
+		if err != nil {
+			if !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("shm: create bell %s: %w", b.path, err)
+			}
+			// A bell already there: only a stale one of ours (a FIFO
+			// nobody reads) may go; a live one belongs to another
+			// consumer.
+			if live, err := bellLive(b.path); err != nil || live {
+				if err == nil {
+					err = errors.New("another consumer listens on it")
+				}
+				return fmt.Errorf("shm: create bell %s: %w", b.path, err)
+			}
+			unix.Unlink(b.path)
+			continue
 		}
-		if !errors.Is(err, unix.EEXIST) || attempt > 0 {
-			return fmt.Errorf("shm: create bell %s: %w", b.path, err)
+		// Read-write: the FIFO always has a writer, so it never reads as
+		// closed, and opening it does not block.
+		fd, err := unix.Open(b.path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		if err != nil {
+			continue // removed meanwhile (a Sweep took it for stale)
 		}
-		// A bell left by a consumer that died: only ours, and only a FIFO.
-		var st unix.Stat_t
-		if err := unix.Lstat(b.path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO || int(st.Uid) != os.Geteuid() {
-			return fmt.Errorf("shm: create bell %s: a file that is not our FIFO is in the way", b.path)
+		// Still the FIFO at the path? A Sweep may have removed the one we
+		// made between Mkfifo and Open, and another may be there now.
+		if !sameFile(fd, b.path) {
+			unix.Close(fd)
+			continue
 		}
-		unix.Unlink(b.path)
+		b.fd = fd
+		break
 	}
-	// Read-write: the FIFO always has a writer, so it never reads as
-	// closed, and opening it does not block.
-	fd, err := unix.Open(b.path, unix.O_RDWR|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err != nil {
-		unix.Unlink(b.path)
-		return fmt.Errorf("shm: open bell %s: %w", b.path, err)
-	}
+	fd := b.fd
 	b.rd = os.NewFile(uintptr(fd), b.path)
 	localBells.Store(b.path, b)
 	return nil
@@ -160,8 +176,8 @@ func openBellForWriting(path string) (int, error) {
 // reports false, having waited for nothing, when another goroutine
 // already sleeps on the bell.
 func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bool {
-	if !b.rdMu.TryLock() {
-		return false
+	if b.closed.Load() || !b.rdMu.TryLock() {
+		return false // closed, or another goroutine sleeps on it: the futex
 	}
 	defer b.rdMu.Unlock()
 	b.armed.Add(1)
@@ -208,11 +224,48 @@ func (b *bell) close() {
 	b.wmu.Unlock()
 	if b.rd != nil && b.closed.CompareAndSwap(false, true) {
 		localBells.CompareAndDelete(b.path, b)
-		// rd stays set: a sleeper may still hold it, and its Read fails.
-		unix.Unlink(b.path)
+		// Remove the FIFO only if it is still ours. rd stays set: a
+		// sleeper may still hold it, and its Read fails.
+		if sameFile(b.fd, b.path) {
+			unix.Unlink(b.path)
+		}
 		b.rd.Close()
 	}
 }
+
+// bellLive reports whether a process has the FIFO at path open for
+// reading (its consumer is alive). Anything but our own FIFO is an error.
+func bellLive(path string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return false, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFIFO || int(st.Uid) != os.Geteuid() {
+		return false, errors.New("a file that is not our FIFO is in the way")
+	}
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err == nil {
+		unix.Close(fd)
+		return true, nil
+	}
+	if errors.Is(err, unix.ENXIO) {
+		return false, nil
+	}
+	return false, err
+}
+
+// sameFile reports whether fd is the file at path.
+func sameFile(fd int, path string) bool {
+	var a, b unix.Stat_t
+	if unix.Fstat(fd, &a) != nil || unix.Lstat(path, &b) != nil {
+		return false
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino
+}
+
+// bellSweepAge is how old a bell beside its segment must be before Sweep
+// may take it for stale: a consumer opens its bell just after making it.
+const bellSweepAge = time.Minute
 
 // sweepBell removes a bell (name in ShmDir) that no process listens on.
 func sweepBell(name string) (bool, error) {
@@ -221,15 +274,16 @@ func sweepBell(name string) (bool, error) {
 	}
 	path := filepath.Join(ShmDir, name)
 	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO || int(st.Uid) != os.Geteuid() {
+	if err := unix.Lstat(path, &st); err != nil {
 		return false, nil
 	}
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
-	if err == nil {
-		unix.Close(fd) // its consumer is alive
+	// Its segment gone, a bell is an orphan; beside a segment, only an old
+	// one may be stale (a consumer opens its bell just after making it).
+	seg := filepath.Join(ShmDir, name[:strings.LastIndex(name, bellSuffix)])
+	if _, err := os.Lstat(seg); err == nil && time.Since(time.Unix(st.Mtim.Unix())) < bellSweepAge {
 		return false, nil
 	}
-	if !errors.Is(err, unix.ENXIO) {
+	if live, err := bellLive(path); err != nil || live {
 		return false, nil
 	}
 	if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {

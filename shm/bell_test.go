@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -89,6 +90,25 @@ func TestSweepBells(t *testing.T) {
 	if err := mkfifo(stale); err != nil {
 		t.Fatal(err)
 	}
+	// A young bell beside a live segment stays; a young one whose segment
+	// is gone is an orphan.
+	youngSeg := newSegment(t, 4096)
+	young := filepath.Join(ShmDir, NamePrefix+youngSeg.Name()+bellSuffix+"0")
+	if err := mkfifo(young); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(young)
+	orphan := filepath.Join(ShmDir, NamePrefix+testName(t)+"-orphan"+bellSuffix+"0")
+	if err := mkfifo(orphan); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(orphan)
+	// Only bells older than a minute may be stale: a consumer opens its
+	// bell just after making it.
+	old := time.Now().Add(-2 * bellSweepAge)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
 	removed, err := Sweep()
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +118,61 @@ func TestSweepBells(t *testing.T) {
 	}
 	if _, err := os.Lstat(r.bell.path); err != nil {
 		t.Fatalf("Sweep removed a live ring's bell: %v", err)
+	}
+	if _, err := os.Lstat(young); err != nil {
+		t.Fatalf("Sweep removed a bell made a moment ago beside its segment: %v", err)
+	}
+	if _, err := os.Lstat(orphan); !os.IsNotExist(err) {
+		t.Fatalf("Sweep left a bell whose segment is gone (%v)", err)
+	}
+}
+
+// A bell belongs to the consumer that made it: a second consumer cannot
+// take it over while it is live, and a consumer whose bell was replaced
+// does not remove the new one when it closes.
+func TestBellOwnership(t *testing.T) {
+	seg, r1 := newMPMC(t, 8, 8)
+	r2, err := OpenMPMC(seg, 0, Wait{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	if err := r1.EnableBell(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.EnableBell(); err == nil {
+		t.Fatal("a second consumer took over a live bell")
+	}
+	// r1's FIFO goes (as a Sweep in a race would take it); r2 makes its own.
+	os.Remove(r1.bell.path)
+	if err := r2.EnableBell(); err != nil {
+		t.Fatal(err)
+	}
+	r1.Close()
+	if _, err := os.Lstat(r2.bell.path); err != nil {
+		t.Fatalf("closing r1 removed r2's bell: %v", err)
+	}
+}
+
+// A wait on a closed ring's bell does not spin: it falls back to the futex.
+func TestBellClosedDoesNotSpin(t *testing.T) {
+	_, r := newMPMC(t, 8, 8)
+	if err := r.EnableBell(); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	before := cpu()
+	r.WaitNotEmpty(ctx)
+	// Waiting 300 ms on a futex costs a few ms of CPU; spinning, all 300.
+	if used := cpu() - before; used > 150*time.Millisecond {
+		t.Fatalf("a 300 ms wait on a closed ring's bell used %v of CPU", used)
 	}
 }
 

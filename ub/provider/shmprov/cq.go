@@ -28,8 +28,8 @@ type cq struct {
 	buf   []byte
 
 	// A local completion ends a sleep on a ring's bell.
-	sleepMu sync.Mutex
-	wakeup  context.CancelFunc // of the sleep in progress, if any
+	sleepMu  sync.Mutex
+	sleepers map[*context.CancelFunc]struct{} // sleeps on a bell in progress
 }
 
 // NewCQ makes a completion queue.
@@ -41,8 +41,8 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	q := &cq{c: c, local: verbs.NewQueue(depth), buf: make([]byte, complSlotSize)}
 	q.local.OnPush(func() {
 		q.sleepMu.Lock()
-		if q.wakeup != nil {
-			q.wakeup()
+		for cancel := range q.sleepers {
+			(*cancel)()
 		}
 		q.sleepMu.Unlock()
 	})
@@ -194,14 +194,17 @@ func (q *cq) waitRing(ctx context.Context) bool {
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
 	q.sleepMu.Lock()
-	q.wakeup = cancel
+	if q.sleepers == nil {
+		q.sleepers = map[*context.CancelFunc]struct{}{}
+	}
+	q.sleepers[&cancel] = struct{}{}
 	q.sleepMu.Unlock()
 	// A local completion pushed before the hook was set: do not sleep.
 	if q.local.Len() == 0 {
 		only.WaitNotEmpty(wctx)
 	}
 	q.sleepMu.Lock()
-	q.wakeup = nil
+	delete(q.sleepers, &cancel)
 	q.sleepMu.Unlock()
 	cancel()
 	return true

@@ -294,6 +294,10 @@ type cq struct {
 	nextID  uint64
 	buf     []ub.Completion
 	ready   chan struct{}
+	// Waits on the inner queue in progress: the sim's own completions
+	// (push) end them, since the inner queue knows nothing of those.
+	waitMu  sync.Mutex
+	waiters map[*context.CancelFunc]struct{}
 }
 
 type tracked struct {
@@ -326,6 +330,11 @@ func (q *cq) push(c ub.Completion) {
 	case q.ready <- struct{}{}:
 	default:
 	}
+	q.waitMu.Lock()
+	for cancel := range q.waiters {
+		(*cancel)()
+	}
+	q.waitMu.Unlock()
 }
 
 // track registers a request about to be posted and returns the id it
@@ -406,8 +415,7 @@ func (q *cq) next() (bool, time.Time, error) {
 // with runtime.Gosched keeps its processor busy, and a busy processor never
 // looks at Go's netpoller, so the sockets and bells of everything else in
 // the process (a proxy's other side, the inner queue's own bell) went
-// unserved until the poll ended. Callers that know polling pays (the
-// transport's ub path) poll Poll themselves.
+// unserved until the poll ended.
 func (q *cq) Wait(ctx context.Context) error {
 	for {
 		ok, release, err := q.next()
@@ -432,12 +440,29 @@ func (q *cq) Wait(ctx context.Context) error {
 			continue
 		}
 		wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
-		err = q.inner.Wait(wctx)
+		q.waitMu.Lock()
+		if q.waiters == nil {
+			q.waiters = map[*context.CancelFunc]struct{}{}
+		}
+		q.waiters[&cancel] = struct{}{}
+		q.waitMu.Unlock()
+		// A push between the look above and the registration: look again
+		// rather than sleep.
+		if ok, release, _ := q.next(); ok || !release.IsZero() {
+			err = nil
+		} else {
+			err = q.inner.Wait(wctx)
+		}
+		q.waitMu.Lock()
+		delete(q.waiters, &cancel)
+		q.waitMu.Unlock()
 		cancel()
 		switch {
 		case err == nil:
 		case ctx.Err() != nil:
 			return ctx.Err()
+		case errors.Is(err, context.Canceled):
+			// Ended by one of the sim's own completions: look again.
 		case !errors.Is(err, context.DeadlineExceeded):
 			return err
 		}
