@@ -182,11 +182,6 @@ func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bo
 	defer b.rdMu.Unlock()
 	b.armed.Add(1)
 	defer b.armed.Add(^uint32(0))
-	// Look again after announcing: the producer either sees the count or
-	// we see its record.
-	if ready() {
-		return true
-	}
 	now := time.Now()
 	dl := now.Add(d)
 	if cdl, ok := ctx.Deadline(); ok && cdl.Before(dl) {
@@ -196,8 +191,9 @@ func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bo
 		dl = cdl
 	}
 	b.rd.SetReadDeadline(dl)
-	// Look once more after setting the deadline: a producer in this process
-	// rings by moving it, and must not be overtaken by this Set.
+	// Look again after announcing ourselves and setting the deadline: a
+	// producer either sees the count (and writes the FIFO, or, in this
+	// process, moves the deadline after this Set) or we see its record.
 	if ready() {
 		return true
 	}

@@ -178,16 +178,11 @@ func TestBellClosedDoesNotSpin(t *testing.T) {
 
 func init() {
 	children["bell-pusher"] = func(args []string) error {
-		seg, err := OpenSegment(args[0])
+		r, closeRing, err := openChildMPMC(args[0])
 		if err != nil {
 			return err
 		}
-		defer seg.Close()
-		r, err := OpenMPMC(seg, 0, Wait{})
-		if err != nil {
-			return err
-		}
-		defer r.Close()
+		defer closeRing()
 		n, _ := strconv.Atoi(args[1])
 		for range n {
 			// One record at a time: wait until the consumer took the

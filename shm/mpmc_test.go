@@ -51,19 +51,29 @@ func TestMPMCBasics(t *testing.T) {
 	}
 }
 
+// openChildMPMC opens, in a child process, the ring at offset 0 of the
+// named segment; closeRing closes both.
+func openChildMPMC(name string) (r *MPMC, closeRing func(), err error) {
+	seg, err := OpenSegment(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err = OpenMPMC(seg, 0, Wait{})
+	if err != nil {
+		seg.Close()
+		return nil, nil, err
+	}
+	return r, func() { r.Close(); seg.Close() }, nil
+}
+
 func init() {
 	// mpmc-worker <segment> <push|pop> <count> <id>
 	children["mpmc-worker"] = func(args []string) error {
-		seg, err := OpenSegment(args[0])
+		r, closeRing, err := openChildMPMC(args[0])
 		if err != nil {
 			return err
 		}
-		defer seg.Close()
-		r, err := OpenMPMC(seg, 0, Wait{})
-		if err != nil {
-			return err
-		}
-		defer r.Close()
+		defer closeRing()
 		n, _ := strconv.Atoi(args[2])
 		id, _ := strconv.Atoi(args[3])
 		ctx := context.Background()

@@ -20,6 +20,16 @@ type getter struct {
 	close func()
 }
 
+// getChecked gets key k's value and checks its checksum; it returns the
+// value for reuse as the next dst.
+func (g *getter) getChecked(k int, dst []byte) ([]byte, error) {
+	v, err := g.get(k, dst)
+	if err != nil {
+		return nil, err
+	}
+	return v, check(v, k)
+}
+
 var bg = context.Background()
 
 // newGetter connects a client of kind to addr (a pool name for ubkit).

@@ -68,11 +68,8 @@ func getPeer(a peerArgs) error {
 	r := rng(a.Seed, 0)
 	dst := make([]byte, 0, ValueSize)
 	get := func(k int) error {
-		v, err := g.get(k, dst)
-		if err != nil {
-			return err
-		}
-		return check(v, k)
+		_, err := g.getChecked(k, dst)
+		return err
 	}
 	for start := time.Now(); time.Since(start) < a.Duration/10; {
 		if err := get(r.IntN(Keys)); err != nil {

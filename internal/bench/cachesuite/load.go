@@ -20,10 +20,7 @@ func warmAll(g *getter) error {
 		wg.Go(func() {
 			var dst []byte
 			for k := w; k < Keys; k += Goroutines {
-				v, err := g.get(k, dst)
-				if err == nil {
-					err = check(v, k)
-				}
+				v, err := g.getChecked(k, dst)
 				if err != nil {
 					errs[w] = err
 					return
@@ -62,10 +59,7 @@ func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64
 							return
 						}
 					} else {
-						v, err := g.get(k, dst)
-						if err == nil {
-							err = check(v, k)
-						}
+						v, err := g.getChecked(k, dst)
 						if err != nil {
 							errs[w] = err
 							return

@@ -4,10 +4,12 @@
 package verbs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ubkit-io/ubkit/ub"
 )
@@ -194,4 +196,42 @@ func (q *Queue) Room() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.q) - q.n - q.reserved
+}
+
+// Sleepers are waits in progress on something (a ring's bell, an inner
+// provider's queue) that something else must also be able to end: a
+// completion that arrives another way. Each sleeps on a context that
+// Wake cancels. The zero value is ready to use.
+type Sleepers struct {
+	mu sync.Mutex
+	m  map[*context.CancelFunc]struct{}
+}
+
+// Sleep returns a context derived from ctx that ends after d or at the
+// next Wake, and the function that ends the sleep (call it when done).
+// The caller looks once more for what it waits for after Sleep and
+// before it sleeps: a Wake before Sleep ends nothing.
+func (s *Sleepers) Sleep(ctx context.Context, d time.Duration) (context.Context, func()) {
+	sctx, cancel := context.WithTimeout(ctx, d)
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[*context.CancelFunc]struct{}{}
+	}
+	s.m[&cancel] = struct{}{}
+	s.mu.Unlock()
+	return sctx, func() {
+		s.mu.Lock()
+		delete(s.m, &cancel)
+		s.mu.Unlock()
+		cancel()
+	}
+}
+
+// Wake ends every sleep in progress.
+func (s *Sleepers) Wake() {
+	s.mu.Lock()
+	for cancel := range s.m {
+		(*cancel)()
+	}
+	s.mu.Unlock()
 }

@@ -27,9 +27,7 @@ type cq struct {
 	rings []*shm.MPMC
 	buf   []byte
 
-	// A local completion ends a sleep on a ring's bell.
-	sleepMu  sync.Mutex
-	sleepers map[*context.CancelFunc]struct{} // sleeps on a bell in progress
+	sleepers verbs.Sleepers // on a ring's bell: a local completion ends them
 }
 
 // NewCQ makes a completion queue.
@@ -39,13 +37,7 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 		depth = defaultCQDepth
 	}
 	q := &cq{c: c, local: verbs.NewQueue(depth), buf: make([]byte, complSlotSize)}
-	q.local.OnPush(func() {
-		q.sleepMu.Lock()
-		for cancel := range q.sleepers {
-			(*cancel)()
-		}
-		q.sleepMu.Unlock()
-	})
+	q.local.OnPush(q.sleepers.Wake)
 	if err := c.track(q); err != nil {
 		return nil, err
 	}
@@ -192,21 +184,12 @@ func (q *cq) waitRing(ctx context.Context) bool {
 	if only == nil {
 		return false
 	}
-	wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
-	q.sleepMu.Lock()
-	if q.sleepers == nil {
-		q.sleepers = map[*context.CancelFunc]struct{}{}
-	}
-	q.sleepers[&cancel] = struct{}{}
-	q.sleepMu.Unlock()
-	// A local completion pushed before the hook was set: do not sleep.
+	wctx, done := q.sleepers.Sleep(ctx, time.Millisecond)
+	// A local completion pushed before the sleep began: do not sleep.
 	if q.local.Len() == 0 {
 		only.WaitNotEmpty(wctx)
 	}
-	q.sleepMu.Lock()
-	delete(q.sleepers, &cancel)
-	q.sleepMu.Unlock()
-	cancel()
+	done()
 	return true
 }
 

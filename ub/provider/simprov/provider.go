@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 	"github.com/ubkit-io/ubkit/ub/topology"
 
 	// The providers sim runs over.
@@ -294,10 +295,9 @@ type cq struct {
 	nextID  uint64
 	buf     []ub.Completion
 	ready   chan struct{}
-	// Waits on the inner queue in progress: the sim's own completions
-	// (push) end them, since the inner queue knows nothing of those.
-	waitMu  sync.Mutex
-	waiters map[*context.CancelFunc]struct{}
+	// Waits on the inner queue: the sim's own completions (push) end
+	// them, since the inner queue knows nothing of those.
+	sleepers verbs.Sleepers
 }
 
 type tracked struct {
@@ -330,11 +330,7 @@ func (q *cq) push(c ub.Completion) {
 	case q.ready <- struct{}{}:
 	default:
 	}
-	q.waitMu.Lock()
-	for cancel := range q.waiters {
-		(*cancel)()
-	}
-	q.waitMu.Unlock()
+	q.sleepers.Wake()
 }
 
 // track registers a request about to be posted and returns the id it
@@ -439,24 +435,15 @@ func (q *cq) Wait(ctx context.Context) error {
 			}
 			continue
 		}
-		wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
-		q.waitMu.Lock()
-		if q.waiters == nil {
-			q.waiters = map[*context.CancelFunc]struct{}{}
-		}
-		q.waiters[&cancel] = struct{}{}
-		q.waitMu.Unlock()
-		// A push between the look above and the registration: look again
-		// rather than sleep.
+		wctx, done := q.sleepers.Sleep(ctx, time.Millisecond)
+		// A push between the look above and the sleep: look again rather
+		// than sleep.
 		if ok, release, _ := q.next(); ok || !release.IsZero() {
 			err = nil
 		} else {
 			err = q.inner.Wait(wctx)
 		}
-		q.waitMu.Lock()
-		delete(q.waiters, &cancel)
-		q.waitMu.Unlock()
-		cancel()
+		done()
 		switch {
 		case err == nil:
 		case ctx.Err() != nil:
