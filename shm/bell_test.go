@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -230,4 +231,45 @@ func TestBellAcrossProcesses(t *testing.T) {
 		t.Fatalf("%d pushes from another process took %v to arrive: the bell did not ring", n, took)
 	}
 	t.Logf("%d pushes from another process, 300 µs apart, arrived in %v", n, took)
+}
+
+// Kick ends a WaitNotEmptyOr whose stop condition it made true, asleep on
+// the bell or on the futex, well before the sleep's own end.
+func TestKickEndsWait(t *testing.T) {
+	for _, withBell := range []bool{true, false} {
+		t.Run(map[bool]string{true: "bell", false: "futex"}[withBell], func(t *testing.T) {
+			_, r := newMPMC(t, 8, 8)
+			if withBell {
+				if err := r.EnableBell(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var lat []time.Duration
+			for i := 0; i < 30; i++ {
+				var stop atomic.Bool
+				kicked := make(chan time.Time, 1)
+				go func() {
+					time.Sleep(200 * time.Microsecond)
+					kicked <- time.Now()
+					stop.Store(true)
+					r.Kick()
+				}()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err := r.WaitNotEmptyOr(ctx, stop.Load)
+				cancel()
+				woke := time.Now()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !stop.Load() {
+					t.Fatal("WaitNotEmptyOr returned on an empty ring before the stop condition held")
+				}
+				lat = append(lat, woke.Sub(<-kicked))
+			}
+			slices.Sort(lat)
+			if lat[len(lat)/2] > livenessInterval/2 {
+				t.Fatalf("median wake-up %v after the kick: Kick did not wake the wait", lat[len(lat)/2])
+			}
+		})
+	}
 }

@@ -333,6 +333,13 @@ func (r *MPMC) Pop(ctx context.Context, dst []byte) (int, error) {
 	return n, err
 }
 
+// Kick wakes the waits in WaitNotEmptyOr as a push would, pushing
+// nothing: each looks at its stop condition again.
+func (r *MPMC) Kick() {
+	wake(r.notEmptySeq, r.popWaiters, true)
+	r.bell.ring()
+}
+
 // Close removes this process from the ring's participants. Other processes
 // keep using the ring.
 func (r *MPMC) Close() error {
@@ -347,10 +354,15 @@ func (r *MPMC) Close() error {
 // WaitNotEmpty waits, with the ring's wait strategy (a producer's push
 // wakes it), until a record may be popped, ctx ends or a participant is
 // found dead. It pops nothing: several rings can be watched in turn.
-func (r *MPMC) WaitNotEmpty(ctx context.Context) error {
+func (r *MPMC) WaitNotEmpty(ctx context.Context) error { return r.WaitNotEmptyOr(ctx, nil) }
+
+// WaitNotEmptyOr is WaitNotEmpty that also returns, with nil, once stop
+// reports true: for a consumer that waits on something else too, which
+// makes stop true and then calls Kick. stop may be nil.
+func (r *MPMC) WaitNotEmptyOr(ctx context.Context, stop func() bool) error {
 	ready := func() (bool, error) {
 		pos := r.deq.Load()
-		return r.seq(pos).Load() == pos+1, nil
+		return r.seq(pos).Load() == pos+1 || (stop != nil && stop()), nil
 	}
 	if ok, _ := ready(); ok {
 		return nil

@@ -4,12 +4,10 @@
 package verbs
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ubkit-io/ubkit/ub"
 )
@@ -91,11 +89,25 @@ type Queue struct {
 	closed   bool
 	ready    chan struct{}
 	onPush   atomic.Pointer[func()]
+	kicks    atomic.Uint64
 }
 
 // OnPush sets a function every later Push (and Close) calls after
 // signalling Ready: for a waiter that sleeps on something else as well.
 func (q *Queue) OnPush(f func()) { q.onPush.Store(&f) }
+
+// Kick makes the waits on the queue in progress return although nothing
+// was pushed: the layer above has completions of its own the waits know
+// nothing of. It counts the kick, signals Ready and calls the OnPush
+// function; a wait returns once Kicks differs from what it was when the
+// layer above last looked at its own completions.
+func (q *Queue) Kick() {
+	q.kicks.Add(1)
+	q.pushed()
+}
+
+// Kicks is how many times Kick was called.
+func (q *Queue) Kicks() uint64 { return q.kicks.Load() }
 
 func (q *Queue) pushed() {
 	select {
@@ -196,42 +208,4 @@ func (q *Queue) Room() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.q) - q.n - q.reserved
-}
-
-// Sleepers are waits in progress on something (a ring's bell, an inner
-// provider's queue) that something else must also be able to end: a
-// completion that arrives another way. Each sleeps on a context that
-// Wake cancels. The zero value is ready to use.
-type Sleepers struct {
-	mu sync.Mutex
-	m  map[*context.CancelFunc]struct{}
-}
-
-// Sleep returns a context derived from ctx that ends after d or at the
-// next Wake, and the function that ends the sleep (call it when done).
-// The caller looks once more for what it waits for after Sleep and
-// before it sleeps: a Wake before Sleep ends nothing.
-func (s *Sleepers) Sleep(ctx context.Context, d time.Duration) (context.Context, func()) {
-	sctx, cancel := context.WithTimeout(ctx, d)
-	s.mu.Lock()
-	if s.m == nil {
-		s.m = map[*context.CancelFunc]struct{}{}
-	}
-	s.m[&cancel] = struct{}{}
-	s.mu.Unlock()
-	return sctx, func() {
-		s.mu.Lock()
-		delete(s.m, &cancel)
-		s.mu.Unlock()
-		cancel()
-	}
-}
-
-// Wake ends every sleep in progress.
-func (s *Sleepers) Wake() {
-	s.mu.Lock()
-	for cancel := range s.m {
-		(*cancel)()
-	}
-	s.mu.Unlock()
 }

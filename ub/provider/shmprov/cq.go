@@ -27,7 +27,13 @@ type cq struct {
 	rings []*shm.MPMC
 	buf   []byte
 
-	sleepers verbs.Sleepers // on a ring's bell: a local completion ends them
+	// nsleep counts the waits asleep on sleepRing (all on the CQ's one
+	// ring): a local completion or a Kick kicks it, which ends the sleeps.
+	// A wait holds the context's read lock, so the ring stays mapped while
+	// it is set.
+	kmu       sync.Mutex
+	nsleep    int
+	sleepRing *shm.MPMC
 }
 
 // NewCQ makes a completion queue.
@@ -37,7 +43,7 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 		depth = defaultCQDepth
 	}
 	q := &cq{c: c, local: verbs.NewQueue(depth), buf: make([]byte, complSlotSize)}
-	q.local.OnPush(q.sleepers.Wake)
+	q.local.OnPush(q.kickSleep)
 	if err := c.track(q); err != nil {
 		return nil, err
 	}
@@ -127,21 +133,34 @@ func (q *cq) ready() (bool, error) {
 	return false, nil
 }
 
-// Wait blocks until Poll has something. Local completions wake it at once.
+// Kick makes the waits in progress return although Poll may have nothing:
+// simprov's own completions end its waits this way.
+func (q *cq) Kick() { q.local.Kick() }
+
+// Kicks is how many times Kick was called.
+func (q *cq) Kicks() uint64 { return q.local.Kicks() }
+
+func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.local.Kicks()) }
+
+// WaitKick blocks until Poll has something, or Kick was called since Kicks
+// returned since. Local completions wake it at once.
 // For completions other contexts push (other processes, or other nodes of a
 // simulation), when they can come from one ring only, the wait sleeps on
 // that ring's bell in Go's netpoller (or its futex, without a bell), which
 // a push rings; with several rings it backs off from 10 µs to 1 ms between
 // looks. It does not poll first: a polling goroutine keeps Go's netpoller
 // from running on its processor (see simprov's Wait).
-func (q *cq) Wait(ctx context.Context) error {
+func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 	backoff := 10 * time.Microsecond
 	for {
 		ok, err := q.ready()
 		if ok || err != nil {
 			return err
 		}
-		if q.waitRing(ctx) {
+		if q.local.Kicks() != since {
+			return nil
+		}
+		if q.waitRing(ctx, since) {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -165,11 +184,12 @@ func (q *cq) Wait(ctx context.Context) error {
 	}
 }
 
-// waitRing sleeps on the futex of the CQ's one ring for up to a
-// millisecond (a push wakes it); it reports false if the CQ has several
-// rings. The context's lock is held meanwhile, so the ring is not unmapped
-// under the wait.
-func (q *cq) waitRing(ctx context.Context) bool {
+// waitRing sleeps on the CQ's one ring (its bell, or its futex) until a
+// push to the ring, a local completion, a Kick since since, or a Close
+// that wants the context's lock; it reports false if the CQ has several
+// rings. The context's read lock is held meanwhile, so the ring is not
+// unmapped under the wait.
+func (q *cq) waitRing(ctx context.Context, since uint64) bool {
 	q.c.ops.RLock()
 	defer q.c.ops.RUnlock()
 	if q.local.Closed() {
@@ -184,17 +204,42 @@ func (q *cq) waitRing(ctx context.Context) bool {
 	if only == nil {
 		return false
 	}
-	wctx, done := q.sleepers.Sleep(ctx, time.Millisecond)
-	// A local completion pushed before the sleep began: do not sleep.
-	if q.local.Len() == 0 {
-		only.WaitNotEmpty(wctx)
+	// Announce the sleep before the wait's looks at the local queue: a
+	// push after a look kicks the ring.
+	q.kmu.Lock()
+	if q.nsleep++; q.nsleep == 1 {
+		q.sleepRing = only
+		q.c.smu.Lock()
+		q.c.sleeping[q] = struct{}{}
+		q.c.smu.Unlock()
 	}
-	done()
+	q.kmu.Unlock()
+	// A Close waiting for the lock we hold ends the sleep too.
+	only.WaitNotEmptyOr(ctx, func() bool {
+		return q.local.Len() > 0 || q.local.Kicks() != since || q.c.opsWanted.Load() > 0
+	})
+	q.kmu.Lock()
+	if q.nsleep--; q.nsleep == 0 {
+		q.sleepRing = nil
+		q.c.smu.Lock()
+		delete(q.c.sleeping, q)
+		q.c.smu.Unlock()
+	}
+	q.kmu.Unlock()
 	return true
 }
 
+// kickSleep ends the sleeps on the CQ's ring, if any.
+func (q *cq) kickSleep() {
+	q.kmu.Lock()
+	if q.sleepRing != nil {
+		q.sleepRing.Kick()
+	}
+	q.kmu.Unlock()
+}
+
 func (q *cq) Close() error {
-	q.c.ops.Lock()
+	q.c.lockOps()
 	defer q.c.ops.Unlock()
 	q.mu.Lock()
 	q.rings = nil

@@ -316,7 +316,7 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 // Close marks the jetty gone for senders, flushes its posted receives to the
 // RecvCQ and releases the shared memory.
 func (j *jetty) Close() error {
-	j.c.ops.Lock()
+	j.c.lockOps()
 	defer j.c.ops.Unlock()
 	j.mu.Lock()
 	if j.closed {
@@ -390,7 +390,7 @@ func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, err
 func (t *target) Desc() ub.JettyDesc { return t.desc }
 
 func (t *target) Close() error {
-	t.c.ops.Lock()
+	t.c.lockOps()
 	defer t.c.ops.Unlock()
 	t.closed = true
 	var err error

@@ -28,7 +28,7 @@ func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
 	if _, err := io.ReadFull(rand.Reader, eid[:]); err != nil {
 		return nil, err
 	}
-	c := &Context{eid: eid, prefix: "ub-" + hex.EncodeToString(eid[:6]), opened: map[string]*peerSeg{}}
+	c := &Context{eid: eid, prefix: "ub-" + hex.EncodeToString(eid[:6]), opened: map[string]*peerSeg{}, sleeping: map[*cq]struct{}{}}
 	return c, nil
 }
 
@@ -44,6 +44,12 @@ type Context struct {
 	// ops is held for reading by every operation (posts, polls) and for
 	// writing by every Close, so nothing is unmapped under an operation.
 	ops sync.RWMutex
+	// Waits on a CQ's ring sleep holding ops for reading; a Close that
+	// wants it for writing first counts itself in opsWanted and kicks the
+	// CQs in sleeping, whose waits then return.
+	opsWanted atomic.Int32
+	smu       sync.Mutex
+	sleeping  map[*cq]struct{}
 
 	mu      sync.Mutex
 	closed  bool
@@ -88,6 +94,23 @@ func (c *Context) track(o io.Closer) error {
 	return nil
 }
 
+// lockOps takes ops for writing, first ending the waits asleep under it
+// for reading.
+func (c *Context) lockOps() {
+	c.opsWanted.Add(1)
+	c.smu.Lock()
+	qs := make([]*cq, 0, len(c.sleeping))
+	for q := range c.sleeping {
+		qs = append(qs, q)
+	}
+	c.smu.Unlock()
+	for _, q := range qs {
+		q.kickSleep()
+	}
+	c.ops.Lock()
+	c.opsWanted.Add(-1)
+}
+
 // Close closes everything the context made or imported.
 func (c *Context) Close() error {
 	c.mu.Lock()
@@ -105,7 +128,7 @@ func (c *Context) Close() error {
 	for i := len(objs) - 1; i >= 0; i-- {
 		errs = append(errs, objs[i].Close())
 	}
-	c.ops.Lock()
+	c.lockOps()
 	for _, p := range opened {
 		errs = append(errs, p.seg.Close())
 	}
@@ -179,7 +202,7 @@ func (s *segment) Desc() ub.SegmentDesc {
 // Close deregisters the segment: peers' later accesses fail. Peers that
 // mapped it keep a valid mapping, so nobody faults.
 func (s *segment) Close() error {
-	s.c.ops.Lock()
+	s.c.lockOps()
 	defer s.c.ops.Unlock()
 	s.closed = true
 	var err error
@@ -236,7 +259,7 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 func (r *remoteSegment) Desc() ub.SegmentDesc { return r.desc }
 
 func (r *remoteSegment) Close() error {
-	r.c.ops.Lock()
+	r.c.lockOps()
 	defer r.c.ops.Unlock()
 	r.use.Lock()
 	defer r.use.Unlock()

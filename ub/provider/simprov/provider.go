@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/ub"
-	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 	"github.com/ubkit-io/ubkit/ub/topology"
 
 	// The providers sim runs over.
@@ -295,9 +294,14 @@ type cq struct {
 	nextID  uint64
 	buf     []ub.Completion
 	ready   chan struct{}
-	// Waits on the inner queue: the sim's own completions (push) end
-	// them, since the inner queue knows nothing of those.
-	sleepers verbs.Sleepers
+}
+
+// kicker is an inner completion queue whose waits sim's own completions
+// can end (the inner queue knows nothing of them): shmprov's and tcpprov's.
+type kicker interface {
+	Kick()
+	Kicks() uint64
+	WaitKick(ctx context.Context, since uint64) error
 }
 
 type tracked struct {
@@ -330,7 +334,9 @@ func (q *cq) push(c ub.Completion) {
 	case q.ready <- struct{}{}:
 	default:
 	}
-	q.sleepers.Wake()
+	if k, ok := q.inner.(kicker); ok {
+		k.Kick()
+	}
 }
 
 // track registers a request about to be posted and returns the id it
@@ -413,7 +419,14 @@ func (q *cq) next() (bool, time.Time, error) {
 // the process (a proxy's other side, the inner queue's own bell) went
 // unserved until the poll ended.
 func (q *cq) Wait(ctx context.Context) error {
+	k, kickable := q.inner.(kicker)
 	for {
+		// A push after the look below kicks the inner wait: count the
+		// kicks before looking.
+		var since uint64
+		if kickable {
+			since = k.Kicks()
+		}
 		ok, release, err := q.next()
 		if ok || err != nil {
 			return err
@@ -435,21 +448,19 @@ func (q *cq) Wait(ctx context.Context) error {
 			}
 			continue
 		}
-		wctx, done := q.sleepers.Sleep(ctx, time.Millisecond)
-		// A push between the look above and the sleep: look again rather
-		// than sleep.
-		if ok, release, _ := q.next(); ok || !release.IsZero() {
-			err = nil
+		if kickable {
+			err = k.WaitKick(ctx, since)
 		} else {
+			// An inner queue that cannot be kicked is looked at every
+			// millisecond.
+			wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
 			err = q.inner.Wait(wctx)
+			cancel()
 		}
-		done()
 		switch {
 		case err == nil:
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case errors.Is(err, context.Canceled):
-			// Ended by one of the sim's own completions: look again.
 		case !errors.Is(err, context.DeadlineExceeded):
 			return err
 		}

@@ -154,3 +154,35 @@ func TestOpenErrors(t *testing.T) {
 		}
 	}
 }
+
+// A completion the sim decides itself (here a fault) ends every wait in
+// progress on its queue, though the provider underneath knows nothing of
+// it: waits asleep on the inner queue's bell and on its futex alike.
+func TestOwnCompletionEndsEveryWait(t *testing.T) {
+	n0, n1 := openNode(t, "n0"), openNode(t, "n1")
+	to1 := importSeg(t, n0, n1)
+	f := n0.c.(*simprov.Context).Fabric()
+	t.Cleanup(func() { f.SetLinkDown("n0", "n1", false) })
+	if err := f.SetLinkDown("n0", "n1", true); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() { errs <- n0.cq.Wait(ctx) }()
+	}
+	time.Sleep(20 * time.Millisecond) // let them fall asleep
+	if _, err := n0.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: n0.seg, Len: 64}, Remote: ub.Remote{Seg: to1}}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatalf("a wait did not end on the sim's own completion: %v", err)
+		}
+	}
+	out := make([]ub.Completion, 2)
+	if k, _ := n0.cq.Poll(out); k != 1 || out[0].Status != ub.StatusLinkDown {
+		t.Fatalf("Poll: %d completions %v, want one link down", k, out[:k])
+	}
+}

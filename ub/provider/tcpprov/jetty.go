@@ -41,12 +41,16 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 
 func (q *cq) Poll(out []ub.Completion) (int, error) { return q.Pop(out) }
 
-func (q *cq) Wait(ctx context.Context) error {
+func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.Kicks()) }
+
+// WaitKick is Wait that also returns once Kick was called since Kicks
+// returned since: simprov's own completions end its waits this way.
+func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 	for {
 		if q.Closed() {
 			return ErrClosed
 		}
-		if q.Len() > 0 {
+		if q.Len() > 0 || q.Kicks() != since {
 			return nil
 		}
 		select {
