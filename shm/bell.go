@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,13 +26,15 @@ import (
 // itself in a word of the ring's header, and a producer that finds the
 // count non-zero after a push writes a byte into the FIFO.
 type bell struct {
-	path  string
-	armed *atomic.Uint32 // sleepers on the bell, in the ring's header
+	path    string
+	armed   *atomic.Uint32 // sleepers on the bell, in the ring's header
+	written *atomic.Uint32 // a producer wrote into the FIFO since the consumer emptied it (header)
 
 	// Consumer side (the handle that enabled the bell).
 	rd   *os.File
-	fd   int        // rd's descriptor, to tell whether the FIFO at path is still ours
-	rdMu sync.Mutex // one sleeper on the file at a time; others use the futex
+	raw  syscall.RawConn // rd's, to park in the netpoller without a read
+	fd   int             // rd's descriptor, to tell whether the FIFO at path is still ours
+	rdMu sync.Mutex      // one sleeper on the file at a time; others use the futex
 
 	// Producer side: the FIFO opened for writing, once needed.
 	wmu     sync.Mutex
@@ -62,8 +65,8 @@ func bellPath(seg *Segment, off int) string {
 	return filepath.Join(ShmDir, seg.name+bellSuffix+strconv.Itoa(off))
 }
 
-func newBell(path string, armed *atomic.Uint32) *bell {
-	return &bell{path: path, armed: armed, wfd: -1}
+func newBell(path string, armed, written *atomic.Uint32) *bell {
+	return &bell{path: path, armed: armed, written: written, wfd: -1}
 }
 
 // EnableBell makes WaitNotEmpty on this handle sleep in Go's netpoller,
@@ -114,7 +117,14 @@ func (r *MPMC) EnableBell() error {
 		break
 	}
 	fd := b.fd
-	b.rd = os.NewFile(uintptr(fd), b.path)
+	rd := os.NewFile(uintptr(fd), b.path)
+	raw, err := rd.SyscallConn()
+	if err != nil {
+		rd.Close()
+		unix.Unlink(b.path)
+		return fmt.Errorf("shm: bell %s: %w", b.path, err)
+	}
+	b.rd, b.raw = rd, raw
 	localBells.Store(b.path, b)
 	return nil
 }
@@ -148,7 +158,10 @@ func (b *bell) ring() {
 		}
 		_, err := unix.Write(b.wfd, []byte{1})
 		if err == nil || errors.Is(err, unix.EAGAIN) {
-			return // rung, or bytes already wait to be read
+			// Rung, or bytes already wait to be read. Said after the
+			// write: a consumer that sees it empties the FIFO.
+			b.written.Store(1)
+			return
 		}
 		// EPIPE: the FIFO we hold was replaced (its consumer closed it);
 		// open the current one.
@@ -180,6 +193,9 @@ func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bo
 		return false // closed, or another goroutine sleeps on it: the futex
 	}
 	defer b.rdMu.Unlock()
+	if b.written.Load() != 0 {
+		b.raw.Control(func(fd uintptr) { b.drain(int(fd)) }) // the descriptor stays valid meanwhile
+	}
 	b.armed.Add(1)
 	defer b.armed.Add(^uint32(0))
 	now := time.Now()
@@ -201,9 +217,35 @@ func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bo
 		stop := context.AfterFunc(ctx, func() { b.rd.SetReadDeadline(time.Now()) })
 		defer stop()
 	}
-	var buf [64]byte
-	b.rd.Read(buf[:]) // data, a deadline or a cancellation: the caller looks
+	// Park in the netpoller without reading: in this process a producer
+	// wakes us by moving the deadline, and no read is needed at all. The
+	// first call looks at the ring once more, after the poller forgot
+	// earlier readiness; a later one means a producer of another process
+	// wrote, and the FIFO is emptied.
+	first := true
+	b.raw.Read(func(fd uintptr) bool {
+		if first {
+			first = false
+			return ready()
+		}
+		b.drain(int(fd))
+		return true
+	})
 	return true
+}
+
+// drain empties the FIFO at fd (the sleeper's lock held), so that the next
+// write makes it readable again whatever the kernel's wake-up rules for a
+// pipe that already holds bytes.
+func (b *bell) drain(fd int) {
+	b.written.Store(0)
+	var buf [64]byte
+	for {
+		n, err := unix.Read(fd, buf[:])
+		if err != nil || n < len(buf) {
+			return
+		}
+	}
 }
 
 // close closes the bell's files, and removes the FIFO if this handle made

@@ -273,3 +273,39 @@ func TestKickEndsWait(t *testing.T) {
 		})
 	}
 }
+
+// Bytes a producer of another process left in the bell (its sleeper woke
+// another way) are taken before the next sleep: on kernels that wake a
+// pipe's readers only when it goes from empty to not empty, a bell that
+// kept bytes would never ring again.
+func TestBellEmptiedBeforeSleep(t *testing.T) {
+	_, r := newMPMC(t, 8, 8)
+	if err := r.EnableBell(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := openBellForWriting(r.bell.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(w)
+	if _, err := syscall.Write(w, make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	r.bell.written.Store(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := r.WaitNotEmpty(ctx); err != context.DeadlineExceeded {
+		t.Fatalf("WaitNotEmpty on an empty ring: %v", err)
+	}
+	if r.bell.written.Load() != 0 {
+		t.Fatal("the bell still says a producer wrote")
+	}
+	rd, err := syscall.Open(r.bell.path, syscall.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(rd)
+	if n, err := syscall.Read(rd, make([]byte, 200)); err != syscall.EAGAIN {
+		t.Fatalf("the bell still holds bytes: read %d, %v", n, err)
+	}
+}

@@ -13,7 +13,7 @@ import (
 //	control line   0: magic u64, version u32, slots u32, slotSize u32,
 //	                  deaths u32
 //	enqueue line 128: enqueue position u64, notEmptySeq u32, popWaiters u32,
-//	                  bellArmed u32
+//	                  bellArmed u32, bellWritten u32
 //	dequeue line 256: dequeue position u64, notFullSeq u32, pushWaiters u32
 //	participants 384: mpmcParticipants process words
 //	slots        640: slots x (sequence u64, length u32, pad u32, payload)
@@ -36,6 +36,7 @@ const (
 	mpmcOffNotEmptySeq = cacheLine + 8
 	mpmcOffPopWaiters  = cacheLine + 12
 	mpmcOffBellArmed   = cacheLine + 16 // consumers asleep on the bell (zero in rings made before bells)
+	mpmcOffBellWritten = cacheLine + 20 // a producer wrote into the bell since the consumer emptied it
 	mpmcOffDeq         = 2 * cacheLine
 	mpmcOffNotFullSeq  = 2*cacheLine + 8
 	mpmcOffPushWaiters = 2*cacheLine + 12
@@ -90,7 +91,7 @@ func CreateMPMC(seg *Segment, off, slots, slotSize int, w Wait) (*MPMC, error) {
 	binary.LittleEndian.PutUint32(mem[mpmcOffSlots:], uint32(slots))
 	binary.LittleEndian.PutUint32(mem[mpmcOffSlotSize:], uint32(slotSize))
 	r := attachMPMC(mem, slots, slotSize, w)
-	r.bell = newBell(bellPath(seg, off), atomicU32(mem, mpmcOffBellArmed))
+	r.bell = newBell(bellPath(seg, off), atomicU32(mem, mpmcOffBellArmed), atomicU32(mem, mpmcOffBellWritten))
 	for i := range slots {
 		r.seq(uint64(i)).Store(uint64(i))
 	}
@@ -120,7 +121,7 @@ func OpenMPMC(seg *Segment, off int, w Wait) (*MPMC, error) {
 		return nil, corruptf("MPMC ring of %d slots of %d bytes: %v", slots, slotSize, err)
 	}
 	r := attachMPMC(mem, slots, slotSize, w)
-	r.bell = newBell(bellPath(seg, off), atomicU32(mem, mpmcOffBellArmed))
+	r.bell = newBell(bellPath(seg, off), atomicU32(mem, mpmcOffBellArmed), atomicU32(mem, mpmcOffBellWritten))
 	return r, r.join()
 }
 

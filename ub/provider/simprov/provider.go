@@ -290,6 +290,7 @@ type cq struct {
 	// pending are inner completions in arrival order, each releasable at
 	// its time; later ones wait behind an earlier held one, so order is kept.
 	pending []timed
+	pendArr []timed // pending's array, from its start
 	ids     map[uint64]tracked
 	nextID  uint64
 	buf     []ub.Completion
@@ -328,7 +329,7 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 func (q *cq) push(c ub.Completion) {
 	q.mu.Lock()
 	q.drain()
-	q.pending = append(q.pending, timed{c: c})
+	q.pushPending(timed{c: c})
 	q.mu.Unlock()
 	select {
 	case q.ready <- struct{}{}:
@@ -336,6 +337,18 @@ func (q *cq) push(c ub.Completion) {
 	}
 	if k, ok := q.inner.(kicker); ok {
 		k.Kick()
+	}
+}
+
+// pushPending appends to pending; pendArr keeps the largest array it grew
+// into, where pending starts over once emptied.
+func (q *cq) pushPending(t timed) {
+	if len(q.pending) == 0 {
+		q.pending = q.pendArr[:0]
+	}
+	q.pending = append(q.pending, t)
+	if cap(q.pending) > cap(q.pendArr) {
+		q.pendArr = q.pending[:0]
 	}
 }
 
@@ -370,7 +383,7 @@ func (q *cq) drain() error {
 					c.UserCtx, release = t.ctx, t.release
 				}
 			}
-			q.pending = append(q.pending, timed{c, release})
+			q.pushPending(timed{c, release})
 		}
 		if n < len(q.buf) {
 			return nil
@@ -385,10 +398,17 @@ func (q *cq) Poll(out []ub.Completion) (int, error) {
 	q.local = q.local[n:]
 	err := q.drain()
 	now := time.Now()
-	for n < len(out) && len(q.pending) > 0 && !q.pending[0].release.After(now) {
-		out[n] = q.pending[0].c
-		q.pending = q.pending[1:]
+	k := 0
+	for n < len(out) && k < len(q.pending) && !q.pending[k].release.After(now) {
+		out[n] = q.pending[k].c
+		k++
 		n++
+	}
+	q.pending = q.pending[k:]
+	if len(q.pending) == 0 {
+		// Start the array over: appends then reuse it rather than grow
+		// a slice that only ever moves forward.
+		q.pending = q.pendArr[:0]
 	}
 	return n, err
 }
