@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -82,6 +83,7 @@ type pktConn struct {
 	peerClosed bool
 	err        error         // why the link ended, once the queues are drained
 	changed    chan struct{} // closed and replaced at every change (mu)
+	waiters    int           // Reads and Recvs waiting on changed (mu)
 	room       chan struct{} // a reader consumed something
 
 	rmu, rmmu  sync.Mutex
@@ -118,10 +120,21 @@ func (c *pktConn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "ub", Source: c.local, Addr: c.remote, Err: err}
 }
 
-// changedLocked wakes every waiter (mu held).
-func (c *pktConn) changedLocked() {
+// changedLocked wakes every waiter (mu held) and reports whether there
+// were any.
+func (c *pktConn) changedLocked() bool {
 	close(c.changed)
 	c.changed = make(chan struct{})
+	return c.waiters > 0
+}
+
+// yieldTo lets a reader the read loop just woke run first: it is what the
+// caller waits for, and the read loop's own next steps (looking at the
+// link, going back to sleep on it) can come after.
+func (c *pktConn) yieldTo(woke bool) {
+	if woke {
+		runtime.Gosched()
+	}
 }
 
 func (c *pktConn) consumed() {
@@ -165,8 +178,9 @@ func (c *pktConn) readLoop() {
 				c.inOff = 0
 			}
 			c.in = append(c.in, p...)
-			c.changedLocked()
+			woke := c.changedLocked()
 			c.mu.Unlock()
+			c.yieldTo(woke)
 		case pkEOF:
 			c.mu.Lock()
 			c.eof = true
@@ -201,8 +215,9 @@ func (c *pktConn) readLoop() {
 			}
 			c.msgs = append(c.msgs, &Msg{heap: true, pc: c, data: asm})
 			c.msgBytes += len(asm)
-			c.changedLocked()
+			woke := c.changedLocked()
 			c.mu.Unlock()
+			c.yieldTo(woke)
 			asm = nil
 		}
 	}
@@ -284,14 +299,21 @@ func (c *pktConn) Read(b []byte) (int, error) {
 			return n, nil
 		}
 		eof, err, ch := c.eof, c.err, c.changed
-		c.mu.Unlock()
 		if eof {
+			c.mu.Unlock()
 			return 0, io.EOF
 		}
 		if err != nil {
+			c.mu.Unlock()
 			return 0, c.opError("read", err)
 		}
-		if err := c.wait(ch, dl, nil); err != nil {
+		c.waiters++
+		c.mu.Unlock()
+		err = c.wait(ch, dl, nil)
+		c.mu.Lock()
+		c.waiters--
+		c.mu.Unlock()
+		if err != nil {
 			return 0, c.opError("read", err)
 		}
 	}
@@ -432,14 +454,21 @@ func (c *pktConn) Recv(ctx context.Context) (*Msg, error) {
 			return m, nil
 		}
 		err, ch := c.err, c.changed
-		c.mu.Unlock()
 		if err == errPeerClosed {
+			c.mu.Unlock()
 			return nil, io.EOF
 		}
 		if err != nil {
+			c.mu.Unlock()
 			return nil, c.opError("recv", err)
 		}
-		if err := c.wait(ch, nil, ctx.Done()); err != nil {
+		c.waiters++
+		c.mu.Unlock()
+		err = c.wait(ch, nil, ctx.Done())
+		c.mu.Lock()
+		c.waiters--
+		c.mu.Unlock()
+		if err != nil {
 			if err == context.Canceled {
 				err = ctx.Err()
 			}
