@@ -69,7 +69,8 @@ func Cases() []bench.Case {
 type paths func() (viaProxies, direct func() (time.Duration, error), stop func(), err error)
 
 // burst is how long each path runs at a stretch before the other takes
-// over, and settle how many calls open each stretch unmeasured.
+// over (at least one measured call), and settle how many calls open each
+// stretch unmeasured.
 const (
 	burst  = 20 * time.Millisecond
 	settle = 3
@@ -93,7 +94,7 @@ func addedCase(name string, mk paths, pct int) bench.Case {
 			// counted.
 			var vs, ds []float64
 			run := func(call func() (time.Duration, error), out *[]float64) error {
-				for i, start := 0, time.Now(); time.Since(start) < burst; i++ {
+				for i, start := 0, time.Now(); i <= settle || time.Since(start) < burst; i++ {
 					t, err := call()
 					if err != nil {
 						return err
