@@ -226,6 +226,12 @@ func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bo
 	b.raw.Read(func(fd uintptr) bool {
 		if first {
 			first = false
+			// A producer of another process may have written between
+			// the look at the word above and now (it says so after its
+			// write): empty the FIFO, or its byte could hide the next.
+			if b.written.Load() != 0 {
+				b.drain(int(fd))
+			}
 			return ready()
 		}
 		b.drain(int(fd))

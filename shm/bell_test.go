@@ -292,6 +292,9 @@ func TestBellEmptiedBeforeSleep(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.bell.written.Store(1)
+	// Let the poller see the FIFO readable before the sleep: only the
+	// drain at the sleep's start then takes the bytes.
+	time.Sleep(5 * time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	if err := r.WaitNotEmpty(ctx); err != context.DeadlineExceeded {

@@ -90,6 +90,8 @@ type Queue struct {
 	ready    chan struct{}
 	onPush   atomic.Pointer[func()]
 	kicks    atomic.Uint64
+	bmu      sync.Mutex
+	bcast    chan struct{} // closed at the next push, kick or close, if made
 }
 
 // OnPush sets a function every later Push (and Close) calls after
@@ -109,11 +111,28 @@ func (q *Queue) Kick() {
 // Kicks is how many times Kick was called.
 func (q *Queue) Kicks() uint64 { return q.kicks.Load() }
 
+// Changed returns a channel closed at the next Push, Kick or Close: unlike
+// Ready, which wakes one waiter, it wakes every wait that took it.
+func (q *Queue) Changed() <-chan struct{} {
+	q.bmu.Lock()
+	defer q.bmu.Unlock()
+	if q.bcast == nil {
+		q.bcast = make(chan struct{})
+	}
+	return q.bcast
+}
+
 func (q *Queue) pushed() {
 	select {
 	case q.ready <- struct{}{}:
 	default:
 	}
+	q.bmu.Lock()
+	if q.bcast != nil {
+		close(q.bcast)
+		q.bcast = nil
+	}
+	q.bmu.Unlock()
 	if f := q.onPush.Load(); f != nil {
 		(*f)()
 	}

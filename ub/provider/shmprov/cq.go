@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
@@ -34,6 +35,7 @@ type cq struct {
 	kmu       sync.Mutex
 	nsleep    int
 	sleepRing *shm.MPMC
+	nrings    atomic.Int32 // len(rings)
 }
 
 // NewCQ makes a completion queue.
@@ -50,10 +52,14 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	return q, nil
 }
 
+// attach adds a jetty's completion ring. A wait asleep on the CQ's one
+// ring must now watch two: the count changes, and the sleep is kicked.
 func (q *cq) attach(r *shm.MPMC) {
 	q.mu.Lock()
 	q.rings = append(q.rings, r)
+	q.nrings.Store(int32(len(q.rings)))
 	q.mu.Unlock()
+	q.kickSleep()
 }
 
 func (q *cq) detach(r *shm.MPMC) {
@@ -61,6 +67,7 @@ func (q *cq) detach(r *shm.MPMC) {
 	for i, x := range q.rings {
 		if x == r {
 			q.rings = append(q.rings[:i], q.rings[i+1:]...)
+			q.nrings.Store(int32(len(q.rings)))
 			break
 		}
 	}
@@ -153,6 +160,7 @@ func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.local.Ki
 func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 	backoff := 10 * time.Microsecond
 	for {
+		changed := q.local.Changed() // before the look: a later push closes it
 		ok, err := q.ready()
 		if ok || err != nil {
 			return err
@@ -176,7 +184,7 @@ func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 		case <-ctx.Done():
 			t.Stop()
 			return ctx.Err()
-		case <-q.local.Ready():
+		case <-changed:
 			t.Stop()
 		case <-t.C:
 			backoff = min(2*backoff, time.Millisecond)
@@ -216,7 +224,7 @@ func (q *cq) waitRing(ctx context.Context, since uint64) bool {
 	q.kmu.Unlock()
 	// A Close waiting for the lock we hold ends the sleep too.
 	only.WaitNotEmptyOr(ctx, func() bool {
-		return q.local.Len() > 0 || q.local.Kicks() != since || q.c.opsWanted.Load() > 0
+		return q.local.Len() > 0 || q.local.Kicks() != since || q.c.opsWanted.Load() > 0 || q.nrings.Load() != 1
 	})
 	q.kmu.Lock()
 	if q.nsleep--; q.nsleep == 0 {

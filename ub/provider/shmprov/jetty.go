@@ -79,6 +79,11 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	if !ok1 || !ok2 {
 		return nil, errors.New("shmprov: a jetty needs SendCQ and RecvCQ made by this provider")
 	}
+	if send.c != c || recv.c != c {
+		// Its waits hold their own context's lock, not this one's: a
+		// Close here could unmap a ring under them.
+		return nil, errors.New("shmprov: a jetty's SendCQ and RecvCQ must come from its own context")
+	}
 	if cfg.Mode > ub.Unreliable {
 		return nil, fmt.Errorf("shmprov: unknown mode %v", cfg.Mode)
 	}

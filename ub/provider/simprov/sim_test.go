@@ -17,9 +17,12 @@ type node struct {
 	j   ub.Jetty
 }
 
-func openNode(t *testing.T, name string) *node {
+func openNode(t *testing.T, name string) *node { return openNodeOver(t, name, "shm") }
+
+// openNodeOver is openNode with the provider underneath the simulation.
+func openNodeOver(t *testing.T, name, over string) *node {
 	t.Helper()
-	c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: name}})
+	c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: name, simprov.OptOver: over}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,30 +162,34 @@ func TestOpenErrors(t *testing.T) {
 // progress on its queue, though the provider underneath knows nothing of
 // it: waits asleep on the inner queue's bell and on its futex alike.
 func TestOwnCompletionEndsEveryWait(t *testing.T) {
-	n0, n1 := openNode(t, "n0"), openNode(t, "n1")
-	to1 := importSeg(t, n0, n1)
-	f := n0.c.(*simprov.Context).Fabric()
-	t.Cleanup(func() { f.SetLinkDown("n0", "n1", false) })
-	if err := f.SetLinkDown("n0", "n1", true); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	errs := make(chan error, 3)
-	for range 3 {
-		go func() { errs <- n0.cq.Wait(ctx) }()
-	}
-	time.Sleep(20 * time.Millisecond) // let them fall asleep
-	if _, err := n0.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: n0.seg, Len: 64}, Remote: ub.Remote{Seg: to1}}}); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := <-errs; err != nil {
-			t.Fatalf("a wait did not end on the sim's own completion: %v", err)
-		}
-	}
-	out := make([]ub.Completion, 2)
-	if k, _ := n0.cq.Poll(out); k != 1 || out[0].Status != ub.StatusLinkDown {
-		t.Fatalf("Poll: %d completions %v, want one link down", k, out[:k])
+	for _, over := range []string{"shm", "tcp"} {
+		t.Run(over, func(t *testing.T) {
+			n0, n1 := openNodeOver(t, "n0", over), openNodeOver(t, "n1", over)
+			to1 := importSeg(t, n0, n1)
+			f := n0.c.(*simprov.Context).Fabric()
+			t.Cleanup(func() { f.SetLinkDown("n0", "n1", false) })
+			if err := f.SetLinkDown("n0", "n1", true); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			errs := make(chan error, 3)
+			for range 3 {
+				go func() { errs <- n0.cq.Wait(ctx) }()
+			}
+			time.Sleep(20 * time.Millisecond) // let them fall asleep
+			if _, err := n0.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: n0.seg, Len: 64}, Remote: ub.Remote{Seg: to1}}}); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				if err := <-errs; err != nil {
+					t.Fatalf("a wait did not end on the sim's own completion: %v", err)
+				}
+			}
+			out := make([]ub.Completion, 2)
+			if k, _ := n0.cq.Poll(out); k != 1 || out[0].Status != ub.StatusLinkDown {
+				t.Fatalf("Poll: %d completions %v, want one link down", k, out[:k])
+			}
+		})
 	}
 }

@@ -47,6 +47,9 @@ func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.Kicks())
 // returned since: simprov's own completions end its waits this way.
 func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 	for {
+		// Take the broadcast before looking: a push or kick after the
+		// look closes it, and every concurrent wait wakes.
+		changed := q.Changed()
 		if q.Closed() {
 			return ErrClosed
 		}
@@ -54,7 +57,7 @@ func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 			return nil
 		}
 		select {
-		case <-q.Ready():
+		case <-changed:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
