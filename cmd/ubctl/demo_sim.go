@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -25,8 +26,11 @@ func demoSim(w io.Writer) error {
 		seg ub.Segment
 	}
 	nodes := map[string]node{}
+	// A fabric of the demo's own: the fault it injects below must not reach
+	// other simulations of dev4 on this host.
+	fabric := fmt.Sprintf("demo-%d", os.Getpid())
 	for _, n := range []string{"n0", "n1", "n2", "n3"} {
-		c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: n}})
+		c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: n, simprov.OptFabric: fabric}})
 		if err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
@@ -24,11 +25,23 @@ func open() (ub.Context, error) {
 	return ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptOver: over}})
 }
 
+// privateDev4 is dev4 under a name of this process's (see openNodeOver).
+var privateDev4 string
+
 func TestMain(m *testing.M) {
 	ubtest.RunPeerIfChild(open)
 	os.Setenv("UB_NODE", "n0")
 	os.Setenv(ubtest.EnvPeerEnv, "UB_NODE=n1")
+	dir, err := os.MkdirTemp("", "simprov-test-")
+	if err != nil {
+		panic(err)
+	}
+	if privateDev4, _, err = testenv.PrivateTopology(dir, "dev4"); err != nil {
+		panic(err)
+	}
 	code := m.Run()
+	os.RemoveAll(dir)
+	testenv.RemoveOwnSimFabrics()
 	// The fabric outlives its processes by design; the tests remove theirs.
 	if t, err := topology.Example("dev4"); err == nil {
 		if f, err := simprov.OpenFabric(t); err == nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,9 +50,20 @@ func fabricName(t *topology.Topology) string {
 
 // OpenFabric opens (creating it if it does not exist yet) the shared state
 // of topology t.
-func OpenFabric(t *topology.Topology) (*Fabric, error) {
+func OpenFabric(t *topology.Topology) (*Fabric, error) { return OpenFabricNamed(t, "") }
+
+// OpenFabricNamed opens the shared state of topology t that goes by name
+// (see OptFabric; "" is OpenFabric's): letters, digits, '-' and '_', at
+// most 64.
+func OpenFabricNamed(t *topology.Topology, ns string) (*Fabric, error) {
 	size := linksOff + len(t.Links)*linkRecord + 4*len(t.Nodes)
 	name := fabricName(t)
+	if ns != "" {
+		if len(ns) > 64 || strings.Trim(ns, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != "" {
+			return nil, fmt.Errorf("simprov: fabric name %q: use at most 64 letters, digits, '-' and '_'", ns)
+		}
+		name += "-" + ns
+	}
 	seg, err := shm.CreateSegment(name, size, &shm.SegmentOptions{Keep: true})
 	created := err == nil
 	if errors.Is(err, os.ErrExist) {

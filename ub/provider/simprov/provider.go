@@ -33,6 +33,11 @@ const (
 	OptNode = "node"
 	// OptOver is the provider underneath: "shm" (default) or "tcp".
 	OptOver = "over"
+	// OptFabric names the simulation's shared state (link bookings,
+	// faults): processes that give the same topology and name share it, so
+	// several independent simulations of one topology can run on a host.
+	// Default: one per topology.
+	OptFabric = "fabric"
 )
 
 func (provider) Open(ctx context.Context, cfg ub.Config) (ub.Context, error) {
@@ -63,7 +68,7 @@ func (provider) Open(ctx context.Context, cfg ub.Config) (ub.Context, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := OpenFabric(t)
+	f, err := OpenFabricNamed(t, cfg.Options[OptFabric])
 	if err != nil {
 		inner.Close()
 		return nil, err

@@ -2,6 +2,7 @@ package simprov_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,9 +21,11 @@ type node struct {
 func openNode(t *testing.T, name string) *node { return openNodeOver(t, name, "shm") }
 
 // openNodeOver is openNode with the provider underneath the simulation.
+// The nodes are those of dev4 under a name of this process's: the faults
+// these tests inject stay off the dev4 that other packages' tests run on.
 func openNodeOver(t *testing.T, name, over string) *node {
 	t.Helper()
-	c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: name, simprov.OptOver: over}})
+	c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: privateDev4, simprov.OptNode: name, simprov.OptOver: over}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,5 +194,32 @@ func TestOwnCompletionEndsEveryWait(t *testing.T) {
 				t.Fatalf("Poll: %d completions %v, want one link down", k, out[:k])
 			}
 		})
+	}
+}
+
+// Simulations of one topology under different fabric names share no
+// faults, and a fabric name that could leave the shared-memory directory
+// is refused.
+func TestFabricNames(t *testing.T) {
+	n0, n1 := openNode(t, "n0"), openNode(t, "n1")
+	to1 := importSeg(t, n0, n1)
+	other, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: privateDev4, simprov.OptNode: "n0", simprov.OptFabric: "other_1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	f := other.(*simprov.Context).Fabric()
+	defer f.Remove()
+	if err := f.SetLinkDown("n0", "n1", true); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := n0.write(t, to1, 64); c.Status != ub.StatusSuccess {
+		t.Fatalf("a fault in fabric other_1 reached the default fabric: %v", c.Status)
+	}
+	for _, bad := range []string{"../x", "a/b", strings.Repeat("x", 65)} {
+		if c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: privateDev4, simprov.OptNode: "n0", simprov.OptFabric: bad}}); err == nil {
+			c.Close()
+			t.Errorf("fabric name %q accepted", bad)
+		}
 	}
 }
