@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -13,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ubkit-io/ubkit/ub/provider/simprov"
+	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 // packetCases are the paths made of packets (ub and tcp).
@@ -313,5 +317,59 @@ func TestPeerCredentials(t *testing.T) {
 	}
 	if err := checkPeer(uc, []int{65534}); err != nil {
 		t.Errorf("AllowUIDs did not let uid 65534 in: %v", err)
+	}
+}
+
+// TestLinkDownEndsBothSides: a simulated link that goes down in the middle
+// of a stream loses packets and credits; both ends then fail with an error
+// instead of waiting for them forever.
+func TestLinkDownEndsBothSides(t *testing.T) {
+	topo, err := topology.Example("dev4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A fabric of this test's own: the fault must not reach other tests.
+	fabric := fmt.Sprintf("linkdown-%d", os.Getpid())
+	cfg := Config{ProviderOptions: map[string]string{"fabric": fabric}}
+	a, b := connect(t, dev4(t, "n0", cfg), dev4(t, "n1", cfg), "n0", "", PathUB)
+	defer a.Close()
+	defer b.Close()
+	f, err := simprov.OpenFabricNamed(topo, fabric)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	defer f.Remove()
+	readErr := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, b)
+		if err == nil {
+			err = errors.New("io.EOF")
+		}
+		readErr <- err
+	}()
+	writeErr := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64<<10)
+		for {
+			if _, err := a.Write(buf); err != nil {
+				writeErr <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if err := f.SetLinkDown("n0", "n1", true); err != nil {
+		t.Fatal(err)
+	}
+	for name, ch := range map[string]chan error{"write": writeErr, "read": readErr} {
+		select {
+		case err := <-ch:
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("%s after the link went down: %v, want a connection reset", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the %s side still waits 10 s after the link went down", name)
+		}
 	}
 }

@@ -75,6 +75,7 @@ type ubLink struct {
 	byeAfter  atomic.Uint64 // ...after this many packets
 	shut      chan struct{}
 	once      sync.Once
+	linkErr   atomic.Pointer[brokenErr] // set when a fault of the path broke the link
 }
 
 // ubHello is what each side tells the other on the rendezvous socket.
@@ -232,8 +233,14 @@ func (l *ubLink) waitFor(interruptible bool, cond func() (bool, error)) error {
 		}
 		select {
 		case <-l.shut:
+			if e := l.linkErr.Load(); e != nil {
+				return e
+			}
 			return net.ErrClosed
 		case <-intr:
+			if e := l.linkErr.Load(); e != nil {
+				return e
+			}
 			return net.ErrClosed
 		case <-wdl:
 			return os.ErrDeadlineExceeded
@@ -272,6 +279,7 @@ func (l *ubLink) reap() error {
 		for _, c := range out[:n] {
 			if c.Status != ub.StatusSuccess && l.sendErr == nil {
 				l.sendErr = fmt.Errorf("transport: ub path: send: %v: %w", c.Status, syscall.ECONNRESET)
+				l.broken(c.Status)
 			}
 		}
 		l.reaped += uint64(n)
@@ -346,6 +354,9 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		// at most ubDepth/4 are held back, plus the buffer being read).
 		select {
 		case <-l.shut:
+			if e := l.linkErr.Load(); e != nil {
+				return 0, nil, e
+			}
 			return 0, nil, net.ErrClosed
 		default:
 		}
@@ -390,6 +401,7 @@ func (l *ubLink) returnCredits() {
 		for _, c := range out[:n] {
 			if c.Status != ub.StatusSuccess {
 				l.creditErr = fmt.Errorf("transport: ub path: credit return: %v", c.Status)
+				l.broken(c.Status)
 				return
 			}
 		}
@@ -405,6 +417,26 @@ func (l *ubLink) returnCredits() {
 	l.credits++
 	l.reposted = 0
 }
+
+// broken ends the link when an operation failed for a fault of the path
+// (a link down, the peer's node dead) rather than the peer's goodbye: a
+// packet or a credit is lost, so the link cannot go on, and closing the
+// socket tells the peer, whose sends and receives would otherwise wait for
+// it forever.
+func (l *ubLink) broken(st ub.Status) {
+	if st == ub.StatusLinkDown || st == ub.StatusPeerDead {
+		l.linkErr.CompareAndSwap(nil, &brokenErr{st})
+		l.shutdown()
+	}
+}
+
+// brokenErr is why a link ended for a fault of its path.
+type brokenErr struct{ st ub.Status }
+
+func (e *brokenErr) Error() string {
+	return fmt.Sprintf("transport: ub path: %v: connection reset", e.st)
+}
+func (e *brokenErr) Unwrap() error { return syscall.ECONNRESET }
 
 func (l *ubLink) shutdown() {
 	l.once.Do(func() {
