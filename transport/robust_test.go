@@ -373,3 +373,39 @@ func TestLinkDownEndsBothSides(t *testing.T) {
 		}
 	}
 }
+
+// TestGracefulCloseThenExit: the writer writes more than the reader holds,
+// closes, and its ub context goes (its process ends after Close). The
+// reader's credit returns then fail, which is not a fault of the path: it
+// still reads every byte, then io.EOF.
+func TestGracefulCloseThenExit(t *testing.T) {
+	for round := range 3 {
+		la, err := NewEndpoint(Config{Provider: "tcp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer la.Close()
+		da, err := NewEndpoint(Config{Provider: "tcp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := connect(t, la, da, "", "?path=ub", PathUB)
+		data := bytes.Repeat([]byte("0123456789abcdef"), (pktQueue+10*64<<10)/16)
+		done := make(chan error, 1)
+		go func() {
+			_, err := a.Write(data)
+			if cerr := a.Close(); err == nil {
+				err = cerr
+			}
+			da.Close() // the writer's process ends
+			done <- err
+		}()
+		time.Sleep(200 * time.Millisecond)
+		got, err := readAllSlowly(b)
+		b.Close()
+		<-done
+		if err != io.EOF || !bytes.Equal(got, data) {
+			t.Fatalf("round %d: read %d of %d bytes, then %v", round, len(got), len(data), err)
+		}
+	}
+}

@@ -352,6 +352,11 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		// a one-sided operation per packet of a request/response
 		// exchange, and the sender never needs them (it has ubDepth, and
 		// at most ubDepth/4 are held back, plus the buffer being read).
+		// Everything the peer sent before its goodbye was read: the end,
+		// whatever happened to the link since.
+		if l.byeSeen.Load() && l.received >= l.byeAfter.Load() {
+			return 0, nil, errPeerClosed
+		}
 		select {
 		case <-l.shut:
 			if e := l.linkErr.Load(); e != nil {
@@ -359,9 +364,6 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			}
 			return 0, nil, net.ErrClosed
 		default:
-		}
-		if l.byeSeen.Load() && l.received >= l.byeAfter.Load() {
-			return 0, nil, errPeerClosed
 		}
 		if l.peerGone.Load() || l.byeSeen.Load() {
 			// Packets the peer sent before it went may still be on
@@ -418,16 +420,19 @@ func (l *ubLink) returnCredits() {
 	l.reposted = 0
 }
 
-// broken ends the link when an operation failed for a fault of the path
-// (a link down, the peer's node dead) rather than the peer's goodbye: a
-// packet or a credit is lost, so the link cannot go on, and closing the
-// socket tells the peer, whose sends and receives would otherwise wait for
-// it forever.
+// broken ends the link when an operation failed because a link of the
+// path went down: a packet or a credit is lost, so the link cannot go on,
+// and closing the socket tells the peer, whose sends and receives would
+// otherwise wait for it forever. Other failures are not a fault of the
+// path: after the peer's goodbye its side may be gone (a credit return
+// then fails with StatusPeerDead, and the packets already here are still
+// read), and a peer that died closes the socket itself.
 func (l *ubLink) broken(st ub.Status) {
-	if st == ub.StatusLinkDown || st == ub.StatusPeerDead {
-		l.linkErr.CompareAndSwap(nil, &brokenErr{st})
-		l.shutdown()
+	if st != ub.StatusLinkDown || l.byeSeen.Load() {
+		return
 	}
+	l.linkErr.CompareAndSwap(nil, &brokenErr{st})
+	l.shutdown()
 }
 
 // brokenErr is why a link ended for a fault of its path.

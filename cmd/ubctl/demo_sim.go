@@ -42,6 +42,9 @@ func demoSim(w io.Writer) error {
 		nodes[n] = node{c, seg}
 	}
 	src := nodes["n0"]
+	f := src.c.(*simprov.Context).Fabric()
+	// The simulation's shared state goes when the demo ends.
+	defer f.Remove()
 	cq, err := src.c.NewCQ(ub.CQConfig{})
 	if err != nil {
 		return err
@@ -98,9 +101,6 @@ func demoSim(w io.Writer) error {
 		}
 	}
 	tw.Flush()
-	f := src.c.(*simprov.Context).Fabric()
-	// The simulation's shared state goes when the demo ends.
-	defer f.Remove()
 	if err := f.SetLinkDown("n0", "n3", true); err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
-	"github.com/ubkit-io/ubkit/ub/topology"
 	"github.com/ubkit-io/ubkit/ub/ubtest"
 )
 
@@ -41,14 +40,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	// The fabric outlives its processes by design; the tests remove the
+	// ones this process made (another package's tests may share dev4's).
 	testenv.RemoveOwnSimFabrics()
-	// The fabric outlives its processes by design; the tests remove theirs.
-	if t, err := topology.Example("dev4"); err == nil {
-		if f, err := simprov.OpenFabric(t); err == nil {
-			f.Remove()
-			f.Close()
-		}
-	}
 	shm.Sweep()
 	os.Exit(code)
 }
