@@ -29,6 +29,7 @@ func simCmd(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	fs.SetOutput(out)
 	topo := fs.String("topology", "", "topology: a shipped example (laptop, dev4, cm384) or a file (default UB_TOPOLOGY)")
+	fabric := fs.String("fabric", "", "the simulation's shared state, as named by its processes' \"fabric\" option (default: the topology's)")
 	var down, slow, crash, up listFlag
 	fs.Var(&down, "link-down", "take the link A-B down (repeatable)")
 	fs.Var(&up, "link-up", "bring the link A-B back up (repeatable)")
@@ -44,7 +45,7 @@ func simCmd(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	f, err := simprov.OpenFabric(t)
+	f, err := simprov.OpenFabricNamed(t, *fabric)
 	if err != nil {
 		return err
 	}

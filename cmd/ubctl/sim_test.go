@@ -43,7 +43,25 @@ func TestSimFaultFlags(t *testing.T) {
 	if strings.Contains(out.String(), "down") || strings.Contains(out.String(), "slower") {
 		t.Errorf("faults remain after -clear:\n%s", out.String())
 	}
-	for _, bad := range [][]string{{"-topology", topo, "-link-down", "n0"}, {"-topology", topo, "-slow", "n0-n1=x"}, {"-topology", topo, "-crash", "nope"}, {"-topology", "/no/such.yaml"}} {
+	// Faults in a named fabric stay there.
+	out.Reset()
+	if err := simCmd([]string{"-topology", topo, "-fabric", "other", "-link-down", "n0-n1", "-probe=false"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if f, err := simprov.OpenFabricNamed(tp, "other"); err == nil {
+			f.Remove()
+			f.Close()
+		}
+	})
+	out.Reset()
+	if err := simCmd([]string{"-topology", topo, "-probe=false"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "down") {
+		t.Errorf("a fault in fabric \"other\" shows in the default one:\n%s", out.String())
+	}
+	for _, bad := range [][]string{{"-topology", topo, "-fabric", "../x"}, {"-topology", topo, "-link-down", "n0"}, {"-topology", topo, "-slow", "n0-n1=x"}, {"-topology", topo, "-crash", "nope"}, {"-topology", "/no/such.yaml"}} {
 		if err := simCmd(append(bad, "-probe=false"), &bytes.Buffer{}); err == nil {
 			t.Errorf("sim %q succeeded", bad)
 		}
