@@ -14,7 +14,8 @@ import (
 //	control line   0: magic u64, version u32, pad u32, capacity u64,
 //	                  producer u64 (process word), consumer u64, closed u32
 //	producer line 128: tail u64, dataSeq u32 (futex), consumerWaiters u32
-//	consumer line 256: head u64, spaceSeq u32 (futex), producerWaiters u32
+//	consumer line 256: head u64, spaceSeq u32 (futex), producerWaiters u32,
+//	                  spaceWant u64 (the head a sleeping producer waits for)
 //	data          384: capacity bytes of records
 //
 // head and tail count bytes since the ring was created; they never wrap in
@@ -40,6 +41,7 @@ const (
 	spscOffHead            = 2 * cacheLine
 	spscOffSpaceSeq        = 2*cacheLine + 8
 	spscOffProducerWaiters = 2*cacheLine + 12
+	spscOffSpaceWant       = 2*cacheLine + 16 // zero in rings made before it: wake at every release
 
 	spscHeaderSize = 3 * cacheLine
 
@@ -67,6 +69,7 @@ type SPSC struct {
 	tail, head                 *atomic.Uint64
 	dataSeq, consumerWaiters   *atomic.Uint32
 	spaceSeq, producerWaiters  *atomic.Uint32
+	spaceWant                  *atomic.Uint64
 	producerWord, consumerWord *atomic.Uint64
 	closed                     *atomic.Uint32
 }
@@ -125,6 +128,7 @@ func attachSPSC(mem []byte, capacity int, key endKey) *SPSC {
 		consumerWaiters: atomicU32(mem, spscOffConsumerWaiters),
 		spaceSeq:        atomicU32(mem, spscOffSpaceSeq),
 		producerWaiters: atomicU32(mem, spscOffProducerWaiters),
+		spaceWant:       atomicU64(mem, spscOffSpaceWant),
 		producerWord:    atomicU64(mem, spscOffProducer),
 		consumerWord:    atomicU64(mem, spscOffConsumer),
 		closed:          atomicU32(mem, spscOffClosed),
@@ -331,6 +335,15 @@ func (p *Producer) ClaimWait(ctx context.Context, n int) ([]byte, error) {
 		return b, err
 	}
 	p.Commit()
+	if p.wait.Room > 0 {
+		// Ask the consumer not to wake us before Room bytes (at least
+		// this claim's) are free: fewer, larger refills when it is the
+		// slower side, each a wake-up fewer.
+		want := uint64(max(p.wait.Room, recordHeader+align8(n)))
+		want = min(want, p.capacity)
+		p.r.spaceWant.Store(p.claim + want - p.capacity)
+		defer p.r.spaceWant.Store(0)
+	}
 	err = p.wait.wait(ctx, waiter{
 		ready: func() (bool, error) {
 			b, err = p.Claim(n)
@@ -507,6 +520,9 @@ func (c *Consumer) Release() {
 	}
 	c.head = c.read
 	c.r.head.Store(c.read)
+	if w := c.r.spaceWant.Load(); w != 0 && c.read < w {
+		return // the producer asked to sleep until more is free
+	}
 	wake(c.r.spaceSeq, c.r.producerWaiters, false)
 }
 

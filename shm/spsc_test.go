@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -400,4 +401,45 @@ func ubkitNamesOf(t *testing.T) []string {
 		}
 	}
 	return out
+}
+
+// A producer waiting for room with Wait.Room sleeps until that much is
+// free, not until the first release: the consumer does not wake it before.
+func TestSPSCProducerRoom(t *testing.T) {
+	_, r := newRing(t, 4096)
+	p, _ := r.Producer(Wait{Spin: -1, Room: 2048})
+	c, _ := r.Consumer(Wait{})
+	n := 0
+	for {
+		if _, err := p.Claim(248); err == ErrRingFull {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	p.Commit() // 16 records of 256 bytes fill the ring
+	var released atomic.Int64
+	done := make(chan int64, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := p.ClaimWait(ctx, 248); err != nil {
+			t.Error(err)
+		}
+		done <- released.Load()
+	}()
+	time.Sleep(5 * time.Millisecond) // asleep
+	for i := 0; i < n; i++ {
+		if _, err := c.Next(); err != nil {
+			t.Fatal(err)
+		}
+		// Count before releasing: a producer woken by this release sees it.
+		released.Add(256)
+		c.Release()
+		time.Sleep(500 * time.Microsecond)
+	}
+	if got := <-done; got < 2048 {
+		t.Fatalf("the producer went on with %d bytes free, want at least 2048", got)
+	}
 }

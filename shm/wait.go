@@ -35,6 +35,12 @@ type Wait struct {
 	// Spin is how long to spin before yielding or sleeping. Zero means
 	// DefaultSpin; a negative value means do not spin at all.
 	Spin time.Duration
+	// Room applies to an SPSC producer waiting for room: once it sleeps,
+	// the consumer wakes it only when at least Room bytes are free (or
+	// the claim's, if more), not at every release. A stream whose
+	// consumer is the slower side then refills in large pieces, with a
+	// wake-up each, instead of one per record. Zero: at every release.
+	Room int
 }
 
 func (w Wait) spin() time.Duration {

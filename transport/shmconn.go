@@ -16,6 +16,14 @@ import (
 	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 )
 
+// streamWriterWait is how a same-host writer waits for room in a full
+// ring: a short spin, then asleep until half the ring is free. A writer
+// finds the ring full when its reader is the slower side, so a long spin
+// only takes the CPU the reader needs (on a machine short of CPUs, a
+// 1 MiB gRPC stream fell to TCP's speed), and a wake-up per record freed
+// costs the reader a system call each.
+var streamWriterWait = shm.Wait{Spin: 2 * time.Microsecond, Room: ringCapacity / 2}
+
 // Ring geometry of a same-host connection: one ring each way.
 const (
 	ringCapacity = 1 << 20

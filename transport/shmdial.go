@@ -52,7 +52,7 @@ func acceptShm(uc *net.UnixConn, local Addr) (*shmConn, error) {
 	if err != nil {
 		return fail(err)
 	}
-	prod, err := rb.Producer(shm.Wait{})
+	prod, err := rb.Producer(streamWriterWait)
 	if err != nil {
 		cons.Close()
 		return fail(err)
@@ -102,7 +102,7 @@ func dialShm(uc *net.UnixConn, a Addr) (*shmConn, error) {
 	if err := seg.Seal(); err != nil {
 		return fail(err)
 	}
-	prod, err := ra.Producer(shm.Wait{})
+	prod, err := ra.Producer(streamWriterWait)
 	if err != nil {
 		return fail(err)
 	}
