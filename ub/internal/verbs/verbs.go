@@ -87,21 +87,20 @@ type Queue struct {
 	head, n  int
 	reserved int
 	closed   bool
-	ready    chan struct{}
 	onPush   atomic.Pointer[func()]
 	kicks    atomic.Uint64
 	bmu      sync.Mutex
 	bcast    chan struct{} // closed at the next push, kick or close, if made
 }
 
-// OnPush sets a function every later Push (and Close) calls after
-// signalling Ready: for a waiter that sleeps on something else as well.
+// OnPush sets a function every later Push, Kick and Close call: for a
+// waiter that sleeps on something else as well.
 func (q *Queue) OnPush(f func()) { q.onPush.Store(&f) }
 
 // Kick makes the waits on the queue in progress return although nothing
 // was pushed: the layer above has completions of its own the waits know
-// nothing of. It counts the kick, signals Ready and calls the OnPush
-// function; a wait returns once Kicks differs from what it was when the
+// nothing of. It counts the kick, closes Changed's channel and calls the
+// OnPush function; a wait returns once Kicks differs from what it was when the
 // layer above last looked at its own completions.
 func (q *Queue) Kick() {
 	q.kicks.Add(1)
@@ -111,8 +110,8 @@ func (q *Queue) Kick() {
 // Kicks is how many times Kick was called.
 func (q *Queue) Kicks() uint64 { return q.kicks.Load() }
 
-// Changed returns a channel closed at the next Push, Kick or Close: unlike
-// Ready, which wakes one waiter, it wakes every wait that took it.
+// Changed returns a channel closed at the next Push, Kick or Close, which
+// wakes every wait that took it. Take it before looking at the queue.
 func (q *Queue) Changed() <-chan struct{} {
 	q.bmu.Lock()
 	defer q.bmu.Unlock()
@@ -123,10 +122,6 @@ func (q *Queue) Changed() <-chan struct{} {
 }
 
 func (q *Queue) pushed() {
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
 	q.bmu.Lock()
 	if q.bcast != nil {
 		close(q.bcast)
@@ -140,7 +135,7 @@ func (q *Queue) pushed() {
 
 // NewQueue makes a queue holding up to depth completions.
 func NewQueue(depth int) *Queue {
-	return &Queue{q: make([]ub.Completion, depth), ready: make(chan struct{}, 1)}
+	return &Queue{q: make([]ub.Completion, depth)}
 }
 
 // Reserve sets room aside for n completions; it reports false if there is
@@ -201,10 +196,6 @@ func (q *Queue) Len() int {
 	defer q.mu.Unlock()
 	return q.n
 }
-
-// Ready is signalled (without blocking, at most once pending) on every Push
-// and on Close.
-func (q *Queue) Ready() <-chan struct{} { return q.ready }
 
 // Close makes later calls fail and wakes a waiter.
 func (q *Queue) Close() error {

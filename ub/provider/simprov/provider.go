@@ -295,11 +295,9 @@ type cq struct {
 	// pending are inner completions in arrival order, each releasable at
 	// its time; later ones wait behind an earlier held one, so order is kept.
 	pending []timed
-	pendArr []timed // pending's array, from its start
 	ids     map[uint64]tracked
 	nextID  uint64
 	buf     []ub.Completion
-	ready   chan struct{}
 }
 
 // kicker is an inner completion queue whose waits sim's own completions
@@ -325,7 +323,7 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &cq{inner: in, ready: make(chan struct{}, 1), ids: map[uint64]tracked{}, buf: make([]ub.Completion, 64)}, nil
+	return &cq{inner: in, ids: map[uint64]tracked{}, buf: make([]ub.Completion, 64)}, nil
 }
 
 // push adds a completion sim decided (a fault, a flush) behind every
@@ -334,26 +332,10 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 func (q *cq) push(c ub.Completion) {
 	q.mu.Lock()
 	q.drain()
-	q.pushPending(timed{c: c})
+	q.pending = append(q.pending, timed{c: c})
 	q.mu.Unlock()
-	select {
-	case q.ready <- struct{}{}:
-	default:
-	}
 	if k, ok := q.inner.(kicker); ok {
 		k.Kick()
-	}
-}
-
-// pushPending appends to pending; pendArr keeps the largest array it grew
-// into, where pending starts over once emptied.
-func (q *cq) pushPending(t timed) {
-	if len(q.pending) == 0 {
-		q.pending = q.pendArr[:0]
-	}
-	q.pending = append(q.pending, t)
-	if cap(q.pending) > cap(q.pendArr) {
-		q.pendArr = q.pending[:0]
 	}
 }
 
@@ -388,7 +370,7 @@ func (q *cq) drain() error {
 					c.UserCtx, release = t.ctx, t.release
 				}
 			}
-			q.pushPending(timed{c, release})
+			q.pending = append(q.pending, timed{c, release})
 		}
 		if n < len(q.buf) {
 			return nil
@@ -409,11 +391,10 @@ func (q *cq) Poll(out []ub.Completion) (int, error) {
 		k++
 		n++
 	}
-	q.pending = q.pending[k:]
-	if len(q.pending) == 0 {
-		// Start the array over: appends then reuse it rather than grow
-		// a slice that only ever moves forward.
-		q.pending = q.pendArr[:0]
+	if k > 0 {
+		// Keep the rest at the front (usually nothing): the array is
+		// reused rather than a slice moving forward through new ones.
+		q.pending = append(q.pending[:0], q.pending[k:]...)
 	}
 	return n, err
 }
@@ -488,10 +469,6 @@ func (q *cq) Wait(ctx context.Context) error {
 			return ctx.Err()
 		case !errors.Is(err, context.DeadlineExceeded):
 			return err
-		}
-		select {
-		case <-q.ready:
-		default:
 		}
 	}
 }
