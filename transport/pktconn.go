@@ -120,18 +120,20 @@ func (c *pktConn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "ub", Source: c.local, Addr: c.remote, Err: err}
 }
 
-// changedLocked wakes every waiter (mu held) and reports whether there
-// were any.
-func (c *pktConn) changedLocked() bool {
+// changedLocked wakes every waiter (mu held).
+func (c *pktConn) changedLocked() {
 	close(c.changed)
 	c.changed = make(chan struct{})
-	return c.waiters > 0
 }
 
-// yieldTo lets a reader the read loop just woke run first: it is what the
-// caller waits for, and the read loop's own next steps (looking at the
+// deliveredUnlock wakes the waiters for what the read loop just queued,
+// releases mu, and lets a reader it woke run first: that reader is what
+// the caller waits for, and the read loop's own next steps (looking at the
 // link, going back to sleep on it) can come after.
-func (c *pktConn) yieldTo(woke bool) {
+func (c *pktConn) deliveredUnlock() {
+	woke := c.waiters > 0
+	c.changedLocked()
+	c.mu.Unlock()
 	if woke {
 		runtime.Gosched()
 	}
@@ -178,9 +180,7 @@ func (c *pktConn) readLoop() {
 				c.inOff = 0
 			}
 			c.in = append(c.in, p...)
-			woke := c.changedLocked()
-			c.mu.Unlock()
-			c.yieldTo(woke)
+			c.deliveredUnlock()
 		case pkEOF:
 			c.mu.Lock()
 			c.eof = true
@@ -215,9 +215,7 @@ func (c *pktConn) readLoop() {
 			}
 			c.msgs = append(c.msgs, &Msg{heap: true, pc: c, data: asm})
 			c.msgBytes += len(asm)
-			woke := c.changedLocked()
-			c.mu.Unlock()
-			c.yieldTo(woke)
+			c.deliveredUnlock()
 			asm = nil
 		}
 	}
@@ -256,6 +254,18 @@ func (c *pktConn) fail(err error) {
 	}
 	c.changedLocked()
 	c.mu.Unlock()
+}
+
+// waitUnlock is wait for a reader holding mu, which it releases; the read
+// loop knows meanwhile that a reader waits.
+func (c *pktConn) waitUnlock(ch chan struct{}, dl <-chan struct{}, ctx <-chan struct{}) error {
+	c.waiters++
+	c.mu.Unlock()
+	err := c.wait(ch, dl, ctx)
+	c.mu.Lock()
+	c.waiters--
+	c.mu.Unlock()
+	return err
 }
 
 // wait blocks until the queues change, the deadline passes or the
@@ -307,13 +317,7 @@ func (c *pktConn) Read(b []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, c.opError("read", err)
 		}
-		c.waiters++
-		c.mu.Unlock()
-		err = c.wait(ch, dl, nil)
-		c.mu.Lock()
-		c.waiters--
-		c.mu.Unlock()
-		if err != nil {
+		if err := c.waitUnlock(ch, dl, nil); err != nil {
 			return 0, c.opError("read", err)
 		}
 	}
@@ -462,13 +466,7 @@ func (c *pktConn) Recv(ctx context.Context) (*Msg, error) {
 			c.mu.Unlock()
 			return nil, c.opError("recv", err)
 		}
-		c.waiters++
-		c.mu.Unlock()
-		err = c.wait(ch, nil, ctx.Done())
-		c.mu.Lock()
-		c.waiters--
-		c.mu.Unlock()
-		if err != nil {
+		if err := c.waitUnlock(ch, nil, ctx.Done()); err != nil {
 			if err == context.Canceled {
 				err = ctx.Err()
 			}

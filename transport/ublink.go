@@ -233,15 +233,9 @@ func (l *ubLink) waitFor(interruptible bool, cond func() (bool, error)) error {
 		}
 		select {
 		case <-l.shut:
-			if e := l.linkErr.Load(); e != nil {
-				return e
-			}
-			return net.ErrClosed
+			return l.endErr()
 		case <-intr:
-			if e := l.linkErr.Load(); e != nil {
-				return e
-			}
-			return net.ErrClosed
+			return l.endErr()
 		case <-wdl:
 			return os.ErrDeadlineExceeded
 		default:
@@ -359,10 +353,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		}
 		select {
 		case <-l.shut:
-			if e := l.linkErr.Load(); e != nil {
-				return 0, nil, e
-			}
-			return 0, nil, net.ErrClosed
+			return 0, nil, l.endErr()
 		default:
 		}
 		if l.peerGone.Load() || l.byeSeen.Load() {
@@ -433,6 +424,15 @@ func (l *ubLink) broken(st ub.Status) {
 	}
 	l.linkErr.CompareAndSwap(nil, &brokenErr{st})
 	l.shutdown()
+}
+
+// endErr is why calls on a link that was shut down fail: the fault of the
+// path that broke it, else net.ErrClosed.
+func (l *ubLink) endErr() error {
+	if e := l.linkErr.Load(); e != nil {
+		return e
+	}
+	return net.ErrClosed
 }
 
 // brokenErr is why a link ended for a fault of its path.
