@@ -47,15 +47,7 @@ func TestCloseDeliversToASlowReader(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			a, b := mk()
 			defer b.Close()
-			data := bytes.Repeat([]byte("0123456789abcdef"), (pktQueue+10*64<<10)/16)
-			done := make(chan error, 1)
-			go func() {
-				_, err := a.Write(data)
-				if cerr := a.Close(); err == nil {
-					err = cerr
-				}
-				done <- err
-			}()
+			data, done := writeBeyondQueueAndClose(a, nil)
 			time.Sleep(200 * time.Millisecond)
 			got, err := readAllSlowly(b)
 			if err != io.EOF || !bytes.Equal(got, data) {
@@ -66,6 +58,25 @@ func TestCloseDeliversToASlowReader(t *testing.T) {
 			}
 		})
 	}
+}
+
+// writeBeyondQueueAndClose writes more than a reader's queue holds to a,
+// closes it, then runs after (if any); done reports the write's or the
+// Close's error.
+func writeBeyondQueueAndClose(a *Conn, after func()) (data []byte, done <-chan error) {
+	data = bytes.Repeat([]byte("0123456789abcdef"), (pktQueue+10*64<<10)/16)
+	ch := make(chan error, 1)
+	go func() {
+		_, err := a.Write(data)
+		if cerr := a.Close(); err == nil {
+			err = cerr
+		}
+		if after != nil {
+			after()
+		}
+		ch <- err
+	}()
+	return data, ch
 }
 
 // TestCloseWhilePeerFarBehind: Close returns promptly even when the peer is
@@ -390,16 +401,8 @@ func TestGracefulCloseThenExit(t *testing.T) {
 			t.Fatal(err)
 		}
 		a, b := connect(t, la, da, "", "?path=ub", PathUB)
-		data := bytes.Repeat([]byte("0123456789abcdef"), (pktQueue+10*64<<10)/16)
-		done := make(chan error, 1)
-		go func() {
-			_, err := a.Write(data)
-			if cerr := a.Close(); err == nil {
-				err = cerr
-			}
-			da.Close() // the writer's process ends
-			done <- err
-		}()
+		// After Close, the writer's process ends: its endpoint goes.
+		data, done := writeBeyondQueueAndClose(a, func() { da.Close() })
 		time.Sleep(200 * time.Millisecond)
 		got, err := readAllSlowly(b)
 		b.Close()

@@ -8,15 +8,22 @@ import (
 	"github.com/ubkit-io/ubkit/ub"
 )
 
-// A wait asleep on a CQ's ring holds the context's read lock; closing
-// objects of the context (which takes it for writing) must end that sleep
-// rather than hang behind it, and the wait then carries on.
-func TestCloseDuringWait(t *testing.T) {
+// openContext opens a shm context that the test closes at its end.
+func openContext(t *testing.T) ub.Context {
+	t.Helper()
 	c, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// A wait asleep on a CQ's ring holds the context's read lock; closing
+// objects of the context (which takes it for writing) must end that sleep
+// rather than hang behind it, and the wait then carries on.
+func TestCloseDuringWait(t *testing.T) {
+	c := openContext(t)
 	q, err := c.NewCQ(ub.CQConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -62,16 +69,8 @@ func TestCloseDuringWait(t *testing.T) {
 // A wait asleep on a CQ's one ring must also see completions of a jetty
 // attached to the CQ afterwards.
 func TestWaitSeesRingAttachedLater(t *testing.T) {
-	c, err := open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	p, err := open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	c := openContext(t)
+	p := openContext(t)
 	q, err := c.NewCQ(ub.CQConfig{})
 	if err != nil {
 		t.Fatal(err)
@@ -128,16 +127,8 @@ func TestWaitSeesRingAttachedLater(t *testing.T) {
 // A jetty may not use another context's CQ: that CQ's waits hold their
 // own context's lock, which this context's Closes do not take.
 func TestJettyRefusesForeignCQ(t *testing.T) {
-	a, err := open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := openContext(t)
+	b := openContext(t)
 	qa, err := a.NewCQ(ub.CQConfig{})
 	if err != nil {
 		t.Fatal(err)
