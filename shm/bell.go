@@ -193,9 +193,6 @@ func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bo
 		return false // closed, or another goroutine sleeps on it: the futex
 	}
 	defer b.rdMu.Unlock()
-	if b.written.Load() != 0 {
-		b.raw.Control(func(fd uintptr) { b.drain(int(fd)) }) // the descriptor stays valid meanwhile
-	}
 	b.armed.Add(1)
 	defer b.armed.Add(^uint32(0))
 	now := time.Now()
@@ -226,9 +223,9 @@ func (b *bell) sleep(ctx context.Context, ready func() bool, d time.Duration) bo
 	b.raw.Read(func(fd uintptr) bool {
 		if first {
 			first = false
-			// A producer of another process may have written between
-			// the look at the word above and now (it says so after its
-			// write): empty the FIFO, or its byte could hide the next.
+			// Bytes a producer of another process wrote (it says so
+			// after its write) and no wake-up took: empty the FIFO
+			// before parking, or they could hide the next write.
 			if b.written.Load() != 0 {
 				b.drain(int(fd))
 			}

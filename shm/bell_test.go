@@ -293,7 +293,7 @@ func TestBellEmptiedBeforeSleep(t *testing.T) {
 	}
 	r.bell.written.Store(1)
 	// Let the poller see the FIFO readable before the sleep: only the
-	// drain at the sleep's start then takes the bytes.
+	// drain before parking then takes the bytes.
 	time.Sleep(5 * time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()

@@ -375,8 +375,8 @@ func (s *Segment) Close() error {
 
 // Sweep removes named ubkit segments from /dev/shm whose creating process is
 // dead, ubkit-named files with no valid header that are older than a
-// minute, and rings' bells no process listens on. It returns the names it removed. Segments of live processes are
-// left alone.
+// minute, and rings' bells no process listens on. It returns the names it
+// removed. Segments of live processes are left alone.
 func Sweep() ([]string, error) {
 	entries, err := os.ReadDir(ShmDir)
 	if err != nil {
