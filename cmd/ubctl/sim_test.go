@@ -2,66 +2,53 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 
-	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 func TestSimFaultFlags(t *testing.T) {
-	// dev4 under a name of its own: the faults set here must not reach
-	// other packages' tests running on dev4 meanwhile.
-	topo, name, err := testenv.PrivateTopology(t.TempDir(), "dev4")
+	tp, err := topology.Example("dev4")
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp, err := topology.Load(topo)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// dev4 in fabrics of this test's own: the faults set here must not
+	// reach other packages' tests running on dev4 meanwhile.
+	mine, other := fmt.Sprintf("simtest-%d", os.Getpid()), fmt.Sprintf("simtest-%d-other", os.Getpid())
 	t.Cleanup(func() {
-		if f, err := simprov.OpenFabric(tp); err == nil {
-			f.Remove()
-			f.Close()
+		for _, ns := range []string{mine, other} {
+			if f, err := simprov.OpenFabricNamed(tp, ns); err == nil {
+				f.Remove()
+				f.Close()
+			}
 		}
 	})
-	var out bytes.Buffer
-	if err := simCmd([]string{"-topology", topo, "-link-down", "n0-n1", "-slow", "n2-n3=4", "-crash", "n3", "-probe=false"}, &out); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{`"` + name + `": 4 nodes, 6 links`, "n0-n1", "down", "4x slower", "UB_NODE=<node>"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+	sim := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		if err := simCmd(append([]string{"-topology", "dev4", "-probe=false"}, args...), &out); err != nil {
+			t.Fatal(err)
 		}
+		return out.String()
 	}
-	out.Reset()
-	if err := simCmd([]string{"-topology", topo, "-clear", "-probe=false"}, &out); err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(out.String(), "down") || strings.Contains(out.String(), "slower") {
-		t.Errorf("faults remain after -clear:\n%s", out.String())
+	out := sim("-fabric", mine, "-link-down", "n0-n1", "-slow", "n2-n3=4", "-crash", "n3")
+	for _, want := range []string{`"dev4": 4 nodes, 6 links`, "n0-n1", "down", "4x slower", "UB_NODE=<node>"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
 	}
 	// Faults in a named fabric stay there.
-	out.Reset()
-	if err := simCmd([]string{"-topology", topo, "-fabric", "other", "-link-down", "n0-n1", "-probe=false"}, &out); err != nil {
-		t.Fatal(err)
+	if out := sim("-fabric", other); strings.Contains(out, "down") {
+		t.Errorf("a fault in fabric %s shows in fabric %s:\n%s", mine, other, out)
 	}
-	t.Cleanup(func() {
-		if f, err := simprov.OpenFabricNamed(tp, "other"); err == nil {
-			f.Remove()
-			f.Close()
-		}
-	})
-	out.Reset()
-	if err := simCmd([]string{"-topology", topo, "-probe=false"}, &out); err != nil {
-		t.Fatal(err)
+	if out := sim("-fabric", mine, "-clear"); strings.Contains(out, "down") || strings.Contains(out, "slower") {
+		t.Errorf("faults remain after -clear:\n%s", out)
 	}
-	if strings.Contains(out.String(), "down") {
-		t.Errorf("a fault in fabric \"other\" shows in the default one:\n%s", out.String())
-	}
-	for _, bad := range [][]string{{"-topology", topo, "-fabric", "../x"}, {"-topology", topo, "-link-down", "n0"}, {"-topology", topo, "-slow", "n0-n1=x"}, {"-topology", topo, "-crash", "nope"}, {"-topology", "/no/such.yaml"}} {
+	for _, bad := range [][]string{{"-topology", "dev4", "-fabric", "../x"}, {"-topology", "dev4", "-link-down", "n0"}, {"-topology", "dev4", "-slow", "n0-n1=x"}, {"-topology", "dev4", "-crash", "nope"}, {"-topology", "/no/such.yaml"}} {
 		if err := simCmd(append(bad, "-probe=false"), &bytes.Buffer{}); err == nil {
 			t.Errorf("sim %q succeeded", bad)
 		}

@@ -1,13 +1,11 @@
 package testenv
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/ubkit-io/ubkit/shm"
-	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 // RemoveOwnSimFabrics unlinks the simulated super nodes' shared link state
@@ -26,30 +24,4 @@ func RemoveOwnSimFabrics() {
 		}
 		seg.Close()
 	}
-}
-
-// PrivateTopology writes the shipped example topology under a name of its
-// own (this process's) into dir and returns the file. A simulated super
-// node on it has link state no other process shares: the faults a test
-// injects there (links down, nodes crashed) cannot reach the tests of
-// other packages that run the same example at the same time.
-func PrivateTopology(dir, example string) (path, name string, err error) {
-	src, err := topology.ExampleSource(example)
-	if err != nil {
-		return "", "", err
-	}
-	name = fmt.Sprintf("%s-private-%d", example, os.Getpid())
-	lines := strings.Split(string(src), "\n")
-	renamed := false
-	for i, l := range lines {
-		if strings.HasPrefix(l, "name:") {
-			lines[i], renamed = "name: "+name, true
-			break
-		}
-	}
-	if !renamed {
-		return "", "", fmt.Errorf("testenv: example %s has no top-level name", example)
-	}
-	path = filepath.Join(dir, name+".yaml")
-	return path, name, os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o600)
 }

@@ -2,6 +2,7 @@ package simprov_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
 
@@ -24,22 +25,16 @@ func open() (ub.Context, error) {
 	return ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptOver: over}})
 }
 
-// privateDev4 is dev4 under a name of this process's (see openNodeOver).
-var privateDev4 string
+// privateFabric holds the link state of the nodes openNode opens: the
+// faults these tests inject stay off the dev4 that other packages' tests
+// run on.
+var privateFabric = fmt.Sprintf("simtest-%d", os.Getpid())
 
 func TestMain(m *testing.M) {
 	ubtest.RunPeerIfChild(open)
 	os.Setenv("UB_NODE", "n0")
 	os.Setenv(ubtest.EnvPeerEnv, "UB_NODE=n1")
-	dir, err := os.MkdirTemp("", "simprov-test-")
-	if err != nil {
-		panic(err)
-	}
-	if privateDev4, _, err = testenv.PrivateTopology(dir, "dev4"); err != nil {
-		panic(err)
-	}
 	code := m.Run()
-	os.RemoveAll(dir)
 	// The fabric outlives its processes by design; the tests remove the
 	// ones this process made (another package's tests may share dev4's).
 	testenv.RemoveOwnSimFabrics()

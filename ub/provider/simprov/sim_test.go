@@ -21,11 +21,10 @@ type node struct {
 func openNode(t *testing.T, name string) *node { return openNodeOver(t, name, "shm") }
 
 // openNodeOver is openNode with the provider underneath the simulation.
-// The nodes are those of dev4 under a name of this process's: the faults
-// these tests inject stay off the dev4 that other packages' tests run on.
+// The nodes are dev4's, in this process's fabric (privateFabric).
 func openNodeOver(t *testing.T, name, over string) *node {
 	t.Helper()
-	c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: privateDev4, simprov.OptNode: name, simprov.OptOver: over}})
+	c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: name, simprov.OptOver: over, simprov.OptFabric: privateFabric}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +202,7 @@ func TestOwnCompletionEndsEveryWait(t *testing.T) {
 func TestFabricNames(t *testing.T) {
 	n0, n1 := openNode(t, "n0"), openNode(t, "n1")
 	to1 := importSeg(t, n0, n1)
-	other, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: privateDev4, simprov.OptNode: "n0", simprov.OptFabric: "other_1"}})
+	other, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: "n0", simprov.OptFabric: privateFabric + "-other"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,10 +213,10 @@ func TestFabricNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c, _ := n0.write(t, to1, 64); c.Status != ub.StatusSuccess {
-		t.Fatalf("a fault in fabric other_1 reached the default fabric: %v", c.Status)
+		t.Fatalf("a fault in another fabric reached this one: %v", c.Status)
 	}
 	for _, bad := range []string{"../x", "a/b", strings.Repeat("x", 65)} {
-		if c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: privateDev4, simprov.OptNode: "n0", simprov.OptFabric: bad}}); err == nil {
+		if c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{simprov.OptTopology: "dev4", simprov.OptNode: "n0", simprov.OptFabric: bad}}); err == nil {
 			c.Close()
 			t.Errorf("fabric name %q accepted", bad)
 		}
