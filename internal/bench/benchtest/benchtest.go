@@ -2,6 +2,7 @@
 package benchtest
 
 import (
+	"math"
 	"os"
 	"testing"
 	"time"
@@ -44,7 +45,7 @@ func CasesRun(t *testing.T, cases []bench.Case, d time.Duration) {
 				}
 				// A difference ("ns added") may come out below zero in a
 				// run this short; anything else must be positive.
-				if m.Value <= 0 && (c.Unit != "ns added" || m.Value != m.Value) {
+				if math.IsNaN(m.Value) || m.Value <= 0 && c.Unit != "ns added" {
 					t.Fatalf("value %v", m.Value)
 				}
 				if c.Latency && len(m.Samples) == 0 && m.P50 == 0 {
