@@ -84,8 +84,8 @@ var sinkService = grpc.ServiceDesc{
 	}},
 }
 
-func newStreamServer() *grpc.Server {
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}), grpc.MaxRecvMsgSize(4<<20))
+func newStreamServer(kind string) *grpc.Server {
+	srv := grpc.NewServer(append(serverOptions(kind), grpc.ForceServerCodecV2(rawCodec{}), grpc.MaxRecvMsgSize(4<<20))...)
 	srv.RegisterService(&sinkService, struct{}{})
 	return srv
 }

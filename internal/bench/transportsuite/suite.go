@@ -25,6 +25,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/transport"
+	"github.com/ubkit-io/ubkit/transport/ubgrpc"
 )
 
 // Cases returns the suite's cases: ubkit (the same-host path) against
@@ -78,9 +79,9 @@ func init() {
 		fmt.Println(addr)
 		switch a.Mode {
 		case "grpc-stream":
-			return newStreamServer().Serve(l)
+			return newStreamServer(a.Kind).Serve(l)
 		case "grpc":
-			srv := grpc.NewServer()
+			srv := grpc.NewServer(serverOptions(a.Kind)...)
 			healthpb.RegisterHealthServer(srv, health.NewServer())
 			return srv.Serve(l)
 		case "http":
@@ -222,15 +223,31 @@ func grpcTo(kind, mode string, opts ...grpc.DialOption) (*grpc.ClientConn, func(
 	if err != nil {
 		return nil, nil, err
 	}
-	opts = append(opts,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }))
-	cc, err := grpc.NewClient("passthrough:///bench", opts...)
+	target := "passthrough:///bench"
+	opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if kind == "ubkit" {
+		// What a ubkit user writes: the ub:// address as the target, and
+		// package ubgrpc's options.
+		target = addr
+		opts = append(opts, ubgrpc.DialOptions(nil)...)
+	} else {
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }))
+	}
+	cc, err := grpc.NewClient(target, opts...)
 	if err != nil {
 		p.Kill()
 		return nil, nil, err
 	}
 	return cc, func() { cc.Close(); p.Kill() }, nil
+}
+
+// serverOptions are a gRPC server's options over kind: package ubgrpc's
+// for ubkit, gRPC's defaults (what it tunes for sockets) for the others.
+func serverOptions(kind string) []grpc.ServerOption {
+	if kind == "ubkit" {
+		return ubgrpc.ServerOptions()
+	}
+	return nil
 }
 
 func latency(samples []float64) bench.Measurement {
