@@ -270,7 +270,7 @@ func TestReadPollBacksOff(t *testing.T) {
 	for i := 0; i < 1000; i++ {
 		if p.start() {
 			polls++
-			p.ended(10 * time.Millisecond) // idle: the poll never pays
+			p.ended(10*time.Millisecond, false) // idle: the poll never pays
 		}
 	}
 	// 1 + 1 + 2 + 4 + ... + 64 waits, then one poll in 65.
@@ -285,11 +285,49 @@ func TestReadPollBacksOff(t *testing.T) {
 		if !p.start() {
 			t.Fatalf("wait %d after a paying poll did not poll", i)
 		}
-		p.ended(30 * time.Microsecond)
+		p.ended(30*time.Microsecond, false)
 	}
 	// A poll caught late (the peer could not run meanwhile) does not pay.
-	p.ended(readSpinPays + time.Microsecond)
+	p.ended(readSpinPays+time.Microsecond, false)
 	if p.start() {
 		t.Fatal("the reader polled right after a poll that did not pay")
+	}
+	// A late poll whose write had to wake the peer changes nothing: a
+	// reader that was polling goes on polling...
+	p = &poller{}
+	p.ended(readSpinPays+time.Microsecond, true)
+	if !p.start() {
+		t.Fatal("a poll excused by the peer's wake-up made the reader park")
+	}
+	// ... and one that was backing off goes on backing off.
+	p.ended(readSpinPays+time.Microsecond, false)
+	backoff := p.backoff
+	p.ended(readSpinPays+time.Microsecond, true)
+	if p.backoff != backoff {
+		t.Fatalf("an excused poll moved the backoff from %d to %d", backoff, p.backoff)
+	}
+}
+
+// TestAnswerDue: a reader expects an answer after it wrote a request or an
+// answer of its own, not after the flow-control trickle a stream's
+// receiver writes.
+func TestAnswerDue(t *testing.T) {
+	for _, c := range []struct {
+		read  int
+		wrote int64
+		want  bool
+	}{
+		{0, 0, false},        // nothing written: nothing to answer
+		{100, 0, false},      // read only
+		{64, 64, true},       // echo
+		{120, 300, true},     // a gRPC call's frames each way
+		{0, 9, true},         // a request before any read
+		{1 << 20, 13, false}, // a 1 MiB stream's window update
+		{800, 100, true},     // an answer an eighth of the request
+		{801, 100, false},
+	} {
+		if got := answerDue(c.read, c.wrote); got != c.want {
+			t.Errorf("answerDue(read %d, wrote %d) = %v, want %v", c.read, c.wrote, got, c.want)
+		}
 	}
 }

@@ -11,29 +11,48 @@ import (
 // netpoller on the shm path's notification pipe, in the provider's
 // completion wait on the ub path): waking a thread that sleeps on another
 // CPU costs tens of microseconds on virtual machines, often more than the
-// wait itself. It polls for at most readSpinMax. After the first
-// readSpinBusy it yields its processor to other goroutines between polls
-// (a gRPC reader has usually just readied the goroutine that will answer,
-// and must not keep it off the CPU), and after readSpinShare it also
-// yields its thread's CPU (the peer process may be waiting for it).
+// wait itself. It polls for at most readSpinMax, and after the first
+// readSpinBusy it lets other goroutines run between looks (a gRPC reader
+// has usually just readied the goroutine that will answer, and must not
+// keep it off the CPU).
 //
 // Polling pays only when the record comes soon: a request/response
 // connection whose round trip fits in the poll never needs a wake-up. So a
-// same-host reader polls only when its side wrote since it last waited (an
-// answer is due; a stream's reader, which does not write, parks at once). When
-// it does not pay (an idle connection, a stream whose reader outruns its
-// writer, or a machine too busy for both ends to run at once, where the
-// poll only keeps the peer off the CPU) it costs CPU and latency. So each
-// connection learns: a poll that catches its record within readSpinPays
-// keeps polling on; any other poll makes the reader park at once for the
-// next 1, 2, 4, ... up to readSpinBackoffMax waits, then try again.
+// same-host reader polls only when its side wrote since it last waited.
+// How it polls depends on what it wrote:
+//   - an answer or a request (answerDue) keeps its thread's CPU for the
+//     whole poll. Giving it up (sched_yield) past some point made gRPC
+//     unary calls 3-4 times slower on a 2-vCPU VM whenever waits outlasted
+//     that point, on an idle and on a busy machine alike
+//     (docs/PERFORMANCE.md, "polling").
+//   - a trickle beside what it read (a stream's receiver writes its
+//     flow-control updates) also yields its thread's CPU past
+//     readSpinShare: the sender it waits for may need that CPU.
+//
+// When a poll does not pay (an idle connection, or a machine too busy for
+// both ends to run at once) it costs CPU and latency. So each connection
+// learns: a poll that catches its record within readSpinPays keeps
+// polling on; any other poll makes the reader park at once for the next
+// 1, 2, 4, ... up to readSpinBackoffMax waits, then try again. A poll
+// that outlasted readSpinPays because this side's write had to wake the
+// peer's parked reader says nothing about polling and changes nothing:
+// counting it left two backed-off ends waking each other on every call.
 const (
 	readSpinMax        = 200 * time.Microsecond
 	readSpinBusy       = 2 * time.Microsecond
 	readSpinShare      = 50 * time.Microsecond
 	readSpinPays       = 120 * time.Microsecond
 	readSpinBackoffMax = 64
+	// answerShare: an answer is due when this side wrote at least
+	// 1/answerShare of what it read since its last wait.
+	answerShare = 8
 )
+
+// answerDue says whether a reader about to wait, which has read read bytes
+// and written wrote bytes since it last waited, expects an answer.
+func answerDue(read int, wrote int64) bool {
+	return wrote > 0 && wrote*answerShare >= int64(read)
+}
 
 // poller is one reader's polling state: waits left to park without
 // polling, and how many to skip after the next poll that does not pay.
@@ -51,10 +70,13 @@ func (p *poller) start() bool {
 }
 
 // ended learns from a polled wait that ended with data after waited
-// (parked or not).
-func (p *poller) ended(waited time.Duration) {
+// (parked or not); excused says this side's write woke the peer's reader.
+func (p *poller) ended(waited time.Duration, excused bool) {
 	if waited <= readSpinPays {
 		p.backoff = 0
+		return
+	}
+	if excused {
 		return
 	}
 	p.backoff = min(max(1, 2*p.backoff), readSpinBackoffMax)
@@ -62,16 +84,16 @@ func (p *poller) ended(waited time.Duration) {
 }
 
 // pollAgain says whether a polling wait that has lasted waited should look
-// again, after letting other goroutines, and past readSpinShare other
-// threads, run.
-func pollAgain(waited time.Duration) bool {
+// again, after letting other goroutines run, and past readSpinShare, if
+// share, other threads.
+func pollAgain(waited time.Duration, share bool) bool {
 	if waited >= readSpinMax {
 		return false
 	}
 	if waited >= readSpinBusy {
 		runtime.Gosched()
 	}
-	if waited >= readSpinShare {
+	if share && waited >= readSpinShare {
 		osYield()
 	}
 	return true

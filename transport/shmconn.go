@@ -60,8 +60,12 @@ type shmConn struct {
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
 	peerGone            bool
-	poll                poller      // when Read polls an empty ring (rmu)
-	wrote               atomic.Bool // a Write committed since Read last waited
+	poll                poller // when Read polls an empty ring (rmu)
+	// Since Read last waited: bytes Read returned (rmu), bytes Write
+	// committed, and whether a Write found the peer's reader parked.
+	readSince  int
+	wroteSince atomic.Int64
+	wokePeer   atomic.Bool
 
 	msgs       *messages
 	live       int  // messages loaned or received, not yet sent or released (mmu)
@@ -156,17 +160,20 @@ func (c *shmConn) Read(b []byte) (int, error) {
 		return 0, nil
 	}
 	var waitStart time.Time
-	polling := false
+	polling, share, excused := false, false, false
 	for len(c.rec) == 0 {
 		rec, err := c.cons.Next()
 		if err == shm.ErrRingEmpty {
 			now := time.Now()
 			if waitStart.IsZero() {
 				waitStart = now
-				// Poll only for an answer: after this side wrote.
-				polling = c.wrote.Swap(false) && c.poll.start()
+				wrote := c.wroteSince.Swap(0)
+				polling = wrote > 0 && c.poll.start()
+				share = !answerDue(c.readSince, wrote)
+				excused = c.wokePeer.Swap(false)
+				c.readSince = 0
 			}
-			if polling && pollAgain(now.Sub(waitStart)) {
+			if polling && pollAgain(now.Sub(waitStart), share) {
 				continue
 			}
 			rec, err = c.park()
@@ -185,12 +192,13 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			continue
 		}
 		if polling {
-			c.poll.ended(time.Since(waitStart))
+			c.poll.ended(time.Since(waitStart), excused)
 		}
 		c.rec = rec
 	}
 	n := copy(b, c.rec)
 	c.rec = c.rec[n:]
+	c.readSince += n
 	if len(c.rec) == 0 {
 		c.cons.Release()
 	}
@@ -233,6 +241,7 @@ func (c *shmConn) park() ([]byte, error) {
 // notify wakes the peer's reader if it is parked.
 func (c *shmConn) notify() {
 	if c.waitOut.CompareAndSwap(readerParked, readerNotified) {
+		c.wokePeer.Store(true)
 		c.notifyOut.Write([]byte{1})
 	}
 }
@@ -274,7 +283,7 @@ func (c *shmConn) Write(b []byte) (int, error) {
 		}
 		copy(buf, b[n:n+chunk])
 		c.prod.Commit()
-		c.wrote.Store(true)
+		c.wroteSince.Add(int64(chunk))
 		c.notify()
 		n += chunk
 	}
