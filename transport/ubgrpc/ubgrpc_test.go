@@ -26,6 +26,9 @@ import (
 
 var seq atomic.Int64
 
+// holdFor gives serve the hold service for an address (set before serve).
+var holdFor = map[string]*holdService{}
+
 // The sum service's messages travel as they are: the server picks this
 // codec by the content subtype the client's ForceCodec names.
 func init() { encoding.RegisterCodec(bytesCodec{}) }
@@ -82,6 +85,55 @@ var sumService = grpc.ServiceDesc{
 	}},
 }
 
+// holdService has a client stream that reads nothing until release is
+// closed, and a server stream that sends 3 MiB at once and then says so on
+// sent: a stream's window decides how far either gets before its peer
+// reads.
+type holdService struct {
+	release, sent chan struct{}
+}
+
+var holdDesc = grpc.ServiceDesc{
+	ServiceName: "ubgrpc.test.Hold",
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName:    "In",
+		ClientStreams: true,
+		Handler: func(srv any, s grpc.ServerStream) error {
+			<-srv.(*holdService).release
+			n := 0
+			for {
+				var b []byte
+				if err := s.RecvMsg(&b); err == io.EOF {
+					break
+				} else if err != nil {
+					return err
+				}
+				n += len(b)
+			}
+			res := []byte(fmt.Sprint(n))
+			return s.SendMsg(&res)
+		},
+	}, {
+		StreamName:    "Out",
+		ServerStreams: true,
+		Handler: func(srv any, s grpc.ServerStream) error {
+			var req []byte
+			if err := s.RecvMsg(&req); err != nil {
+				return err
+			}
+			for range 3 {
+				b := make([]byte, 1<<20)
+				if err := s.SendMsg(&b); err != nil {
+					return err
+				}
+			}
+			close(srv.(*holdService).sent)
+			return nil
+		},
+	}},
+}
+
 // serve starts a NewServer with the health and sum services on a listener
 // for addr; it stops with the test.
 func serve(t *testing.T, ep *transport.Endpoint, addr string, wrap func(net.Listener) net.Listener) {
@@ -93,6 +145,9 @@ func serve(t *testing.T, ep *transport.Endpoint, addr string, wrap func(net.List
 	srv := ubgrpc.NewServer(grpc.MaxRecvMsgSize(4 << 20))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	srv.RegisterService(&sumService, struct{}{})
+	if h, ok := holdFor[addr]; ok {
+		srv.RegisterService(&holdDesc, h)
+	}
 	var ln net.Listener = l
 	if wrap != nil {
 		ln = wrap(l)
@@ -235,6 +290,75 @@ func TestReadsGoStraightIntoFrames(t *testing.T) {
 	}
 	if got := client.largest(); got == 0 || got > frame {
 		t.Errorf("the client's largest read asked for %d bytes, want 1 to %d", got, frame)
+	}
+}
+
+// TestWindows: with the options' windows, 3 MiB fit in flight on one
+// stream in each direction before its receiver reads a byte; gRPC's own
+// windows start at 64 KiB and take no more.
+func TestWindows(t *testing.T) {
+	ep := endpoint(t)
+	addr := "ub://" + ep.Node() + "/" + service(t)
+	h := &holdService{release: make(chan struct{}), sent: make(chan struct{})}
+	holdFor[addr] = h
+	serve(t, ep, addr, nil)
+	defer close(h.release)
+	cc, err := grpc.NewClient(addr, append(ubgrpc.DialOptions(ep),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20)))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// Client to server: three 1 MiB sends return while the server holds.
+	in, err := cc.NewStream(ctx, &holdDesc.Streams[0], "/ubgrpc.test.Hold/In", grpc.ForceCodec(bytesCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		for range 3 {
+			b := make([]byte, 1<<20)
+			if err := in.SendMsg(&b); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("3 MiB of sends did not fit in the server's windows")
+	}
+
+	// Server to client: the server's three sends return before the
+	// client reads.
+	out, err := cc.NewStream(ctx, &holdDesc.Streams[1], "/ubgrpc.test.Hold/Out", grpc.ForceCodec(bytesCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := []byte("go")
+	if err := out.SendMsg(&req); err != nil {
+		t.Fatal(err)
+	}
+	out.CloseSend()
+	select {
+	case <-h.sent:
+	case <-time.After(5 * time.Second):
+		t.Fatal("3 MiB of server sends did not fit in the client's windows")
+	}
+	for range 3 {
+		var b []byte
+		if err := out.RecvMsg(&b); err != nil || len(b) != 1<<20 {
+			t.Fatalf("received %d bytes, %v", len(b), err)
+		}
 	}
 }
 

@@ -231,7 +231,9 @@ func grpcTo(kind, mode string, opts ...grpc.DialOption) (*grpc.ClientConn, func(
 		target = addr
 		opts = append(opts, ubgrpc.DialOptions(nil)...)
 	} else {
-		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }))
+		opts = append(opts,
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx, kind, addr) }),
+			grpc.WithInitialWindowSize(ubgrpc.StreamWindow), grpc.WithInitialConnWindowSize(ubgrpc.ConnWindow))
 	}
 	cc, err := grpc.NewClient(target, opts...)
 	if err != nil {
@@ -242,12 +244,15 @@ func grpcTo(kind, mode string, opts ...grpc.DialOption) (*grpc.ClientConn, func(
 }
 
 // serverOptions are a gRPC server's options over kind: package ubgrpc's
-// for ubkit, gRPC's defaults (what it tunes for sockets) for the others.
+// for ubkit; for the sockets, the same flow-control windows (so that the
+// connection is what differs; they gain little or nothing from them,
+// docs/PERFORMANCE.md) and gRPC's read buffer, which saves them system
+// calls.
 func serverOptions(kind string) []grpc.ServerOption {
 	if kind == "ubkit" {
 		return ubgrpc.ServerOptions()
 	}
-	return nil
+	return []grpc.ServerOption{grpc.InitialWindowSize(ubgrpc.StreamWindow), grpc.InitialConnWindowSize(ubgrpc.ConnWindow)}
 }
 
 func latency(samples []float64) bench.Measurement {
