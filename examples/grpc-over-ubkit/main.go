@@ -1,13 +1,13 @@
 // Command grpc-over-ubkit runs an unchanged gRPC server and client over a
 // ubkit transport: the server gets a transport listener, the client a
-// dialer. Between two processes on one host the bytes then move through
-// shared memory. (Both ends are in this process here, for brevity.)
+// ub:// target, and package ubgrpc the options that suit the bus. Between
+// two processes on one host the bytes then move through shared memory.
+// (Both ends are in this process here, for brevity.)
 package main
 
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"time"
 
@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ubkit-io/ubkit/transport"
+	"github.com/ubkit-io/ubkit/transport/ubgrpc"
 )
 
 func main() {
@@ -31,22 +32,20 @@ func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	// Server: the only change is the listener.
+	// Server: a transport listener, and ubgrpc.NewServer for
+	// grpc.NewServer.
 	l, err := transport.Listen(ctx, addr)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer()
+	srv := ubgrpc.NewServer()
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(l)
 	defer srv.Stop()
 
-	// Client: the only change is the dialer.
-	cc, err := grpc.NewClient("passthrough:///ubkit",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			return transport.Dial(ctx, addr)
-		}))
+	// Client: the ub:// address is the target, and ubgrpc.NewClient
+	// stands for grpc.NewClient.
+	cc, err := ubgrpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
