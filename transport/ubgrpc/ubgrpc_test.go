@@ -26,9 +26,6 @@ import (
 
 var seq atomic.Int64
 
-// holdFor gives serve the hold service for an address (set before serve).
-var holdFor = map[string]*holdService{}
-
 // The sum service's messages travel as they are: the server picks this
 // codec by the content subtype the client's ForceCodec names.
 func init() { encoding.RegisterCodec(bytesCodec{}) }
@@ -64,25 +61,23 @@ func (bytesCodec) Name() string { return "ubgrpc-test-bytes" }
 var sumService = grpc.ServiceDesc{
 	ServiceName: "ubgrpc.test.Sum",
 	HandlerType: (*any)(nil),
-	Streams: []grpc.StreamDesc{{
-		StreamName:    "Sum",
-		ClientStreams: true,
-		Handler: func(_ any, s grpc.ServerStream) error {
-			var n, sum uint64
-			for {
-				var b []byte
-				if err := s.RecvMsg(&b); err == io.EOF {
-					break
-				} else if err != nil {
-					return err
-				}
-				n += uint64(len(b))
-				sum += bench.Sum(b)
-			}
-			res := []byte(fmt.Sprintf("%d %d", n, sum))
-			return s.SendMsg(&res)
-		},
-	}},
+	Streams:     []grpc.StreamDesc{{StreamName: "Sum", ClientStreams: true, Handler: sum}},
+}
+
+func sum(_ any, s grpc.ServerStream) error {
+	var n, total uint64
+	for {
+		var b []byte
+		if err := s.RecvMsg(&b); err == io.EOF {
+			break
+		} else if err != nil {
+			return err
+		}
+		n += uint64(len(b))
+		total += bench.Sum(b)
+	}
+	res := []byte(fmt.Sprintf("%d %d", n, total))
+	return s.SendMsg(&res)
 }
 
 // holdService has a client stream that reads nothing until release is
@@ -101,18 +96,7 @@ var holdDesc = grpc.ServiceDesc{
 		ClientStreams: true,
 		Handler: func(srv any, s grpc.ServerStream) error {
 			<-srv.(*holdService).release
-			n := 0
-			for {
-				var b []byte
-				if err := s.RecvMsg(&b); err == io.EOF {
-					break
-				} else if err != nil {
-					return err
-				}
-				n += len(b)
-			}
-			res := []byte(fmt.Sprint(n))
-			return s.SendMsg(&res)
+			return sum(srv, s)
 		},
 	}, {
 		StreamName:    "Out",
@@ -134,9 +118,10 @@ var holdDesc = grpc.ServiceDesc{
 	}},
 }
 
-// serve starts a NewServer with the health and sum services on a listener
-// for addr; it stops with the test.
-func serve(t *testing.T, ep *transport.Endpoint, addr string, wrap func(net.Listener) net.Listener) {
+// serve starts a NewServer with the health and sum services (and hold's,
+// if not nil) on a listener for addr, wrapped by wrap if not nil; it stops
+// with the test.
+func serve(t *testing.T, ep *transport.Endpoint, addr string, wrap func(net.Listener) net.Listener, hold *holdService) {
 	t.Helper()
 	l, err := ep.Listen(context.Background(), addr)
 	if err != nil {
@@ -145,8 +130,8 @@ func serve(t *testing.T, ep *transport.Endpoint, addr string, wrap func(net.List
 	srv := ubgrpc.NewServer(grpc.MaxRecvMsgSize(4 << 20))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	srv.RegisterService(&sumService, struct{}{})
-	if h, ok := holdFor[addr]; ok {
-		srv.RegisterService(&holdDesc, h)
+	if hold != nil {
+		srv.RegisterService(&holdDesc, hold)
 	}
 	var ln net.Listener = l
 	if wrap != nil {
@@ -154,6 +139,20 @@ func serve(t *testing.T, ep *transport.Endpoint, addr string, wrap func(net.List
 	}
 	go srv.Serve(ln)
 	t.Cleanup(srv.Stop)
+}
+
+// client is a gRPC client of target with DialOptions(ep) and opts; it
+// closes with the test.
+func client(t *testing.T, ep *transport.Endpoint, target string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(target, append(append(ubgrpc.DialOptions(ep),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20))), opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 // pump sends msgs messages of size bytes on one client stream and checks
@@ -193,14 +192,8 @@ func TestEveryPath(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			ep := endpoint(t)
 			addr := "ub://" + ep.Node() + "/" + service(t)
-			serve(t, ep, addr, nil)
-			cc, err := grpc.NewClient(addr+"?path="+path, append(ubgrpc.DialOptions(ep),
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20)))...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cc.Close()
+			serve(t, ep, addr, nil, nil)
+			cc := client(t, ep, addr+"?path="+path)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
@@ -261,22 +254,16 @@ func (l *sizedListener) Accept() (net.Conn, error) {
 func TestReadsGoStraightIntoFrames(t *testing.T) {
 	ep := endpoint(t)
 	addr := "ub://" + ep.Node() + "/" + service(t)
-	var server, client readSizes
-	serve(t, ep, addr, func(l net.Listener) net.Listener { return &sizedListener{Listener: l, r: &server} })
+	var server, clientReads readSizes
+	serve(t, ep, addr, func(l net.Listener) net.Listener { return &sizedListener{Listener: l, r: &server} }, nil)
 	dial := ubgrpc.Dialer(ep)
-	cc, err := grpc.NewClient(addr, append(ubgrpc.DialOptions(ep),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
-			c, err := dial(ctx, a)
-			if err != nil {
-				return nil, err
-			}
-			return client.conn(c), nil
-		}))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := client(t, ep, addr, grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+		c, err := dial(ctx, a)
+		if err != nil {
+			return nil, err
+		}
+		return clientReads.conn(c), nil
+	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := pump(ctx, cc, 4, 1<<20); err != nil {
@@ -288,7 +275,7 @@ func TestReadsGoStraightIntoFrames(t *testing.T) {
 	if got := server.largest(); got == 0 || got > frame {
 		t.Errorf("the server's largest read asked for %d bytes, want 1 to %d", got, frame)
 	}
-	if got := client.largest(); got == 0 || got > frame {
+	if got := clientReads.largest(); got == 0 || got > frame {
 		t.Errorf("the client's largest read asked for %d bytes, want 1 to %d", got, frame)
 	}
 }
@@ -300,16 +287,9 @@ func TestWindows(t *testing.T) {
 	ep := endpoint(t)
 	addr := "ub://" + ep.Node() + "/" + service(t)
 	h := &holdService{release: make(chan struct{}), sent: make(chan struct{})}
-	holdFor[addr] = h
-	serve(t, ep, addr, nil)
+	serve(t, ep, addr, nil, h)
 	defer close(h.release)
-	cc, err := grpc.NewClient(addr, append(ubgrpc.DialOptions(ep),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(4<<20)))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := client(t, ep, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
