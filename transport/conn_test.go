@@ -306,6 +306,20 @@ func TestReadPollBacksOff(t *testing.T) {
 	if p.backoff != backoff {
 		t.Fatalf("an excused poll moved the backoff from %d to %d", backoff, p.backoff)
 	}
+	// A wait that outlasted the poll counts even if excused: calls that
+	// come further apart than a poll find the peer parked every time, and
+	// such a connection must still back off.
+	p = &poller{}
+	polls = 0
+	for i := 0; i < 1000; i++ {
+		if p.start() {
+			polls++
+			p.ended(time.Millisecond, true)
+		}
+	}
+	if polls > 25 {
+		t.Fatalf("a connection whose every wait outlasted its poll polled %d times in 1000 waits", polls)
+	}
 }
 
 // TestAnswerDue: a reader expects an answer after it wrote a request or an

@@ -34,9 +34,10 @@ import (
 // learns: a poll that catches its record within readSpinPays keeps
 // polling on; any other poll makes the reader park at once for the next
 // 1, 2, 4, ... up to readSpinBackoffMax waits, then try again. A poll
-// that outlasted readSpinPays because this side's write had to wake the
-// peer's parked reader says nothing about polling and changes nothing:
-// counting it left two backed-off ends waking each other on every call.
+// that caught its record after readSpinPays, but within the poll, when
+// this side's write had to wake the peer's parked reader, says nothing
+// about polling and changes nothing: counting it left two backed-off ends
+// waking each other on every call.
 const (
 	readSpinMax        = 200 * time.Microsecond
 	readSpinBusy       = 2 * time.Microsecond
@@ -71,12 +72,16 @@ func (p *poller) start() bool {
 
 // ended learns from a polled wait that ended with data after waited
 // (parked or not); excused says this side's write woke the peer's reader.
+// An excused wait that the poll still caught (within readSpinMax) changes
+// nothing; one that outlasted the poll counts as usual: the peer was slow
+// to answer, not only slow to wake (a connection whose calls come further
+// apart than a poll, where every request finds the peer parked).
 func (p *poller) ended(waited time.Duration, excused bool) {
 	if waited <= readSpinPays {
 		p.backoff = 0
 		return
 	}
-	if excused {
+	if excused && waited < readSpinMax {
 		return
 	}
 	p.backoff = min(max(1, 2*p.backoff), readSpinBackoffMax)

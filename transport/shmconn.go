@@ -283,8 +283,10 @@ func (c *shmConn) Write(b []byte) (int, error) {
 		}
 		copy(buf, b[n:n+chunk])
 		c.prod.Commit()
-		c.wroteSince.Add(int64(chunk))
+		// notify before counting: a Read that sees the count sees
+		// whether this write woke the peer.
 		c.notify()
+		c.wroteSince.Add(int64(chunk))
 		n += chunk
 	}
 }

@@ -2,7 +2,6 @@ package ubgrpc_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,10 +13,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/transport"
@@ -372,7 +373,7 @@ func TestTargets(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "lacks a service") {
 		t.Fatalf("a call to ub://n0: %v, want the resolver's reason", err)
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		t.Fatal("the call waited for its deadline instead of failing")
+	if code := status.Code(err); code != codes.Unavailable {
+		t.Fatalf("a call to ub://n0 ended with %v, want Unavailable at once, not its deadline", code)
 	}
 }
