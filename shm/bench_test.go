@@ -3,6 +3,7 @@ package shm
 import (
 	"context"
 	"encoding/binary"
+	"os"
 	"testing"
 )
 
@@ -108,5 +109,27 @@ func BenchmarkMPMCPushPop(b *testing.B) {
 	for b.Loop() {
 		r.TryPush(msg)
 		r.TryPop(buf)
+	}
+}
+
+// BenchmarkAlive is the liveness check the data path makes of a peer's
+// process (every few milliseconds per peer): a peer in this process
+// answers without /proc, another one reads /proc/<pid>/stat.
+func BenchmarkAlive(b *testing.B) {
+	parent, err := LookupProcess(os.Getppid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		p    Process
+	}{{"self", Self()}, {"other", parent}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if !c.p.Alive() {
+					b.Fatal("not alive")
+				}
+			}
+		})
 	}
 }

@@ -48,6 +48,9 @@ func (p Process) Alive() bool {
 	if p.PID == 0 {
 		return false
 	}
+	if p.isSelf() {
+		return true
+	}
 	start, state, err := procStat(int(p.PID))
 	if err != nil {
 		return !errors.Is(err, os.ErrNotExist)
@@ -58,6 +61,14 @@ func (p Process) Alive() bool {
 	// Identities read back from shared memory carry only the low 32 bits
 	// of the start time.
 	return p.Start == 0 || start == p.Start || (p.Start <= 0xffffffff && start&0xffffffff == p.Start)
+}
+
+// isSelf says whether p is the calling process, which is alive without
+// asking /proc (the data path asks often: a peer of the same process, as
+// in a simulated super node, would cost a file read every few calls).
+func (p Process) isSelf() bool {
+	me := Self()
+	return p.PID == me.PID && me.Start != 0 && (p.Start == me.Start || (p.Start <= 0xffffffff && p.Start == me.Start&0xffffffff))
 }
 
 // word packs the identity into 64 bits for storage in shared memory: the pid
@@ -71,6 +82,9 @@ func aliveWord(w uint64) bool {
 	p := processFromWord(w)
 	if p.PID == 0 {
 		return false
+	}
+	if p.isSelf() {
+		return true
 	}
 	start, state, err := procStat(int(p.PID))
 	if err != nil {

@@ -317,6 +317,14 @@ func TestProcessLiveness(t *testing.T) {
 	if (Process{PID: uint32(os.Getpid()), Start: Self().Start + 1}).Alive() {
 		t.Error("a process with our pid but another start time counts as alive")
 	}
+	// Stored in shared memory (the low 32 bits of the start time), both
+	// identities read back the same way.
+	if !aliveWord(Self().word()) {
+		t.Error("our own stored identity counts as dead")
+	}
+	if aliveWord((Process{PID: uint32(os.Getpid()), Start: Self().Start + 1}).word()) {
+		t.Error("a stored identity with our pid but another start time counts as alive")
+	}
 }
 
 func TestHugePages(t *testing.T) {
