@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Process identifies a process across pid reuse: a pid and the kernel's start
@@ -45,30 +47,11 @@ func LookupProcess(pid int) (Process, error) {
 // Alive reports whether the process still runs. A zombie (exited but not yet
 // reaped) counts as dead, and so does a new process that reused the pid.
 func (p Process) Alive() bool {
-	if p.PID == 0 {
-		return false
-	}
-	if p.isSelf() {
-		return true
-	}
-	start, state, err := procStat(int(p.PID))
-	if err != nil {
-		return !errors.Is(err, os.ErrNotExist)
-	}
-	if state == 'Z' || state == 'X' {
-		return false
-	}
 	// Identities read back from shared memory carry only the low 32 bits
 	// of the start time.
-	return p.Start == 0 || start == p.Start || (p.Start <= 0xffffffff && start&0xffffffff == p.Start)
-}
-
-// isSelf says whether p is the calling process, which is alive without
-// asking /proc (the data path asks often: a peer of the same process, as
-// in a simulated super node, would cost a file read every few calls).
-func (p Process) isSelf() bool {
-	me := Self()
-	return p.PID == me.PID && me.Start != 0 && (p.Start == me.Start || (p.Start <= 0xffffffff && p.Start == me.Start&0xffffffff))
+	return alive(p.PID, func(start uint64) bool {
+		return p.Start == 0 || start == p.Start || (p.Start <= 0xffffffff && start&0xffffffff == p.Start)
+	})
 }
 
 // word packs the identity into 64 bits for storage in shared memory: the pid
@@ -80,20 +63,113 @@ func processFromWord(w uint64) Process { return Process{PID: uint32(w >> 32), St
 // aliveWord is Alive for an identity stored with word.
 func aliveWord(w uint64) bool {
 	p := processFromWord(w)
-	if p.PID == 0 {
+	return alive(p.PID, func(start uint64) bool { return start&0xffffffff == p.Start })
+}
+
+// alive says whether the process pid runs with a start time that match
+// accepts. This process answers at once; another is watched through a
+// pidfd once seen (watchAlive), else read from /proc.
+func alive(pid uint32, match func(start uint64) bool) bool {
+	if pid == 0 {
 		return false
 	}
-	if p.isSelf() {
+	if me := Self(); pid == me.PID && me.Start != 0 && match(me.Start) {
 		return true
 	}
-	start, state, err := procStat(int(p.PID))
+	if a, ok := watchAlive(pid, match); ok {
+		return a
+	}
+	start, state, err := procStat(int(pid))
 	if err != nil {
 		return !errors.Is(err, os.ErrNotExist)
 	}
 	if state == 'Z' || state == 'X' {
 		return false
 	}
-	return start&0xffffffff == p.Start
+	return match(start)
+}
+
+// A pidWatch is a pidfd of a process and the start time it had when the
+// pidfd was opened. The pidfd turns readable when that process exits, so
+// whether it still runs is one poll(2) instead of reading /proc/<pid>/stat
+// (open, stat, read, close: about 13 µs on a virtual machine, and the data
+// path asks every few milliseconds per peer).
+type pidWatch struct {
+	fd    int
+	start uint64
+}
+
+// watches holds the pidfds of the processes Alive was asked about, at
+// most maxWatches (any one is closed to make room); off is set once
+// pidfds turn out unavailable (an old kernel, a seccomp filter).
+var watches struct {
+	sync.Mutex
+	m   map[uint32]*pidWatch
+	off bool
+}
+
+const maxWatches = 64
+
+// watchAlive answers alive through a pidfd; ok is false when it cannot
+// (no pidfds here, or the watched process exited and the pid may belong to
+// another one now: /proc tells).
+func watchAlive(pid uint32, match func(start uint64) bool) (alive, ok bool) {
+	watches.Lock()
+	defer watches.Unlock()
+	if watches.off {
+		return false, false
+	}
+	if w := watches.m[pid]; w != nil {
+		if exited(w.fd) {
+			unix.Close(w.fd)
+			delete(watches.m, pid)
+			return false, false
+		}
+		// The process that holds the pid runs: the one asked about, or
+		// none (two live processes never share a pid).
+		return match(w.start), true
+	}
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	switch {
+	case errors.Is(err, unix.ESRCH):
+		return false, true
+	case err != nil:
+		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) {
+			watches.off = true
+		}
+		return false, false
+	}
+	// Which process the pidfd holds: its start time, read after the open
+	// (if it exited since, the pid may be another's; then do not keep it).
+	start, state, err := procStat(int(pid))
+	if err != nil || state == 'Z' || state == 'X' || exited(fd) {
+		unix.Close(fd)
+		return false, false
+	}
+	if watches.m == nil {
+		watches.m = map[uint32]*pidWatch{}
+	}
+	if len(watches.m) >= maxWatches {
+		for k, w := range watches.m {
+			unix.Close(w.fd)
+			delete(watches.m, k)
+			break
+		}
+	}
+	watches.m[pid] = &pidWatch{fd: fd, start: start}
+	return match(start), true
+}
+
+// exited says whether the process of a pidfd has exited.
+func exited(fd int) bool {
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(pfd, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err != nil || (n > 0 && pfd[0].Revents != 0)
+	}
 }
 
 func procStat(pid int) (start uint64, state byte, err error) {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSegmentCreateOpen(t *testing.T) {
@@ -324,6 +325,47 @@ func TestProcessLiveness(t *testing.T) {
 	}
 	if aliveWord((Process{PID: uint32(os.Getpid()), Start: Self().Start + 1}).word()) {
 		t.Error("a stored identity with our pid but another start time counts as alive")
+	}
+}
+
+func init() {
+	children["sleep"] = func([]string) error {
+		time.Sleep(time.Minute)
+		return nil
+	}
+}
+
+// TestLivenessOfAnExitingProcess follows one process through its life as
+// the data path sees it (the answers come from a pidfd once it was asked
+// about): alive, then dead as soon as it exits, before its parent reaps
+// it, and after. Another identity with its pid is never alive.
+func TestLivenessOfAnExitingProcess(t *testing.T) {
+	cmd := startChild(t, "sleep")
+	p, err := LookupProcess(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := Process{PID: p.PID, Start: p.Start + 1}
+	for range 3 {
+		if !p.Alive() || !aliveWord(p.word()) {
+			t.Fatal("a running child counts as dead")
+		}
+		if other.Alive() || aliveWord(other.word()) {
+			t.Fatal("another identity with the child's pid counts as alive")
+		}
+	}
+	cmd.Process.Kill()
+	// Not reaped yet: a zombie, dead to us.
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Alive() || aliveWord(p.word()) {
+		if time.Now().After(deadline) {
+			t.Fatal("a killed child still counts as alive after 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cmd.Wait()
+	if p.Alive() || aliveWord(p.word()) {
+		t.Fatal("a reaped child counts as alive")
 	}
 }
 
