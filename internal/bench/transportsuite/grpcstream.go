@@ -116,9 +116,9 @@ func grpcStream(kind string, d time.Duration) (bench.Measurement, error) {
 		n += size
 		return cs.SendMsg(&payload{out: mem.NewBuffer(buf, pool)})
 	}
-	// Warm the stream up first, untimed: gRPC's flow-control windows start
-	// small and grow with its bandwidth estimate, so a run's first
-	// milliseconds measure that, not the connection.
+	// Warm the stream up first, untimed: a run's first messages fill the
+	// windows and gRPC's buffer pools, so its first milliseconds measure
+	// that, not the connection.
 	var i uint64
 	for ; i < warmupMsgs; i++ {
 		if err := send(i); err != nil {
