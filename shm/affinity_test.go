@@ -1,0 +1,73 @@
+package shm
+
+import (
+	"os"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestPinProcess pins the test process and finds every thread on that one
+// CPU, a thread started afterwards included; then it undoes the pin.
+func TestPinProcess(t *testing.T) {
+	var before unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &before); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		tasks, _ := os.ReadDir("/proc/self/task")
+		for _, task := range tasks {
+			tid, _ := strconv.Atoi(task.Name())
+			unix.SchedSetaffinity(tid, &before)
+		}
+	}()
+	cpu, err := PinProcess(before.Count() + 1) // wraps around
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !before.IsSet(cpu) {
+		t.Fatalf("pinned to CPU %d, which the process may not use", cpu)
+	}
+	check := func() {
+		t.Helper()
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range tasks {
+			tid, _ := strconv.Atoi(task.Name())
+			var got unix.CPUSet
+			if err := unix.SchedGetaffinity(tid, &got); err != nil {
+				continue // the thread ended
+			}
+			if got.Count() != 1 || !got.IsSet(cpu) {
+				t.Fatalf("thread %d may run on %d CPUs, want only CPU %d", tid, got.Count(), cpu)
+			}
+		}
+	}
+	check()
+	// Goroutines that keep their threads make the runtime start new ones.
+	threads := func() int {
+		tasks, _ := os.ReadDir("/proc/self/task")
+		return len(tasks)
+	}
+	was := threads()
+	release := make(chan struct{})
+	defer close(release)
+	for i := 0; threads() <= was; i++ {
+		if i == 100 {
+			t.Fatal("no new thread")
+		}
+		locked := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			close(locked)
+			<-release
+		}()
+		<-locked
+	}
+	check()
+}
