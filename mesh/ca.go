@@ -57,6 +57,10 @@ func serial() *big.Int {
 	return n
 }
 
+// Cert is the CA's own certificate: what proxies in other processes add to
+// their roots.
+func (ca *CA) Cert() *x509.Certificate { return ca.cert }
+
 // Roots is the pool that verifies this CA's certificates.
 func (ca *CA) Roots() *x509.CertPool { return ca.pool }
 
