@@ -1,13 +1,24 @@
 // Package meshsuite is `ubctl bench mesh`: what the mesh adds to a call.
 //
-// The proxy cases run a mesh on the simulated cm384 super node (any two
-// nodes 1 µs apart) in this process: an application on node00 calls a
-// backend on node01 through node00's proxy, the bus (mutual TLS) and
-// node01's proxy; the same request goes straight to the backend over TCP,
-// the two taking turns in stretches of 20 ms in the same run. The value is
-// the p50 (or p99) the path adds. grpc-proxyless-unary times a unary gRPC
-// call from a client process to a server process over the bus against the
-// same over TCP loopback.
+// The proxy cases time a call from an application on node00 of the
+// simulated cm384 super node (any two nodes 1 µs apart) to a backend on
+// node01 through node00's proxy, the bus (mutual TLS) and node01's proxy,
+// and the same request straight to the backend over TCP, the two taking
+// turns in stretches of 20 ms in the same run. The value is the p50 (or
+// p99) the path adds.
+//
+// The cases named as the targets run as a deployment does, each part in a
+// process of its own: the application, node00's proxy, node01's proxy and
+// the backend (the control plane stays in this process). This machine has
+// two CPUs and a super node gives each node its own, so node00's processes
+// (application and proxy) share one CPU and node01's (proxy and backend)
+// the other: the direct path crosses between the CPUs over TCP where the
+// proxied path crosses over the bus. The "-1proc" cases run the same mesh
+// with everything in this process: what the proxies' own work adds when no
+// hop wakes another process.
+//
+// grpc-proxyless-unary times a unary gRPC call from a client process to a
+// server process over the bus against the same over TCP loopback.
 package meshsuite
 
 import (
@@ -35,9 +46,11 @@ const payload = 1 << 10
 // Cases returns the suite's cases.
 func Cases() []bench.Case {
 	cases := []bench.Case{
-		addedCase("proxy-http-1KB-added-p50", httpPaths, 50),
-		addedCase("proxy-http-1KB-added-p99", httpPaths, 99),
-		addedCase("proxy-grpc-1KB-added-p50", grpcPaths, 50),
+		addedCase("proxy-http-1KB-added-p50", "http", 50, procSamples),
+		addedCase("proxy-http-1KB-added-p99", "http", 99, procSamples),
+		addedCase("proxy-grpc-1KB-added-p50", "grpc", 50, procSamples),
+		addedCase("proxy-http-1KB-added-p50-1proc", "http", 50, inProcSamples),
+		addedCase("proxy-grpc-1KB-added-p50-1proc", "grpc", 50, inProcSamples),
 	}
 	// A proxyless client resolves through xDS once; each call then takes
 	// the same path as any gRPC call over ubkit, so the case is the
@@ -64,9 +77,111 @@ func Cases() []bench.Case {
 	return cases
 }
 
-// paths starts a mesh and returns a call through the proxies and a direct
-// call, each timing one round trip of 1 KiB each way.
-type paths func() (viaProxies, direct func() (time.Duration, error), stop func(), err error)
+// samplesFunc starts a mesh for mode ("http" or "grpc") and returns the
+// round trips of calls through the proxies (unless directOnly) and of
+// direct calls, taking turns for about d.
+type samplesFunc func(mode string, d time.Duration, directOnly bool) (via, direct []float64, err error)
+
+func addedCase(name, mode string, pct int, run samplesFunc) bench.Case {
+	return bench.Case{Name: name, Unit: "ns added", Better: "lower", Contenders: []bench.Contender{
+		{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) {
+			vs, ds, err := run(mode, d, false)
+			if err != nil {
+				return bench.Measurement{}, err
+			}
+			return bench.Measurement{Value: percentile(vs, pct) - percentile(ds, pct)}, nil
+		}},
+		{Name: "direct-tcp", Run: func(d time.Duration) (bench.Measurement, error) {
+			_, ds, err := run(mode, d, true)
+			if err != nil {
+				return bench.Measurement{}, err
+			}
+			return bench.Measurement{Value: percentile(ds, pct)}, nil
+		}},
+	}}
+}
+
+// inProcSamples runs the mesh, the backend and the calls in this process.
+func inProcSamples(mode string, d time.Duration, directOnly bool) ([]float64, []float64, error) {
+	var m *meshsim.Mesh
+	var err error
+	switch mode {
+	case "http":
+		m, err = meshsim.Start(topo, []string{clientNode, serverNode}, service, serverNode, echo)
+	case "grpc":
+		var l net.Listener
+		if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return nil, nil, err
+		}
+		srv := grpcEcho()
+		go srv.Serve(l)
+		defer srv.Stop()
+		m, err = meshsim.StartAt(topo, []string{clientNode, serverNode}, service, serverNode, l.Addr().String())
+	default:
+		err = fmt.Errorf("meshsuite: unknown mode %q", mode)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	defer m.Close()
+	return measure(mode, m.Local[clientNode], m.Backend, d, directOnly)
+}
+
+// measure calls the backend at direct, and unless directOnly through the
+// proxy at via, for about d, and returns the round trips (ns).
+//
+// The two paths take turns in stretches of back-to-back calls (A B A B
+// ...), not call by call: a gRPC connection sends HTTP/2 control frames
+// (BDP pings, window updates, their acks) after each answer, and call by
+// call those of one path crossed the other path's calls, so each measured
+// the other's traffic as well as its own. The first calls of a stretch,
+// which the other path's last frames may still cross, are not counted.
+func measure(mode, via, direct string, d time.Duration, directOnly bool) (vs, ds []float64, err error) {
+	var viaCall, directCall func() (time.Duration, error)
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	for _, p := range []struct {
+		addr string
+		call *func() (time.Duration, error)
+	}{{direct, &directCall}, {via, &viaCall}} {
+		if p.addr == "" || (directOnly && p.call == &viaCall) {
+			continue
+		}
+		call, stop, err := caller(mode, p.addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		*p.call = call
+		closers = append(closers, stop)
+	}
+	run := func(call func() (time.Duration, error), out *[]float64) error {
+		for i, start := 0, time.Now(); i <= settle || time.Since(start) < burst; i++ {
+			t, err := call()
+			if err != nil {
+				return err
+			}
+			if i >= settle {
+				*out = append(*out, float64(t))
+			}
+		}
+		return nil
+	}
+	for start := time.Now(); time.Since(start) < d; {
+		if !directOnly {
+			if err := run(viaCall, &vs); err != nil {
+				return nil, nil, err
+			}
+		}
+		if err := run(directCall, &ds); err != nil {
+			return nil, nil, err
+		}
+	}
+	return vs, ds, nil
+}
 
 // burst is how long each path runs at a stretch before the other takes
 // over (at least one measured call), and settle how many calls open each
@@ -75,64 +190,6 @@ const (
 	burst  = 20 * time.Millisecond
 	settle = 3
 )
-
-func addedCase(name string, mk paths, pct int) bench.Case {
-	return bench.Case{Name: name, Unit: "ns added", Better: "lower", Contenders: []bench.Contender{
-		{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) {
-			via, direct, stop, err := mk()
-			if err != nil {
-				return bench.Measurement{}, err
-			}
-			defer stop()
-			// The two paths take turns in stretches of back-to-back calls
-			// (A B A B ...), not call by call: a gRPC connection sends
-			// HTTP/2 control frames (BDP pings, window updates, their
-			// acks) after each answer, and call by call those of one path
-			// crossed the other path's calls, so each measured the other's
-			// traffic as well as its own. The first calls of a stretch,
-			// which the other path's last frames may still cross, are not
-			// counted.
-			var vs, ds []float64
-			run := func(call func() (time.Duration, error), out *[]float64) error {
-				for i, start := 0, time.Now(); i <= settle || time.Since(start) < burst; i++ {
-					t, err := call()
-					if err != nil {
-						return err
-					}
-					if i >= settle {
-						*out = append(*out, float64(t))
-					}
-				}
-				return nil
-			}
-			for start := time.Now(); time.Since(start) < d; {
-				if err := run(via, &vs); err != nil {
-					return bench.Measurement{}, err
-				}
-				if err := run(direct, &ds); err != nil {
-					return bench.Measurement{}, err
-				}
-			}
-			return bench.Measurement{Value: percentile(vs, pct) - percentile(ds, pct)}, nil
-		}},
-		{Name: "direct-tcp", Run: func(d time.Duration) (bench.Measurement, error) {
-			_, direct, stop, err := mk()
-			if err != nil {
-				return bench.Measurement{}, err
-			}
-			defer stop()
-			var ds []float64
-			for start := time.Now(); time.Since(start) < d; {
-				w, err := direct()
-				if err != nil {
-					return bench.Measurement{}, err
-				}
-				ds = append(ds, float64(w))
-			}
-			return bench.Measurement{Value: percentile(ds, pct)}, nil
-		}},
-	}}
-}
 
 func percentile(s []float64, pct int) float64 {
 	if len(s) == 0 {
@@ -143,19 +200,13 @@ func percentile(s []float64, pct int) float64 {
 	return s[min(len(s)-1, len(s)*pct/100)]
 }
 
-var echo = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-	b, _ := io.ReadAll(r.Body)
-	w.Write(b)
-})
-
-func httpPaths() (func() (time.Duration, error), func() (time.Duration, error), func(), error) {
-	m, err := meshsim.Start("cm384", []string{"node00", "node01"}, "echo", "node01", echo)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	viaClient, directClient := &http.Client{Timeout: 10 * time.Second}, &http.Client{Timeout: 10 * time.Second}
-	body := bytes.Repeat([]byte("m"), payload)
-	call := func(c *http.Client, addr string) func() (time.Duration, error) {
+// caller returns a call of mode to addr, timing one round trip of payload
+// bytes each way and checking the echo.
+func caller(mode, addr string) (func() (time.Duration, error), func(), error) {
+	switch mode {
+	case "http":
+		c := &http.Client{Timeout: 10 * time.Second}
+		body := bytes.Repeat([]byte("m"), payload)
 		url := "http://" + addr + "/echo"
 		return func() (time.Duration, error) {
 			start := time.Now()
@@ -169,15 +220,34 @@ func httpPaths() (func() (time.Duration, error), func() (time.Duration, error), 
 				return 0, fmt.Errorf("meshsuite: the echo came back different (%v)", err)
 			}
 			return time.Since(start), nil
+		}, c.CloseIdleConnections, nil
+	case "grpc":
+		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+		if err != nil {
+			return nil, nil, err
 		}
+		body := bytes.Repeat([]byte("g"), payload)
+		return func() (time.Duration, error) {
+			var out []byte
+			start := time.Now()
+			if err := cc.Invoke(context.Background(), "/ubkit.bench.Echo/Echo", &body, &out); err != nil {
+				return 0, err
+			}
+			el := time.Since(start)
+			if !bytes.Equal(out, body) {
+				return 0, fmt.Errorf("meshsuite: the gRPC echo came back different")
+			}
+			return el, nil
+		}, func() { cc.Close() }, nil
 	}
-	stop := func() {
-		viaClient.CloseIdleConnections()
-		directClient.CloseIdleConnections()
-		m.Close()
-	}
-	return call(viaClient, m.Local["node00"]), call(directClient, m.Backend), stop, nil
+	return nil, nil, fmt.Errorf("meshsuite: unknown mode %q", mode)
 }
+
+var echo = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	w.Write(b)
+})
 
 // rawCodec sends []byte messages as they are.
 type rawCodec struct{}
@@ -203,57 +273,9 @@ var echoService = grpc.ServiceDesc{
 	}}},
 }
 
-func grpcPaths() (func() (time.Duration, error), func() (time.Duration, error), func(), error) {
+// grpcEcho is a gRPC server with the echo service.
+func grpcEcho() *grpc.Server {
 	srv := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}))
 	srv.RegisterService(&echoService, struct{}{})
-	// The mesh's service is the gRPC server's TCP port.
-	gl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	go srv.Serve(gl)
-	m, err := meshsim.StartAt("cm384", []string{"node00", "node01"}, "echo", "node01", gl.Addr().String())
-	if err != nil {
-		srv.Stop()
-		return nil, nil, nil, err
-	}
-	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
-	}
-	via, err := dial(m.Local["node00"])
-	if err != nil {
-		m.Close()
-		srv.Stop()
-		return nil, nil, nil, err
-	}
-	direct, err := dial(gl.Addr().String())
-	if err != nil {
-		via.Close()
-		m.Close()
-		srv.Stop()
-		return nil, nil, nil, err
-	}
-	body := bytes.Repeat([]byte("g"), payload)
-	call := func(cc *grpc.ClientConn) func() (time.Duration, error) {
-		return func() (time.Duration, error) {
-			var out []byte
-			start := time.Now()
-			if err := cc.Invoke(context.Background(), "/ubkit.bench.Echo/Echo", &body, &out); err != nil {
-				return 0, err
-			}
-			el := time.Since(start)
-			if !bytes.Equal(out, body) {
-				return 0, fmt.Errorf("meshsuite: the gRPC echo came back different")
-			}
-			return el, nil
-		}
-	}
-	stop := func() {
-		via.Close()
-		direct.Close()
-		m.Close()
-		srv.Stop()
-	}
-	return call(via), call(direct), stop, nil
+	return srv
 }

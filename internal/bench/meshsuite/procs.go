@@ -1,0 +1,274 @@
+package meshsuite
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/mesh"
+	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/transport"
+	"github.com/ubkit-io/ubkit/ub/provider/simprov"
+	"github.com/ubkit-io/ubkit/ub/topology"
+)
+
+// The mesh: an application on clientNode calls service, served on
+// serverNode.
+const (
+	topo       = "cm384"
+	clientNode = "node00"
+	serverNode = "node01"
+	service    = "echo"
+)
+
+// nodeCPU is the CPU, counted among those this process may use, that the
+// processes of each node run on.
+var nodeCPU = map[string]int{clientNode: 0, serverNode: 1}
+
+// backendArgs starts a backend peer: an HTTP echo handler or a gRPC echo
+// service, on a loopback TCP port it prints.
+type backendArgs struct {
+	Mode string `json:"mode"` // http or grpc
+	CPU  int    `json:"cpu"`
+}
+
+// proxyArgs starts a node proxy peer: its node's transport endpoint on the
+// simulated super node, its certificate from the mesh CA, and its
+// configuration from the control plane at ControlPlane. It prints the
+// address of its local listener for the service.
+type proxyArgs struct {
+	Node         string `json:"node"`
+	RuntimeDir   string `json:"runtimeDir"`
+	ControlPlane string `json:"controlPlane"`
+	Cert         []byte `json:"cert"` // DER
+	Key          []byte `json:"key"`  // PKCS #8
+	Root         []byte `json:"root"` // DER
+	CPU          int    `json:"cpu"`
+}
+
+// clientArgs starts the application peer: it measures (see measure) and
+// prints the round trips as a clientResult.
+type clientArgs struct {
+	Mode       string        `json:"mode"`
+	Via        string        `json:"via"`
+	Direct     string        `json:"direct"`
+	For        time.Duration `json:"for"`
+	DirectOnly bool          `json:"directOnly"`
+	CPU        int           `json:"cpu"`
+}
+
+type clientResult struct {
+	Via    []float64 `json:"via"`
+	Direct []float64 `json:"direct"`
+}
+
+func init() {
+	bench.RegisterPeer("mesh-backend", func(raw json.RawMessage) error {
+		var a backendArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		if err := pin(a.CPU); err != nil {
+			return err
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		fmt.Println(l.Addr())
+		switch a.Mode {
+		case "http":
+			return http.Serve(l, echo)
+		case "grpc":
+			return grpcEcho().Serve(l)
+		}
+		return fmt.Errorf("unknown mode %q", a.Mode)
+	})
+	bench.RegisterPeer("mesh-proxy", func(raw json.RawMessage) error {
+		var a proxyArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		if err := pin(a.CPU); err != nil {
+			return err
+		}
+		t, err := topology.Example(topo)
+		if err != nil {
+			return err
+		}
+		key, err := x509.ParsePKCS8PrivateKey(a.Key)
+		if err != nil {
+			return err
+		}
+		root, err := x509.ParseCertificate(a.Root)
+		if err != nil {
+			return err
+		}
+		roots := x509.NewCertPool()
+		roots.AddCert(root)
+		ep, err := transport.NewEndpoint(transport.Config{Node: a.Node, Topology: t, Provider: "sim", RuntimeDir: a.RuntimeDir})
+		if err != nil {
+			return err
+		}
+		defer ep.Close()
+		xr := mesh.NewXDSRegistry(t.Name, a.Node, a.ControlPlane)
+		defer xr.Close()
+		select {
+		case <-xr.Ready():
+		case <-time.After(10 * time.Second):
+			return errors.New("the control plane sent no endpoints")
+		}
+		p, err := mesh.NewNodeProxy(context.Background(), mesh.ProxyConfig{Endpoint: ep, SuperNode: t.Name,
+			Cert: tls.Certificate{Certificate: [][]byte{a.Cert}, PrivateKey: key}, Roots: roots, Registry: xr})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		l, err := p.ListenService(service, "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		fmt.Println(l.Addr())
+		select {} // until the harness kills it
+	})
+	bench.RegisterPeer("mesh-client", func(raw json.RawMessage) error {
+		var a clientArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		if err := pin(a.CPU); err != nil {
+			return err
+		}
+		vs, ds, err := measure(a.Mode, a.Via, a.Direct, a.For, a.DirectOnly)
+		if err != nil {
+			return err
+		}
+		if err := json.NewEncoder(os.Stdout).Encode(clientResult{Via: vs, Direct: ds}); err != nil {
+			return err
+		}
+		// Until the harness kills it: the harness stops reading the output
+		// of a peer that exited.
+		select {}
+	})
+}
+
+// pin puts this process on its node's CPU, running Go code on one
+// thread at a time.
+func pin(cpu int) error {
+	runtime.GOMAXPROCS(1)
+	_, err := shm.PinProcess(cpu)
+	return err
+}
+
+// procSamples runs the mesh as a deployment does: backend, node proxies and
+// application in processes of their own, each on its node's CPU, with the
+// control plane (and its CA) in this process.
+func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float64, err error) {
+	var closers []func()
+	defer func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}()
+	t, err := topology.Example(topo)
+	if err != nil {
+		return nil, nil, err
+	}
+	// This process makes the simulated super node's shared state, so it
+	// removes it at the end.
+	fab, err := simprov.OpenFabric(t)
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, func() {
+		// Last: the peers were killed, as crashed processes would be,
+		// and their shared memory goes the way a crashed process's does.
+		shm.Sweep()
+		fab.Close()
+		testenv.RemoveOwnSimFabrics()
+	})
+	dir, err := os.MkdirTemp("", "ubkit-meshbench-")
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, func() { os.RemoveAll(dir) })
+	be, backend, err := startLine("mesh-backend", backendArgs{Mode: mode, CPU: nodeCPU[serverNode]})
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, be.Kill)
+	var via string
+	if !directOnly {
+		reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Endpoints: []mesh.Endpoint{{Node: serverNode, Address: backend}}}})
+		if err != nil {
+			return nil, nil, err
+		}
+		cp := mesh.NewControlPlane(t, reg)
+		cl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, nil, err
+		}
+		go cp.Serve(cl)
+		closers = append(closers, cp.Close)
+		ca, err := mesh.NewCA(t.Name, time.Hour)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, n := range []string{serverNode, clientNode} {
+			cert, err := ca.Issue(n, time.Hour)
+			if err != nil {
+				return nil, nil, err
+			}
+			key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+			if err != nil {
+				return nil, nil, err
+			}
+			p, addr, err := startLine("mesh-proxy", proxyArgs{Node: n, RuntimeDir: dir, ControlPlane: cl.Addr().String(),
+				Cert: cert.Certificate[0], Key: key, Root: ca.Cert().Raw, CPU: nodeCPU[n]})
+			if err != nil {
+				return nil, nil, err
+			}
+			closers = append(closers, p.Kill)
+			if n == clientNode {
+				via = addr
+			}
+		}
+	}
+	p, err := bench.StartPeerPipe("mesh-client", clientArgs{Mode: mode, Via: via, Direct: backend, For: d,
+		DirectOnly: directOnly, CPU: nodeCPU[clientNode]})
+	if err != nil {
+		return nil, nil, err
+	}
+	closers = append(closers, p.Kill)
+	var res clientResult
+	if err := json.NewDecoder(p.Stdout()).Decode(&res); err != nil {
+		return nil, nil, fmt.Errorf("mesh-client: %w (%v)", err, p.Wait())
+	}
+	return res.Via, res.Direct, nil
+}
+
+// startLine starts a peer and reads the line it prints.
+func startLine(role string, args any) (*bench.Peer, string, error) {
+	p, err := bench.StartPeerPipe(role, args)
+	if err != nil {
+		return nil, "", err
+	}
+	line, err := bufio.NewReader(p.Stdout()).ReadString('\n')
+	if err != nil {
+		p.Kill()
+		return nil, "", fmt.Errorf("%s: %w (%v)", role, err, p.Wait())
+	}
+	return p, strings.TrimSpace(line), nil
+}
