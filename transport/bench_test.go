@@ -29,6 +29,7 @@ func BenchmarkUBEchoSim(b *testing.B) {
 	go io.Copy(a, a)
 	buf := make([]byte, 1024)
 	b.SetBytes(2 * int64(len(buf)))
+	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := c.Write(buf); err != nil {
 			b.Fatal(err)
@@ -36,5 +37,53 @@ func BenchmarkUBEchoSim(b *testing.B) {
 		if _, err := io.ReadFull(c, buf); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestUBPathAllocations bounds what a round trip of 1 KiB each way over the
+// ub path (the sim provider over shm) allocates in steady state: each
+// packet used to allocate its work requests, a completion array, the
+// receive's segment name and a wake-up channel (15 objects a round trip, 20
+// with the race detector); now mostly the waits that sleep do.
+func TestUBPathAllocations(t *testing.T) {
+	topo, err := topology.Example("cm384")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	mk := func(n string) *Endpoint {
+		e, err := NewEndpoint(Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	a, c := connect(t, mk("node00"), mk("node01"), "node00", "", PathUB)
+	defer a.Close()
+	defer c.Close()
+	go io.Copy(a, a)
+	buf := make([]byte, 1024)
+	roundTrip := func() {
+		if _, err := c.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 100 {
+		roundTrip()
+	}
+	// Both goroutines of the round trip count (the echo's too). The race
+	// detector's build allocates a few more.
+	want := 4.0
+	if raceEnabled {
+		want = 8
+	}
+	if n := testing.AllocsPerRun(2000, roundTrip); n > want {
+		t.Errorf("a round trip allocates %.1f objects, want at most %.0f", n, want)
+	} else {
+		t.Logf("a round trip allocates %.1f objects", n)
 	}
 }

@@ -82,7 +82,7 @@ type pktConn struct {
 	msgBytes   int
 	peerClosed bool
 	err        error         // why the link ended, once the queues are drained
-	changed    chan struct{} // closed and replaced at every change (mu)
+	changed    chan struct{} // closed at the next change, made when a waiter needs one (mu)
 	waiters    int           // Reads and Recvs waiting on changed (mu)
 	room       chan struct{} // a reader consumed something
 
@@ -94,7 +94,7 @@ type pktConn struct {
 }
 
 func newPktConn(l link, local, remote Addr) *pktConn {
-	c := &pktConn{l: l, local: local, remote: remote, changed: make(chan struct{}), room: make(chan struct{}, 1),
+	c := &pktConn{l: l, local: local, remote: remote, room: make(chan struct{}, 1),
 		rdl: deadline.New(), wdl: deadline.New(), closing: make(chan struct{}), readerDone: make(chan struct{})}
 	go c.readLoop()
 	return c
@@ -120,10 +120,21 @@ func (c *pktConn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: "ub", Source: c.local, Addr: c.remote, Err: err}
 }
 
-// changedLocked wakes every waiter (mu held).
+// changedLocked wakes every waiter (mu held). A change with no waiter
+// makes no channel: most packets of a busy connection find none.
 func (c *pktConn) changedLocked() {
-	close(c.changed)
-	c.changed = make(chan struct{})
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
+}
+
+// changedChanLocked returns the channel the next change closes (mu held).
+func (c *pktConn) changedChanLocked() chan struct{} {
+	if c.changed == nil {
+		c.changed = make(chan struct{})
+	}
+	return c.changed
 }
 
 // deliveredUnlock wakes the waiters for what the read loop just queued,
@@ -308,7 +319,7 @@ func (c *pktConn) Read(b []byte) (int, error) {
 			c.consumed()
 			return n, nil
 		}
-		eof, err, ch := c.eof, c.err, c.changed
+		eof, err, ch := c.eof, c.err, c.changedChanLocked()
 		if eof {
 			c.mu.Unlock()
 			return 0, io.EOF
@@ -457,7 +468,7 @@ func (c *pktConn) Recv(ctx context.Context) (*Msg, error) {
 			c.consumed()
 			return m, nil
 		}
-		err, ch := c.err, c.changed
+		err, ch := c.err, c.changedChanLocked()
 		if err == errPeerClosed {
 			c.mu.Unlock()
 			return nil, io.EOF

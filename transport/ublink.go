@@ -61,6 +61,14 @@ type ubLink struct {
 	reaped  uint64 // their completions taken
 	sendErr error
 	wdl     *deadline.Deadline
+	// Scratch for the calls into the provider, which take slices (an
+	// array on the stack would escape through the interface): the
+	// sender's (smu), and the receiving goroutine's.
+	swr  [1]ub.WR
+	sout [ubDepth]ub.Completion
+	rwr  [1]ub.RecvWR
+	crwr [1]ub.WR
+	cout [ubDepth]ub.Completion
 
 	cur       int // the buffer recv returned last, or -1
 	reposted  uint64
@@ -261,7 +269,7 @@ var errPeerGone = fmt.Errorf("transport: the peer's process ended: %w", syscall.
 
 // reap takes send completions (smu held).
 func (l *ubLink) reap() error {
-	var out [ubDepth]ub.Completion
+	out := &l.sout
 	for l.reaped < l.sent {
 		n, err := l.sq.Poll(out[:])
 		if err != nil {
@@ -301,7 +309,8 @@ func (l *ubLink) send(kind byte, p []byte) error {
 	slot := int(l.sent % ubDepth)
 	off := ubHead + (ubDepth+slot)*ubSize
 	copy(l.seg.Bytes()[off:off+ubSize], p)
-	_, err = l.j.PostSend([]ub.WR{{Op: ub.OpSendImm, UserCtx: tagSend, Local: ub.Local{Seg: l.seg, Offset: off, Len: len(p)}, Imm: uint64(kind)}})
+	l.swr[0] = ub.WR{Op: ub.OpSendImm, UserCtx: tagSend, Local: ub.Local{Seg: l.seg, Offset: off, Len: len(p)}, Imm: uint64(kind)}
+	_, err = l.j.PostSend(l.swr[:])
 	if err != nil {
 		l.sendErr = fmt.Errorf("transport: ub path: post: %w", err)
 		return l.sendErr
@@ -314,7 +323,8 @@ func (l *ubLink) recv() (byte, []byte, error) {
 	if l.cur >= 0 {
 		i := l.cur
 		l.cur = -1
-		if _, err := l.j.PostRecv([]ub.RecvWR{{UserCtx: uint64(i), Buf: ub.Local{Seg: l.seg, Offset: ubHead + i*ubSize, Len: ubSize}}}); err != nil {
+		l.rwr[0] = ub.RecvWR{UserCtx: uint64(i), Buf: ub.Local{Seg: l.seg, Offset: ubHead + i*ubSize, Len: ubSize}}
+		if _, err := l.j.PostRecv(l.rwr[:]); err != nil {
 			return 0, nil, fmt.Errorf("transport: ub path: repost: %w", err)
 		}
 		l.reposted++
@@ -384,7 +394,7 @@ func (l *ubLink) returnCredits() {
 	if l.creditErr != nil {
 		return
 	}
-	var out [ubDepth]ub.Completion
+	out := &l.cout
 	for {
 		n, err := l.cq.Poll(out[:])
 		if err != nil {
@@ -403,7 +413,8 @@ func (l *ubLink) returnCredits() {
 			break
 		}
 	}
-	if _, err := l.cj.PostSend([]ub.WR{{Op: ub.OpFetchAdd, UserCtx: tagCredit, Remote: ub.Remote{Seg: l.peerSeg}, Add: l.reposted}}); err != nil {
+	l.crwr[0] = ub.WR{Op: ub.OpFetchAdd, UserCtx: tagCredit, Remote: ub.Remote{Seg: l.peerSeg}, Add: l.reposted}
+	if _, err := l.cj.PostSend(l.crwr[:]); err != nil {
 		l.creditErr = fmt.Errorf("transport: ub path: credit return: %w", err)
 		return
 	}

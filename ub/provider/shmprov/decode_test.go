@@ -11,7 +11,7 @@ import (
 // name or length outside its bounds.
 func FuzzDecode(f *testing.F) {
 	slot := make([]byte, recvSlotSize)
-	postedRecv{name: "ub-x-s1", off: 128, len: 64, userCtx: 7}.encode(slot)
+	postedRecv{name: []byte("ub-x-s1"), off: 128, len: 64, userCtx: 7}.encode(slot)
 	f.Add(slot)
 	c := make([]byte, complSlotSize)
 	encodeCompletion(c, ub.Completion{Status: ub.StatusSuccess, Op: ub.OpRecv, Len: 5, HasImm: true, Imm: 9})

@@ -37,7 +37,7 @@ func TestForgedReceiveName(t *testing.T) {
 	}
 	defer ring.Close()
 	slot := make([]byte, recvSlotSize)
-	postedRecv{name: secret.Desc().Name, off: segHeader, len: 64}.encode(slot)
+	postedRecv{name: []byte(secret.Desc().Name), off: segHeader, len: 64}.encode(slot)
 	if err := ring.TryPush(slot); err != nil {
 		t.Fatal(err)
 	}

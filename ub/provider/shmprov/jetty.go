@@ -172,7 +172,7 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 		if !verbs.InRange(wr.Buf.Offset, wr.Buf.Len, len(s.bytes)) || wr.Buf.Len > 1<<31 {
 			return i, fmt.Errorf("shmprov: receive buffer [%d, +%d) outside its %d-byte segment", wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
 		}
-		postedRecv{name: s.name, off: uint64(segHeader + wr.Buf.Offset), len: uint32(wr.Buf.Len), userCtx: wr.UserCtx}.encode(j.slot)
+		postedRecv{name: s.nameBytes, off: uint64(segHeader + wr.Buf.Offset), len: uint32(wr.Buf.Len), userCtx: wr.UserCtx}.encode(j.slot)
 		if err := j.rings.recvs.TryPush(j.slot); err != nil {
 			if err == shm.ErrRingFull {
 				return i, fmt.Errorf("shmprov: receive queue full (depth %d)", j.cfg.RecvDepth)
@@ -467,7 +467,8 @@ func (t *target) copyInto(c *Context, r postedRecv, payload []byte) ub.Status {
 	// the same context (name prefix) and process that own this jetty, and
 	// the range must lie inside what it registered. A receiver cannot aim
 	// our write at anyone else.
-	if i := strings.LastIndexByte(t.desc.Name, '-'); i < 0 || !strings.HasPrefix(r.name, t.desc.Name[:i+1]) {
+	i := strings.LastIndexByte(t.desc.Name, '-')
+	if i < 0 || len(r.name) < i+1 || string(r.name[:i+1]) != t.desc.Name[:i+1] {
 		return ub.StatusRemoteLength
 	}
 	p, err := c.peer(r.name)

@@ -60,8 +60,10 @@ func jettyLayout(depth int) (recvOff, complOff, size int) {
 func align(n int) int { return (n + 127) &^ 127 }
 
 // postedRecv is a receive buffer as the sender reads it from shared memory.
+// A decoded name is the bytes of the slot it was decoded from: valid until
+// the slot is reused (a string per receive was an allocation per packet).
 type postedRecv struct {
-	name    string
+	name    []byte
 	off     uint64
 	len     uint32
 	userCtx uint64
@@ -84,7 +86,7 @@ func decodeRecv(b []byte) (postedRecv, error) {
 		return postedRecv{}, fmt.Errorf("posted receive names a segment of %d bytes", n)
 	}
 	return postedRecv{
-		name:    string(b[1 : 1+n]),
+		name:    b[1 : 1+n : 1+n],
 		off:     binary.LittleEndian.Uint64(b[100:]),
 		len:     binary.LittleEndian.Uint32(b[108:]),
 		userCtx: binary.LittleEndian.Uint64(b[112:]),

@@ -137,21 +137,22 @@ func (c *Context) Close() error {
 }
 
 // peer maps (once) the named segment of a peer.
-func (c *Context) peer(name string) (*peerSeg, error) {
+func (c *Context) peer(name []byte) (*peerSeg, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil, ErrClosed
 	}
-	if p, ok := c.opened[name]; ok {
+	if p, ok := c.opened[string(name)]; ok {
 		return p, nil
 	}
-	s, err := shm.OpenSegment(name)
+	key := string(name)
+	s, err := shm.OpenSegment(key)
 	if err != nil {
 		return nil, err
 	}
 	p := &peerSeg{seg: s}
-	c.opened[name] = p
+	c.opened[key] = p
 	return p, nil
 }
 
@@ -161,9 +162,11 @@ type segment struct {
 	closed bool // guarded by c.ops
 	shm    *shm.Segment
 	name   string
-	bytes  []byte
-	state  *atomic.Uint32
-	once   sync.Once
+	// nameBytes is name, as posted receives carry it.
+	nameBytes []byte
+	bytes     []byte
+	state     *atomic.Uint32
+	once      sync.Once
 }
 
 // AllocSegment allocates size bytes in a new shared-memory segment and
@@ -185,7 +188,7 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 	state.Store(stateLive)
 	magic, _ := s.Uint64At(0)
 	magic.Store(segMagic)
-	seg := &segment{c: c, shm: s, name: name, bytes: d[segHeader : segHeader+size : segHeader+size], state: state}
+	seg := &segment{c: c, shm: s, name: name, nameBytes: []byte(name), bytes: d[segHeader : segHeader+size : segHeader+size], state: state}
 	if err := c.track(seg); err != nil {
 		s.Close()
 		return nil, err

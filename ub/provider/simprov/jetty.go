@@ -53,6 +53,14 @@ type jetty struct {
 	lastStart time.Time
 	pending   atomic.Int64 // operations handed to the scheduler, not yet posted
 	bound     *target
+
+	// Scratch for the calls into the inner provider, which take slices
+	// (a slice literal escapes through the interface): PostSend's (mu),
+	// the scheduler's, and PostRecv's (rmu).
+	inlineWR [1]ub.WR
+	runWR    [1]ub.WR
+	rmu      sync.Mutex
+	recvWRs  []ub.RecvWR
 }
 
 func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
@@ -97,13 +105,20 @@ func (j *jetty) Bind(t ub.Target) error {
 }
 
 func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
-	in := make([]ub.RecvWR, len(wrs))
+	j.rmu.Lock()
+	defer j.rmu.Unlock()
+	in := append(j.recvWRs[:0], wrs...)
+	j.recvWRs = in
+	defer clear(in) // hold no segment
 	for i, wr := range wrs {
 		s, ok := wr.Buf.Seg.(*segment)
 		if !ok {
+			// Post the ones before it, as the count returned says.
+			if n, err := j.inner.PostRecv(in[:i]); err != nil {
+				return n, err
+			}
 			return i, errors.New("simprov: receive buffer must be a segment of this provider")
 		}
-		in[i] = wr
 		in[i].Buf.Seg = s.Segment
 	}
 	return j.inner.PostRecv(in)
@@ -146,7 +161,7 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 		if j.pending.Load() == 0 && time.Until(s.start) <= inlineBelow {
 			for time.Now().Before(s.start) {
 			}
-			j.post(s)
+			j.post(s, &j.inlineWR)
 			continue
 		}
 		j.pending.Add(1)
@@ -238,14 +253,14 @@ func (j *jetty) run() {
 		}
 		for time.Now().Before(s.start) {
 		}
-		j.post(s)
+		j.post(s, &j.runWR)
 		j.pending.Add(-1)
 	}
 }
 
 // post hands an operation to the inner provider (or completes it with its
-// status when it cannot run).
-func (j *jetty) post(s scheduled) {
+// status when it cannot run), through the caller's scratch.
+func (j *jetty) post(s scheduled, scratch *[1]ub.WR) {
 	if s.status != ub.StatusSuccess {
 		j.send.push(ub.Completion{Status: s.status, Op: s.op, UserCtx: s.ctx})
 		return
@@ -257,7 +272,10 @@ func (j *jetty) post(s scheduled) {
 		release = s.due
 	}
 	s.wr.UserCtx = j.send.track(s.ctx, release)
-	if _, err := j.inner.PostSend([]ub.WR{s.wr}); err != nil {
+	scratch[0] = s.wr
+	_, err := j.inner.PostSend(scratch[:])
+	scratch[0] = ub.WR{} // hold no segment
+	if err != nil {
 		j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
 	}
 }
