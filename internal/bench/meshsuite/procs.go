@@ -37,10 +37,10 @@ const (
 // processes of each node run on.
 var nodeCPU = map[string]int{clientNode: 0, serverNode: 1}
 
-// backendArgs starts a backend peer: an HTTP echo handler or a gRPC echo
-// service, on a loopback TCP port it prints.
+// backendArgs starts a backend peer: an HTTP echo handler, a gRPC echo
+// service or a TCP echo, on a loopback TCP port it prints.
 type backendArgs struct {
-	Mode string `json:"mode"` // http or grpc
+	Mode string `json:"mode"` // http, grpc or tcp
 	CPU  int    `json:"cpu"`
 }
 
@@ -93,6 +93,8 @@ func init() {
 			return http.Serve(l, echo)
 		case "grpc":
 			return grpcEcho().Serve(l)
+		case "tcp":
+			return serveTCPEcho(l)
 		}
 		return fmt.Errorf("unknown mode %q", a.Mode)
 	})

@@ -1,11 +1,11 @@
 // Package meshsuite is `ubctl bench mesh`: what the mesh adds to a call.
 //
-// The proxy cases time a call from an application on node00 of the
-// simulated cm384 super node (any two nodes 1 µs apart) to a backend on
-// node01 through node00's proxy, the bus (mutual TLS) and node01's proxy,
-// and the same request straight to the backend over TCP, the two taking
-// turns in stretches of 20 ms in the same run. The value is the p50 (or
-// p99) the path adds.
+// The proxy cases time a call (HTTP, gRPC, or a plain TCP echo; 1 KiB
+// each way) from an application on node00 of the simulated cm384 super
+// node (any two nodes 1 µs apart) to a backend on node01 through node00's
+// proxy, the bus (mutual TLS) and node01's proxy, and the same request
+// straight to the backend over TCP, the two taking turns in stretches of
+// 20 ms in the same run. The value is the p50 (or p99) the path adds.
 //
 // The cases named as the targets run as a deployment does, each part in a
 // process of its own: the application, node00's proxy, node01's proxy and
@@ -49,8 +49,12 @@ func Cases() []bench.Case {
 		addedCase("proxy-http-1KB-added-p50", "http", 50, procSamples),
 		addedCase("proxy-http-1KB-added-p99", "http", 99, procSamples),
 		addedCase("proxy-grpc-1KB-added-p50", "grpc", 50, procSamples),
+		// The proxies carry TCP: a 1 KiB echo over a plain connection is
+		// their own cost with no protocol on top.
+		addedCase("proxy-tcp-1KB-added-p50", "tcp", 50, procSamples),
 		addedCase("proxy-http-1KB-added-p50-1proc", "http", 50, inProcSamples),
 		addedCase("proxy-grpc-1KB-added-p50-1proc", "grpc", 50, inProcSamples),
+		addedCase("proxy-tcp-1KB-added-p50-1proc", "tcp", 50, inProcSamples),
 	}
 	// A proxyless client resolves through xDS once; each call then takes
 	// the same path as any gRPC call over ubkit, so the case is the
@@ -77,7 +81,7 @@ func Cases() []bench.Case {
 	return cases
 }
 
-// samplesFunc starts a mesh for mode ("http" or "grpc") and returns the
+// samplesFunc starts a mesh for mode ("http", "grpc" or "tcp") and returns the
 // round trips of calls through the proxies (unless directOnly) and of
 // direct calls, taking turns for about d.
 type samplesFunc func(mode string, d time.Duration, directOnly bool) (via, direct []float64, err error)
@@ -108,14 +112,19 @@ func inProcSamples(mode string, d time.Duration, directOnly bool) ([]float64, []
 	switch mode {
 	case "http":
 		m, err = meshsim.Start(topo, []string{clientNode, serverNode}, service, serverNode, echo)
-	case "grpc":
+	case "grpc", "tcp":
 		var l net.Listener
 		if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 			return nil, nil, err
 		}
-		srv := grpcEcho()
-		go srv.Serve(l)
-		defer srv.Stop()
+		defer l.Close()
+		if mode == "grpc" {
+			srv := grpcEcho()
+			go srv.Serve(l)
+			defer srv.Stop()
+		} else {
+			go serveTCPEcho(l)
+		}
 		m, err = meshsim.StartAt(topo, []string{clientNode, serverNode}, service, serverNode, l.Addr().String())
 	default:
 		err = fmt.Errorf("meshsuite: unknown mode %q", mode)
@@ -240,6 +249,26 @@ func caller(mode, addr string) (func() (time.Duration, error), func(), error) {
 			}
 			return el, nil
 		}, func() { cc.Close() }, nil
+	case "tcp":
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		out, in := bytes.Repeat([]byte("t"), payload), make([]byte, payload)
+		return func() (time.Duration, error) {
+			start := time.Now()
+			if _, err := c.Write(out); err != nil {
+				return 0, err
+			}
+			if _, err := io.ReadFull(c, in); err != nil {
+				return 0, err
+			}
+			el := time.Since(start)
+			if !bytes.Equal(in, out) {
+				return 0, fmt.Errorf("meshsuite: the TCP echo came back different")
+			}
+			return el, nil
+		}, func() { c.Close() }, nil
 	}
 	return nil, nil, fmt.Errorf("meshsuite: unknown mode %q", mode)
 }
@@ -271,6 +300,29 @@ var echoService = grpc.ServiceDesc{
 		}
 		return &b, nil
 	}}},
+}
+
+// serveTCPEcho echoes payload bytes at a time on every connection l
+// accepts, until l is closed.
+func serveTCPEcho(l net.Listener) error {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			b := make([]byte, payload)
+			for {
+				if _, err := io.ReadFull(c, b); err != nil {
+					return
+				}
+				if _, err := c.Write(b); err != nil {
+					return
+				}
+			}
+		}()
+	}
 }
 
 // grpcEcho is a gRPC server with the echo service.
