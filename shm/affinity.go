@@ -32,22 +32,33 @@ func PinProcess(n int) (int, error) {
 	}
 	cpu := cpus[((n%len(cpus))+len(cpus))%len(cpus)]
 	set.Set(cpu)
-	// Twice: a thread started during the first pass is pinned by the
-	// second, or inherited the pin.
-	for range 2 {
+	// Until a pass finds every thread pinned already: a thread started
+	// during a pass by one not yet pinned is found by the next.
+	for pass := 0; ; pass++ {
 		tasks, err := os.ReadDir("/proc/self/task")
 		if err != nil {
 			return 0, fmt.Errorf("shm: pin: %w", err)
 		}
+		changed := false
 		for _, t := range tasks {
 			tid, err := strconv.Atoi(t.Name())
 			if err != nil {
 				continue
 			}
+			var got unix.CPUSet
+			if err := unix.SchedGetaffinity(tid, &got); err == nil && got == set {
+				continue
+			}
 			if err := unix.SchedSetaffinity(tid, &set); err != nil && !errors.Is(err, unix.ESRCH) {
 				return 0, fmt.Errorf("shm: pin thread %d to CPU %d: %w", tid, cpu, err)
 			}
+			changed = true
+		}
+		if !changed {
+			return cpu, nil
+		}
+		if pass == 100 {
+			return 0, errors.New("shm: pin: the process keeps starting threads")
 		}
 	}
-	return cpu, nil
 }

@@ -17,10 +17,12 @@ func TestPinProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() {
-		tasks, _ := os.ReadDir("/proc/self/task")
-		for _, task := range tasks {
-			tid, _ := strconv.Atoi(task.Name())
-			unix.SchedSetaffinity(tid, &before)
+		for range 3 { // threads started meanwhile inherit the pin
+			tasks, _ := os.ReadDir("/proc/self/task")
+			for _, task := range tasks {
+				tid, _ := strconv.Atoi(task.Name())
+				unix.SchedSetaffinity(tid, &before)
+			}
 		}
 	}()
 	cpu, err := PinProcess(before.Count() + 1) // wraps around

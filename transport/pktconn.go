@@ -319,16 +319,16 @@ func (c *pktConn) Read(b []byte) (int, error) {
 			c.consumed()
 			return n, nil
 		}
-		eof, err, ch := c.eof, c.err, c.changedChanLocked()
-		if eof {
+		if c.eof {
 			c.mu.Unlock()
 			return 0, io.EOF
 		}
-		if err != nil {
+		if c.err != nil {
+			err := c.err
 			c.mu.Unlock()
 			return 0, c.opError("read", err)
 		}
-		if err := c.waitUnlock(ch, dl, nil); err != nil {
+		if err := c.waitUnlock(c.changedChanLocked(), dl, nil); err != nil {
 			return 0, c.opError("read", err)
 		}
 	}
@@ -468,16 +468,14 @@ func (c *pktConn) Recv(ctx context.Context) (*Msg, error) {
 			c.consumed()
 			return m, nil
 		}
-		err, ch := c.err, c.changedChanLocked()
-		if err == errPeerClosed {
+		if err := c.err; err != nil {
 			c.mu.Unlock()
-			return nil, io.EOF
-		}
-		if err != nil {
-			c.mu.Unlock()
+			if err == errPeerClosed {
+				return nil, io.EOF
+			}
 			return nil, c.opError("recv", err)
 		}
-		if err := c.waitUnlock(ch, nil, ctx.Done()); err != nil {
+		if err := c.waitUnlock(c.changedChanLocked(), nil, ctx.Done()); err != nil {
 			if err == context.Canceled {
 				err = ctx.Err()
 			}

@@ -13,10 +13,10 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
-	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/mesh"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport"
@@ -34,8 +34,11 @@ const (
 )
 
 // nodeCPU is the CPU, counted among those this process may use, that the
-// processes of each node run on.
+// processes of each node run on. On a machine with one, they all share it.
 var nodeCPU = map[string]int{clientNode: 0, serverNode: 1}
+
+// runSeq numbers this process's runs, for their fabrics' names.
+var runSeq atomic.Int64
 
 // backendArgs starts a backend peer: an HTTP echo handler, a gRPC echo
 // service or a TCP echo, on a loopback TCP port it prints.
@@ -51,6 +54,7 @@ type backendArgs struct {
 type proxyArgs struct {
 	Node         string `json:"node"`
 	RuntimeDir   string `json:"runtimeDir"`
+	Fabric       string `json:"fabric"` // the simulation's shared state (simprov.OptFabric)
 	ControlPlane string `json:"controlPlane"`
 	Cert         []byte `json:"cert"` // DER
 	Key          []byte `json:"key"`  // PKCS #8
@@ -120,7 +124,8 @@ func init() {
 		}
 		roots := x509.NewCertPool()
 		roots.AddCert(root)
-		ep, err := transport.NewEndpoint(transport.Config{Node: a.Node, Topology: t, Provider: "sim", RuntimeDir: a.RuntimeDir})
+		ep, err := transport.NewEndpoint(transport.Config{Node: a.Node, Topology: t, Provider: "sim", RuntimeDir: a.RuntimeDir,
+			ProviderOptions: map[string]string{simprov.OptFabric: a.Fabric}})
 		if err != nil {
 			return err
 		}
@@ -188,9 +193,11 @@ func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float6
 	if err != nil {
 		return nil, nil, err
 	}
-	// This process makes the simulated super node's shared state, so it
-	// removes it at the end.
-	fab, err := simprov.OpenFabric(t)
+	// The simulated super node's shared state (link bookings) is this
+	// run's own, not shared with any other simulation of cm384 on the
+	// host; this process makes it and removes it at the end.
+	fabric := fmt.Sprintf("meshbench-%d-%d", os.Getpid(), runSeq.Add(1))
+	fab, err := simprov.OpenFabricNamed(t, fabric)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -198,8 +205,8 @@ func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float6
 		// Last: the peers were killed, as crashed processes would be,
 		// and their shared memory goes the way a crashed process's does.
 		shm.Sweep()
+		fab.Remove()
 		fab.Close()
-		testenv.RemoveOwnSimFabrics()
 	})
 	dir, err := os.MkdirTemp("", "ubkit-meshbench-")
 	if err != nil {
@@ -223,7 +230,7 @@ func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float6
 			return nil, nil, err
 		}
 		go cp.Serve(cl)
-		closers = append(closers, cp.Close)
+		closers = append(closers, func() { cp.Close(); cl.Close() })
 		ca, err := mesh.NewCA(t.Name, time.Hour)
 		if err != nil {
 			return nil, nil, err
@@ -237,7 +244,7 @@ func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float6
 			if err != nil {
 				return nil, nil, err
 			}
-			p, addr, err := startLine("mesh-proxy", proxyArgs{Node: n, RuntimeDir: dir, ControlPlane: cl.Addr().String(),
+			p, addr, err := startLine("mesh-proxy", proxyArgs{Node: n, RuntimeDir: dir, Fabric: fabric, ControlPlane: cl.Addr().String(),
 				Cert: cert.Certificate[0], Key: key, Root: ca.Cert().Raw, CPU: nodeCPU[n]})
 			if err != nil {
 				return nil, nil, err
@@ -254,6 +261,10 @@ func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float6
 		return nil, nil, err
 	}
 	closers = append(closers, p.Kill)
+	// Every call has its own timeout; this bounds the whole run as well,
+	// so that nothing wedged can hold the harness.
+	watchdog := time.AfterFunc(d+time.Minute, p.Kill)
+	defer watchdog.Stop()
 	var res clientResult
 	if err := json.NewDecoder(p.Stdout()).Decode(&res); err != nil {
 		return nil, nil, fmt.Errorf("mesh-client: %w (%v)", err, p.Wait())

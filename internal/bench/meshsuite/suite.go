@@ -9,11 +9,12 @@
 //
 // The cases named as the targets run as a deployment does, each part in a
 // process of its own: the application, node00's proxy, node01's proxy and
-// the backend (the control plane stays in this process). This machine has
-// two CPUs and a super node gives each node its own, so node00's processes
-// (application and proxy) share one CPU and node01's (proxy and backend)
-// the other: the direct path crosses between the CPUs over TCP where the
-// proxied path crosses over the bus. The "-1proc" cases run the same mesh
+// the backend (the control plane stays in this process). A super node
+// gives each node CPUs of its own, so each simulated node gets one of the
+// machine's CPUs: node00's processes (application and proxy) share one and
+// node01's (proxy and backend) another, and the direct path crosses
+// between the CPUs over TCP where the proxied path crosses over the bus
+// (on a machine with one CPU, everything shares it). The "-1proc" cases run the same mesh
 // with everything in this process: what the proxies' own work adds when no
 // hop wakes another process.
 //
@@ -209,12 +210,15 @@ func percentile(s []float64, pct int) float64 {
 	return s[min(len(s)-1, len(s)*pct/100)]
 }
 
+// callTimeout bounds every call: a path that wedges fails its case.
+const callTimeout = 10 * time.Second
+
 // caller returns a call of mode to addr, timing one round trip of payload
 // bytes each way and checking the echo.
 func caller(mode, addr string) (func() (time.Duration, error), func(), error) {
 	switch mode {
 	case "http":
-		c := &http.Client{Timeout: 10 * time.Second}
+		c := &http.Client{Timeout: callTimeout}
 		body := bytes.Repeat([]byte("m"), payload)
 		url := "http://" + addr + "/echo"
 		return func() (time.Duration, error) {
@@ -239,8 +243,10 @@ func caller(mode, addr string) (func() (time.Duration, error), func(), error) {
 		body := bytes.Repeat([]byte("g"), payload)
 		return func() (time.Duration, error) {
 			var out []byte
+			ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+			defer cancel()
 			start := time.Now()
-			if err := cc.Invoke(context.Background(), "/ubkit.bench.Echo/Echo", &body, &out); err != nil {
+			if err := cc.Invoke(ctx, "/ubkit.bench.Echo/Echo", &body, &out); err != nil {
 				return 0, err
 			}
 			el := time.Since(start)
@@ -256,6 +262,7 @@ func caller(mode, addr string) (func() (time.Duration, error), func(), error) {
 		}
 		out, in := bytes.Repeat([]byte("t"), payload), make([]byte, payload)
 		return func() (time.Duration, error) {
+			c.SetDeadline(time.Now().Add(callTimeout))
 			start := time.Now()
 			if _, err := c.Write(out); err != nil {
 				return 0, err

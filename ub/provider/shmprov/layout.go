@@ -60,8 +60,9 @@ func jettyLayout(depth int) (recvOff, complOff, size int) {
 func align(n int) int { return (n + 127) &^ 127 }
 
 // postedRecv is a receive buffer as the sender reads it from shared memory.
-// A decoded name is the bytes of the slot it was decoded from: valid until
-// the slot is reused (a string per receive was an allocation per packet).
+// A decoded name is the bytes of the slot it was decoded from (the
+// caller's private copy, popped out of shared memory), valid until the
+// slot is reused: a string per receive was an allocation per packet.
 type postedRecv struct {
 	name    []byte
 	off     uint64
