@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/ubkit-io/ubkit/transport"
 )
@@ -275,7 +276,7 @@ func (p *NodeProxy) outbound(app net.Conn, service string) {
 	defer hop.Close()
 	defer p.track(hop)()
 	hop.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := fmt.Fprintf(hop, "%s %s\n", service, e.Address); err != nil {
+	if _, err := io.WriteString(hop, formatHopRequest(service, e.Address)); err != nil {
 		return
 	}
 	line, err := readLine(hop)
@@ -363,9 +364,9 @@ func (p *NodeProxy) inbound(tc *tls.Conn) {
 	if err != nil {
 		return
 	}
-	service, addr, ok := strings.Cut(line, " ")
-	if !ok {
-		fmt.Fprintf(tc, "denied: malformed request\n")
+	service, addr, err := parseHopRequest(line)
+	if err != nil {
+		fmt.Fprintf(tc, "denied: %v\n", err)
 		return
 	}
 	if allowed, listed := p.cfg.Allow[service]; listed && !slices.Contains(allowed, from) {
@@ -408,6 +409,35 @@ func (p *NodeProxy) local(service, addr string) bool {
 	}
 	return false
 }
+
+// A hop opens with one line from the dialing proxy, "service host:port\n":
+// the service, and the endpoint of it on the far node the hop is for. The
+// far proxy answers "ok\n", or a line saying why not, and closes.
+func formatHopRequest(service, addr string) string { return service + " " + addr + "\n" }
+
+// parseHopRequest reads a hop's request line (without its newline). It
+// comes from a peer that holds a certificate of the mesh, but nothing else
+// about it is trusted.
+func parseHopRequest(line string) (service, addr string, err error) {
+	service, addr, ok := strings.Cut(line, " ")
+	switch {
+	case !ok:
+		return "", "", errors.New("malformed request: want \"service host:port\"")
+	case service == "" || strings.IndexFunc(service, notPrintable) >= 0:
+		return "", "", fmt.Errorf("malformed request: service %q", service)
+	case strings.IndexFunc(addr, notPrintable) >= 0:
+		return "", "", fmt.Errorf("malformed request: address %q", addr)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || port == "" {
+		return "", "", fmt.Errorf("malformed request: address %q is no host:port", addr)
+	}
+	return service, addr, nil
+}
+
+// notPrintable is true for spaces, control characters and anything else
+// that has no place in a service name or an address.
+func notPrintable(r rune) bool { return r <= ' ' || r == 0x7f || !unicode.IsPrint(r) }
 
 func readLine(c net.Conn) (string, error) {
 	var b []byte

@@ -3,6 +3,7 @@ package mesh
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,8 +18,8 @@ import (
 
 // proxies starts node proxies on n0, n1 and n2 of the simulated dev4 with
 // an HTTP service "web" on n1, and returns each node's local listener for
-// it.
-func proxies(t *testing.T, allow map[string][]string) (web map[string]string, eps map[string]*transport.Endpoint, ca *CA) {
+// it, the nodes' endpoints, the mesh's CA and the backend's address.
+func proxies(t *testing.T, allow map[string][]string) (web map[string]string, eps map[string]*transport.Endpoint, ca *CA, backendAddr string) {
 	t.Helper()
 	topo, _ := topology.Example("dev4")
 	dir := t.TempDir()
@@ -63,14 +64,14 @@ func proxies(t *testing.T, allow map[string][]string) (web map[string]string, ep
 		}
 		web[n] = l.Addr().String()
 	}
-	return web, eps, ca
+	return web, eps, ca, bl.Addr().String()
 }
 
 // TestNodeProxyHTTP: an application on n0 talks plain HTTP to its node's
 // proxy; the request crosses to n1's proxy over the bus (mutual TLS) and
 // reaches the backend there.
 func TestNodeProxyHTTP(t *testing.T) {
-	web, _, _ := proxies(t, nil)
+	web, _, _, _ := proxies(t, nil)
 	client := &http.Client{Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
 	for i := range 3 {
@@ -90,7 +91,7 @@ func TestNodeProxyHTTP(t *testing.T) {
 // refused at the handshake, and a node not on a service's allow list is
 // turned away.
 func TestNodeProxyRefusals(t *testing.T) {
-	web, eps, _ := proxies(t, map[string][]string{"web": {"n2"}})
+	web, eps, _, _ := proxies(t, map[string][]string{"web": {"n2"}})
 	// n2 is allowed to reach web...
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + web["n2"] + "/")
 	if err != nil {
@@ -131,6 +132,66 @@ func TestNodeProxyRefusals(t *testing.T) {
 		t.Fatal("a peer with a certificate from another CA was let in")
 	}
 	t.Logf("rogue refused: %v", err)
+}
+
+// TestNodeProxyHostileHops: a peer with a valid certificate of the mesh
+// (n2's) sends n1's proxy request lines it must refuse, each on a hop of
+// its own: malformed ones, an endpoint that is not the service's on n1
+// (which would make the proxy a way into anything n1 reaches), an unknown
+// service, and a line that never ends. Each gets a refusal or a closed
+// hop, never a connection, a crash or a hang; a well-formed request on the
+// same kind of hop is served, so the refusals are the requests'.
+func TestNodeProxyHostileHops(t *testing.T) {
+	_, eps, ca, backendAddr := proxies(t, nil)
+	cert, err := ca.Issue("n2", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hop := func(request string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		raw, err := eps["n2"].Dial(ctx, "ub://n1/"+ProxyService)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := tls.Client(raw, &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: ca.Roots(), InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+		defer tc.Close()
+		tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(tc, request); err != nil {
+			return "", err
+		}
+		line, err := readLine(tc)
+		if err == nil && line != "ok" {
+			// Nothing follows a refusal: the proxy closes the hop.
+			if n, rerr := tc.Read(make([]byte, 1)); n > 0 || !errors.Is(rerr, io.EOF) {
+				t.Errorf("after %q the hop stayed open (%d, %v)", line, n, rerr)
+			}
+		}
+		return line, err
+	}
+	if line, err := hop(formatHopRequest("web", backendAddr)); err != nil || line != "ok" {
+		t.Fatalf("a well-formed request for web's endpoint on n1: %q, %v", line, err)
+	}
+	for _, c := range []struct{ request, want string }{
+		{"garbage\n", "denied: malformed request"},
+		{" 127.0.0.1:80\n", "denied: malformed request: service"},
+		{"web \n", "denied: malformed request: address"},
+		{"web 127.0.0.1\n", "denied: malformed request: address"},
+		{"web 127.0.0.1:80 extra\n", "denied: malformed request: address"},
+		{"we\x00b " + backendAddr + "\n", "denied: malformed request: service"},
+		{"web 127.0.0.1:22\n", "denied: 127.0.0.1:22 is no endpoint of web on node n1"},
+		{"web " + backendAddr + "0\n", "denied: "},
+		{"nosuch " + backendAddr + "\n", "denied: " + backendAddr + " is no endpoint of nosuch on node n1"},
+	} {
+		line, err := hop(c.request)
+		if err != nil || !strings.HasPrefix(line, c.want) {
+			t.Errorf("request %q: got %q, %v; want %q...", c.request, line, err, c.want)
+		}
+	}
+	// A line that never ends is cut off at 1 KiB.
+	if line, err := hop(strings.Repeat("x", 4096)); err == nil {
+		t.Errorf("an endless line got an answer: %q", line)
+	}
 }
 
 // TestNodeProxyFromXDS: the proxies learn everything from the control plane
@@ -191,4 +252,25 @@ func TestNodeProxyFromXDS(t *testing.T) {
 	if string(b) != "n2 says hi" {
 		t.Fatalf("got %q", b)
 	}
+}
+
+// FuzzHopRequest: any line parses without a crash, and one that parses is
+// exactly what formatHopRequest makes of its parts, with an address that
+// splits into host and port.
+func FuzzHopRequest(f *testing.F) {
+	for _, s := range []string{"web 127.0.0.1:8080", "web [::1]:80", "garbage", " x:1", "web ", "a b c:1", "we\x00b h:1", "web h:1\r"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		service, addr, err := parseHopRequest(line)
+		if err != nil {
+			return
+		}
+		if got := formatHopRequest(service, addr); got != line+"\n" {
+			t.Fatalf("%q parsed as %q %q, which formats as %q", line, service, addr, got)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			t.Fatalf("%q: accepted address %q: %v", line, addr, err)
+		}
+	})
 }
