@@ -11,16 +11,20 @@
 package mesh
 
 import (
+	"bytes"
 	"context"
-
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/ubkit-io/ubkit/transport"
 )
 
 // Service is a named service and where it runs.
@@ -74,17 +78,25 @@ func LoadRegistry(path string) (*StaticRegistry, error) {
 	if err != nil {
 		return nil, err
 	}
-	var f struct {
-		Services []Service `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("mesh: %s: %w", path, err)
-	}
-	r, err := NewStaticRegistry(f.Services)
+	r, err := parseRegistry(b)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: %s: %w", path, err)
 	}
 	return r, nil
+}
+
+// parseRegistry reads a registry file's contents. A field it does not know
+// is an error, not a silently ignored typo (an "addr:" meant as "address:").
+func parseRegistry(b []byte) (*StaticRegistry, error) {
+	var f struct {
+		Services []Service `yaml:"services"`
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && err != io.EOF {
+		return nil, err
+	}
+	return NewStaticRegistry(f.Services)
 }
 
 // Set replaces the services.
@@ -93,6 +105,9 @@ func (r *StaticRegistry) Set(services []Service) error {
 	for i, s := range services {
 		if s.Name == "" || seen[s.Name] {
 			return fmt.Errorf("mesh: service %d: a name that is empty or repeated (%q)", i, s.Name)
+		}
+		if strings.IndexFunc(s.Name, notPrintable) >= 0 {
+			return fmt.Errorf("mesh: service %q: a name with spaces or control characters", s.Name)
 		}
 		seen[s.Name] = true
 		if s.ProxyPort < 0 || s.ProxyPort > 65535 {
@@ -106,8 +121,13 @@ func (r *StaticRegistry) Set(services []Service) error {
 			if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
 				return fmt.Errorf("mesh: service %s endpoint %d: bad port in %q", s.Name, j, e.Address)
 			}
-			if e.Node == "" {
-				return fmt.Errorf("mesh: service %s endpoint %d: no node", s.Name, j)
+			if e.Node == "" || strings.IndexFunc(e.Node, notPrintable) >= 0 {
+				return fmt.Errorf("mesh: service %s endpoint %d: node %q", s.Name, j, e.Node)
+			}
+			if e.Bus != "" {
+				if _, err := transport.ParseAddr(e.Bus); err != nil {
+					return fmt.Errorf("mesh: service %s endpoint %d: %w", s.Name, j, err)
+				}
 			}
 		}
 	}
