@@ -44,6 +44,10 @@ const (
 	readSpinShare      = 50 * time.Microsecond
 	readSpinPays       = 120 * time.Microsecond
 	readSpinBackoffMax = 64
+	// readSpinExtend bounds how long after a poll began a send of the
+	// polling side may restart its clock (the ub path's receiver polls
+	// for the answer to its side's latest send).
+	readSpinExtend = 2 * readSpinMax
 	// answerShare: an answer is due when this side wrote at least
 	// 1/answerShare of what it read since its last wait.
 	answerShare = 8

@@ -70,6 +70,16 @@ type ubLink struct {
 	crwr [1]ub.WR
 	cout [ubDepth]ub.Completion
 
+	// Polling before a receive sleeps (see poller): bytes sent since the
+	// receiving goroutine last waited (any goroutine adds), and received
+	// (that goroutine's own).
+	wroteSince atomic.Int64
+	readSince  int
+	poll       poller
+	// rparked says the receiving goroutine sleeps in the queue's Wait
+	// without polling: a send kicks it, so that it polls for the answer.
+	rparked atomic.Bool
+
 	cur       int // the buffer recv returned last, or -1
 	reposted  uint64
 	received  uint64 // packets taken
@@ -316,6 +326,14 @@ func (l *ubLink) send(kind byte, p []byte) error {
 		return l.sendErr
 	}
 	l.sent++
+	l.wroteSince.Add(int64(len(p)) + 1) // an empty packet (EOF) counts too
+	if l.rparked.CompareAndSwap(true, false) {
+		// The receiver went to sleep before this send: an answer to it is
+		// now due, and is caught sooner by a poll than by a wake-up.
+		if k, ok := l.rq.(interface{ Kick() }); ok {
+			k.Kick()
+		}
+	}
 	return nil
 }
 
@@ -329,7 +347,9 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		}
 		l.reposted++
 	}
-	var goneAt time.Time
+	var goneAt, waitStart, pollBegan time.Time
+	polling, share := false, false
+	kickable := true // at most one send wakes this call's wait to poll
 	for {
 		if l.reposted >= ubDepth/4 {
 			l.returnCredits()
@@ -348,6 +368,10 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			}
 			l.cur = int(c.UserCtx)
 			l.received++
+			if polling {
+				l.poll.ended(time.Since(waitStart), false)
+			}
+			l.readSince += c.Len
 			off := ubHead + l.cur*ubSize
 			return byte(c.Imm), l.seg.Bytes()[off : off+c.Len], nil
 		}
@@ -381,7 +405,50 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			time.Sleep(time.Millisecond)
 			continue
 		}
-		if err := l.rq.Wait(l.rctx); err != nil && l.rctx.Err() == nil {
+		// An answer to what this side sent is often on its way: look
+		// again for a while before sleeping (see poller).
+		now := time.Now()
+		if waitStart.IsZero() {
+			waitStart = now
+			wrote := l.wroteSince.Swap(0)
+			polling = wrote > 0 && l.poll.start()
+			share = !answerDue(l.readSince, wrote)
+			l.readSince = 0
+			if polling && pollBegan.IsZero() {
+				pollBegan = now
+			}
+		}
+		if polling {
+			// What is due is the answer to this side's latest send (a
+			// proxy forwards a request after the frames that closed the
+			// last exchange): a send during the poll restarts its clock,
+			// up to readSpinExtend after it began.
+			if w := l.wroteSince.Swap(0); w > 0 && now.Sub(pollBegan) < readSpinExtend {
+				waitStart = now
+			}
+			if pollAgain(now.Sub(waitStart), share) {
+				continue
+			}
+		}
+		// Asleep without polling, a send of this side kicks the wait so
+		// that it polls for the answer (the readers of a proxy wait on
+		// the link before the request they forward is sent).
+		parked := !polling && kickable
+		l.rparked.Store(parked)
+		if parked && l.wroteSince.Load() > 0 {
+			// A send slipped in before the flag: decide again now.
+			l.rparked.Store(false)
+			waitStart, kickable = time.Time{}, false
+			continue
+		}
+		err = l.rq.Wait(l.rctx)
+		if parked {
+			// Woken by a send of this side (or by a packet): decide afresh
+			// whether to poll, once.
+			l.rparked.Store(false)
+			waitStart, kickable = time.Time{}, false
+		}
+		if err != nil && l.rctx.Err() == nil {
 			return 0, nil, err
 		}
 	}

@@ -339,6 +339,16 @@ func (q *cq) push(c ub.Completion) {
 	}
 }
 
+// Kick makes a Wait in progress return (with nothing new to Poll, unless
+// something came meanwhile), for a waiter that wants to look again: a
+// receiver that sent something and now expects an answer polls rather than
+// sleeps. A queue over a provider whose waits cannot be kicked ignores it.
+func (q *cq) Kick() {
+	if k, ok := q.inner.(kicker); ok {
+		k.Kick()
+	}
+}
+
 // track registers a request about to be posted and returns the id it
 // carries to the inner provider.
 func (q *cq) track(ctx uint64, release time.Time) uint64 {
@@ -419,13 +429,18 @@ func (q *cq) next() (bool, time.Time, error) {
 
 // Wait sleeps until a held completion's release time (yielding for the last
 // stretch, which timers cannot hit), and otherwise blocks on the inner
-// queue at once. It does not poll an empty queue: a goroutine that polls
+// queue at once, until a completion or a Kick. It does not poll an empty
+// queue (a caller that wants to poll does it above, with Poll): a goroutine that polls
 // with runtime.Gosched keeps its processor busy, and a busy processor never
 // looks at Go's netpoller, so the sockets and bells of everything else in
 // the process (a proxy's other side, the inner queue's own bell) went
 // unserved until the poll ended.
 func (q *cq) Wait(ctx context.Context) error {
 	k, kickable := q.inner.(kicker)
+	var entry uint64
+	if kickable {
+		entry = k.Kicks()
+	}
 	for {
 		// A push after the look below kicks the inner wait: count the
 		// kicks before looking.
@@ -456,6 +471,11 @@ func (q *cq) Wait(ctx context.Context) error {
 		}
 		if kickable {
 			err = k.WaitKick(ctx, since)
+			if err == nil && k.Kicks() != entry {
+				// Kicked (by Kick, or by push for a completion of sim's
+				// own): the waiter looks again.
+				return nil
+			}
 		} else {
 			// An inner queue that cannot be kicked is looked at every
 			// millisecond.
