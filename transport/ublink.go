@@ -74,6 +74,7 @@ type ubLink struct {
 	// receiving goroutine last waited (any goroutine adds), and received
 	// (that goroutine's own).
 	wroteSince atomic.Int64
+	lastSend   atomic.Int64 // when this side last sent (UnixNano)
 	readSince  int
 	poll       poller
 	// rparked says the receiving goroutine sleeps in the queue's Wait
@@ -327,6 +328,7 @@ func (l *ubLink) send(kind byte, p []byte) error {
 	}
 	l.sent++
 	l.wroteSince.Add(int64(len(p)) + 1) // an empty packet (EOF) counts too
+	l.lastSend.Store(time.Now().UnixNano())
 	if l.rparked.CompareAndSwap(true, false) {
 		// The receiver went to sleep before this send: an answer to it is
 		// now due, and is caught sooner by a poll than by a wake-up.
@@ -423,8 +425,8 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			// proxy forwards a request after the frames that closed the
 			// last exchange): a send during the poll restarts its clock,
 			// up to readSpinExtend after it began.
-			if w := l.wroteSince.Swap(0); w > 0 && now.Sub(pollBegan) < readSpinExtend {
-				waitStart = now
+			if t := time.Unix(0, l.lastSend.Load()); t.After(waitStart) && now.Sub(pollBegan) < readSpinExtend {
+				waitStart = t
 			}
 			if pollAgain(now.Sub(waitStart), share) {
 				continue
