@@ -292,6 +292,17 @@ func TestReadPollBacksOff(t *testing.T) {
 	if p.start() {
 		t.Fatal("the reader polled right after a poll that did not pay")
 	}
+	// On the ub path (pays: readSpinMax) a catch anywhere within the poll
+	// pays, and one after it does not.
+	p = &poller{pays: readSpinMax}
+	p.ended(readSpinPays+time.Microsecond, false)
+	if !p.start() {
+		t.Fatal("a ub-path poll caught within the poll made the reader park")
+	}
+	p.ended(readSpinMax+time.Microsecond, false)
+	if p.start() {
+		t.Fatal("a ub-path poll caught after the poll did not make the reader back off")
+	}
 	// A late poll whose write had to wake the peer changes nothing: a
 	// reader that was polling goes on polling...
 	p = &poller{}

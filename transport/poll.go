@@ -61,8 +61,13 @@ func answerDue(read int, wrote int64) bool {
 
 // poller is one reader's polling state: waits left to park without
 // polling, and how many to skip after the next poll that does not pay.
+// A poll pays when it catches its record within pays (readSpinPays when
+// zero). On the ub path a receiver polls from its side's first send of an
+// exchange and an answer crosses other nodes, so there a catch anywhere
+// within readSpinMax pays.
 type poller struct {
 	skip, backoff int
+	pays          time.Duration
 }
 
 // start says whether a wait that just began polls.
@@ -81,7 +86,11 @@ func (p *poller) start() bool {
 // to answer, not only slow to wake (a connection whose calls come further
 // apart than a poll, where every request finds the peer parked).
 func (p *poller) ended(waited time.Duration, excused bool) {
-	if waited <= readSpinPays {
+	pays := p.pays
+	if pays == 0 {
+		pays = readSpinPays
+	}
+	if waited <= pays {
 		p.backoff = 0
 		return
 	}

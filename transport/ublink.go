@@ -74,7 +74,7 @@ type ubLink struct {
 	// receiving goroutine last waited (any goroutine adds), and received
 	// (that goroutine's own).
 	wroteSince atomic.Int64
-	lastSend   atomic.Int64 // when this side last sent (UnixNano)
+	sendSeq    atomic.Uint64 // sends so far (a poll restarts its clock at one)
 	readSince  int
 	poll       poller
 	// rparked says the receiving goroutine sleeps in the queue's Wait
@@ -120,7 +120,8 @@ func randomToken() ub.Token {
 // newUBLink makes this side's half: its segment, queues and jetties, and
 // the hello that describes them.
 func newUBLink(ctx ub.Context, ctl net.Conn) (*ubLink, ubHello, error) {
-	l := &ubLink{ctl: ctl, cur: -1, wdl: deadline.New(), shut: make(chan struct{}), intr: make(chan struct{})}
+	l := &ubLink{ctl: ctl, cur: -1, wdl: deadline.New(), shut: make(chan struct{}), intr: make(chan struct{}),
+		poll: poller{pays: readSpinMax}}
 	fail := func(err error) (*ubLink, ubHello, error) {
 		l.ctl = nil // the caller still answers on it
 		l.release()
@@ -328,7 +329,7 @@ func (l *ubLink) send(kind byte, p []byte) error {
 	}
 	l.sent++
 	l.wroteSince.Add(int64(len(p)) + 1) // an empty packet (EOF) counts too
-	l.lastSend.Store(time.Now().UnixNano())
+	l.sendSeq.Add(1)
 	if l.rparked.CompareAndSwap(true, false) {
 		// The receiver went to sleep before this send: an answer to it is
 		// now due, and is caught sooner by a poll than by a wake-up.
@@ -352,6 +353,8 @@ func (l *ubLink) recv() (byte, []byte, error) {
 	var goneAt, waitStart, pollBegan time.Time
 	polling, share := false, false
 	kickable := true // at most one send wakes this call's wait to poll
+	readBefore := -1 // bytes read before this call's first decision
+	var seenSeq uint64
 	for {
 		if l.reposted >= ubDepth/4 {
 			l.returnCredits()
@@ -371,7 +374,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			l.cur = int(c.UserCtx)
 			l.received++
 			if polling {
-				l.poll.ended(time.Since(waitStart), false)
+				l.poll.ended(time.Since(pollBegan), false)
 			}
 			l.readSince += c.Len
 			off := ubHead + l.cur*ubSize
@@ -412,12 +415,14 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		now := time.Now()
 		if waitStart.IsZero() {
 			waitStart = now
+			if readBefore < 0 {
+				readBefore, l.readSince = l.readSince, 0
+			}
 			wrote := l.wroteSince.Swap(0)
 			polling = wrote > 0 && l.poll.start()
-			share = !answerDue(l.readSince, wrote)
-			l.readSince = 0
+			share = !answerDue(readBefore, wrote)
 			if polling && pollBegan.IsZero() {
-				pollBegan = now
+				pollBegan, seenSeq = now, l.sendSeq.Load()
 			}
 		}
 		if polling {
@@ -425,8 +430,11 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			// proxy forwards a request after the frames that closed the
 			// last exchange): a send during the poll restarts its clock,
 			// up to readSpinExtend after it began.
-			if t := time.Unix(0, l.lastSend.Load()); t.After(waitStart) && now.Sub(pollBegan) < readSpinExtend {
-				waitStart = t
+			if seq := l.sendSeq.Load(); seq != seenSeq {
+				seenSeq = seq
+				if now.Sub(pollBegan) < readSpinExtend {
+					waitStart = now
+				}
 			}
 			if pollAgain(now.Sub(waitStart), share) {
 				continue
@@ -434,8 +442,15 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		}
 		// Asleep without polling, a send of this side kicks the wait so
 		// that it polls for the answer (the readers of a proxy wait on
-		// the link before the request they forward is sent).
+		// the link before the request they forward is sent). The kick
+		// count is read before the flag is set, so a kick between the two
+		// is not lost.
 		parked := !polling && kickable
+		kw, canKick := l.rq.(kickWaiter)
+		var since uint64
+		if parked && canKick {
+			since = kw.Kicks()
+		}
 		l.rparked.Store(parked)
 		if parked && l.wroteSince.Load() > 0 {
 			// A send slipped in before the flag: decide again now.
@@ -443,7 +458,11 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			waitStart, kickable = time.Time{}, false
 			continue
 		}
-		err = l.rq.Wait(l.rctx)
+		if parked && canKick {
+			err = kw.WaitKick(l.rctx, since)
+		} else {
+			err = l.rq.Wait(l.rctx)
+		}
 		if parked {
 			// Woken by a send of this side (or by a packet): decide afresh
 			// whether to poll, once.
@@ -454,6 +473,13 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			return 0, nil, err
 		}
 	}
+}
+
+// kickWaiter is a completion queue whose waits a Kick ends (shmprov's,
+// tcpprov's and simprov's).
+type kickWaiter interface {
+	Kicks() uint64
+	WaitKick(ctx context.Context, since uint64) error
 }
 
 // returnCredits adds the reposted receives to the peer's credit word. Once

@@ -162,7 +162,9 @@ type Jetty interface {
 type CQ interface {
 	// Poll copies up to len(out) completions into out without blocking.
 	Poll(out []Completion) (int, error)
-	// Wait blocks until a completion is ready to Poll, or ctx ends.
+	// Wait blocks until a completion is ready to Poll, or ctx ends. A
+	// queue that can be kicked (a Kick method) also returns nil, with
+	// nothing to Poll, after a Kick: callers look again in a loop.
 	Wait(ctx context.Context) error
 	Close() error
 }

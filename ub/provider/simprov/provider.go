@@ -435,17 +435,27 @@ func (q *cq) next() (bool, time.Time, error) {
 // looks at Go's netpoller, so the sockets and bells of everything else in
 // the process (a proxy's other side, the inner queue's own bell) went
 // unserved until the poll ended.
-func (q *cq) Wait(ctx context.Context) error {
-	k, kickable := q.inner.(kicker)
-	var entry uint64
-	if kickable {
-		entry = k.Kicks()
+func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.Kicks()) }
+
+// Kicks is how many times the queue was kicked (0 over a provider whose
+// queues cannot be).
+func (q *cq) Kicks() uint64 {
+	if k, ok := q.inner.(kicker); ok {
+		return k.Kicks()
 	}
-	for {
+	return 0
+}
+
+// WaitKick is Wait that also returns once the queue was kicked since Kicks
+// returned since: a waiter that reads Kicks before it lets others know it
+// sleeps loses no kick made meanwhile.
+func (q *cq) WaitKick(ctx context.Context, since uint64) error {
+	k, kickable := q.inner.(kicker)
+	entry := since
+	for first := true; ; first = false {
 		// A push after the look below kicks the inner wait: count the
-		// kicks before looking.
-		var since uint64
-		if kickable {
+		// kicks before looking (the first look counts from since).
+		if kickable && !first {
 			since = k.Kicks()
 		}
 		ok, release, err := q.next()
