@@ -7,26 +7,33 @@ import (
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
-// BenchmarkUBEchoSim is a 1 KB round trip over the ub path between two
-// nodes of the simulated cm384 (links of 1 µs), in this process.
-func BenchmarkUBEchoSim(b *testing.B) {
+// simEcho connects node01 to an echo on node00 of the simulated cm384
+// (links of 1 µs), in this process, over the ub path.
+func simEcho(tb testing.TB) *Conn {
+	tb.Helper()
 	topo, err := topology.Example("cm384")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	dir := b.TempDir()
+	dir := tb.TempDir()
 	mk := func(n string) *Endpoint {
 		e, err := NewEndpoint(Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})
 		if err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
-		b.Cleanup(func() { e.Close() })
+		tb.Cleanup(func() { e.Close() })
 		return e
 	}
-	a, c := connect(b, mk("node00"), mk("node01"), "node00", "", PathUB)
-	defer a.Close()
-	defer c.Close()
+	a, c := connect(tb, mk("node00"), mk("node01"), "node00", "", PathUB)
+	tb.Cleanup(func() { c.Close(); a.Close() })
 	go io.Copy(a, a)
+	return c
+}
+
+// BenchmarkUBEchoSim is a 1 KB round trip over the ub path between two
+// nodes of the simulated cm384 (links of 1 µs), in this process.
+func BenchmarkUBEchoSim(b *testing.B) {
+	c := simEcho(b)
 	buf := make([]byte, 1024)
 	b.SetBytes(2 * int64(len(buf)))
 	b.ReportAllocs()
@@ -46,23 +53,7 @@ func BenchmarkUBEchoSim(b *testing.B) {
 // receive's segment name and a wake-up channel (15 objects a round trip, 20
 // with the race detector); now mostly the waits that sleep do.
 func TestUBPathAllocations(t *testing.T) {
-	topo, err := topology.Example("cm384")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	mk := func(n string) *Endpoint {
-		e, err := NewEndpoint(Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		return e
-	}
-	a, c := connect(t, mk("node00"), mk("node01"), "node00", "", PathUB)
-	defer a.Close()
-	defer c.Close()
-	go io.Copy(a, a)
+	c := simEcho(t)
 	buf := make([]byte, 1024)
 	roundTrip := func() {
 		if _, err := c.Write(buf); err != nil {
