@@ -147,26 +147,29 @@ func inProcSamples(mode string, d time.Duration, directOnly bool) ([]float64, []
 // the other's traffic as well as its own. The first calls of a stretch,
 // which the other path's last frames may still cross, are not counted.
 func measure(mode, via, direct string, d time.Duration, directOnly bool) (vs, ds []float64, err error) {
-	var viaCall, directCall func() (time.Duration, error)
 	var closers []func()
 	defer func() {
 		for _, c := range closers {
 			c()
 		}
 	}()
-	for _, p := range []struct {
-		addr string
-		call *func() (time.Duration, error)
-	}{{direct, &directCall}, {via, &viaCall}} {
-		if p.addr == "" || (directOnly && p.call == &viaCall) {
-			continue
-		}
-		call, stop, err := caller(mode, p.addr)
+	open := func(addr string) (func() (time.Duration, error), error) {
+		call, stop, err := caller(mode, addr)
 		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, stop)
+		return call, nil
+	}
+	directCall, err := open(direct)
+	if err != nil {
+		return nil, nil, err
+	}
+	var viaCall func() (time.Duration, error)
+	if !directOnly {
+		if viaCall, err = open(via); err != nil {
 			return nil, nil, err
 		}
-		*p.call = call
-		closers = append(closers, stop)
 	}
 	run := func(call func() (time.Duration, error), out *[]float64) error {
 		for i, start := 0, time.Now(); i <= settle || time.Since(start) < burst; i++ {
