@@ -70,6 +70,14 @@ type poller struct {
 	pays          time.Duration
 }
 
+// decide is a reader's choice as a wait begins, having read read bytes
+// and written wrote since its last wait: whether to poll (only when its
+// side wrote: an answer may be due), and whether to share its thread's CPU
+// while it does (when what it wrote is no answer, see answerDue).
+func (p *poller) decide(read int, wrote int64) (polling, share bool) {
+	return wrote > 0 && p.start(), !answerDue(read, wrote)
+}
+
 // start says whether a wait that just began polls.
 func (p *poller) start() bool {
 	if p.skip > 0 {

@@ -167,9 +167,7 @@ func (c *shmConn) Read(b []byte) (int, error) {
 			now := time.Now()
 			if waitStart.IsZero() {
 				waitStart = now
-				wrote := c.wroteSince.Swap(0)
-				polling = wrote > 0 && c.poll.start()
-				share = !answerDue(c.readSince, wrote)
+				polling, share = c.poll.decide(c.readSince, c.wroteSince.Swap(0))
 				excused = c.wokePeer.Swap(false)
 				c.readSince = 0
 			}

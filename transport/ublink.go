@@ -77,9 +77,11 @@ type ubLink struct {
 	sendSeq    atomic.Uint64 // sends so far (a poll restarts its clock at one)
 	readSince  int
 	poll       poller
-	// rparked says the receiving goroutine sleeps in the queue's Wait
-	// without polling: a send kicks it, so that it polls for the answer.
+	// rparked says the receiving goroutine sleeps in the queue's wait
+	// without polling: a send kicks it (through rkick, the receive queue
+	// if it can be kicked), so that it polls for the answer.
 	rparked atomic.Bool
+	rkick   kickWaiter
 
 	cur       int // the buffer recv returned last, or -1
 	reposted  uint64
@@ -141,6 +143,7 @@ func newUBLink(ctx ub.Context, ctl net.Conn) (*ubLink, ubHello, error) {
 	if l.rq, err = ctx.NewCQ(ub.CQConfig{}); err != nil {
 		return fail(err)
 	}
+	l.rkick, _ = l.rq.(kickWaiter)
 	if l.cq, err = ctx.NewCQ(ub.CQConfig{}); err != nil {
 		return fail(err)
 	}
@@ -333,9 +336,7 @@ func (l *ubLink) send(kind byte, p []byte) error {
 	if l.rparked.CompareAndSwap(true, false) {
 		// The receiver went to sleep before this send: an answer to it is
 		// now due, and is caught sooner by a poll than by a wake-up.
-		if k, ok := l.rq.(interface{ Kick() }); ok {
-			k.Kick()
-		}
+		l.rkick.Kick()
 	}
 	return nil
 }
@@ -418,9 +419,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			if readBefore < 0 {
 				readBefore, l.readSince = l.readSince, 0
 			}
-			wrote := l.wroteSince.Swap(0)
-			polling = wrote > 0 && l.poll.start()
-			share = !answerDue(readBefore, wrote)
+			polling, share = l.poll.decide(readBefore, l.wroteSince.Swap(0))
 			if polling && pollBegan.IsZero() {
 				pollBegan, seenSeq = now, l.sendSeq.Load()
 			}
@@ -445,11 +444,10 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		// the link before the request they forward is sent). The kick
 		// count is read before the flag is set, so a kick between the two
 		// is not lost.
-		parked := !polling && kickable
-		kw, canKick := l.rq.(kickWaiter)
+		parked := !polling && kickable && l.rkick != nil
 		var since uint64
-		if parked && canKick {
-			since = kw.Kicks()
+		if parked {
+			since = l.rkick.Kicks()
 		}
 		l.rparked.Store(parked)
 		if parked && l.wroteSince.Load() > 0 {
@@ -458,8 +456,8 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			waitStart, kickable = time.Time{}, false
 			continue
 		}
-		if parked && canKick {
-			err = kw.WaitKick(l.rctx, since)
+		if parked {
+			err = l.rkick.WaitKick(l.rctx, since)
 		} else {
 			err = l.rq.Wait(l.rctx)
 		}
@@ -478,6 +476,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 // kickWaiter is a completion queue whose waits a Kick ends (shmprov's,
 // tcpprov's and simprov's).
 type kickWaiter interface {
+	Kick()
 	Kicks() uint64
 	WaitKick(ctx context.Context, since uint64) error
 }
