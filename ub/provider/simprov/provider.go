@@ -430,11 +430,11 @@ func (q *cq) next() (bool, time.Time, error) {
 // Wait sleeps until a held completion's release time (yielding for the last
 // stretch, which timers cannot hit), and otherwise blocks on the inner
 // queue at once, until a completion or a Kick. It does not poll an empty
-// queue (a caller that wants to poll does it above, with Poll): a goroutine that polls
-// with runtime.Gosched keeps its processor busy, and a busy processor never
-// looks at Go's netpoller, so the sockets and bells of everything else in
-// the process (a proxy's other side, the inner queue's own bell) went
-// unserved until the poll ended.
+// queue: a goroutine that polls with runtime.Gosched keeps its processor
+// busy, and a busy processor never looks at Go's netpoller, so the sockets
+// and bells of everything else in the process (a proxy's other side, the
+// inner queue's own bell) went unserved until the poll ended. A caller
+// that knows an answer is due polls with Poll before it waits.
 func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.Kicks()) }
 
 // Kicks is how many times the queue was kicked (0 over a provider whose
