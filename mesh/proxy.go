@@ -425,12 +425,9 @@ func parseHopRequest(line string) (service, addr string, err error) {
 		return "", "", errors.New("malformed request: want \"service host:port\"")
 	case service == "" || strings.IndexFunc(service, notPrintable) >= 0:
 		return "", "", fmt.Errorf("malformed request: service %q", service)
-	case strings.IndexFunc(addr, notPrintable) >= 0:
-		return "", "", fmt.Errorf("malformed request: address %q", addr)
 	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || host == "" || port == "" {
-		return "", "", fmt.Errorf("malformed request: address %q is no host:port", addr)
+	if err := checkHostPort(addr); err != nil {
+		return "", "", fmt.Errorf("malformed request: %w", err)
 	}
 	return service, addr, nil
 }

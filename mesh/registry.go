@@ -114,12 +114,8 @@ func (r *StaticRegistry) Set(services []Service) error {
 			return fmt.Errorf("mesh: service %s: proxy port %d", s.Name, s.ProxyPort)
 		}
 		for j, e := range s.Endpoints {
-			host, port, err := net.SplitHostPort(e.Address)
-			if err != nil || host == "" {
-				return fmt.Errorf("mesh: service %s endpoint %d: address %q is not host:port", s.Name, j, e.Address)
-			}
-			if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
-				return fmt.Errorf("mesh: service %s endpoint %d: bad port in %q", s.Name, j, e.Address)
+			if err := checkHostPort(e.Address); err != nil {
+				return fmt.Errorf("mesh: service %s endpoint %d: %w", s.Name, j, err)
 			}
 			if e.Node == "" || strings.IndexFunc(e.Node, notPrintable) >= 0 {
 				return fmt.Errorf("mesh: service %s endpoint %d: node %q", s.Name, j, e.Node)
@@ -137,6 +133,19 @@ func (r *StaticRegistry) Set(services []Service) error {
 	select {
 	case r.changed <- struct{}{}:
 	default:
+	}
+	return nil
+}
+
+// checkHostPort says what is wrong with addr as an endpoint's TCP address,
+// if anything: a host and a port from 1 to 65535, nothing else.
+func checkHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || strings.IndexFunc(addr, notPrintable) >= 0 {
+		return fmt.Errorf("address %q is not host:port", addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+		return fmt.Errorf("bad port in %q", addr)
 	}
 	return nil
 }
