@@ -44,7 +44,7 @@ var runSeq atomic.Int64
 // service or a TCP echo, on a loopback TCP port it prints.
 type backendArgs struct {
 	Mode string `json:"mode"` // http, grpc or tcp
-	CPU  int    `json:"cpu"`
+	onCPU
 }
 
 // proxyArgs starts a node proxy peer: its node's transport endpoint on the
@@ -59,7 +59,7 @@ type proxyArgs struct {
 	Cert         []byte `json:"cert"` // DER
 	Key          []byte `json:"key"`  // PKCS #8
 	Root         []byte `json:"root"` // DER
-	CPU          int    `json:"cpu"`
+	onCPU
 }
 
 // clientArgs starts the application peer: it measures (see measure) and
@@ -70,7 +70,7 @@ type clientArgs struct {
 	Direct     string        `json:"direct"`
 	For        time.Duration `json:"for"`
 	DirectOnly bool          `json:"directOnly"`
-	CPU        int           `json:"cpu"`
+	onCPU
 }
 
 type clientResult struct {
@@ -79,14 +79,7 @@ type clientResult struct {
 }
 
 func init() {
-	bench.RegisterPeer("mesh-backend", func(raw json.RawMessage) error {
-		var a backendArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		if err := pin(a.CPU); err != nil {
-			return err
-		}
+	pinnedPeer("mesh-backend", func(a backendArgs) error {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
@@ -102,14 +95,7 @@ func init() {
 		}
 		return fmt.Errorf("unknown mode %q", a.Mode)
 	})
-	bench.RegisterPeer("mesh-proxy", func(raw json.RawMessage) error {
-		var a proxyArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		if err := pin(a.CPU); err != nil {
-			return err
-		}
+	pinnedPeer("mesh-proxy", func(a proxyArgs) error {
 		t, err := topology.Example(topo)
 		if err != nil {
 			return err
@@ -150,14 +136,7 @@ func init() {
 		fmt.Println(l.Addr())
 		select {} // until the harness kills it
 	})
-	bench.RegisterPeer("mesh-client", func(raw json.RawMessage) error {
-		var a clientArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		if err := pin(a.CPU); err != nil {
-			return err
-		}
+	pinnedPeer("mesh-client", func(a clientArgs) error {
 		vs, ds, err := measure(a.Mode, a.Via, a.Direct, a.For, a.DirectOnly)
 		if err != nil {
 			return err
@@ -168,6 +147,29 @@ func init() {
 		// Until the harness kills it: the harness stops reading the output
 		// of a peer that exited.
 		select {}
+	})
+}
+
+// onCPU is the part of a peer's arguments that says which CPU it runs on
+// (see nodeCPU).
+type onCPU struct {
+	CPU int `json:"cpu"`
+}
+
+func (o onCPU) cpu() int { return o.CPU }
+
+// pinnedPeer registers a peer role that runs pinned to the CPU its
+// arguments name.
+func pinnedPeer[A interface{ cpu() int }](role string, run func(A) error) {
+	bench.RegisterPeer(role, func(raw json.RawMessage) error {
+		var a A
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		if err := pin(a.cpu()); err != nil {
+			return err
+		}
+		return run(a)
 	})
 }
 
@@ -213,7 +215,7 @@ func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float6
 		return nil, nil, err
 	}
 	closers = append(closers, func() { os.RemoveAll(dir) })
-	be, backend, err := startLine("mesh-backend", backendArgs{Mode: mode, CPU: nodeCPU[serverNode]})
+	be, backend, err := startLine("mesh-backend", backendArgs{Mode: mode, onCPU: onCPU{nodeCPU[serverNode]}})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -245,7 +247,7 @@ func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float6
 				return nil, nil, err
 			}
 			p, addr, err := startLine("mesh-proxy", proxyArgs{Node: n, RuntimeDir: dir, Fabric: fabric, ControlPlane: cl.Addr().String(),
-				Cert: cert.Certificate[0], Key: key, Root: ca.Cert().Raw, CPU: nodeCPU[n]})
+				Cert: cert.Certificate[0], Key: key, Root: ca.Cert().Raw, onCPU: onCPU{nodeCPU[n]}})
 			if err != nil {
 				return nil, nil, err
 			}
@@ -256,7 +258,7 @@ func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float6
 		}
 	}
 	p, err := bench.StartPeerPipe("mesh-client", clientArgs{Mode: mode, Via: via, Direct: backend, For: d,
-		DirectOnly: directOnly, CPU: nodeCPU[clientNode]})
+		DirectOnly: directOnly, onCPU: onCPU{nodeCPU[clientNode]}})
 	if err != nil {
 		return nil, nil, err
 	}
