@@ -54,9 +54,12 @@ package rediscache
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -74,11 +77,25 @@ type Config struct {
 	// receives, to keys starting with one of them. Empty: every key.
 	Prefixes []string
 	// TTL bounds how long an entry lives even without invalidations
-	// (default 0: until invalidated or evicted).
+	// (default 0: until invalidated or evicted). An entry never outlives
+	// the Redis key's own expiry either way.
 	TTL time.Duration
+	// MaxStaleness bounds how old an answer from the near cache may be
+	// with respect to writes made by other clients (writes through this
+	// host's near cache are never missed): an entry is served only while
+	// the tracking connection has proved, less than MaxStaleness ago,
+	// that it had heard every write completed by then (a PING every
+	// MaxStaleness/5). Otherwise reads go to Redis. Default 500ms.
+	MaxStaleness time.Duration
 }
 
 // Client is a go-redis client with a shared near cache.
+//
+// Only the Client's own commands and pipelines are served from the near
+// cache. A Conn, EphemeralConn or Watch transaction (a connection of its
+// own, where SELECT, WATCH and friends hold) always reads from Redis, so a
+// read that decides a write under WATCH sees what WATCH guards; its writes
+// still make the near cache forget the keys they touch.
 type Client struct {
 	*redis.Client
 	nc *nearCache
@@ -89,8 +106,42 @@ type Client struct {
 func NewClient(opt *redis.Options, cfg Config) *Client {
 	rdb := redis.NewClient(opt)
 	nc := newNearCache(opt, cfg)
-	rdb.AddHook(nc)
-	return &Client{Client: rdb, nc: nc}
+	nc.rdb = rdb
+	c := &Client{Client: rdb, nc: nc}
+	c.AddHook(nc)
+	return c
+}
+
+// AddHook adds a go-redis hook, as redis.Client's does. Add hooks through
+// this method, not through the embedded Client: the near cache tells its
+// own chain of hooks from the ones go-redis builds for Conn and Tx.
+func (c *Client) AddHook(h redis.Hook) {
+	c.nc.chainMu.Lock()
+	defer c.nc.chainMu.Unlock()
+	c.nc.building.Store(true)
+	defer c.nc.building.Store(false)
+	c.Client.AddHook(h)
+}
+
+// Watch is redis.Client's Watch; the transaction's reads go to Redis.
+func (c *Client) Watch(ctx context.Context, fn func(*redis.Tx) error, keys ...string) error {
+	c.nc.chainMu.RLock()
+	defer c.nc.chainMu.RUnlock()
+	return c.Client.Watch(ctx, fn, keys...)
+}
+
+// Conn is redis.Client's Conn; its reads go to Redis.
+func (c *Client) Conn() *redis.Conn {
+	c.nc.chainMu.RLock()
+	defer c.nc.chainMu.RUnlock()
+	return c.Client.Conn()
+}
+
+// EphemeralConn is redis.Client's EphemeralConn; its reads go to Redis.
+func (c *Client) EphemeralConn() *redis.Conn {
+	c.nc.chainMu.RLock()
+	defer c.nc.chainMu.RUnlock()
+	return c.Client.EphemeralConn()
 }
 
 // Close stops the tracking connection and closes the client.
@@ -102,6 +153,12 @@ func (c *Client) Close() error {
 // Stats are the near cache's counters for this client.
 type Stats struct {
 	Hits, Misses, Fills, Bypassed uint64
+	// Unconfirmed counts reads sent to Redis because tracking had not
+	// proved itself current within MaxStaleness.
+	Unconfirmed uint64
+	// Forgotten counts keys dropped from the near cache by writes through
+	// this client (before the write returned).
+	Forgotten uint64
 	// Invalidations counts keys invalidated by Redis; Flushes the times the
 	// whole near cache for the server was dropped (tracking lost or
 	// regained, FLUSHDB/FLUSHALL).
@@ -114,13 +171,14 @@ type Stats struct {
 func (c *Client) Stats() Stats {
 	n := c.nc
 	return Stats{Hits: n.hits.load(), Misses: n.misses.load(), Fills: n.fills.Load(), Bypassed: n.bypassed.Load(),
+		Unconfirmed: n.unconfirmed.Load(), Forgotten: n.forgotten.Load(),
 		Invalidations: n.t.invalidations.Load(), Flushes: n.t.flushes.Load(), Tracking: n.t.up.Load()}
 }
 
-// WaitTracking waits until the tracking connection is up (the cache serves
-// nothing before), or ctx ends.
+// WaitTracking waits until the tracking connection is up and current (the
+// cache serves nothing before), or ctx ends.
 func (c *Client) WaitTracking(ctx context.Context) error {
-	for !c.nc.t.up.Load() {
+	for !c.nc.t.fresh() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -138,10 +196,21 @@ type nearCache struct {
 	genPrefix []byte
 	prefixes  []string
 	ttl       time.Duration
+	maxStale  time.Duration
 	t         *tracker
+	rdb       *redis.Client
+	cmds      atomic.Pointer[cmdTable] // the server's, loaded by the tracker
 
-	hits, misses    stripedCounter
-	fills, bypassed atomic.Uint64
+	// building is set while the Client's own hook chain is built: hooks
+	// built otherwise belong to a Conn or Tx, which never read the cache.
+	building atomic.Bool
+	chainMu  sync.RWMutex
+	// poisoned: a write's key could not be forgotten nor the cache
+	// flushed; nothing is served until a flush succeeds.
+	poisoned atomic.Bool
+
+	hits, misses                            stripedCounter
+	fills, bypassed, unconfirmed, forgotten atomic.Uint64
 }
 
 func newNearCache(opt *redis.Options, cfg Config) *nearCache {
@@ -153,7 +222,10 @@ func newNearCache(opt *redis.Options, cfg Config) *nearCache {
 		addr = "localhost:6379"
 	}
 	ns := "rc\x00" + addr + "\x00" + strconv.Itoa(opt.DB) + "\x00" + opt.Username + "\x00"
-	n := &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL, ns: ns,
+	if cfg.MaxStaleness <= 0 {
+		cfg.MaxStaleness = defaultMaxStaleness
+	}
+	n := &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness, ns: ns,
 		nsKeyB: []byte(ns + "n"), genPrefix: []byte(ns + "g\x00")}
 	n.t = startTracker(opt, n)
 	return n
@@ -172,9 +244,21 @@ func (n *nearCache) genKeyIn(buf []byte, redisKey string) []byte {
 	return append(append(buf[:0], n.genPrefix...), redisKey...)
 }
 
-// bump gives key a new generation (nil: the namespace).
-func (n *nearCache) bump(key []byte) {
-	n.pool.Set(key, nil, cache.SetOptions{})
+// forget makes every entry that depends on a Redis key unservable: the
+// key's generation moves (its GET answer, kept in the same entry, goes
+// with it). A key with no generation has nothing cached: a fill creates
+// one before it asks Redis, so a fill that raced this already has it.
+func (n *nearCache) forget(redisKey string) {
+	var kb [256]byte
+	gk := n.genKeyIn(kb[:], redisKey)
+	_, err := n.pool.Set(gk, nil, cache.SetOptions{Mode: cache.IfPresent})
+	if err == nil || errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrTooLarge) {
+		return // a key too long for the pool is never cached
+	}
+	if _, err := n.pool.Delete(gk); err == nil {
+		return
+	}
+	n.flush()
 }
 
 // flush drops the near cache for this server: a new namespace generation.
@@ -182,9 +266,41 @@ func (n *nearCache) bump(key []byte) {
 func (n *nearCache) flush() {
 	v, err := n.pool.Set(n.nsKeyB, nil, cache.SetOptions{})
 	if err != nil {
-		v = 0 // unknown: lookups read the pool
+		// Entries of the old generation may still be served: serve
+		// nothing until a flush goes through.
+		n.poisoned.Store(true)
+		v = 0
+	} else {
+		n.poisoned.Store(false)
 	}
 	n.nsSeen.Store(v)
+}
+
+func (n *nearCache) table() cmdTable {
+	if p := n.cmds.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// forgetWritten makes the near cache forget what cmd may have written.
+// It runs after the command returns, whatever its outcome: a fill that
+// read the old value from Redis before the write noted the key's
+// generation before that, so this voids it, or, if it comes later, its
+// compare-and-swap fails.
+func (n *nearCache) forgetWritten(cmd redis.Cmder) {
+	keys, all := n.table().writtenKeys(cmd.Args())
+	if all {
+		n.flush()
+		n.forgotten.Add(1)
+		return
+	}
+	for _, k := range keys {
+		if n.tracked1(k) {
+			n.forget(k)
+			n.forgotten.Add(1)
+		}
+	}
 }
 
 // nsCurrent says whether an entry's namespace generation g is current.
@@ -221,22 +337,24 @@ func (n *nearCache) generation(key []byte) (uint64, bool) {
 }
 
 func (n *nearCache) tracked(keys []string) bool {
-	if len(n.prefixes) == 0 {
-		return true
-	}
 	for _, k := range keys {
-		ok := false
-		for _, p := range n.prefixes {
-			if len(k) >= len(p) && k[:len(p)] == p {
-				ok = true
-				break
-			}
-		}
-		if !ok {
+		if !n.tracked1(k) {
 			return false
 		}
 	}
 	return true
+}
+
+func (n *nearCache) tracked1(k string) bool {
+	if len(n.prefixes) == 0 {
+		return true
+	}
+	for _, p := range n.prefixes {
+		if strings.HasPrefix(k, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // snapshot is what a miss noted before asking Redis.
@@ -323,8 +441,8 @@ func (n *nearCache) getSnapshot(key string) getSnap {
 	return s
 }
 
-func (n *nearCache) getFill(cmd redis.Cmder, key string, s getSnap, rerr error) {
-	if !s.ok || (rerr != nil && rerr != redis.Nil) || !n.t.up.Load() || n.t.epoch.Load() != s.epoch {
+func (n *nearCache) getFill(cmd redis.Cmder, key string, s getSnap, rerr error, ttl time.Duration) {
+	if !s.ok || (rerr != nil && rerr != redis.Nil) || !n.t.up.Load() || n.t.epoch.Load() != s.epoch || ttl < 0 {
 		return
 	}
 	payload, ok := encode(cmd, rerr)
@@ -332,27 +450,19 @@ func (n *nearCache) getFill(cmd redis.Cmder, key string, s getSnap, rerr error) 
 		return
 	}
 	v := append(binary.LittleEndian.AppendUint64(make([]byte, 0, 8+len(payload)), s.ns), payload...)
-	if _, err := n.pool.Set(n.genKey(key), v, cache.SetOptions{Mode: cache.IfVersion, Version: s.gen, TTL: n.ttl}); err == nil {
+	if _, err := n.pool.Set(n.genKey(key), v, cache.SetOptions{Mode: cache.IfVersion, Version: s.gen, TTL: ttl}); err == nil {
 		n.fills.Add(1)
 	}
 }
 
-func (n *nearCache) get(ctx context.Context, next redis.ProcessHook, cmd redis.Cmder, key string) error {
-	if n.getLookup(cmd, key) {
-		n.hits.add()
-		return cmd.Err()
-	}
-	n.misses.add()
-	s := n.getSnapshot(key)
-	err := next(ctx, cmd)
-	n.getFill(cmd, key, s, err)
-	return err
-}
-
-func (n *nearCache) fill(ck []byte, s snapshot, payload []byte) {
+func (n *nearCache) fill(ck []byte, s snapshot, cmd redis.Cmder, rerr error, ttl time.Duration) {
 	// Tracking lost (and maybe regained) since the snapshot: invalidations
 	// may have been missed.
-	if !n.t.up.Load() || n.t.epoch.Load() != s.epoch {
+	if (rerr != nil && rerr != redis.Nil) || !n.t.up.Load() || n.t.epoch.Load() != s.epoch || ttl < 0 {
+		return
+	}
+	payload, ok := encode(cmd, rerr)
+	if !ok {
 		return
 	}
 	v := binary.LittleEndian.AppendUint32(make([]byte, 0, 4+8*len(s.gens)+len(payload)), uint32(len(s.gens)))
@@ -360,55 +470,161 @@ func (n *nearCache) fill(ck []byte, s snapshot, payload []byte) {
 		v = binary.LittleEndian.AppendUint64(v, g)
 	}
 	v = append(v, payload...)
-	if _, err := n.pool.Set(ck, v, cache.SetOptions{TTL: n.ttl}); err == nil {
+	if _, err := n.pool.Set(ck, v, cache.SetOptions{TTL: ttl}); err == nil {
 		n.fills.Add(1)
 	}
+}
+
+// expiry asks Redis, with a read, for its keys' times to live, so that an
+// entry never outlives its key: Redis expires keys on its own, and the
+// invalidation of an expired key comes only when Redis gets round to
+// deleting it.
+type expiry struct {
+	start time.Time
+	cmds  []*redis.IntCmd
+}
+
+func (n *nearCache) expiry(ctx context.Context, keys []string) expiry {
+	e := expiry{start: time.Now(), cmds: make([]*redis.IntCmd, len(keys))}
+	for i, k := range keys {
+		e.cmds[i] = redis.NewIntCmd(ctx, "pttl", k)
+	}
+	return e
+}
+
+func (e expiry) queue(rest []redis.Cmder) []redis.Cmder {
+	for _, c := range e.cmds {
+		rest = append(rest, c)
+	}
+	return rest
+}
+
+// ttl is how long an entry may live: the configured TTL, cut to the
+// shortest key's remaining life counted from before it was asked (so
+// that the entry expires no later than the key); -1: do not store.
+func (e expiry) ttl(cfg time.Duration) time.Duration {
+	ttl := cfg
+	for _, c := range e.cmds {
+		ms, err := c.Result()
+		switch {
+		case err != nil:
+			return -1
+		case ms == -1 || ms == -2: // no expiry, or no key
+			continue
+		case ms < 0:
+			return -1
+		}
+		left := time.Duration(ms)*time.Millisecond - time.Since(e.start)
+		if left <= 0 {
+			return -1
+		}
+		if ttl == 0 || left < ttl {
+			ttl = left
+		}
+	}
+	return ttl
+}
+
+// fetch sends a missed read to Redis together with its keys' PTTLs, in
+// one round trip, and returns the read's outcome and the entry's TTL.
+func (n *nearCache) fetch(ctx context.Context, cmd redis.Cmder, keys []string) (time.Duration, error) {
+	e := n.expiry(ctx, keys)
+	// Through the Client's own pipeline: PTTL is not a cached read, so
+	// this hook passes the pipeline on untouched.
+	p := n.rdb.Pipeline()
+	_ = p.Process(ctx, cmd)
+	for _, c := range e.cmds {
+		_ = p.Process(ctx, c)
+	}
+	_, _ = p.Exec(ctx)
+	return e.ttl(n.ttl), cmd.Err()
+}
+
+func (n *nearCache) get(ctx context.Context, cmd redis.Cmder, key string) error {
+	if n.serving() && n.getLookup(cmd, key) {
+		n.hits.add()
+		return cmd.Err()
+	}
+	n.misses.add()
+	s := n.getSnapshot(key)
+	ttl, err := n.fetch(ctx, cmd, []string{key})
+	n.getFill(cmd, key, s, err, ttl)
+	return err
+}
+
+// serving says whether entries may be served now, counting the reads that
+// may not.
+func (n *nearCache) serving() bool {
+	if n.t.fresh() && !n.poisoned.Load() {
+		return true
+	}
+	n.unconfirmed.Add(1)
+	return false
 }
 
 // Hooks.
 
 func (n *nearCache) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// ProcessHook wraps the Client's own commands in the near cache, and a
+// Conn's or Tx's so that only their writes are looked at.
 func (n *nearCache) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	if !n.building.Load() {
+		return func(ctx context.Context, cmd redis.Cmder) error {
+			err := next(ctx, cmd)
+			n.forgetWritten(cmd)
+			return err
+		}
+	}
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		keys, ok := cacheable(cmd)
 		if !ok || !n.tracked(keys) {
-			return next(ctx, cmd)
+			err := next(ctx, cmd)
+			n.forgetWritten(cmd)
+			return err
 		}
 		if !n.t.up.Load() {
 			n.bypassed.Add(1)
 			return next(ctx, cmd)
 		}
 		if cmd.Name() == "get" {
-			return n.get(ctx, next, cmd, keys[0])
+			return n.get(ctx, cmd, keys[0])
 		}
 		ck := entryKey(n.ns, cmd)
-		if n.lookup(ck, keys, cmd) {
+		if n.serving() && n.lookup(ck, keys, cmd) {
 			n.hits.add()
 			return cmd.Err()
 		}
 		n.misses.add()
 		s, ok := n.snap(keys)
-		err := next(ctx, cmd)
-		if ok && (err == nil || err == redis.Nil) {
-			if payload, ok := encode(cmd, err); ok {
-				n.fill(ck, s, payload)
-			}
+		ttl, err := n.fetch(ctx, cmd, keys)
+		if ok {
+			n.fill(ck, s, cmd, err, ttl)
 		}
 		return err
 	}
 }
 
 func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	untouched := func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			n.forgetWritten(c)
+		}
+		return err
+	}
+	if !n.building.Load() {
+		return untouched
+	}
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if !n.t.up.Load() {
-			return next(ctx, cmds)
+			return untouched(ctx, cmds)
 		}
 		keys := make([][]string, len(cmds))
 		for i, cmd := range cmds {
 			k, ok := cacheable(cmd)
 			if !ok || !n.tracked(k) {
-				return next(ctx, cmds) // writes or transactions: untouched
+				return untouched(ctx, cmds) // writes or transactions
 			}
 			keys[i] = k
 		}
@@ -419,14 +635,17 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			s     snapshot
 			gs    getSnap
 			isGet bool
+			snaps bool
+			exp   expiry
 		}
 		var rest []redis.Cmder
 		var misses []miss
+		serve := n.serving()
 		for i, cmd := range cmds {
 			m := miss{cmd: cmd, isGet: cmd.Name() == "get"}
 			if m.isGet {
 				m.key = keys[i][0]
-				if n.getLookup(cmd, m.key) {
+				if serve && n.getLookup(cmd, m.key) {
 					n.hits.add()
 					continue
 				}
@@ -434,33 +653,34 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 				m.gs = n.getSnapshot(m.key)
 			} else {
 				m.ck = entryKey(n.ns, cmd)
-				if n.lookup(m.ck, keys[i], cmd) {
+				if serve && n.lookup(m.ck, keys[i], cmd) {
 					n.hits.add()
 					continue
 				}
 				n.misses.add()
-				m.s, _ = n.snap(keys[i])
+				m.s, m.snaps = n.snap(keys[i])
 			}
+			m.exp = n.expiry(ctx, keys[i])
 			rest, misses = append(rest, cmd), append(misses, m)
 		}
 		if len(rest) == 0 {
 			return firstErr(cmds)
 		}
+		for _, m := range misses {
+			rest = m.exp.queue(rest)
+		}
 		err := next(ctx, rest)
 		for _, m := range misses {
-			e := m.cmd.Err()
+			e, ttl := m.cmd.Err(), m.exp.ttl(n.ttl)
 			if m.isGet {
-				n.getFill(m.cmd, m.key, m.gs, e)
-				continue
-			}
-			if e == nil || e == redis.Nil {
-				if payload, ok := encode(m.cmd, e); ok {
-					n.fill(m.ck, m.s, payload)
-				}
+				n.getFill(m.cmd, m.key, m.gs, e, ttl)
+			} else if m.snaps {
+				n.fill(m.ck, m.s, m.cmd, e, ttl)
 			}
 		}
-		if err != nil {
-			return err
+		var re redis.Error
+		if err != nil && !errors.As(err, &re) {
+			return err // the connection failed: every command sent failed with it
 		}
 		return firstErr(cmds)
 	}

@@ -24,6 +24,9 @@ import (
 var redisAddr string
 
 func TestMain(m *testing.M) {
+	if os.Getenv("RC_CHILD") != "" {
+		childMain()
+	}
 	srv, err := testenv.StartRedis()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -35,7 +38,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var poolSeq atomic.Int64
+var (
+	poolSeq   atomic.Int64
+	poolNames sync.Map // *cache.Pool → its name, for child processes
+)
 
 func newPool(t testing.TB) *cache.Pool {
 	name := fmt.Sprintf("rc-test-%d-%d", os.Getpid(), poolSeq.Add(1))
@@ -43,12 +49,24 @@ func newPool(t testing.TB) *cache.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
+	poolNames.Store(p, name)
 	t.Cleanup(func() {
 		p.Close()
 		cache.Remove(name)
 	})
 	return p
 }
+
+func poolName(t testing.TB, p *cache.Pool) string {
+	name, ok := poolNames.Load(p)
+	if !ok {
+		t.Fatal("a pool not made by newPool")
+	}
+	return name.(string)
+}
+
+// openPool attaches a child process to its parent's pool.
+func openPool(name string) (*cache.Pool, error) { return cache.Open(name, cache.Options{}) }
 
 func newClient(t testing.TB, p *cache.Pool, cfg Config) *Client {
 	cfg.Pool = p

@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -17,11 +17,16 @@ import (
 // trackingName is the client name of tracking connections (CLIENT LIST).
 const trackingName = "ubkit-nearcache-tracking"
 
-// How the tracking connection checks that it is alive: a PING when it has
-// been quiet for pingEvery, and a dead connection after pingTimeout more.
+// How the tracking connection proves it is alive and up to date: a PING
+// every MaxStaleness/5, one at a time. Its answer comes after every
+// invalidation Redis queued before it, so once it is in, every write that
+// completed before the PING was sent has been applied to the pool. The
+// near cache serves only while the latest answered PING was sent less
+// than MaxStaleness ago; a PING unanswered for deadAfter ends the
+// connection (and a new one is dialled).
 const (
-	pingEvery   = time.Second
-	pingTimeout = 2 * time.Second
+	defaultMaxStaleness = 500 * time.Millisecond
+	minDeadAfter        = 2 * time.Second
 )
 
 // tracker keeps one BCAST tracking connection and applies its
@@ -30,8 +35,13 @@ type tracker struct {
 	opt *redis.Options
 	n   *nearCache
 
-	up    atomic.Bool   // tracking is on: the cache may serve and fill
+	up    atomic.Bool   // tracking is on: the cache may fill, and serve while fresh
 	epoch atomic.Uint64 // bumped whenever tracking goes down or up
+	// certified is when (nanoseconds since base) the latest answered PING
+	// was sent; every write completed before it has been invalidated.
+	certified atomic.Int64
+	base      time.Time
+	maxStale  time.Duration
 
 	invalidations, flushes atomic.Uint64
 
@@ -43,7 +53,8 @@ type tracker struct {
 }
 
 func startTracker(opt *redis.Options, n *nearCache) *tracker {
-	t := &tracker{opt: opt, n: n, done: make(chan struct{}), quit: make(chan struct{})}
+	t := &tracker{opt: opt, n: n, done: make(chan struct{}), quit: make(chan struct{}),
+		base: time.Now(), maxStale: n.maxStale}
 	go t.run()
 	return t
 }
@@ -71,6 +82,16 @@ func (t *tracker) down() {
 		t.n.flush()
 		t.flushes.Add(1)
 	}
+}
+
+// since is the monotonic time since the tracker started.
+func (t *tracker) since() int64 { return int64(time.Since(t.base)) }
+
+// fresh says whether an entry may be served now: tracking is up and has
+// proved, less than MaxStaleness ago, that it had heard every write.
+func (t *tracker) fresh() bool {
+	c := t.certified.Load()
+	return t.up.Load() && c > 0 && t.since()-c <= int64(t.maxStale)
 }
 
 func (t *tracker) run() {
@@ -175,42 +196,92 @@ func (t *tracker) session() error {
 	if _, err := call(track...); err != nil {
 		return fmt.Errorf("rediscache: CLIENT TRACKING ON BCAST: %w", err)
 	}
+	// The command table tells the near cache which keys a write
+	// through this process touches. Without it every write flushes.
+	if v, err := call("COMMAND"); err == nil {
+		tbl := parseCommandTable(v)
+		t.n.cmds.Store(&tbl)
+	} else if t.n.cmds.Load() == nil {
+		slog.Warn("rediscache: COMMAND refused: every write will flush the near cache", "err", err)
+	}
 	// From here every write is heard. What was cached before may have
 	// missed some: drop it, then serve.
+	certified := t.since()
 	t.n.flush()
 	t.flushes.Add(1)
 	t.epoch.Add(1)
+	t.certified.Store(certified)
 	t.up.Store(true)
+	return t.listen(c, r, w)
+}
 
-	pingSent := time.Time{}
+// listen applies pushes and keeps proving the connection current until it
+// fails. One goroutine reads (so no read deadline ever cuts a reply in
+// half) and applies invalidations in order; this one writes PINGs.
+func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
+	replies := make(chan value, 1)
+	failed := make(chan error, 1)
+	readerDone := make(chan struct{})
+	defer func() { c.Close(); <-readerDone }()
+	c.SetDeadline(time.Time{})
+	go func() {
+		defer close(readerDone)
+		for {
+			v, err := readValue(r, 0)
+			if err != nil {
+				failed <- err
+				return
+			}
+			if v.kind == '>' {
+				t.push(v)
+				continue
+			}
+			select {
+			case replies <- v:
+			default: // an answer nobody asked for
+				failed <- fmt.Errorf("%w: an unexpected reply", errProtocol)
+				return
+			}
+		}
+	}()
+	interval := max(t.maxStale/5, time.Millisecond)
+	deadAfter := max(4*t.maxStale, minDeadAfter)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	var sent int64 = -1 // when the outstanding PING was sent
+	nextPing := t.since()
 	for {
-		c.SetReadDeadline(time.Now().Add(pingEvery))
-		v, err := readValue(r, 0)
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			if !pingSent.IsZero() && time.Since(pingSent) > pingTimeout {
-				return errors.New("rediscache: tracking connection stopped answering")
-			}
-			if pingSent.IsZero() {
-				c.SetWriteDeadline(time.Now().Add(pingTimeout))
-				if err := writeCommand(w, "PING"); err != nil {
-					return err
-				}
-				pingSent = time.Now()
-			}
-			continue
-		}
-		if err != nil {
+		select {
+		case <-t.quit:
+			return net.ErrClosed
+		case err := <-failed:
 			return err
+		case v := <-replies:
+			if err := v.err(); err != nil {
+				return err
+			}
+			if sent >= 0 {
+				t.certified.Store(sent)
+				sent = -1
+			}
+		case <-timer.C:
 		}
-		if v.kind == '>' {
-			t.push(v)
-			continue
+		now := t.since()
+		if sent >= 0 && now-sent > int64(deadAfter) {
+			return fmt.Errorf("rediscache: the tracking connection did not answer a PING for %v", deadAfter)
 		}
-		pingSent = time.Time{} // the PING's answer
-		if err := v.err(); err != nil {
-			return err
+		if sent < 0 && now >= nextPing {
+			c.SetWriteDeadline(time.Now().Add(deadAfter))
+			if err := writeCommand(w, "PING"); err != nil {
+				return err
+			}
+			sent, nextPing = now, now+int64(interval)
 		}
+		wait := time.Duration(nextPing - now)
+		if sent >= 0 {
+			wait = time.Duration(sent + int64(deadAfter) - now)
+		}
+		timer.Reset(max(wait, 0)) // Go 1.23 timers: no stale tick survives a Reset
 	}
 }
 
@@ -227,7 +298,7 @@ func (t *tracker) push(v value) {
 		return
 	}
 	for _, k := range keys.items {
-		t.n.bump(t.n.genKey(k.str))
+		t.n.forget(k.str)
 		t.invalidations.Add(1)
 	}
 }

@@ -1,0 +1,514 @@
+package rediscache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestReadYourWrites: after a write through the drop-in returns, the same
+// client's read gives what plain go-redis gives, without waiting for the
+// invalidation push. Each case runs many times, since the push usually
+// wins the race and the bug shows only when it does not.
+func TestReadYourWrites(t *testing.T) {
+	ctx := context.Background()
+	rdb := newClient(t, newPool(t), Config{})
+	direct := plain(t)
+	type step func(c redis.Cmdable, i int) redis.Cmder
+	cases := []struct {
+		name  string
+		setup func(i int)
+		write step
+		read  step
+	}{
+		{"set-get", func(i int) { direct.Set(ctx, "ryw:s", "v1", 0) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Set(ctx, "ryw:s", "v2-"+strconv.Itoa(i), 0) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Get(ctx, "ryw:s") }},
+		{"hset-hget", func(i int) { direct.HSet(ctx, "ryw:h", "f", "v1") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.HSet(ctx, "ryw:h", "f", "v2-"+strconv.Itoa(i)) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.HGet(ctx, "ryw:h", "f") }},
+		{"hset-hgetall", func(i int) { direct.HSet(ctx, "ryw:h2", "f", "v1") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.HSet(ctx, "ryw:h2", "g", i) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.HGetAll(ctx, "ryw:h2") }},
+		{"rpush-lrange", func(i int) { direct.Del(ctx, "ryw:l"); direct.RPush(ctx, "ryw:l", "a") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.RPush(ctx, "ryw:l", i) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.LRange(ctx, "ryw:l", 0, -1) }},
+		{"sadd-scard", func(i int) { direct.Del(ctx, "ryw:set"); direct.SAdd(ctx, "ryw:set", "a") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.SAdd(ctx, "ryw:set", "b") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.SCard(ctx, "ryw:set") }},
+		{"del-get", func(i int) { direct.Set(ctx, "ryw:d", "v1", 0) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Del(ctx, "ryw:d") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Get(ctx, "ryw:d") }},
+		{"missing-then-set", func(i int) { direct.Del(ctx, "ryw:m") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Set(ctx, "ryw:m", i, 0) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Get(ctx, "ryw:m") }},
+		{"mset-mget", func(i int) { direct.MSet(ctx, "ryw:a", "1", "ryw:b", "1") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.MSet(ctx, "ryw:a", i, "ryw:b", i) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.MGet(ctx, "ryw:a", "ryw:b") }},
+		{"rename", func(i int) { direct.Set(ctx, "ryw:r1", "x", 0); direct.Set(ctx, "ryw:r2", "old", 0) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Rename(ctx, "ryw:r1", "ryw:r2") },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Get(ctx, "ryw:r2") }},
+		{"zunionstore", func(i int) {
+			direct.Del(ctx, "ryw:zd")
+			direct.ZAdd(ctx, "ryw:zs", redis.Z{Score: 1, Member: "m"})
+		},
+			func(c redis.Cmdable, i int) redis.Cmder {
+				return c.ZUnionStore(ctx, "ryw:zd", &redis.ZStore{Keys: []string{"ryw:zs"}})
+			},
+			func(c redis.Cmdable, i int) redis.Cmder { return c.ZCard(ctx, "ryw:zd") }},
+		{"eval", func(i int) { direct.Set(ctx, "ryw:e", "v1", 0) },
+			func(c redis.Cmdable, i int) redis.Cmder {
+				return c.Eval(ctx, "return redis.call('SET', KEYS[1], ARGV[1])", []string{"ryw:e"}, i)
+			},
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Get(ctx, "ryw:e") }},
+		{"pipelined-set-then-get", func(i int) { direct.Set(ctx, "ryw:p", "v1", 0) },
+			func(c redis.Cmdable, i int) redis.Cmder {
+				cmds, _ := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+					p.Set(ctx, "ryw:p", i, 0)
+					p.Get(ctx, "ryw:p")
+					return nil
+				})
+				return cmds[1]
+			},
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Get(ctx, "ryw:p") }},
+		{"tx-set", func(i int) { direct.Set(ctx, "ryw:t", "v1", 0) },
+			func(c redis.Cmdable, i int) redis.Cmder {
+				cmds, _ := c.TxPipelined(ctx, func(p redis.Pipeliner) error { p.Set(ctx, "ryw:t", i, 0); return nil })
+				return cmds[0]
+			},
+			func(c redis.Cmdable, i int) redis.Cmder {
+				cmds, _ := c.Pipelined(ctx, func(p redis.Pipeliner) error { p.Get(ctx, "ryw:t"); return nil })
+				return cmds[0]
+			}},
+		{"flushdb", func(i int) { direct.Set(ctx, "ryw:f", "v1", 0) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.FlushDB(ctx) },
+			func(c redis.Cmdable, i int) redis.Cmder { return c.Get(ctx, "ryw:f") }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			wrong := 0
+			for i := range 300 {
+				tc.setup(i)
+				// Wait out the setup's invalidation, so the read below
+				// fills the cache with the setup's value.
+				marker(t, rdb, direct)
+				tc.read(rdb, i)
+				tc.read(rdb, i)
+				tc.write(rdb, i)
+				got := answer(tc.read(rdb, i))
+				want := answer(tc.read(direct, i))
+				if got != want {
+					if wrong++; wrong <= 3 {
+						t.Errorf("round %d: read after the write: %s, plain go-redis: %s", i, got, want)
+					}
+				}
+			}
+			if wrong > 0 {
+				t.Errorf("%d of 300 reads missed the client's own write", wrong)
+			}
+		})
+	}
+	if st := rdb.Stats(); st.Hits == 0 || st.Forgotten == 0 {
+		t.Errorf("the cache was not exercised: %+v", st)
+	}
+}
+
+// marker writes a key and waits until rdb has heard of it: every earlier
+// write's invalidation is in.
+func marker(t testing.TB, rdb *Client, direct *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	inv := rdb.Stats().Invalidations
+	direct.Incr(ctx, "marker:ryw")
+	for end := time.Now().Add(5 * time.Second); rdb.Stats().Invalidations == inv; {
+		if time.Now().After(end) {
+			t.Fatal("the marker's invalidation never came")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// answer is a command's result and error, maps and sets in a canonical
+// order.
+func answer(c redis.Cmder) string {
+	v := reflect.ValueOf(c).MethodByName("Val").Call(nil)[0].Interface()
+	if s, ok := v.([]string); ok && (c.Name() == "smembers" || c.Name() == "hkeys" || c.Name() == "hvals") {
+		s = append([]string(nil), s...)
+		slicesSort(s)
+		v = s
+	}
+	err := c.Err()
+	if err != nil {
+		return fmt.Sprintf("%#v err=%s", v, err)
+	}
+	return fmt.Sprintf("%#v", v)
+}
+
+// TestWatchNoLostUpdates: a WATCH/GET/MULTI/SET/EXEC increment repeated
+// by one client, and by two processes at once, loses nothing.
+func TestWatchNoLostUpdates(t *testing.T) {
+	ctx := context.Background()
+	p := newPool(t)
+	rdb := newClient(t, p, Config{})
+	direct := plain(t)
+	const key, n = "watch:counter", 1500
+	direct.Set(ctx, key, 0, 0)
+	marker(t, rdb, direct)
+	rdb.Get(ctx, key) // cached, so a read that used the cache would go wrong
+	if err := watchIncr(ctx, rdb, key, n); err != nil {
+		t.Fatal(err)
+	}
+	if got := direct.Get(ctx, key).Val(); got != strconv.Itoa(n) {
+		t.Fatalf("one client: %s after %d increments", got, n)
+	}
+	// Two processes, the same pool, at once.
+	direct.Set(ctx, key, 0, 0)
+	marker(t, rdb, direct)
+	rdb.Get(ctx, key)
+	child := exec.Command(os.Args[0], "-test.run=^$")
+	child.Env = append(os.Environ(), "RC_CHILD=watch", "RC_ADDR="+redisAddr, "RC_POOL="+poolName(t, p), "RC_N="+strconv.Itoa(n))
+	child.Stderr = os.Stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	err := watchIncr(ctx, rdb, key, n)
+	if cerr := child.Wait(); cerr != nil {
+		t.Fatalf("child: %v", cerr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := direct.Get(ctx, key).Val(); got != strconv.Itoa(2*n) {
+		t.Fatalf("two processes: %s after %d increments", got, 2*n)
+	}
+}
+
+// watchIncr increments key n times with optimistic transactions, as the
+// go-redis documentation's example does.
+func watchIncr(ctx context.Context, rdb *Client, key string, n int) error {
+	for range n {
+		for {
+			err := rdb.Watch(ctx, func(tx *redis.Tx) error {
+				v, err := tx.Get(ctx, key).Int()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					return err
+				}
+				_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+					p.Set(ctx, key, v+1, 0)
+					return nil
+				})
+				return err
+			}, key)
+			if errors.Is(err, redis.TxFailedErr) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			break
+		}
+	}
+	return nil
+}
+
+// TestPipelineErrors: a pipeline served partly from the cache returns the
+// error plain go-redis returns, the first failing command's, and each
+// command its own.
+func TestPipelineErrors(t *testing.T) {
+	ctx := context.Background()
+	rdb := newClient(t, newPool(t), Config{})
+	direct := plain(t)
+	direct.Del(ctx, "pe:missing")
+	direct.Set(ctx, "pe:str", "x", 0)
+	marker(t, rdb, direct)
+	rdb.Get(ctx, "pe:missing") // a cached miss
+	orders := [][]func(p redis.Pipeliner) redis.Cmder{
+		{
+			func(p redis.Pipeliner) redis.Cmder { return p.Get(ctx, "pe:missing") },
+			func(p redis.Pipeliner) redis.Cmder { return p.HGet(ctx, "pe:str", "f") }, // WRONGTYPE
+		},
+		{
+			func(p redis.Pipeliner) redis.Cmder { return p.HGet(ctx, "pe:str", "f") },
+			func(p redis.Pipeliner) redis.Cmder { return p.Get(ctx, "pe:missing") },
+		},
+		{
+			func(p redis.Pipeliner) redis.Cmder { return p.Get(ctx, "pe:str") },
+			func(p redis.Pipeliner) redis.Cmder { return p.Get(ctx, "pe:missing") },
+			func(p redis.Pipeliner) redis.Cmder { return p.LLen(ctx, "pe:str") },
+		},
+	}
+	for i, order := range orders {
+		for round := range 3 {
+			run := func(c redis.Cmdable) string {
+				cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+					for _, f := range order {
+						f(p)
+					}
+					return nil
+				})
+				var b strings.Builder
+				fmt.Fprintf(&b, "err=%v", err)
+				for _, c := range cmds {
+					b.WriteString(" | " + answer(c))
+				}
+				return b.String()
+			}
+			if got, want := run(rdb), run(direct); got != want {
+				t.Errorf("pipeline %d round %d: %s\nplain go-redis: %s", i, round, got, want)
+			}
+		}
+	}
+}
+
+// TestExpiredKeys: an entry never outlives its Redis key's TTL, though
+// Redis sends the invalidation only when it gets round to deleting it.
+func TestExpiredKeys(t *testing.T) {
+	ctx := context.Background()
+	rdb := newClient(t, newPool(t), Config{})
+	direct := plain(t)
+	for i := range 5 {
+		key := "exp:" + strconv.Itoa(i)
+		direct.Set(ctx, key, "v", 30*time.Millisecond)
+		direct.HSet(ctx, key+"h", "f", "v")
+		direct.PExpire(ctx, key+"h", 30*time.Millisecond)
+		marker(t, rdb, direct)
+		rdb.Get(ctx, key)
+		rdb.HGet(ctx, key+"h", "f")
+		// Redis's own reads say when the keys are gone (its lazy expiry
+		// deletes them then, but the push may come later).
+		for direct.Exists(ctx, key, key+"h").Val() != 0 {
+			time.Sleep(time.Millisecond)
+		}
+		if err := rdb.Get(ctx, key).Err(); !errors.Is(err, redis.Nil) {
+			t.Errorf("%s after it expired: %v", key, err)
+		}
+		if err := rdb.HGet(ctx, key+"h", "f").Err(); !errors.Is(err, redis.Nil) {
+			t.Errorf("%sh after it expired: %v", key, err)
+		}
+	}
+}
+
+// silencer is a TCP proxy to Redis that can stop forwarding the tracking
+// connection while keeping it open, as a stuck middlebox would.
+type silencer struct {
+	l      net.Listener
+	mu     sync.Mutex
+	cond   *sync.Cond
+	silent bool
+	conns  []net.Conn
+}
+
+func newSilencer(t *testing.T) *silencer {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &silencer{l: l}
+	s.cond = sync.NewCond(&s.mu)
+	t.Cleanup(func() {
+		l.Close()
+		s.mu.Lock()
+		s.silent = false
+		s.cond.Broadcast()
+		for _, c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", redisAddr)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			s.mu.Lock()
+			s.conns = append(s.conns, c, up)
+			s.mu.Unlock()
+			tracking := make(chan struct{})
+			go s.pipe(up, c, tracking, true)
+			go s.pipe(c, up, tracking, false)
+		}
+	}()
+	return s
+}
+
+// pipe copies src to dst; once the client side named itself the tracking
+// connection, a silent proxy holds its bytes in both directions.
+func (s *silencer) pipe(dst, src net.Conn, tracking chan struct{}, fromClient bool) {
+	buf := make([]byte, 32<<10)
+	isTracking := false
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if fromClient && !isTracking && strings.Contains(string(buf[:n]), trackingName) {
+				isTracking = true
+				close(tracking)
+			}
+			if !isTracking {
+				select {
+				case <-tracking:
+					isTracking = true
+				default:
+				}
+			}
+			if isTracking {
+				s.mu.Lock()
+				for s.silent {
+					s.cond.Wait() // held, as a stuck middlebox holds it
+				}
+				s.mu.Unlock()
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+func (s *silencer) silence(on bool) {
+	s.mu.Lock()
+	s.silent = on
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+// TestSilentTracking: while the tracking connection is open but silent,
+// no answer older than MaxStaleness is served, and reads honour their
+// context.
+func TestSilentTracking(t *testing.T) {
+	ctx := context.Background()
+	px := newSilencer(t)
+	const maxStale = 200 * time.Millisecond
+	rdb := NewClient(&redis.Options{Addr: px.l.Addr().String()}, Config{Pool: newPool(t), MaxStaleness: maxStale})
+	t.Cleanup(func() { rdb.Close() })
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rdb.WaitTracking(wctx); err != nil {
+		t.Fatal(err)
+	}
+	direct := plain(t)
+	direct.Set(ctx, "silent:k", "v1", 0)
+	marker(t, rdb, direct)
+	rdb.Get(ctx, "silent:k")
+	if rdb.Get(ctx, "silent:k").Val() != "v1" || rdb.Stats().Hits == 0 {
+		t.Fatalf("not cached: %+v", rdb.Stats())
+	}
+	px.silence(true)
+	defer px.silence(false)
+	direct.Set(ctx, "silent:k", "v2", 0)
+	written := time.Now()
+	// Reads may see v1 for at most maxStale after the write; every read
+	// that starts later must see v2, and none may block past its context.
+	// On through the PING deadline: the tracker gives the connection up
+	// and redials (into the same silence) while reads go on.
+	for time.Since(written) < minDeadAfter+300*time.Millisecond {
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		v, err := rdb.Get(rctx, "silent:k").Result()
+		cancel()
+		if err != nil {
+			t.Fatalf("read during silence: %v (after %v)", err, time.Since(start))
+		}
+		if v != "v2" && start.Sub(written) > maxStale {
+			t.Fatalf("read %v after the write, with MaxStaleness %v, served %q", start.Sub(written), maxStale, v)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if rdb.Stats().Unconfirmed == 0 {
+		t.Errorf("no read was refused the cache while tracking was silent: %+v", rdb.Stats())
+	}
+}
+
+// TestCommandTableKeys checks which keys writes are found to touch, with
+// the real server's command table.
+func TestCommandTableKeys(t *testing.T) {
+	rdb := newClient(t, newPool(t), Config{})
+	tbl := rdb.nc.table()
+	if tbl == nil {
+		t.Fatal("no command table loaded")
+	}
+	for _, tc := range []struct {
+		args []any
+		keys []string
+		all  bool
+	}{
+		{[]any{"get", "k"}, nil, false},
+		{[]any{"set", "k", "v", "ex", 10}, []string{"k"}, false},
+		{[]any{"mset", "a", 1, "b", 2}, []string{"a", "b"}, false},
+		{[]any{"del", "a", "b", "c"}, []string{"a", "b", "c"}, false},
+		{[]any{"rename", "a", "b"}, []string{"a", "b"}, false},
+		{[]any{"hset", "h", "f", "v"}, []string{"h"}, false},
+		{[]any{"zunionstore", "d", 2, "s1", "s2"}, []string{"d"}, false},
+		{[]any{"eval", "return 1", 2, "k1", "k2", "arg"}, []string{"k1", "k2"}, false},
+		{[]any{"evalsha", "abc", 0}, nil, false},
+		{[]any{"lmpop", 2, "l1", "l2", "left"}, []string{"l1", "l2"}, false},
+		{[]any{"sort", "l", "store", "dst"}, []string{"dst"}, false},
+		{[]any{"sort", "l", "limit", 0, 1}, nil, false},
+		{[]any{"georadius", "g", 0, 0, 1, "km", "store", "dst"}, []string{"dst"}, false},
+		{[]any{"xgroup", "create", "s", "g", "$"}, []string{"s"}, false},
+		{[]any{"client", "setinfo", "lib-name", "x"}, nil, false},
+		{[]any{"flushall"}, nil, true},
+		{[]any{"swapdb", 0, 1}, nil, true},
+		{[]any{"no-such-command", "k"}, nil, true},
+		{[]any{"multi"}, nil, false},
+	} {
+		keys, all := tbl.writtenKeys(tc.args)
+		if all != tc.all || !reflect.DeepEqual(keys, tc.keys) {
+			t.Errorf("%v: keys %q all %v, want %q %v", tc.args, keys, all, tc.keys, tc.all)
+		}
+	}
+}
+
+// childMain runs the other process of a multi-process test.
+func childMain() {
+	ctx := context.Background()
+	addr, poolName := os.Getenv("RC_ADDR"), os.Getenv("RC_POOL")
+	p, err := openPool(poolName)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	defer p.Close()
+	rdb := NewClient(&redis.Options{Addr: addr}, Config{Pool: p})
+	defer rdb.Close()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rdb.WaitTracking(wctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	switch os.Getenv("RC_CHILD") {
+	case "watch":
+		n, _ := strconv.Atoi(os.Getenv("RC_N"))
+		if err := watchIncr(ctx, rdb, "watch:counter", n); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	case "model":
+		if err := modelChild(ctx, rdb); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	os.Exit(0)
+}
