@@ -1,6 +1,9 @@
 package cachesuite
 
 import (
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,8 +38,11 @@ func warmAll(g *getter) error {
 
 // mixedLoad runs Goroutines goroutines for d, each drawing its own fixed
 // sequence of operations from seed: a SET of a new value to a random key
-// with probability setPercent/100, else a GET of a random key whose value
-// is checked. It returns operations per second.
+// of its own (key k belongs to goroutine k%Goroutines) with probability
+// setPercent/100, followed at once by a GET of that key, which must give
+// the value just written (read-your-writes); else a GET of a random key
+// whose value is checked. It returns operations per second, every GET and
+// SET counted.
 func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64, error) {
 	var wg sync.WaitGroup
 	var total atomic.Uint64
@@ -53,11 +59,24 @@ func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64
 				for range checkEvery {
 					k := r.IntN(Keys)
 					if r.IntN(100) < setPercent {
-						fillValue(val, k, uint32(w)<<24|uint32(n&0xffffff)+1)
+						k = ownKey(k, w)
+						ver := uint32(w)<<24 | uint32(n&0xffffff) + 1
+						fillValue(val, k, ver)
 						if err := g.set(k, val); err != nil {
 							errs[w] = err
 							return
 						}
+						v, err := g.getChecked(k, dst)
+						if err == nil && binary.LittleEndian.Uint64(v) != seedFor(k, ver) {
+							err = fmt.Errorf("%w: key %d read version %#x right after writing %#x",
+								errStale, k, uint32(binary.LittleEndian.Uint64(v)), ver)
+						}
+						if err != nil {
+							errs[w] = err
+							return
+						}
+						dst = v[:0]
+						n++
 					} else {
 						v, err := g.getChecked(k, dst)
 						if err != nil {
@@ -77,6 +96,18 @@ func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64
 		return 0, err
 	}
 	return float64(total.Load()) / el.Seconds(), nil
+}
+
+// errStale: a client did not read its own write.
+var errStale = errors.New("read-your-writes violated")
+
+// ownKey is the key nearest k that goroutine w writes.
+func ownKey(k, w int) int {
+	k = k - k%Goroutines + w
+	if k >= Keys {
+		k -= Goroutines
+	}
+	return k
 }
 
 func firstError(errs []error) error {

@@ -2,6 +2,11 @@ package cachesuite
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,9 +16,11 @@ import (
 	"github.com/ubkit-io/ubkit/internal/bench"
 )
 
-// readHeavy: Goroutines goroutines, 99% GET / 1% SET, against redis-server
-// over TCP, through rediscache with a fresh pool (ubkit) or plain
-// go-redis; both GET every key once first.
+// readHeavy: Goroutines goroutines, 99% GET / 1% SET (each SET read back
+// at once), against redis-server over TCP, through rediscache with a
+// fresh pool (ubkit) or plain go-redis; both GET every key once first.
+// After the timed load, untimed, the same client runs the lost-update
+// check: a run whose answers were wrong reports an error, not a rate.
 func readHeavy(e *Env, kind string, d time.Duration) (bench.Measurement, error) {
 	s, err := e.Redis()
 	if err != nil {
@@ -21,6 +28,7 @@ func readHeavy(e *Env, kind string, d time.Duration) (bench.Measurement, error) 
 	}
 	opt := &redis.Options{Addr: s.Addr}
 	var g *getter
+	var w watcher
 	if kind == "ubkit" {
 		name := poolName()
 		pool, err := cache.Open(name, cache.Options{MaxBytes: poolBytes})
@@ -37,14 +45,85 @@ func readHeavy(e *Env, kind string, d time.Duration) (bench.Measurement, error) 
 			rc.Close()
 			return bench.Measurement{}, err
 		}
-		g = redisGetter(rc)
+		g, w = redisGetter(rc), rc
 	} else {
-		g = redisGetter(redis.NewClient(opt))
+		rc := redis.NewClient(opt)
+		g, w = redisGetter(rc), rc
 	}
 	defer g.close()
 	if err := warmAll(g); err != nil {
 		return bench.Measurement{}, err
 	}
 	v, err := mixedLoad(g, 2, 1, d)
-	return bench.Measurement{Value: v}, err
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	if err := lostUpdates(w); err != nil {
+		return bench.Measurement{}, err
+	}
+	return bench.Measurement{Value: v}, nil
+}
+
+// watcher is what a plain and a near-cached go-redis client share for
+// optimistic transactions.
+type watcher interface {
+	Watch(ctx context.Context, fn func(*redis.Tx) error, keys ...string) error
+}
+
+// Lost-update check: lostUpdateIncrs increments by each of Goroutines
+// goroutines, each a WATCH, GET, MULTI SET EXEC retried on conflict, as
+// the go-redis documentation's example does. A read under WATCH that does
+// not come from Redis loses increments.
+const lostUpdateIncrs = 50
+
+var counterSeq atomic.Uint64
+
+func lostUpdates(c watcher) error {
+	key := fmt.Sprintf("bench:counter:%d:%d", os.Getpid(), counterSeq.Add(1))
+	var wg sync.WaitGroup
+	errs := make([]error, Goroutines)
+	for w := range Goroutines {
+		wg.Go(func() {
+			for range lostUpdateIncrs {
+				for {
+					err := c.Watch(bg, func(tx *redis.Tx) error {
+						n, err := tx.Get(bg, key).Int()
+						if err != nil && !errors.Is(err, redis.Nil) {
+							return err
+						}
+						_, err = tx.TxPipelined(bg, func(p redis.Pipeliner) error {
+							p.Set(bg, key, n+1, time.Minute)
+							return nil
+						})
+						return err
+					}, key)
+					if errors.Is(err, redis.TxFailedErr) {
+						continue
+					}
+					if err != nil {
+						errs[w] = err
+						return
+					}
+					break
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := firstError(errs); err != nil {
+		return err
+	}
+	var got int
+	err := c.Watch(bg, func(tx *redis.Tx) error {
+		var err error
+		got, err = tx.Get(bg, key).Int()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if want := Goroutines * lostUpdateIncrs; got != want {
+		return fmt.Errorf("lost updates: %d WATCH/MULTI increments left the counter at %d", want, got)
+	}
+	return nil
 }
