@@ -1,12 +1,14 @@
 package rediscache
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -326,4 +328,138 @@ func watchOnce(ctx context.Context, watch func(context.Context, func(*redis.Tx) 
 		})
 		return err
 	}, k)
+}
+
+// TestSharedKeysLinearizable: several clients read and write the same
+// keys at once: two drop-ins sharing one pool (two trackers, as two
+// processes of one host would have) and a plain go-redis client standing
+// for another host. Every read is checked against the history: it must
+// return a value that could have been current at some instant between the
+// read's start and end, where a write by another host counts only once it
+// is MaxStaleness old (the documented bound) and a write through the
+// drop-ins of this host counts as soon as it returns.
+func TestSharedKeysLinearizable(t *testing.T) {
+	ctx := context.Background()
+	const maxStale = 100 * time.Millisecond
+	p := newPool(t)
+	a := newClient(t, p, Config{Prefixes: []string{"lin:", "marker:"}, MaxStaleness: maxStale})
+	b := newClient(t, p, Config{Prefixes: []string{"lin:", "marker:"}, MaxStaleness: maxStale})
+	remote := plain(t)
+	const keys = 3
+	for k := range keys {
+		remote.Del(ctx, "lin:"+strconv.Itoa(k))
+	}
+	marker(t, a, remote)
+	marker(t, b, remote)
+	base := time.Now()
+	seed := uint64(time.Now().UnixNano())
+	type event struct {
+		write, remote bool
+		key           int
+		val           string // "" for absent (a DEL or a miss)
+		start, end    time.Duration
+	}
+	var mu sync.Mutex
+	var history []event
+	var wg sync.WaitGroup
+	run := func(id int, c redis.Cmdable, isRemote bool) {
+		r := rand.New(rand.NewPCG(seed, uint64(id)))
+		for i := 0; time.Since(base) < 1500*time.Millisecond; i++ {
+			k := r.IntN(keys)
+			key := "lin:" + strconv.Itoa(k)
+			ev := event{key: k, remote: isRemote, start: time.Since(base)}
+			x := r.IntN(100)
+			switch {
+			case isRemote || x < 20:
+				ev.write = true
+				if r.IntN(5) == 0 {
+					c.Del(ctx, key)
+				} else {
+					ev.val = fmt.Sprintf("c%d-%d", id, i)
+					c.Set(ctx, key, ev.val, 0)
+				}
+			case x < 30:
+				cmds, _ := c.Pipelined(ctx, func(p redis.Pipeliner) error { p.Get(ctx, key); return nil })
+				ev.val = cmds[0].(*redis.StringCmd).Val()
+			default:
+				ev.val = c.Get(ctx, key).Val()
+			}
+			ev.end = time.Since(base)
+			mu.Lock()
+			history = append(history, ev)
+			mu.Unlock()
+			if isRemote {
+				time.Sleep(time.Duration(r.IntN(2000)) * time.Microsecond) // another host writes now and then
+			}
+		}
+	}
+	for id, c := range []redis.Cmdable{a, a, b, b} {
+		wg.Go(func() { run(id, c, false) })
+	}
+	wg.Go(func() { run(9, remote, true) })
+	wg.Wait()
+	// Per key: writes by start (the initial absence first); for each, the
+	// earliest moment a write begun after it ended became visible to every
+	// read (after it, the write cannot be current any more).
+	type candidate struct {
+		start, until time.Duration
+	}
+	never := time.Duration(1 << 62)
+	byVal := make([]map[string][]candidate, keys)
+	for k := range keys {
+		ws := []event{{write: true, key: k, start: -time.Hour, end: -time.Hour}}
+		for _, e := range history {
+			if e.write && e.key == k {
+				ws = append(ws, e)
+			}
+		}
+		slices.SortFunc(ws, func(x, y event) int { return cmp.Compare(x.start, y.start) })
+		sufMin := make([]time.Duration, len(ws)+1)
+		sufMin[len(ws)] = never
+		for i := len(ws) - 1; i >= 0; i-- {
+			v := ws[i].end
+			if ws[i].remote {
+				v += maxStale
+			}
+			sufMin[i] = min(sufMin[i+1], v)
+		}
+		byVal[k] = map[string][]candidate{}
+		for _, w := range ws {
+			j, _ := slices.BinarySearchFunc(ws, w.end, func(x event, end time.Duration) int {
+				if x.start > end {
+					return 1
+				}
+				return -1
+			})
+			byVal[k][w.val] = append(byVal[k][w.val], candidate{w.start, sufMin[j]})
+		}
+	}
+	reads, bad := 0, 0
+	for _, rd := range history {
+		if rd.write {
+			continue
+		}
+		reads++
+		ok := false
+		for _, c := range byVal[rd.key][rd.val] {
+			if c.start <= rd.end && c.until >= rd.start {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			if bad++; bad <= 5 {
+				t.Errorf("seed %d: a read of lin:%d during [%v, %v] returned %q, which no write could have left there then",
+					seed, rd.key, rd.start, rd.end, rd.val)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d reads impossible", bad, reads)
+	}
+	st := a.Stats()
+	if st.Hits == 0 || st.Fills == 0 {
+		t.Errorf("the near cache was not exercised: %+v", st)
+	}
+	t.Logf("%d events, %d reads; client a: %+v", len(history), reads, st)
 }
