@@ -23,15 +23,28 @@
 // of them runs. The price is an invalidation per write to a tracked key,
 // per process: narrow it with Config.Prefixes.
 //
-// A read that races a write never leaves a stale value behind: each Redis
-// key has a generation in the pool, bumped by every invalidation; a miss
-// notes the generations before it asks Redis and stores its answer with
-// them, and an entry whose generations have moved is never served. GET's
-// answer lives in the key's generation entry itself and is stored by
-// compare-and-swap on that generation, so a hit is one read of the pool. While a
-// process's tracking connection is down it neither serves nor fills, and
+// A write through the drop-in makes the near cache forget the keys it
+// touched before it returns (the server's COMMAND table says which), so a
+// client, and every process sharing the pool, reads its own writes without
+// waiting for the push. A read that races a write never leaves a stale
+// value behind: each Redis key has a generation in the pool, bumped by
+// every invalidation and every write through the drop-in; a miss notes the
+// generations before it asks Redis and stores its answer with them, and an
+// entry whose generations have moved is never served. GET's answer lives
+// in the key's generation entry itself and is stored by compare-and-swap
+// on that generation, so a hit is one read of the pool. A miss asks for
+// its keys' PTTLs in the same round trip, so no entry outlives its key.
+//
+// Writes by clients that do not share the pool arrive by invalidation,
+// and the bound on how late is Config.MaxStaleness: an entry is served
+// only while the tracking connection has proved, by an answered PING sent
+// less than MaxStaleness ago, that it had heard every earlier write. While
+// a process's tracking connection is down it neither serves nor fills, and
 // when it loses or regains that connection it flushes the near cache for
 // that server (a namespace generation, so the flush is one write).
+//
+// Watch transactions, Conn and EphemeralConn always read from Redis: their
+// reads decide writes under WATCH or run after SELECT.
 //
 // # Why hooks and not go-redis's client-side cache
 //
