@@ -479,6 +479,25 @@ func (p *Pool) Version(key []byte) (uint64, bool) {
 	return v, found && err == nil
 }
 
+// A Stamp moves whenever the entry of the key it was made for may have
+// changed: it is the sequence number of the key's bucket, which every
+// change to the bucket (a write, a delete, an eviction, a repair) moves
+// by two, and which is odd while one is under way. Reading it is one
+// atomic load, and it is the same word for every process on the pool, so
+// a reader can remember what it last found for a key together with the
+// stamp it read before and after, and trust that memory while the stamp
+// has not moved. Writes to other keys of the bucket move it too: a moved
+// stamp says "look again", not "changed".
+type Stamp struct{ w *atomic.Uint64 }
+
+// StampOf returns key's stamp.
+func (p *Pool) StampOf(key []byte) Stamp {
+	return Stamp{p.word(p.bucketOff(hashKey(key)) + bOffSeq)}
+}
+
+// Load reads the stamp; an odd value means a change is under way.
+func (s Stamp) Load() uint64 { return s.w.Load() }
+
 // Get copies key's value into dst (grown as needed) and returns it.
 func (p *Pool) Get(key, dst []byte) ([]byte, Info, error) {
 	var out Info

@@ -127,7 +127,8 @@ func NewClient(opt *redis.Options, cfg Config) *Client {
 
 // AddHook adds a go-redis hook, as redis.Client's does. Add hooks through
 // this method, not through the embedded Client: the near cache tells its
-// own chain of hooks from the ones go-redis builds for Conn and Tx.
+// own chain of hooks from the ones go-redis builds for Conn and Tx (and a
+// chain rebuilt behind its back is left uncached, never wrong).
 func (c *Client) AddHook(h redis.Hook) {
 	c.nc.chainMu.Lock()
 	defer c.nc.chainMu.Unlock()
@@ -138,22 +139,29 @@ func (c *Client) AddHook(h redis.Hook) {
 
 // Watch is redis.Client's Watch; the transaction's reads go to Redis.
 func (c *Client) Watch(ctx context.Context, fn func(*redis.Tx) error, keys ...string) error {
-	c.nc.chainMu.RLock()
-	defer c.nc.chainMu.RUnlock()
-	return c.Client.Watch(ctx, fn, keys...)
+	// The chain lock is held while go-redis builds the Tx's hooks, not
+	// while fn runs (fn may open a Conn or Watch of its own).
+	c.nc.chainMu.Lock()
+	var once sync.Once
+	unlock := func() { once.Do(c.nc.chainMu.Unlock) }
+	defer unlock()
+	return c.Client.Watch(ctx, func(tx *redis.Tx) error {
+		unlock()
+		return fn(tx)
+	}, keys...)
 }
 
 // Conn is redis.Client's Conn; its reads go to Redis.
 func (c *Client) Conn() *redis.Conn {
-	c.nc.chainMu.RLock()
-	defer c.nc.chainMu.RUnlock()
+	c.nc.chainMu.Lock()
+	defer c.nc.chainMu.Unlock()
 	return c.Client.Conn()
 }
 
 // EphemeralConn is redis.Client's EphemeralConn; its reads go to Redis.
 func (c *Client) EphemeralConn() *redis.Conn {
-	c.nc.chainMu.RLock()
-	defer c.nc.chainMu.RUnlock()
+	c.nc.chainMu.Lock()
+	defer c.nc.chainMu.Unlock()
 	return c.Client.EphemeralConn()
 }
 
@@ -188,6 +196,12 @@ func (c *Client) Stats() Stats {
 		Invalidations: n.t.invalidations.Load(), Flushes: n.t.flushes.Load(), Tracking: n.t.up.Load()}
 }
 
+// Sync waits until the near cache has applied every invalidation for
+// writes that completed before Sync was called, by anyone, or ctx ends: a
+// read after it sees them all (until MaxStaleness passes again). It costs
+// a round trip on the tracking connection.
+func (c *Client) Sync(ctx context.Context) error { return c.nc.t.sync(ctx) }
+
 // WaitTracking waits until the tracking connection is up and current (the
 // cache serves nothing before), or ctx ends.
 func (c *Client) WaitTracking(ctx context.Context) error {
@@ -203,9 +217,13 @@ func (c *Client) WaitTracking(ctx context.Context) error {
 
 type nearCache struct {
 	pool      *cache.Pool
-	nsSeen    atomic.Uint64 // the namespace generation this process last knew
 	ns        string
+	addr      string
+	user      string
+	db        int
 	nsKeyB    []byte
+	nsStamp   cache.Stamp
+	nsKnown   atomic.Pointer[nsState]
 	genPrefix []byte
 	prefixes  []string
 	ttl       time.Duration
@@ -216,8 +234,12 @@ type nearCache struct {
 
 	// building is set while the Client's own hook chain is built: hooks
 	// built otherwise belong to a Conn or Tx, which never read the cache.
+	// chainMu is held while any chain is built through the Client's
+	// methods, so that a Conn's or Tx's process and pipeline hooks, built
+	// one after the other, share one session (pending hands it over).
 	building atomic.Bool
-	chainMu  sync.RWMutex
+	chainMu  sync.Mutex
+	pending  atomic.Pointer[session]
 	// poisoned: a write's key could not be forgotten nor the cache
 	// flushed; nothing is served until a flush succeeds.
 	poisoned atomic.Bool
@@ -234,14 +256,22 @@ func newNearCache(opt *redis.Options, cfg Config) *nearCache {
 	if addr == "" {
 		addr = "localhost:6379"
 	}
-	ns := "rc\x00" + addr + "\x00" + strconv.Itoa(opt.DB) + "\x00" + opt.Username + "\x00"
+	ns := namespace(addr, opt.DB, opt.Username)
 	if cfg.MaxStaleness <= 0 {
 		cfg.MaxStaleness = defaultMaxStaleness
 	}
 	n := &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness, ns: ns,
+		addr: addr, user: opt.Username, db: opt.DB,
 		nsKeyB: []byte(ns + "n"), genPrefix: []byte(ns + "g\x00")}
+	n.nsStamp = cfg.Pool.StampOf(n.nsKeyB)
 	n.t = startTracker(opt, n)
 	return n
+}
+
+// namespace prefixes the pool keys of one server's database as one user
+// sees it.
+func namespace(addr string, db int, user string) string {
+	return "rc\x00" + addr + "\x00" + strconv.Itoa(db) + "\x00" + user + "\x00"
 }
 
 // Keys in the pool: the namespace's generation, each Redis key's
@@ -261,9 +291,11 @@ func (n *nearCache) genKeyIn(buf []byte, redisKey string) []byte {
 // key's generation moves (its GET answer, kept in the same entry, goes
 // with it). A key with no generation has nothing cached: a fill creates
 // one before it asks Redis, so a fill that raced this already has it.
-func (n *nearCache) forget(redisKey string) {
+func (n *nearCache) forget(redisKey string) { n.forgetIn(n.genPrefix, n.nsKeyB, redisKey) }
+
+func (n *nearCache) forgetIn(genPrefix, nsKey []byte, redisKey string) {
 	var kb [256]byte
-	gk := n.genKeyIn(kb[:], redisKey)
+	gk := append(append(kb[:0], genPrefix...), redisKey...)
 	_, err := n.pool.Set(gk, nil, cache.SetOptions{Mode: cache.IfPresent})
 	if err == nil || errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrTooLarge) {
 		return // a key too long for the pool is never cached
@@ -271,22 +303,21 @@ func (n *nearCache) forget(redisKey string) {
 	if _, err := n.pool.Delete(gk); err == nil {
 		return
 	}
-	n.flush()
+	n.flushIn(nsKey)
 }
 
-// flush drops the near cache for this server: a new namespace generation.
-// This process remembers it, so hits need not read it from the pool.
-func (n *nearCache) flush() {
-	v, err := n.pool.Set(n.nsKeyB, nil, cache.SetOptions{})
-	if err != nil {
+// flush drops the near cache for this server: a new namespace generation,
+// which every process's next hit reads.
+func (n *nearCache) flush() { n.flushIn(n.nsKeyB) }
+
+func (n *nearCache) flushIn(nsKey []byte) {
+	if _, err := n.pool.Set(nsKey, nil, cache.SetOptions{}); err != nil {
 		// Entries of the old generation may still be served: serve
 		// nothing until a flush goes through.
 		n.poisoned.Store(true)
-		v = 0
-	} else {
-		n.poisoned.Store(false)
+		return
 	}
-	n.nsSeen.Store(v)
+	n.poisoned.Store(false)
 }
 
 func (n *nearCache) table() cmdTable {
@@ -296,45 +327,144 @@ func (n *nearCache) table() cmdTable {
 	return nil
 }
 
-// forgetWritten makes the near cache forget what cmd may have written.
-// It runs after the command returns, whatever its outcome: a fill that
-// read the old value from Redis before the write noted the key's
-// generation before that, so this voids it, or, if it comes later, its
-// compare-and-swap fails.
-func (n *nearCache) forgetWritten(cmd redis.Cmder) {
-	keys, all := n.table().writtenKeys(cmd.Args())
-	if all {
-		n.flush()
+// forgetWritten makes the near cache forget what cmd may have written in
+// database db (and in any other database it names). It runs after the
+// command returns, whatever its outcome: a fill that read the old value
+// from Redis before the write noted the key's generation before that, so
+// this voids it, or, if it comes later, its compare-and-swap fails.
+func (n *nearCache) forgetWritten(cmd redis.Cmder, db int) {
+	args := cmd.Args()
+	keys, all := n.table().writtenKeys(args)
+	if all || len(keys) > 0 {
 		n.forgotten.Add(1)
+	}
+	nsOf := func(db int) (gen, nsKey []byte) {
+		if db == n.db {
+			return n.genPrefix, n.nsKeyB
+		}
+		ns := namespace(n.addr, db, n.user)
+		return []byte(ns + "g\x00"), []byte(ns + "n")
+	}
+	gen, nsKey := nsOf(db)
+	// Writes into other databases: MOVE, COPY ... DB, SWAPDB, FLUSHALL.
+	switch name := cmd.Name(); {
+	case name == "flushall":
+		for d := range allDBs {
+			_, k := nsOf(d)
+			n.flushIn(k)
+		}
+		return
+	case name == "swapdb" && len(args) == 3:
+		for _, a := range args[1:] {
+			if d, ok := dbArg(a); ok {
+				_, k := nsOf(d)
+				n.flushIn(k)
+			}
+		}
+	case name == "move" && len(args) == 3 && len(keys) == 1:
+		if d, ok := dbArg(args[2]); ok {
+			g, k := nsOf(d)
+			n.forgetIn(g, k, keys[0])
+		}
+	case name == "copy" && len(keys) == 1:
+		for i := 3; i+1 < len(args); i++ {
+			if s, _ := argString(args[i]); strings.EqualFold(s, "db") {
+				if d, ok := dbArg(args[i+1]); ok {
+					g, k := nsOf(d)
+					n.forgetIn(g, k, keys[0])
+				}
+			}
+		}
+	}
+	if all {
+		n.flushIn(nsKey)
 		return
 	}
 	for _, k := range keys {
 		if n.tracked1(k) {
-			n.forget(k)
-			n.forgotten.Add(1)
+			n.forgetIn(gen, nsKey, k)
 		}
 	}
 }
 
-// nsCurrent says whether an entry's namespace generation g is current.
-// Entries this process can trust carry the generation it last set or
-// read; another process's flush (its tracking came back) is noticed on the
-// first entry that carries the new generation, by reading the pool.
-//
-// Trusting the remembered generation is safe while this process's own
-// tracking has stayed up: it has heard every write since, so every stale
-// entry already failed its key generations.
+// allDBs is how many databases FLUSHALL flushes near caches of: Redis's
+// default, 16.
+const allDBs = 16
+
+func dbArg(a any) (int, bool) {
+	s, ok := argString(a)
+	if !ok {
+		return 0, false
+	}
+	d, err := strconv.Atoi(s)
+	return d, err == nil && d >= 0
+}
+
+// session follows what a Conn or Tx does to its connection: the database
+// SELECT chose, and the commands queued since MULTI, which are written
+// only when EXEC runs.
+type session struct {
+	db      int
+	inMulti bool
+	queued  []redis.Cmder
+}
+
+func (st *session) after(n *nearCache, cmd redis.Cmder, err error) {
+	switch cmd.Name() {
+	case "select":
+		if d, ok := dbArg(argAt(cmd, 1)); ok && err == nil {
+			st.db = d
+		}
+	case "reset":
+		st.db, st.inMulti, st.queued = n.db, false, nil
+	case "multi":
+		if err == nil {
+			st.inMulti, st.queued = true, nil
+		}
+		return
+	case "exec", "discard":
+		for _, q := range st.queued {
+			n.forgetWritten(q, st.db)
+		}
+		st.inMulti, st.queued = false, nil
+		return
+	}
+	if st.inMulti {
+		st.queued = append(st.queued, cmd)
+	}
+	n.forgetWritten(cmd, st.db)
+}
+
+func argAt(cmd redis.Cmder, i int) any {
+	if args := cmd.Args(); i < len(args) {
+		return args[i]
+	}
+	return nil
+}
+
+// nsCurrent says whether an entry's namespace generation g is current. A
+// flush by any process sharing the pool (its tracking came back, or a
+// write whose keys could not be told) must void every entry at once, so
+// the generation is the pool's; it is remembered with the stamp of its
+// bucket, and read again only when that stamp moves.
 func (n *nearCache) nsCurrent(g uint64) bool {
-	if g == n.nsSeen.Load() && g != 0 {
-		return true
+	s := n.nsStamp.Load()
+	if k := n.nsKnown.Load(); k != nil && k.stamp == s {
+		return g == k.version
 	}
 	cur, ok := n.pool.Version(n.nsKeyB)
-	if !ok {
-		return false
+	if s&1 == 0 && n.nsStamp.Load() == s {
+		if !ok {
+			cur = 0 // no generation: nothing is current
+		}
+		n.nsKnown.Store(&nsState{stamp: s, version: cur})
 	}
-	n.nsSeen.Store(cur)
-	return g == cur
+	return ok && g == cur
 }
+
+// nsState is the namespace generation found while its bucket's stamp read
+// stamp before and after.
+type nsState struct{ stamp, version uint64 }
 
 // generation reads key's generation, creating it if needed.
 func (n *nearCache) generation(key []byte) (uint64, bool) {
@@ -544,11 +674,13 @@ func (n *nearCache) fetch(ctx context.Context, cmd redis.Cmder, keys []string) (
 	e := n.expiry(ctx, keys)
 	// Through the Client's own pipeline: PTTL is not a cached read, so
 	// this hook passes the pipeline on untouched.
+	// The PTTLs go first: a change to a key after them is a write, whose
+	// invalidation voids the entry.
 	p := n.rdb.Pipeline()
-	_ = p.Process(ctx, cmd)
 	for _, c := range e.cmds {
 		_ = p.Process(ctx, c)
 	}
+	_ = p.Process(ctx, cmd)
 	_, _ = p.Exec(ctx)
 	return e.ttl(n.ttl), cmd.Err()
 }
@@ -583,27 +715,32 @@ func (n *nearCache) DialHook(next redis.DialHook) redis.DialHook { return next }
 // Conn's or Tx's so that only their writes are looked at.
 func (n *nearCache) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	if !n.building.Load() {
+		st := &session{db: n.db}
+		n.pending.Store(st) // for the pipeline hooks built next (under chainMu)
 		return func(ctx context.Context, cmd redis.Cmder) error {
 			err := next(ctx, cmd)
-			n.forgetWritten(cmd)
+			st.after(n, cmd, err)
 			return err
 		}
 	}
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		keys, ok := cacheable(cmd)
-		if !ok || !n.tracked(keys) {
+		name, keys, ok := cacheable(cmd)
+		var ck []byte
+		if ok && name != "get" {
+			ck, ok = entryKey(n.ns, cmd)
+		}
+		if !ok || !n.tracked(keys) || ctx.Err() != nil {
 			err := next(ctx, cmd)
-			n.forgetWritten(cmd)
+			n.forgetWritten(cmd, n.db)
 			return err
 		}
 		if !n.t.up.Load() {
 			n.bypassed.Add(1)
 			return next(ctx, cmd)
 		}
-		if cmd.Name() == "get" {
+		if name == "get" {
 			return n.get(ctx, cmd, keys[0])
 		}
-		ck := entryKey(n.ns, cmd)
 		if n.serving() && n.lookup(ck, keys, cmd) {
 			n.hits.add()
 			return cmd.Err()
@@ -619,23 +756,39 @@ func (n *nearCache) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	if !n.building.Load() {
+		st := n.pending.Load()
+		if st == nil {
+			st = &session{db: n.db}
+		}
+		return func(ctx context.Context, cmds []redis.Cmder) error {
+			err := next(ctx, cmds)
+			for _, c := range cmds {
+				st.after(n, c, c.Err())
+			}
+			return err
+		}
+	}
 	untouched := func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, c := range cmds {
-			n.forgetWritten(c)
+			n.forgetWritten(c, n.db) // MULTI ... EXEC of a TxPipeline: EXEC has run
 		}
 		return err
 	}
-	if !n.building.Load() {
-		return untouched
-	}
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if !n.t.up.Load() {
+		if !n.t.up.Load() || ctx.Err() != nil {
 			return untouched(ctx, cmds)
 		}
 		keys := make([][]string, len(cmds))
+		cks := make([][]byte, len(cmds))
+		isGet := make([]bool, len(cmds))
 		for i, cmd := range cmds {
-			k, ok := cacheable(cmd)
+			name, k, ok := cacheable(cmd)
+			isGet[i] = name == "get"
+			if ok && !isGet[i] {
+				cks[i], ok = entryKey(n.ns, cmd)
+			}
 			if !ok || !n.tracked(k) {
 				return untouched(ctx, cmds) // writes or transactions
 			}
@@ -651,11 +804,11 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 			snaps bool
 			exp   expiry
 		}
-		var rest []redis.Cmder
+		var sent, missed []redis.Cmder
 		var misses []miss
 		serve := n.serving()
 		for i, cmd := range cmds {
-			m := miss{cmd: cmd, isGet: cmd.Name() == "get"}
+			m := miss{cmd: cmd, isGet: isGet[i], ck: cks[i]}
 			if m.isGet {
 				m.key = keys[i][0]
 				if serve && n.getLookup(cmd, m.key) {
@@ -665,7 +818,6 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 				n.misses.add()
 				m.gs = n.getSnapshot(m.key)
 			} else {
-				m.ck = entryKey(n.ns, cmd)
 				if serve && n.lookup(m.ck, keys[i], cmd) {
 					n.hits.add()
 					continue
@@ -674,15 +826,13 @@ func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 				m.s, m.snaps = n.snap(keys[i])
 			}
 			m.exp = n.expiry(ctx, keys[i])
-			rest, misses = append(rest, cmd), append(misses, m)
+			sent = m.exp.queue(sent)
+			missed, misses = append(missed, cmd), append(misses, m)
 		}
-		if len(rest) == 0 {
+		if len(misses) == 0 {
 			return firstErr(cmds)
 		}
-		for _, m := range misses {
-			rest = m.exp.queue(rest)
-		}
-		err := next(ctx, rest)
+		err := next(ctx, append(sent, missed...))
 		for _, m := range misses {
 			e, ttl := m.cmd.Err(), m.exp.ttl(n.ttl)
 			if m.isGet {
@@ -710,29 +860,29 @@ func firstErr(cmds []redis.Cmder) error {
 }
 
 // cacheable returns the Redis keys a cached command reads.
-func cacheable(cmd redis.Cmder) ([]string, bool) {
+func cacheable(cmd redis.Cmder) (name string, keys []string, ok bool) {
 	args := cmd.Args()
 	if len(args) < 2 {
-		return nil, false
+		return "", nil, false
 	}
-	name := cmd.Name()
+	name = cmd.Name()
 	want, ok := readCommands[name]
 	if !ok || (want > 0 && len(args) != want) || (want < 0 && len(args) < -want) {
-		return nil, false
+		return "", nil, false
 	}
 	if name == "mget" {
 		keys := make([]string, 0, len(args)-1)
 		for _, a := range args[1:] {
 			s, ok := a.(string)
 			if !ok {
-				return nil, false
+				return "", nil, false
 			}
 			keys = append(keys, s)
 		}
-		return keys, true
+		return name, keys, true
 	}
 	k, ok := args[1].(string)
-	return []string{k}, ok
+	return name, []string{k}, ok
 }
 
 // readCommands maps each cached command to its exact argument count
@@ -746,30 +896,19 @@ var readCommands = map[string]int{
 }
 
 // entryKey names a command's entry: the namespace, then each argument with
-// its length.
-func entryKey(ns string, cmd redis.Cmder) []byte {
+// its length. false: an argument whose wire form this does not know (the
+// entry could be shared by commands Redis answers differently).
+func entryKey(ns string, cmd redis.Cmder) ([]byte, bool) {
 	b := append([]byte(ns), 'e', 0)
 	for _, a := range cmd.Args() {
-		var s string
-		switch v := a.(type) {
-		case string:
-			s = v
-		case []byte:
-			s = string(v)
-		case int:
-			s = strconv.Itoa(v)
-		case int64:
-			s = strconv.FormatInt(v, 10)
-		case float64:
-			s = strconv.FormatFloat(v, 'f', -1, 64)
-		default:
-			s = "\x00?" // an argument type not named here: never shared
-			return append(b, s...)
+		s, ok := argString(a)
+		if !ok {
+			return nil, false
 		}
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
-	return b
+	return b, true
 }
 
 // Payload encodings, by result type.

@@ -60,6 +60,9 @@ func parseCommandInfo(c value) (string, *cmdInfo) {
 	}
 	name := strings.ToLower(c.items[0].str)
 	ci := &cmdInfo{first: int(c.items[3].num), last: int(c.items[4].num), step: int(c.items[5].num)}
+	if ci.step < 1 {
+		ci.step = 1
+	}
 	for _, f := range c.items[2].items {
 		switch f.str {
 		case "write":
@@ -128,7 +131,9 @@ func parseKeySpec(s value) keySpec {
 		spec, _ := mapGet(bs, "spec")
 		switch typ.str {
 		case "index":
-			ks.bsKind, ks.bsIndex = 'i', mapInt(spec, "index")
+			if i := mapInt(spec, "index"); i >= 1 {
+				ks.bsKind, ks.bsIndex = 'i', i
+			}
 		case "keyword":
 			kw, _ := mapGet(spec, "keyword")
 			ks.bsKind, ks.bsKeyword, ks.bsFrom = 'k', kw.str, mapInt(spec, "startfrom")
@@ -142,8 +147,10 @@ func parseKeySpec(s value) keySpec {
 			ks.fkKind = 'r'
 			ks.lastKey, ks.keyStep, ks.limit = mapInt(spec, "lastkey"), mapInt(spec, "keystep"), mapInt(spec, "limit")
 		case "keynum":
-			ks.fkKind = 'n'
 			ks.keyNumIdx, ks.firstKey, ks.step = mapInt(spec, "keynumidx"), mapInt(spec, "firstkey"), mapInt(spec, "keystep")
+			if ks.keyNumIdx >= 0 && ks.firstKey >= 0 {
+				ks.fkKind = 'n'
+			}
 		}
 	}
 	return ks
@@ -167,6 +174,8 @@ func argString(a any) (string, bool) {
 		return strconv.FormatInt(int64(v), 10), true
 	case uint32:
 		return strconv.FormatUint(uint64(v), 10), true
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), true
 	}
 	return "", false
 }
@@ -204,19 +213,13 @@ func (t cmdTable) writtenKeys(args []any) (keys []string, all bool) {
 		}
 		ci = si
 	}
-	if ci.readonly {
+	if ci.readonly && !ci.specWrites() {
+		// (PFCOUNT is read-only but its key spec is RW: it rewrites the
+		// HyperLogLog's cached cardinality.)
 		return nil, false
 	}
 	if name == "sort" {
-		// SORT's STORE destination may sit anywhere: its key spec is
-		// "unknown". Without STORE it writes nothing.
-		for i := 2; i+1 < len(args); i++ {
-			if s, _ := argString(args[i]); strings.EqualFold(s, "store") {
-				k, ok := argString(args[i+1])
-				return []string{k}, !ok
-			}
-		}
-		return nil, false
+		return sortStore(args)
 	}
 	if ci.specs == nil {
 		return ci.legacyKeys(name, args)
@@ -237,6 +240,40 @@ func (t cmdTable) writtenKeys(args []any) (keys []string, all bool) {
 		keys = append(keys, ks...)
 	}
 	return keys, false
+}
+
+func (ci *cmdInfo) specWrites() bool {
+	for _, s := range ci.specs {
+		if s.writes {
+			return true
+		}
+	}
+	return false
+}
+
+// sortStore finds SORT's STORE destination, whose key spec is "unknown":
+// SORT key [BY pattern] [LIMIT offset count] [GET pattern ...] [ASC|DESC]
+// [ALPHA] [STORE destination]. Without STORE it writes nothing.
+func sortStore(args []any) ([]string, bool) {
+	for i := 2; i < len(args); i++ {
+		s, ok := argString(args[i])
+		if !ok {
+			return nil, true
+		}
+		switch strings.ToLower(s) {
+		case "by", "get":
+			i++
+		case "limit":
+			i += 2
+		case "store":
+			if i+1 >= len(args) {
+				return nil, false // a syntax error: nothing written
+			}
+			k, ok := argString(args[i+1])
+			return []string{k}, !ok
+		}
+	}
+	return nil, false
 }
 
 // legacyKeys uses Redis 6's first/last/step.
@@ -268,6 +305,9 @@ func (ci *cmdInfo) legacyKeys(name string, args []any) ([]string, bool) {
 // numKeys reads a count at args[at] and that many keys from args[from] on,
 // every step.
 func numKeys(args []any, at, from, step int) ([]string, bool) {
+	if at < 1 || from < 1 {
+		return nil, true
+	}
 	if at >= len(args) {
 		return nil, false // an arity error from Redis; nothing written
 	}

@@ -1,6 +1,7 @@
 package rediscache
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -124,18 +125,14 @@ func TestReadYourWrites(t *testing.T) {
 	}
 }
 
-// marker writes a key and waits until rdb has heard of it: every earlier
-// write's invalidation is in.
-func marker(t testing.TB, rdb *Client, direct *redis.Client) {
+// marker waits until rdb has applied every write completed before the
+// call (Sync).
+func marker(t testing.TB, rdb *Client, _ *redis.Client) {
 	t.Helper()
-	ctx := context.Background()
-	inv := rdb.Stats().Invalidations
-	direct.Incr(ctx, "marker:ryw")
-	for end := time.Now().Add(5 * time.Second); rdb.Stats().Invalidations == inv; {
-		if time.Now().After(end) {
-			t.Fatal("the marker's invalidation never came")
-		}
-		time.Sleep(100 * time.Microsecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rdb.Sync(ctx); err != nil {
+		t.Fatalf("Sync: %v", err)
 	}
 }
 
@@ -464,6 +461,19 @@ func TestCommandTableKeys(t *testing.T) {
 		{[]any{"lmpop", 2, "l1", "l2", "left"}, []string{"l1", "l2"}, false},
 		{[]any{"sort", "l", "store", "dst"}, []string{"dst"}, false},
 		{[]any{"sort", "l", "limit", 0, 1}, nil, false},
+		{[]any{"sort", "l", "get", "store", "store", "d"}, []string{"d"}, false},
+		{[]any{"sort", "l", "by", "w_*", "limit", 0, 5, "alpha", "store", "d"}, []string{"d"}, false},
+		{[]any{"pfcount", "hll"}, []string{"hll"}, false},
+		{[]any{"blmove", "a", "b", "left", "right", 0}, []string{"a", "b"}, false},
+		{[]any{"bzmpop", 0, 2, "z1", "z2", "min"}, []string{"z1", "z2"}, false},
+		{[]any{"sinterstore", "d", "s1", "s2"}, []string{"d"}, false},
+		{[]any{"geosearchstore", "d", "src", "frommember", "m", "byradius", 1, "km"}, []string{"d"}, false},
+		{[]any{"bitop", "and", "d", "s1", "s2"}, []string{"d"}, false},
+		{[]any{"pfmerge", "d", "s1"}, []string{"d"}, false},
+		{[]any{"xadd", "s", "*", "f", "v"}, []string{"s"}, false},
+		{[]any{"object", "encoding", "k"}, nil, false},
+		{[]any{"set", "k", "v", "get"}, []string{"k"}, false},
+		{[]any{"eval_ro", "return 1", 1, "k"}, nil, false},
 		{[]any{"georadius", "g", 0, 0, 1, "km", "store", "dst"}, []string{"dst"}, false},
 		{[]any{"xgroup", "create", "s", "g", "$"}, []string{"s"}, false},
 		{[]any{"client", "setinfo", "lib-name", "x"}, nil, false},
@@ -511,4 +521,172 @@ func childMain() {
 		}
 	}
 	os.Exit(0)
+}
+
+// TestReviewRegressions: answers a review of the drop-in found different
+// from plain go-redis, each compared with it.
+func TestReviewRegressions(t *testing.T) {
+	ctx := context.Background()
+	p := newPool(t)
+	a, b := newClient(t, p, Config{}), newClient(t, p, Config{})
+	direct := plain(t)
+	same := func(t *testing.T, what string, got, want redis.Cmder) {
+		t.Helper()
+		if g, w := answer(got), answer(want); g != w {
+			t.Errorf("%s: %s, plain go-redis: %s", what, g, w)
+		}
+	}
+	t.Run("argument types", func(t *testing.T) {
+		direct.Del(ctx, "rr:s")
+		direct.SAdd(ctx, "rr:s", "1")
+		marker(t, a, direct)
+		for _, arg := range []any{uint64(1), uint64(2), uint32(2), int32(2), float32(2), true, 2.5} {
+			for range 2 {
+				same(t, fmt.Sprintf("SISMEMBER %T(%v)", arg, arg), a.SIsMember(ctx, "rr:s", arg), direct.SIsMember(ctx, "rr:s", arg))
+			}
+		}
+	})
+	t.Run("a flushing write is seen by the other clients of the pool", func(t *testing.T) {
+		for i := range 50 {
+			direct.Set(ctx, "rr:f", i, 0)
+			marker(t, b, direct)
+			b.Get(ctx, "rr:f")
+			a.FlushDB(ctx)
+			same(t, "GET after FLUSHDB", b.Get(ctx, "rr:f"), direct.Get(ctx, "rr:f"))
+		}
+	})
+	t.Run("MULTI and EXEC one command at a time on a Conn", func(t *testing.T) {
+		conn := a.Conn()
+		defer conn.Close()
+		for i := range 100 {
+			direct.Set(ctx, "rr:m", "old", 0)
+			marker(t, a, direct)
+			a.Get(ctx, "rr:m")
+			conn.Do(ctx, "multi")
+			conn.Set(ctx, "rr:m", i, 0)
+			a.Get(ctx, "rr:m") // before EXEC: the old value, rightly, and cached again
+			conn.Do(ctx, "exec")
+			same(t, "GET after EXEC", a.Get(ctx, "rr:m"), direct.Get(ctx, "rr:m"))
+		}
+	})
+	t.Run("PFCOUNT rewrites its key", func(t *testing.T) {
+		for i := range 100 {
+			direct.Del(ctx, "rr:hll")
+			direct.PFAdd(ctx, "rr:hll", "a", i)
+			marker(t, a, direct)
+			a.Get(ctx, "rr:hll")
+			a.PFCount(ctx, "rr:hll")
+			same(t, "GET after PFCOUNT", a.Get(ctx, "rr:hll"), direct.Get(ctx, "rr:hll"))
+		}
+	})
+	t.Run("a cancelled context", func(t *testing.T) {
+		direct.Set(ctx, "rr:c", "v", 0)
+		marker(t, a, direct)
+		a.Get(ctx, "rr:c")
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		same(t, "GET with a cancelled context", a.Get(cctx, "rr:c"), direct.Get(cctx, "rr:c"))
+		cmds, err := a.Pipelined(cctx, func(p redis.Pipeliner) error { p.Get(cctx, "rr:c"); return nil })
+		pcmds, perr := direct.Pipelined(cctx, func(p redis.Pipeliner) error { p.Get(cctx, "rr:c"); return nil })
+		if g, w := pipelineAnswer(cmds, err), pipelineAnswer(pcmds, perr); g != w {
+			t.Errorf("pipeline with a cancelled context: %s, plain go-redis: %s", g, w)
+		}
+	})
+	t.Run("writes into another database", func(t *testing.T) {
+		db1 := NewClient(&redis.Options{Addr: redisAddr, DB: 1}, Config{Pool: p})
+		defer db1.Close()
+		direct1 := redis.NewClient(&redis.Options{Addr: redisAddr, DB: 1})
+		defer direct1.Close()
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := db1.WaitTracking(wctx); err != nil {
+			t.Fatal(err)
+		}
+		conn := a.Conn()
+		defer conn.Close()
+		for i := range 30 {
+			direct1.Set(ctx, "rr:x", "old", 0)
+			direct.Set(ctx, "rr:x", i, 0)
+			direct1.Set(ctx, "rr:y", "old", 0)
+			marker(t, db1, direct)
+			db1.Get(ctx, "rr:x")
+			db1.Get(ctx, "rr:y")
+			direct1.Del(ctx, "rr:x")
+			marker(t, db1, direct)
+			db1.Get(ctx, "rr:x") // a cached miss
+			a.Move(ctx, "rr:x", 1)
+			same(t, "GET in db 1 after MOVE", db1.Get(ctx, "rr:x"), direct1.Get(ctx, "rr:x"))
+			conn.Select(ctx, 1)
+			conn.Set(ctx, "rr:y", i, 0)
+			conn.Select(ctx, 0)
+			same(t, "GET in db 1 after SELECT 1, SET on a Conn", db1.Get(ctx, "rr:y"), direct1.Get(ctx, "rr:y"))
+		}
+	})
+	t.Run("nested Watch", func(t *testing.T) {
+		err := a.Watch(ctx, func(tx *redis.Tx) error {
+			return a.Watch(ctx, func(tx2 *redis.Tx) error { return tx2.Get(ctx, "rr:n").Err() }, "rr:n")
+		}, "rr:n")
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestCloseWhileDialling: Close does not wait out the tracker's dial.
+func TestCloseWhileDialling(t *testing.T) {
+	dialing := make(chan struct{}, 1)
+	rdb := NewClient(&redis.Options{Addr: redisAddr, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		select {
+		case dialing <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // a black hole, but one that honours its context
+		return nil, ctx.Err()
+	}}, Config{Pool: newPool(t)})
+	<-dialing
+	done := make(chan struct{})
+	go func() { rdb.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		t.Fatal("Close waited for the tracker's dial")
+	}
+}
+
+// TestHostileServer: what a broken or hostile server sends the tracking
+// connection's reader, or puts in its command table, gives errors, never
+// a crash.
+func TestHostileServer(t *testing.T) {
+	in := strings.Repeat("|0\r\n", 1<<20) + "+OK\r\n"
+	if _, err := readValue(bufio.NewReader(strings.NewReader(in)), 0); err == nil {
+		t.Error("a million attributes were read")
+	}
+	in = "*1000000\r\n" + strings.Repeat("*1000000\r\n", 3)
+	if _, err := readValue(bufio.NewReader(strings.NewReader(in)), 0); err == nil {
+		t.Error("nested huge aggregates were read")
+	}
+	spec := func(kind, idxName string, idx int64) value {
+		return value{kind: '%', items: []value{
+			{kind: '+', str: "begin_search"}, {kind: '%', items: []value{
+				{kind: '+', str: "type"}, {kind: '+', str: kind},
+				{kind: '+', str: "spec"}, {kind: '%', items: []value{{kind: '+', str: idxName}, {kind: ':', num: idx}}},
+			}},
+			{kind: '+', str: "find_keys"}, {kind: '%', items: []value{
+				{kind: '+', str: "type"}, {kind: '+', str: "keynum"},
+				{kind: '+', str: "spec"}, {kind: '%', items: []value{
+					{kind: '+', str: "keynumidx"}, {kind: ':', num: -5}, {kind: '+', str: "firstkey"}, {kind: ':', num: -1}}},
+			}},
+		}}
+	}
+	cmd := value{kind: '*', items: []value{
+		{kind: '$', str: "evil"}, {kind: ':', num: -2}, {kind: '~', items: []value{{kind: '+', str: "write"}}},
+		{kind: ':', num: -1}, {kind: ':', num: -7}, {kind: ':', num: -3},
+		{kind: '~'}, {kind: '~'}, {kind: '*', items: []value{spec("index", "index", -1), spec("index", "index", 1)}},
+	}}
+	tbl := parseCommandTable(value{kind: '*', items: []value{cmd}})
+	for _, args := range [][]any{{"evil"}, {"evil", "a"}, {"evil", "a", "b", "c"}} {
+		if _, all := tbl.writtenKeys(args); !all {
+			t.Errorf("%v: a write whose keys cannot be told must flush", args)
+		}
+	}
 }

@@ -122,6 +122,9 @@ func runModel(ctx context.Context, rdb *Client, prefix string, seed uint64, ops 
 				i, desc, got, want, strings.Join(last, "; "))
 		}
 	}
+	if st := rdb.Stats(); st.Hits == 0 || st.Fills == 0 {
+		return fmt.Errorf("the near cache served nothing: %+v", st)
+	}
 	return nil
 }
 
@@ -361,6 +364,7 @@ func TestSharedKeysLinearizable(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var history []event
+	var failures []string
 	var wg sync.WaitGroup
 	run := func(id int, c redis.Cmdable, isRemote bool) {
 		r := rand.New(rand.NewPCG(seed, uint64(id)))
@@ -368,23 +372,30 @@ func TestSharedKeysLinearizable(t *testing.T) {
 			k := r.IntN(keys)
 			key := "lin:" + strconv.Itoa(k)
 			ev := event{key: k, remote: isRemote, start: time.Since(base)}
+			var err error
 			x := r.IntN(100)
 			switch {
 			case isRemote || x < 20:
 				ev.write = true
 				if r.IntN(5) == 0 {
-					c.Del(ctx, key)
+					err = c.Del(ctx, key).Err()
 				} else {
 					ev.val = fmt.Sprintf("c%d-%d", id, i)
-					c.Set(ctx, key, ev.val, 0)
+					err = c.Set(ctx, key, ev.val, 0).Err()
 				}
 			case x < 30:
 				cmds, _ := c.Pipelined(ctx, func(p redis.Pipeliner) error { p.Get(ctx, key); return nil })
-				ev.val = cmds[0].(*redis.StringCmd).Val()
+				ev.val, err = cmds[0].(*redis.StringCmd).Result()
 			default:
-				ev.val = c.Get(ctx, key).Val()
+				ev.val, err = c.Get(ctx, key).Result()
 			}
 			ev.end = time.Since(base)
+			if err != nil && !errors.Is(err, redis.Nil) {
+				mu.Lock()
+				failures = append(failures, fmt.Sprintf("client %d: %v", id, err))
+				mu.Unlock()
+				return
+			}
 			mu.Lock()
 			history = append(history, ev)
 			mu.Unlock()
@@ -398,6 +409,9 @@ func TestSharedKeysLinearizable(t *testing.T) {
 	}
 	wg.Go(func() { run(9, remote, true) })
 	wg.Wait()
+	if len(failures) > 0 {
+		t.Fatalf("commands failed: %v", failures)
+	}
 	// Per key: writes by start (the initial absence first); for each, the
 	// earliest moment a write begun after it ended became visible to every
 	// read (after it, the write cannot be current any more).
@@ -449,8 +463,14 @@ func TestSharedKeysLinearizable(t *testing.T) {
 		}
 		if !ok {
 			if bad++; bad <= 5 {
-				t.Errorf("seed %d: a read of lin:%d during [%v, %v] returned %q, which no write could have left there then",
-					seed, rd.key, rd.start, rd.end, rd.val)
+				var near []string
+				for _, e := range history {
+					if e.write && e.key == rd.key && e.end > rd.start-maxStale-5*time.Millisecond && e.start < rd.end+time.Millisecond {
+						near = append(near, fmt.Sprintf("%q [%v, %v] remote=%v", e.val, e.start, e.end, e.remote))
+					}
+				}
+				t.Errorf("seed %d: a read of lin:%d during [%v, %v] returned %q, which no write could have left there then; writes around it:\n  %s",
+					seed, rd.key, rd.start, rd.end, rd.val, strings.Join(near, "\n  "))
 			}
 		}
 	}

@@ -8,14 +8,31 @@ import (
 )
 
 // A RESP3 reader for the tracking connection: it needs replies to HELLO,
-// CLIENT and PING, and "invalidate" pushes. Lengths are bounded, so a
-// hostile or broken server cannot make it allocate without limit.
+// CLIENT, COMMAND and PING, and "invalidate" pushes. Each top-level value
+// has a budget of items and bytes, so a hostile or broken server cannot
+// make it allocate without limit, and nesting (attributes included) is
+// bounded, so it cannot exhaust the stack.
 
 const (
 	maxBulk  = 64 << 20
-	maxItems = 1 << 20
+	maxItems = 1 << 20 // in one value, nested ones included
+	maxBytes = 64 << 20
 	maxDepth = 8
 )
+
+// budget is what is left for one top-level value.
+type budget struct{ items, bytes int }
+
+var errTooBig = fmt.Errorf("%w: a value beyond %d items or %d bytes", errProtocol, maxItems, maxBytes)
+
+func (b *budget) take(items, bytes int) error {
+	b.items -= items
+	b.bytes -= bytes
+	if b.items < 0 || b.bytes < 0 {
+		return errTooBig
+	}
+	return nil
+}
 
 // value is a parsed RESP3 value.
 type value struct {
@@ -52,12 +69,21 @@ func readLine(r *bufio.Reader) (string, error) {
 	return string(line[:len(line)-2]), nil
 }
 
+// readValue reads one top-level value.
 func readValue(r *bufio.Reader, depth int) (value, error) {
+	b := budget{items: maxItems, bytes: maxBytes}
+	return readNested(r, depth, &b)
+}
+
+func readNested(r *bufio.Reader, depth int, b *budget) (value, error) {
 	if depth > maxDepth {
 		return value{}, fmt.Errorf("%w: nested deeper than %d", errProtocol, maxDepth)
 	}
 	line, err := readLine(r)
 	if err != nil {
+		return value{}, err
+	}
+	if err := b.take(1, len(line)+64); err != nil { // a value's own size, roughly
 		return value{}, err
 	}
 	if line == "" {
@@ -82,14 +108,17 @@ func readValue(r *bufio.Reader, depth int) (value, error) {
 		if n < 0 {
 			return v, nil
 		}
-		b := make([]byte, n+2)
-		if _, err := readFull(r, b); err != nil {
+		if err := b.take(0, int(n)); err != nil {
 			return value{}, err
 		}
-		if b[n] != '\r' || b[n+1] != '\n' {
+		buf := make([]byte, n+2)
+		if _, err := readFull(r, buf); err != nil {
+			return value{}, err
+		}
+		if buf[n] != '\r' || buf[n+1] != '\n' {
 			return value{}, fmt.Errorf("%w: bulk string without CRLF", errProtocol)
 		}
-		v.str = string(b[:n])
+		v.str = string(buf[:n])
 	case '*', '~', '>', '%', '|':
 		n, err := strconv.ParseInt(rest, 10, 64)
 		if err != nil || n < -1 || n > maxItems {
@@ -99,16 +128,20 @@ func readValue(r *bufio.Reader, depth int) (value, error) {
 		if v.kind == '%' || v.kind == '|' {
 			n *= 2
 		}
+		if err := b.take(int(max(n, 0)), 0); err != nil {
+			return value{}, err
+		}
 		for range max(n, 0) {
-			item, err := readValue(r, depth+1)
+			item, err := readNested(r, depth+1, b)
 			if err != nil {
 				return value{}, err
 			}
 			v.items = append(v.items, item)
 		}
 		if v.kind == '|' {
-			// Attributes come before the value they describe.
-			return readValue(r, depth)
+			// Attributes come before the value they describe; a run of
+			// them counts against the budget, not the stack.
+			return readNested(r, depth+1, b)
 		}
 	default:
 		return value{}, fmt.Errorf("%w: type byte %q", errProtocol, v.kind)

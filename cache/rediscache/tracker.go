@@ -41,6 +41,9 @@ type tracker struct {
 	// was sent; every write completed before it has been invalidated.
 	certified atomic.Int64
 	base      time.Time
+	kick      chan struct{} // asks for a PING now (Sync)
+	certMu    sync.Mutex
+	certCh    chan struct{} // closed at each certification
 	maxStale  time.Duration
 
 	invalidations, flushes atomic.Uint64
@@ -50,10 +53,15 @@ type tracker struct {
 	closed bool
 	done   chan struct{}
 	quit   chan struct{}
+	// stopDial cancels a dial in progress when the client closes.
+	stopCtx  context.Context
+	stopDial context.CancelFunc
 }
 
 func startTracker(opt *redis.Options, n *nearCache) *tracker {
+	stopCtx, stopDial := context.WithCancel(context.Background())
 	t := &tracker{opt: opt, n: n, done: make(chan struct{}), quit: make(chan struct{}),
+		stopCtx: stopCtx, stopDial: stopDial, kick: make(chan struct{}, 1), certCh: make(chan struct{}),
 		base: time.Now(), maxStale: n.maxStale}
 	go t.run()
 	return t
@@ -67,6 +75,7 @@ func (t *tracker) stop() {
 	}
 	t.closed = true
 	close(t.quit)
+	t.stopDial()
 	if t.conn != nil {
 		t.conn.Close()
 	}
@@ -141,7 +150,7 @@ func (t *tracker) addr() string {
 
 // session runs one tracking connection until it fails.
 func (t *tracker) session() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(t.stopCtx, 5*time.Second)
 	c, err := t.dial(ctx)
 	cancel()
 	if err != nil {
@@ -210,8 +219,8 @@ func (t *tracker) session() error {
 	t.n.flush()
 	t.flushes.Add(1)
 	t.epoch.Add(1)
-	t.certified.Store(certified)
 	t.up.Store(true)
+	t.certify(certified)
 	return t.listen(c, r, w)
 }
 
@@ -261,9 +270,11 @@ func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
 				return err
 			}
 			if sent >= 0 {
-				t.certified.Store(sent)
+				t.certify(sent)
 				sent = -1
 			}
+		case <-t.kick:
+			nextPing = 0
 		case <-timer.C:
 		}
 		now := t.since()
@@ -282,6 +293,40 @@ func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
 			wait = time.Duration(sent + int64(deadAfter) - now)
 		}
 		timer.Reset(max(wait, 0)) // Go 1.23 timers: no stale tick survives a Reset
+	}
+}
+
+// certify records that every write completed before at has been applied.
+func (t *tracker) certify(at int64) {
+	t.certified.Store(at)
+	t.certMu.Lock()
+	close(t.certCh)
+	t.certCh = make(chan struct{})
+	t.certMu.Unlock()
+}
+
+// sync waits until every write completed before it was called has been
+// applied to the pool.
+func (t *tracker) sync(ctx context.Context) error {
+	since := t.since()
+	for {
+		t.certMu.Lock()
+		ch := t.certCh
+		t.certMu.Unlock()
+		if t.certified.Load() > since && t.up.Load() {
+			return nil
+		}
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.quit:
+			return net.ErrClosed
+		}
 	}
 }
 
