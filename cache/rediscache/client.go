@@ -68,6 +68,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -194,6 +195,18 @@ func (c *Client) Stats() Stats {
 	return Stats{Hits: n.hits.load(), Misses: n.misses.load(), Fills: n.fills.Load(), Bypassed: n.bypassed.Load(),
 		Unconfirmed: n.unconfirmed.Load(), Forgotten: n.forgotten.Load(),
 		Invalidations: n.t.invalidations.Load(), Flushes: n.t.flushes.Load(), Tracking: n.t.up.Load()}
+}
+
+// FlushNearCache drops the near cache for this client's server and
+// database, for every process sharing the pool (one pool write). Needed
+// only after a change Redis does not announce to tracking clients: a
+// SWAPDB made by a client that is not a drop-in on this host.
+func (c *Client) FlushNearCache() error {
+	if _, err := c.nc.pool.Set(c.nc.nsKeyB, nil, cache.SetOptions{}); err != nil {
+		c.nc.poisoned.Store(true)
+		return fmt.Errorf("rediscache: flush the near cache: %w", err)
+	}
+	return nil
 }
 
 // Sync waits until the near cache has applied every invalidation for

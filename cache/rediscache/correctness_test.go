@@ -622,6 +622,22 @@ func TestReviewRegressions(t *testing.T) {
 			same(t, "GET in db 1 after SELECT 1, SET on a Conn", db1.Get(ctx, "rr:y"), direct1.Get(ctx, "rr:y"))
 		}
 	})
+	t.Run("SWAPDB", func(t *testing.T) {
+		direct5 := redis.NewClient(&redis.Options{Addr: redisAddr, DB: 5})
+		defer direct5.Close()
+		direct.Set(ctx, "rr:sw", "db0", 0)
+		direct5.Set(ctx, "rr:sw", "db5", 0)
+		marker(t, a, direct)
+		a.Get(ctx, "rr:sw")
+		a.Do(ctx, "swapdb", 0, 5) // through a drop-in: forgotten
+		same(t, "GET after SWAPDB through the drop-in", a.Get(ctx, "rr:sw"), direct.Get(ctx, "rr:sw"))
+		a.Get(ctx, "rr:sw")
+		direct.Do(ctx, "swapdb", 0, 5) // behind its back: Redis says nothing
+		if err := a.FlushNearCache(); err != nil {
+			t.Fatal(err)
+		}
+		same(t, "GET after SWAPDB and FlushNearCache", a.Get(ctx, "rr:sw"), direct.Get(ctx, "rr:sw"))
+	})
 	t.Run("nested Watch", func(t *testing.T) {
 		err := a.Watch(ctx, func(tx *redis.Tx) error {
 			return a.Watch(ctx, func(tx2 *redis.Tx) error { return tx2.Get(ctx, "rr:n").Err() }, "rr:n")
