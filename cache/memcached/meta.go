@@ -61,12 +61,10 @@ func preparse(f [][]byte, start int) (metaFlags, string) {
 		arg := t[1:]
 		switch o {
 		case 'b':
-			d := make([]byte, base64.StdEncoding.DecodedLen(len(f[1])))
-			n, err := base64.StdEncoding.Decode(d, f[1])
-			if err != nil || n == 0 {
+			m.key = base64Decode(f[1])
+			if len(m.key) == 0 {
 				fail("CLIENT_ERROR error decoding key")
 			}
-			m.key = d[:n]
 		case 'N', 'T', 'R':
 			v, ok := safeStrtol(arg)
 			if !ok {
@@ -121,6 +119,65 @@ func preparse(f [][]byte, start int) (metaFlags, string) {
 	return m, errstr
 }
 
+// base64Decode is memcached's base64_decode: bytes outside the alphabet
+// are skipped, the others must come in groups of four, and padding ends
+// the input. It returns nil where memcached's returns 0.
+func base64Decode(src []byte) []byte {
+	const invalid = 0x80
+	val := func(c byte) byte {
+		switch {
+		case c >= 'A' && c <= 'Z':
+			return c - 'A'
+		case c >= 'a' && c <= 'z':
+			return c - 'a' + 26
+		case c >= '0' && c <= '9':
+			return c - '0' + 52
+		case c == '+':
+			return 62
+		case c == '/':
+			return 63
+		case c == '=':
+			return 0
+		}
+		return invalid
+	}
+	count := 0
+	for _, c := range src {
+		if val(c) != invalid {
+			count++
+		}
+	}
+	if count == 0 || count%4 != 0 {
+		return nil
+	}
+	out := make([]byte, 0, count/4*3)
+	var block [4]byte
+	n, pad := 0, 0
+	for _, c := range src {
+		v := val(c)
+		if v == invalid {
+			continue
+		}
+		if c == '=' {
+			pad++
+		}
+		block[n] = v
+		n++
+		if n < 4 {
+			continue
+		}
+		out = append(out, block[0]<<2|block[1]>>4, block[1]<<4|block[2]>>2, block[2]<<6|block[3])
+		n = 0
+		if pad > 0 {
+			if pad > 2 {
+				return nil
+			}
+			return out[:len(out)-pad]
+		}
+	}
+	return out
+}
+
 // metaPrelude runs the checks every meta command starts with; it answers
 // the client itself and returns false when they fail.
 func (cn *conn) metaPrelude(f [][]byte, tooMany string) bool {
@@ -158,11 +215,23 @@ func (cn *conn) writeEcho(t []byte, m *metaFlags, f [][]byte) {
 		cn.w.Write(t)
 	case 'k':
 		cn.w.WriteString(" k")
-		cn.w.Write(f[1])
 		if m.has['b'] {
+			// The decoded key, encoded again (memcached's decoding skips
+			// what is not base64, so this may differ from the request).
+			cn.w.WriteString(base64.StdEncoding.EncodeToString(m.key))
 			cn.w.WriteString(" b")
+		} else {
+			cn.w.Write(f[1])
 		}
 	}
+}
+
+// expiry is when an entry given exptime now expires (zero: never).
+func expiry(exptime int32) time.Time {
+	if ttl := ttlOf(exptime); ttl > 0 {
+		return time.Now().Add(ttl)
+	}
+	return time.Time{}
 }
 
 // ttlFlag is the meta "t" return flag: seconds left, -1 for no expiry.
@@ -212,9 +281,6 @@ func (cn *conn) metaGet(f [][]byte) {
 	if m.newTTL {
 		st.touchHits.Add(1)
 		p.Touch(key, ttlOf(m.exptime))
-		if _, in2, err := p.Get(key, nil); err == nil {
-			in.Expires = in2.Expires
-		}
 	} else {
 		st.getHits.Add(1)
 	}
@@ -234,6 +300,10 @@ func (cn *conn) metaGet(f [][]byte) {
 			cn.w.WriteString(" s" + strconv.Itoa(len(v)))
 		case 't':
 			cn.w.WriteString(ttlFlag(in))
+		case 'T':
+			// memcached sets the new TTL where T stands: a t before it
+			// shows the old one.
+			in.Expires = expiry(m.exptime)
 		default:
 			cn.writeEcho(t, &m, f)
 		}
@@ -464,12 +534,21 @@ func (cn *conn) metaArith(f [][]byte) {
 	if m.has['c'] || m.has['t'] {
 		_, in, _ = p.Get(key, nil)
 	}
+	if created {
+		in.Expires = time.Time{} // until N, as memcached
+	}
 	for _, t := range m.order {
 		switch t[0] {
 		case 'c':
 			cn.w.WriteString(" c" + strconv.FormatUint(in.Version, 10))
 		case 't':
 			cn.w.WriteString(ttlFlag(in))
+		case 'T':
+			in.Expires = expiry(m.exptime)
+		case 'N':
+			if created {
+				in.Expires = expiry(m.autoviv)
+			}
 		default:
 			cn.writeEcho(t, &m, f)
 		}

@@ -128,7 +128,8 @@ func (s *Server) Close() error {
 type conn struct {
 	s       *Server
 	r       *bufio.Reader
-	w       *bufio.Writer
+	w       *respWriter
+	nreqs   int    // commands memcached runs before it sends answers
 	scratch []byte // a value read or fetched
 	old     []byte // the value an append or incr replaces
 	key     []byte // a storage command's key, while its data is read
@@ -166,7 +167,7 @@ func (s *Server) ServeConn(c net.Conn) {
 	s.st.totalConns.Add(1)
 	defer s.st.currConns.Add(-1)
 	cc := countingConn{Conn: c, st: &s.st}
-	cn := &conn{s: s, r: bufio.NewReaderSize(cc, readBufSize), w: bufio.NewWriterSize(cc, 64<<10)}
+	cn := &conn{s: s, r: bufio.NewReaderSize(cc, readBufSize), w: &respWriter{w: cc}, nreqs: reqsPerEvent}
 	for {
 		line, err := cn.r.ReadSlice('\n')
 		var quit bool
@@ -182,17 +183,105 @@ func (s *Server) ServeConn(c net.Conn) {
 			cn.w.Flush()
 			return
 		}
-		// Answer a pipeline once it is read.
-		if cn.r.Buffered() == 0 || quit {
+		cn.commandDone()
+		// Answer a pipeline once it is read: when no whole line is left,
+		// as memcached, which then waits for more.
+		if quit || !cn.lineBuffered() {
 			if cn.w.Flush() != nil {
 				return
 			}
+			cn.nreqs = reqsPerEvent
 		}
 		if quit {
 			return
 		}
 	}
 }
+
+// reqsPerEvent is memcached's -R (reqs_per_event, default 20): it sends
+// the answers it has after that many commands, even when more are
+// buffered.
+const reqsPerEvent = 20
+
+// commandDone counts a command as memcached counts its requests: after
+// 20 in a row (21 on a new connection) the answers so far are sent, which
+// a later get with a bad key can no longer take back.
+func (cn *conn) commandDone() {
+	cn.nreqs--
+	if cn.nreqs < 0 {
+		cn.w.sent()
+		cn.nreqs = reqsPerEvent - 1
+	}
+}
+
+// lineBuffered says whether a whole line is already read.
+func (cn *conn) lineBuffered() bool {
+	b, _ := cn.r.Peek(cn.r.Buffered())
+	return indexByte(b, '\n') >= 0
+}
+
+// respWriter holds answers until they are sent, as memcached's response
+// queue: memcached sends what it has after a get, after mn, after 20
+// commands and when it waits for input; a get with a key over 250 bytes
+// drops the answers queued since, its own included (cull).
+type respWriter struct {
+	w    io.Writer
+	buf  []byte
+	kept int // buf[:kept] memcached has sent: never culled
+	err  error
+}
+
+// respBufSize bounds what is held: past it, answers go out (and can no
+// longer be culled).
+const respBufSize = 64 << 10
+
+func (rw *respWriter) Write(p []byte) (int, error) {
+	if len(rw.buf)+len(p) > respBufSize {
+		rw.Flush()
+		if len(p) > respBufSize {
+			if rw.err == nil {
+				_, rw.err = rw.w.Write(p)
+			}
+			return len(p), nil
+		}
+	}
+	rw.buf = append(rw.buf, p...)
+	return len(p), nil
+}
+
+func (rw *respWriter) WriteString(s string) (int, error) {
+	if len(rw.buf)+len(s) > respBufSize {
+		return rw.Write([]byte(s))
+	}
+	rw.buf = append(rw.buf, s...)
+	return len(s), nil
+}
+
+func (rw *respWriter) WriteByte(c byte) error {
+	if len(rw.buf)+1 > respBufSize {
+		rw.Flush()
+	}
+	rw.buf = append(rw.buf, c)
+	return nil
+}
+
+// Flush writes what is held.
+func (rw *respWriter) Flush() error {
+	if len(rw.buf) > 0 && rw.err == nil {
+		_, rw.err = rw.w.Write(rw.buf)
+	}
+	if cap(rw.buf) > respBufSize {
+		rw.buf = nil
+	}
+	rw.buf, rw.kept = rw.buf[:0], 0
+	return rw.err
+}
+
+// sent marks what is held as sent by memcached.
+func (rw *respWriter) sent() { rw.kept = len(rw.buf) }
+
+// cull drops the answers held since memcached last sent.
+func (rw *respWriter) cull() { rw.buf = rw.buf[:rw.kept] }
 
 // longGet reports whether the start of a line that did not end within
 // the read buffer lets memcached go on reading it: a get or gets after
@@ -260,6 +349,7 @@ func (cn *conn) command(line []byte) bool {
 			cn.metaDelete(tokens)
 		case 'n':
 			cn.out("MN")
+			cn.w.sent()
 		case 'a':
 			cn.metaArith(tokens)
 		default:
@@ -367,10 +457,12 @@ func (cn *conn) retrieve(args [][]byte, rest []byte, withCAS, touch bool) {
 		return true
 	})
 	if bad >= 0 {
+		cn.w.cull()
 		cn.out(errBadFormat)
 		return
 	}
 	cn.w.WriteString("END\r\n")
+	cn.w.sent()
 }
 
 // eachKey calls fn for each key of a get line until it returns false.
@@ -500,6 +592,7 @@ func (cn *conn) streamGet(buf []byte) bool {
 			ks.feed(chunk, true)
 			if !ks.bad {
 				cn.w.WriteString("END\r\n")
+				cn.w.sent()
 			}
 			return false
 		case errors.Is(err, bufio.ErrBufferFull):
@@ -557,6 +650,7 @@ func (ks *keyStream) end() {
 	ks.partial, ks.partialLen = ks.partial[:0], 0
 	if len(k) > maxKey {
 		ks.bad = true
+		ks.cn.w.cull()
 		ks.cn.out(errBadFormat)
 		return
 	}
