@@ -427,7 +427,9 @@ func parsingCases() []string {
 	for _, n := range []string{"4294967297", "-4294967295", "+1", "1\t", "2147483646", "9223372036854775808"} {
 		cs = append(cs, "set vl 0 0 "+n+"\r\nx\r\nget vl\r\n")
 	}
-	for _, e := range []string{"4294967296", "4294967295", "-1", "+0", "x", "2592000", "1"} {
+	// Not a TTL of a few seconds: memcached's clock ticks once a second,
+	// so such an item may be gone at once.
+	for _, e := range []string{"4294967296", "4294967295", "-1", "+0", "x", "2592000", "100000", "-2147483649"} {
 		cs = append(cs, "set ex 0 "+e+" 1\r\nx\r\nget ex\r\n")
 	}
 	cs = append(cs,
