@@ -174,7 +174,7 @@ func (s *Server) ServeConn(c net.Conn) {
 		switch {
 		case err == nil:
 			quit = cn.command(trimEOL(line))
-		case errors.Is(err, bufio.ErrBufferFull) && longGet(line):
+		case errors.Is(err, bufio.ErrBufferFull) && isLongGet(line):
 			quit = cn.longGet(line)
 		default:
 			// The connection ended, or a line other than a get did not
@@ -283,10 +283,10 @@ func (rw *respWriter) sent() { rw.kept = len(rw.buf) }
 // cull drops the answers held since memcached last sent.
 func (rw *respWriter) cull() { rw.buf = rw.buf[:rw.kept] }
 
-// longGet reports whether the start of a line that did not end within
+// isLongGet reports whether the start of a line that did not end within
 // the read buffer lets memcached go on reading it: a get or gets after
 // at most 100 spaces.
-func longGet(line []byte) bool {
+func isLongGet(line []byte) bool {
 	i := 0
 	for i < len(line) && line[i] == ' ' {
 		i++
