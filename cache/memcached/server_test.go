@@ -525,6 +525,10 @@ func FuzzServer(f *testing.F) {
 		"get a\r\n", "set a 0 0 1\r\nx\r\n", "set a 0 0 99999999999\r\n", "ms k 3 T-1 MS C1\r\nabc\r\n",
 		"mg " + strings.Repeat("a", 300) + " v\r\n", "ma k N0 J1 D2 MD v c t\r\n", "mg a b v\r\n",
 		"cas a 0 0 1 x\r\nx\r\n", "gat x\r\n", "flush_all -1\r\n", "\x00\xff\r\n",
+		"set a 0 0 1 noreply\r\nxyz\r\n", "get " + strings.Repeat("k ", 9000) + "\r\n",
+		"stats\r\nstats settings\r\nstats reset\r\nverbosity 1 noreply\r\n",
+		strings.Repeat("bogus\r\n", 21) + "get " + strings.Repeat("K", 251) + "\r\n",
+		"incr a 18446744073709551616\r\nset n 0 0 3\r\n  5\r\nincr n 1\r\n", "ms a 2 b MZ\r\nhi\r\nmg YQ== b k v t T9\r\n",
 	} {
 		f.Add([]byte(s))
 	}

@@ -179,15 +179,15 @@ class Worker:
         or more: for those, memcached's check for a minus sign reads past
         the value into whatever memory follows, so its next incr answers
         at random (docs/cache.md)."""
-        got = outcome(lambda: self.real.get(key))
-        self.check(("get after incr/decr", key), got, outcome(lambda: self.ours.get(key)))
-        if got[0] != "ok" or got[1] is None:
+        got, ours = outcome(lambda: self.real.get(key)), outcome(lambda: self.ours.get(key))
+        self.check(("get after incr/decr", key), got, ours)
+        if got[0] != "ok" or got[1] is None or ours[1] is None:
             return
         flags, v = got[1]
         n = v.strip()
         if n.isdigit() and int(n) >= 2 ** 63:
             self.both(("delete a large number", key), lambda c: c.delete(key, noreply=False))
-        elif n.isdigit() and n != v:
+        elif n.isdigit() and (n != v or n != ours[1][1]):
             # The padding of a shorter result is memcached's choice of the
             # moment (see numbers_unpadded): store it bare on both, so
             # that what is appended to it later compares.
