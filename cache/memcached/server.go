@@ -2,34 +2,44 @@
 // meta commands included (mg, ms, md, ma, mn), so any memcached client can
 // use the shared pool over TCP or a unix socket.
 //
-// Classic commands: get, gets, gat, gats, set, add, replace, append,
+// Classic commands: get, gets, gat, gats, bget, set, add, replace, append,
 // prepend, cas, delete, incr, decr, touch, flush_all, version, verbosity,
-// stats, quit. Errors follow memcached 1.6: ERROR for an unknown command,
-// CLIENT_ERROR for a malformed line, key or data chunk (the connection
-// goes on wherever the protocol lets it find the next command), and
-// SERVER_ERROR object too large for cache for a value beyond the pool's
-// limit (its data is read and dropped).
+// stats (general, settings, sizes, reset), quit. Lines are read and
+// answered as memcached 1.6 reads and answers them, odd input included:
+// its tokenizer, its number parsing (C's strtol family), its noreply
+// rules, its 1 MiB item size limit counted as memcached counts it, and its
+// handling of long lines (a get may be as long as the client likes; any
+// other line that does not end within 16 KiB closes the connection).
+// docs/cache.md lists the few deliberate differences.
 package memcached
 
 import (
 	"bufio"
-	"bytes"
-	"encoding/base64"
 	"errors"
-	"fmt"
 	"io"
 	"net"
-	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ubkit-io/ubkit/cache"
 )
 
-// Limits, as memcached's.
+// Limits, as memcached 1.6's defaults.
 const (
-	maxKey  = 250
-	maxLine = 2048
+	maxKey = 250
+	// readBufSize is memcached's read buffer (READ_BUFFER_SIZE): a line
+	// that does not end within it closes the connection, unless it is a
+	// get or gets.
+	readBufSize = 16 << 10
+	// maxLeadingSpaces before a long get: more, and memcached closes.
+	maxLeadingSpaces = 100
+	// maxGetLine bounds the bytes of a get line held at once. A longer
+	// one has its keys answered as they arrive (streamed), so a client
+	// cannot make a connection hold more than this (as much as one
+	// value of the item size limit) however long its line.
+	maxGetLine   = 1 << 20
+	maxVerbosity = 2
 )
 
 // Version is what the version command answers.
@@ -39,12 +49,16 @@ const Version = "1.6.18-ubkit"
 type Server struct {
 	Pool *cache.Pool
 
-	mu     sync.Mutex
-	ls     map[net.Listener]struct{}
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
-	start  time.Time
+	mu         sync.Mutex
+	ls         map[net.Listener]struct{}
+	conns      map[net.Conn]struct{}
+	closed     bool
+	wg         sync.WaitGroup
+	start      time.Time
+	flushTimer *time.Timer // a flush_all with a delay; a later one replaces it
+
+	verbosity atomic.Uint32
+	st        counters
 }
 
 // NewServer returns a server for p.
@@ -102,6 +116,9 @@ func (s *Server) Close() error {
 	for c := range s.conns {
 		c.Close()
 	}
+	if s.flushTimer != nil {
+		s.flushTimer.Stop()
+	}
 	s.mu.Unlock()
 	s.wg.Wait()
 	return nil
@@ -111,34 +128,69 @@ func (s *Server) Close() error {
 type conn struct {
 	s       *Server
 	r       *bufio.Reader
-	w       *bufio.Writer
-	scratch []byte
-	args    [][]byte
+	w       *respWriter
+	nreqs   int    // commands memcached runs before it sends answers
+	scratch []byte // a value read or fetched
+	old     []byte // the value an append or incr replaces
+	key     []byte // a storage command's key, while its data is read
+	tokens  [][]byte
+	long    []byte // a get line longer than the read buffer
+	// noreply is memcached's per-command flag: set from the line's last
+	// token, it suppresses the answer, errors included (but not errors
+	// that memcached sends with out_errstring).
+	noreply bool
+}
+
+// countingConn counts bytes_read and bytes_written.
+type countingConn struct {
+	net.Conn
+	st *counters
+}
+
+func (c countingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.st.bytesRead.Add(uint64(n))
+	return n, err
+}
+
+func (c countingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.st.bytesWritten.Add(uint64(n))
+	return n, err
 }
 
 // ServeConn speaks the protocol on c until the client quits, the
 // connection fails, or a line cannot be resynchronized.
 func (s *Server) ServeConn(c net.Conn) {
 	defer c.Close()
-	cn := &conn{s: s, r: bufio.NewReaderSize(c, 64<<10), w: bufio.NewWriterSize(c, 64<<10)}
+	s.st.currConns.Add(1)
+	s.st.totalConns.Add(1)
+	defer s.st.currConns.Add(-1)
+	cc := countingConn{Conn: c, st: &s.st}
+	cn := &conn{s: s, r: bufio.NewReaderSize(cc, readBufSize), w: &respWriter{w: cc}, nreqs: reqsPerEvent}
 	for {
 		line, err := cn.r.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) || (err == nil && len(line) > maxLine) {
-			cn.w.WriteString("CLIENT_ERROR line too long\r\n")
+		var quit bool
+		switch {
+		case err == nil:
+			quit = cn.command(trimEOL(line))
+		case errors.Is(err, bufio.ErrBufferFull) && isLongGet(line):
+			quit = cn.longGet(line)
+		default:
+			// The connection ended, or a line other than a get did not
+			// end within the read buffer: memcached closes then. What
+			// was answered before goes out first.
 			cn.w.Flush()
 			return
 		}
-		if err != nil {
-			cn.w.Flush()
-			return
-		}
-		line = bytes.TrimRight(line, "\r\n")
-		quit := cn.command(line)
-		// Answer a pipeline once it is read.
-		if cn.r.Buffered() == 0 || quit {
+		cn.commandDone()
+		// Answer a pipeline once it is read: when no whole line is left,
+		// as memcached, which then waits for more.
+		if quit || !cn.lineBuffered() {
 			if cn.w.Flush() != nil {
 				return
 			}
+			cn.nreqs = reqsPerEvent
 		}
 		if quit {
 			return
@@ -146,152 +198,490 @@ func (s *Server) ServeConn(c net.Conn) {
 	}
 }
 
-func (cn *conn) fields(line []byte) [][]byte {
-	cn.args = cn.args[:0]
-	for len(line) > 0 {
-		i := bytes.IndexByte(line, ' ')
-		if i < 0 {
-			cn.args = append(cn.args, line)
-			break
-		}
-		if i > 0 {
-			cn.args = append(cn.args, line[:i])
-		}
-		line = line[i+1:]
+// reqsPerEvent is memcached's -R (reqs_per_event, default 20): it sends
+// the answers it has after that many commands, even when more are
+// buffered.
+const reqsPerEvent = 20
+
+// commandDone counts a command as memcached counts its requests: after
+// 20 in a row (21 on a new connection) the answers so far are sent, which
+// a later get with a bad key can no longer take back.
+func (cn *conn) commandDone() {
+	cn.nreqs--
+	if cn.nreqs < 0 {
+		cn.w.sent()
+		cn.nreqs = reqsPerEvent - 1
 	}
-	return cn.args
+}
+
+// lineBuffered says whether a whole line is already read.
+func (cn *conn) lineBuffered() bool {
+	b, _ := cn.r.Peek(cn.r.Buffered())
+	return indexByte(b, '\n') >= 0
+}
+
+// respWriter holds answers until they are sent, as memcached's response
+// queue: memcached sends what it has after a get, after mn, after 20
+// commands and when it waits for input; a get with a key over 250 bytes
+// drops the answers queued since, its own included (cull).
+type respWriter struct {
+	w    io.Writer
+	buf  []byte
+	kept int // buf[:kept] memcached has sent: never culled
+	err  error
+}
+
+// respBufSize bounds what is held: past it, answers go out (and can no
+// longer be culled).
+const respBufSize = 64 << 10
+
+func (rw *respWriter) Write(p []byte) (int, error) {
+	if len(rw.buf)+len(p) > respBufSize {
+		rw.Flush()
+		if len(p) > respBufSize {
+			if rw.err == nil {
+				_, rw.err = rw.w.Write(p)
+			}
+			return len(p), nil
+		}
+	}
+	rw.buf = append(rw.buf, p...)
+	return len(p), nil
+}
+
+func (rw *respWriter) WriteString(s string) (int, error) {
+	if len(rw.buf)+len(s) > respBufSize {
+		return rw.Write([]byte(s))
+	}
+	rw.buf = append(rw.buf, s...)
+	return len(s), nil
+}
+
+func (rw *respWriter) WriteByte(c byte) error {
+	if len(rw.buf)+1 > respBufSize {
+		rw.Flush()
+	}
+	rw.buf = append(rw.buf, c)
+	return nil
+}
+
+// Flush writes what is held.
+func (rw *respWriter) Flush() error {
+	if len(rw.buf) > 0 && rw.err == nil {
+		_, rw.err = rw.w.Write(rw.buf)
+	}
+	if cap(rw.buf) > respBufSize {
+		rw.buf = nil
+	}
+	rw.buf, rw.kept = rw.buf[:0], 0
+	return rw.err
+}
+
+// sent marks what is held as sent by memcached.
+func (rw *respWriter) sent() { rw.kept = len(rw.buf) }
+
+// cull drops the answers held since memcached last sent.
+func (rw *respWriter) cull() { rw.buf = rw.buf[:rw.kept] }
+
+// isLongGet reports whether the start of a line that did not end within
+// the read buffer lets memcached go on reading it: a get or gets after
+// at most 100 spaces.
+func isLongGet(line []byte) bool {
+	i := 0
+	for i < len(line) && line[i] == ' ' {
+		i++
+	}
+	if i > maxLeadingSpaces {
+		return false
+	}
+	rest := string(line[i:min(len(line), i+5)])
+	return rest == "gets " || rest[:min(len(rest), 4)] == "get "
+}
+
+// out writes one answer line unless the command is noreply
+// (memcached's out_string).
+func (cn *conn) out(s string) {
+	if cn.noreply {
+		return
+	}
+	cn.w.WriteString(s)
+	cn.w.WriteString("\r\n")
+}
+
+// outErr writes an answer line whatever noreply says (memcached's
+// out_errstring).
+func (cn *conn) outErr(s string) {
+	cn.noreply = false
+	cn.out(s)
+}
+
+const errBadFormat = "CLIENT_ERROR bad command line format"
+
+// setNoreply is memcached's set_noreply_maybe: the last token of the line
+// (of the first 23) decides.
+func (cn *conn) setNoreply(tokens [][]byte) bool {
+	if len(tokens) > 0 && string(tokens[len(tokens)-1]) == "noreply" {
+		cn.noreply = true
+	}
+	return cn.noreply
 }
 
 // command runs one line; it reports whether the connection should end.
+// Its dispatch is memcached's process_command_ascii: the same token
+// counts give ERROR, in the same order.
 func (cn *conn) command(line []byte) bool {
-	f := cn.fields(line)
-	if len(f) == 0 {
-		cn.w.WriteString("ERROR\r\n")
+	cn.noreply = false
+	tokens, rest := tokenize(line, cn.tokens)
+	cn.tokens = tokens
+	ntokens := len(tokens) + 1 // memcached counts a terminal token
+	if ntokens < 2 || len(tokens[0]) < 2 {
+		cn.out("ERROR")
 		return false
 	}
-	switch string(f[0]) {
-	case "get", "gets":
-		cn.retrieve(f[1:], string(f[0]) == "gets", false, 0)
-	case "gat", "gats":
-		if len(f) < 3 {
-			cn.w.WriteString("ERROR\r\n")
+	cmd := tokens[0]
+	if cmd[0] == 'm' && len(cmd) == 2 {
+		switch cmd[1] {
+		case 'g':
+			cn.metaGet(tokens)
+		case 's':
+			return cn.metaSet(tokens)
+		case 'd':
+			cn.metaDelete(tokens)
+		case 'n':
+			cn.out("MN")
+			cn.w.sent()
+		case 'a':
+			cn.metaArith(tokens)
+		default:
+			cn.out("ERROR")
+		}
+		return false
+	}
+	wantOr := func(a, b int) bool {
+		if ntokens != a && ntokens != b {
+			cn.out("ERROR")
 			return false
 		}
-		ttl, ok := exptime(f[1])
-		if !ok {
-			cn.clientError("invalid exptime argument")
+		return true
+	}
+	switch string(cmd) {
+	case "get", "gets", "gat", "gats", "bget":
+		if ntokens < 3 {
+			cn.out("ERROR")
 			return false
 		}
-		cn.retrieve(f[2:], string(f[0]) == "gats", true, ttl)
-	case "set", "add", "replace", "append", "prepend", "cas":
-		return cn.store(f)
-	case "delete":
-		cn.delete(f)
+		name := string(cmd)
+		cn.retrieve(tokens[1:], rest, name == "gets" || name == "gats", name == "gat" || name == "gats")
+	case "set", "add", "replace", "append", "prepend":
+		if wantOr(6, 7) {
+			return cn.store(string(cmd), tokens)
+		}
+	case "cas":
+		if wantOr(7, 8) {
+			return cn.store("cas", tokens)
+		}
 	case "incr", "decr":
-		cn.arith(f)
+		if wantOr(4, 5) {
+			cn.arith(tokens, string(cmd) == "incr")
+		}
+	case "delete":
+		if ntokens < 3 || ntokens > 5 {
+			cn.out("ERROR")
+			return false
+		}
+		cn.delete(tokens)
 	case "touch":
-		cn.touch(f)
+		if wantOr(4, 5) {
+			cn.touch(tokens)
+		}
 	case "flush_all":
-		cn.flush(f)
+		if ntokens < 2 || ntokens > 4 {
+			cn.out("ERROR")
+			return false
+		}
+		cn.flush(tokens)
 	case "version":
-		cn.w.WriteString("VERSION " + Version + "\r\n")
+		cn.out("VERSION " + Version)
 	case "verbosity":
-		if !noreply(f) {
-			cn.w.WriteString("OK\r\n")
+		if wantOr(3, 4) {
+			cn.verbosity(tokens)
 		}
 	case "stats":
-		cn.stats()
+		cn.stats(tokens)
 	case "quit":
 		return true
-	case "mn":
-		cn.w.WriteString("MN\r\n")
-	case "mg":
-		cn.metaGet(f)
-	case "ms":
-		return cn.metaSet(f)
-	case "md":
-		cn.metaDelete(f)
-	case "ma":
-		cn.metaArith(f)
 	default:
-		cn.w.WriteString("ERROR\r\n")
+		// memcached drops a client that speaks HTTP to it.
+		if last := tokens[len(tokens)-1]; len(last) >= 5 && string(last[:5]) == "HTTP/" {
+			return true
+		}
+		cn.out("ERROR")
 	}
 	return false
 }
 
-func (cn *conn) clientError(msg string) { cn.w.WriteString("CLIENT_ERROR " + msg + "\r\n") }
-
-func noreply(f [][]byte) bool { return len(f) > 0 && string(f[len(f)-1]) == "noreply" }
-
-func validKey(k []byte) bool {
-	if len(k) == 0 || len(k) > maxKey {
-		return false
+// retrieve runs get, gets, gat and gats: keys are the tokens after the
+// command (for gat, after the exptime), then rest, the line past the
+// tokenizer's 23 tokens.
+func (cn *conn) retrieve(args [][]byte, rest []byte, withCAS, touch bool) {
+	var ttl time.Duration
+	if touch {
+		exp, ok := safeStrtol(args[0])
+		if !ok {
+			cn.out("CLIENT_ERROR invalid exptime argument")
+			return
+		}
+		ttl = cache.ExpTime(int64(exp))
+		args = args[1:]
 	}
-	for _, c := range k {
-		if c <= ' ' || c == 0x7f {
+	// A key over 250 bytes anywhere makes the whole answer a
+	// CLIENT_ERROR; the keys before it were still looked up (and gat's
+	// touched), as memcached does.
+	bad := -1
+	n := 0
+	eachKey(args, rest, func(k []byte) bool {
+		if len(k) > maxKey {
+			bad = n
 			return false
 		}
-	}
-	return true
-}
-
-// exptime turns memcached's exptime (seconds; beyond 30 days a unix time;
-// negative: already expired) into a TTL: 0 never expires, <0 expired.
-func exptime(b []byte) (time.Duration, bool) {
-	v, err := strconv.ParseInt(string(b), 10, 64)
-	if err != nil {
-		return 0, false
-	}
-	return cache.ExpTime(v), true
-}
-
-func (cn *conn) retrieve(keys [][]byte, withCAS, touch bool, ttl time.Duration) {
-	if len(keys) == 0 {
-		cn.w.WriteString("ERROR\r\n")
+		n++
+		return true
+	})
+	i := 0
+	eachKey(args, rest, func(k []byte) bool {
+		if i == bad {
+			return false
+		}
+		i++
+		cn.fetch(k, withCAS, touch, ttl, bad < 0)
+		return true
+	})
+	if bad >= 0 {
+		cn.w.cull()
+		cn.out(errBadFormat)
 		return
 	}
-	for _, k := range keys {
-		if !validKey(k) {
-			cn.clientError("bad command line format")
+	cn.w.WriteString("END\r\n")
+	cn.w.sent()
+}
+
+// eachKey calls fn for each key of a get line until it returns false.
+func eachKey(tokens [][]byte, rest []byte, fn func(k []byte) bool) {
+	for _, k := range tokens {
+		if !fn(k) {
 			return
 		}
 	}
-	p := cn.s.Pool
-	for _, k := range keys {
-		if touch {
-			if ttl < 0 {
-				p.Delete(k)
-				continue
-			}
-			if p.Touch(k, ttl) != nil {
-				continue
-			}
+	for len(rest) > 0 {
+		i := 0
+		for i < len(rest) && rest[i] != ' ' {
+			i++
 		}
-		v, in, err := p.Get(k, cn.scratch)
-		if err != nil {
-			continue
+		if i > 0 && !fn(rest[:i]) {
+			return
 		}
-		cn.scratch = v
-		cn.w.WriteString("VALUE ")
-		cn.w.Write(k)
-		cn.w.WriteByte(' ')
-		cn.w.WriteString(strconv.FormatUint(uint64(in.Flags), 10))
-		cn.w.WriteByte(' ')
-		cn.w.WriteString(strconv.Itoa(len(v)))
-		if withCAS {
-			cn.w.WriteByte(' ')
-			cn.w.WriteString(strconv.FormatUint(in.Version, 10))
+		if i == len(rest) {
+			return
 		}
-		cn.w.WriteString("\r\n")
-		cn.w.Write(v)
-		cn.w.WriteString("\r\n")
+		rest = rest[i+1:]
 	}
-	cn.w.WriteString("END\r\n")
 }
 
-// readData reads a data block of n bytes and its \r\n. ok is false (and a
-// CLIENT_ERROR written) when the block does not end properly; closed when
-// the connection ended.
+// fetch looks one key up for a get or gat and, if write, answers it.
+func (cn *conn) fetch(k []byte, withCAS, touch bool, ttl time.Duration, write bool) {
+	p, st := cn.s.Pool, &cn.s.st
+	if touch {
+		st.cmdTouch.Add(1)
+		if ttl >= 0 && p.Touch(k, ttl) != nil {
+			st.touchMisses.Add(1)
+			return
+		}
+	} else {
+		st.cmdGet.Add(1)
+	}
+	v, in, err := p.Get(k, cn.scratch)
+	if err != nil {
+		if touch {
+			st.touchMisses.Add(1)
+		} else {
+			st.getMisses.Add(1)
+		}
+		return
+	}
+	cn.scratch = v
+	if touch {
+		st.touchHits.Add(1)
+		if ttl < 0 {
+			// memcached answers the value, then it has expired.
+			p.Touch(k, time.Nanosecond)
+		}
+	} else {
+		st.getHits.Add(1)
+	}
+	if !write {
+		return
+	}
+	cn.writeValue(k, v, in, withCAS)
+}
+
+func (cn *conn) writeValue(k, v []byte, in cache.Info, withCAS bool) {
+	var num [20]byte
+	cn.w.WriteString("VALUE ")
+	cn.w.Write(k)
+	cn.w.WriteByte(' ')
+	cn.w.Write(appendUint(num[:0], uint64(in.Flags)))
+	cn.w.WriteByte(' ')
+	cn.w.Write(appendUint(num[:0], uint64(len(v))))
+	if withCAS {
+		cn.w.WriteByte(' ')
+		cn.w.Write(appendUint(num[:0], in.Version))
+	}
+	cn.w.WriteString("\r\n")
+	cn.w.Write(v)
+	cn.w.WriteString("\r\n")
+}
+
+// longGet reads a get line that did not end within the read buffer.
+// Up to maxGetLine bytes it is gathered and run as any line; beyond, its
+// keys are answered as they arrive.
+func (cn *conn) longGet(first []byte) bool {
+	buf := append(cn.long[:0], first...)
+	defer func() {
+		if cap(buf) <= 64<<10 {
+			cn.long = buf[:0] // keep a small buffer; let a large one go
+		}
+	}()
+	for len(buf) < maxGetLine {
+		chunk, err := cn.r.ReadSlice('\n')
+		buf = append(buf, chunk...)
+		if err == nil {
+			return cn.command(trimEOL(buf))
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return true
+		}
+	}
+	return cn.streamGet(buf)
+}
+
+// streamGet answers a get line too long to hold: each key as it is
+// read. Unlike memcached, a key over 250 bytes found here follows the
+// answers already sent for the keys before it (docs/cache.md).
+func (cn *conn) streamGet(buf []byte) bool {
+	cn.noreply = false
+	i := 0
+	for buf[i] == ' ' {
+		i++
+	}
+	ks := keyStream{cn: cn, withCAS: string(buf[i:i+4]) == "gets"}
+	if ks.withCAS {
+		i++
+	}
+	ks.feed(buf[i+3:], false)
+	for {
+		chunk, err := cn.r.ReadSlice('\n')
+		switch {
+		case err == nil:
+			chunk = chunk[:len(chunk)-1]
+			if n := len(chunk); n > 0 && chunk[n-1] == '\r' {
+				chunk = chunk[:n-1]
+			} else if n == 0 && len(ks.partial) > 0 && ks.partial[len(ks.partial)-1] == '\r' && ks.partialLen == len(ks.partial) {
+				ks.partial = ks.partial[:len(ks.partial)-1]
+				ks.partialLen--
+			}
+			ks.feed(chunk, true)
+			if !ks.bad {
+				cn.w.WriteString("END\r\n")
+				cn.w.sent()
+			}
+			return false
+		case errors.Is(err, bufio.ErrBufferFull):
+			ks.feed(chunk, false)
+		default:
+			return true
+		}
+	}
+}
+
+// keyStream splits a streamed get line into keys and answers each.
+type keyStream struct {
+	cn         *conn
+	withCAS    bool
+	partial    []byte // a key cut by a chunk boundary (its first 251 bytes)
+	partialLen int    // its whole length
+	bad        bool   // a key over 250 bytes was answered with CLIENT_ERROR
+	nul        bool   // a NUL ended the line for memcached
+}
+
+func (ks *keyStream) feed(data []byte, final bool) {
+	if ks.bad || ks.nul {
+		return
+	}
+	if i := indexByte(data, 0); i >= 0 {
+		data, final, ks.nul = data[:i], true, true
+	}
+	for len(data) > 0 && !ks.bad {
+		i := indexByte(data, ' ')
+		if i < 0 {
+			ks.add(data)
+			break
+		}
+		ks.add(data[:i])
+		ks.end()
+		data = data[i+1:]
+	}
+	if final && !ks.bad {
+		ks.end()
+	}
+}
+
+func (ks *keyStream) add(b []byte) {
+	ks.partialLen += len(b)
+	if room := maxKey + 1 - len(ks.partial); room > 0 {
+		ks.partial = append(ks.partial, b[:min(room, len(b))]...)
+	}
+}
+
+func (ks *keyStream) end() {
+	if ks.partialLen == 0 {
+		return
+	}
+	k := ks.partial
+	ks.partial, ks.partialLen = ks.partial[:0], 0
+	if len(k) > maxKey {
+		ks.bad = true
+		ks.cn.w.cull()
+		ks.cn.out(errBadFormat)
+		return
+	}
+	ks.cn.fetch(k, ks.withCAS, false, 0, true)
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+func appendUint(b []byte, v uint64) []byte {
+	if v == 0 {
+		return append(b, '0')
+	}
+	var d [20]byte
+	i := len(d)
+	for v > 0 {
+		i--
+		d[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(b, d[i:]...)
+}
+
+// readData reads a data block of n bytes and its \r\n. ok is false when
+// the block does not end properly; closed when the connection ended.
 func (cn *conn) readData(n int) (data []byte, ok, closed bool) {
 	if cap(cn.scratch) < n+2 {
 		cn.scratch = make([]byte, n+2)
@@ -301,608 +691,14 @@ func (cn *conn) readData(n int) (data []byte, ok, closed bool) {
 		return nil, false, true
 	}
 	if data[n] != '\r' || data[n+1] != '\n' {
-		cn.clientError("bad data chunk")
 		return nil, false, false
 	}
 	return data[:n], true, false
 }
 
-// discard drops a too-large value's data block.
+// discard drops n bytes (a refused value's data and its \r\n, which
+// memcached swallows without looking at them).
 func (cn *conn) discard(n int64) bool {
-	_, err := io.CopyN(io.Discard, cn.r, n+2)
+	_, err := io.CopyN(io.Discard, cn.r, n)
 	return err == nil
-}
-
-func (cn *conn) store(f [][]byte) bool {
-	cmd := string(f[0])
-	want := 5
-	if cmd == "cas" {
-		want = 6
-	}
-	if len(f) != want && (len(f) != want+1 || !noreply(f)) {
-		cn.w.WriteString("ERROR\r\n")
-		return false
-	}
-	quiet := noreply(f)
-	key := f[1]
-	flags, err1 := strconv.ParseUint(string(f[2]), 10, 32)
-	ttl, ok := exptime(f[3])
-	n, err2 := strconv.ParseInt(string(f[4]), 10, 64)
-	var casv uint64
-	var err3 error
-	if cmd == "cas" {
-		casv, err3 = strconv.ParseUint(string(f[5]), 10, 64)
-	}
-	if err1 != nil || !ok || err2 != nil || n < 0 || err3 != nil || !validKey(key) {
-		// As memcached: the data block is not skipped, and its lines are
-		// taken for commands.
-		cn.clientError("bad command line format")
-		return false
-	}
-	if n+int64(len(key)) > int64(cn.s.Pool.MaxValue()) {
-		cn.w.WriteString("SERVER_ERROR object too large for cache\r\n")
-		return !cn.discard(n)
-	}
-	key = append([]byte(nil), key...) // f points into the read buffer
-	data, ok, closed := cn.readData(int(n))
-	if closed {
-		return true
-	}
-	if !ok {
-		return false
-	}
-	res := cn.s.set(cmd, key, data, uint32(flags), ttl, casv)
-	if !quiet {
-		cn.w.WriteString(res + "\r\n")
-	}
-	return false
-}
-
-// set runs a storage command and returns memcached's answer.
-func (s *Server) set(cmd string, key, data []byte, flags uint32, ttl time.Duration, casv uint64) string {
-	p := s.Pool
-	if ttl < 0 {
-		// Stored already expired: it replaces what was there, then is gone.
-		if cmd == "set" || cmd == "cas" {
-			p.Delete(key)
-		}
-		return "STORED"
-	}
-	o := cache.SetOptions{TTL: ttl, Flags: flags}
-	switch cmd {
-	case "add":
-		o.Mode = cache.IfAbsent
-	case "replace":
-		o.Mode = cache.IfPresent
-	case "cas":
-		o.Mode, o.Version = cache.IfVersion, casv
-	case "append", "prepend":
-		err := p.Append(key, data, cmd == "prepend")
-		switch {
-		case err == nil:
-			return "STORED"
-		case errors.Is(err, cache.ErrNotFound):
-			return "NOT_STORED"
-		case errors.Is(err, cache.ErrTooLarge):
-			return "SERVER_ERROR object too large for cache"
-		}
-		return "SERVER_ERROR " + err.Error()
-	}
-	_, err := p.Set(key, data, o)
-	switch {
-	case err == nil:
-		return "STORED"
-	case errors.Is(err, cache.ErrExists):
-		if cmd == "cas" {
-			return "EXISTS"
-		}
-		return "NOT_STORED"
-	case errors.Is(err, cache.ErrNotFound):
-		if cmd == "cas" {
-			return "NOT_FOUND"
-		}
-		return "NOT_STORED"
-	case errors.Is(err, cache.ErrTooLarge):
-		return "SERVER_ERROR object too large for cache"
-	}
-	return "SERVER_ERROR out of memory storing object"
-}
-
-func (cn *conn) delete(f [][]byte) {
-	// "delete <key> [0] [noreply]": memcached still accepts a zero time.
-	if len(f) < 2 || len(f) > 4 || !validKey(f[1]) {
-		cn.w.WriteString("ERROR\r\n")
-		return
-	}
-	quiet := noreply(f)
-	if extra := len(f) - 2; extra > 1 || (extra == 1 && !quiet && string(f[2]) != "0") {
-		cn.clientError("bad command line format.  Usage: delete <key> [noreply]")
-		return
-	}
-	found, _ := cn.s.Pool.Delete(f[1])
-	if quiet {
-		return
-	}
-	if found {
-		cn.w.WriteString("DELETED\r\n")
-	} else {
-		cn.w.WriteString("NOT_FOUND\r\n")
-	}
-}
-
-// incr runs incr or decr and returns the result, or memcached's answer
-// for a failure.
-func (s *Server) incr(key []byte, delta uint64, decr bool) (uint64, string) {
-	v, err := s.Pool.Incr(key, delta, decr)
-	switch {
-	case err == nil:
-		return v, ""
-	case errors.Is(err, cache.ErrNotFound):
-		return 0, "NOT_FOUND"
-	case errors.Is(err, cache.ErrNotNumber):
-		return 0, "CLIENT_ERROR cannot increment or decrement non-numeric value"
-	}
-	return 0, "SERVER_ERROR " + err.Error()
-}
-
-func (cn *conn) arith(f [][]byte) {
-	if len(f) != 3 && (len(f) != 4 || !noreply(f)) {
-		cn.w.WriteString("ERROR\r\n")
-		return
-	}
-	if !validKey(f[1]) {
-		cn.clientError("bad command line format")
-		return
-	}
-	delta, err := strconv.ParseUint(string(f[2]), 10, 64)
-	if err != nil {
-		cn.clientError("invalid numeric delta argument")
-		return
-	}
-	v, fail := cn.s.incr(f[1], delta, string(f[0]) == "decr")
-	if noreply(f) {
-		return
-	}
-	if fail != "" {
-		cn.w.WriteString(fail + "\r\n")
-		return
-	}
-	cn.w.WriteString(strconv.FormatUint(v, 10) + "\r\n")
-}
-
-func (cn *conn) touch(f [][]byte) {
-	if len(f) != 3 && (len(f) != 4 || !noreply(f)) {
-		cn.w.WriteString("ERROR\r\n")
-		return
-	}
-	ttl, ok := exptime(f[2])
-	if !ok || !validKey(f[1]) {
-		cn.clientError("invalid exptime argument")
-		return
-	}
-	var err error
-	if ttl < 0 {
-		var found bool
-		found, err = cn.s.Pool.Delete(f[1])
-		if !found {
-			err = cache.ErrNotFound
-		}
-	} else {
-		err = cn.s.Pool.Touch(f[1], ttl)
-	}
-	if noreply(f) {
-		return
-	}
-	if err != nil {
-		cn.w.WriteString("NOT_FOUND\r\n")
-		return
-	}
-	cn.w.WriteString("TOUCHED\r\n")
-}
-
-func (cn *conn) flush(f [][]byte) {
-	args := f[1:]
-	quiet := noreply(f)
-	if quiet {
-		args = args[:len(args)-1]
-	}
-	delay := int64(0)
-	if len(args) > 1 {
-		cn.w.WriteString("ERROR\r\n")
-		return
-	}
-	if len(args) == 1 {
-		var err error
-		if delay, err = strconv.ParseInt(string(args[0]), 10, 64); err != nil {
-			cn.clientError("bad command line format")
-			return
-		}
-	}
-	if delay > 0 {
-		time.AfterFunc(time.Duration(delay)*time.Second, func() { cn.s.Pool.Flush() })
-	} else {
-		cn.s.Pool.Flush()
-	}
-	if !quiet {
-		cn.w.WriteString("OK\r\n")
-	}
-}
-
-func (cn *conn) stats() {
-	st := cn.s.Pool.Stats()
-	w := func(k string, v any) { fmt.Fprintf(cn.w, "STAT %s %v\r\n", k, v) }
-	w("pid", 0)
-	w("uptime", int64(time.Since(cn.s.start).Seconds()))
-	w("time", time.Now().Unix())
-	w("version", Version)
-	w("curr_items", st.Items)
-	w("bytes", st.Bytes)
-	w("limit_maxbytes", st.MaxBytes)
-	w("get_hits", st.Hits)
-	w("get_misses", st.Misses)
-	w("cmd_set", st.Sets)
-	w("delete_hits", st.Deletes)
-	w("evictions", st.Evictions)
-	w("expired_unfetched", st.Expired)
-	cn.w.WriteString("END\r\n")
-}
-
-// Meta commands.
-
-// metaFlags splits meta flags: a letter and an optional token.
-type metaFlags struct {
-	b      bool
-	has    [128]bool
-	tok    [128][]byte
-	order  []byte
-	opaque []byte
-}
-
-func parseMeta(f [][]byte) (metaFlags, bool) {
-	var m metaFlags
-	for _, a := range f {
-		c := a[0]
-		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
-		if !letter {
-			return m, false
-		}
-		if m.has[c] {
-			return m, false // duplicate flag
-		}
-		m.has[c] = true
-		m.tok[c] = a[1:]
-		m.order = append(m.order, c)
-	}
-	m.b = m.has['b']
-	m.opaque = m.tok['O']
-	return m, true
-}
-
-// metaKey decodes the key (base64 with the b flag).
-func metaKey(k []byte, m metaFlags) ([]byte, bool) {
-	if m.b {
-		d := make([]byte, base64.StdEncoding.DecodedLen(len(k)))
-		n, err := base64.StdEncoding.Decode(d, k)
-		if err != nil || n == 0 || n > maxKey {
-			return nil, false
-		}
-		return d[:n], true
-	}
-	return k, validKey(k)
-}
-
-// metaArgs parses a meta command's key and flags ("<cmd> <key> <flag>*"),
-// answering the client itself when they are bad.
-func (cn *conn) metaArgs(f [][]byte) (metaFlags, []byte, bool) {
-	if len(f) < 2 {
-		cn.clientError("bad command line format")
-		return metaFlags{}, nil, false
-	}
-	m, ok := parseMeta(f[2:])
-	if !ok {
-		cn.clientError("invalid flag")
-		return m, nil, false
-	}
-	key, ok := metaKey(f[1], m)
-	if !ok {
-		cn.keyError(m)
-		return m, nil, false
-	}
-	return m, key, true
-}
-
-func (cn *conn) keyError(m metaFlags) {
-	if m.b {
-		cn.clientError("error decoding key")
-	} else {
-		cn.clientError("bad command line format")
-	}
-}
-
-// ttlFlag is the meta "t" return flag: seconds left, -1 for no expiry.
-func ttlFlag(in cache.Info) string {
-	ttl := int64(-1)
-	if !in.Expires.IsZero() {
-		ttl = max(int64(time.Until(in.Expires).Round(time.Second)/time.Second), 0)
-	}
-	return " t" + strconv.FormatInt(ttl, 10)
-}
-
-// retFlags writes the flags every meta answer echoes (O, k, b).
-func (cn *conn) retFlags(m metaFlags, rawKey []byte) {
-	if m.has['O'] {
-		cn.w.WriteString(" O")
-		cn.w.Write(m.opaque)
-	}
-	if m.has['k'] {
-		cn.w.WriteString(" k")
-		cn.w.Write(rawKey)
-		if m.b {
-			cn.w.WriteString(" b")
-		}
-	}
-}
-
-func (cn *conn) metaGet(f [][]byte) {
-	m, key, ok := cn.metaArgs(f)
-	if !ok {
-		return
-	}
-	p := cn.s.Pool
-	if m.has['T'] {
-		ttl, ok := exptime(m.tok['T'])
-		if !ok {
-			cn.clientError("bad token in command line format")
-			return
-		}
-		if ttl < 0 {
-			p.Delete(key)
-		} else {
-			p.Touch(key, ttl)
-		}
-	}
-	v, in, err := p.Get(key, cn.scratch)
-	if err != nil {
-		if !m.has['q'] {
-			cn.w.WriteString("EN\r\n")
-		}
-		return
-	}
-	cn.scratch = v
-	if m.has['v'] {
-		cn.w.WriteString("VA ")
-		cn.w.WriteString(strconv.Itoa(len(v)))
-	} else {
-		cn.w.WriteString("HD")
-	}
-	for _, c := range m.order {
-		switch c {
-		case 'c':
-			cn.w.WriteString(" c" + strconv.FormatUint(in.Version, 10))
-		case 'f':
-			cn.w.WriteString(" f" + strconv.FormatUint(uint64(in.Flags), 10))
-		case 's':
-			cn.w.WriteString(" s" + strconv.Itoa(len(v)))
-		case 't':
-			cn.w.WriteString(ttlFlag(in))
-		}
-	}
-	cn.retFlags(m, f[1])
-	cn.w.WriteString("\r\n")
-	if m.has['v'] {
-		cn.w.Write(v)
-		cn.w.WriteString("\r\n")
-	}
-}
-
-func (cn *conn) metaSet(f [][]byte) bool {
-	if len(f) < 3 {
-		cn.clientError("bad command line format")
-		return false
-	}
-	n, err := strconv.ParseInt(string(f[2]), 10, 64)
-	if err != nil || n < 0 {
-		cn.clientError("bad data chunk")
-		return false
-	}
-	m, ok := parseMeta(f[3:])
-	if !ok {
-		cn.clientError("invalid flag")
-		return !cn.discard(n)
-	}
-	key, ok := metaKey(f[1], m)
-	if !ok {
-		cn.keyError(m)
-		return !cn.discard(n)
-	}
-	if n+int64(len(key)) > int64(cn.s.Pool.MaxValue()) {
-		cn.w.WriteString("SERVER_ERROR object too large for cache\r\n")
-		return !cn.discard(n)
-	}
-	var flags uint64
-	if m.has['F'] {
-		if flags, err = strconv.ParseUint(string(m.tok['F']), 10, 32); err != nil {
-			cn.clientError("bad token in command line format")
-			return !cn.discard(n)
-		}
-	}
-	ttl := time.Duration(0)
-	if m.has['T'] {
-		if ttl, ok = exptime(m.tok['T']); !ok {
-			cn.clientError("bad token in command line format")
-			return !cn.discard(n)
-		}
-	}
-	cmd := "set"
-	if m.has['M'] {
-		switch string(m.tok['M']) {
-		case "E", "e":
-			cmd = "add"
-		case "A", "a":
-			cmd = "append"
-		case "P", "p":
-			cmd = "prepend"
-		case "R", "r":
-			cmd = "replace"
-		case "S", "s":
-		default:
-			cn.clientError("invalid mode for ms")
-			return !cn.discard(n)
-		}
-	}
-	var casv uint64
-	if m.has['C'] {
-		if casv, err = strconv.ParseUint(string(m.tok['C']), 10, 64); err != nil {
-			cn.clientError("bad token in command line format")
-			return !cn.discard(n)
-		}
-		if cmd == "set" {
-			cmd = "cas"
-		}
-	}
-	rawKey := append([]byte(nil), f[1]...)
-	key = append([]byte(nil), key...)
-	order, opaque := append([]byte(nil), m.order...), append([]byte(nil), m.opaque...)
-	data, ok, closed := cn.readData(int(n))
-	if closed {
-		return true
-	}
-	if !ok {
-		return false
-	}
-	res := cn.s.set(cmd, key, data, uint32(flags), ttl, casv)
-	code := map[string]string{"STORED": "HD", "NOT_STORED": "NS", "EXISTS": "EX", "NOT_FOUND": "NF"}[res]
-	if code == "" {
-		cn.w.WriteString(res + "\r\n")
-		return false
-	}
-	if code == "HD" && m.has['q'] {
-		return false
-	}
-	m.order, m.opaque = order, opaque
-	cn.w.WriteString(code)
-	if m.has['c'] && code == "HD" {
-		if _, in, err := cn.s.Pool.Get(key, nil); err == nil {
-			cn.w.WriteString(" c" + strconv.FormatUint(in.Version, 10))
-		}
-	}
-	cn.retFlags(m, rawKey)
-	cn.w.WriteString("\r\n")
-	return false
-}
-
-func (cn *conn) metaDelete(f [][]byte) {
-	m, key, ok := cn.metaArgs(f)
-	if !ok {
-		return
-	}
-	p := cn.s.Pool
-	code := "HD"
-	if m.has['C'] {
-		casv, err := strconv.ParseUint(string(m.tok['C']), 10, 64)
-		if err != nil {
-			cn.clientError("bad token in command line format")
-			return
-		}
-		if _, in, err := p.Get(key, nil); err != nil {
-			code = "NF"
-		} else if in.Version != casv {
-			code = "EX"
-		}
-	}
-	if code == "HD" {
-		if found, _ := p.Delete(key); !found {
-			code = "NF"
-		}
-	}
-	if code == "HD" && m.has['q'] {
-		return
-	}
-	cn.w.WriteString(code)
-	cn.retFlags(m, f[1])
-	cn.w.WriteString("\r\n")
-}
-
-func (cn *conn) metaArith(f [][]byte) {
-	m, key, ok := cn.metaArgs(f)
-	if !ok {
-		return
-	}
-	delta := uint64(1)
-	var err error
-	if m.has['D'] {
-		if delta, err = strconv.ParseUint(string(m.tok['D']), 10, 64); err != nil {
-			cn.clientError("invalid numeric delta argument")
-			return
-		}
-	}
-	decr := false
-	if m.has['M'] {
-		switch string(m.tok['M']) {
-		case "I", "i", "+":
-		case "D", "d", "-":
-			decr = true
-		default:
-			cn.clientError("invalid mode for ma")
-			return
-		}
-	}
-	v, fail := cn.s.incr(key, delta, decr)
-	if fail == "NOT_FOUND" && m.has['N'] {
-		// Autovivify with J (initial value, default 0) and N's TTL.
-		initial := uint64(0)
-		if m.has['J'] {
-			if initial, err = strconv.ParseUint(string(m.tok['J']), 10, 64); err != nil {
-				cn.clientError("invalid numeric initial value")
-				return
-			}
-		}
-		ttl, ok := exptime(m.tok['N'])
-		if !ok {
-			cn.clientError("bad token in command line format")
-			return
-		}
-		_, err := cn.s.Pool.Set(key, strconv.AppendUint(nil, initial, 10), cache.SetOptions{Mode: cache.IfAbsent, TTL: max(ttl, 0)})
-		if err == nil {
-			v, fail = initial, ""
-		} else {
-			v, fail = cn.s.incr(key, delta, decr)
-		}
-	}
-	switch {
-	case fail == "NOT_FOUND":
-		if !m.has['q'] {
-			cn.w.WriteString("NF")
-			cn.retFlags(m, f[1])
-			cn.w.WriteString("\r\n")
-		}
-		return
-	case fail != "":
-		cn.w.WriteString(fail + "\r\n")
-		return
-	}
-	if m.has['q'] && !m.has['v'] {
-		return
-	}
-	num := strconv.FormatUint(v, 10)
-	if m.has['v'] {
-		cn.w.WriteString("VA " + strconv.Itoa(len(num)))
-	} else {
-		cn.w.WriteString("HD")
-	}
-	if m.has['c'] || m.has['t'] {
-		if _, in, err := cn.s.Pool.Get(key, nil); err == nil {
-			if m.has['c'] {
-				cn.w.WriteString(" c" + strconv.FormatUint(in.Version, 10))
-			}
-			if m.has['t'] {
-				cn.w.WriteString(ttlFlag(in))
-			}
-		}
-	}
-	cn.retFlags(m, f[1])
-	cn.w.WriteString("\r\n")
-	if m.has['v'] {
-		cn.w.WriteString(num + "\r\n")
-	}
 }

@@ -2,13 +2,13 @@ package memcached
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -121,39 +121,92 @@ func TestGomemcache(t *testing.T) {
 	}
 }
 
-// session sends raw commands one at a time and collects the answers.
+// session sends raw commands on one connection, each followed by mn,
+// and collects each one's answer: what came before the MN. A command
+// after which the server closes the connection answers what came before
+// the close and "<closed>"; the next command gets a new connection.
 func session(t *testing.T, addr string, cmds []string) []string {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	r := bufio.NewReader(c)
+	var c net.Conn
+	var r *bufio.Reader
+	defer func() {
+		if c != nil {
+			c.Close()
+		}
+	}()
 	var out []string
 	for _, cmd := range cmds {
-		if _, err := io.WriteString(c, cmd); err != nil {
-			t.Fatal(err)
+		if c == nil {
+			var err error
+			if c, err = net.Dial("tcp", addr); err != nil {
+				t.Fatal(err)
+			}
+			r = bufio.NewReader(c)
 		}
-		// Every command here answers something: wait for it (a loaded
-		// machine may take a while), then collect until the answer goes
-		// quiet.
-		var got bytes.Buffer
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		for {
-			line, err := r.ReadString('\n')
-			got.WriteString(line)
+		// Write while reading: a long command's answers may fill the
+		// socket before the command is all sent.
+		wrote := make(chan struct{})
+		go func(c net.Conn) {
+			defer close(wrote)
+			c.SetWriteDeadline(time.Now().Add(20 * time.Second))
+			io.WriteString(c, cmd+"mn\r\n")
+		}(c)
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		// The command's own mn lines answer MN too.
+		var got string
+		var err error
+		for range strings.Count("\n"+cmd, "\nmn\r\n") {
+			var part string
+			part, err = readUntilMN(r)
+			got += part
 			if err != nil {
 				break
 			}
-			c.SetReadDeadline(time.Now().Add(40 * time.Millisecond))
+			got += "MN\r\n"
 		}
-		out = append(out, got.String())
+		if err == nil {
+			var part string
+			part, err = readUntilMN(r)
+			got += part
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Errorf("%q: no answer within 20 s (got %q)", trunc(cmd), trunc(got))
+				got += "<timeout>"
+			} else {
+				got += "<closed>"
+			}
+			c.Close()
+			c = nil
+		}
+		<-wrote
+		out = append(out, got)
 	}
 	return out
 }
 
-var casRe = regexp.MustCompile(`(VALUE \S+ \d+ \d+) \d+|( c)\d+`)
+// readUntilMN reads an answer up to the MN that ends it (not
+// included).
+func readUntilMN(r *bufio.Reader) (string, error) {
+	var b strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		b.WriteString(line)
+		if err != nil {
+			return b.String(), err
+		}
+		s := b.String()
+		if s == "MN\r\n" || strings.HasSuffix(s, "\nMN\r\n") {
+			return s[:len(s)-4], nil
+		}
+	}
+}
+
+var (
+	casRe     = regexp.MustCompile(`(VALUE [^ ]+ \d+ \d+) \d+|( c)\d+`)
+	versionRe = regexp.MustCompile(`VERSION 1\.6\.\S+`)
+)
 
 // TestSameAnswersAsMemcached runs command sequences, good and bad, against
 // real memcached and this server, and compares the answers (CAS tokens
@@ -225,17 +278,236 @@ func TestSameAnswersAsMemcached(t *testing.T) {
 		"get n\r\n",
 		"version\r\n",
 	}
+	cmds = append(cmds, longLineCases()...)
+	cmds = append(cmds, tooLargeCases()...)
+	cmds = append(cmds, noreplyCases()...)
+	cmds = append(cmds, parsingCases()...)
+	cmds = append(cmds, metaCases()...)
+	cmds = append(cmds, cullCases()...)
 	want := session(t, real.Addr, cmds)
 	got := session(t, ours, cmds)
 	for i := range cmds {
 		w := casRe.ReplaceAllString(want[i], "$1$2<cas>")
 		g := casRe.ReplaceAllString(got[i], "$1$2<cas>")
 		if strings.HasPrefix(cmds[i], "version") {
-			w, g = w[:8], g[:8]
+			// Both say VERSION 1.6.x; ours adds -ubkit.
+			w, g = versionRe.ReplaceAllString(w, "VERSION <v>"), versionRe.ReplaceAllString(g, "VERSION <v>")
 		}
 		if w != g {
 			t.Errorf("%q:\n memcached: %q\n ours:      %q", trunc(cmds[i]), trunc(w), trunc(g))
 		}
+	}
+}
+
+// keys returns n keys "<prefix>0" ... separated by spaces.
+func keys(prefix string, n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s%d", prefix, i)
+	}
+	return b.String()
+}
+
+// longLineCases: memcached serves get lines of any length (pymemcache's
+// get_many of 100 keys is over 2,048 bytes); any other line is answered
+// if it ends within memcached's 16 KiB read buffer, and closes the
+// connection if it does not.
+func longLineCases() []string {
+	pad := func(cmd string, n int) string { return cmd + strings.Repeat("x", n-len(cmd)-2) + "\r\n" }
+	return []string{
+		"set lk10 0 0 2\r\nvA\r\nset lk99 7 0 2\r\nvB\r\n",
+		"get " + keys("lk", 100) + "\r\n",
+		"gets " + keys("lk", 100) + "\r\n",
+		"get " + keys("long-key-of-some-length-", 500) + " lk10\r\n", // ~15 KB
+		"get " + keys("lk", 3000) + " lk10\r\n",                      // ~20 KB
+		"get " + keys("lk", 20000) + " lk10\r\n",                     // ~130 KB
+		"get " + keys("lk", 150000) + " lk99\r\n",                    // ~1.2 MB: streamed
+		"gets " + keys("lk", 150000) + " lk99\r\n",
+		"get " + keys("lk", 3000) + " " + strings.Repeat("k", 251) + " lk10\r\n",
+		"get " + keys("lk", 3000) + " lk10\x00 lk99\r\n",
+		"get " + keys("lk", 150000) + " lk10\x00 lk99\r\n",
+		"get lk10 " + strings.Repeat(" ", 20000) + " lk99\r\n",
+		strings.Repeat(" ", 100) + "get " + keys("lk", 3000) + " lk10\r\n",
+		strings.Repeat(" ", 101) + "get " + keys("lk", 3000) + " lk10\r\n",
+		"gat 0 " + keys("lk", 3000) + "\r\n",
+		"bogus" + strings.Repeat("x", 3000) + "\r\n",
+		"set " + strings.Repeat("k", 3000) + " 0 0 1\r\nx\r\n",
+		"get " + strings.Repeat("k", 3000) + "\r\n",
+		pad("bogus", 16384),
+		pad("bogus", 16385),
+		pad("gat 0 k ", 16384),
+		pad("gat 0 k ", 16385),
+		"get lk10\r\n",
+	}
+}
+
+// tooLargeCases: memcached's item size limit counts its item header, so
+// the largest value depends on the key and on whether flags are 0; a set
+// it refuses removes the old value, other storage commands leave it.
+func tooLargeCases() []string {
+	const most = 1048516 // with a 1-byte key and flags 0
+	set := func(cmd, key string, flags, n int, extra string) string {
+		return fmt.Sprintf("%s %s %d 0 %d%s\r\n%s\r\n", cmd, key, flags, n, extra, strings.Repeat("y", n))
+	}
+	var cs []string
+	for _, c := range []struct{ key, flags, n int }{
+		{1, 0, most}, {1, 0, most + 1}, {1, 1, most - 4}, {1, 1, most - 3},
+		{250, 0, most - 249}, {250, 0, most - 248}, {250, 9, most - 253}, {250, 9, most - 252},
+	} {
+		key := strings.Repeat("L", c.key)
+		cs = append(cs, set("set", key, c.flags, c.n, "")+"mg "+key+" s f\r\n")
+	}
+	for _, cmd := range []string{"set", "add", "replace", "append", "prepend", "cas"} {
+		extra := ""
+		if cmd == "cas" {
+			extra = " 1"
+		}
+		cs = append(cs,
+			"set old 3 0 3\r\nold\r\n"+set(cmd, "old", 0, most+1, extra)+"get old\r\n",
+			"set old 3 0 3\r\nold\r\n"+set(cmd, "old", 0, most+1, extra+" noreply")+"get old\r\n")
+	}
+	for _, mode := range []string{"", " MS", " ME", " MR", " MA", " MP", " C1", " q"} {
+		cs = append(cs, fmt.Sprintf("set old 3 0 3\r\nold\r\nms old %d%s\r\n%s\r\nget old\r\n", most+1, mode, strings.Repeat("y", most+1)))
+	}
+	// append and prepend past the limit: NOT_STORED, the old value kept.
+	cs = append(cs,
+		set("set", "a", 0, most-5, "")+"append a 0 0 5\r\nzzzzz\r\nmg a s\r\n",
+		set("set", "a", 0, most-5, "")+"append a 0 0 6\r\nzzzzzz\r\nmg a s\r\n",
+		set("set", "a", 5, most-5, "")+"prepend a 0 0 2\r\nzz\r\nmg a s\r\n",
+		set("set", "a", 5, most-5, "")+"prepend a 0 0 1\r\nz\r\nmg a s\r\n",
+		set("set", "a", 0, most-5, "")+"append a 0 0 6 noreply\r\nzzzzzz\r\nmg a s\r\n",
+	)
+	return cs
+}
+
+// noreplyCases: noreply hides every answer of the classic commands,
+// errors included, as memcached's; what follows a bad line is read as
+// memcached reads it.
+func noreplyCases() []string {
+	return []string{
+		"set nr 0 0 3 noreply\r\nabcdef\r\nget nr\r\n",
+		"set nr 0 0 3 noreply\r\nabc\r\nset nr 0 0 1 noreply\r\nxyz\r\nget nr\r\n",
+		"set nr 0 0 abc noreply\r\nget nr\r\n",
+		"set nr 0 0 noreply\r\nget nr\r\n",
+		"set nr -1 0 1 noreply\r\nx\r\n",
+		"set " + strings.Repeat("k", 251) + " 0 0 1 noreply\r\nx\r\n",
+		"add nr 0 0 1 noreply\r\nx\r\nadd nr 0 0 1 noreply\r\ny\r\nget nr\r\n",
+		"cas nr 0 0 1 1 noreply\r\nz\r\nget nr\r\n",
+		"incr nr 1 noreply\r\nincr nr x noreply\r\nincr missing 1 noreply\r\n",
+		"touch nr 10 noreply\r\ntouch nr x noreply\r\n",
+		"delete nr 1 noreply\r\ndelete nr 0 noreply\r\ndelete nr noreply\r\nget nr\r\n",
+		"ms nr 3 q\r\nabcdef\r\n",
+		"ms nr 3 q\r\nabc\r\nmg nr v\r\n",
+	}
+}
+
+// parsingCases: memcached's tokenizer and its C number parsing.
+func parsingCases() []string {
+	var cs []string
+	for _, key := range []string{"k\x01y", "k\ty", "k\x7fy", "k\xffy", "k\ry", "\x1b[0m"} {
+		cs = append(cs, "set "+key+" 0 0 1\r\nx\r\nget "+key+"\r\ndelete "+key+"\r\n")
+	}
+	cs = append(cs, "get a\x00b\r\n", "set nul 0 0 1\x00 junk\r\nx\r\n", "get k\r\r\n", "get k\n", "\n", "\r\n")
+	// Not a value of 2^63 or more without a minus sign in it: for those,
+	// memcached's check for a minus sign reads past the value into
+	// whatever memory follows, and its answer varies.
+	for _, v := range []string{"  5", "5  ", "+5", "-5", "-0", "5 abc", "\t7\t", "12abc", "9223372036854775807",
+		"18446744073709551616", "00042", "9223372036854775808 -"} {
+		cs = append(cs, fmt.Sprintf("set n 0 0 %d\r\n%s\r\nincr n 1\r\nget n\r\ndecr n 3\r\nget n\r\n", len(v), v))
+	}
+	cs = append(cs, "set n 0 0 0\r\n\r\nincr n 1\r\n", "set n 0 0 2\r\n99\r\nincr n 1\r\nget n\r\n",
+		"incr n -1\r\nincr n +1\r\nincr n 18446744073709551616\r\nincr n 1x\r\nincr "+strings.Repeat("k", 251)+" x\r\n")
+	for _, flags := range []string{"4294967296", "4294967295", "4294967297", "18446744073709551615", "18446744073709551616",
+		"-1", "-0", "+5", "5\t", "5\tjunk", "0x10", "", "1e3"} {
+		cs = append(cs, "set fl "+flags+" 0 1\r\nx\r\nget fl\r\n")
+	}
+	for _, n := range []string{"4294967297", "-4294967295", "+1", "1\t", "2147483646", "9223372036854775808"} {
+		cs = append(cs, "set vl 0 0 "+n+"\r\nx\r\nget vl\r\n")
+	}
+	// Not a TTL of a few seconds: memcached's clock ticks once a second,
+	// so such an item may be gone at once.
+	for _, e := range []string{"4294967296", "4294967295", "-1", "+0", "x", "2592000", "100000", "-2147483649"} {
+		cs = append(cs, "set ex 0 "+e+" 1\r\nx\r\nget ex\r\n")
+	}
+	cs = append(cs,
+		"set e 0 0 1\r\nx\r\nadd e 0 -1 1\r\ny\r\nget e\r\nreplace e 0 -1 1\r\ny\r\nget e\r\nadd e 0 -1 1\r\ny\r\nget e\r\n",
+		"set e 0 0 1\r\nx\r\nappend e 0 -1 1\r\ny\r\nget e\r\n",
+		"cas e 0 0 1 0\r\nx\r\nset e 0 0 1\r\nx\r\ncas e 0 0 1 0\r\nx\r\n",
+		"set g 0 0 1\r\nx\r\ngat -1 g\r\nget g\r\n",
+		"set g 0 0 1\r\nx\r\ngat 0 g\r\ngats 100 g g\r\ngat x g\r\ngat 100\r\ngat\r\ngats\r\n",
+		"gat 100 "+strings.Repeat("k", 251)+"\r\n",
+		"set g 0 0 1\r\nx\r\nbget g\r\ngets\r\ngetx g\r\n",
+		"touch "+strings.Repeat("k", 251)+" x\r\ntouch g x\r\ntouch g\r\ntouch g -1\r\nget g\r\n",
+		"delete g 1\r\ndelete g 0\r\ndelete g noreply 0\r\ndelete\r\ndelete a b c d\r\ndelete "+strings.Repeat("k", 251)+"\r\n",
+		"flush_all 0 2\r\nflush_all x\r\nflush_all noreply\r\nflush_all 0 noreply\r\nflush_all x noreply\r\nflush_all -5\r\nflush_all 0 1 2\r\n",
+		"verbosity\r\nverbosity 1\r\nverbosity 1 noreply\r\nverbosity x\r\nverbosity noreply\r\nverbosity 1 2\r\nverbosity 1 2 3\r\nverbosity 0\r\n",
+		"stats bogus\r\nstats sizes\r\nstats reset\r\nstats\x01\r\n",
+		"set "+strings.Repeat("a ", 30)+"\r\n", "get"+strings.Repeat(" x", 40)+"\r\n",
+		"x\r\n", "mz\r\n", "m\r\n", "SET a 0 0 1\r\n",
+		"GET / HTTP/1.1\r\n",
+		"quit\r\n",
+	)
+	return cs
+}
+
+// metaCases: the meta commands' error paths.
+func metaCases() []string {
+	return []string{
+		"mg\r\nms\r\nmd\r\nma\r\n",
+		"ms mk\r\nhi\r\n",
+		"ms mk abc\r\nhi\r\n",
+		"ms mk -1\r\nhi\r\n",
+		"ms mk 2 MZ\r\nhi\r\n",
+		"ms mk 2 Ms\r\nhi\r\n",
+		"ms mk 2 MSS\r\nhi\r\n",
+		"ms mk 2 T\r\nhi\r\n",
+		"ms mk 2 Fx\r\nhi\r\n",
+		"ms mk 2 F4294967296\r\nhi\r\nmg mk f v\r\n",
+		"ms mk 2 !\r\nhi\r\n",
+		"ms mk 2 T1 T2\r\nhi\r\n",
+		"ms mk 2 O" + strings.Repeat("o", 31) + " k c\r\nhi\r\n",
+		"ms mk 2 O" + strings.Repeat("o", 32) + "\r\nhi\r\n",
+		"ms mk 2" + strings.Repeat(" s", 17) + "\r\nhi\r\n",
+		"ms mk 2" + strings.Repeat(" s", 18) + "\r\nhi\r\n",
+		"ms " + strings.Repeat("k", 251) + " 2\r\nhi\r\n",
+		"ms mk 2 k O1 c\r\nhi\r\n",
+		"ms mk 1 MA k\r\n!\r\nmg mk v k O9\r\n",
+		"ms mk 2 q\r\nhix\r\n",
+		"mg mk v v\r\nmg mk !\r\nmg mk Tx\r\nmg " + strings.Repeat("k", 251) + " v\r\n",
+		"mg nothere O123 k v\r\nmg nothere k b\r\n",
+		"mg mk" + strings.Repeat(" s", 17) + "\r\nmg mk" + strings.Repeat(" s", 18) + "\r\n",
+		"md mk x\r\nmd mk q q\r\nmd nothere O1 k\r\nmd nothere q\r\n",
+		"ma cnt q\r\nma cnt MZ\r\nma cnt Mi\r\nma cnt M+ v\r\nma cnt Dx\r\nma cnt x\r\n",
+		"ma cnt2 N0 J5 q\r\nma cnt2 q\r\nma cnt2 v q\r\nma cnt2 v\r\n",
+		"ms mk 1\r\nx\r\nma mk\r\nma mk C1\r\n",
+		"mg mk s v Oxyz k t c f\r\n",
+		// memcached's base64 skips what is not in its alphabet.
+		"mg raw-3 b v k\r\nma raw-0 MS b\r\nms bWs= 1 b k\r\nq\r\nmg b-W-s= b k v\r\nmd bWs b\r\n",
+		// Return flags are written where they stand: a t before T shows
+		// the old TTL.
+		"ms tt 1\r\nx\r\nmg tt t T100 v\r\nma tc N0 t T100\r\n",
+	}
+}
+
+// cullCases: a get with a key over 250 bytes drops the answers memcached
+// has not sent yet: those since its last get or mn, or since the last 20
+// commands it ran in a row (21 on a new connection).
+func cullCases() []string {
+	bad := "get " + strings.Repeat("K", 251) + "\r\n"
+	return []string{
+		"bogus\r\n" + bad,
+		"set cu 0 0 1\r\nx\r\nget cu\r\nbogus\r\nget cu " + strings.Repeat("K", 251) + "\r\n",
+		"set cu 0 0 1\r\nx\r\nmn\r\nbogus\r\n" + bad,
+		strings.Repeat("bogus\r\n", 20) + bad,
+		strings.Repeat("bogus\r\n", 21) + bad,
+		strings.Repeat("bogus\r\n", 40) + bad,
+		strings.Repeat("bogus\r\n", 41) + bad,
+		"get cu\r\n" + strings.Repeat("bogus\r\n", 19) + bad,
+		"get cu\r\n" + strings.Repeat("bogus\r\n", 20) + bad,
+		strings.Repeat("set cu 0 0 1 noreply\r\nx\r\n", 5) + "incr cu 1\r\n" + bad,
 	}
 }
 
@@ -253,6 +525,10 @@ func FuzzServer(f *testing.F) {
 		"get a\r\n", "set a 0 0 1\r\nx\r\n", "set a 0 0 99999999999\r\n", "ms k 3 T-1 MS C1\r\nabc\r\n",
 		"mg " + strings.Repeat("a", 300) + " v\r\n", "ma k N0 J1 D2 MD v c t\r\n", "mg a b v\r\n",
 		"cas a 0 0 1 x\r\nx\r\n", "gat x\r\n", "flush_all -1\r\n", "\x00\xff\r\n",
+		"set a 0 0 1 noreply\r\nxyz\r\n", "get " + strings.Repeat("k ", 9000) + "\r\n",
+		"stats\r\nstats settings\r\nstats reset\r\nverbosity 1 noreply\r\n",
+		strings.Repeat("bogus\r\n", 21) + "get " + strings.Repeat("K", 251) + "\r\n",
+		"incr a 18446744073709551616\r\nset n 0 0 3\r\n  5\r\nincr n 1\r\n", "ms a 2 b MZ\r\nhi\r\nmg YQ== b k v t T9\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -305,5 +581,118 @@ func TestUnixSocket(t *testing.T) {
 	}
 	if it, err := mc.Get("k"); err != nil || string(it.Value) != "over a unix socket" {
 		t.Fatalf("get: %v %v", it, err)
+	}
+}
+
+// parseStats returns a stats answer's fields in order.
+func parseStats(t *testing.T, answer string) (names []string, values map[string]string) {
+	t.Helper()
+	values = map[string]string{}
+	lines := strings.Split(strings.TrimSuffix(answer, "\r\n"), "\r\n")
+	if len(lines) == 0 || lines[len(lines)-1] != "END" {
+		t.Fatalf("stats answer %q does not end with END", trunc(answer))
+	}
+	for _, line := range lines[:len(lines)-1] {
+		f := strings.SplitN(line, " ", 3)
+		if len(f) != 3 || f[0] != "STAT" {
+			t.Fatalf("stats line %q", line)
+		}
+		names = append(names, f[1])
+		values[f[1]] = f[2]
+	}
+	return names, values
+}
+
+// TestStatsAsMemcached: stats and stats settings give memcached's field
+// names in memcached's order, and after the same commands the counters
+// that monitoring reads have memcached's values.
+func TestStatsAsMemcached(t *testing.T) {
+	real, err := testenv.StartMemcached()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer real.Close()
+	ours, _ := serve(t)
+	cmds := []string{
+		"set a 0 0 1\r\n1\r\nset b 0 0 1\r\nx\r\n",
+		"get a b missing\r\nget a\r\nmg a v\r\nmg missing v\r\n",
+		"add a 0 0 1\r\nx\r\nreplace nope 0 0 1\r\nx\r\nappend b 0 0 1\r\ny\r\nprepend nope 0 0 1\r\ny\r\n",
+		"cas a 0 0 1 1\r\nx\r\ncas nope 0 0 1 1\r\nx\r\n",
+		"incr a 5\r\nincr nope 1\r\ndecr a 2\r\ndecr a 1\r\ndecr nope 1\r\nincr b 1\r\n",
+		"touch a 100\r\ntouch nope 100\r\ngat 100 a nope\r\n",
+		"delete b\r\ndelete b\r\nmd a\r\nmd a\r\n",
+		"set big 0 0 1048517\r\n" + strings.Repeat("z", 1048517) + "\r\n",
+		"set bad 0 0 1\r\nxyz\r\n",
+		"set c 0 0 1\r\nc\r\nset d 0 0 1\r\nd\r\n",
+		// An invalid flush_all counts, and flushes nothing (memcached
+		// would count flushed items in curr_items until it reclaims them).
+		"flush_all x noreply\r\nset e 0 0 1\r\ne\r\n",
+	}
+	// The statistics are read on the same connection, so that every
+	// answer before them has been counted.
+	cmds = append(cmds, "stats\r\n", "stats settings\r\n")
+	want, got := session(t, real.Addr, cmds), session(t, ours, cmds)
+	for i := range cmds[:len(cmds)-2] {
+		if want[i] != got[i] {
+			t.Fatalf("%q: memcached %q, ours %q (the counters below would differ for that)", trunc(cmds[i]), want[i], got[i])
+		}
+	}
+	for i, sub := range []string{"stats", "stats settings"} {
+		wantNames, wantValues := parseStats(t, want[len(cmds)-2+i])
+		gotNames, gotValues := parseStats(t, got[len(cmds)-2+i])
+		// Our fields are memcached's, in its order (a subsequence).
+		j := 0
+		for _, name := range gotNames {
+			for j < len(wantNames) && wantNames[j] != name {
+				j++
+			}
+			if j == len(wantNames) {
+				t.Errorf("%s: field %s is not memcached's, or out of its order (memcached: %v)", sub, name, wantNames)
+				break
+			}
+		}
+		if sub != "stats" {
+			continue
+		}
+		for _, name := range []string{"cmd_get", "cmd_set", "cmd_flush", "cmd_touch", "cmd_meta", "get_hits", "get_misses",
+			"delete_misses", "delete_hits", "incr_misses", "incr_hits", "decr_misses", "decr_hits", "cas_misses",
+			"cas_hits", "cas_badval", "touch_hits", "touch_misses", "store_too_large", "store_no_memory", "auth_cmds",
+			"auth_errors", "bytes_read", "bytes_written", "limit_maxbytes", "accepting_conns", "curr_items",
+			"total_items", "evictions", "rejected_connections", "pointer_size"} {
+			if name == "limit_maxbytes" {
+				// Each its own memory: the pool's, and memcached's -m.
+				continue
+			}
+			if gotValues[name] != wantValues[name] {
+				t.Errorf("stats %s: memcached %q, ours %q", name, wantValues[name], gotValues[name])
+			}
+		}
+		for _, name := range []string{"pid", "uptime", "time", "version", "curr_connections", "total_connections", "threads", "bytes", "limit_maxbytes"} {
+			if gotValues[name] == "" {
+				t.Errorf("stats: no %s", name)
+			}
+		}
+		if gotValues["curr_connections"] != "1" || gotValues["total_connections"] != "1" {
+			t.Errorf("stats curr_connections %s, total_connections %s, want 1 and 1 (the session's)",
+				gotValues["curr_connections"], gotValues["total_connections"])
+		}
+	}
+	got = session(t, ours, []string{"verbosity 2\r\n", "stats settings\r\n", "stats reset\r\n", "stats\r\n"})
+	if got[0] != "OK\r\n" || got[2] != "RESET\r\n" {
+		t.Fatalf("verbosity 2: %q; stats reset: %q", got[0], got[2])
+	}
+	_, settings := parseStats(t, got[1])
+	if settings["item_size_max"] != "1048576" || settings["cas_enabled"] != "yes" ||
+		settings["maxbytes"] != strconv.Itoa(16<<20) || settings["verbosity"] != "2" {
+		t.Errorf("stats settings: %v", settings)
+	}
+	_, after := parseStats(t, got[3])
+	for _, name := range []string{"cmd_get", "get_hits", "cmd_set", "total_items", "cas_badval", "touch_hits"} {
+		if after[name] != "0" {
+			t.Errorf("stats %s %s after stats reset", name, after[name])
+		}
+	}
+	if after["curr_items"] == "0" {
+		t.Error("stats reset cleared curr_items")
 	}
 }

@@ -32,6 +32,25 @@ need_server() { # need_server <command> <debian package>
 }
 need_server redis-server redis-server
 need_server memcached memcached
+# pymemcache, an independent memcached client, drives the memcached
+# server's differential test (cache/memcached, against memcached 1.6). It
+# is installed once per version into the cache; internal/testenv
+# (Pymemcache) finds it there.
+pymemcache_version=4.0.0 # and PymemcacheVersion in pymemcache.go
+pymemcache_dir="$cache/python/pymemcache-$pymemcache_version"
+if [ ! -f "$pymemcache_dir/pymemcache/__init__.py" ]; then
+	need python3 python3
+	python3 -m pip --version >/dev/null 2>&1 || need pip3 python3-pip
+	python3 -m pip --version >/dev/null 2>&1 ||
+		{ echo "prereqs: missing pip for python3 (Debian package python3-pip), needed to install pymemcache" >&2; exit 1; }
+	echo "prereqs: installing pymemcache $pymemcache_version into $pymemcache_dir"
+	rm -rf "$pymemcache_dir.tmp"
+	# --target touches no system packages, so a Debian python3 marked
+	# externally managed may install there.
+	PIP_ROOT_USER_ACTION=ignore PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check --no-deps --target "$pymemcache_dir.tmp" "pymemcache==$pymemcache_version" ||
+		{ echo "prereqs: could not install pymemcache $pymemcache_version with python3 -m pip" >&2; rm -rf "$pymemcache_dir.tmp"; exit 1; }
+	mv "$pymemcache_dir.tmp" "$pymemcache_dir"
+fi
 # Network namespace tests (internal/testenv NewNetnsPair) need root and `ip`.
 # Without root they fail, saying so; there is nothing to install for them.
 if [ "$(id -u)" = 0 ]; then

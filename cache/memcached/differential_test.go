@@ -1,0 +1,97 @@
+package memcached
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/cache"
+	"github.com/ubkit-io/ubkit/internal/testenv"
+)
+
+// The differential test's size. make test runs the defaults (a few
+// seconds); a longer run: go test -run Differential ./cache/memcached
+// -mcdiff.ops=20000 -mcdiff.seconds=600, or the UBKIT_MC_DIFF_* variables.
+var (
+	diffSeed    = flag.Uint64("mcdiff.seed", envUint("UBKIT_MC_DIFF_SEED", 0), "seed of TestDifferentialPymemcache (0: a new one, printed)")
+	diffOps     = flag.Uint64("mcdiff.ops", envUint("UBKIT_MC_DIFF_OPS", 300), "operations per pymemcache client")
+	diffClients = flag.Uint64("mcdiff.clients", envUint("UBKIT_MC_DIFF_CLIENTS", 3), "pymemcache clients at once")
+	diffRaw     = flag.Uint64("mcdiff.raw", envUint("UBKIT_MC_DIFF_RAW", 150), "raw malformed-input cases")
+	diffSeconds = flag.Uint64("mcdiff.seconds", envUint("UBKIT_MC_DIFF_SECONDS", 15), "time after which no new operation starts")
+)
+
+func envUint(name string, def uint64) uint64 {
+	if v, err := strconv.ParseUint(os.Getenv(name), 10, 64); err == nil {
+		return v
+	}
+	return def
+}
+
+// TestDifferentialPymemcache runs testdata/diff.py: long random sequences
+// of commands through pymemcache (a client that is not ours) from
+// several threads, each in its own key space, plus malformed input on a
+// raw socket, against real memcached and against this server, requiring
+// the same answer to every command. The seed is printed; rerun a failure
+// with -mcdiff.seed.
+func TestDifferentialPymemcache(t *testing.T) {
+	python, pythonPath, err := testenv.Pymemcache()
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := testenv.StartMemcached()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { real.Close() })
+	ours := serveLarge(t)
+	seed := *diffSeed
+	if seed == 0 {
+		seed = rand.Uint64N(1<<31) + 1
+	}
+	t.Logf("seed %d (replay: go test -run TestDifferentialPymemcache ./cache/memcached -mcdiff.seed=%d)", seed, seed)
+	limit := time.Duration(*diffSeconds)*time.Second + 2*time.Minute // the last operations, and a slow machine
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, python, "testdata/diff.py", "--real", real.Addr, "--ours", ours,
+		"--seed", fmt.Sprint(seed), "--ops", fmt.Sprint(*diffOps), "--clients", fmt.Sprint(*diffClients),
+		"--raw-ops", fmt.Sprint(*diffRaw), "--seconds", fmt.Sprint(*diffSeconds))
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+pythonPath, "PYTHONDONTWRITEBYTECODE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("seed %d: %v (%v):\n%s", seed, err, ctx.Err(), out)
+	}
+	t.Logf("%s", out)
+}
+
+// serveLarge starts a server on a fresh pool as large as the memcached
+// that testenv starts (-m 256), so that neither evicts what the other
+// keeps.
+func serveLarge(t *testing.T) string {
+	t.Helper()
+	name := fmt.Sprintf("mc-diff-%d-%d", os.Getpid(), seq.Add(1))
+	p, err := cache.Open(name, cache.Options{MaxBytes: 256 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		p.Close()
+		cache.Remove(name)
+		t.Fatal(err)
+	}
+	s := NewServer(p)
+	go s.Serve(l)
+	t.Cleanup(func() {
+		s.Close()
+		p.Close()
+		cache.Remove(name)
+	})
+	return l.Addr().String()
+}
