@@ -737,6 +737,14 @@ func (n *nearCache) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 	}
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		// GET, the commonest read, without the general path's lookups.
+		if args := cmd.Args(); len(args) == 2 {
+			if name, _ := args[0].(string); name == "get" || name == "GET" {
+				if key, ok := args[1].(string); ok && n.tracked1(key) && ctx.Err() == nil && n.t.up.Load() {
+					return n.get(ctx, cmd, key)
+				}
+			}
+		}
 		name, keys, ok := cacheable(cmd)
 		var ck []byte
 		if ok && name != "get" {

@@ -39,10 +39,9 @@ func warmAll(g *getter) error {
 // mixedLoad runs Goroutines goroutines for d, each drawing its own fixed
 // sequence of operations from seed: a SET of a new value to a random key
 // of its own (key k belongs to goroutine k%Goroutines) with probability
-// setPercent/100, followed at once by a GET of that key, which must give
-// the value just written (read-your-writes); else a GET of a random key
-// whose value is checked. It returns operations per second, every GET and
-// SET counted.
+// setPercent/100, else a GET of a random key whose value is checked; a
+// GET of one of its own keys that it wrote must give exactly the last
+// value it wrote there. It returns operations per second.
 func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64, error) {
 	var wg sync.WaitGroup
 	var total atomic.Uint64
@@ -52,6 +51,7 @@ func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64
 		wg.Go(func() {
 			r := rng(seed, uint64(w))
 			val := make([]byte, ValueSize)
+			wrote := make(map[int]uint32) // own key -> last version written
 			var dst []byte
 			var n uint64
 			defer func() { total.Add(n) }()
@@ -66,19 +66,12 @@ func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64
 							errs[w] = err
 							return
 						}
-						v, err := g.getChecked(k, dst)
-						if err == nil && binary.LittleEndian.Uint64(v) != seedFor(k, ver) {
-							err = fmt.Errorf("%w: key %d read version %#x right after writing %#x",
-								errStale, k, uint32(binary.LittleEndian.Uint64(v)), ver)
-						}
-						if err != nil {
-							errs[w] = err
-							return
-						}
-						dst = v[:0]
-						n++
+						wrote[k] = ver
 					} else {
 						v, err := g.getChecked(k, dst)
+						if err == nil {
+							err = checkOwn(v, k, wrote)
+						}
 						if err != nil {
 							errs[w] = err
 							return
@@ -96,6 +89,54 @@ func mixedLoad(g *getter, seed uint64, setPercent int, d time.Duration) (float64
 		return 0, err
 	}
 	return float64(total.Load()) / el.Seconds(), nil
+}
+
+// checkOwn: a value read for a key this goroutine wrote must be the last
+// one it wrote.
+func checkOwn(v []byte, k int, wrote map[int]uint32) error {
+	ver, ok := wrote[k]
+	if !ok {
+		return nil
+	}
+	if got := uint32(binary.LittleEndian.Uint64(v)); got != ver {
+		return fmt.Errorf("%w: key %d read version %#x after writing %#x", errStale, k, got, ver)
+	}
+	return nil
+}
+
+// readYourWrites is the untimed check after a run: each goroutine writes
+// ryw keys of its own and reads each back at once; every read must give
+// the value just written.
+func readYourWrites(g *getter, seed uint64, ryw int) error {
+	var wg sync.WaitGroup
+	errs := make([]error, Goroutines)
+	for w := range Goroutines {
+		wg.Go(func() {
+			r := rng(seed, uint64(w)+1000)
+			val := make([]byte, ValueSize)
+			var dst []byte
+			for i := range ryw {
+				k := ownKey(r.IntN(Keys), w)
+				ver := uint32(w)<<24 | 0xff0000 | uint32(i)
+				fillValue(val, k, ver)
+				if err := g.set(k, val); err != nil {
+					errs[w] = err
+					return
+				}
+				v, err := g.getChecked(k, dst)
+				if err == nil {
+					err = checkOwn(v, k, map[int]uint32{k: ver})
+				}
+				if err != nil {
+					errs[w] = err
+					return
+				}
+				dst = v[:0]
+			}
+		})
+	}
+	wg.Wait()
+	return firstError(errs)
 }
 
 // errStale: a client did not read its own write.

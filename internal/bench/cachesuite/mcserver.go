@@ -48,7 +48,13 @@ func mcServer(e *Env, kind string, d time.Duration) (bench.Measurement, error) {
 		return bench.Measurement{}, err
 	}
 	v, err := mixedLoad(g, 3, 10, d)
-	return bench.Measurement{Value: v}, err
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	if err := readYourWrites(g, 3, rywChecks); err != nil {
+		return bench.Measurement{}, err
+	}
+	return bench.Measurement{Value: v}, nil
 }
 
 // mcServerPeer serves the pool named a.Addr with cache/memcached on a

@@ -16,11 +16,12 @@ import (
 	"github.com/ubkit-io/ubkit/internal/bench"
 )
 
-// readHeavy: Goroutines goroutines, 99% GET / 1% SET (each SET read back
-// at once), against redis-server over TCP, through rediscache with a
-// fresh pool (ubkit) or plain go-redis; both GET every key once first.
-// After the timed load, untimed, the same client runs the lost-update
-// check: a run whose answers were wrong reports an error, not a rate.
+// readHeavy: Goroutines goroutines, 99% GET / 1% SET, against redis-server
+// over TCP, through rediscache with a fresh pool (ubkit) or plain
+// go-redis; both GET every key once first. After the timed load, untimed,
+// the same client runs the read-your-writes check (a SET read back at
+// once, rywChecks per goroutine) and the lost-update check: a run whose
+// answers were wrong reports an error, not a rate.
 func readHeavy(e *Env, kind string, d time.Duration) (bench.Measurement, error) {
 	s, err := e.Redis()
 	if err != nil {
@@ -58,6 +59,9 @@ func readHeavy(e *Env, kind string, d time.Duration) (bench.Measurement, error) 
 	if err != nil {
 		return bench.Measurement{}, err
 	}
+	if err := readYourWrites(g, 2, rywChecks); err != nil {
+		return bench.Measurement{}, err
+	}
 	if err := lostUpdates(w); err != nil {
 		return bench.Measurement{}, err
 	}
@@ -75,6 +79,10 @@ type watcher interface {
 // the go-redis documentation's example does. A read under WATCH that does
 // not come from Redis loses increments.
 const lostUpdateIncrs = 50
+
+// rywChecks is how many SET-then-GET pairs each goroutine runs after a
+// timed run.
+const rywChecks = 200
 
 var counterSeq atomic.Uint64
 
