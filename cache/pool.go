@@ -786,7 +786,21 @@ func (p *Pool) dropExpired(bk int, now int64, freed []record) []record {
 }
 
 // Delete removes key and reports whether it was there.
-func (p *Pool) Delete(key []byte) (bool, error) {
+func (p *Pool) Delete(key []byte) (bool, error) { return p.deleteIf(key, 0, false) }
+
+// DeleteIfVersion removes key's entry only if its version is version
+// (compare-and-delete, under the bucket lock): ErrNotFound without a live
+// entry, ErrExists if the version differs.
+func (p *Pool) DeleteIfVersion(key []byte, version uint64) error {
+	found, err := p.deleteIf(key, version, true)
+	if err == nil && !found {
+		return ErrNotFound
+	}
+	return err
+}
+
+// deleteIf removes key's entry, if cond only when version is the entry's.
+func (p *Pool) deleteIf(key []byte, version uint64, cond bool) (bool, error) {
 	h := hashKey(key)
 	bk := p.bucketOff(h)
 	if err := p.lock(bk); err != nil {
@@ -794,13 +808,20 @@ func (p *Pool) Delete(key []byte) (bool, error) {
 	}
 	seq := p.word(bk + bOffSeq)
 	seq.Add(1)
-	_, i, found := p.lookup(bk, h, key, time.Now().UnixNano())
+	cur, i, found := p.lookup(bk, h, key, time.Now().UnixNano())
 	var freed []record
-	if found {
+	var err error
+	switch {
+	case found && cond && cur.info().Version != version:
+		err = ErrExists
+	case found:
 		freed = append(freed, p.clearSlot(slotOff(bk, i)))
 	}
 	seq.Add(1)
 	p.unlock(bk)
+	if err != nil {
+		return true, err
+	}
 	p.release(freed)
 	if found {
 		p.stat(stDeletes).Add(1)

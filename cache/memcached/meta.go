@@ -2,6 +2,7 @@ package memcached
 
 import (
 	"encoding/base64"
+	"errors"
 	"math"
 	"strconv"
 	"time"
@@ -432,16 +433,18 @@ func (cn *conn) metaDelete(f [][]byte) {
 	p, st := cn.s.Pool, &cn.s.st
 	code := "HD"
 	if m.hasCAS {
-		if ver, found := p.Version(m.key); !found {
+		// Compare and delete under one lock: a write landing between a
+		// check and a delete would be lost.
+		switch err := p.DeleteIfVersion(m.key, m.casv); {
+		case errors.Is(err, cache.ErrNotFound):
 			code = "NF"
-		} else if ver != m.casv {
+		case errors.Is(err, cache.ErrExists):
 			code = "EX"
-		}
-	}
-	if code == "HD" {
-		if found, _ := p.Delete(m.key); !found {
+		case err != nil:
 			code = "NF"
 		}
+	} else if found, _ := p.Delete(m.key); !found {
+		code = "NF"
 	}
 	if code == "HD" {
 		st.deleteHits.Add(1)
@@ -479,16 +482,30 @@ func (cn *conn) metaArith(f [][]byte) {
 		return
 	}
 	p, st, key := cn.s.Pool, &cn.s.st, m.key
-	v, fail := cn.s.addDelta(key, incr, m.delta, m.casv, &cn.old)
+	// T is applied in the same write as the delta, and c and t describe
+	// that write's item (or, for a t before T, the item before it).
+	var ttl *time.Duration
+	if m.newTTL {
+		d := ttlOf(m.exptime)
+		ttl = &d
+	}
+	v, before, after, fail := cn.s.addDeltaTTL(key, incr, m.delta, m.casv, &cn.old, ttl)
 	created := false
 	if fail == deltaNotFound && m.has['N'] {
-		// Autovivify with J (default 0) and N's TTL.
-		_, err := p.Set(key, strconv.AppendUint(nil, m.initial, 10), cache.SetOptions{Mode: cache.IfAbsent, TTL: ttlOf(m.autoviv)})
+		// Autovivify with J (default 0) and N's TTL, or T's if T comes
+		// after N (the later flag wins, as in memcached).
+		life := ttlOf(m.autoviv)
+		if m.newTTL && flagAfter(m.order, 'T', 'N') {
+			life = ttlOf(m.exptime)
+		}
+		ver, err := p.Set(key, strconv.AppendUint(nil, m.initial, 10), cache.SetOptions{Mode: cache.IfAbsent, TTL: life})
 		if err == nil {
 			st.totalItems.Add(1)
 			v, fail, created = m.initial, "", true
+			after = cache.Info{Version: ver}
+			before = after
 		} else {
-			v, fail = cn.s.addDelta(key, incr, m.delta, m.casv, &cn.old)
+			v, before, after, fail = cn.s.addDeltaTTL(key, incr, m.delta, m.casv, &cn.old, ttl)
 		}
 	}
 	switch {
@@ -518,9 +535,6 @@ func (cn *conn) metaArith(f [][]byte) {
 			st.decrHits.Add(1)
 		}
 	}
-	if m.newTTL {
-		p.Touch(key, ttlOf(m.exptime))
-	}
 	if m.noreply && !created {
 		return
 	}
@@ -530,24 +544,23 @@ func (cn *conn) metaArith(f [][]byte) {
 	} else {
 		cn.w.WriteString("HD")
 	}
-	var in cache.Info
-	if m.has['c'] || m.has['t'] {
-		_, in, _ = p.Get(key, nil)
-	}
+	// t reports the expiry as the flags before it left it: the item's
+	// before the write, then T's, then (for a created item) N's.
+	cur := before
 	if created {
-		in.Expires = time.Time{} // until N, as memcached
+		cur.Expires = time.Time{} // until N, as memcached
 	}
 	for _, t := range m.order {
 		switch t[0] {
 		case 'c':
-			cn.w.WriteString(" c" + strconv.FormatUint(in.Version, 10))
+			cn.w.WriteString(" c" + strconv.FormatUint(after.Version, 10))
 		case 't':
-			cn.w.WriteString(ttlFlag(in))
+			cn.w.WriteString(ttlFlag(cur))
 		case 'T':
-			in.Expires = expiry(m.exptime)
+			cur.Expires = expiry(m.exptime)
 		case 'N':
 			if created {
-				in.Expires = expiry(m.autoviv)
+				cur.Expires = expiry(m.autoviv)
 			}
 		default:
 			cn.writeEcho(t, &m, f)
@@ -557,4 +570,18 @@ func (cn *conn) metaArith(f [][]byte) {
 	if m.has['v'] {
 		cn.w.WriteString(num + "\r\n")
 	}
+}
+
+// flagAfter says whether flag a comes after flag b in a meta command.
+func flagAfter(order [][]byte, a, b byte) bool {
+	ia, ib := -1, -1
+	for i, t := range order {
+		switch t[0] {
+		case a:
+			ia = i
+		case b:
+			ib = i
+		}
+	}
+	return ia > ib
 }

@@ -45,9 +45,16 @@ const (
 // Version is what the version command answers.
 const Version = "1.6.18-ubkit"
 
+// DefaultMaxConns is memcached's default connection limit (-c 1024).
+const DefaultMaxConns = 1024
+
 // Server serves a pool.
 type Server struct {
 	Pool *cache.Pool
+	// MaxConns bounds the open connections (0: DefaultMaxConns). One more
+	// is answered "ERROR Too many open connections" and closed, as
+	// memcached does, and counted in rejected_connections.
+	MaxConns int
 
 	mu         sync.Mutex
 	ls         map[net.Listener]struct{}
@@ -75,23 +82,47 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 	s.ls[l] = struct{}{}
 	s.mu.Unlock()
+	var backoff time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			s.mu.Lock()
 			closed := s.closed
-			delete(s.ls, l)
-			s.mu.Unlock()
-			if closed {
-				return net.ErrClosed
+			if closed || errors.Is(err, net.ErrClosed) {
+				delete(s.ls, l)
+				s.mu.Unlock()
+				if closed {
+					return net.ErrClosed
+				}
+				return err
 			}
-			return err
+			s.mu.Unlock()
+			// Out of descriptors, or a connection aborted before it was
+			// accepted: wait and go on, as net/http does, instead of
+			// leaving the listener open and unserved.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.st.acceptErrors.Add(1)
+			time.Sleep(backoff)
+			continue
 		}
+		backoff = 0
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			c.Close()
 			return net.ErrClosed
+		}
+		limit := s.MaxConns
+		if limit <= 0 {
+			limit = DefaultMaxConns
+		}
+		if len(s.conns) >= limit {
+			s.mu.Unlock()
+			s.st.rejectedConns.Add(1)
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			io.WriteString(c, "ERROR Too many open connections\r\n")
+			c.Close()
+			continue
 		}
 		s.conns[c] = struct{}{}
 		s.wg.Add(1)

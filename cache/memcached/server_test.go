@@ -483,6 +483,11 @@ func metaCases() []string {
 		"ma cnt q\r\nma cnt MZ\r\nma cnt Mi\r\nma cnt M+ v\r\nma cnt Dx\r\nma cnt x\r\n",
 		"ma cnt2 N0 J5 q\r\nma cnt2 q\r\nma cnt2 v q\r\nma cnt2 v\r\n",
 		"ms mk 1\r\nx\r\nma mk\r\nma mk C1\r\n",
+		// ma's c and t describe its own write; a t before T the item before.
+		"set mt 0 0 2\r\n50\r\nma mt T-1 c v\r\nmg mt v\r\n",
+		"set mt2 0 0 2\r\n50\r\nma mt2 t T3600\r\nma mt2 T3600 t\r\n",
+		"ma mt3 T-1 N100 v\r\nmg mt3 v\r\nma mt4 N100 T-1 v\r\nmg mt4 v\r\n",
+		"set md1 0 0 1\r\nx\r\nmd md1 C1\r\nmd md1 C0\r\nmd nokey C5\r\n",
 		"mg mk s v Oxyz k t c f\r\n",
 		// memcached's base64 skips what is not in its alphabet.
 		"mg raw-3 b v k\r\nma raw-0 MS b\r\nms bWs= 1 b k\r\nq\r\nmg b-W-s= b k v\r\nmd bWs b\r\n",
@@ -694,5 +699,121 @@ func TestStatsAsMemcached(t *testing.T) {
 	}
 	if after["curr_items"] == "0" {
 		t.Error("stats reset cleared curr_items")
+	}
+}
+
+// TestMetaDeleteCASRace: md with C compares and deletes in one step, so a
+// set landing in between is never lost.
+func TestMetaDeleteCASRace(t *testing.T) {
+	addr, _ := serve(t)
+	dial := func() (net.Conn, *bufio.Reader) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c, bufio.NewReader(c)
+	}
+	ca, ra := dial()
+	cb, rb := dial()
+	line := func(c net.Conn, r *bufio.Reader, cmd string) string {
+		if _, err := io.WriteString(c, cmd); err != nil {
+			t.Fatal(err)
+		}
+		l, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	for i := range 5000 {
+		hd := line(ca, ra, "ms race 1 c\r\nx\r\n")
+		var v uint64
+		if _, err := fmt.Sscanf(hd, "HD c%d", &v); err != nil {
+			t.Fatalf("ms: %q", hd)
+		}
+		done := make(chan string, 1)
+		go func() { done <- line(ca, ra, fmt.Sprintf("md race C%d\r\n", v)) }()
+		line(cb, rb, "ms race 1\r\ny\r\n")
+		<-done
+		if got := line(cb, rb, "mg race v\r\n"); strings.HasPrefix(got, "EN") {
+			t.Fatalf("round %d: a set racing md C%d was lost", i, v)
+		} else if strings.HasPrefix(got, "VA") {
+			line(cb, rb, "") // the value line
+		}
+	}
+}
+
+// flakyListener fails its first Accept with EMFILE, as a process out of
+// descriptors sees.
+type flakyListener struct {
+	net.Listener
+	failed atomic.Bool
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if !l.failed.Swap(true) {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: errors.New("accept4: too many open files")}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeLimits: an accept error does not stop the server, and beyond
+// MaxConns a connection is refused as memcached refuses it.
+func TestServeLimits(t *testing.T) {
+	name := fmt.Sprintf("mc-test-%d-%d", os.Getpid(), seq.Add(1))
+	p, err := cache.Open(name, cache.Options{MaxBytes: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(p)
+	s.MaxConns = 2
+	go s.Serve(&flakyListener{Listener: l})
+	t.Cleanup(func() {
+		s.Close()
+		p.Close()
+		cache.Remove(name)
+	})
+	ask := func(c net.Conn, cmd string) string { // one line, or a stats block to END
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, cmd)
+		var out strings.Builder
+		var one [1]byte
+		for {
+			if _, err := c.Read(one[:]); err != nil {
+				return out.String()
+			}
+			out.WriteByte(one[0])
+			if s := out.String(); strings.HasSuffix(s, "\r\n") && (!strings.HasPrefix(s, "STAT") || strings.HasSuffix(s, "END\r\n")) {
+				return s
+			}
+		}
+	}
+	var conns []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if got := ask(c, "version\r\n"); !strings.HasPrefix(got, "VERSION") {
+			t.Fatalf("after an accept error: %q", got)
+		}
+		conns = append(conns, c)
+	}
+	extra, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	if got := ask(extra, "version\r\n"); got != "ERROR Too many open connections\r\n" {
+		t.Fatalf("a connection beyond MaxConns: %q", got)
+	}
+	if got := ask(conns[0], "stats\r\n"); !strings.Contains(got, "STAT rejected_connections 1\r\n") {
+		t.Errorf("stats after a refusal: %q", got)
 	}
 }

@@ -18,6 +18,7 @@ type counters struct {
 	getHits, getMisses, deleteMisses, deleteHits, incrMisses, incrHits,
 	decrMisses, decrHits, casMisses, casHits, casBadval, touchHits,
 	touchMisses, storeTooLarge, storeNoMemory, bytesRead, bytesWritten,
+	rejectedConns, acceptErrors,
 	totalItems atomic.Uint64
 }
 
@@ -82,7 +83,7 @@ func (cn *conn) generalStats() {
 	cn.statUint("pointer_size", strconv.IntSize)
 	cn.statUint("curr_connections", uint64(st.currConns.Load()))
 	cn.statUint("total_connections", st.totalConns.Load())
-	cn.statUint("rejected_connections", 0)
+	cn.statUint("rejected_connections", st.rejectedConns.Load())
 	cn.statUint("cmd_get", st.cmdGet.Load())
 	cn.statUint("cmd_set", st.cmdSet.Load())
 	cn.statUint("cmd_flush", st.cmdFlush.Load())

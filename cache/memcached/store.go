@@ -226,22 +226,30 @@ const (
 // or the failure's answer.
 // casv, from meta arithmetic, must match the value's version unless 0.
 func (s *Server) addDelta(key []byte, incr bool, delta, casv uint64, buf *[]byte) (uint64, string) {
+	v, _, _, fail := s.addDeltaTTL(key, incr, delta, casv, buf, nil)
+	return v, fail
+}
+
+// addDeltaTTL is addDelta that can also set the entry's time to live in
+// the same write (ttl non-nil), and returns the entry as it was before
+// and as it is after, so that ma's c and t flags describe its own item.
+func (s *Server) addDeltaTTL(key []byte, incr bool, delta, casv uint64, buf *[]byte, ttl *time.Duration) (uint64, cache.Info, cache.Info, string) {
 	p := s.Pool
 	for {
 		old, in, err := p.Get(key, (*buf)[:0])
 		if err != nil {
-			return 0, deltaNotFound
+			return 0, in, in, deltaNotFound
 		}
 		*buf = old
 		if len(old) == 0 || itemSize(len(key), in.Flags, len(old)) > slabChunkMax {
-			return 0, deltaNonNumeric
+			return 0, in, in, deltaNonNumeric
 		}
 		if casv != 0 && casv != in.Version {
-			return 0, deltaCASMismatch
+			return 0, in, in, deltaCASMismatch
 		}
 		v, ok := numericValue(old)
 		if !ok {
-			return 0, deltaNonNumeric
+			return 0, in, in, deltaNonNumeric
 		}
 		switch {
 		case incr:
@@ -255,14 +263,22 @@ func (s *Server) addDelta(key []byte, incr bool, delta, casv uint64, buf *[]byte
 		for len(nv) < len(old) {
 			nv = append(nv, ' ')
 		}
-		_, err = p.Set(key, nv, keep(in))
+		o := keep(in)
+		if ttl != nil {
+			o.TTL = *ttl
+		}
+		ver, err := p.Set(key, nv, o)
 		switch {
 		case err == nil:
-			return v, ""
+			after := cache.Info{Version: ver, Flags: in.Flags}
+			if o.TTL > 0 {
+				after.Expires = time.Now().Add(o.TTL)
+			}
+			return v, in, after, ""
 		case errors.Is(err, cache.ErrExists), errors.Is(err, cache.ErrNotFound):
 			continue
 		}
-		return 0, deltaNoMemory
+		return 0, in, in, deltaNoMemory
 	}
 }
 
