@@ -215,6 +215,14 @@ func (s *Server) ServeConn(c net.Conn) {
 			return
 		}
 		cn.commandDone()
+		// An idle connection keeps no large buffer: pooled clients hold
+		// many of them open.
+		if cap(cn.scratch) > keepBuf {
+			cn.scratch = nil
+		}
+		if cap(cn.old) > keepBuf {
+			cn.old = nil
+		}
 		// Answer a pipeline once it is read: when no whole line is left,
 		// as memcached, which then waits for more.
 		if quit || !cn.lineBuffered() {
@@ -228,6 +236,10 @@ func (s *Server) ServeConn(c net.Conn) {
 		}
 	}
 }
+
+// keepBuf is the most a connection keeps of its value buffers between
+// commands.
+const keepBuf = 64 << 10
 
 // reqsPerEvent is memcached's -R (reqs_per_event, default 20): it sends
 // the answers it has after that many commands, even when more are
@@ -714,13 +726,27 @@ func appendUint(b []byte, v uint64) []byte {
 // readData reads a data block of n bytes and its \r\n. ok is false when
 // the block does not end properly; closed when the connection ended.
 func (cn *conn) readData(n int) (data []byte, ok, closed bool) {
-	if cap(cn.scratch) < n+2 {
-		cn.scratch = make([]byte, n+2)
+	// The buffer grows as the data arrives (doubling, from 64 KiB): a
+	// declared length alone commits no memory, and what a connection
+	// holds is at most twice what its client really sent.
+	need := n + 2
+	buf := cn.scratch[:0]
+	for len(buf) < need {
+		chunk := min(need-len(buf), max(len(buf), keepBuf))
+		if cap(buf)-len(buf) < chunk {
+			nb := make([]byte, len(buf), len(buf)+chunk)
+			copy(nb, buf)
+			buf = nb
+		}
+		m, err := io.ReadFull(cn.r, buf[len(buf):len(buf)+chunk])
+		buf = buf[:len(buf)+m]
+		if err != nil {
+			cn.scratch = buf
+			return nil, false, true
+		}
 	}
-	data = cn.scratch[:n+2]
-	if _, err := io.ReadFull(cn.r, data); err != nil {
-		return nil, false, true
-	}
+	cn.scratch = buf
+	data = buf[:need]
 	if data[n] != '\r' || data[n+1] != '\n' {
 		return nil, false, false
 	}

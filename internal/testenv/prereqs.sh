@@ -49,6 +49,7 @@ if [ ! -f "$pymemcache_dir/pymemcache/__init__.py" ]; then
 	# externally managed may install there.
 	PIP_ROOT_USER_ACTION=ignore PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check --no-deps --target "$pymemcache_dir.tmp" "pymemcache==$pymemcache_version" ||
 		{ echo "prereqs: could not install pymemcache $pymemcache_version with python3 -m pip" >&2; rm -rf "$pymemcache_dir.tmp"; exit 1; }
+	rm -rf "$pymemcache_dir" # a broken earlier install: mv would nest inside it
 	mv "$pymemcache_dir.tmp" "$pymemcache_dir"
 fi
 # Network namespace tests (internal/testenv NewNetnsPair) need root and `ip`.

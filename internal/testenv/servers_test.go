@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"testing"
 )
 
@@ -33,5 +35,17 @@ func TestServers(t *testing.T) {
 		if err != nil || len(line) < len(c.want) || line[:len(c.want)] != c.want {
 			t.Errorf("%s %s: %q %v", c.network, c.addr, line, err)
 		}
+	}
+}
+
+// TestPymemcacheVersion: prereqs.sh installs the version Pymemcache looks
+// for (a bump of one alone would send every run back to make prereqs).
+func TestPymemcacheVersion(t *testing.T) {
+	b, err := os.ReadFile("prereqs.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "pymemcache_version=" + PymemcacheVersion + " "; !strings.Contains(string(b), want) {
+		t.Errorf("prereqs.sh does not set %q", want)
 	}
 }
