@@ -5,14 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/ubkit-io/ubkit/cache"
 	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
@@ -75,23 +73,6 @@ func TestDifferentialPymemcache(t *testing.T) {
 // keeps.
 func serveLarge(t *testing.T) string {
 	t.Helper()
-	name := fmt.Sprintf("mc-diff-%d-%d", os.Getpid(), seq.Add(1))
-	p, err := cache.Open(name, cache.Options{MaxBytes: 256 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		p.Close()
-		cache.Remove(name)
-		t.Fatal(err)
-	}
-	s := NewServer(p)
-	go s.Serve(l)
-	t.Cleanup(func() {
-		s.Close()
-		p.Close()
-		cache.Remove(name)
-	})
-	return l.Addr().String()
+	addr, _ := serveWith(t, 256<<20, nil, nil)
+	return addr
 }

@@ -25,17 +25,33 @@ var seq atomic.Int64
 // serve starts a server on a fresh pool and returns its address.
 func serve(t testing.TB) (string, *cache.Pool) {
 	t.Helper()
+	return serveWith(t, 16<<20, nil, nil)
+}
+
+// serveWith starts a server on a fresh pool of maxBytes, configured by
+// cfg and listening through wrap (either may be nil).
+func serveWith(t testing.TB, maxBytes int64, cfg func(*Server), wrap func(net.Listener) net.Listener) (string, *cache.Pool) {
+	t.Helper()
 	name := fmt.Sprintf("mc-test-%d-%d", os.Getpid(), seq.Add(1))
-	p, err := cache.Open(name, cache.Options{MaxBytes: 16 << 20})
+	p, err := cache.Open(name, cache.Options{MaxBytes: maxBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		p.Close()
+		cache.Remove(name)
 		t.Fatal(err)
 	}
 	s := NewServer(p)
-	go s.Serve(l)
+	if cfg != nil {
+		cfg(s)
+	}
+	var sl net.Listener = l
+	if wrap != nil {
+		sl = wrap(l)
+	}
+	go s.Serve(sl)
 	t.Cleanup(func() {
 		s.Close()
 		p.Close()
@@ -761,23 +777,8 @@ func (l *flakyListener) Accept() (net.Conn, error) {
 // TestServeLimits: an accept error does not stop the server, and beyond
 // MaxConns a connection is refused as memcached refuses it.
 func TestServeLimits(t *testing.T) {
-	name := fmt.Sprintf("mc-test-%d-%d", os.Getpid(), seq.Add(1))
-	p, err := cache.Open(name, cache.Options{MaxBytes: 16 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewServer(p)
-	s.MaxConns = 2
-	go s.Serve(&flakyListener{Listener: l})
-	t.Cleanup(func() {
-		s.Close()
-		p.Close()
-		cache.Remove(name)
-	})
+	addr, _ := serveWith(t, 16<<20, func(s *Server) { s.MaxConns = 2 },
+		func(l net.Listener) net.Listener { return &flakyListener{Listener: l} })
 	ask := func(c net.Conn, cmd string) string { // one line, or a stats block to END
 		c.SetDeadline(time.Now().Add(5 * time.Second))
 		io.WriteString(c, cmd)
@@ -795,7 +796,7 @@ func TestServeLimits(t *testing.T) {
 	}
 	var conns []net.Conn
 	for range 2 {
-		c, err := net.Dial("tcp", l.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -805,7 +806,7 @@ func TestServeLimits(t *testing.T) {
 		}
 		conns = append(conns, c)
 	}
-	extra, err := net.Dial("tcp", l.Addr().String())
+	extra, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
