@@ -47,7 +47,7 @@ func serveWith(t testing.TB, maxBytes int64, cfg func(*Server), wrap func(net.Li
 	if cfg != nil {
 		cfg(s)
 	}
-	var sl net.Listener = l
+	sl := net.Listener(l)
 	if wrap != nil {
 		sl = wrap(l)
 	}
