@@ -161,7 +161,11 @@ func Open(name string, opts Options) (*Pool, error) {
 	return p, nil
 }
 
-// Remove unlinks the pool's segment; processes attached keep their mapping.
+// Remove unlinks the pool's segment: processes attached keep their
+// mapping, and the next Open of the name creates a new, empty pool. Close
+// never removes the name (not even the creator's), so that a pool does
+// not split in two when its creator exits while others use it; Remove is
+// the only way to delete it.
 func Remove(name string) error {
 	seg, err := shm.OpenSegment(segName(name))
 	if err != nil {
@@ -208,7 +212,10 @@ func create(name string, opts Options) (*Pool, error) {
 	}
 	poolOff := headerSize + o.Buckets*bucketSize
 	poolOff = (poolOff + 4095) &^ 4095
-	seg, err := shm.CreateSegment(segName(name), poolOff+psize, nil)
+	// Keep: the name outlives its creator's Close. Every process on the
+	// host finds the same pool by it for as long as the pool is used;
+	// only Remove deletes it.
+	seg, err := shm.CreateSegment(segName(name), poolOff+psize, &shm.SegmentOptions{Keep: true})
 	if err != nil {
 		return nil, err
 	}

@@ -450,3 +450,38 @@ func FuzzAttach(f *testing.F) {
 		}
 	})
 }
+
+// TestCreatorCloseKeepsName: when the process that created a pool closes
+// it, the others still share one pool with whoever opens the name next
+// (the name used to go with the creator, and the pool split in two).
+func TestCreatorCloseKeepsName(t *testing.T) {
+	creator, name := newPool(t, Options{MaxBytes: 1 << 20})
+	user, err := Open(name, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer user.Close()
+	if _, err := creator.Set([]byte("before"), []byte("1"), SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	creator.Close()
+	if _, err := user.Set([]byte("after"), []byte("2"), SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next, err := Open(name, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	for _, k := range []string{"before", "after"} {
+		if _, _, err := next.Get([]byte(k), nil); err != nil {
+			t.Errorf("%s, written before the creator closed or after, is not in the pool a new process opens: %v", k, err)
+		}
+	}
+	if _, err := next.Set([]byte("later"), []byte("3"), SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := user.Get([]byte("later"), nil); err != nil {
+		t.Errorf("a write through the new opener is not seen by the old user: %v", err)
+	}
+}
