@@ -65,6 +65,7 @@
 package rediscache
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -202,8 +203,7 @@ func (c *Client) Stats() Stats {
 // only after a change Redis does not announce to tracking clients: a
 // SWAPDB made by a client that is not a drop-in on this host.
 func (c *Client) FlushNearCache() error {
-	if _, err := c.nc.pool.Set(c.nc.nsKeyB, nil, cache.SetOptions{}); err != nil {
-		c.nc.poisoned.Store(true)
+	if err := c.nc.flushIn(c.nc.nsKeyB); err != nil {
 		return fmt.Errorf("rediscache: flush the near cache: %w", err)
 	}
 	return nil
@@ -316,21 +316,22 @@ func (n *nearCache) forgetIn(genPrefix, nsKey []byte, redisKey string) {
 	if _, err := n.pool.Delete(gk); err == nil {
 		return
 	}
-	n.flushIn(nsKey)
+	_ = n.flushIn(nsKey)
 }
 
 // flush drops the near cache for this server: a new namespace generation,
 // which every process's next hit reads.
-func (n *nearCache) flush() { n.flushIn(n.nsKeyB) }
+func (n *nearCache) flush() { _ = n.flushIn(n.nsKeyB) }
 
-func (n *nearCache) flushIn(nsKey []byte) {
-	if _, err := n.pool.Set(nsKey, nil, cache.SetOptions{}); err != nil {
-		// Entries of the old generation may still be served: serve
-		// nothing until a flush goes through.
-		n.poisoned.Store(true)
-		return
+func (n *nearCache) flushIn(nsKey []byte) error {
+	_, err := n.pool.Set(nsKey, nil, cache.SetOptions{})
+	if bytes.Equal(nsKey, n.nsKeyB) {
+		// A failed flush of this client's namespace may leave entries of
+		// the old generation servable: serve nothing until one goes
+		// through. (Another database's namespace is its clients' own.)
+		n.poisoned.Store(err != nil)
 	}
-	n.poisoned.Store(false)
+	return err
 }
 
 func (n *nearCache) table() cmdTable {
@@ -364,14 +365,14 @@ func (n *nearCache) forgetWritten(cmd redis.Cmder, db int) {
 	case name == "flushall":
 		for d := range allDBs {
 			_, k := nsOf(d)
-			n.flushIn(k)
+			_ = n.flushIn(k)
 		}
 		return
 	case name == "swapdb" && len(args) == 3:
 		for _, a := range args[1:] {
 			if d, ok := dbArg(a); ok {
 				_, k := nsOf(d)
-				n.flushIn(k)
+				_ = n.flushIn(k)
 			}
 		}
 	case name == "move" && len(args) == 3 && len(keys) == 1:
@@ -390,7 +391,7 @@ func (n *nearCache) forgetWritten(cmd redis.Cmder, db int) {
 		}
 	}
 	if all {
-		n.flushIn(nsKey)
+		_ = n.flushIn(nsKey)
 		return
 	}
 	for _, k := range keys {

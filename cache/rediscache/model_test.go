@@ -252,22 +252,12 @@ func (m *model) next(ctx context.Context) (string, func(redis.Cmdable) string) {
 	case x < 35: // a pipeline
 		ops := m.batch(ctx)
 		return "pipeline[" + names(ops) + "]", func(c redis.Cmdable) string {
-			return pipelineAnswer(c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, o := range ops {
-					o.mk(p)
-				}
-				return nil
-			}))
+			return pipelineAnswer(c.Pipelined(ctx, queueAll(ops)))
 		}
 	case x < 40: // a transaction
 		ops := m.batch(ctx)
 		return "multi[" + names(ops) + "]", func(c redis.Cmdable) string {
-			return pipelineAnswer(c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				for _, o := range ops {
-					o.mk(p)
-				}
-				return nil
-			}))
+			return pipelineAnswer(c.TxPipelined(ctx, queueAll(ops)))
 		}
 	case x < 45: // WATCH, read, write
 		k := m.key()
@@ -299,6 +289,16 @@ func (m *model) batch(ctx context.Context) []op {
 		}
 	}
 	return ops
+}
+
+// queueAll queues ops on a pipeline.
+func queueAll(ops []op) func(redis.Pipeliner) error {
+	return func(p redis.Pipeliner) error {
+		for _, o := range ops {
+			o.mk(p)
+		}
+		return nil
+	}
 }
 
 func names(ops []op) string {
@@ -365,6 +365,8 @@ func TestSharedKeysLinearizable(t *testing.T) {
 	var mu sync.Mutex
 	var history []event
 	var failures []string
+	paced := make(chan struct{})
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	run := func(id int, c redis.Cmdable, isRemote bool) {
 		r := rand.New(rand.NewPCG(seed, uint64(id)))
@@ -400,14 +402,28 @@ func TestSharedKeysLinearizable(t *testing.T) {
 			history = append(history, ev)
 			mu.Unlock()
 			if isRemote {
-				time.Sleep(time.Duration(r.IntN(2000)) * time.Microsecond) // another host writes now and then
+				// Another host writes now and then: once per few
+				// operations of the drop-ins.
+				select {
+				case <-paced:
+				case <-stop:
+					return
+				}
+			} else if i%8 == 0 {
+				select {
+				case paced <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}
+	var local sync.WaitGroup
 	for id, c := range []redis.Cmdable{a, a, b, b} {
-		wg.Go(func() { run(id, c, false) })
+		local.Go(func() { run(id, c, false) })
 	}
 	wg.Go(func() { run(9, remote, true) })
+	local.Wait()
+	close(stop)
 	wg.Wait()
 	if len(failures) > 0 {
 		t.Fatalf("commands failed: %v", failures)
