@@ -1,7 +1,9 @@
 // Package testenv gives ubkit's tests the real parts they run against
 // (DESIGN.md, "Tests use real parts"): today, two "hosts" made of network
 // namespaces joined by a veth link (NewNetnsPair), for multi-host transport
-// and CNI tests.
+// and CNI tests; and another user on the host (OtherUser), a throwaway
+// unprivileged user to run the test binary as (User.Command), for tests of
+// what other users can and cannot do to ubkit's files and sockets.
 //
 // Every helper takes the test's testing.TB and registers t.Cleanup for what it
 // makes, so a test leaves nothing behind; leftovers of a test process that was

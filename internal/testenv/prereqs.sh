@@ -58,6 +58,9 @@ if [ "$(id -u)" = 0 ]; then
 	# The Go side also looks in the sbin directories, which a minimal $PATH
 	# may lack.
 	[ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need ip iproute2
+	# Tests of what another user can do (internal/testenv OtherUser) make
+	# throwaway users with useradd and userdel.
+	[ -x /usr/sbin/useradd ] || [ -x /sbin/useradd ] || need useradd passwd
 else
 	echo "prereqs: not root: the network namespace tests will fail (they need root and the ip command, Debian package iproute2)" >&2
 fi
