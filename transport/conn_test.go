@@ -49,6 +49,9 @@ func TestMain(m *testing.M) {
 		io.Copy(io.Discard, c)
 		os.Exit(0)
 	}
+	if mode := os.Getenv("TRANSPORT_TEST_AUTH"); mode != "" {
+		os.Exit(authChild(mode))
+	}
 	if os.Getenv("TRANSPORT_TEST_CHILD") != "" {
 		os.Exit(child())
 	}

@@ -67,8 +67,23 @@ type Config struct {
 	// service. Default: RuntimeDir().
 	RuntimeDir string
 	// AllowUIDs are users besides this process's whose processes may
-	// connect on this host (SO_PEERCRED is checked). Default: none.
+	// connect on this host, over unix sockets (SO_PEERCRED) and loopback
+	// TCP alike (the kernel's socket table names each socket's owner).
+	// Default: none.
 	AllowUIDs []int
+	// Identity proves this node's name to listeners and dialers on other
+	// hosts, and verifies theirs (mutual TLS with the super node's CA).
+	// Default: the files UBKIT_TLS_CERT, UBKIT_TLS_KEY and UBKIT_TLS_CA
+	// name, else none: dialers from other hosts are refused, and dialing a
+	// listener on another host fails.
+	Identity *Identity
+	// ListenTCP makes listeners accept TCP dialers even when the topology
+	// gives this node no address other hosts reach it at (the labels
+	// ubkit.io/address and ubkit.io/registry): on loopback, for tests of
+	// the tcp path. Dialers on this host are held to the same user check
+	// on TCP as on unix sockets. An endpoint whose forced path is tcp
+	// listens on TCP too.
+	ListenTCP bool
 }
 
 // Endpoint is a process's place on the super node: the node it plays, the
@@ -84,6 +99,9 @@ type Endpoint struct {
 	dir     string
 	allow   []int
 	regAddr string // this node's registry address, if it serves one
+
+	identity  *Identity // nil: no dialers from other hosts
+	listenTCP bool
 
 	mu        sync.Mutex
 	ubctx     ub.Context
@@ -136,7 +154,25 @@ func NewEndpoint(cfg Config) (*Endpoint, error) {
 	if dir == "" {
 		dir = RuntimeDir()
 	}
-	e := &Endpoint{node: node, topo: t, prov: prov, opts: maps.Clone(cfg.ProviderOptions), path: path, dir: dir, allow: slices.Clone(cfg.AllowUIDs)}
+	id := cfg.Identity
+	if id == nil {
+		var err error
+		if id, err = identityFromEnv(); err != nil {
+			return nil, err
+		}
+	}
+	if id != nil {
+		c := *id
+		if c.SuperNode == "" {
+			c.SuperNode = t.Name
+		}
+		if c.Roots == nil || len(c.Certificate.Certificate) == 0 {
+			return nil, errors.New("transport: Config.Identity needs a certificate and the roots that verify other nodes'")
+		}
+		id = &c
+	}
+	e := &Endpoint{node: node, topo: t, prov: prov, opts: maps.Clone(cfg.ProviderOptions), path: path, dir: dir,
+		allow: slices.Clone(cfg.AllowUIDs), identity: id, listenTCP: cfg.ListenTCP || path == PathTCP}
 	if e.opts == nil {
 		e.opts = map[string]string{}
 	}
@@ -278,18 +314,20 @@ func (e *Endpoint) registryAddr(node string) string {
 	return net.JoinHostPort(node, DefaultRegistryPort)
 }
 
-// listenHost is the address a listener accepts remote dialers on.
-func (e *Endpoint) listenHost() string {
+// remoteHost is the address a listener accepts TCP dialers on, and
+// whether it should: when the topology says other hosts reach this node
+// there, or when asked (Config.ListenTCP, a forced tcp path), on loopback.
+func (e *Endpoint) remoteHost() (string, bool) {
 	if i, ok := e.topo.NodeIndex(e.node); ok {
 		labels := e.topo.Nodes[i].Labels
 		if a := labels[LabelAddress]; a != "" {
-			return a
+			return a, true
 		}
 		if host, _, err := net.SplitHostPort(labels[LabelRegistry]); err == nil && host != "" {
-			return host
+			return host, true
 		}
 	}
-	return "127.0.0.1"
+	return "127.0.0.1", e.listenTCP
 }
 
 // checkName keeps node and service names usable as file names.
@@ -368,15 +406,28 @@ func (e *Endpoint) stopRegistryLocked() {
 	}
 }
 
+// maxRegistryLookups bounds the lookups a registry answers at once; a
+// dialer beyond it is hung up on (and retries), so silent connections
+// cannot pile up goroutines.
+const maxRegistryLookups = 64
+
 func (e *Endpoint) serveRegistry(l net.Listener) {
+	busy := make(chan struct{}, maxRegistryLookups)
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			return
 		}
+		select {
+		case busy <- struct{}{}:
+		default:
+			c.Close()
+			continue
+		}
 		go func() {
+			defer func() { <-busy }()
 			defer c.Close()
-			c.SetDeadline(time.Now().Add(handshakeTimeout))
+			c.SetDeadline(time.Now().Add(time.Second))
 			line, err := readLine(c, 600)
 			if err != nil {
 				return

@@ -2,6 +2,8 @@ package transport
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -9,41 +11,54 @@ import (
 	"io"
 	"net"
 	"os"
-	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
 
 // Listener accepts connections for one service, on every path: a
-// rendezvous socket in this host's registry for dialers on this host, and
-// a TCP socket for dialers on other hosts. It is a net.Listener.
+// rendezvous socket in this host's registry for dialers on this host, and,
+// when the node can be reached from other hosts (or Config.ListenTCP asks
+// for it), a TCP socket. It is a net.Listener.
 type Listener struct {
 	ep      *Endpoint
 	addr    Addr
 	ul      *net.UnixListener
-	tl      *net.TCPListener
+	tl      *net.TCPListener // nil: no dialers from other hosts
 	tcpFile string
 	once    sync.Once
 	conns   chan *Conn
 	done    chan struct{}
-	slots   chan struct{} // handshakes in progress
+	gate    *gate // handshakes in progress
 	wg      sync.WaitGroup
+
+	accepted, refusedUser, refusedAuth, failed atomic.Uint64
 }
 
-// maxHandshakes bounds a listener's handshakes in progress.
-const maxHandshakes = 128
+// Bounds on a listener's handshakes in progress: each holds a socket and a
+// goroutine until it finishes or times out. A new dialer beyond a bound
+// cuts short the oldest handshake of the source with the most (see gate).
+const (
+	maxHandshakes          = 512
+	maxHandshakesPerSource = 64
+)
 
 // handshakeTimeout bounds a dialer's handshake, so a silent or stopped one
 // holds nobody up.
 const handshakeTimeout = 5 * time.Second
 
-// The first byte a dialer sends says which path it wants.
+// The first byte a dialer sends says which path it wants; helloTLS says
+// that mutual TLS comes first, then one of the others inside it.
 const (
 	helloShm = 'S'
 	helloUB  = 'U'
 	helloTCP = 'T'
+	helloTLS = 'L'
 	accepted = 'A'
+	refused  = 'R'
 )
 
 var _ net.Listener = (*Listener)(nil)
@@ -103,26 +118,34 @@ func (e *Endpoint) Listen(ctx context.Context, addr string) (*Listener, error) {
 	}
 	ul := l.(*net.UnixListener)
 	ul.SetUnlinkOnClose(true)
-	tl, err := lc.Listen(ctx, "tcp", net.JoinHostPort(e.listenHost(), "0"))
-	if err != nil {
-		ul.Close()
-		return nil, fmt.Errorf("transport: listen on %s for other hosts: %w", a, err)
+	ln := &Listener{ep: e, addr: a, ul: ul, tcpFile: e.tcpFile(a),
+		conns: make(chan *Conn), done: make(chan struct{}), gate: newGate(maxHandshakes, maxHandshakesPerSource)}
+	// A listener killed before its Close may have left its TCP entry.
+	os.Remove(ln.tcpFile)
+	if host, ok := e.remoteHost(); ok {
+		tl, err := lc.Listen(ctx, "tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			ul.Close()
+			return nil, fmt.Errorf("transport: listen on %s for other hosts: %w", a, err)
+		}
+		ln.tl = tl.(*net.TCPListener)
+		tmp := ln.tcpFile + ".tmp"
+		err = os.WriteFile(tmp, []byte(tl.Addr().String()+"\n"), 0o600)
+		if err == nil {
+			err = os.Rename(tmp, ln.tcpFile)
+		}
+		if err != nil {
+			ul.Close()
+			tl.Close()
+			return nil, fmt.Errorf("transport: registry entry of %s: %w", a, err)
+		}
 	}
-	ln := &Listener{ep: e, addr: a, ul: ul, tl: tl.(*net.TCPListener), tcpFile: e.tcpFile(a),
-		conns: make(chan *Conn), done: make(chan struct{}), slots: make(chan struct{}, maxHandshakes)}
-	tmp := ln.tcpFile + ".tmp"
-	err = os.WriteFile(tmp, []byte(tl.Addr().String()+"\n"), 0o600)
-	if err == nil {
-		err = os.Rename(tmp, ln.tcpFile)
-	}
-	if err != nil {
-		ul.Close()
-		tl.Close()
-		return nil, fmt.Errorf("transport: registry entry of %s: %w", a, err)
-	}
-	ln.wg.Add(2)
+	ln.wg.Add(1)
 	go ln.acceptLoop(func() (net.Conn, error) { return ln.ul.AcceptUnix() })
-	go ln.acceptLoop(func() (net.Conn, error) { return ln.tl.AcceptTCP() })
+	if ln.tl != nil {
+		ln.wg.Add(1)
+		go ln.acceptLoop(func() (net.Conn, error) { return ln.tl.AcceptTCP() })
+	}
 	e.startRegistry()
 	return ln, nil
 }
@@ -149,24 +172,35 @@ func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		// Bound the handshakes in progress: each holds memory until it
-		// finishes or times out.
-		select {
-		case l.slots <- struct{}{}:
-		default:
+		src, err := l.source(nc)
+		if err != nil {
+			l.refusedUser.Add(1)
 			nc.Close()
 			continue
 		}
+		h := l.gate.enter(src, nc)
 		go func() {
-			defer func() { <-l.slots }()
+			defer l.gate.leave(h)
 			nc.SetDeadline(time.Now().Add(handshakeTimeout))
 			c, keep, err := l.handshake(nc)
 			if !keep || err != nil {
 				nc.Close()
 			}
 			if err != nil {
+				if !h.evicted.Load() {
+					var re *refusal
+					switch {
+					case !errors.As(err, &re):
+						l.failed.Add(1)
+					case re.user:
+						l.refusedUser.Add(1)
+					default:
+						l.refusedAuth.Add(1)
+					}
+				}
 				return // a bad dialer does not stop the listener
 			}
+			l.accepted.Add(1)
 			select {
 			case l.conns <- c:
 			case <-l.done:
@@ -176,35 +210,107 @@ func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 	}
 }
 
-// handshake sets up the connection the dialer asks for; keep says whether
-// the socket stays with it.
-func (l *Listener) handshake(nc net.Conn) (c *Conn, keep bool, err error) {
+// source names where a dialer comes from, for the bounds on handshakes in
+// progress: a process on this host (the unix socket tells which, and a
+// dialer running as another user is refused here at once), else an IP
+// address.
+func (l *Listener) source(nc net.Conn) (string, error) {
 	if uc, ok := nc.(*net.UnixConn); ok {
-		if err := checkPeer(uc, l.ep.allow); err != nil {
+		cred, err := peerCred(uc)
+		if err != nil {
+			return "", err
+		}
+		if err := allowedUID(int(cred.Uid), l.ep.allow); err != nil {
+			return "", err
+		}
+		return "pid:" + strconv.Itoa(int(cred.Pid)), nil
+	}
+	if ta, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		return "ip:" + ta.IP.String(), nil
+	}
+	return nc.RemoteAddr().String(), nil
+}
+
+// refusal is a dialer the listener would not admit: another user on this
+// host, or a dialer from another host that did not prove its node.
+type refusal struct {
+	user bool
+	err  error
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }
+
+// handshake sets up the connection the dialer asks for; keep says whether
+// the socket stays with it. A TCP dialer on this host is held to the same
+// user check as a unix one; a TCP dialer from elsewhere must first prove
+// with mutual TLS which node it is.
+func (l *Listener) handshake(nc net.Conn) (c *Conn, keep bool, err error) {
+	_, isUnix := nc.(*net.UnixConn)
+	local := isUnix
+	if !isUnix {
+		switch uid, err := localTCPOwner(nc); {
+		case err == nil:
+			if err := allowedUID(uid, l.ep.allow); err != nil {
+				return nil, false, &refusal{user: true, err: err}
+			}
+			local = true
+		case !errors.Is(err, errNotLocal):
 			return nil, false, err
 		}
 	}
-	var kind [1]byte
-	if _, err := io.ReadFull(nc, kind[:]); err != nil {
+	kind, err := readByte(nc)
+	if err != nil {
 		return nil, false, err
 	}
-	uc, isUnix := nc.(*net.UnixConn)
+	authNode := "" // the node a verified certificate names
+	if kind == helloTLS && !isUnix {
+		if l.ep.identity == nil {
+			return nil, false, &refusal{err: fmt.Errorf("transport: a dialer from %s wants TLS, but node %s has no identity (Config.Identity)", nc.RemoteAddr(), l.ep.node)}
+		}
+		tc := tls.Server(nc, l.ep.identity.serverConfig())
+		if err := tc.Handshake(); err != nil {
+			return nil, false, &refusal{err: fmt.Errorf("transport: TLS with the dialer at %s: %w", nc.RemoteAddr(), err)}
+		}
+		if authNode, err = l.ep.identity.verifyPeer(tc.ConnectionState(), x509.ExtKeyUsageClientAuth); err != nil {
+			return nil, false, &refusal{err: err}
+		}
+		nc = tc
+		if kind, err = readByte(nc); err != nil {
+			return nil, false, err
+		}
+	} else if !local {
+		err := &refusal{err: fmt.Errorf("transport: refusing a dialer from %s on another host: it did not authenticate as a node of the super node", nc.RemoteAddr())}
+		refuse(nc, kind, err)
+		return nil, false, err
+	}
+	// claims checks the node a dialer says it is against its certificate.
+	claims := func(node string) error {
+		if err := checkName("node", node); err != nil {
+			return err
+		}
+		if authNode != "" && node != authNode {
+			return &refusal{err: fmt.Errorf("transport: a dialer whose certificate names node %s claims to be node %s", authNode, node)}
+		}
+		return nil
+	}
 	switch {
-	case kind[0] == helloShm && isUnix:
-		sc, err := acceptShm(uc, l.addr)
+	case kind == helloShm && isUnix:
+		sc, err := acceptShm(nc.(*net.UnixConn), l.addr)
 		if err != nil {
 			return nil, false, err
 		}
 		return &Conn{c: sc, path: PathShm}, false, nil
-	case kind[0] == helloUB:
-		c, err := l.acceptUB(nc)
+	case kind == helloUB:
+		c, err := l.acceptUB(nc, claims)
 		return c, err == nil, err
-	case kind[0] == helloTCP && !isUnix:
+	case kind == helloTCP:
 		node, err := readLine(nc, 300)
 		if err != nil {
 			return nil, false, err
 		}
-		if err := checkName("node", node); err != nil {
+		if err := claims(node); err != nil {
+			refuse(nc, kind, err)
 			return nil, false, err
 		}
 		if _, err := nc.Write([]byte{accepted}); err != nil {
@@ -214,11 +320,39 @@ func (l *Listener) handshake(nc net.Conn) (c *Conn, keep bool, err error) {
 		pc := newPktConn(newTCPLink(nc), l.addr, Addr{Node: node, Service: l.addr.Service + "-peer"})
 		return &Conn{c: pc, path: PathTCP}, true, nil
 	}
-	return nil, false, fmt.Errorf("transport: unknown path request %q", kind[0])
+	return nil, false, fmt.Errorf("transport: unknown path request %q", kind)
+}
+
+// refuse tells a dialer why it is not admitted, where its path's protocol
+// has room for it (the tcp and ub paths).
+func refuse(nc net.Conn, kind byte, err error) {
+	switch kind {
+	case helloTCP:
+		nc.Write(append([]byte{refused}, oneLine(err.Error())+"\n"...))
+	case helloUB:
+		if _, herr := readHello(nc); herr == nil {
+			writeHello(nc, ubHello{Err: err.Error()})
+		}
+	}
+}
+
+// oneLine keeps a message on one line of at most 500 bytes.
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 500 {
+		s = s[:500]
+	}
+	return s
+}
+
+func readByte(c net.Conn) (byte, error) {
+	var b [1]byte
+	_, err := io.ReadFull(c, b[:])
+	return b[0], err
 }
 
 // acceptUB answers a dialer's hello with this side's, over the socket.
-func (l *Listener) acceptUB(ctl net.Conn) (*Conn, error) {
+func (l *Listener) acceptUB(ctl net.Conn, claims func(node string) error) (*Conn, error) {
 	peer, err := readHello(ctl)
 	if err != nil {
 		return nil, err
@@ -227,7 +361,7 @@ func (l *Listener) acceptUB(ctl net.Conn) (*Conn, error) {
 		writeHello(ctl, ubHello{Err: err.Error()})
 		return nil, err
 	}
-	if err := checkName("node", peer.Node); err != nil {
+	if err := claims(peer.Node); err != nil {
 		return refuse(err)
 	}
 	uctx, err := l.ep.ubContext(context.Background())
@@ -294,11 +428,41 @@ func (l *Listener) Close() error {
 	err := net.ErrClosed
 	l.once.Do(func() {
 		close(l.done)
-		err = errors.Join(l.ul.Close(), l.tl.Close())
-		os.Remove(l.tcpFile)
+		err = l.ul.Close()
+		if l.tl != nil {
+			err = errors.Join(err, l.tl.Close())
+			os.Remove(l.tcpFile)
+		}
 		l.ep.listenerGone()
 	})
 	return err
+}
+
+// ListenerStats counts what a listener did with its dialers.
+type ListenerStats struct {
+	// Accepted counts handshakes completed.
+	Accepted uint64
+	// InProgress is the number of handshakes under way.
+	InProgress int
+	// RefusedUser counts dialers on this host running as a user the
+	// endpoint does not admit (Config.AllowUIDs).
+	RefusedUser uint64
+	// RefusedAuth counts dialers from other hosts that did not prove with
+	// the super node's certificates which node they are.
+	RefusedAuth uint64
+	// Evicted counts handshakes cut short to make room for newer dialers
+	// (the oldest of the source with the most in progress).
+	Evicted uint64
+	// Failed counts handshakes that failed otherwise: a malformed
+	// request, a timeout, a dialer that went away.
+	Failed uint64
+}
+
+// Stats returns the listener's counters.
+func (l *Listener) Stats() ListenerStats {
+	in, ev := l.gate.counts()
+	return ListenerStats{Accepted: l.accepted.Load(), InProgress: in, RefusedUser: l.refusedUser.Load(),
+		RefusedAuth: l.refusedAuth.Load(), Evicted: ev, Failed: l.failed.Load()}
 }
 
 // Accept waits for a dialer that has completed its handshake.
@@ -313,24 +477,28 @@ func (l *Listener) Accept() (net.Conn, error) {
 
 // checkPeer refuses a dialer that runs as another user, unless allowed.
 func checkPeer(uc *net.UnixConn, allow []int) error {
-	raw, err := uc.SyscallConn()
+	cred, err := peerCred(uc)
 	if err != nil {
 		return err
+	}
+	return allowedUID(int(cred.Uid), allow)
+}
+
+// peerCred returns the credentials of the process at the other end of a
+// unix socket, as they were when it connected.
+func peerCred(uc *net.UnixConn) (*syscall.Ucred, error) {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, err
 	}
 	var cred *syscall.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
 	}); err != nil {
-		return err
+		return nil, err
 	}
-	if cerr != nil {
-		return cerr
-	}
-	if int(cred.Uid) != os.Geteuid() && !slices.Contains(allow, int(cred.Uid)) {
-		return fmt.Errorf("transport: refusing a dialer running as uid %d", cred.Uid)
-	}
-	return nil
+	return cred, cerr
 }
 
 // Dial connects to addr, "ub://<node>/<service>[?path=...]". The path is
@@ -374,9 +542,16 @@ func (e *Endpoint) dial(ctx context.Context, a Addr, path Path) (*Conn, error) {
 			}
 		}
 	case PathTCP:
-		var where string
-		if where, err = e.lookup(ctx, a); err == nil {
-			nc, err = d.DialContext(ctx, "tcp", where)
+		// On this host: the listener's TCP socket if it opened one, else
+		// its unix socket (the same packets, over a stream this host's
+		// user check guards); elsewhere, where the node's registry says.
+		if b, ferr := os.ReadFile(e.tcpFile(a)); ferr == nil {
+			nc, err = d.DialContext(ctx, "tcp", strings.TrimSpace(string(b)))
+		} else if nc, err = d.DialContext(ctx, "unix", e.socketPath(a)); err != nil {
+			var where string
+			if where, err = e.lookup(ctx, a); err == nil {
+				nc, err = d.DialContext(ctx, "tcp", where)
+			}
 		}
 	default:
 		return nil, fmt.Errorf("unknown path %q", path)
@@ -389,23 +564,61 @@ func (e *Endpoint) dial(ctx context.Context, a Addr, path Path) (*Conn, error) {
 	} else {
 		nc.SetDeadline(time.Now().Add(handshakeTimeout))
 	}
-	if uc, ok := nc.(*net.UnixConn); ok {
-		// The listener must be this user too (or one allowed): the
-		// registry is a directory, and the dialer hands over memory.
-		if err := checkPeer(uc, e.allow); err != nil {
-			nc.Close()
-			return nil, err
+	// The listener must be this user too (or one allowed): the registry is
+	// a directory, a loopback port anyone's, and the dialer hands over
+	// memory. One on another host must prove it is the node dialed.
+	secure := false
+	switch x := nc.(type) {
+	case *net.UnixConn:
+		err = checkPeer(x, e.allow)
+	case *net.TCPConn:
+		x.SetNoDelay(true)
+		var uid int
+		switch uid, err = localTCPOwner(x); {
+		case err == nil:
+			err = allowedUID(uid, e.allow)
+		case errors.Is(err, errNotLocal):
+			err, secure = nil, true
+			if e.identity == nil {
+				err = fmt.Errorf("node %s listens on another host (%s), and proving who we are there needs an identity (Config.Identity, or %s, %s and %s)", a.Node, nc.RemoteAddr(), EnvCert, EnvKey, EnvCA)
+			}
 		}
+	}
+	if err != nil {
+		nc.Close()
+		return nil, err
 	}
 	// A cancelled ctx ends the handshake too; once it is done, a late
 	// cancellation must not reach the live connection.
-	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	c, err := e.handshake(ctx, nc, a, path)
+	raw := nc
+	stop := context.AfterFunc(ctx, func() { raw.SetDeadline(time.Unix(1, 0)) })
+	if secure {
+		nc, err = e.dialTLS(ctx, raw, a.Node)
+	}
+	var c *Conn
+	if err == nil {
+		c, err = e.handshake(ctx, nc, a, path)
+	}
 	if !stop() && err == nil {
 		c.Close()
 		return nil, ctx.Err()
 	}
 	return c, err
+}
+
+// dialTLS runs mutual TLS on a connection to a listener on another host,
+// which must prove it is node.
+func (e *Endpoint) dialTLS(ctx context.Context, nc net.Conn, node string) (net.Conn, error) {
+	if _, err := nc.Write([]byte{helloTLS}); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	tc := tls.Client(nc, e.identity.clientConfig(node))
+	if err := tc.HandshakeContext(ctx); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("TLS with node %s: %w", node, err)
+	}
+	return tc, nil
 }
 
 func (e *Endpoint) handshake(ctx context.Context, nc net.Conn, a Addr, path Path) (*Conn, error) {
@@ -433,10 +646,16 @@ func (e *Endpoint) handshake(ctx context.Context, nc net.Conn, a Addr, path Path
 		nc.Close()
 		return nil, err
 	}
-	var ok [1]byte
-	if _, err := io.ReadFull(nc, ok[:]); err != nil || ok[0] != accepted {
+	answer, err := readByte(nc)
+	if err == nil && answer == refused {
+		why, _ := readLine(nc, 600)
+		err = errors.New(why)
+	} else if err == nil && answer != accepted {
+		err = fmt.Errorf("the listener answered %q", answer)
+	}
+	if err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("not accepted: %v", err)
+		return nil, fmt.Errorf("not accepted: %w", err)
 	}
 	nc.SetDeadline(time.Time{})
 	pc := newPktConn(newTCPLink(nc), local, a)

@@ -79,7 +79,17 @@ func pathCases(t *testing.T) map[string]func() (*Conn, *Conn) {
 	}
 	return map[string]func() (*Conn, *Conn){
 		"shm": func() (*Conn, *Conn) { return connect(t, def, def, "", "", PathShm) },
+		// The tcp path's packets over the listener's unix socket, and
+		// over loopback TCP when the listener opens a TCP socket.
 		"tcp": func() (*Conn, *Conn) { return connect(t, def, def, "", "?path=tcp", PathTCP) },
+		"tcp-loopback": func() (*Conn, *Conn) {
+			e, err := NewEndpoint(Config{ListenTCP: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			return connect(t, e, e, "", "?path=tcp", PathTCP)
+		},
 		"ub-tcp": func() (*Conn, *Conn) {
 			e, err := NewEndpoint(Config{Provider: "tcp"})
 			if err != nil {
@@ -275,7 +285,7 @@ links:
 // TestSweep: a registry entry whose listener died is removed, a live one
 // stays.
 func TestSweep(t *testing.T) {
-	e, err := NewEndpoint(Config{RuntimeDir: t.TempDir()})
+	e, err := NewEndpoint(Config{RuntimeDir: t.TempDir(), ListenTCP: true})
 	if err != nil {
 		t.Fatal(err)
 	}

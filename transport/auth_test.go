@@ -1,0 +1,479 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+)
+
+// testCA issues node certificates the way mesh.CA does (a URI SAN
+// spiffe://<super node>/node/<node>), into PEM files under dir.
+type testCA struct {
+	dir  string
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+func newTestCA(t testing.TB, dir, name string) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	ca := &testCA{dir: dir, cert: cert, key: key}
+	writePEM(t, ca.file(name+"-ca.pem"), "CERTIFICATE", der)
+	return ca
+}
+
+func (ca *testCA) file(name string) string { return filepath.Join(ca.dir, name) }
+
+// issue writes <file>.pem and <file>.key for a certificate naming node of
+// superNode, and returns the environment that makes it a default
+// endpoint's identity.
+func (ca *testCA) issue(t testing.TB, file, superNode, node string) []string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{SerialNumber: n, Subject: pkix.Name{CommonName: node},
+		URIs:      []*url.URL{{Scheme: "spiffe", Host: superNode, Path: "/node/" + node}},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(t, ca.file(file+".pem"), "CERTIFICATE", der)
+	writePEM(t, ca.file(file+".key"), "PRIVATE KEY", kd)
+	return []string{EnvCert + "=" + ca.file(file+".pem"), EnvKey + "=" + ca.file(file+".key"),
+		EnvCA + "=" + ca.file(ca.cert.Subject.CommonName+"-ca.pem")}
+}
+
+func writePEM(t testing.TB, path, kind string, der []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// authTopology is a two-host super node: n0 on addrA, n1 and n2 on addrB.
+func authTopology(t testing.TB, dir, addrA, addrB string) string {
+	t.Helper()
+	node := func(name, addr string) map[string]any {
+		return map[string]any{"name": name, "cpus": 1, "memory": "1GiB",
+			"labels": map[string]string{LabelAddress: addr, LabelRegistry: net.JoinHostPort(addr, DefaultRegistryPort)}}
+	}
+	b, err := json.Marshal(map[string]any{"name": "sn1", "nodes": []any{node("n0", addrA), node("n1", addrB), node("n2", addrB)},
+		"links": []any{map[string]any{"a": "n0", "b": "n1", "latency": "1us", "bandwidth": "10GB/s"},
+			map[string]any{"a": "n0", "b": "n2", "latency": "1us", "bandwidth": "10GB/s"},
+			map[string]any{"a": "n1", "b": "n2", "latency": "1us", "bandwidth": "10GB/s"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "topology.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// authChild is the far end of the tests below, run in another network
+// namespace or as another user (TRANSPORT_TEST_AUTH=<mode>).
+//
+//   - listen: listens on ub:///auth with the default endpoint, echoes one
+//     line per connection with the peer's address, and when its standard
+//     input closes prints its listener's stats as JSON.
+//   - dial: dials TRANSPORT_TEST_AUTH_ADDR with the default endpoint and
+//     prints "ok <echo>" or "error <why>".
+//   - raw: connects to the TCP address TRANSPORT_TEST_AUTH_ADDR and plays
+//     an unauthenticated tcp-path dialer claiming node n1; prints what the
+//     listener answered.
+func authChild(mode string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	addr := os.Getenv("TRANSPORT_TEST_AUTH_ADDR")
+	switch mode {
+	case "listen":
+		l, err := Listen(ctx, "ub:///auth")
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					line, _ := bufio.NewReader(c).ReadString('\n')
+					fmt.Fprintf(c, "%s from %s\n", strings.TrimSpace(line), c.RemoteAddr())
+				}()
+			}
+		}()
+		fmt.Println("ready")
+		io.Copy(io.Discard, os.Stdin)
+		json.NewEncoder(os.Stdout).Encode(l.Stats())
+		l.Close()
+		return 0
+	case "dial":
+		c, err := Dial(ctx, addr)
+		if err != nil {
+			fmt.Println("error", oneLine(err.Error()))
+			return 0
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "hello\n")
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			fmt.Println("error", err)
+			return 0
+		}
+		fmt.Println("ok", strings.TrimSpace(line))
+		return 0
+	case "raw":
+		var d net.Dialer
+		if reg := os.Getenv("TRANSPORT_TEST_AUTH_REGISTRY"); reg != "" {
+			// Ask the node's registry where the service listens, as a
+			// dialer from another host does.
+			rc, err := d.DialContext(ctx, "tcp", reg)
+			if err != nil {
+				fmt.Println("error", err)
+				return 0
+			}
+			fmt.Fprintf(rc, "lookup n0 auth\n")
+			line, _ := bufio.NewReader(rc).ReadString('\n')
+			rc.Close()
+			addr = strings.TrimPrefix(strings.TrimSpace(line), "ok ")
+		}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			fmt.Println("error", err)
+			return 0
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "%cn1\n", helloTCP)
+		b, err := io.ReadAll(c)
+		fmt.Printf("answer %q %v\n", b, err)
+		return 0
+	}
+	fmt.Println("error unknown mode", mode)
+	return 1
+}
+
+// authCmd runs the test binary as authChild in mode, with env added.
+func authCmd(t *testing.T, cmd *exec.Cmd, mode string, env ...string) *exec.Cmd {
+	t.Helper()
+	if cmd.Env == nil { // else the minimal one of another user's command
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "TRANSPORT_TEST_AUTH="+mode, "GORACE=atexit_sleep_ms=0")
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// startAuthListener starts a listening child and returns a function that
+// stops it and returns its listener's stats.
+func startAuthListener(t *testing.T, cmd *exec.Cmd) func() ListenerStats {
+	t.Helper()
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	r := bufio.NewReader(out)
+	if line, err := r.ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("listener child: %q %v", line, err)
+	}
+	return func() ListenerStats {
+		in.Close()
+		var st ListenerStats
+		if err := json.NewDecoder(r).Decode(&st); err != nil {
+			t.Fatalf("listener child's stats: %v", err)
+		}
+		cmd.Wait()
+		return st
+	}
+}
+
+func runChild(t *testing.T, cmd *exec.Cmd) string {
+	t.Helper()
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("child: %v (%s)", err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// TestRemoteDialersAuthenticate: across two hosts (network namespaces), a
+// dialer is admitted only when its certificate, issued by the super node's
+// CA, names the node it claims; and it talks only to a listener whose
+// certificate names the node it dialed. Before node identities, any dialer
+// that reached the port could claim any node.
+func TestRemoteDialersAuthenticate(t *testing.T) {
+	p := testenv.NewNetnsPair(t)
+	dir := t.TempDir()
+	topo := authTopology(t, dir, p.AddrA, p.AddrB)
+	ca := newTestCA(t, dir, "ca")
+	other := newTestCA(t, dir, "other")
+	base := []string{"UB_TOPOLOGY=" + topo, "UBKIT_RUNTIME_DIR=" + t.TempDir(), "UBKIT_PATH=tcp"}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func(node string, id []string) []string {
+		return append(append(append([]string{}, base...), "UB_NODE="+node), id...)
+	}
+	stop := startAuthListener(t, authCmd(t, p.Command(p.A, exe, "-test.run=^$"), "listen",
+		env("n0", ca.issue(t, "n0", "sn1", "n0"))...))
+
+	dialB := func(node string, id []string, target string) string {
+		cmd := authCmd(t, p.Command(p.B, exe, "-test.run=^$"), "dial", env(node, id)...)
+		cmd.Env = append(cmd.Env, "TRANSPORT_TEST_AUTH_ADDR="+target, "UBKIT_RUNTIME_DIR="+t.TempDir())
+		return runChild(t, cmd)
+	}
+	// A node with its own certificate is admitted, as itself.
+	if got := dialB("n1", ca.issue(t, "n1", "sn1", "n1"), "ub://n0/auth"); got != "ok hello from ub://n1/auth-peer?path=tcp" {
+		t.Errorf("an authenticated dialer: %q", got)
+	}
+	// No identity: the dialer says what it needs; a raw dialer claiming a
+	// node is refused, and told why.
+	if got := dialB("n1", nil, "ub://n0/auth"); !strings.Contains(got, "needs an identity") {
+		t.Errorf("a dialer without an identity: %q", got)
+	}
+	raw := authCmd(t, p.Command(p.B, exe, "-test.run=^$"), "raw",
+		"TRANSPORT_TEST_AUTH_REGISTRY="+net.JoinHostPort(p.AddrA, DefaultRegistryPort))
+	if got := runChild(t, raw); !strings.Contains(got, "did not authenticate") {
+		t.Errorf("an unauthenticated dialer from another host: %q", got)
+	}
+	// Another node's certificate does not let a dialer be n2.
+	if got := dialB("n2", ca.issue(t, "n1b", "sn1", "n1"), "ub://n0/auth"); !strings.HasPrefix(got, "error") {
+		t.Errorf("a dialer claiming n2 with n1's certificate: %q", got)
+	}
+	// A certificate from another CA, or for another super node, is refused.
+	if got := dialB("n1", other.issue(t, "n1o", "sn1", "n1"), "ub://n0/auth"); !strings.HasPrefix(got, "error") {
+		t.Errorf("a dialer with a certificate from another CA: %q", got)
+	}
+	if got := dialB("n1", ca.issue(t, "n1s", "sn2", "n1"), "ub://n0/auth"); !strings.HasPrefix(got, "error") {
+		t.Errorf("a dialer with a certificate for another super node: %q", got)
+	}
+	st := stop()
+	if st.Accepted != 1 || st.RefusedAuth != 4 {
+		t.Errorf("listener stats %+v: want 1 accepted and 4 refused for authentication", st)
+	}
+}
+
+// TestRemoteListenerAuthenticates: a dialer refuses a listener whose
+// certificate names another node than the one dialed (a host that took
+// over the node's address).
+func TestRemoteListenerAuthenticates(t *testing.T) {
+	p := testenv.NewNetnsPair(t)
+	dir := t.TempDir()
+	topo := authTopology(t, dir, p.AddrA, p.AddrB)
+	ca := newTestCA(t, dir, "ca")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"UB_TOPOLOGY=" + topo, "UBKIT_PATH=tcp"}
+	// The impostor plays n0 with n2's certificate.
+	stop := startAuthListener(t, authCmd(t, p.Command(p.A, exe, "-test.run=^$"), "listen",
+		append(append([]string{"UB_NODE=n0", "UBKIT_RUNTIME_DIR=" + t.TempDir()}, base...), ca.issue(t, "n2", "sn1", "n2")...)...))
+	cmd := authCmd(t, p.Command(p.B, exe, "-test.run=^$"), "dial",
+		append(append([]string{"UB_NODE=n1", "UBKIT_RUNTIME_DIR=" + t.TempDir(), "TRANSPORT_TEST_AUTH_ADDR=ub://n0/auth"}, base...), ca.issue(t, "n1", "sn1", "n1")...)...)
+	if got := runChild(t, cmd); !strings.Contains(got, "names node n2") {
+		t.Errorf("a listener with another node's certificate: %q", got)
+	}
+	stop()
+}
+
+// TestLoopbackTCPChecksUser: another user on this host who connects to a
+// listener's loopback TCP port is refused as on the unix socket, before it
+// can send anything; before, it completed the tcp path's handshake with a
+// node name of its choosing.
+func TestLoopbackTCPChecksUser(t *testing.T) {
+	e, err := NewEndpoint(Config{RuntimeDir: t.TempDir(), ListenTCP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	l, err := e.Listen(context.Background(), "ub:///loopback")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go serveEach(l, func(c net.Conn) { io.Copy(c, c) })
+	b, err := os.ReadFile(l.tcpFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	where := strings.TrimSpace(string(b))
+	u := testenv.OtherUser(t)
+	out := runChild(t, authCmd(t, u.Command(t, "^$"), "raw", "TRANSPORT_TEST_AUTH_ADDR="+where))
+	if !strings.HasPrefix(out, `answer ""`) {
+		t.Errorf("another user's loopback dialer got an answer: %s", out)
+	}
+	// This user's dialer gets in, over the same port.
+	c, err := e.Dial(context.Background(), "ub:///loopback?path=tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	// The listener counts a handshake once it returns, after the dialer
+	// has its answer.
+	st := l.Stats()
+	for deadline := time.Now().Add(5 * time.Second); st.Accepted == 0 && time.Now().Before(deadline); st = l.Stats() {
+		runtime.Gosched()
+	}
+	if st.RefusedUser != 1 || st.Accepted != 1 {
+		t.Errorf("stats %+v: want 1 refused for its user, 1 accepted", st)
+	}
+	// And a dialer checks the listener the same way: a port another user
+	// holds is not ours to talk to.
+	if err := allowedUIDOfPort(t, where); err != nil {
+		t.Error(err)
+	}
+}
+
+// allowedUIDOfPort checks that the kernel's table names this process as
+// the owner of the listener's accepted sockets, as a dialer sees them.
+func allowedUIDOfPort(t *testing.T, where string) error {
+	c, err := net.Dial("tcp", where)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	uid, err := localTCPOwner(c)
+	if err != nil {
+		return fmt.Errorf("the listener's socket, as a dialer sees it: %w", err)
+	}
+	if uid != os.Geteuid() {
+		return fmt.Errorf("the listener's socket belongs to uid %d, want %d", uid, os.Geteuid())
+	}
+	return nil
+}
+
+// TestSilentDialersDoNotLockOut: hundreds of dialers that connect and say
+// nothing, on the unix socket and on loopback TCP, do not keep this
+// user's own dialers out; the listener counts what it cut short. Before,
+// 128 of them filled every handshake slot for 5 s.
+func TestSilentDialersDoNotLockOut(t *testing.T) {
+	e, err := NewEndpoint(Config{RuntimeDir: t.TempDir(), ListenTCP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	l, err := e.Listen(context.Background(), "ub:///flood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go serveEach(l, func(c net.Conn) {})
+	b, err := os.ReadFile(l.tcpFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpAddr := strings.TrimSpace(string(b))
+	var silent []net.Conn
+	defer func() {
+		for _, c := range silent {
+			c.Close()
+		}
+	}()
+	for i := range 600 {
+		network, where := "unix", e.socketPath(l.addr)
+		if i%2 == 1 {
+			network, where = "tcp", tcpAddr
+		}
+		c, err := net.Dial(network, where)
+		if err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, c)
+	}
+	for _, q := range []string{"", "?path=tcp", "?path=ub"} {
+		for range 20 {
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+			c, err := e.Dial(ctx, "ub:///flood"+q)
+			cancel()
+			if err != nil {
+				t.Fatalf("dial%s among silent dialers: %v", q, err)
+			}
+			c.Close()
+		}
+	}
+	st := l.Stats()
+	if st.Evicted < 600-maxHandshakes || st.InProgress > maxHandshakes {
+		t.Errorf("stats %+v: want at least %d evicted and at most %d in progress", st, 600-maxHandshakes, maxHandshakes)
+	}
+}
+
+// TestParseProcAddr: the kernel's socket table prints addresses as 32-bit
+// words in host order.
+func TestParseProcAddr(t *testing.T) {
+	for in, want := range map[string]string{
+		"0100007F:1F90":                         "127.0.0.1:8080",
+		"00000000000000000000000001000000:0016": "[::1]:22",
+		"0000000000000000FFFF00000100007F:01BB": "127.0.0.1:443",
+	} {
+		got, err := parseProcAddr([]byte(in))
+		if err != nil || got.String() != want {
+			t.Errorf("parseProcAddr(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "0100007F", "0100007G:1F90", "0100007F:1F9", "01007F:1F90"} {
+		if _, err := parseProcAddr([]byte(bad)); err == nil {
+			t.Errorf("parseProcAddr(%q) accepted", bad)
+		}
+	}
+	if _, err := tcpOwner(netip.MustParseAddrPort("127.0.0.1:1"), netip.MustParseAddrPort("127.0.0.1:2")); !errors.Is(err, errNotLocal) {
+		t.Errorf("a socket that does not exist: %v", err)
+	}
+}
