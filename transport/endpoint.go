@@ -166,8 +166,8 @@ func NewEndpoint(cfg Config) (*Endpoint, error) {
 		if c.SuperNode == "" {
 			c.SuperNode = t.Name
 		}
-		if c.Roots == nil || len(c.Certificate.Certificate) == 0 {
-			return nil, errors.New("transport: Config.Identity needs a certificate and the roots that verify other nodes'")
+		if err := c.check(node); err != nil {
+			return nil, err
 		}
 		id = &c
 	}
@@ -373,7 +373,7 @@ func (e *Endpoint) startRegistry() {
 				}
 				e.reg = l
 				e.mu.Unlock()
-				e.serveRegistry(l)
+				e.serveRegistry(l, stop)
 			}
 			select {
 			case <-stop:
@@ -406,26 +406,32 @@ func (e *Endpoint) stopRegistryLocked() {
 	}
 }
 
-// maxRegistryLookups bounds the lookups a registry answers at once; a
-// dialer beyond it is hung up on (and retries), so silent connections
-// cannot pile up goroutines.
-const maxRegistryLookups = 64
+// Bounds on the lookups a registry answers at once, in total and per
+// source; beyond them, silent askers are cut short as a listener's silent
+// dialers are (see gate).
+const (
+	maxRegistryLookups          = 64
+	maxRegistryLookupsPerSource = 16
+)
 
-func (e *Endpoint) serveRegistry(l net.Listener) {
-	busy := make(chan struct{}, maxRegistryLookups)
+func (e *Endpoint) serveRegistry(l net.Listener, stop <-chan struct{}) {
+	g := newGate(maxRegistryLookups, maxRegistryLookupsPerSource)
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			return
 		}
-		select {
-		case busy <- struct{}{}:
-		default:
+		src := c.RemoteAddr().String()
+		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			src = ipSource(ta.AddrPort().Addr())
+		}
+		h := g.enter(src, c, stop)
+		if h == nil {
 			c.Close()
-			continue
+			return
 		}
 		go func() {
-			defer func() { <-busy }()
+			defer g.leave(h)
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(time.Second))
 			line, err := readLine(c, 600)

@@ -65,8 +65,9 @@ func identityFromEnv() (*Identity, error) {
 
 // certNode returns the node a certificate names in trust domain superNode.
 func certNode(c *x509.Certificate, superNode string) (string, error) {
-	for _, u := range c.URIs {
-		if u.Scheme == "spiffe" && u.Host == superNode {
+	if len(c.URIs) == 1 {
+		u := c.URIs[0]
+		if u.Scheme == "spiffe" && u.Host == superNode && u.User == nil && u.RawQuery == "" && u.Fragment == "" {
 			if n, ok := strings.CutPrefix(u.Path, "/node/"); ok && checkName("node", n) == nil {
 				return n, nil
 			}
@@ -92,6 +93,35 @@ func (id *Identity) verifyPeer(cs tls.ConnectionState, usage x509.ExtKeyUsage) (
 	return certNode(leaf, id.SuperNode)
 }
 
+// check makes sure an identity can serve node: its certificate names the
+// node and chains to its roots.
+func (id *Identity) check(node string) error {
+	if id.Roots == nil || len(id.Certificate.Certificate) == 0 || id.Certificate.PrivateKey == nil {
+		return errors.New("transport: an identity needs a certificate, its key, and the roots that verify other nodes'")
+	}
+	leaf, err := x509.ParseCertificate(id.Certificate.Certificate[0])
+	if err != nil {
+		return fmt.Errorf("transport: the identity's certificate: %w", err)
+	}
+	inter := x509.NewCertPool()
+	for _, der := range id.Certificate.Certificate[1:] {
+		if c, err := x509.ParseCertificate(der); err == nil {
+			inter.AddCert(c)
+		}
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: id.Roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}); err != nil {
+		return fmt.Errorf("transport: the identity's certificate does not chain to its roots: %w", err)
+	}
+	got, err := certNode(leaf, id.SuperNode)
+	if err != nil {
+		return err
+	}
+	if got != node {
+		return fmt.Errorf("transport: the identity's certificate names node %s, but the endpoint plays node %s", got, node)
+	}
+	return nil
+}
+
 // serverConfig is a listener's side of the handshake: it asks for a
 // certificate and leaves the node check to the caller, which knows which
 // node the dialer claims.
@@ -100,6 +130,8 @@ func (id *Identity) serverConfig() *tls.Config {
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{id.Certificate},
 		ClientAuth:   tls.RequireAnyClientCert,
+		// Every connection runs the full handshake, and its checks.
+		SessionTicketsDisabled: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			_, err := id.verifyPeer(cs, x509.ExtKeyUsageClientAuth)
 			return err

@@ -3,14 +3,15 @@ package transport
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -178,25 +179,34 @@ func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 			nc.Close()
 			continue
 		}
-		h := l.gate.enter(src, nc)
+		h := l.gate.enter(src, nc, l.done)
+		if h == nil {
+			nc.Close()
+			return
+		}
 		go func() {
-			defer l.gate.leave(h)
 			nc.SetDeadline(time.Now().Add(handshakeTimeout))
-			c, keep, err := l.handshake(nc)
+			c, keep, err := l.handshake(nc, h)
+			if !l.gate.leave(h) {
+				// Evicted: the socket is closed under the connection.
+				if c != nil {
+					c.Close()
+				}
+				nc.Close()
+				return
+			}
 			if !keep || err != nil {
 				nc.Close()
 			}
 			if err != nil {
-				if !h.evicted.Load() {
-					var re *refusal
-					switch {
-					case !errors.As(err, &re):
-						l.failed.Add(1)
-					case re.user:
-						l.refusedUser.Add(1)
-					default:
-						l.refusedAuth.Add(1)
-					}
+				var re *refusal
+				switch {
+				case !errors.As(err, &re):
+					l.failed.Add(1)
+				case re.user:
+					l.refusedUser.Add(1)
+				default:
+					l.refusedAuth.Add(1)
 				}
 				return // a bad dialer does not stop the listener
 			}
@@ -213,7 +223,7 @@ func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 // source names where a dialer comes from, for the bounds on handshakes in
 // progress: a process on this host (the unix socket tells which, and a
 // dialer running as another user is refused here at once), else an IP
-// address.
+// address (an IPv6 one by its /64, which one host usually has whole).
 func (l *Listener) source(nc net.Conn) (string, error) {
 	if uc, ok := nc.(*net.UnixConn); ok {
 		cred, err := peerCred(uc)
@@ -226,9 +236,19 @@ func (l *Listener) source(nc net.Conn) (string, error) {
 		return "pid:" + strconv.Itoa(int(cred.Pid)), nil
 	}
 	if ta, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
-		return "ip:" + ta.IP.String(), nil
+		return ipSource(ta.AddrPort().Addr()), nil
 	}
 	return nc.RemoteAddr().String(), nil
+}
+
+// ipSource keys an address for the per-source bounds.
+func ipSource(a netip.Addr) string {
+	a = a.Unmap()
+	if a.Is6() {
+		p, _ := a.Prefix(64)
+		return "ip:" + p.String()
+	}
+	return "ip:" + a.String()
 }
 
 // refusal is a dialer the listener would not admit: another user on this
@@ -242,29 +262,24 @@ func (r *refusal) Error() string { return r.err.Error() }
 func (r *refusal) Unwrap() error { return r.err }
 
 // handshake sets up the connection the dialer asks for; keep says whether
-// the socket stays with it. A TCP dialer on this host is held to the same
-// user check as a unix one; a TCP dialer from elsewhere must first prove
-// with mutual TLS which node it is.
-func (l *Listener) handshake(nc net.Conn) (c *Conn, keep bool, err error) {
+// the socket stays with it. A dialer over TCP, from this host or another,
+// must first prove with mutual TLS which node it is: the user check of the
+// unix socket has no equivalent on TCP that a dialer cannot dodge (a
+// socket that closes at once leaves the kernel's table with no owner).
+func (l *Listener) handshake(nc net.Conn, h *handshakeSlot) (c *Conn, keep bool, err error) {
 	_, isUnix := nc.(*net.UnixConn)
-	local := isUnix
-	if !isUnix {
-		switch uid, err := localTCPOwner(nc); {
-		case err == nil:
-			if err := allowedUID(uid, l.ep.allow); err != nil {
-				return nil, false, &refusal{user: true, err: err}
-			}
-			local = true
-		case !errors.Is(err, errNotLocal):
-			return nil, false, err
-		}
-	}
 	kind, err := readByte(nc)
 	if err != nil {
 		return nil, false, err
 	}
+	l.gate.spoke(h)
 	authNode := "" // the node a verified certificate names
-	if kind == helloTLS && !isUnix {
+	if !isUnix {
+		if kind != helloTLS {
+			err := &refusal{err: fmt.Errorf("transport: refusing a TCP dialer from %s: it did not authenticate as a node of the super node (TLS with a certificate of its CA)", nc.RemoteAddr())}
+			refuse(nc, kind, err)
+			return nil, false, err
+		}
 		if l.ep.identity == nil {
 			return nil, false, &refusal{err: fmt.Errorf("transport: a dialer from %s wants TLS, but node %s has no identity (Config.Identity)", nc.RemoteAddr(), l.ep.node)}
 		}
@@ -272,25 +287,26 @@ func (l *Listener) handshake(nc net.Conn) (c *Conn, keep bool, err error) {
 		if err := tc.Handshake(); err != nil {
 			return nil, false, &refusal{err: fmt.Errorf("transport: TLS with the dialer at %s: %w", nc.RemoteAddr(), err)}
 		}
-		if authNode, err = l.ep.identity.verifyPeer(tc.ConnectionState(), x509.ExtKeyUsageClientAuth); err != nil {
+		// The chain was verified in the handshake (serverConfig).
+		if authNode, err = certNode(tc.ConnectionState().PeerCertificates[0], l.ep.identity.SuperNode); err != nil {
 			return nil, false, &refusal{err: err}
 		}
+		l.gate.trust(h)
 		nc = tc
 		if kind, err = readByte(nc); err != nil {
 			return nil, false, err
 		}
-	} else if !local {
-		err := &refusal{err: fmt.Errorf("transport: refusing a dialer from %s on another host: it did not authenticate as a node of the super node", nc.RemoteAddr())}
-		refuse(nc, kind, err)
-		return nil, false, err
 	}
-	// claims checks the node a dialer says it is against its certificate.
-	claims := func(node string) error {
+	// claims checks who a dialer says it is, and what it dialed.
+	claims := func(node, service string) error {
 		if err := checkName("node", node); err != nil {
 			return err
 		}
 		if authNode != "" && node != authNode {
 			return &refusal{err: fmt.Errorf("transport: a dialer whose certificate names node %s claims to be node %s", authNode, node)}
+		}
+		if service != l.addr.Service {
+			return fmt.Errorf("transport: a dialer for service %q reached %s", service, l.addr)
 		}
 		return nil
 	}
@@ -305,11 +321,12 @@ func (l *Listener) handshake(nc net.Conn) (c *Conn, keep bool, err error) {
 		c, err := l.acceptUB(nc, claims)
 		return c, err == nil, err
 	case kind == helloTCP:
-		node, err := readLine(nc, 300)
+		line, err := readLine(nc, 600)
 		if err != nil {
 			return nil, false, err
 		}
-		if err := claims(node); err != nil {
+		node, service, _ := strings.Cut(line, "/")
+		if err := claims(node, service); err != nil {
 			refuse(nc, kind, err)
 			return nil, false, err
 		}
@@ -340,7 +357,7 @@ func refuse(nc net.Conn, kind byte, err error) {
 func oneLine(s string) string {
 	s = strings.ReplaceAll(s, "\n", " ")
 	if len(s) > 500 {
-		s = s[:500]
+		s = strings.ToValidUTF8(s[:500], "")
 	}
 	return s
 }
@@ -352,7 +369,7 @@ func readByte(c net.Conn) (byte, error) {
 }
 
 // acceptUB answers a dialer's hello with this side's, over the socket.
-func (l *Listener) acceptUB(ctl net.Conn, claims func(node string) error) (*Conn, error) {
+func (l *Listener) acceptUB(ctl net.Conn, claims func(node, service string) error) (*Conn, error) {
 	peer, err := readHello(ctl)
 	if err != nil {
 		return nil, err
@@ -361,7 +378,7 @@ func (l *Listener) acceptUB(ctl net.Conn, claims func(node string) error) (*Conn
 		writeHello(ctl, ubHello{Err: err.Error()})
 		return nil, err
 	}
-	if err := claims(peer.Node); err != nil {
+	if err := claims(peer.Node, peer.Service); err != nil {
 		return refuse(err)
 	}
 	uctx, err := l.ep.ubContext(context.Background())
@@ -565,23 +582,17 @@ func (e *Endpoint) dial(ctx context.Context, a Addr, path Path) (*Conn, error) {
 		nc.SetDeadline(time.Now().Add(handshakeTimeout))
 	}
 	// The listener must be this user too (or one allowed): the registry is
-	// a directory, a loopback port anyone's, and the dialer hands over
-	// memory. One on another host must prove it is the node dialed.
+	// a directory, and the dialer hands over memory. One reached over TCP
+	// must prove it is the node dialed.
 	secure := false
 	switch x := nc.(type) {
 	case *net.UnixConn:
 		err = checkPeer(x, e.allow)
 	case *net.TCPConn:
 		x.SetNoDelay(true)
-		var uid int
-		switch uid, err = localTCPOwner(x); {
-		case err == nil:
-			err = allowedUID(uid, e.allow)
-		case errors.Is(err, errNotLocal):
-			err, secure = nil, true
-			if e.identity == nil {
-				err = fmt.Errorf("node %s listens on another host (%s), and proving who we are there needs an identity (Config.Identity, or %s, %s and %s)", a.Node, nc.RemoteAddr(), EnvCert, EnvKey, EnvCA)
-			}
+		secure = true
+		if e.identity == nil {
+			err = fmt.Errorf("node %s listens on TCP (%s), and proving who we are there needs an identity (Config.Identity, or %s, %s and %s)", a.Node, nc.RemoteAddr(), EnvCert, EnvKey, EnvCA)
 		}
 	}
 	if err != nil {
@@ -642,7 +653,7 @@ func (e *Endpoint) handshake(ctx context.Context, nc net.Conn, a Addr, path Path
 		}
 		return c, nil
 	}
-	if _, err := fmt.Fprintf(nc, "%c%s\n", helloTCP, e.node); err != nil {
+	if _, err := fmt.Fprintf(nc, "%c%s/%s\n", helloTCP, e.node, a.Service); err != nil {
 		nc.Close()
 		return nil, err
 	}
@@ -692,4 +703,13 @@ func (e *Endpoint) dialUB(ctx context.Context, ctl net.Conn, local, a Addr) (*Co
 		return nil, err
 	}
 	return &Conn{c: newPktConn(lk, local, a), path: PathUB, dialed: true}, nil
+}
+
+// allowedUID says whether a process of uid may talk to this endpoint on
+// this host.
+func allowedUID(uid int, allow []int) error {
+	if uid != os.Geteuid() && !slices.Contains(allow, uid) {
+		return fmt.Errorf("transport: refusing a peer running as uid %d (this process runs as uid %d; Config.AllowUIDs admits others)", uid, os.Geteuid())
+	}
+	return nil
 }

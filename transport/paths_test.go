@@ -83,7 +83,8 @@ func pathCases(t *testing.T) map[string]func() (*Conn, *Conn) {
 		// over loopback TCP when the listener opens a TCP socket.
 		"tcp": func() (*Conn, *Conn) { return connect(t, def, def, "", "?path=tcp", PathTCP) },
 		"tcp-loopback": func() (*Conn, *Conn) {
-			e, err := NewEndpoint(Config{ListenTCP: true})
+			ca := newTestCA(t, t.TempDir(), "ca")
+			e, err := NewEndpoint(Config{Node: "n0", ListenTCP: true, Identity: ca.identity(t, "test", "n0")})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -232,8 +233,10 @@ links:
 	if err != nil {
 		t.Fatal(err)
 	}
+	ca := newTestCA(t, t.TempDir(), "ca")
 	host := func(node string) *Endpoint {
-		e, err := NewEndpoint(Config{Node: node, Topology: topo, Provider: "tcp", RuntimeDir: filepath.Join(t.TempDir(), node)})
+		e, err := NewEndpoint(Config{Node: node, Topology: topo, Provider: "tcp", RuntimeDir: filepath.Join(t.TempDir(), node),
+			Identity: ca.identity(t, "two", node)})
 		if err != nil {
 			t.Fatal(err)
 		}
