@@ -59,6 +59,7 @@ type shmConn struct {
 	// write end closes with the process.
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
+	notifyRaw           syscall.RawConn // notifyOut's, to write without waiting
 	peerGone            bool
 	poll                poller // when Read polls an empty ring (rmu)
 	// Since Read last waited: bytes Read returned (rmu), bytes Write
@@ -83,10 +84,14 @@ type shmConn struct {
 
 var _ net.Conn = (*shmConn)(nil)
 
-func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) *shmConn {
+func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) (*shmConn, error) {
+	raw, err := notifyOut.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
 	return &shmConn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
-		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut,
-		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}
+		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut, notifyRaw: raw,
+		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}, nil
 }
 
 func (c *shmConn) LocalAddr() net.Addr  { return c.local }
@@ -236,13 +241,22 @@ func (c *shmConn) park() ([]byte, error) {
 	return nil, err
 }
 
-// notify wakes the peer's reader if it is parked.
+// notify wakes the peer's reader if it is parked. The byte goes without
+// waiting: a full pipe already holds wake-ups its reader has yet to read,
+// and a peer that stops reading its pipe must not stall this side's
+// writes.
 func (c *shmConn) notify() {
 	if c.waitOut.CompareAndSwap(readerParked, readerNotified) {
 		c.wokePeer.Store(true)
-		c.notifyOut.Write([]byte{1})
+		c.notifyRaw.Write(func(fd uintptr) bool {
+			syscall.Write(int(fd), wakeUp[:])
+			return true // written, or the pipe is full (EAGAIN), or closed
+		})
 	}
 }
+
+// wakeUp is what a writer writes into its peer's notification pipe.
+var wakeUp = [1]byte{1}
 
 // Write copies b into the ring in records of up to 64 KiB, waiting for room
 // as the reader drains it.
