@@ -1,12 +1,14 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -17,9 +19,38 @@ import (
 	"github.com/ubkit-io/ubkit/shm"
 )
 
-// Hostile same-user peers on the shm path: what a dialer hands over is
-// checked, and a peer that stops reading its pipe cannot stall this side;
-// after each attack the process is idle and holds what it held before.
+// Hostile same-user dialers and listeners on the shm path: what they hand
+// over is checked, a peer that floods its notification pipe is cut off, and
+// one that stops reading its pipe cannot stall this side; after each
+// attack the process is idle and holds what it held before.
+
+func init() {
+	// The flooding dialer of TestShmFloodedPipe, in a process of its own
+	// so that its CPU time is not this one's.
+	if addr := os.Getenv("TRANSPORT_TEST_FLOOD"); addr != "" {
+		os.Exit(floodNotifications(addr))
+	}
+}
+
+// floodNotifications dials addr over the shm path, then writes into the
+// listener's notification pipe as fast as it can, until the listener closes
+// it.
+func floodNotifications(addr string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	garbage := bytes.Repeat([]byte{0xff}, 4096)
+	for {
+		if _, err := c.c.(*shmConn).notifyOut.Write(garbage); err != nil {
+			return 0
+		}
+	}
+}
 
 // held is what this process holds: descriptors, goroutines, and mappings
 // of connection segments.
@@ -355,6 +386,114 @@ func unixPair(t *testing.T) (*net.UnixConn, *net.UnixConn) {
 		return c.(*net.UnixConn)
 	}
 	return conn(fds[0]), conn(fds[1])
+}
+
+// TestShmFloodedPipe: a peer that writes into the notification pipe more
+// than the one byte per wait the protocol allows (here a dialer in another
+// process writing as fast as it can) ends the connection: the reader's
+// Read fails with ECONNRESET instead of reading the flood for ever, the
+// process stays idle while the flooder runs, and, once the connection is
+// closed, holds what it held before. The dialer side is checked the same
+// way, against a listener that floods.
+func TestShmFloodedPipe(t *testing.T) {
+	t.Run("listener", func(t *testing.T) {
+		e, addr, _ := attackedListener(t)
+		l, err := e.Listen(context.Background(), "ub:///flooded")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		base := holding(t)
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "TRANSPORT_TEST_FLOOD=ub:///flooded?path=shm", "UBKIT_RUNTIME_DIR="+e.dir)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			<-exited
+		})
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			if c, err := l.Accept(); err == nil {
+				accepted <- c
+			}
+		}()
+		var c net.Conn
+		select {
+		case c = <-accepted:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the flooding dialer did not connect")
+		}
+		read := readUntilError(c)
+		used := idleCPU(idlePeriod)
+		t.Logf("%v of CPU in %v while the peer floods", used, idlePeriod)
+		if used > idleLimit {
+			t.Errorf("the process used %v of CPU in %v while a peer flooded its notification pipe", used, idlePeriod)
+		}
+		checkFloodError(t, read)
+		// Cut off, the flooder's next write fails, and it exits.
+		select {
+		case err := <-exited:
+			exited <- err
+			if err != nil {
+				t.Fatalf("the flooding dialer: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the flooding dialer still writes into its pipe 10 s after it was cut off")
+		}
+		c.Close()
+		waitReleased(t, base)
+		echoOnce(t, e, addr)
+	})
+	t.Run("dialer", func(t *testing.T) {
+		e, _, _ := attackedListener(t)
+		base := holding(t)
+		d, a := connect(t, e, e, "", "?path=shm", PathShm)
+		// The listener's side floods what the dialer reads.
+		go func() {
+			garbage := bytes.Repeat([]byte{0xff}, 4096)
+			for {
+				if _, err := a.c.(*shmConn).notifyOut.Write(garbage); err != nil {
+					return
+				}
+			}
+		}()
+		checkFloodError(t, readUntilError(d))
+		d.Close()
+		a.Close()
+		waitReleased(t, base)
+	})
+}
+
+// readUntilError reads c until a read fails, and reports that error.
+func readUntilError(c net.Conn) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	return done
+}
+
+func checkFloodError(t *testing.T, read <-chan error) {
+	t.Helper()
+	select {
+	case err := <-read:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("Read while the peer floods its notification pipe: %v, want ECONNRESET", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Read still reads 10 s after the peer began flooding its notification pipe")
+	}
 }
 
 // TestShmWriteIgnoresAStalledPipe: a peer that keeps saying its reader is
