@@ -550,3 +550,80 @@ func TestShmWriteIgnoresAStalledPipe(t *testing.T) {
 		t.Fatal("Write blocked on the peer's full notification pipe")
 	}
 }
+
+// TestShmDialerChecksTheAnswer: a listener that answers a same-node dialer
+// with anything but its one byte fails the dial, and descriptors it sends
+// along with its answer never reach the dialer.
+func TestShmDialerChecksTheAnswer(t *testing.T) {
+	e, err := NewEndpoint(Config{RuntimeDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	a := e.resolve(Addr{Service: "hostile"})
+	if err := e.ensureDirs(a.Node); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: e.socketPath(a), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	base := holding(t)
+	for _, answer := range []byte{shmAccepted, 0x7f} {
+		listened := make(chan error, 1)
+		go func() { listened <- answerShmDialer(l, answer) }()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := e.Dial(ctx, "ub:///hostile?path=shm")
+		cancel()
+		if err == nil {
+			c.Close()
+		}
+		if (err == nil) != (answer == shmAccepted) {
+			t.Errorf("a dial answered %#x: %v", answer, err)
+		}
+		if err := <-listened; err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReleased(t, base)
+}
+
+// answerShmDialer takes one dialer's segment and pipes, answers it with
+// answer and three descriptors, and closes everything once the dialer is
+// done.
+func answerShmDialer(l *net.UnixListener, answer byte) error {
+	uc, err := l.AcceptUnix()
+	if err != nil {
+		return err
+	}
+	defer uc.Close()
+	uc.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(uc, make([]byte, 1)); err != nil {
+		return err
+	}
+	seg, err := shm.ReceiveSegment(uc, nil)
+	if err != nil {
+		return err
+	}
+	defer seg.Close()
+	pipes, err := shm.ReceivePipes(uc, shm.PipeReadEnd, shm.PipeWriteEnd)
+	if err != nil {
+		return err
+	}
+	for _, p := range pipes {
+		defer p.Close()
+	}
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer null.Close()
+	fd := int(null.Fd())
+	if _, _, err := uc.WriteMsgUnix([]byte{answer}, syscall.UnixRights(fd, fd, fd), nil); err != nil {
+		return err
+	}
+	// The dialer is done when it closes the rendezvous socket.
+	io.Copy(io.Discard, uc)
+	return nil
+}
