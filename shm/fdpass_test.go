@@ -82,6 +82,22 @@ func sendRaw(t *testing.T, c *net.UnixConn, tag byte, fds ...int) {
 	}
 }
 
+// expectRefused sends fds with tag, and checks that receive (which closes
+// whatever it accepts) refuses them with ErrBadDescriptor and leaves no
+// received descriptor open.
+func expectRefused(t *testing.T, tag byte, fds []int, receive func(*net.UnixConn) error) {
+	t.Helper()
+	a, b := socketPair(t)
+	before := openFDs(t)
+	sendRaw(t, a, tag, fds...)
+	if err := receive(b); !errors.Is(err, ErrBadDescriptor) {
+		t.Fatalf("%v, want ErrBadDescriptor", err)
+	}
+	if n := openFDs(t); n != before {
+		t.Errorf("%d descriptors open after the refusal, %d before", n, before)
+	}
+}
+
 // TestReceivePipesChecksDescriptors: ReceivePipes takes exactly the pipe
 // ends it is told to, each of another pipe, and refuses anything else with
 // ErrBadDescriptor, leaving no received descriptor open.
@@ -118,19 +134,13 @@ func TestReceivePipesChecksDescriptors(t *testing.T) {
 		{"another message", 'S', []int{r1, w2}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			a, b := socketPair(t)
-			before := openFDs(t)
-			sendRaw(t, a, c.tag, c.fds...)
-			files, err := ReceivePipes(b, PipeReadEnd, PipeWriteEnd)
-			if !errors.Is(err, ErrBadDescriptor) {
+			expectRefused(t, c.tag, c.fds, func(b *net.UnixConn) error {
+				files, err := ReceivePipes(b, PipeReadEnd, PipeWriteEnd)
 				for _, f := range files {
 					f.Close()
 				}
-				t.Fatalf("ReceivePipes: %v, want ErrBadDescriptor", err)
-			}
-			if n := openFDs(t); n != before {
-				t.Errorf("%d descriptors open after the refusal, %d before", n, before)
-			}
+				return err
+			})
 		})
 	}
 	t.Run("two pipes", func(t *testing.T) {
@@ -180,19 +190,13 @@ func TestReceiveSegmentChecksDescriptors(t *testing.T) {
 		{"two descriptors", []int{good, w}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			a, b := socketPair(t)
-			before := openFDs(t)
-			sendRaw(t, a, 'S', c.fds...)
-			s, err := ReceiveSegment(b, &ReceiveOptions{Size: size})
-			if !errors.Is(err, ErrBadDescriptor) {
+			expectRefused(t, 'S', c.fds, func(b *net.UnixConn) error {
+				s, err := ReceiveSegment(b, &ReceiveOptions{Size: size})
 				if err == nil {
 					s.Close()
 				}
-				t.Fatalf("ReceiveSegment: %v, want ErrBadDescriptor", err)
-			}
-			if n := openFDs(t); n != before {
-				t.Errorf("%d descriptors open after the refusal, %d before", n, before)
-			}
+				return err
+			})
 		})
 	}
 	t.Run("a sealed memfd of the size", func(t *testing.T) {
