@@ -14,6 +14,9 @@
 //   - [Segment]: a named POSIX segment in /dev/shm (names start with "ubkit-",
 //     created O_EXCL with mode 0600) or an anonymous memfd segment that can be
 //     sealed and passed to another process with [SendSegment]/[ReceiveSegment].
+//     Pipe ends go along with [SendPipes]/[ReceivePipes]. Every descriptor
+//     received is checked for its kind, access mode, seals and size, and
+//     refused with [ErrBadDescriptor] if it is not what was asked for.
 //     [Sweep] removes named segments whose creator died.
 //   - [SPSC]: a single-producer single-consumer ring of variable-length records
 //     with batched claim/commit and zero-copy reads.

@@ -35,6 +35,11 @@ var (
 	ErrInvalidHandle = errors.New("shm: invalid handle")
 	// ErrBusy reports an end of a ring that another live process already holds.
 	ErrBusy = errors.New("shm: ring end already attached by a live process")
+	// ErrBadDescriptor reports descriptors received from another process
+	// that are not what was expected: the wrong number of them, or one of
+	// the wrong kind, access mode, seals or size. The sender is buggy or
+	// hostile; every descriptor received was closed and nothing mapped.
+	ErrBadDescriptor = errors.New("shm: unexpected descriptor received")
 )
 
 func corruptf(format string, args ...any) error {

@@ -2,6 +2,7 @@ package shm_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -157,4 +158,39 @@ func ExampleSendSegment() {
 	fmt.Println(string(got.Data()[:20]))
 	// Output:
 	// shared by descriptor
+}
+
+func ExampleSendPipes() {
+	fds, _ := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	fa, fb := os.NewFile(uintptr(fds[0]), "a"), os.NewFile(uintptr(fds[1]), "b")
+	a, _ := net.FileConn(fa)
+	b, _ := net.FileConn(fb)
+	fa.Close()
+	fb.Close()
+	defer a.Close()
+	defer b.Close()
+
+	r, w, _ := os.Pipe()
+	defer w.Close()
+	if err := shm.SendPipes(a.(*net.UnixConn), r); err != nil {
+		panic(err)
+	}
+	r.Close() // the receiver holds it now
+	got, err := shm.ReceivePipes(b.(*net.UnixConn), shm.PipeReadEnd)
+	if err != nil {
+		panic(err)
+	}
+	defer got[0].Close()
+	w.Write([]byte("wake"))
+	buf := make([]byte, 4)
+	n, _ := got[0].Read(buf)
+	fmt.Println(string(buf[:n]))
+
+	// A write end where a read end belongs is refused.
+	shm.SendPipes(a.(*net.UnixConn), w)
+	_, err = shm.ReceivePipes(b.(*net.UnixConn), shm.PipeReadEnd)
+	fmt.Println(errors.Is(err, shm.ErrBadDescriptor))
+	// Output:
+	// wake
+	// true
 }

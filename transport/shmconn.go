@@ -59,8 +59,15 @@ type shmConn struct {
 	// write end closes with the process.
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
+	notifyRaw           syscall.RawConn // notifyOut's, to write without waiting
 	peerGone            bool
-	poll                poller // when Read polls an empty ring (rmu)
+	// The peer's writer writes one byte per wait of ours it finds parked,
+	// so the bytes read from notifyIn never outnumber the waits (rmu): a
+	// peer that writes more breaks the protocol (a flood would keep the
+	// reader busy), and the connection ends.
+	parks, wakes uint64
+	broken       atomic.Pointer[error] // why the peer's misbehaviour ended the connection
+	poll         poller                // when Read polls an empty ring (rmu)
 	// Since Read last waited: bytes Read returned (rmu), bytes Write
 	// committed, and whether a Write found the peer's reader parked.
 	readSince  int
@@ -83,10 +90,14 @@ type shmConn struct {
 
 var _ net.Conn = (*shmConn)(nil)
 
-func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) *shmConn {
+func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) (*shmConn, error) {
+	raw, err := notifyOut.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
 	return &shmConn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
-		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut,
-		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}
+		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut, notifyRaw: raw,
+		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}, nil
 }
 
 func (c *shmConn) LocalAddr() net.Addr  { return c.local }
@@ -208,10 +219,14 @@ func (c *shmConn) Read(b []byte) (int, error) {
 // It returns a record if one arrived as it parked, nothing if woken (the
 // caller looks again), or an error.
 func (c *shmConn) park() ([]byte, error) {
+	if err := c.broken.Load(); err != nil {
+		return nil, *err
+	}
 	if c.peerGone {
 		return nil, fmt.Errorf("transport: peer process died: %w", syscall.ECONNRESET)
 	}
 	c.waitIn.Store(readerParked)
+	c.parks++
 	defer c.waitIn.Store(readerActive)
 	// Look again after announcing: the writer either sees the word or we
 	// see its commit.
@@ -219,8 +234,12 @@ func (c *shmConn) park() ([]byte, error) {
 		return rec, err
 	}
 	var buf [64]byte
-	_, err := c.notifyIn.Read(buf[:])
+	n, err := c.notifyIn.Read(buf[:])
+	c.wakes += uint64(n)
 	switch {
+	case c.wakes > c.parks:
+		return nil, c.fail(fmt.Errorf("transport: the peer wrote %d wake-ups to the notification pipe for %d waits; it breaks the protocol (a buggy or hostile process), so the connection is ended: %w",
+			c.wakes, c.parks, syscall.ECONNRESET))
 	case err == nil:
 		return nil, nil
 	case deadline.IsClosed(c.closing):
@@ -236,13 +255,34 @@ func (c *shmConn) park() ([]byte, error) {
 	return nil, err
 }
 
-// notify wakes the peer's reader if it is parked.
+// fail ends the connection for a peer that broke the protocol: reads and
+// writes return err from now on, and the notification pipes close, so
+// that nothing more the peer writes reaches this side and its reader sees
+// the end. Close frees the rest.
+func (c *shmConn) fail(err error) error {
+	if c.broken.CompareAndSwap(nil, &err) {
+		c.notifyIn.Close()
+		c.notifyOut.Close()
+	}
+	return *c.broken.Load()
+}
+
+// notify wakes the peer's reader if it is parked. The byte goes without
+// waiting: a full pipe already holds wake-ups its reader has yet to read,
+// and a peer that stops reading its pipe must not stall this side's
+// writes.
 func (c *shmConn) notify() {
 	if c.waitOut.CompareAndSwap(readerParked, readerNotified) {
 		c.wokePeer.Store(true)
-		c.notifyOut.Write([]byte{1})
+		c.notifyRaw.Write(func(fd uintptr) bool {
+			syscall.Write(int(fd), wakeUp[:])
+			return true // written, or the pipe is full (EAGAIN), or closed
+		})
 	}
 }
+
+// wakeUp is what a writer writes into its peer's notification pipe.
+var wakeUp = [1]byte{1}
 
 // Write copies b into the ring in records of up to 64 KiB, waiting for room
 // as the reader drains it.
@@ -257,6 +297,9 @@ func (c *shmConn) Write(b []byte) (int, error) {
 	}
 	n := 0
 	for {
+		if err := c.broken.Load(); err != nil {
+			return n, c.opError("write", *err)
+		}
 		if deadline.IsClosed(c.writeDeadline.Wait()) {
 			return n, c.opError("write", os.ErrDeadlineExceeded)
 		}
