@@ -1,11 +1,15 @@
 // Package verbs holds the pieces every ub provider needs the same way: the
-// range checks of buffers, the reliable-connection binding rules and an
-// in-memory completion queue. It is not for users: providers import it.
+// range checks of buffers, the reliable-connection binding rules, an
+// in-memory completion queue and the set of a context's open objects. It
+// is not for users: providers import it.
 package verbs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -218,4 +222,45 @@ func (q *Queue) Room() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.q) - q.n - q.reserved
+}
+
+// Objects is the set of objects a context made and that are still open,
+// for the context's Close to close. An object leaves it when it is closed
+// on its own, so a long-lived context holds only what is open: a set that
+// only grew kept every closed connection's objects, and what they
+// reference, for the context's lifetime. Objects is not safe for
+// concurrent use: its context's lock guards it.
+type Objects struct {
+	seq uint64
+	m   map[io.Closer]uint64 // object -> when it was made
+}
+
+// Add adds o and returns a number, unique in the set's lifetime, that
+// orders it after every object added before.
+func (s *Objects) Add(o io.Closer) uint64 {
+	if s.m == nil {
+		s.m = map[io.Closer]uint64{}
+	}
+	s.seq++
+	s.m[o] = s.seq
+	return s.seq
+}
+
+// Remove takes o out (it was closed); removing an object not in the set
+// does nothing.
+func (s *Objects) Remove(o io.Closer) { delete(s.m, o) }
+
+// Len is how many objects are in the set.
+func (s *Objects) Len() int { return len(s.m) }
+
+// Drain empties the set and returns its objects newest first, the order to
+// close them in (a jetty before the queues it uses).
+func (s *Objects) Drain() []io.Closer {
+	objs := make([]io.Closer, 0, len(s.m))
+	for o := range s.m {
+		objs = append(objs, o)
+	}
+	slices.SortFunc(objs, func(a, b io.Closer) int { return cmp.Compare(s.m[b], s.m[a]) })
+	s.m = nil
+	return objs
 }

@@ -82,3 +82,29 @@ func TestBindingTarget(t *testing.T) {
 		t.Error("a foreign target type was accepted")
 	}
 }
+
+type closer struct{ n int }
+
+func (*closer) Close() error { return nil }
+
+// TestObjects: closed objects leave the set, and Drain returns the rest
+// newest first.
+func TestObjects(t *testing.T) {
+	var s Objects
+	a, b, c := &closer{1}, &closer{2}, &closer{3}
+	for _, o := range []*closer{a, b, c} {
+		s.Add(o)
+	}
+	s.Remove(b)
+	s.Remove(&closer{4}) // never added
+	if s.Len() != 2 {
+		t.Fatalf("Len %d after removing one of three", s.Len())
+	}
+	got := s.Drain()
+	if len(got) != 2 || got[0] != c || got[1] != a {
+		t.Fatalf("Drain: %v, want c then a", got)
+	}
+	if s.Len() != 0 || s.Add(a) != 4 {
+		t.Fatal("after Drain: not empty, or numbers reused")
+	}
+}
