@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/internal/verbs"
@@ -103,7 +104,7 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	recvOff, complOff, size := jettyLayout(depth)
 	s, err := shm.CreateSegment(name, size, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shmprov: new jetty: %w", fdlimit.Hint(err))
 	}
 	d := s.Data()
 	binary.LittleEndian.PutUint32(d[jettyOffToken:], uint32(cfg.Token))
@@ -235,7 +236,7 @@ func (j *jetty) run(wr *ub.WR) ub.Completion {
 		if len(buf) > j.cfg.MaxMessage || len(buf) > t.rings.maxMsg {
 			return ub.Completion{Status: ub.StatusLocalLength}
 		}
-		st = t.deliver(j.c, buf, wr.Op, wr.Imm, wr.Op == ub.OpSendImm, j.cfg.Mode == ub.Unreliable)
+		st = t.deliver(buf, wr.Op, wr.Imm, wr.Op == ub.OpSendImm, j.cfg.Mode == ub.Unreliable)
 		return ub.Completion{Status: st, Len: len(buf)}
 	}
 	return ub.Completion{Status: ub.StatusUnsupported}
@@ -265,7 +266,7 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 			if st != ub.StatusSuccess {
 				return ub.Completion{Status: st, Len: len(buf)}
 			}
-			if st := t.deliver(j.c, nil, ub.OpWriteImm, wr.Imm, true, false); st != ub.StatusSuccess {
+			if st := t.deliver(nil, ub.OpWriteImm, wr.Imm, true, false); st != ub.StatusSuccess {
 				return ub.Completion{Status: st, Len: len(buf)}
 			}
 		}
@@ -354,6 +355,7 @@ func (j *jetty) Close() error {
 	}
 	j.rings.recvs.Close()
 	j.rings.compls.Close()
+	j.c.untrack(j)
 	return j.rings.seg.Close()
 }
 
@@ -368,7 +370,23 @@ type target struct {
 	peer   peerSeg
 	slot   []byte
 	once   sync.Once
+	// bufs are the peer's segments that its posted receives named, mapped
+	// to deliver into them (mu), most recently used first. They go with the
+	// target: held by the context, they outlived every connection.
+	bufs []mappedBuf
 }
+
+// mappedBuf is a peer's segment mapped for deliveries, by name.
+type mappedBuf struct {
+	name string
+	seg  *shm.Segment
+}
+
+// maxMappedBufs bounds the segments of its peer a target keeps mapped: a
+// receiver whose posted receives name more (one mapping and descriptor
+// each) costs this side a mapping per delivery instead of a descriptor
+// per name.
+const maxMappedBufs = 8
 
 // ImportJetty maps a peer's jetty so sends can reach it.
 func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, error) {
@@ -377,7 +395,7 @@ func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, err
 	}
 	s, err := shm.OpenSegment(desc.Name)
 	if err != nil {
-		return nil, fmt.Errorf("shmprov: import jetty: %w", err)
+		return nil, fmt.Errorf("shmprov: import jetty: %w", fdlimit.Hint(err))
 	}
 	rings, err := openJettyRings(s)
 	if err != nil {
@@ -402,15 +420,60 @@ func (t *target) Close() error {
 	t.once.Do(func() {
 		t.rings.recvs.Close()
 		t.rings.compls.Close()
-		err = t.rings.seg.Close()
+		errs := []error{t.rings.seg.Close()}
+		t.mu.Lock()
+		for _, b := range t.bufs {
+			errs = append(errs, b.seg.Close())
+		}
+		t.bufs = nil
+		t.mu.Unlock()
+		t.c.untrack(t)
+		err = errors.Join(errs...)
 	})
 	return err
+}
+
+// buf returns the peer's segment called name, mapped (t.mu held). A
+// segment that is no longer registered is unmapped, and a new one takes
+// the place of the least recently used when maxMappedBufs are mapped.
+func (t *target) buf(name []byte) (*shm.Segment, error) {
+	for i, b := range t.bufs {
+		if b.name == string(name) {
+			copy(t.bufs[1:i+1], t.bufs[:i])
+			t.bufs[0] = b
+			return b.seg, nil
+		}
+	}
+	s, err := shm.OpenSegment(string(name))
+	if err != nil {
+		return nil, fdlimit.Hint(err)
+	}
+	if len(t.bufs) == maxMappedBufs {
+		t.bufs[len(t.bufs)-1].seg.Close()
+		t.bufs = t.bufs[:len(t.bufs)-1]
+	}
+	t.bufs = append(t.bufs, mappedBuf{})
+	copy(t.bufs[1:], t.bufs)
+	t.bufs[0] = mappedBuf{name: string(name), seg: s}
+	return s, nil
+}
+
+// dropBuf unmaps the peer's segment seg, which is no longer registered
+// (t.mu held).
+func (t *target) dropBuf(seg *shm.Segment) {
+	for i, b := range t.bufs {
+		if b.seg == seg {
+			t.bufs = append(t.bufs[:i], t.bufs[i+1:]...)
+			seg.Close()
+			return
+		}
+	}
 }
 
 // deliver consumes the target's next posted receive, copies payload into it
 // and pushes the receive completion. dropIfNone is the unreliable mode: no
 // receive means the message is lost, not an error.
-func (t *target) deliver(c *Context, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
+func (t *target) deliver(payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -444,7 +507,7 @@ func (t *target) deliver(c *Context, payload []byte, op ub.Opcode, imm uint64, h
 	if err != nil {
 		status = ub.StatusRemoteLength
 	} else if len(payload) > 0 {
-		status = t.copyInto(c, r, payload)
+		status = t.copyInto(r, payload)
 	}
 	compl.Status = status
 	if status != ub.StatusSuccess {
@@ -459,7 +522,7 @@ func (t *target) deliver(c *Context, payload []byte, op ub.Opcode, imm uint64, h
 
 // copyInto validates a posted receive read from shared memory and copies the
 // payload into the receiver's segment.
-func (t *target) copyInto(c *Context, r postedRecv, payload []byte) ub.Status {
+func (t *target) copyInto(r postedRecv, payload []byte) ub.Status {
 	if uint64(len(payload)) > uint64(r.len) {
 		return ub.StatusRemoteLength
 	}
@@ -471,18 +534,22 @@ func (t *target) copyInto(c *Context, r postedRecv, payload []byte) ub.Status {
 	if i < 0 || len(r.name) < i+1 || string(r.name[:i+1]) != t.desc.Name[:i+1] {
 		return ub.StatusRemoteLength
 	}
-	p, err := c.peer(r.name)
+	seg, err := t.buf(r.name)
 	if err != nil {
 		return ub.StatusRemoteLength
 	}
-	d := p.seg.Data()
-	if len(d) < segHeader || p.seg.Creator() != t.peer.seg.Creator() {
+	d := seg.Data()
+	if len(d) < segHeader || seg.Creator() != t.peer.seg.Creator() {
+		t.dropBuf(seg)
 		return ub.StatusRemoteLength
 	}
-	magic, _ := p.seg.Uint64At(0)
-	state, _ := p.seg.Uint32At(segOffState)
+	magic, _ := seg.Uint64At(0)
+	state, _ := seg.Uint32At(segOffState)
 	size := binary.LittleEndian.Uint64(d[segOffSize:])
 	if magic.Load() != segMagic || state.Load() != stateLive || size > uint64(len(d)-segHeader) {
+		// Deregistered (its name is never used again) or not a segment
+		// at all: nothing to keep mapped.
+		t.dropBuf(seg)
 		return ub.StatusRemoteLength
 	}
 	end := segHeader + size
