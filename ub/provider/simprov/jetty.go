@@ -77,7 +77,7 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	}
 	j := &jetty{inner: ij, c: c, send: send, mode: cfg.Mode, q: make(chan scheduled, queueDepth), done: make(chan struct{}), exited: make(chan struct{})}
 	c.mu.Lock()
-	c.jets = append(c.jets, j)
+	c.jets[j] = struct{}{}
 	c.mu.Unlock()
 	go j.run()
 	return j, nil
@@ -300,7 +300,14 @@ func (j *jetty) stop() {
 	<-j.exited
 }
 
+// Close stops the scheduler (held-back requests complete with
+// StatusFlushed), closes the inner jetty and lets the context forget it:
+// kept, every closed connection's jetties stayed in memory with their
+// queues.
 func (j *jetty) Close() error {
 	j.stop()
+	j.c.mu.Lock()
+	delete(j.c.jets, j)
+	j.c.mu.Unlock()
 	return j.inner.Close()
 }
