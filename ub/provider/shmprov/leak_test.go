@@ -35,3 +35,90 @@ func openForTest(t *testing.T) *Context {
 	t.Cleanup(func() { c.Close() })
 	return c.(*Context)
 }
+
+// TestMappedBuffersBounded: a receiver whose posted receives name many
+// segments (a hostile one could name as many as it likes) gets every
+// message, while the sender keeps at most maxMappedBufs of them mapped;
+// a segment deregistered after its receive was posted is refused and
+// unmapped.
+func TestMappedBuffersBounded(t *testing.T) {
+	a, b := openForTest(t), openForTest(t)
+	newJetty := func(c *Context) (ub.Jetty, ub.CQ) {
+		q, err := c.NewCQ(ub.CQConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := c.NewJetty(ub.JettyConfig{Mode: ub.ReliableMessage, SendCQ: q, RecvCQ: q, RecvDepth: 64, Token: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j, q
+	}
+	sj, sq := newJetty(a)
+	rj, rq := newJetty(b)
+	tg, err := a.ImportJetty(rj.Desc(), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := a.AllocSegment(64, ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]ub.Completion, 1)
+	send := func(i int, want ub.Status, into ub.Segment) {
+		t.Helper()
+		src.Bytes()[0] = byte(i)
+		if _, err := sj.PostSend([]ub.WR{{Op: ub.OpSend, UserCtx: uint64(i), Local: ub.Local{Seg: src, Len: 1}, Target: tg}}); err != nil {
+			t.Fatal(err)
+		}
+		if k, _ := sq.Poll(out); k != 1 || out[0].Status != want {
+			t.Fatalf("send %d: %d completions %v, want %v", i, k, out[0], want)
+		}
+		if want == ub.StatusSuccess && into.Bytes()[0] != byte(i) {
+			t.Fatalf("send %d landed elsewhere", i)
+		}
+		if k, _ := rq.Poll(out); k != 1 || out[0].UserCtx != uint64(i) {
+			t.Fatalf("receive %d: %d completions, %v", i, k, out[0])
+		}
+	}
+	mapped := func() int {
+		tt := tg.(*target)
+		tt.mu.Lock()
+		defer tt.mu.Unlock()
+		return len(tt.bufs)
+	}
+	post := func(seg ub.Segment, ctx int) {
+		t.Helper()
+		if _, err := rj.PostRecv([]ub.RecvWR{{UserCtx: uint64(ctx), Buf: ub.Local{Seg: seg, Len: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 3 * maxMappedBufs
+	segs := make([]ub.Segment, n)
+	for i := range segs {
+		if segs[i], err = b.AllocSegment(64, ub.SegmentConfig{}); err != nil {
+			t.Fatal(err)
+		}
+		post(segs[i], i)
+	}
+	for i := range n {
+		send(i, ub.StatusSuccess, segs[i])
+		if m := mapped(); m > maxMappedBufs {
+			t.Fatalf("after %d sends the sender maps %d of the receiver's segments", i+1, m)
+		}
+	}
+	// A segment deregistered while the sender has it mapped.
+	late, err := b.AllocSegment(64, ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(late, n)
+	post(late, n+1)
+	send(n, ub.StatusSuccess, late)
+	before := mapped()
+	late.Close()
+	send(n+1, ub.StatusRemoteLength, nil)
+	if m := mapped(); m != before-1 {
+		t.Fatalf("the deregistered segment stayed mapped (%d mapped, %d before)", m, before)
+	}
+}
