@@ -236,7 +236,7 @@ func (j *jetty) run(wr *ub.WR) ub.Completion {
 		if len(buf) > j.cfg.MaxMessage || len(buf) > t.rings.maxMsg {
 			return ub.Completion{Status: ub.StatusLocalLength}
 		}
-		st = t.deliver(buf, wr.Op, wr.Imm, wr.Op == ub.OpSendImm, j.cfg.Mode == ub.Unreliable)
+		st = t.deliver(j.c, buf, wr.Op, wr.Imm, wr.Op == ub.OpSendImm, j.cfg.Mode == ub.Unreliable)
 		return ub.Completion{Status: st, Len: len(buf)}
 	}
 	return ub.Completion{Status: ub.StatusUnsupported}
@@ -266,7 +266,7 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 			if st != ub.StatusSuccess {
 				return ub.Completion{Status: st, Len: len(buf)}
 			}
-			if st := t.deliver(nil, ub.OpWriteImm, wr.Imm, true, false); st != ub.StatusSuccess {
+			if st := t.deliver(j.c, nil, ub.OpWriteImm, wr.Imm, true, false); st != ub.StatusSuccess {
 				return ub.Completion{Status: st, Len: len(buf)}
 			}
 		}
@@ -415,18 +415,20 @@ func (t *target) Desc() ub.JettyDesc { return t.desc }
 func (t *target) Close() error {
 	t.c.lockOps()
 	defer t.c.ops.Unlock()
+	// Under mu, which a delivery holds while it uses the mappings (a jetty
+	// of another context, whose lock is not ours, may be delivering).
+	t.mu.Lock()
 	t.closed = true
+	t.mu.Unlock()
 	var err error
 	t.once.Do(func() {
 		t.rings.recvs.Close()
 		t.rings.compls.Close()
 		errs := []error{t.rings.seg.Close()}
-		t.mu.Lock()
 		for _, b := range t.bufs {
 			errs = append(errs, b.seg.Close())
 		}
 		t.bufs = nil
-		t.mu.Unlock()
 		t.c.untrack(t)
 		err = errors.Join(errs...)
 	})
@@ -471,9 +473,10 @@ func (t *target) dropBuf(seg *shm.Segment) {
 }
 
 // deliver consumes the target's next posted receive, copies payload into it
-// and pushes the receive completion. dropIfNone is the unreliable mode: no
-// receive means the message is lost, not an error.
-func (t *target) deliver(payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
+// and pushes the receive completion. c is the sending jetty's context,
+// whose ops the caller holds for reading. dropIfNone is the unreliable
+// mode: no receive means the message is lost, not an error.
+func (t *target) deliver(c *Context, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
@@ -507,7 +510,7 @@ func (t *target) deliver(payload []byte, op ub.Opcode, imm uint64, hasImm, dropI
 	if err != nil {
 		status = ub.StatusRemoteLength
 	} else if len(payload) > 0 {
-		status = t.copyInto(r, payload)
+		status = t.copyInto(c, r, payload)
 	}
 	compl.Status = status
 	if status != ub.StatusSuccess {
@@ -522,7 +525,7 @@ func (t *target) deliver(payload []byte, op ub.Opcode, imm uint64, hasImm, dropI
 
 // copyInto validates a posted receive read from shared memory and copies the
 // payload into the receiver's segment.
-func (t *target) copyInto(r postedRecv, payload []byte) ub.Status {
+func (t *target) copyInto(c *Context, r postedRecv, payload []byte) ub.Status {
 	if uint64(len(payload)) > uint64(r.len) {
 		return ub.StatusRemoteLength
 	}
@@ -534,9 +537,12 @@ func (t *target) copyInto(r postedRecv, payload []byte) ub.Status {
 	if i < 0 || len(r.name) < i+1 || string(r.name[:i+1]) != t.desc.Name[:i+1] {
 		return ub.StatusRemoteLength
 	}
-	seg, err := t.buf(r.name)
-	if err != nil {
-		return ub.StatusRemoteLength
+	seg := c.importedSeg(r.name)
+	if seg == nil {
+		var err error
+		if seg, err = t.buf(r.name); err != nil {
+			return ub.StatusRemoteLength
+		}
 	}
 	d := seg.Data()
 	if len(d) < segHeader || seg.Creator() != t.peer.seg.Creator() {

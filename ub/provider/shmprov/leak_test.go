@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/ubkit-io/ubkit/internal/procstat"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/internal/leaktest"
 )
@@ -120,5 +121,60 @@ func TestMappedBuffersBounded(t *testing.T) {
 	send(n+1, ub.StatusRemoteLength, nil)
 	if m := mapped(); m != before-1 {
 		t.Fatalf("the deregistered segment stayed mapped (%d mapped, %d before)", m, before)
+	}
+}
+
+// TestDeliveryUsesImportedSegment: a send into a receive posted in a
+// segment the sender imported maps nothing more (the transport's ub path
+// imports the segment its peer receives in, so a connection takes all its
+// descriptors when it is set up); once the import is closed, the target
+// maps the segment itself.
+func TestDeliveryUsesImportedSegment(t *testing.T) {
+	a, b := openForTest(t), openForTest(t)
+	aq, _ := a.NewCQ(ub.CQConfig{})
+	bq, _ := b.NewCQ(ub.CQConfig{})
+	sj, err := a.NewJetty(ub.JettyConfig{SendCQ: aq, RecvCQ: aq, Token: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rj, err := b.NewJetty(ub.JettyConfig{SendCQ: bq, RecvCQ: bq, Token: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := a.ImportJetty(rj.Desc(), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _ := a.AllocSegment(64, ub.SegmentConfig{})
+	dst, _ := b.AllocSegment(64, ub.SegmentConfig{Access: ub.AccessRead, Token: 9})
+	imp, err := a.ImportSegment(dst.Desc(), 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]ub.Completion, 1)
+	sendOne := func() int {
+		t.Helper()
+		if _, err := rj.PostRecv([]ub.RecvWR{{Buf: ub.Local{Seg: dst, Len: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := procstat.Read()
+		if _, err := sj.PostSend([]ub.WR{{Op: ub.OpSend, Local: ub.Local{Seg: src, Len: 8}, Target: tg}}); err != nil {
+			t.Fatal(err)
+		}
+		if k, _ := aq.Poll(out); k != 1 || out[0].Status != ub.StatusSuccess {
+			t.Fatalf("send: %d completions, %v", k, out[0])
+		}
+		if k, _ := bq.Poll(out); k != 1 || out[0].Status != ub.StatusSuccess {
+			t.Fatalf("receive: %d completions, %v", k, out[0])
+		}
+		after, _ := procstat.Read()
+		return after.Sub(before).FDs
+	}
+	if fds := sendOne(); fds != 0 {
+		t.Errorf("a send into an imported segment opened %d descriptors", fds)
+	}
+	imp.Close()
+	if fds := sendOne(); fds != 1 {
+		t.Errorf("a send into a segment no longer imported opened %d descriptors, want 1 (its own mapping)", fds)
 	}
 }

@@ -30,7 +30,7 @@ func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
 	if _, err := io.ReadFull(rand.Reader, eid[:]); err != nil {
 		return nil, err
 	}
-	c := &Context{eid: eid, prefix: "ub-" + hex.EncodeToString(eid[:6]), sleeping: map[*cq]struct{}{}}
+	c := &Context{eid: eid, prefix: "ub-" + hex.EncodeToString(eid[:6]), sleeping: map[*cq]struct{}{}, imported: map[string]*remoteSegment{}}
 	return c, nil
 }
 
@@ -56,6 +56,15 @@ type Context struct {
 	mu      sync.Mutex
 	closed  bool
 	objects verbs.Objects // open segments, imports, queues and jetties
+
+	// imported are the peers' segments imported here, by name (the first
+	// import of each): a send into a receive posted in one of them copies
+	// through that mapping rather than one more of the same memory, so a
+	// connection takes its descriptors when it is set up, not at its
+	// first message. Closing one takes ops for writing, so a delivery
+	// under ops for reading may use it.
+	imu      sync.RWMutex
+	imported map[string]*remoteSegment
 }
 
 // peerSeg is a peer's shm segment this context mapped, with a cached answer
@@ -237,7 +246,23 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 		s.Close()
 		return nil, err
 	}
+	c.imu.Lock()
+	if c.imported[desc.Name] == nil {
+		c.imported[desc.Name] = r
+	}
+	c.imu.Unlock()
 	return r, nil
+}
+
+// importedSeg returns the mapping of the peer's segment called name if it
+// was imported here (ops held for reading keeps it mapped).
+func (c *Context) importedSeg(name []byte) *shm.Segment {
+	c.imu.RLock()
+	defer c.imu.RUnlock()
+	if r := c.imported[string(name)]; r != nil {
+		return r.seg
+	}
+	return nil
 }
 
 func (r *remoteSegment) Desc() ub.SegmentDesc { return r.desc }
@@ -252,6 +277,11 @@ func (r *remoteSegment) Close() error {
 	}
 	r.closed = true
 	r.c.untrack(r)
+	r.c.imu.Lock()
+	if r.c.imported[r.desc.Name] == r {
+		delete(r.c.imported, r.desc.Name)
+	}
+	r.c.imu.Unlock()
 	return r.seg.Close()
 }
 
