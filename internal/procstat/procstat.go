@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -86,16 +87,37 @@ func (u Usage) Within(start, slack Usage) bool {
 	return d.FDs <= slack.FDs && d.Shared <= slack.Shared && d.Goroutines <= slack.Goroutines
 }
 
-// WaitWithin reads the usage until it is Within slack of start or timeout
-// passes (goroutines of closed connections end, and descriptors close, a
-// moment after Close returns), and returns the last reading.
-func WaitWithin(start, slack Usage, timeout time.Duration) (Usage, error) {
+// Compact returns the usage after the runtime gave the memory it holds
+// free back to the system (debug.FreeOSMemory), so RSS counts what is in
+// use.
+func Compact() (Usage, error) {
+	debug.FreeOSMemory()
+	return Read()
+}
+
+// Returned waits up to timeout for the usage to come back Within slack of
+// before (goroutines of closed connections end, and descriptors close, a
+// moment after Close returns), and returns it, read with Compact. It
+// fails if it did not come back, or if resident memory grew by more than
+// slack.RSS (when not 0).
+func Returned(before, slack Usage, timeout time.Duration) (Usage, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		u, err := Read()
-		if err != nil || u.Within(start, slack) || time.Now().After(deadline) {
+		if err != nil {
 			return u, err
+		}
+		if u.Within(before, slack) || time.Now().After(deadline) {
+			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	u, err := Compact()
+	if err != nil {
+		return u, err
+	}
+	if !u.Within(before, slack) || (slack.RSS > 0 && u.RSS-before.RSS > slack.RSS) {
+		return u, fmt.Errorf("procstat: %v more than before (%v)", u.Sub(before), before)
+	}
+	return u, nil
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // TestRead: an open file counts as one descriptor until it is closed, and
-// WaitWithin sees it go.
+// Returned sees it go.
 func TestRead(t *testing.T) {
 	before, err := Read()
 	if err != nil {
@@ -27,8 +27,11 @@ func TestRead(t *testing.T) {
 	if open.Within(before, Usage{}) {
 		t.Error("Within ignores an extra descriptor")
 	}
+	if _, err := Returned(before, Usage{Goroutines: 1 << 20}, 10*time.Millisecond); err == nil {
+		t.Error("Returned ignores an open file")
+	}
 	f.Close()
-	if after, _ := WaitWithin(before, Usage{}, time.Second); !after.Within(before, Usage{}) {
-		t.Errorf("after Close: %v, before %v", after, before)
+	if _, err := Returned(before, Usage{Goroutines: 1 << 20}, time.Second); err != nil {
+		t.Errorf("after Close: %v", err)
 	}
 }
