@@ -8,6 +8,7 @@ package fdlimit
 import (
 	"errors"
 	"fmt"
+	"os"
 	"syscall"
 )
 
@@ -25,13 +26,19 @@ func Hint(err error) error {
 	if errors.As(err, &done) {
 		return err
 	}
-	e := &limitError{err: err, errno: errno}
+	e := &limitError{err: err, errno: errno, pid: os.Getpid()}
 	var rl syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl) == nil {
 		e.limit = rl.Cur
 	}
 	return e
 }
+
+// Peer is the cause of a peer's refusal that says the peer ran out of
+// file descriptors (errno, EMFILE or ENFILE): it matches errno with
+// errors.Is, and Hint leaves an error that wraps it alone, since the
+// limit reached is the peer's and the peer's own words name it.
+func Peer(errno syscall.Errno) error { return &limitError{err: errno, errno: errno, peer: true} }
 
 // Errno returns EMFILE or ENFILE when err is one of them.
 func Errno(err error) (syscall.Errno, bool) {
@@ -47,10 +54,15 @@ func Errno(err error) (syscall.Errno, bool) {
 type limitError struct {
 	err   error
 	errno syscall.Errno
-	limit uint64 // this process's RLIMIT_NOFILE when it happened (0: unknown)
+	pid   int    // the process it happened in: the error may travel to a peer
+	limit uint64 // its RLIMIT_NOFILE then (0: unknown)
+	peer  bool   // it happened in a peer (Peer)
 }
 
 func (e *limitError) Error() string {
+	if e.peer {
+		return fmt.Sprintf("the peer ran out of file descriptors (%v)", e.errno)
+	}
 	if e.errno == syscall.ENFILE {
 		return e.err.Error() + " (the system's open-file table is full: close descriptors, or raise fs.file-max)"
 	}
@@ -58,7 +70,7 @@ func (e *limitError) Error() string {
 	if e.limit > 0 {
 		limit = fmt.Sprintf(" of %d", e.limit)
 	}
-	return fmt.Sprintf("%v (this process reached its fd limit%s, RLIMIT_NOFILE: close connections, or raise it with ulimit -n)", e.err, limit)
+	return fmt.Sprintf("%v (process %d reached its fd limit%s, RLIMIT_NOFILE: close connections, or raise it with ulimit -n)", e.err, e.pid, limit)
 }
 
 func (e *limitError) Unwrap() error { return e.err }

@@ -21,6 +21,10 @@ func TestHint(t *testing.T) {
 	if h := Hint(syscall.ENFILE); !errors.Is(h, syscall.ENFILE) || !strings.Contains(h.Error(), "fs.file-max") {
 		t.Errorf("ENFILE: %v", h)
 	}
+	peer := fmt.Errorf("node n0 refused: %w", Peer(syscall.EMFILE))
+	if h := Hint(peer); h != peer || !errors.Is(h, syscall.EMFILE) {
+		t.Errorf("a peer's limit: %v (want it unchanged, matching EMFILE)", h)
+	}
 	for _, err := range []error{nil, syscall.ENOENT, errors.New("other")} {
 		if got := Hint(err); got != err {
 			t.Errorf("Hint(%v) = %v, want it unchanged", err, got)
