@@ -327,3 +327,22 @@ func listenUnderLimits(t *testing.T) {
 		fmt.Println("ok")
 	}
 }
+
+// TestRefusalFromAHostileListener: what a listener says in a refusal
+// reaches the dialer's error bounded and printable, and only the errnos
+// of running out of descriptors are taken from it.
+func TestRefusalFromAHostileListener(t *testing.T) {
+	long := strings.Repeat("x\n\x1b[2J", 20000)
+	err := ubHello{Err: long, Errno: int(syscall.ENOENT)}.refused("n0")
+	if len(err.Error()) > maxRefusal+100 || strings.ContainsAny(err.Error(), "\n\x1b") {
+		t.Errorf("a refusal of %d bytes became an error of %d bytes: %q...", len(long), len(err.Error()), err.Error()[:80])
+	}
+	if errors.Is(err, syscall.ENOENT) {
+		t.Error("the dialer's error took the listener's word for ENOENT")
+	}
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE} {
+		if err := (ubHello{Err: "out", Errno: int(errno)}).refused("n0"); !errors.Is(err, errno) {
+			t.Errorf("a refusal for %v: %v does not match it", errno, err)
+		}
+	}
+}
