@@ -86,8 +86,12 @@ var ErrQueueClosed = errors.New("ub: completion queue closed")
 // completions they will produce, so a completion is never dropped for want
 // of space. Safe for concurrent use.
 type Queue struct {
-	mu       sync.Mutex
+	mu sync.Mutex
+	// q is a ring of the completions held, grown as needed up to depth:
+	// a connection's queues hold a few, and a 4096-deep ring made for each
+	// cost every connection 230 KB up front.
 	q        []ub.Completion
+	depth    int
 	head, n  int
 	reserved int
 	closed   bool
@@ -139,15 +143,18 @@ func (q *Queue) pushed() {
 
 // NewQueue makes a queue holding up to depth completions.
 func NewQueue(depth int) *Queue {
-	return &Queue{q: make([]ub.Completion, depth)}
+	return &Queue{q: make([]ub.Completion, min(depth, minRing)), depth: depth}
 }
+
+// minRing is the ring a queue starts with.
+const minRing = 16
 
 // Reserve sets room aside for n completions; it reports false if there is
 // not that much room.
 func (q *Queue) Reserve(n int) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n+q.reserved+n > len(q.q) {
+	if q.n+q.reserved+n > q.depth {
 		return false
 	}
 	q.reserved += n
@@ -161,20 +168,31 @@ func (q *Queue) Push(c ub.Completion, reserved bool) bool {
 	q.mu.Lock()
 	if reserved && q.reserved > 0 {
 		q.reserved--
-	} else if q.n+q.reserved >= len(q.q) {
+	} else if q.n+q.reserved >= q.depth {
 		// Room promised to requests in flight is theirs.
 		q.mu.Unlock()
 		return false
 	}
-	if q.closed || q.n == len(q.q) {
+	if q.closed || q.n == q.depth {
 		q.mu.Unlock()
 		return false
+	}
+	if q.n == len(q.q) {
+		q.grow()
 	}
 	q.q[(q.head+q.n)%len(q.q)] = c
 	q.n++
 	q.mu.Unlock()
 	q.pushed()
 	return true
+}
+
+// grow doubles the ring (at most to depth), oldest first (mu held).
+func (q *Queue) grow() {
+	ring := make([]ub.Completion, min(2*len(q.q), q.depth))
+	k := copy(ring, q.q[q.head:])
+	copy(ring[k:], q.q[:q.head])
+	q.q, q.head = ring, 0
 }
 
 // Pop moves up to len(out) completions into out, oldest first.
@@ -221,7 +239,7 @@ func (q *Queue) Closed() bool {
 func (q *Queue) Room() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.q) - q.n - q.reserved
+	return q.depth - q.n - q.reserved
 }
 
 // Objects is the set of objects a context made and that are still open,

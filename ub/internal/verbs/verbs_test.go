@@ -108,3 +108,43 @@ func TestObjects(t *testing.T) {
 		t.Fatal("after Drain: not empty, or numbers reused")
 	}
 }
+
+// TestQueueGrows: a deep queue starts small and grows as completions come,
+// keeping their order across the ring's wrap, up to its depth and no
+// further.
+func TestQueueGrows(t *testing.T) {
+	const depth = 100
+	q := NewQueue(depth)
+	if len(q.q) >= depth {
+		t.Fatalf("a %d-deep queue starts with room for %d", depth, len(q.q))
+	}
+	out := make([]ub.Completion, depth)
+	next, want := uint64(0), uint64(0)
+	push := func(n int) {
+		for range n {
+			if !q.Push(ub.Completion{UserCtx: next}, false) {
+				t.Fatalf("push %d refused with %d held", next, q.Len())
+			}
+			next++
+		}
+	}
+	pop := func(n int) {
+		k, _ := q.Pop(out[:n])
+		for _, c := range out[:k] {
+			if c.UserCtx != want {
+				t.Fatalf("popped %d, want %d", c.UserCtx, want)
+			}
+			want++
+		}
+	}
+	push(10)
+	pop(7) // the ring's head moves on, and the next growth wraps
+	push(depth - 3)
+	if q.Push(ub.Completion{}, false) || q.Room() != 0 {
+		t.Fatalf("a full %d-deep queue took more (room %d)", depth, q.Room())
+	}
+	pop(depth)
+	if q.Len() != 0 || want != next {
+		t.Fatalf("%d left, %d of %d popped", q.Len(), want, next)
+	}
+}
