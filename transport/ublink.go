@@ -148,7 +148,7 @@ func (h ubHello) refused(node string) error {
 		return '?'
 	}, h.Err)
 	if len(msg) > maxRefusal {
-		msg = msg[:maxRefusal] + "..."
+		msg = strings.ToValidUTF8(msg[:maxRefusal], "") + "..."
 	}
 	e := &refusedError{node: node, msg: msg}
 	if errno := syscall.Errno(h.Errno); errno == syscall.EMFILE || errno == syscall.ENFILE {
