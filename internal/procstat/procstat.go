@@ -87,6 +87,17 @@ func (u Usage) Within(start, slack Usage) bool {
 	return d.FDs <= slack.FDs && d.Shared <= slack.Shared && d.Goroutines <= slack.Goroutines
 }
 
+// RSSSlack is how much resident memory a leak check should allow to grow
+// where a leak-free run grows by up to plain: under the race detector, 64
+// MiB more, for its shadow memory grows with every heap address the
+// process touches and is never given back.
+func RSSSlack(plain int64) int64 {
+	if race {
+		return plain + 64<<20
+	}
+	return plain
+}
+
 // Compact returns the usage after the runtime gave the memory it holds
 // free back to the system (debug.FreeOSMemory), so RSS counts what is in
 // use.
