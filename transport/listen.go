@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
 )
 
 // Listener accepts connections for one service, on every path: a
@@ -375,7 +377,7 @@ func (l *Listener) acceptUB(ctl net.Conn, claims func(node, service string) erro
 		return nil, err
 	}
 	refuse := func(err error) (*Conn, error) {
-		writeHello(ctl, ubHello{Err: err.Error()})
+		writeHello(ctl, refusal(err))
 		return nil, err
 	}
 	if err := claims(peer.Node, peer.Service); err != nil {
@@ -392,12 +394,20 @@ func (l *Listener) acceptUB(ctl net.Conn, claims func(node, service string) erro
 	if err != nil {
 		return refuse(err)
 	}
+	// The dialer's half is imported before this side answers: a failure
+	// is then this side's refusal, which says why, and not the dialer's
+	// import of a half that this side released meanwhile.
+	if err := lk.importPeer(uctx, peer); err != nil {
+		refuse(err)
+		lk.release()
+		return nil, err
+	}
 	mine.Node = l.ep.node
 	if err := writeHello(ctl, mine); err != nil {
 		lk.release()
 		return nil, err
 	}
-	if err := lk.connect(uctx, peer); err != nil {
+	if err := lk.ready(); err != nil {
 		lk.release()
 		return nil, err
 	}
@@ -532,7 +542,7 @@ func (e *Endpoint) Dial(ctx context.Context, addr string) (*Conn, error) {
 	a.Path = ""
 	c, err := e.dial(ctx, a, path)
 	if err != nil {
-		return nil, fmt.Errorf("transport: dial %s over %s: %w", a, path, err)
+		return nil, fmt.Errorf("transport: dial %s over %s: %w", a, path, fdlimit.Hint(err))
 	}
 	return c, nil
 }
@@ -550,9 +560,11 @@ func (e *Endpoint) dial(ctx context.Context, a Addr, path Path) (*Conn, error) {
 		}
 		nc, err = d.DialContext(ctx, "unix", e.socketPath(a))
 	case PathUB:
-		// This host's registry first, then the node's.
+		// This host's registry first, then the node's; but a dialer out
+		// of descriptors says so, rather than what the other registry
+		// answers.
 		nc, err = d.DialContext(ctx, "unix", e.socketPath(a))
-		if err != nil {
+		if _, noFDs := fdlimit.Errno(err); err != nil && !noFDs {
 			var where string
 			if where, err = e.lookup(ctx, a); err == nil {
 				nc, err = d.DialContext(ctx, "tcp", where)
@@ -693,10 +705,13 @@ func (e *Endpoint) dialUB(ctx context.Context, ctl net.Conn, local, a Addr) (*Co
 	}
 	peer, err := readHello(ctl)
 	if err == nil && peer.Err != "" {
-		err = errors.New(peer.Err)
+		err = peer.refused(a.Node)
 	}
 	if err == nil {
-		err = lk.connect(uctx, peer)
+		err = lk.importPeer(uctx, peer)
+	}
+	if err == nil {
+		err = lk.ready()
 	}
 	if err != nil {
 		lk.release()

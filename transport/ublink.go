@@ -10,11 +10,14 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode"
 
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 	"github.com/ubkit-io/ubkit/ub"
@@ -111,7 +114,54 @@ type ubHello struct {
 	Depth      int            `json:"depth"`
 	Size       int            `json:"size"`
 	Err        string         `json:"err,omitempty"`
+	// Errno is a refusal's cause when the dialer can act on it: EMFILE or
+	// ENFILE, the listener out of file descriptors.
+	Errno int `json:"errno,omitempty"`
 }
+
+// refusal is the hello that refuses the ub path for err.
+func refusal(err error) ubHello {
+	h := ubHello{Err: err.Error()}
+	if errno, ok := fdlimit.Errno(err); ok {
+		h.Errno = int(errno)
+	}
+	return h
+}
+
+// maxRefusal bounds the listener's words a dialer's error repeats.
+const maxRefusal = 512
+
+// refusedError is a listener's refusal of the ub path, as the dialer
+// sees it: what the listener said (printable, and bounded: it comes from
+// the peer) and, when the listener ran out of file descriptors, that
+// cause (errors.Is matches its errno).
+type refusedError struct {
+	node, msg string
+	cause     error
+}
+
+func (h ubHello) refused(node string) error {
+	msg := strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return '?'
+	}, h.Err)
+	if len(msg) > maxRefusal {
+		msg = strings.ToValidUTF8(msg[:maxRefusal], "") + "..."
+	}
+	e := &refusedError{node: node, msg: msg}
+	if errno := syscall.Errno(h.Errno); errno == syscall.EMFILE || errno == syscall.ENFILE {
+		e.cause = fdlimit.Peer(errno)
+	}
+	return e
+}
+
+func (e *refusedError) Error() string {
+	return fmt.Sprintf("transport: ub path: node %s refused it: %s", e.node, e.msg)
+}
+
+func (e *refusedError) Unwrap() error { return e.cause }
 
 func randomToken() ub.Token {
 	var b [4]byte
@@ -159,9 +209,11 @@ func newUBLink(ctx ub.Context, ctl net.Conn) (*ubLink, ubHello, error) {
 		Depth: ubDepth, Size: ubSize}, nil
 }
 
-// connect imports the peer's half, posts the receives and waits until the
-// peer has posted its own, so no send finds the peer unready.
-func (l *ubLink) connect(ctx ub.Context, peer ubHello) error {
+// importPeer imports the peer's half and posts the receives. The
+// listener does it before it answers the dialer's hello, so a failure
+// here (out of descriptors, say) reaches the dialer as the listener's
+// refusal, not as a vanished jetty.
+func (l *ubLink) importPeer(ctx ub.Context, peer ubHello) error {
 	if peer.Depth != ubDepth || peer.Size != ubSize {
 		return fmt.Errorf("transport: ub path: peer uses %d buffers of %d bytes, this side %d of %d", peer.Depth, peer.Size, ubDepth, ubSize)
 	}
@@ -182,12 +234,21 @@ func (l *ubLink) connect(ctx ub.Context, peer ubHello) error {
 	if _, err := l.j.PostRecv(wrs); err != nil {
 		return fmt.Errorf("transport: ub path: post receives: %w", err)
 	}
+	return nil
+}
+
+// ready waits until the peer has imported this side and posted its
+// receives too, so no send finds the peer unready.
+func (l *ubLink) ready() error {
 	if _, err := l.ctl.Write([]byte{'R'}); err != nil {
 		return err
 	}
 	var b [1]byte
 	if _, err := io.ReadFull(l.ctl, b[:]); err != nil || b[0] != 'R' {
-		return fmt.Errorf("transport: ub path: the peer did not get ready: %v", err)
+		if err == nil {
+			err = fmt.Errorf("it answered %q", b[0])
+		}
+		return fmt.Errorf("transport: ub path: the peer did not get ready: %w", err)
 	}
 	// From now on the socket only tells of the peer's end.
 	l.ctl.SetDeadline(time.Time{})

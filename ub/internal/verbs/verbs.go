@@ -1,11 +1,15 @@
 // Package verbs holds the pieces every ub provider needs the same way: the
-// range checks of buffers, the reliable-connection binding rules and an
-// in-memory completion queue. It is not for users: providers import it.
+// range checks of buffers, the reliable-connection binding rules, an
+// in-memory completion queue and the set of a context's open objects. It
+// is not for users: providers import it.
 package verbs
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -82,8 +86,12 @@ var ErrQueueClosed = errors.New("ub: completion queue closed")
 // completions they will produce, so a completion is never dropped for want
 // of space. Safe for concurrent use.
 type Queue struct {
-	mu       sync.Mutex
+	mu sync.Mutex
+	// q is a ring of the completions held, grown as needed up to depth:
+	// a connection's queues hold a few, and a 4096-deep ring made for each
+	// cost every connection 230 KB up front.
 	q        []ub.Completion
+	depth    int
 	head, n  int
 	reserved int
 	closed   bool
@@ -135,15 +143,18 @@ func (q *Queue) pushed() {
 
 // NewQueue makes a queue holding up to depth completions.
 func NewQueue(depth int) *Queue {
-	return &Queue{q: make([]ub.Completion, depth)}
+	return &Queue{q: make([]ub.Completion, min(depth, minRing)), depth: depth}
 }
+
+// minRing is the ring a queue starts with.
+const minRing = 16
 
 // Reserve sets room aside for n completions; it reports false if there is
 // not that much room.
 func (q *Queue) Reserve(n int) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n+q.reserved+n > len(q.q) {
+	if q.n+q.reserved+n > q.depth {
 		return false
 	}
 	q.reserved += n
@@ -157,20 +168,31 @@ func (q *Queue) Push(c ub.Completion, reserved bool) bool {
 	q.mu.Lock()
 	if reserved && q.reserved > 0 {
 		q.reserved--
-	} else if q.n+q.reserved >= len(q.q) {
+	} else if q.n+q.reserved >= q.depth {
 		// Room promised to requests in flight is theirs.
 		q.mu.Unlock()
 		return false
 	}
-	if q.closed || q.n == len(q.q) {
+	if q.closed || q.n == q.depth {
 		q.mu.Unlock()
 		return false
+	}
+	if q.n == len(q.q) {
+		q.grow()
 	}
 	q.q[(q.head+q.n)%len(q.q)] = c
 	q.n++
 	q.mu.Unlock()
 	q.pushed()
 	return true
+}
+
+// grow doubles the ring (at most to depth), oldest first (mu held).
+func (q *Queue) grow() {
+	ring := make([]ub.Completion, min(2*len(q.q), q.depth))
+	k := copy(ring, q.q[q.head:])
+	copy(ring[k:], q.q[:q.head])
+	q.q, q.head = ring, 0
 }
 
 // Pop moves up to len(out) completions into out, oldest first.
@@ -217,5 +239,46 @@ func (q *Queue) Closed() bool {
 func (q *Queue) Room() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.q) - q.n - q.reserved
+	return q.depth - q.n - q.reserved
+}
+
+// Objects is the set of objects a context made and that are still open,
+// for the context's Close to close. An object leaves it when it is closed
+// on its own, so a long-lived context holds only what is open: a set that
+// only grew kept every closed connection's objects, and what they
+// reference, for the context's lifetime. Objects is not safe for
+// concurrent use: its context's lock guards it.
+type Objects struct {
+	seq uint64
+	m   map[io.Closer]uint64 // object -> when it was made
+}
+
+// Add adds o and returns a number, unique in the set's lifetime, that
+// orders it after every object added before.
+func (s *Objects) Add(o io.Closer) uint64 {
+	if s.m == nil {
+		s.m = map[io.Closer]uint64{}
+	}
+	s.seq++
+	s.m[o] = s.seq
+	return s.seq
+}
+
+// Remove takes o out (it was closed); removing an object not in the set
+// does nothing.
+func (s *Objects) Remove(o io.Closer) { delete(s.m, o) }
+
+// Len is how many objects are in the set.
+func (s *Objects) Len() int { return len(s.m) }
+
+// Drain empties the set and returns its objects newest first, the order to
+// close them in (a jetty before the queues it uses).
+func (s *Objects) Drain() []io.Closer {
+	objs := make([]io.Closer, 0, len(s.m))
+	for o := range s.m {
+		objs = append(objs, o)
+	}
+	slices.SortFunc(objs, func(a, b io.Closer) int { return cmp.Compare(s.m[b], s.m[a]) })
+	s.m = nil
+	return objs
 }

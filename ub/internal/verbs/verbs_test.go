@@ -82,3 +82,69 @@ func TestBindingTarget(t *testing.T) {
 		t.Error("a foreign target type was accepted")
 	}
 }
+
+type closer struct{ n int }
+
+func (*closer) Close() error { return nil }
+
+// TestObjects: closed objects leave the set, and Drain returns the rest
+// newest first.
+func TestObjects(t *testing.T) {
+	var s Objects
+	a, b, c := &closer{1}, &closer{2}, &closer{3}
+	for _, o := range []*closer{a, b, c} {
+		s.Add(o)
+	}
+	s.Remove(b)
+	s.Remove(&closer{4}) // never added
+	if s.Len() != 2 {
+		t.Fatalf("Len %d after removing one of three", s.Len())
+	}
+	got := s.Drain()
+	if len(got) != 2 || got[0] != c || got[1] != a {
+		t.Fatalf("Drain: %v, want c then a", got)
+	}
+	if s.Len() != 0 || s.Add(a) != 4 {
+		t.Fatal("after Drain: not empty, or numbers reused")
+	}
+}
+
+// TestQueueGrows: a deep queue starts small and grows as completions come,
+// keeping their order across the ring's wrap, up to its depth and no
+// further.
+func TestQueueGrows(t *testing.T) {
+	const depth = 100
+	q := NewQueue(depth)
+	if len(q.q) >= depth {
+		t.Fatalf("a %d-deep queue starts with room for %d", depth, len(q.q))
+	}
+	out := make([]ub.Completion, depth)
+	next, want := uint64(0), uint64(0)
+	push := func(n int) {
+		for range n {
+			if !q.Push(ub.Completion{UserCtx: next}, false) {
+				t.Fatalf("push %d refused with %d held", next, q.Len())
+			}
+			next++
+		}
+	}
+	pop := func(n int) {
+		k, _ := q.Pop(out[:n])
+		for _, c := range out[:k] {
+			if c.UserCtx != want {
+				t.Fatalf("popped %d, want %d", c.UserCtx, want)
+			}
+			want++
+		}
+	}
+	push(10)
+	pop(7) // the ring's head moves on, and the next growth wraps
+	push(depth - 3)
+	if q.Push(ub.Completion{}, false) || q.Room() != 0 {
+		t.Fatalf("a full %d-deep queue took more (room %d)", depth, q.Room())
+	}
+	pop(depth)
+	if q.Len() != 0 || want != next {
+		t.Fatalf("%d left, %d of %d popped", q.Len(), want, next)
+	}
+}

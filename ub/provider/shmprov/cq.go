@@ -252,5 +252,6 @@ func (q *cq) Close() error {
 	q.mu.Lock()
 	q.rings = nil
 	q.mu.Unlock()
+	q.c.untrack(q)
 	return q.local.Close()
 }

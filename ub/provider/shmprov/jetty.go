@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/internal/verbs"
@@ -103,7 +104,7 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	recvOff, complOff, size := jettyLayout(depth)
 	s, err := shm.CreateSegment(name, size, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shmprov: new jetty: %w", fdlimit.Hint(err))
 	}
 	d := s.Data()
 	binary.LittleEndian.PutUint32(d[jettyOffToken:], uint32(cfg.Token))
@@ -354,6 +355,7 @@ func (j *jetty) Close() error {
 	}
 	j.rings.recvs.Close()
 	j.rings.compls.Close()
+	j.c.untrack(j)
 	return j.rings.seg.Close()
 }
 
@@ -368,7 +370,23 @@ type target struct {
 	peer   peerSeg
 	slot   []byte
 	once   sync.Once
+	// bufs are the peer's segments that its posted receives named, mapped
+	// to deliver into them (mu), most recently used first. They go with the
+	// target: held by the context, they outlived every connection.
+	bufs []mappedBuf
 }
+
+// mappedBuf is a peer's segment mapped for deliveries, by name.
+type mappedBuf struct {
+	name string
+	seg  *shm.Segment
+}
+
+// maxMappedBufs bounds the segments of its peer a target keeps mapped: a
+// receiver whose posted receives name more (one mapping and descriptor
+// each) costs this side a mapping per delivery instead of a descriptor
+// per name.
+const maxMappedBufs = 8
 
 // ImportJetty maps a peer's jetty so sends can reach it.
 func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, error) {
@@ -377,7 +395,7 @@ func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, err
 	}
 	s, err := shm.OpenSegment(desc.Name)
 	if err != nil {
-		return nil, fmt.Errorf("shmprov: import jetty: %w", err)
+		return nil, fmt.Errorf("shmprov: import jetty: %w", fdlimit.Hint(err))
 	}
 	rings, err := openJettyRings(s)
 	if err != nil {
@@ -397,19 +415,67 @@ func (t *target) Desc() ub.JettyDesc { return t.desc }
 func (t *target) Close() error {
 	t.c.lockOps()
 	defer t.c.ops.Unlock()
+	// Under mu, which a delivery holds while it uses the mappings (a jetty
+	// of another context, whose lock is not ours, may be delivering).
+	t.mu.Lock()
 	t.closed = true
+	t.mu.Unlock()
 	var err error
 	t.once.Do(func() {
 		t.rings.recvs.Close()
 		t.rings.compls.Close()
-		err = t.rings.seg.Close()
+		errs := []error{t.rings.seg.Close()}
+		for _, b := range t.bufs {
+			errs = append(errs, b.seg.Close())
+		}
+		t.bufs = nil
+		t.c.untrack(t)
+		err = errors.Join(errs...)
 	})
 	return err
 }
 
+// buf returns the peer's segment called name, mapped (t.mu held). A
+// segment that is no longer registered is unmapped, and a new one takes
+// the place of the least recently used when maxMappedBufs are mapped.
+func (t *target) buf(name []byte) (*shm.Segment, error) {
+	for i, b := range t.bufs {
+		if b.name == string(name) {
+			copy(t.bufs[1:i+1], t.bufs[:i])
+			t.bufs[0] = b
+			return b.seg, nil
+		}
+	}
+	s, err := shm.OpenSegment(string(name))
+	if err != nil {
+		return nil, fdlimit.Hint(err)
+	}
+	if len(t.bufs) == maxMappedBufs {
+		t.bufs[len(t.bufs)-1].seg.Close()
+		t.bufs = t.bufs[:len(t.bufs)-1]
+	}
+	t.bufs = append(t.bufs, mappedBuf{})
+	copy(t.bufs[1:], t.bufs)
+	t.bufs[0] = mappedBuf{name: string(name), seg: s}
+	return s, nil
+}
+
+// dropBuf unmaps the peer's segment seg, which is no longer registered
+// (t.mu held).
+func (t *target) dropBuf(seg *shm.Segment) {
+	for i, b := range t.bufs {
+		if b.seg == seg {
+			t.bufs = append(t.bufs[:i], t.bufs[i+1:]...)
+			seg.Close()
+			return
+		}
+	}
+}
+
 // deliver consumes the target's next posted receive, copies payload into it
-// and pushes the receive completion. dropIfNone is the unreliable mode: no
-// receive means the message is lost, not an error.
+// and pushes the receive completion. c is the sending jetty's context,
+// whose ops the caller holds for reading. dropIfNone is the unreliable
+// mode: no receive means the message is lost, not an error.
 func (t *target) deliver(c *Context, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -471,18 +537,25 @@ func (t *target) copyInto(c *Context, r postedRecv, payload []byte) ub.Status {
 	if i < 0 || len(r.name) < i+1 || string(r.name[:i+1]) != t.desc.Name[:i+1] {
 		return ub.StatusRemoteLength
 	}
-	p, err := c.peer(r.name)
-	if err != nil {
+	seg := c.importedSeg(r.name)
+	if seg == nil {
+		var err error
+		if seg, err = t.buf(r.name); err != nil {
+			return ub.StatusRemoteLength
+		}
+	}
+	d := seg.Data()
+	if len(d) < segHeader || seg.Creator() != t.peer.seg.Creator() {
+		t.dropBuf(seg)
 		return ub.StatusRemoteLength
 	}
-	d := p.seg.Data()
-	if len(d) < segHeader || p.seg.Creator() != t.peer.seg.Creator() {
-		return ub.StatusRemoteLength
-	}
-	magic, _ := p.seg.Uint64At(0)
-	state, _ := p.seg.Uint32At(segOffState)
+	magic, _ := seg.Uint64At(0)
+	state, _ := seg.Uint32At(segOffState)
 	size := binary.LittleEndian.Uint64(d[segOffSize:])
 	if magic.Load() != segMagic || state.Load() != stateLive || size > uint64(len(d)-segHeader) {
+		// Deregistered (its name is never used again) or not a segment
+		// at all: nothing to keep mapped.
+		t.dropBuf(seg)
 		return ub.StatusRemoteLength
 	}
 	end := segHeader + size

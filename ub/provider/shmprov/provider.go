@@ -12,8 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 )
 
 // Name is the provider's registered name.
@@ -28,7 +30,7 @@ func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
 	if _, err := io.ReadFull(rand.Reader, eid[:]); err != nil {
 		return nil, err
 	}
-	c := &Context{eid: eid, prefix: "ub-" + hex.EncodeToString(eid[:6]), opened: map[string]*peerSeg{}, sleeping: map[*cq]struct{}{}}
+	c := &Context{eid: eid, prefix: "ub-" + hex.EncodeToString(eid[:6]), sleeping: map[*cq]struct{}{}, imported: map[string]*remoteSegment{}}
 	return c, nil
 }
 
@@ -53,9 +55,16 @@ type Context struct {
 
 	mu      sync.Mutex
 	closed  bool
-	objects []io.Closer
-	// opened caches peers' segments mapped to deliver sends into them.
-	opened map[string]*peerSeg
+	objects verbs.Objects // open segments, imports, queues and jetties
+
+	// imported are the peers' segments imported here, by name (the first
+	// import of each): a send into a receive posted in one of them copies
+	// through that mapping rather than one more of the same memory, so a
+	// connection takes its descriptors when it is set up, not at its
+	// first message. Closing one takes ops for writing, so a delivery
+	// under ops for reading may use it.
+	imu      sync.RWMutex
+	imported map[string]*remoteSegment
 }
 
 // peerSeg is a peer's shm segment this context mapped, with a cached answer
@@ -90,8 +99,16 @@ func (c *Context) track(o io.Closer) error {
 	if c.closed {
 		return ErrClosed
 	}
-	c.objects = append(c.objects, o)
+	c.objects.Add(o)
 	return nil
+}
+
+// untrack forgets an object that was closed, so the context holds nothing
+// of it.
+func (c *Context) untrack(o io.Closer) {
+	c.mu.Lock()
+	c.objects.Remove(o)
+	c.mu.Unlock()
 }
 
 // lockOps takes ops for writing, first ending the waits asleep under it
@@ -119,41 +136,13 @@ func (c *Context) Close() error {
 		return nil
 	}
 	c.closed = true
-	objs := c.objects
-	c.objects = nil
-	opened := c.opened
-	c.opened = nil
+	objs := c.objects.Drain()
 	c.mu.Unlock()
 	var errs []error
-	for i := len(objs) - 1; i >= 0; i-- {
-		errs = append(errs, objs[i].Close())
+	for _, o := range objs {
+		errs = append(errs, o.Close())
 	}
-	c.lockOps()
-	for _, p := range opened {
-		errs = append(errs, p.seg.Close())
-	}
-	c.ops.Unlock()
 	return errors.Join(errs...)
-}
-
-// peer maps (once) the named segment of a peer.
-func (c *Context) peer(name []byte) (*peerSeg, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, ErrClosed
-	}
-	if p, ok := c.opened[string(name)]; ok {
-		return p, nil
-	}
-	key := string(name)
-	s, err := shm.OpenSegment(key)
-	if err != nil {
-		return nil, err
-	}
-	p := &peerSeg{seg: s}
-	c.opened[key] = p
-	return p, nil
 }
 
 // segment is a registered local segment.
@@ -178,7 +167,7 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 	name := c.name("s")
 	s, err := shm.CreateSegment(name, segHeader+size, &shm.SegmentOptions{})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("shmprov: allocate segment: %w", fdlimit.Hint(err))
 	}
 	d := s.Data()
 	binary.LittleEndian.PutUint32(d[segOffToken:], uint32(cfg.Token))
@@ -212,6 +201,7 @@ func (s *segment) Close() error {
 	s.once.Do(func() {
 		s.state.Store(stateDead)
 		err = s.shm.Close()
+		s.c.untrack(s)
 	})
 	return err
 }
@@ -238,7 +228,7 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 	}
 	s, err := shm.OpenSegment(desc.Name)
 	if err != nil {
-		return nil, fmt.Errorf("shmprov: import segment: %w", err)
+		return nil, fmt.Errorf("shmprov: import segment: %w", fdlimit.Hint(err))
 	}
 	d := s.Data()
 	if len(d) < segHeader {
@@ -256,7 +246,23 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 		s.Close()
 		return nil, err
 	}
+	c.imu.Lock()
+	if c.imported[desc.Name] == nil {
+		c.imported[desc.Name] = r
+	}
+	c.imu.Unlock()
 	return r, nil
+}
+
+// importedSeg returns the mapping of the peer's segment called name if it
+// was imported here (ops held for reading keeps it mapped).
+func (c *Context) importedSeg(name []byte) *shm.Segment {
+	c.imu.RLock()
+	defer c.imu.RUnlock()
+	if r := c.imported[string(name)]; r != nil {
+		return r.seg
+	}
+	return nil
 }
 
 func (r *remoteSegment) Desc() ub.SegmentDesc { return r.desc }
@@ -270,6 +276,12 @@ func (r *remoteSegment) Close() error {
 		return nil
 	}
 	r.closed = true
+	r.c.untrack(r)
+	r.c.imu.Lock()
+	if r.c.imported[r.desc.Name] == r {
+		delete(r.c.imported, r.desc.Name)
+	}
+	r.c.imu.Unlock()
 	return r.seg.Close()
 }
 

@@ -44,7 +44,7 @@ type jetty struct {
 	c         *Context
 	send      *cq
 	mode      ub.Mode
-	q         chan scheduled
+	q         held
 	done      chan struct{}
 	exited    chan struct{}
 	once      sync.Once
@@ -75,9 +75,9 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	if err != nil {
 		return nil, err
 	}
-	j := &jetty{inner: ij, c: c, send: send, mode: cfg.Mode, q: make(chan scheduled, queueDepth), done: make(chan struct{}), exited: make(chan struct{})}
+	j := &jetty{inner: ij, c: c, send: send, mode: cfg.Mode, q: held{wake: make(chan struct{}, 1)}, done: make(chan struct{}), exited: make(chan struct{})}
 	c.mu.Lock()
-	c.jets = append(c.jets, j)
+	c.jets[j] = struct{}{}
 	c.mu.Unlock()
 	go j.run()
 	return j, nil
@@ -165,9 +165,7 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 			continue
 		}
 		j.pending.Add(1)
-		select {
-		case j.q <- s:
-		default:
+		if !j.q.push(s) {
 			j.pending.Add(-1)
 			return i, fmt.Errorf("simprov: %d operations already held back on this jetty", queueDepth)
 		}
@@ -233,12 +231,15 @@ func (j *jetty) schedule(wr ub.WR) (scheduled, error) {
 func (j *jetty) run() {
 	defer close(j.exited)
 	for {
-		var s scheduled
-		select {
-		case s = <-j.q:
-		case <-j.done:
-			j.flush()
-			return
+		s, ok := j.q.pop()
+		if !ok {
+			select {
+			case <-j.q.wake:
+			case <-j.done:
+				j.flush()
+				return
+			}
+			continue
 		}
 		if d := time.Until(s.start) - spinBelow; d > 0 {
 			t := time.NewTimer(d)
@@ -283,13 +284,61 @@ func (j *jetty) post(s scheduled, scratch *[1]ub.WR) {
 // flush completes every request still held back with StatusFlushed.
 func (j *jetty) flush() {
 	for {
-		select {
-		case s := <-j.q:
-			j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
-		default:
+		s, ok := j.q.pop()
+		if !ok {
 			return
 		}
+		j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
 	}
+}
+
+// held is a jetty's queue of operations held back, in order, up to
+// queueDepth. It grows as operations come: a channel that deep, made for
+// every jetty, cost each connection over 3 MB up front, all of it scanned
+// by the garbage collector.
+type held struct {
+	mu   sync.Mutex
+	ops  []scheduled // from head
+	head int
+	wake chan struct{} // a push rings it for the scheduler
+}
+
+// push queues s; it reports false when queueDepth operations are held.
+func (h *held) push(s scheduled) bool {
+	h.mu.Lock()
+	if len(h.ops)-h.head >= queueDepth {
+		h.mu.Unlock()
+		return false
+	}
+	if h.head > 0 && len(h.ops) == cap(h.ops) {
+		// Full, with room at the front: move the held ones there rather
+		// than grow (a queue that never empties would grow for ever).
+		n := copy(h.ops, h.ops[h.head:])
+		clear(h.ops[n:])
+		h.ops, h.head = h.ops[:n], 0
+	}
+	h.ops = append(h.ops, s)
+	h.mu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// pop takes the oldest operation, if any.
+func (h *held) pop() (scheduled, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.head == len(h.ops) {
+		return scheduled{}, false
+	}
+	s := h.ops[h.head]
+	h.ops[h.head] = scheduled{} // hold no segment
+	if h.head++; h.head == len(h.ops) {
+		h.ops, h.head = h.ops[:0], 0
+	}
+	return s, true
 }
 
 // stop ends the scheduler and waits for it, so nothing is posted to inner
@@ -300,7 +349,14 @@ func (j *jetty) stop() {
 	<-j.exited
 }
 
+// Close stops the scheduler (held-back requests complete with
+// StatusFlushed), closes the inner jetty and lets the context forget it:
+// kept, every closed connection's jetties stayed in memory with their
+// queues.
 func (j *jetty) Close() error {
 	j.stop()
+	j.c.mu.Lock()
+	delete(j.c.jets, j)
+	j.c.mu.Unlock()
 	return j.inner.Close()
 }

@@ -73,7 +73,7 @@ func (provider) Open(ctx context.Context, cfg ub.Config) (ub.Context, error) {
 		inner.Close()
 		return nil, err
 	}
-	c := &Context{inner: inner, t: t, node: node, fabric: f}
+	c := &Context{inner: inner, t: t, node: node, fabric: f, jets: map[*jetty]struct{}{}}
 	if over == "shm" {
 		c.hostBandwidth = measureHost(inner)
 	}
@@ -110,7 +110,7 @@ type Context struct {
 	node   string
 	fabric *Fabric
 	mu     sync.Mutex
-	jets   []*jetty
+	jets   map[*jetty]struct{} // open jetties, whose schedulers Close stops
 	// ops is held for reading by posts and for writing by Close, so the
 	// fabric is not unmapped under a post.
 	ops    sync.RWMutex
@@ -191,7 +191,7 @@ func (c *Context) Close() error {
 	jets := c.jets
 	c.jets = nil
 	c.mu.Unlock()
-	for _, j := range jets {
+	for j := range jets {
 		j.stop()
 	}
 	return errors.Join(c.inner.Close(), c.fabric.Close())

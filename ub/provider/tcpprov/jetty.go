@@ -25,18 +25,29 @@ const (
 var ErrCQFull = errors.New("tcpprov: completion queue full")
 
 // cq is an in-memory completion queue.
-type cq struct{ *verbs.Queue }
+type cq struct {
+	*verbs.Queue
+	c *Context
+}
 
 func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	depth := cfg.Depth
 	if depth <= 0 {
 		depth = defaultCQDepth
 	}
-	q := &cq{verbs.NewQueue(depth)}
+	q := &cq{Queue: verbs.NewQueue(depth), c: c}
 	if _, err := c.track(q); err != nil {
 		return nil, err
 	}
 	return q, nil
+}
+
+// Close closes the queue: later calls fail, and waits return.
+func (q *cq) Close() error {
+	q.c.mu.Lock()
+	q.c.objects.Remove(q)
+	q.c.mu.Unlock()
+	return q.Queue.Close()
 }
 
 func (q *cq) Poll(out []ub.Completion) (int, error) { return q.Pop(out) }
@@ -373,6 +384,7 @@ func (j *jetty) Close() error {
 	j.mu.Unlock()
 	j.c.mu.Lock()
 	delete(j.c.jetties, j.id)
+	j.c.objects.Remove(j)
 	j.c.mu.Unlock()
 	for _, r := range recvs {
 		j.recv.Push(ub.Completion{Status: ub.StatusFlushed, Op: ub.OpRecv, UserCtx: r.ctx}, false)
@@ -471,6 +483,13 @@ func (c *Context) dial(addr string) (*conn, error) {
 	go func() {
 		defer c.wg.Done()
 		cn.readLoop()
+		// Broken: a later dial makes a new one, and a peer that went
+		// away for good leaves nothing behind.
+		c.mu.Lock()
+		if c.conns[addr] == cn {
+			delete(c.conns, addr)
+		}
+		c.mu.Unlock()
 	}()
 	return cn, nil
 }

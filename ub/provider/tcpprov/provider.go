@@ -13,8 +13,10 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 )
 
 // Name is the provider's registered name.
@@ -37,7 +39,7 @@ func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("tcpprov: listen on %s (set Options[\"listen\"] or UB_TCP_LISTEN): %w", addr, err)
+		return nil, fmt.Errorf("tcpprov: listen on %s (set Options[\"listen\"] or UB_TCP_LISTEN): %w", addr, fdlimit.Hint(err))
 	}
 	// Descriptors carry the address peers dial: the listen address, unless
 	// it is a wildcard or Options["advertise"] says otherwise.
@@ -74,12 +76,11 @@ type Context struct {
 
 	mu      sync.Mutex
 	closed  bool
-	nextID  uint32
 	segs    map[uint32]*segment
 	jetties map[uint32]*jetty
 	conns   map[string]*conn // client connections, by peer address
 	served  map[net.Conn]struct{}
-	objects []io.Closer
+	objects verbs.Objects // open segments, queues and jetties; numbers them
 }
 
 func (c *Context) EID() ub.EID      { return c.eid }
@@ -94,9 +95,7 @@ func (c *Context) track(o io.Closer) (uint32, error) {
 	if c.closed {
 		return 0, ErrClosed
 	}
-	c.nextID++
-	c.objects = append(c.objects, o)
-	return c.nextID, nil
+	return uint32(c.objects.Add(o)), nil
 }
 
 // Close stops serving peers, fails requests in flight and closes everything
@@ -108,8 +107,8 @@ func (c *Context) Close() error {
 		return nil
 	}
 	c.closed = true
-	objs, conns := c.objects, c.conns
-	c.objects, c.conns = nil, nil
+	objs, conns := c.objects.Drain(), c.conns
+	c.conns = nil
 	for nc := range c.served {
 		nc.Close()
 	}
@@ -121,8 +120,8 @@ func (c *Context) Close() error {
 	// Nothing serves or answers any more: now memory can go.
 	c.wg.Wait()
 	var errs []error
-	for i := len(objs) - 1; i >= 0; i-- {
-		errs = append(errs, objs[i].Close())
+	for _, o := range objs {
+		errs = append(errs, o.Close())
 	}
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
@@ -166,7 +165,7 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 	}
 	m, err := shm.CreateMemfd("tcpprov", size, nil)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("tcpprov: allocate segment: %w", fdlimit.Hint(err))
 	}
 	s := &segment{c: c, mem: m, bytes: m.Data()[:size:size], access: cfg.Access.Normalize(), token: cfg.Token}
 	id, err := c.track(s)
@@ -195,6 +194,7 @@ func (s *segment) Close() error {
 	s.closed = true
 	s.c.mu.Lock()
 	delete(s.c.segs, s.id)
+	s.c.objects.Remove(s)
 	s.c.mu.Unlock()
 	return s.mem.Close()
 }

@@ -1,0 +1,180 @@
+package shmprov
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ubkit-io/ubkit/internal/procstat"
+	"github.com/ubkit-io/ubkit/ub"
+	"github.com/ubkit-io/ubkit/ub/internal/leaktest"
+)
+
+// TestCloseReturnsEverything: connections made and closed between two
+// long-lived contexts leave neither descriptors nor mappings behind (the
+// peer's segments a sender mapped to deliver into go with its target),
+// and the contexts hold nothing of them.
+func TestCloseReturnsEverything(t *testing.T) {
+	a, b := openForTest(t), openForTest(t)
+	before, after := leaktest.Cycle(t, a, b, 200)
+	t.Logf("before %v; after 200 connections %v", before, after)
+	for _, c := range []*Context{a, b} {
+		c.mu.Lock()
+		n := c.objects.Len()
+		c.mu.Unlock()
+		if n != 0 {
+			t.Errorf("the context still holds %d closed objects", n)
+		}
+	}
+}
+
+func openForTest(t *testing.T) *Context {
+	t.Helper()
+	c, err := provider{}.Open(context.Background(), ub.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c.(*Context)
+}
+
+// TestMappedBuffersBounded: a receiver whose posted receives name many
+// segments (a hostile one could name as many as it likes) gets every
+// message, while the sender keeps at most maxMappedBufs of them mapped;
+// a segment deregistered after its receive was posted is refused and
+// unmapped.
+func TestMappedBuffersBounded(t *testing.T) {
+	a, b := openForTest(t), openForTest(t)
+	newJetty := func(c *Context) (ub.Jetty, ub.CQ) {
+		q, err := c.NewCQ(ub.CQConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := c.NewJetty(ub.JettyConfig{Mode: ub.ReliableMessage, SendCQ: q, RecvCQ: q, RecvDepth: 64, Token: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j, q
+	}
+	sj, sq := newJetty(a)
+	rj, rq := newJetty(b)
+	tg, err := a.ImportJetty(rj.Desc(), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := a.AllocSegment(64, ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]ub.Completion, 1)
+	send := func(i int, want ub.Status, into ub.Segment) {
+		t.Helper()
+		src.Bytes()[0] = byte(i)
+		if _, err := sj.PostSend([]ub.WR{{Op: ub.OpSend, UserCtx: uint64(i), Local: ub.Local{Seg: src, Len: 1}, Target: tg}}); err != nil {
+			t.Fatal(err)
+		}
+		if k, _ := sq.Poll(out); k != 1 || out[0].Status != want {
+			t.Fatalf("send %d: %d completions %v, want %v", i, k, out[0], want)
+		}
+		if want == ub.StatusSuccess && into.Bytes()[0] != byte(i) {
+			t.Fatalf("send %d landed elsewhere", i)
+		}
+		if k, _ := rq.Poll(out); k != 1 || out[0].UserCtx != uint64(i) {
+			t.Fatalf("receive %d: %d completions, %v", i, k, out[0])
+		}
+	}
+	mapped := func() int {
+		tt := tg.(*target)
+		tt.mu.Lock()
+		defer tt.mu.Unlock()
+		return len(tt.bufs)
+	}
+	post := func(seg ub.Segment, ctx int) {
+		t.Helper()
+		if _, err := rj.PostRecv([]ub.RecvWR{{UserCtx: uint64(ctx), Buf: ub.Local{Seg: seg, Len: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 3 * maxMappedBufs
+	segs := make([]ub.Segment, n)
+	for i := range segs {
+		if segs[i], err = b.AllocSegment(64, ub.SegmentConfig{}); err != nil {
+			t.Fatal(err)
+		}
+		post(segs[i], i)
+	}
+	for i := range n {
+		send(i, ub.StatusSuccess, segs[i])
+		if m := mapped(); m > maxMappedBufs {
+			t.Fatalf("after %d sends the sender maps %d of the receiver's segments", i+1, m)
+		}
+	}
+	// A segment deregistered while the sender has it mapped.
+	late, err := b.AllocSegment(64, ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post(late, n)
+	post(late, n+1)
+	send(n, ub.StatusSuccess, late)
+	before := mapped()
+	late.Close()
+	send(n+1, ub.StatusRemoteLength, nil)
+	if m := mapped(); m != before-1 {
+		t.Fatalf("the deregistered segment stayed mapped (%d mapped, %d before)", m, before)
+	}
+}
+
+// TestDeliveryUsesImportedSegment: a send into a receive posted in a
+// segment the sender imported maps nothing more (the transport's ub path
+// imports the segment its peer receives in, so a connection takes all its
+// descriptors when it is set up); once the import is closed, the target
+// maps the segment itself.
+func TestDeliveryUsesImportedSegment(t *testing.T) {
+	a, b := openForTest(t), openForTest(t)
+	aq, _ := a.NewCQ(ub.CQConfig{})
+	bq, _ := b.NewCQ(ub.CQConfig{})
+	sj, err := a.NewJetty(ub.JettyConfig{SendCQ: aq, RecvCQ: aq, Token: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rj, err := b.NewJetty(ub.JettyConfig{SendCQ: bq, RecvCQ: bq, Token: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, err := a.ImportJetty(rj.Desc(), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _ := a.AllocSegment(64, ub.SegmentConfig{})
+	dst, _ := b.AllocSegment(64, ub.SegmentConfig{Access: ub.AccessRead, Token: 9})
+	imp, err := a.ImportSegment(dst.Desc(), 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]ub.Completion, 1)
+	sendOne := func() int {
+		t.Helper()
+		if _, err := rj.PostRecv([]ub.RecvWR{{Buf: ub.Local{Seg: dst, Len: 64}}}); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := procstat.Read()
+		if _, err := sj.PostSend([]ub.WR{{Op: ub.OpSend, Local: ub.Local{Seg: src, Len: 8}, Target: tg}}); err != nil {
+			t.Fatal(err)
+		}
+		if k, _ := aq.Poll(out); k != 1 || out[0].Status != ub.StatusSuccess {
+			t.Fatalf("send: %d completions, %v", k, out[0])
+		}
+		if k, _ := bq.Poll(out); k != 1 || out[0].Status != ub.StatusSuccess {
+			t.Fatalf("receive: %d completions, %v", k, out[0])
+		}
+		after, _ := procstat.Read()
+		return after.Sub(before).FDs
+	}
+	if fds := sendOne(); fds != 0 {
+		t.Errorf("a send into an imported segment opened %d descriptors", fds)
+	}
+	imp.Close()
+	if fds := sendOne(); fds != 1 {
+		t.Errorf("a send into a segment no longer imported opened %d descriptors, want 1 (its own mapping)", fds)
+	}
+}
