@@ -350,7 +350,7 @@ func refuse(nc net.Conn, kind byte, err error) {
 		nc.Write(append([]byte{refused}, oneLine(err.Error())+"\n"...))
 	case helloUB:
 		if _, herr := readHello(nc); herr == nil {
-			writeHello(nc, ubHello{Err: err.Error()})
+			writeHello(nc, refusalHello(err))
 		}
 	}
 }
@@ -377,7 +377,7 @@ func (l *Listener) acceptUB(ctl net.Conn, claims func(node, service string) erro
 		return nil, err
 	}
 	refuse := func(err error) (*Conn, error) {
-		writeHello(ctl, refusal(err))
+		writeHello(ctl, refusalHello(err))
 		return nil, err
 	}
 	if err := claims(peer.Node, peer.Service); err != nil {

@@ -119,8 +119,8 @@ type ubHello struct {
 	Errno int `json:"errno,omitempty"`
 }
 
-// refusal is the hello that refuses the ub path for err.
-func refusal(err error) ubHello {
+// refusalHello is the hello that refuses the ub path for err.
+func refusalHello(err error) ubHello {
 	h := ubHello{Err: err.Error()}
 	if errno, ok := fdlimit.Errno(err); ok {
 		h.Errno = int(errno)
