@@ -164,8 +164,9 @@ func attachmentID() uint64 { return Self().word() ^ attachments.Add(1)<<48 }
 // stateCached with this process as owner, so Reclaim takes them back if the
 // process dies.
 type localCache struct {
-	mu  sync.Mutex
-	idx []uint64
+	mu     sync.Mutex
+	idx    []uint64
+	closed bool // Close was called: returns go to the shared list
 }
 
 func attachPool(seg *Segment, off int, mem []byte, classes []poolClass) *Pool {
@@ -518,7 +519,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	lc := &p.local[class]
 	mine := atomicU64(d, descOffLoaner).Load() == p.loaner
 	lc.mu.Lock()
-	if mine && len(lc.idx) < localCacheSize {
+	if mine && !lc.closed && len(lc.idx) < localCacheSize {
 		if !st.CompareAndSwap(inUse, next<<32|stateCached) {
 			lc.mu.Unlock()
 			restore()
@@ -540,14 +541,16 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 
 // Close gives the buffers in this attachment's local caches back to the
 // shared free lists. Loaned buffers stay loaned. The Pool may still be used
-// after Close; it simply starts with empty caches.
+// after Close, without local caches: buffers returned through it go to the
+// shared lists, where other attachments find them.
 func (p *Pool) Close() error {
 	var errs []error
 	for class := range p.local {
 		lc := &p.local[class]
 		lc.mu.Lock()
 		idxs := lc.idx
-		lc.idx = make([]uint64, 0, localCacheSize)
+		lc.idx = nil
+		lc.closed = true
 		lc.mu.Unlock()
 		for _, idx := range idxs {
 			d := p.desc(class, idx)
@@ -617,16 +620,21 @@ func (p *Pool) Reclaim() int {
 			}
 			owner := atomicU64(d, descOffOwner)
 			w := owner.Load()
-			if w == 0 || w == sharedOwner {
+			if w == sharedOwner {
 				continue
 			}
-			a, seen := alive[w]
-			if !seen {
-				a = aliveWord(w)
-				alive[w] = a
-			}
-			if a || !owner.CompareAndSwap(w, 0) {
-				continue
+			// Owner 0 on a loaned or cached buffer: another Reclaim is
+			// between its two swaps, or died there. The state swap below
+			// lets exactly one finish.
+			if w != 0 {
+				a, seen := alive[w]
+				if !seen {
+					a = aliveWord(w)
+					alive[w] = a
+				}
+				if a || !owner.CompareAndSwap(w, 0) {
+					continue
+				}
 			}
 			gen := s >> 32
 			if state == stateInUse {
