@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 // Pool layout, at a cacheLine-aligned offset of a segment:
 //
 //	header      0: magic u64, version u32, classes u32
+//	           64: free sequence u32 (bumped when a buffer is freed and a
+//	               loan waits), waiting loans u32
 //	classes   128: one line per class: size u64, count u64, descriptors u64
 //	               (offset), data u64 (offset), free-list head u64
 //	descriptors:   per buffer 32 bytes: state u64 (generation<<32 | state),
@@ -28,9 +31,11 @@ const (
 	poolMagic   = 0x314c_4f4f_504b_4255 // "UBKPOOL1"
 	poolVersion = 1
 
-	poolOffMagic   = 0
-	poolOffVersion = 8
-	poolOffClasses = 12
+	poolOffMagic    = 0
+	poolOffVersion  = 8
+	poolOffClasses  = 12
+	poolOffFreeSeq  = 64
+	poolOffFreeWait = 68
 	poolClassTable = cacheLine
 	maxPoolClasses = 16
 	maxPoolBytes   = 1 << 46
@@ -149,6 +154,10 @@ type Pool struct {
 	local   []localCache
 	me      uint64 // Self().word()
 	loaner  uint64 // names this attachment in descriptors' loaner field
+	// freeSeq is the futex word a waiting loan sleeps on; freeWaiters
+	// counts the sleepers, so that a return makes no system call when
+	// nobody waits.
+	freeSeq, freeWaiters *atomic.Uint32
 }
 
 var attachments atomic.Uint64
@@ -170,7 +179,8 @@ type localCache struct {
 }
 
 func attachPool(seg *Segment, off int, mem []byte, classes []poolClass) *Pool {
-	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID(), local: make([]localCache, len(classes)), me: Self().word(), loaner: attachmentID()}
+	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID(), local: make([]localCache, len(classes)), me: Self().word(), loaner: attachmentID(),
+		freeSeq: atomicU32(mem, poolOffFreeSeq), freeWaiters: atomicU32(mem, poolOffFreeWait)}
 	for i := range p.local {
 		p.local[i].idx = make([]uint64, 0, localCacheSize)
 	}
@@ -300,8 +310,48 @@ func (b Buffer) Return() error { return b.pool.release(b.class, b.idx, b.gen) }
 
 // Loan takes a buffer of at least n bytes from the smallest class that has
 // one free, owned by the calling process until it returns it or another
-// process adopts it.
+// process adopts it. It fails at once with ErrPoolExhausted if every
+// fitting class is empty; LoanWait waits instead.
 func (p *Pool) Loan(n int) (Buffer, error) {
+	b, err := p.loan(n)
+	if err == ErrPoolExhausted {
+		return Buffer{}, fmt.Errorf("%w: no free buffer of %d bytes or more", ErrPoolExhausted, n)
+	}
+	return b, err
+}
+
+// LoanWait is Loan that waits, with w's strategy, until a buffer of at
+// least n bytes is free or ctx ends (then it returns ctx.Err()). A return
+// by any process wakes it. Every 20 ms of waiting it reclaims the buffers
+// of processes that died (a scan of every descriptor), so a dead holder
+// does not keep it waiting. Buffers kept in another attachment's local
+// cache are not free to it until that attachment loans them or closes.
+func (p *Pool) LoanWait(ctx context.Context, n int, w Wait) (Buffer, error) {
+	b, err := p.Loan(n)
+	if !errors.Is(err, ErrPoolExhausted) {
+		return b, err
+	}
+	err = w.wait(ctx, waiter{
+		ready: func() (bool, error) {
+			var lerr error
+			if b, lerr = p.loan(n); lerr == ErrPoolExhausted {
+				return false, nil
+			}
+			return true, lerr
+		},
+		seq:     p.freeSeq,
+		waiters: p.freeWaiters,
+		peer: func() error {
+			p.Reclaim()
+			return nil
+		},
+	})
+	return b, err
+}
+
+// loan is Loan returning the bare ErrPoolExhausted, without allocating, for
+// waiters that try again and again.
+func (p *Pool) loan(n int) (Buffer, error) {
 	if n < 0 {
 		return Buffer{}, errorf("loan of %d bytes", n)
 	}
@@ -324,8 +374,12 @@ func (p *Pool) Loan(n int) (Buffer, error) {
 	if first < 0 {
 		return Buffer{}, fmt.Errorf("%w: %d bytes, largest pool buffer is %d", ErrTooLarge, n, p.classes[len(p.classes)-1].size)
 	}
-	return Buffer{}, fmt.Errorf("%w: no free buffer of %d bytes or more", ErrPoolExhausted, n)
+	return Buffer{}, ErrPoolExhausted
 }
+
+// freed wakes loans waiting for a buffer, if any; a buffer was just made
+// free.
+func (p *Pool) freed() { wake(p.freeSeq, p.freeWaiters, true) }
 
 func (p *Pool) pop(class int) (Buffer, error) {
 	c := p.classes[class]
@@ -527,6 +581,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 		}
 		lc.idx = append(lc.idx, idx)
 		lc.mu.Unlock()
+		p.freed()
 		return nil
 	}
 	lc.mu.Unlock()
@@ -536,6 +591,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	}
 	owner.Store(0)
 	p.push(class, idx)
+	p.freed()
 	return nil
 }
 
@@ -545,6 +601,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 // shared lists, where other attachments find them.
 func (p *Pool) Close() error {
 	var errs []error
+	defer p.freed()
 	for class := range p.local {
 		lc := &p.local[class]
 		lc.mu.Lock()
@@ -648,6 +705,9 @@ func (p *Pool) Reclaim() int {
 				n++
 			}
 		}
+	}
+	if n > 0 {
+		p.freed()
 	}
 	return n
 }
