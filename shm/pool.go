@@ -36,9 +36,9 @@ const (
 	poolOffClasses  = 12
 	poolOffFreeSeq  = 64
 	poolOffFreeWait = 68
-	poolClassTable = cacheLine
-	maxPoolClasses = 16
-	maxPoolBytes   = 1 << 46
+	poolClassTable  = cacheLine
+	maxPoolClasses  = 16
+	maxPoolBytes    = 1 << 46
 
 	classOffSize  = 0
 	classOffCount = 8
