@@ -15,19 +15,27 @@ import (
 
 // tally is what a table holds, counted by reading it (not by Repair): its
 // entries whose record verifies, their bytes, entries that do not verify,
-// buckets locked by a dead process, and the buffers loaned from the pool;
-// beside what the counters say.
+// buckets locked by a dead process, the buffers loaned from the pool, and
+// dead processes still noted as attached (a sweep frees a dead process's
+// entry once its buffers, cached ones too, are back); beside what the
+// counters say.
 type tally struct {
-	entries, bytes, bad, deadLocks, inUse uint64
-	counted, countedBytes                 uint64
+	entries, bytes, bad, deadLocks, inUse, deadProcs uint64
+	counted, countedBytes                            uint64
 }
 
 func (t tally) true() bool {
-	return t.bad == 0 && t.deadLocks == 0 && t.inUse == t.entries && t.counted == t.entries && t.countedBytes == t.bytes
+	return t.bad == 0 && t.deadLocks == 0 && t.deadProcs == 0 && t.inUse == t.entries &&
+		t.counted == t.entries && t.countedBytes == t.bytes
 }
 
 func audit(p *Pool) tally {
 	var t tally
+	for i := range maxProcs {
+		if w := p.procWord(i).Load(); w != 0 && !shm.AliveWord(w) {
+			t.deadProcs++
+		}
+	}
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
 		if w := p.word(bk + bOffLock).Load(); w != 0 && !shm.AliveWord(w) {
@@ -79,10 +87,11 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 			}
 		}
 	})
-	defer func() {
+	stopWriter := sync.OnceFunc(func() {
 		close(stop)
 		wg.Wait()
-	}()
+	})
+	defer stopWriter()
 	type child struct {
 		cmd *exec.Cmd
 		out *lockedBuffer
@@ -112,9 +121,7 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 		c.cmd.Process.Kill()
 		c.cmd.Wait()
 	}
-	close(stop)
-	wg.Wait()
-	stop = make(chan struct{})
+	stopWriter()
 	before := audit(p)
 	// This process's writes notice the dead and take back what they held.
 	deadline := time.Now().Add(10 * time.Second)
@@ -131,8 +138,8 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after %d kills and %d writes: %d buffers in use for %d entries (%d that do not verify, %d buckets locked by the dead); counters say %d entries of %d bytes, the entries hold %d bytes",
-				kills, writes, after.inUse, after.entries, after.bad, after.deadLocks, after.counted, after.countedBytes, after.bytes)
+			t.Fatalf("after %d kills and %d writes: %d buffers in use for %d entries (%d that do not verify, %d buckets locked by the dead, %d dead processes noted); counters say %d entries of %d bytes, the entries hold %d bytes",
+				kills, writes, after.inUse, after.entries, after.bad, after.deadLocks, after.deadProcs, after.counted, after.countedBytes, after.bytes)
 		}
 	}
 	st := p.Stats()
