@@ -65,15 +65,7 @@ func TestPoolLoanWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan Buffer, 1)
-	go func() {
-		b, err := p.LoanWait(context.Background(), 64, Wait{})
-		if err != nil {
-			t.Error(err)
-		}
-		got <- b
-	}()
-	waitForSleepers(t, p, 1)
+	got := sleepingLoan(t, p)
 	// Asleep, it takes (next to) no CPU: it does not spin. A spinning
 	// loan would use about all of the 200 ms.
 	before := cpuTime(t)
@@ -92,6 +84,22 @@ func TestPoolLoanWait(t *testing.T) {
 	for _, b := range held[1:] {
 		b.Return()
 	}
+}
+
+// sleepingLoan starts a LoanWait of 64 bytes and waits until it sleeps;
+// the channel gets the buffer it loans.
+func sleepingLoan(t *testing.T, p *Pool) <-chan Buffer {
+	t.Helper()
+	got := make(chan Buffer, 1)
+	go func() {
+		b, err := p.LoanWait(context.Background(), 64, Wait{})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- b
+	}()
+	waitForSleepers(t, p, 1)
+	return got
 }
 
 // waitForSleepers waits until n loans sleep on p's futex.
@@ -175,11 +183,7 @@ func TestPoolLoanWaitReclaimsDead(t *testing.T) {
 // process died between the owner swap and the state swap: in use, owner 0)
 // is taken back by the next Reclaim instead of staying in use for good.
 func TestPoolReclaimInterrupted(t *testing.T) {
-	_, p := newPool(t, PoolConfig{Classes: []PoolClass{{Size: 64, Count: 1}}})
-	b, err := p.Loan(64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, p, b := oneBufferLoaned(t)
 	atomicU64(p.desc(b.class, b.idx), descOffOwner).Store(0)
 	if n := p.Reclaim(); n != 1 {
 		t.Fatalf("Reclaim took back %d buffers, want the half reclaimed one", n)
@@ -196,11 +200,7 @@ func TestPoolReclaimInterrupted(t *testing.T) {
 // its Close goes to the shared list, where other attachments find it,
 // not to a local cache nobody will empty.
 func TestPoolReturnAfterClose(t *testing.T) {
-	seg, p := newPool(t, PoolConfig{Classes: []PoolClass{{Size: 64, Count: 1}}})
-	b, err := p.Loan(64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	seg, p, b := oneBufferLoaned(t)
 	p.Close()
 	if err := b.Return(); err != nil {
 		t.Fatal(err)
@@ -219,21 +219,9 @@ func TestPoolReturnAfterClose(t *testing.T) {
 // sleeper leaves the count for an instant every 20 ms, when its futex wait
 // times out; a return just then need not wake it, hence a few tries.)
 func TestPoolReturnWakesLoan(t *testing.T) {
-	_, p := newPool(t, PoolConfig{Classes: []PoolClass{{Size: 64, Count: 1}}})
-	held, err := p.Loan(64)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, p, held := oneBufferLoaned(t)
 	for range 5 {
-		got := make(chan Buffer, 1)
-		go func() {
-			b, err := p.LoanWait(context.Background(), 64, Wait{})
-			if err != nil {
-				t.Error(err)
-			}
-			got <- b
-		}()
-		waitForSleepers(t, p, 1)
+		got := sleepingLoan(t, p)
 		seq := p.freeSeq.Load()
 		if err := held.Return(); err != nil {
 			t.Fatal(err)
@@ -245,4 +233,15 @@ func TestPoolReturnWakesLoan(t *testing.T) {
 		}
 	}
 	t.Fatal("no return moved the futex word a loan sleeps on")
+}
+
+// oneBufferLoaned makes a pool of one 64-byte buffer and loans it.
+func oneBufferLoaned(t *testing.T) (*Segment, *Pool, Buffer) {
+	t.Helper()
+	seg, p := newPool(t, PoolConfig{Classes: []PoolClass{{Size: 64, Count: 1}}})
+	b, err := p.Loan(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seg, p, b
 }
