@@ -601,7 +601,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 // shared lists, where other attachments find them.
 func (p *Pool) Close() error {
 	var errs []error
-	defer p.freed()
+	pushed := false
 	for class := range p.local {
 		lc := &p.local[class]
 		lc.mu.Lock()
@@ -619,7 +619,13 @@ func (p *Pool) Close() error {
 			}
 			atomicU64(d, descOffOwner).Store(0)
 			p.push(class, idx)
+			pushed = true
 		}
+	}
+	// Only then: a Close with nothing cached touches no shared memory
+	// (callers close twice, the second time after unmapping).
+	if pushed {
+		p.freed()
 	}
 	return errors.Join(errs...)
 }

@@ -245,3 +245,17 @@ func oneBufferLoaned(t *testing.T) (*Segment, *Pool, Buffer) {
 	}
 	return seg, p, b
 }
+
+// TestPoolCloseAfterUnmap: closing an attachment with nothing cached
+// touches no shared memory, so a second Close after the segment was
+// unmapped (a double Close of a structure built on the pool) is harmless.
+func TestPoolCloseAfterUnmap(t *testing.T) {
+	seg, p := newPool(t, testPoolConfig)
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	seg.Close()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
