@@ -102,6 +102,30 @@ func ExamplePool() {
 	// true
 }
 
+func ExamplePool_LoanWait() {
+	cfg := shm.PoolConfig{Classes: []shm.PoolClass{{Size: 4096, Count: 1}}}
+	size, _ := shm.PoolSize(cfg)
+	seg, _ := shm.CreateMemfd("pool-wait", size, nil)
+	defer seg.Close()
+	pool, _ := shm.CreatePool(seg, 0, cfg)
+
+	held, _ := pool.Loan(100)
+	_, err := pool.Loan(100)
+	fmt.Println(errors.Is(err, shm.ErrPoolExhausted))
+
+	// A loan that waits gets the buffer once its holder returns it (here
+	// another goroutine; it may as well be another process).
+	go held.Return()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	buf, err := pool.LoanWait(ctx, 100, shm.Wait{})
+	fmt.Println(len(buf.Bytes()), err)
+	buf.Return()
+	// Output:
+	// true
+	// 4096 <nil>
+}
+
 func ExampleMPMC() {
 	seg, _ := shm.CreateMemfd("mpmc", shm.MPMCSize(8, 64), nil)
 	defer seg.Close()
@@ -159,28 +183,4 @@ func ExampleSendSegment() {
 	fmt.Println(string(got.Data()[:20]))
 	// Output:
 	// shared by descriptor
-}
-
-func ExamplePool_LoanWait() {
-	cfg := shm.PoolConfig{Classes: []shm.PoolClass{{Size: 4096, Count: 1}}}
-	size, _ := shm.PoolSize(cfg)
-	seg, _ := shm.CreateMemfd("pool-wait", size, nil)
-	defer seg.Close()
-	pool, _ := shm.CreatePool(seg, 0, cfg)
-
-	held, _ := pool.Loan(100)
-	_, err := pool.Loan(100)
-	fmt.Println(errors.Is(err, shm.ErrPoolExhausted))
-
-	// A loan that waits gets the buffer once its holder returns it (here
-	// another goroutine; it may as well be another process).
-	go held.Return()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	buf, err := pool.LoanWait(ctx, 100, shm.Wait{})
-	fmt.Println(len(buf.Bytes()), err)
-	buf.Return()
-	// Output:
-	// true
-	// 4096 <nil>
 }
