@@ -40,7 +40,12 @@ var (
 //	       128: version counter       256: clock hand
 //	       384: bytes in use          512: items
 //	       640: 16 stat stripes of 128 bytes (hits, misses, sets, deletes,
-//	            evictions, expired, repairs)
+//	            evictions, expired, repairs, reclaimed)
+//	      2688: recount flag (non-zero: a repair left the item and byte
+//	            counters to be recounted)
+//	      2816: 128 process words of the attached processes (0: free), so
+//	            that a process that died is noticed and what it held taken
+//	            back
 //	buckets 4096: 512 bytes each: lock u64 (holder's process word), seq
 //	            u64 (odd while written), CLOCK hand u64, 40 bytes pad, 14 slots of 32
 //	            bytes: hash u64 (0: empty), handle u64 (gen<<32|segment),
@@ -70,6 +75,9 @@ const (
 	hOffStats    = 640
 	statStripes  = 16
 	stripeSize   = 128
+	hOffRecount  = 2688
+	hOffProcs    = 2816
+	maxProcs     = 128
 
 	bucketSize  = 512
 	bOffLock    = 0
@@ -104,6 +112,7 @@ const (
 	stEvictions
 	stExpired
 	stRepairs
+	stReclaimed
 	nStats
 )
 
@@ -137,6 +146,7 @@ type Pool struct {
 	words    []atomic.Uint64 // the header and the buckets
 
 	verCtr, hand, used, items *atomic.Uint64
+	lastSweep                 atomic.Int64 // unix ns of this attachment's last look for dead processes
 }
 
 // Open attaches to the pool named name, creating it with opts if it does
@@ -282,6 +292,7 @@ func attach(seg *shm.Segment) (*Pool, error) {
 	p.hand = p.word(hOffHand)
 	p.used = p.word(hOffBytes)
 	p.items = p.word(hOffItems)
+	p.register()
 	return p, nil
 }
 
@@ -366,12 +377,21 @@ func checksum(b []byte, kl, vl int) uint64 {
 
 // resolve turns a slot's handle words into a record, or reports it stale.
 func (p *Pool) resolve(hw, off uint64) (record, bool) {
-	h := shm.Handle{Segment: uint32(hw), Gen: uint32(hw >> 32), Offset: off}
+	h := handleOf(hw, off)
 	buf, err := p.pool.Resolve(h)
 	if err != nil {
 		return record{}, false
 	}
 	return record{buf: buf, handle: h}, true
+}
+
+func handleOf(hw, off uint64) shm.Handle {
+	return shm.Handle{Segment: uint32(hw), Gen: uint32(hw >> 32), Offset: off}
+}
+
+// slotHandle is the handle slot s names.
+func (p *Pool) slotHandle(s int) shm.Handle {
+	return handleOf(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
 }
 
 // stillLoaned checks, after reading a record, that it was not returned and
@@ -565,6 +585,9 @@ func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
 	}
 	b := buf.Bytes()
 	ver := p.verCtr.Add(1)
+	if ver%maintainEvery == 0 {
+		defer p.maintain()
+	}
 	binary.LittleEndian.PutUint32(b[rOffKeyLen:], uint32(len(key)))
 	binary.LittleEndian.PutUint32(b[rOffValLen:], uint32(len(value)))
 	binary.LittleEndian.PutUint64(b[rOffVersion:], ver)
@@ -579,7 +602,7 @@ func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
 	copy(b[recHeader+len(key):], value)
 	binary.LittleEndian.PutUint64(b[rOffSum:], checksum(b, len(key), len(value)))
 	size := uint64(len(b))
-	if err := p.reserve(size); err != nil {
+	if err := p.makeRoom(size); err != nil {
 		buf.Return()
 		return 0, err
 	}
@@ -587,7 +610,6 @@ func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
 	bk := p.bucketOff(h)
 	if err := p.lock(bk); err != nil {
 		buf.Return()
-		p.used.Add(-size)
 		return 0, err
 	}
 	seq := p.word(bk + bOffSeq)
@@ -603,43 +625,44 @@ func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
 		err = ErrNotFound
 	}
 	if err == nil {
-		if !found {
-			i = p.freeSlot(bk)
-			if i < 0 {
-				var victim record
-				i, victim = p.victim(bk)
-				freed = append(freed, victim)
-				p.stat(stEvictions).Add(1)
-			} else {
-				p.items.Add(1)
-			}
-		} else {
-			freed = append(freed, cur)
+		if found {
+			freed = append(freed, p.take(slotOff(bk, i)))
 			p.used.Add(-(p.word(slotOff(bk, i)+sOffSize).Load() &^ refBit))
+		} else if i = p.freeSlot(bk); i >= 0 {
+			p.items.Add(1)
+		} else {
+			var victim record
+			i, victim = p.victim(bk)
+			freed = append(freed, victim)
+			p.stat(stEvictions).Add(1)
 		}
 		s := slotOff(bk, i)
 		bh := buf.Handle()
 		p.word(s + sOffHash).Store(h)
 		p.word(s + sOffHandle).Store(uint64(bh.Gen)<<32 | uint64(bh.Segment))
 		p.word(s + sOffOffset).Store(bh.Offset)
-		p.word(s + sOffHash).Store(h)
 		if testHookMidWrite != nil {
 			testHookMidWrite()
 		}
-		p.word(s + sOffHandle).Store(uint64(bh.Gen)<<32 | uint64(bh.Segment))
-		p.word(s + sOffOffset).Store(bh.Offset)
 		p.word(s + sOffSize).Store(size)
+		// The bytes count from here, under the lock, and the record
+		// becomes the table's: a writer that dies before leaves nothing
+		// counted and a buffer of its own, which Reclaim takes back (or,
+		// if it dies holding the lock, a bucket whose repair shares the
+		// record or drops it).
+		p.used.Add(size)
+		buf.Share()
 	}
 	seq.Add(1)
 	p.unlock(bk)
+	p.release(freed)
 	if err != nil {
 		buf.Return()
-		p.used.Add(-size)
-		p.release(freed)
 		return 0, err
 	}
-	buf.Share() // a writer that replaced it already (and freed it) makes this fail: fine
-	p.release(freed)
+	if p.used.Load() > uint64(p.maxBytes) {
+		p.makeRoom(0) // writers at the same time went over together
+	}
 	p.stat(stSets).Add(1)
 	return ver, nil
 }
@@ -654,11 +677,9 @@ func (p *Pool) loan(n int) (shm.Buffer, error) {
 		if errors.Is(err, shm.ErrTooLarge) {
 			return shm.Buffer{}, ErrTooLarge
 		}
-		if attempt == 0 {
-			// Buffers of processes that died are the first to take back.
-			if p.pool.Reclaim() > 0 {
-				continue
-			}
+		// Buffers of processes that died are the first to take back.
+		if attempt == 0 && p.reclaim() > 0 {
+			continue
 		}
 		if attempt > 64 || p.evict() == 0 {
 			return shm.Buffer{}, fmt.Errorf("%w: no buffer of %d bytes: %v", ErrFull, n, err)
@@ -666,24 +687,24 @@ func (p *Pool) loan(n int) (shm.Buffer, error) {
 	}
 }
 
-// reserve counts size bytes against the limit, evicting until they fit.
-func (p *Pool) reserve(size uint64) error {
-	if p.used.Add(size) <= uint64(p.maxBytes) {
-		return nil
-	}
+// makeRoom evicts until size more bytes fit under the limit. The bytes
+// are not counted yet (a writer counts its entry once it is in its bucket,
+// under the lock, so that one killed before leaves nothing counted):
+// writers at the same time may together go over by what they write, and
+// each evicts back under the limit after its write.
+func (p *Pool) makeRoom(size uint64) error {
 	for range 1 << 16 {
-		if p.used.Load() <= uint64(p.maxBytes) {
+		if p.used.Load()+size <= uint64(p.maxBytes) {
 			return nil
 		}
-		if p.evict() == 0 && p.used.Load() > uint64(p.maxBytes) {
+		if p.evict() == 0 {
 			break
 		}
 	}
-	if p.used.Load() <= uint64(p.maxBytes) {
-		return nil
+	if u := p.used.Load(); u+size > uint64(p.maxBytes) {
+		return fmt.Errorf("%w: %d bytes over the limit of %d", ErrFull, u+size-uint64(p.maxBytes), p.maxBytes)
 	}
-	p.used.Add(-size)
-	return fmt.Errorf("%w: %d bytes over the limit of %d", ErrFull, p.used.Load()+size-uint64(p.maxBytes), p.maxBytes)
+	return nil
 }
 
 // evict advances the CLOCK hand one bucket: referenced entries lose their
@@ -721,10 +742,22 @@ func (p *Pool) evict() int {
 	return 0
 }
 
-// clearSlot empties slot s (lock held) and returns what it held.
+// take makes this process the owner of the record slot s names (lock
+// held) before the slot lets go of it. A shared record that no slot names
+// would be nobody's; one of this process's is taken back by Reclaim should
+// the process die before it returns the record.
+func (p *Pool) take(s int) record {
+	h := p.slotHandle(s)
+	if _, err := p.pool.Adopt(h); err != nil {
+		return record{} // stale: already taken back
+	}
+	return record{handle: h}
+}
+
+// clearSlot empties slot s (lock held) and returns what it held, for
+// release after the unlock.
 func (p *Pool) clearSlot(s int) record {
-	r, _ := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
-	r.buf = shm.Buffer{}
+	r := p.take(s)
 	size := p.word(s+sOffSize).Load() &^ refBit
 	p.word(s + sOffHash).Store(0)
 	p.word(s + sOffSize).Store(0)
@@ -767,9 +800,8 @@ func (p *Pool) victim(bk int) (int, record) {
 			continue
 		}
 		hand.Store(uint64(i + 1))
-		r, _ := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
 		p.used.Add(-(sz.Load() &^ refBit))
-		return i, record{handle: r.handle}
+		return i, p.take(s)
 	}
 }
 
@@ -893,11 +925,18 @@ const lockTimeout = 5 * time.Second
 // lock takes a bucket's lock. A lock whose holder died is taken over, and
 // the bucket repaired, since its writer may have stopped half-way.
 func (p *Pool) lock(bk int) error {
+	_, err := p.lockWithin(bk, lockTimeout)
+	return err
+}
+
+// lockWithin is lock waiting at most patience for a live holder; repaired
+// says it took the lock over from a dead one.
+func (p *Pool) lockWithin(bk int, patience time.Duration) (repaired bool, err error) {
 	l := p.word(bk + bOffLock)
 	var start time.Time
 	for i := 0; ; i++ {
 		if l.CompareAndSwap(0, p.me) {
-			return nil
+			return false, nil
 		}
 		if i < 64 {
 			continue
@@ -913,14 +952,15 @@ func (p *Pool) lock(bk int) error {
 		} else if w != 0 && !shm.AliveWord(w) {
 			if l.CompareAndSwap(w, p.me) {
 				p.repair(bk)
-				return nil
+				return true, nil
 			}
 			continue
 		}
 		if start.IsZero() {
 			start = time.Now()
-		} else if time.Since(start) > lockTimeout {
-			return fmt.Errorf("cache: bucket lock held by process %#x for over %v", w, lockTimeout)
+		} else if time.Since(start) > patience {
+			return false, fmt.Errorf("cache: bucket lock held by live process %d for over %v (a stopped or stuck writer; its lock is taken over once it exits)",
+				w>>32, patience)
 		}
 		time.Sleep(20 * time.Microsecond)
 	}
@@ -928,11 +968,16 @@ func (p *Pool) lock(bk int) error {
 
 func (p *Pool) unlock(bk int) { p.word(bk + bOffLock).Store(0) }
 
-// repair checks every entry of a bucket whose writer died (lock held):
-// entries whose record does not verify are dropped, then the sequence is
-// made even again.
+// repair checks every entry of a bucket whose writer died (lock held).
+// An entry whose record does not verify is dropped; the others' records
+// are handed to the table again, since the writer may have died after
+// linking its new record and before sharing it, or after taking an old
+// one back and before unlinking it. Then the sequence is made even. The
+// writer may also have left the counters half changed: repair asks for a
+// recount (maintain and Repair do it, with every bucket locked).
 func (p *Pool) repair(bk int) {
 	p.stat(stRepairs).Add(1)
+	p.word(hOffRecount).Store(1)
 	seq := p.word(bk + bOffSeq)
 	if seq.Load()&1 == 0 {
 		seq.Add(1)
@@ -944,12 +989,19 @@ func (p *Pool) repair(bk int) {
 		if h == 0 {
 			continue
 		}
-		if !p.validSlot(s, h) {
+		if !p.validSlot(s, h) || !p.reshare(s) {
 			freed = append(freed, p.clearSlot(s))
 		}
 	}
 	seq.Add(1)
 	p.release(freed)
+}
+
+// reshare hands the record slot s names to the table (lock held), from
+// whichever process held it; false if it is gone.
+func (p *Pool) reshare(s int) bool {
+	b, err := p.pool.Adopt(p.slotHandle(s))
+	return err == nil && b.Share() == nil
 }
 
 // validSlot checks that a slot names a loaned record whose checksum, key
@@ -974,6 +1026,9 @@ type Stats struct {
 	// Repairs counts buckets taken over from a writer that died holding
 	// their lock.
 	Repairs uint64
+	// Reclaimed counts buffers taken back from processes that died
+	// (records being written or being freed, buffers they kept).
+	Reclaimed uint64
 	// Items and Bytes are the live entries and the bytes they hold
 	// (rounded up to size classes); MaxBytes is the limit.
 	Items, Bytes, MaxBytes uint64
@@ -991,67 +1046,10 @@ func (p *Pool) Stats() Stats {
 		s.Evictions += p.word(base + stEvictions*8).Load()
 		s.Expired += p.word(base + stExpired*8).Load()
 		s.Repairs += p.word(base + stRepairs*8).Load()
+		s.Reclaimed += p.word(base + stReclaimed*8).Load()
 	}
 	s.Items, s.Bytes, s.MaxBytes = p.items.Load(), p.used.Load(), uint64(p.maxBytes)
 	return s
-}
-
-// Verify checks the table's invariants: every bucket's lock is free or held
-// by a live process (a dead holder's lock is taken over and its bucket
-// repaired, as any writer would), its sequence is even, and every entry
-// names a loaned record whose checksum, key hash, bucket and size agree. It
-// then takes back buffers that no entry names (left by a writer that died
-// between storing an entry and freeing the one it replaced) and sets the
-// item and byte counters to what the entries hold. Run it while no
-// process writes: a concurrent writer's entry in flight would look leaked.
-func (p *Pool) Verify() error {
-	var errs []error
-	live := map[shm.Handle]bool{}
-	var items, used uint64
-	for i := range p.nbuckets {
-		bk := headerSize + int(i)*bucketSize
-		if w := p.word(bk + bOffLock).Load(); w != 0 && !shm.AliveWord(w) {
-			if err := p.lock(bk); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			p.unlock(bk)
-		}
-		if s := p.word(bk + bOffSeq).Load(); s&1 != 0 && p.word(bk+bOffLock).Load() == 0 {
-			errs = append(errs, fmt.Errorf("%w: bucket %d has an odd sequence and no writer", ErrCorrupt, i))
-		}
-		for j := range slotsPerBkt {
-			s := slotOff(bk, j)
-			h := p.word(s + sOffHash).Load()
-			if h == 0 {
-				continue
-			}
-			if h&(p.nbuckets-1) != i {
-				errs = append(errs, fmt.Errorf("%w: bucket %d slot %d holds a key of bucket %d", ErrCorrupt, i, j, h&(p.nbuckets-1)))
-			}
-			if !p.validSlot(s, h) {
-				errs = append(errs, fmt.Errorf("%w: bucket %d slot %d does not verify", ErrCorrupt, i, j))
-				continue
-			}
-			r, _ := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
-			live[r.handle] = true
-			items++
-			used += p.word(s+sOffSize).Load() &^ refBit
-		}
-	}
-	var leaked []shm.Handle
-	p.pool.Shared(func(h shm.Handle) {
-		if !live[h] {
-			leaked = append(leaked, h)
-		}
-	})
-	for _, h := range leaked {
-		p.pool.Return(h)
-	}
-	p.pool.Reclaim()
-	p.items.Store(items)
-	p.used.Store(used)
-	return errors.Join(errs...)
 }
 
 // ErrNotNumber: Incr found a value that is not a decimal number.

@@ -255,9 +255,12 @@ func child(mode string) int {
 			}
 		}
 		r := rand.New(rand.NewPCG(uint64(os.Getpid()), 2))
-		for {
+		for i := 0; ; i++ {
 			k := []byte(strconv.Itoa(r.IntN(500)))
 			p.Set(k, value(r.Uint64(), r.IntN(2000)), SetOptions{})
+			if i == 0 {
+				fmt.Println("writing")
+			}
 			if r.IntN(10) == 0 {
 				p.Delete(k)
 			}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -99,6 +100,30 @@ func ExamplePool() {
 	// Output:
 	// zero copy
 	// true
+}
+
+func ExamplePool_LoanWait() {
+	cfg := shm.PoolConfig{Classes: []shm.PoolClass{{Size: 4096, Count: 1}}}
+	size, _ := shm.PoolSize(cfg)
+	seg, _ := shm.CreateMemfd("pool-wait", size, nil)
+	defer seg.Close()
+	pool, _ := shm.CreatePool(seg, 0, cfg)
+
+	held, _ := pool.Loan(100)
+	_, err := pool.Loan(100)
+	fmt.Println(errors.Is(err, shm.ErrPoolExhausted))
+
+	// A loan that waits gets the buffer once its holder returns it (here
+	// another goroutine; it may as well be another process).
+	go held.Return()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	buf, err := pool.LoanWait(ctx, 100, shm.Wait{})
+	fmt.Println(len(buf.Bytes()), err)
+	buf.Return()
+	// Output:
+	// true
+	// 4096 <nil>
 }
 
 func ExampleMPMC() {

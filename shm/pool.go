@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 // Pool layout, at a cacheLine-aligned offset of a segment:
 //
 //	header      0: magic u64, version u32, classes u32
+//	           64: free sequence u32 (bumped when a buffer is freed and a
+//	               loan waits), waiting loans u32
 //	classes   128: one line per class: size u64, count u64, descriptors u64
 //	               (offset), data u64 (offset), free-list head u64
 //	descriptors:   per buffer 32 bytes: state u64 (generation<<32 | state),
@@ -28,12 +31,14 @@ const (
 	poolMagic   = 0x314c_4f4f_504b_4255 // "UBKPOOL1"
 	poolVersion = 1
 
-	poolOffMagic   = 0
-	poolOffVersion = 8
-	poolOffClasses = 12
-	poolClassTable = cacheLine
-	maxPoolClasses = 16
-	maxPoolBytes   = 1 << 46
+	poolOffMagic    = 0
+	poolOffVersion  = 8
+	poolOffClasses  = 12
+	poolOffFreeSeq  = 64
+	poolOffFreeWait = 68
+	poolClassTable  = cacheLine
+	maxPoolClasses  = 16
+	maxPoolBytes    = 1 << 46
 
 	classOffSize  = 0
 	classOffCount = 8
@@ -149,6 +154,10 @@ type Pool struct {
 	local   []localCache
 	me      uint64 // Self().word()
 	loaner  uint64 // names this attachment in descriptors' loaner field
+	// freeSeq is the futex word a waiting loan sleeps on; freeWaiters
+	// counts the sleepers, so that a return makes no system call when
+	// nobody waits.
+	freeSeq, freeWaiters *atomic.Uint32
 }
 
 var attachments atomic.Uint64
@@ -164,12 +173,14 @@ func attachmentID() uint64 { return Self().word() ^ attachments.Add(1)<<48 }
 // stateCached with this process as owner, so Reclaim takes them back if the
 // process dies.
 type localCache struct {
-	mu  sync.Mutex
-	idx []uint64
+	mu     sync.Mutex
+	idx    []uint64
+	closed bool // Close was called: returns go to the shared list
 }
 
 func attachPool(seg *Segment, off int, mem []byte, classes []poolClass) *Pool {
-	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID(), local: make([]localCache, len(classes)), me: Self().word(), loaner: attachmentID()}
+	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID(), local: make([]localCache, len(classes)), me: Self().word(), loaner: attachmentID(),
+		freeSeq: atomicU32(mem, poolOffFreeSeq), freeWaiters: atomicU32(mem, poolOffFreeWait)}
 	for i := range p.local {
 		p.local[i].idx = make([]uint64, 0, localCacheSize)
 	}
@@ -299,8 +310,48 @@ func (b Buffer) Return() error { return b.pool.release(b.class, b.idx, b.gen) }
 
 // Loan takes a buffer of at least n bytes from the smallest class that has
 // one free, owned by the calling process until it returns it or another
-// process adopts it.
+// process adopts it. It fails at once with ErrPoolExhausted if every
+// fitting class is empty; LoanWait waits instead.
 func (p *Pool) Loan(n int) (Buffer, error) {
+	b, err := p.loan(n)
+	if err == ErrPoolExhausted {
+		return Buffer{}, fmt.Errorf("%w: no free buffer of %d bytes or more", ErrPoolExhausted, n)
+	}
+	return b, err
+}
+
+// LoanWait is Loan that waits, with w's strategy, until a buffer of at
+// least n bytes is free or ctx ends (then it returns ctx.Err()). A return
+// by any process wakes it. Every 20 ms of waiting it reclaims the buffers
+// of processes that died (a scan of every descriptor), so a dead holder
+// does not keep it waiting. Buffers kept in another attachment's local
+// cache are not free to it until that attachment loans them or closes.
+func (p *Pool) LoanWait(ctx context.Context, n int, w Wait) (Buffer, error) {
+	b, err := p.Loan(n)
+	if !errors.Is(err, ErrPoolExhausted) {
+		return b, err
+	}
+	err = w.wait(ctx, waiter{
+		ready: func() (bool, error) {
+			var lerr error
+			if b, lerr = p.loan(n); lerr == ErrPoolExhausted {
+				return false, nil
+			}
+			return true, lerr
+		},
+		seq:     p.freeSeq,
+		waiters: p.freeWaiters,
+		peer: func() error {
+			p.Reclaim()
+			return nil
+		},
+	})
+	return b, err
+}
+
+// loan is Loan returning the bare ErrPoolExhausted, without allocating, for
+// waiters that try again and again.
+func (p *Pool) loan(n int) (Buffer, error) {
 	if n < 0 {
 		return Buffer{}, errorf("loan of %d bytes", n)
 	}
@@ -323,8 +374,12 @@ func (p *Pool) Loan(n int) (Buffer, error) {
 	if first < 0 {
 		return Buffer{}, fmt.Errorf("%w: %d bytes, largest pool buffer is %d", ErrTooLarge, n, p.classes[len(p.classes)-1].size)
 	}
-	return Buffer{}, fmt.Errorf("%w: no free buffer of %d bytes or more", ErrPoolExhausted, n)
+	return Buffer{}, ErrPoolExhausted
 }
+
+// freed wakes loans waiting for a buffer, if any; a buffer was just made
+// free.
+func (p *Pool) freed() { wake(p.freeSeq, p.freeWaiters, true) }
 
 func (p *Pool) pop(class int) (Buffer, error) {
 	c := p.classes[class]
@@ -518,7 +573,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	lc := &p.local[class]
 	mine := atomicU64(d, descOffLoaner).Load() == p.loaner
 	lc.mu.Lock()
-	if mine && len(lc.idx) < localCacheSize {
+	if mine && !lc.closed && len(lc.idx) < localCacheSize {
 		if !st.CompareAndSwap(inUse, next<<32|stateCached) {
 			lc.mu.Unlock()
 			restore()
@@ -526,6 +581,7 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 		}
 		lc.idx = append(lc.idx, idx)
 		lc.mu.Unlock()
+		p.freed()
 		return nil
 	}
 	lc.mu.Unlock()
@@ -535,19 +591,23 @@ func (p *Pool) release(class int, idx uint64, gen uint32) error {
 	}
 	owner.Store(0)
 	p.push(class, idx)
+	p.freed()
 	return nil
 }
 
 // Close gives the buffers in this attachment's local caches back to the
 // shared free lists. Loaned buffers stay loaned. The Pool may still be used
-// after Close; it simply starts with empty caches.
+// after Close, without local caches: buffers returned through it go to the
+// shared lists, where other attachments find them.
 func (p *Pool) Close() error {
 	var errs []error
+	pushed := false
 	for class := range p.local {
 		lc := &p.local[class]
 		lc.mu.Lock()
 		idxs := lc.idx
-		lc.idx = make([]uint64, 0, localCacheSize)
+		lc.idx = nil
+		lc.closed = true
 		lc.mu.Unlock()
 		for _, idx := range idxs {
 			d := p.desc(class, idx)
@@ -559,7 +619,13 @@ func (p *Pool) Close() error {
 			}
 			atomicU64(d, descOffOwner).Store(0)
 			p.push(class, idx)
+			pushed = true
 		}
+	}
+	// Only then: a Close with nothing cached touches no shared memory
+	// (callers close twice, the second time after unmapping).
+	if pushed {
+		p.freed()
 	}
 	return errors.Join(errs...)
 }
@@ -617,16 +683,21 @@ func (p *Pool) Reclaim() int {
 			}
 			owner := atomicU64(d, descOffOwner)
 			w := owner.Load()
-			if w == 0 || w == sharedOwner {
+			if w == sharedOwner {
 				continue
 			}
-			a, seen := alive[w]
-			if !seen {
-				a = aliveWord(w)
-				alive[w] = a
-			}
-			if a || !owner.CompareAndSwap(w, 0) {
-				continue
+			// Owner 0 on a loaned or cached buffer: another Reclaim is
+			// between its two swaps, or died there. The state swap below
+			// lets exactly one finish.
+			if w != 0 {
+				a, seen := alive[w]
+				if !seen {
+					a = aliveWord(w)
+					alive[w] = a
+				}
+				if a || !owner.CompareAndSwap(w, 0) {
+					continue
+				}
 			}
 			gen := s >> 32
 			if state == stateInUse {
@@ -640,6 +711,9 @@ func (p *Pool) Reclaim() int {
 				n++
 			}
 		}
+	}
+	if n > 0 {
+		p.freed()
 	}
 	return n
 }

@@ -182,12 +182,9 @@ func init() {
 		}
 		n, _ := strconv.Atoi(args[2])
 		for i := range n {
-			b, err := p.Loan(4000)
-			for errors.Is(err, ErrPoolExhausted) {
-				// The reader returns buffers as it goes.
-				time.Sleep(100 * time.Microsecond)
-				b, err = p.Loan(4000)
-			}
+			// The reader returns buffers as it goes, and each return
+			// wakes the loan.
+			b, err := p.LoanWait(context.Background(), 4000, Wait{})
 			if err != nil {
 				return err
 			}

@@ -37,6 +37,7 @@ func ParsePath(s string) (Path, error) {
 type impl interface {
 	net.Conn
 	CloseWrite() error
+	// Loan fails fast; see waitingLoaner.
 	Loan(n int) (*Msg, error)
 	Send(m *Msg) error
 	Recv(ctx context.Context) (*Msg, error)
@@ -97,8 +98,32 @@ func (c *Conn) Close() error { return c.c.Close() }
 
 // Loan returns a buffer of n bytes to fill and Send. On the shm path it
 // lies in shared memory and Send moves no bytes; on the others it is
-// ordinary memory that Send copies onto the wire.
-func (c *Conn) Loan(n int) (*Msg, error) { return c.c.Loan(n) }
+// ordinary memory that Send copies onto the wire. On the shm path the
+// buffers are a fixed pool the peer gives back as it releases what it
+// received: when none fits, Loan waits for one until the write deadline
+// passes (os.ErrDeadlineExceeded) or the connection closes
+// (net.ErrClosed). LoanContext also ends with a context; TryLoan does not
+// wait.
+func (c *Conn) Loan(n int) (*Msg, error) { return c.LoanContext(context.Background(), n) }
+
+// LoanContext is Loan that also stops waiting when ctx ends, returning
+// ctx.Err().
+func (c *Conn) LoanContext(ctx context.Context, n int) (*Msg, error) {
+	if w, ok := c.c.(waitingLoaner); ok {
+		return w.loanWait(ctx, n)
+	}
+	return c.c.Loan(n)
+}
+
+// TryLoan is Loan that never waits: with no buffer free it fails at once
+// with an error matching ErrPoolExhausted.
+func (c *Conn) TryLoan(n int) (*Msg, error) { return c.c.Loan(n) }
+
+// waitingLoaner is a path whose buffers can run out (shm): its Loan fails
+// fast and loanWait waits.
+type waitingLoaner interface {
+	loanWait(ctx context.Context, n int) (*Msg, error)
+}
 
 // Send hands a loaned buffer to the peer; m must not be used afterwards.
 func (c *Conn) Send(m *Msg) error { return c.c.Send(m) }

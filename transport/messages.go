@@ -141,21 +141,65 @@ func (m *Msg) Release() error {
 // ErrMessageTooLarge is returned by Loan for more than the largest buffer.
 var ErrMessageTooLarge = errors.New("transport: message larger than the largest buffer (1 GiB)")
 
-// Loan returns a buffer of n bytes to fill and Send, without a copy.
-func (c *shmConn) Loan(n int) (*Msg, error) {
+// ErrPoolExhausted is returned by TryLoan when every buffer that fits is
+// loaned (the peer has not released what it received); Loan waits instead.
+var ErrPoolExhausted = shm.ErrPoolExhausted
+
+// Loan returns a buffer of n bytes to fill and Send, without a copy, or
+// fails at once with ErrPoolExhausted.
+func (c *shmConn) Loan(n int) (*Msg, error) { return c.loan(context.Background(), n, false) }
+
+// loanWait is Loan that waits for a buffer until ctx ends, the write
+// deadline passes or the connection closes.
+func (c *shmConn) loanWait(ctx context.Context, n int) (*Msg, error) { return c.loan(ctx, n, true) }
+
+// loan loans a buffer, waiting for one if wait. The loan counts as held
+// while it waits, so that Close leaves the memory mapped until it is done
+// with the pool.
+func (c *shmConn) loan(ctx context.Context, n int, wait bool) (*Msg, error) {
 	c.mmu.Lock()
-	defer c.mmu.Unlock()
 	if deadline.IsClosed(c.closing) {
+		c.mmu.Unlock()
 		return nil, c.opError("loan", net.ErrClosed)
 	}
+	c.live++
+	c.mmu.Unlock()
 	b, err := c.msgs.pool.Loan(n)
-	if errors.Is(err, shm.ErrTooLarge) {
-		return nil, ErrMessageTooLarge
+	if wait && errors.Is(err, shm.ErrPoolExhausted) {
+		wctx, cancel := context.WithCancel(ctx)
+		dl := c.writeDeadline.Wait()
+		go func() {
+			select {
+			case <-dl:
+			case <-c.closing:
+			case <-wctx.Done():
+			}
+			cancel()
+		}()
+		b, err = c.msgs.pool.LoanWait(wctx, n, shm.Wait{})
+		cancel()
+		if err != nil && ctx.Err() != nil && !deadline.IsClosed(c.closing) {
+			err = ctx.Err()
+		} else if err != nil {
+			err = c.why(c.writeDeadline, dl, err)
+		}
+	}
+	if err == nil && deadline.IsClosed(c.closing) {
+		b.Return()
+		err = net.ErrClosed
 	}
 	if err != nil {
-		return nil, fmt.Errorf("transport: loan %d bytes: %w", n, err)
+		c.msgDone()
+		switch {
+		case errors.Is(err, shm.ErrTooLarge):
+			return nil, ErrMessageTooLarge
+		case errors.Is(err, shm.ErrPoolExhausted):
+			err = fmt.Errorf("transport: loan of %d bytes: %w (the peer has not released the messages it received; Loan waits for one)", n, err)
+		case errors.Is(err, shm.ErrCorrupt):
+			err = fmt.Errorf("transport: loan of %d bytes: %w", n, err)
+		}
+		return nil, c.opError("loan", err)
 	}
-	c.live++
 	return &Msg{c: c, buf: b, n: n}, nil
 }
 

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
-	"time"
 )
 
 func TestMessages(t *testing.T) {
@@ -170,5 +173,132 @@ func TestMessageOutlivesClose(t *testing.T) {
 	}
 	if _, err := b.Loan(1); err == nil {
 		t.Error("loaned from a closed connection")
+	}
+}
+
+// messageBuffers is how many buffers a connection's message pool holds.
+func messageBuffers() int {
+	n := 0
+	for _, c := range messagePool.Classes {
+		n += c.Count
+	}
+	return n
+}
+
+// TestLoanWaitsForReleases: a sender loaning in a loop against a receiver
+// that keeps every message until it holds all the pool's buffers, then
+// releases them all at once, never sees ErrPoolExhausted: each Loan waits
+// for the release.
+func TestLoanWaitsForReleases(t *testing.T) {
+	c1, c2, stop := pipe(t)
+	defer stop()
+	a, b := c1.(*Conn), c2.(*Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	all := messageBuffers()
+	total := 20 * all
+	received := make(chan error, 1)
+	go func() {
+		var held []*Msg
+		for i := range total {
+			m, err := b.Recv(ctx)
+			if err != nil {
+				received <- err
+				return
+			}
+			if got := m.Bytes()[0]; got != byte(i) {
+				received <- fmt.Errorf("message %d reads %d", i, got)
+				return
+			}
+			if held = append(held, m); len(held) == all {
+				for _, m := range held {
+					m.Release()
+				}
+				held = held[:0]
+			}
+		}
+		received <- nil
+	}()
+	for i := range total {
+		m, err := a.Loan(1000)
+		if err != nil {
+			t.Fatalf("loan %d (the receiver holds up to %d): %v", i, all, err)
+		}
+		m.Bytes()[0] = byte(i)
+		if err := a.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := <-received; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLoanOnExhaustedPool: with every buffer held, TryLoan fails at once
+// with ErrPoolExhausted, and a waiting loan ends with its context, with
+// the write deadline and with Close, each with its own error.
+func TestLoanOnExhaustedPool(t *testing.T) {
+	c1, c2, stop := pipe(t)
+	defer stop()
+	a := c1.(*Conn)
+	_ = c2
+	var held []*Msg
+	defer func() {
+		for _, m := range held {
+			m.Release()
+		}
+	}()
+	for range messageBuffers() {
+		m, err := a.TryLoan(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, m)
+	}
+	if _, err := a.TryLoan(1); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("TryLoan of an exhausted pool: %v", err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.LoanContext(ctx, 1)
+		done <- err
+	}()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("LoanContext, cancelled: %v", err)
+	}
+	short, cancelShort := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelShort()
+	if _, err := a.LoanContext(short, 1); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("LoanContext past its context's deadline: %v", err)
+	}
+
+	a.SetWriteDeadline(time.Now().Add(20 * time.Millisecond))
+	_, err := a.Loan(1)
+	var ne net.Error
+	if !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("Loan past the write deadline: %v, want a timeout", err)
+	}
+	a.SetWriteDeadline(time.Time{})
+	// A deadline moved into the past wakes a loan that waits.
+	go func() {
+		_, err := a.Loan(1)
+		done <- err
+	}()
+	a.SetWriteDeadline(time.Now().Add(-time.Second))
+	if err := <-done; !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("Loan when the deadline moved into the past: %v", err)
+	}
+	a.SetWriteDeadline(time.Time{})
+
+	go func() {
+		_, err := a.Loan(1)
+		done <- err
+	}()
+	a.Close()
+	if err := <-done; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Loan across Close: %v", err)
 	}
 }

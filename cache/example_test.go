@@ -1,0 +1,26 @@
+package cache_test
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/ubkit-io/ubkit/cache"
+)
+
+func ExamplePool_Repair() {
+	name := fmt.Sprintf("example-repair-%d", os.Getpid())
+	p, err := cache.Open(name, cache.Options{MaxBytes: 1 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Remove(name)
+	defer p.Close()
+	p.Set([]byte("k"), []byte("v"), cache.SetOptions{})
+
+	// What writers that died left behind is taken back as the pool is
+	// written to; Repair checks everything now, while others go on, and
+	// says what it set right.
+	rep, err := p.Repair()
+	fmt.Printf("%+v %v\n", rep, err)
+	// Output: {Buckets:0 Entries:0 Buffers:0 Items:0 Bytes:0} <nil>
+}

@@ -1,0 +1,227 @@
+package cache
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// tally is what a table holds, counted by reading it (not by Repair): its
+// entries whose record verifies, their bytes, entries that do not verify,
+// buckets locked by a dead process, the buffers loaned from the pool, and
+// dead processes still noted as attached (a sweep frees a dead process's
+// entry once its buffers, cached ones too, are back); beside what the
+// counters say.
+type tally struct {
+	entries, bytes, bad, deadLocks, inUse, deadProcs uint64
+	counted, countedBytes                            uint64
+}
+
+func (t tally) true() bool {
+	return t.bad == 0 && t.deadLocks == 0 && t.deadProcs == 0 && t.inUse == t.entries &&
+		t.counted == t.entries && t.countedBytes == t.bytes
+}
+
+func audit(p *Pool) tally {
+	var t tally
+	for i := range maxProcs {
+		if w := p.procWord(i).Load(); w != 0 && !shm.AliveWord(w) {
+			t.deadProcs++
+		}
+	}
+	for i := range p.nbuckets {
+		bk := headerSize + int(i)*bucketSize
+		if w := p.word(bk + bOffLock).Load(); w != 0 && !shm.AliveWord(w) {
+			t.deadLocks++
+		}
+		for j := range slotsPerBkt {
+			s := slotOff(bk, j)
+			h := p.word(s + sOffHash).Load()
+			switch {
+			case h == 0:
+			case p.validSlot(s, h):
+				t.entries++
+				t.bytes += p.word(s+sOffSize).Load() &^ refBit
+			default:
+				t.bad++
+			}
+		}
+	}
+	for _, c := range p.pool.Stats() {
+		t.inUse += uint64(c.InUse)
+	}
+	st := p.Stats()
+	t.counted, t.countedBytes = st.Items, st.Bytes
+	return t
+}
+
+// TestKilledWritersGiveCapacityBack SIGKILLs 150 writer processes at
+// random moments (many inside a write, where a test hook pauses) while
+// this process keeps writing. Ordinary writes, without Verify, must then
+// have taken back everything the dead held: buffers in use are exactly
+// the live entries, and the item and byte counters are exactly what the
+// entries hold. Repair afterwards finds nothing left to do.
+func TestKilledWritersGiveCapacityBack(t *testing.T) {
+	p, name := newPool(t, Options{MaxBytes: 2 << 20, Buckets: 256})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		r := rand.New(rand.NewPCG(7, 8))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k := []byte(strconv.Itoa(r.IntN(500)))
+			if _, err := p.Set(k, value(r.Uint64(), r.IntN(2000)), SetOptions{}); err != nil {
+				t.Errorf("set while writers die: %v", err)
+				return
+			}
+		}
+	})
+	stopWriter := sync.OnceFunc(func() {
+		close(stop)
+		wg.Wait()
+	})
+	defer stopWriter()
+	type child struct {
+		cmd *exec.Cmd
+		out *lockedBuffer
+	}
+	const kills, parallel = 150, 3
+	var running []child
+	r := rand.New(rand.NewPCG(9, 10))
+	for range kills {
+		for len(running) < parallel {
+			cmd, out := startChild(t, name, "writer")
+			running = append(running, child{cmd, out})
+		}
+		c := running[0]
+		running = running[1:]
+		for end := time.Now().Add(10 * time.Second); !strings.Contains(c.out.String(), "writing"); {
+			if time.Now().After(end) {
+				t.Fatal("a writer process never started writing")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		// Not a synchronisation: it spreads the kills over the writer's loop.
+		time.Sleep(time.Duration(r.IntN(2000)) * time.Microsecond)
+		c.cmd.Process.Kill()
+		c.cmd.Wait()
+	}
+	for _, c := range running {
+		c.cmd.Process.Kill()
+		c.cmd.Wait()
+	}
+	stopWriter()
+	before := audit(p)
+	// This process's writes notice the dead and take back what they held.
+	deadline := time.Now().Add(10 * time.Second)
+	writes := 0
+	var after tally
+	for {
+		for i := range maintainEvery {
+			if _, err := p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 100), SetOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		writes += maintainEvery
+		if after = audit(p); after.true() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d kills and %d writes: %d buffers in use for %d entries (%d that do not verify, %d buckets locked by the dead, %d dead processes noted); counters say %d entries of %d bytes, the entries hold %d bytes",
+				kills, writes, after.inUse, after.entries, after.bad, after.deadLocks, after.deadProcs, after.counted, after.countedBytes, after.bytes)
+		}
+	}
+	st := p.Stats()
+	t.Logf("after %d kills: %d buffers in use for %d entries, counters %d entries and %d bytes for %d; %d writes later all true (%d buffers reclaimed, %d buckets repaired)",
+		kills, before.inUse, before.entries, before.counted, before.countedBytes, before.bytes, writes, st.Reclaimed, st.Repairs)
+	if st.Reclaimed == 0 || st.Repairs == 0 {
+		t.Errorf("no kill left a buffer or a bucket to take back (stats %+v): the test proved nothing", st)
+	}
+	rep, err := p.Repair()
+	if err != nil || rep != (RepairReport{}) {
+		t.Errorf("Repair after the online reclaim: %+v, %v; want nothing left to do", rep, err)
+	}
+}
+
+// TestRepairReports: Repair says what it set right, and sets it right.
+func TestRepairReports(t *testing.T) {
+	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	for i := range 100 {
+		if _, err := p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A record handed to the table that no entry names.
+	orphan, err := p.pool.Loan(200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := orphan.Share(); err != nil {
+		t.Fatal(err)
+	}
+	// A bucket locked by a process that died (this pid, another start
+	// time: a reused pid), whose writer stopped with the sequence odd.
+	bk := p.bucketOff(hashKey([]byte("7")))
+	p.word(bk + bOffLock).Store(deadWord(t))
+	p.word(bk + bOffSeq).Add(1)
+	// An entry (of another bucket) whose record no longer verifies.
+	spoiled := -1
+	for i := range 100 {
+		k := []byte(strconv.Itoa(i))
+		if b := p.bucketOff(hashKey(k)); b != bk {
+			r, j, ok := p.lookup(b, hashKey(k), k, 0)
+			if !ok {
+				t.Fatalf("key %d is missing", i)
+			}
+			r.b()[recHeader] ^= 1
+			spoiled = slotOff(b, j)
+			break
+		}
+	}
+	if p.validSlot(spoiled, p.word(spoiled+sOffHash).Load()) {
+		t.Fatal("the spoiled entry still verifies")
+	}
+	// Counters that drifted.
+	p.used.Add(1000)
+	p.items.Add(3)
+
+	rep, err := p.Repair()
+	if !errors.Is(err, ErrCorrupt) {
+		t.Errorf("Repair of a spoiled entry: %v, want ErrCorrupt", err)
+	}
+	if want := (RepairReport{Buckets: 1, Entries: 1, Buffers: 1, Items: 3, Bytes: 1000}); rep != want {
+		t.Errorf("Repair reported %+v, want %+v", rep, want)
+	}
+	if a := audit(p); !a.true() {
+		t.Errorf("after Repair: %+v", a)
+	}
+	if rep, err := p.Repair(); err != nil || rep != (RepairReport{}) {
+		t.Errorf("a second Repair: %+v, %v; want nothing left", rep, err)
+	}
+}
+
+// deadWord names a process that does not run: this pid with another start
+// time, as if the pid had been reused.
+func deadWord(t *testing.T) uint64 {
+	t.Helper()
+	me := shm.Self()
+	if me.Start == 0 {
+		t.Fatal("no start time for this process: is /proc mounted?")
+	}
+	w := shm.Process{PID: me.PID, Start: me.Start + 1}.Word()
+	if shm.AliveWord(w) {
+		t.Fatal("a word with a wrong start time counts as alive")
+	}
+	return w
+}
