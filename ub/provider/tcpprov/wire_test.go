@@ -104,3 +104,40 @@ func TestHostilePeer(t *testing.T) {
 		t.Fatalf("normal read after the hostile ones: %q %v", resp.payload, err)
 	}
 }
+
+// TestBadTokenHangsUp: a peer that presents a wrong token gets its answer
+// and loses its connection, so guessing a 32-bit token costs a TCP
+// connection per guess; before, it could pipeline guesses on one.
+func TestBadTokenHangsUp(t *testing.T) {
+	c, err := ub.Open(context.Background(), Name, ub.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	seg, err := c.AllocSegment(4096, ub.SegmentConfig{Access: ub.AccessRead, Token: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, id, _ := parseName(seg.Desc().Name, "s")
+	nc, err := net.Dial("tcp", c.(*Context).Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(5 * time.Second))
+	var frames []byte
+	for guess := uint32(10); guess < 20; guess++ {
+		frames = (&request{op: opRead, token: guess, object: id, n: 1}).appendHeader(frames)
+	}
+	nc.Write(frames)
+	b, err := readFrame(nc, nil, respHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := decodeResponse(b); ub.Status(resp.status) != ub.StatusBadToken {
+		t.Fatalf("first guess: status %v", ub.Status(resp.status))
+	}
+	if _, err := readFrame(nc, nil, respHeader); err == nil {
+		t.Error("a second guess on the same connection was answered")
+	}
+}
