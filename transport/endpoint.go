@@ -69,6 +69,18 @@ type Config struct {
 	// AllowUIDs are users besides this process's whose processes may
 	// connect on this host (SO_PEERCRED is checked). Default: none.
 	AllowUIDs []int
+
+	// Flow control of the ub and tcp paths (the shm path's rings are
+	// bounded by their size). A connection holds at most StreamWindow
+	// bytes of stream its application has not read (default
+	// DefaultStreamWindow) and MessageWindow bytes of messages it has not
+	// received (default DefaultMessageWindow), which is also the largest
+	// message its peer may send it; the peer's writes and sends wait for
+	// room. Windows start at 256 KiB each (the least either may be) and
+	// grow as they are used, drawing on ReceiveMemory, which bounds all of
+	// this endpoint's connections together (default
+	// DefaultReceiveMemory).
+	StreamWindow, MessageWindow, ReceiveMemory int64
 }
 
 // Endpoint is a process's place on the super node: the node it plays, the
@@ -84,6 +96,7 @@ type Endpoint struct {
 	dir     string
 	allow   []int
 	regAddr string // this node's registry address, if it serves one
+	flow    *flowConfig
 
 	mu        sync.Mutex
 	ubctx     ub.Context
@@ -136,7 +149,8 @@ func NewEndpoint(cfg Config) (*Endpoint, error) {
 	if dir == "" {
 		dir = RuntimeDir()
 	}
-	e := &Endpoint{node: node, topo: t, prov: prov, opts: maps.Clone(cfg.ProviderOptions), path: path, dir: dir, allow: slices.Clone(cfg.AllowUIDs)}
+	e := &Endpoint{node: node, topo: t, prov: prov, opts: maps.Clone(cfg.ProviderOptions), path: path, dir: dir, allow: slices.Clone(cfg.AllowUIDs),
+		flow: newFlowConfig(cfg.StreamWindow, cfg.MessageWindow, cfg.ReceiveMemory)}
 	if e.opts == nil {
 		e.opts = map[string]string{}
 	}
