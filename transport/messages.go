@@ -138,8 +138,10 @@ func (m *Msg) Release() error {
 	return err
 }
 
-// ErrMessageTooLarge is returned by Loan for more than the largest buffer.
-var ErrMessageTooLarge = errors.New("transport: message larger than the largest buffer (1 GiB)")
+// ErrMessageTooLarge is returned by Loan (and Send) for a message larger
+// than the path carries: the largest buffer (1 GiB) on the shm path, the
+// peer's Config.MessageWindow on the ub and tcp paths.
+var ErrMessageTooLarge = errors.New("transport: message too large")
 
 // Loan returns a buffer of n bytes to fill and Send, without a copy.
 func (c *shmConn) Loan(n int) (*Msg, error) {
