@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"testing"
 
@@ -76,5 +78,87 @@ func TestUBPathAllocations(t *testing.T) {
 		t.Errorf("a round trip allocates %.1f objects, want at most %.0f", n, want)
 	} else {
 		t.Logf("a round trip allocates %.1f objects", n)
+	}
+}
+
+// packetPair connects two endpoints over a packet path: "tcp" (loopback)
+// or "ub-sim" (two nodes of the simulated dev4).
+func packetPair(b *testing.B, path string) (*Conn, *Conn) {
+	b.Helper()
+	var a, c *Conn
+	switch path {
+	case "tcp":
+		def, err := Default()
+		if err != nil {
+			b.Fatal(err)
+		}
+		a, c = connect(b, def, def, "", "?path=tcp", PathTCP)
+	case "ub-sim":
+		a, c = connect(b, dev4(b, "n0", Config{}), dev4(b, "n1", Config{}), "n0", "", PathUB)
+	}
+	b.Cleanup(func() { c.Close(); a.Close() })
+	return a, c
+}
+
+// BenchmarkPacketStream is a one-way stream of 64 KiB writes over the tcp
+// and ub paths, every byte read by the other side.
+func BenchmarkPacketStream(b *testing.B) {
+	for _, path := range []string{"tcp", "ub-sim"} {
+		b.Run(path, func(b *testing.B) {
+			a, c := packetPair(b, path)
+			done := make(chan error, 1)
+			go func() {
+				_, err := io.Copy(io.Discard, a)
+				done <- err
+			}()
+			buf := make([]byte, 64<<10)
+			b.SetBytes(int64(len(buf)))
+			for b.Loop() {
+				if _, err := c.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c.CloseWrite()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
+// BenchmarkPacketMessages sends messages of 1 KiB and 1 MiB one way over
+// the tcp and ub paths; the receiver takes each one.
+func BenchmarkPacketMessages(b *testing.B) {
+	for _, path := range []string{"tcp", "ub-sim"} {
+		for _, size := range []int{1 << 10, 1 << 20} {
+			b.Run(fmt.Sprintf("%s/%dKiB", path, size>>10), func(b *testing.B) {
+				a, c := packetPair(b, path)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					for {
+						m, err := a.Recv(ctx)
+						if err != nil {
+							return
+						}
+						m.Release()
+					}
+				}()
+				b.SetBytes(int64(size))
+				for b.Loop() {
+					m, err := c.Loan(size)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := c.Send(m); err != nil {
+						b.Fatal(err)
+					}
+				}
+				cancel()
+				<-done
+			})
+		}
 	}
 }

@@ -84,6 +84,18 @@ type Config struct {
 	// on TCP as on unix sockets. An endpoint whose forced path is tcp
 	// listens on TCP too.
 	ListenTCP bool
+
+	// Flow control of the ub and tcp paths (the shm path's rings are
+	// bounded by their size). A connection holds at most StreamWindow
+	// bytes of stream its application has not read (default
+	// DefaultStreamWindow) and MessageWindow bytes of messages it has not
+	// received (default DefaultMessageWindow), which is also the largest
+	// message its peer may send it; the peer's writes and sends wait for
+	// room. Windows start at 256 KiB each (the least either may be) and
+	// grow as they are used, drawing on ReceiveMemory, which bounds all of
+	// this endpoint's connections together (default
+	// DefaultReceiveMemory).
+	StreamWindow, MessageWindow, ReceiveMemory int64
 }
 
 // Endpoint is a process's place on the super node: the node it plays, the
@@ -99,6 +111,7 @@ type Endpoint struct {
 	dir     string
 	allow   []int
 	regAddr string // this node's registry address, if it serves one
+	flow    *flowConfig
 
 	identity  *Identity // nil: no dialers from other hosts
 	listenTCP bool
@@ -172,7 +185,8 @@ func NewEndpoint(cfg Config) (*Endpoint, error) {
 		id = &c
 	}
 	e := &Endpoint{node: node, topo: t, prov: prov, opts: maps.Clone(cfg.ProviderOptions), path: path, dir: dir,
-		allow: slices.Clone(cfg.AllowUIDs), identity: id, listenTCP: cfg.ListenTCP || path == PathTCP}
+		allow: slices.Clone(cfg.AllowUIDs), identity: id, listenTCP: cfg.ListenTCP || path == PathTCP,
+		flow: newFlowConfig(cfg.StreamWindow, cfg.MessageWindow, cfg.ReceiveMemory)}
 	if e.opts == nil {
 		e.opts = map[string]string{}
 	}

@@ -336,7 +336,7 @@ func (l *Listener) handshake(nc net.Conn, h *handshakeSlot) (c *Conn, keep bool,
 			return nil, false, err
 		}
 		nc.SetDeadline(time.Time{})
-		pc := newPktConn(newTCPLink(nc), l.addr, Addr{Node: node, Service: l.addr.Service + "-peer"})
+		pc := newPktConn(newTCPLink(nc), l.addr, Addr{Node: node, Service: l.addr.Service + "-peer"}, l.ep.flow)
 		return &Conn{c: pc, path: PathTCP}, true, nil
 	}
 	return nil, false, fmt.Errorf("transport: unknown path request %q", kind)
@@ -411,7 +411,7 @@ func (l *Listener) acceptUB(ctl net.Conn, claims func(node, service string) erro
 		lk.release()
 		return nil, err
 	}
-	pc := newPktConn(lk, l.addr, Addr{Node: peer.Node, Service: l.addr.Service + "-peer"})
+	pc := newPktConn(lk, l.addr, Addr{Node: peer.Node, Service: l.addr.Service + "-peer"}, l.ep.flow)
 	return &Conn{c: pc, path: PathUB}, nil
 }
 
@@ -681,7 +681,7 @@ func (e *Endpoint) handshake(ctx context.Context, nc net.Conn, a Addr, path Path
 		return nil, fmt.Errorf("not accepted: %w", err)
 	}
 	nc.SetDeadline(time.Time{})
-	pc := newPktConn(newTCPLink(nc), local, a)
+	pc := newPktConn(newTCPLink(nc), local, a, e.flow)
 	return &Conn{c: pc, path: PathTCP, dialed: true}, nil
 }
 
@@ -717,7 +717,7 @@ func (e *Endpoint) dialUB(ctx context.Context, ctl net.Conn, local, a Addr) (*Co
 		lk.release()
 		return nil, err
 	}
-	return &Conn{c: newPktConn(lk, local, a), path: PathUB, dialed: true}, nil
+	return &Conn{c: newPktConn(lk, local, a, e.flow), path: PathUB, dialed: true}, nil
 }
 
 // allowedUID says whether a process of uid may talk to this endpoint on

@@ -138,8 +138,10 @@ func (m *Msg) Release() error {
 	return err
 }
 
-// ErrMessageTooLarge is returned by Loan for more than the largest buffer.
-var ErrMessageTooLarge = errors.New("transport: message larger than the largest buffer (1 GiB)")
+// ErrMessageTooLarge is returned by Loan (and Send) for a message larger
+// than the path carries: the largest buffer (1 GiB) on the shm path, the
+// peer's Config.MessageWindow on the ub and tcp paths.
+var ErrMessageTooLarge = errors.New("transport: message too large")
 
 // ErrPoolExhausted is returned by TryLoan when every buffer that fits is
 // loaned (the peer has not released what it received); Loan waits instead.

@@ -29,9 +29,14 @@ func FuzzPackets(f *testing.F) {
 	f.Add(packet(pkClose, nil))
 	f.Add([]byte{pkData, 0xff, 0xff, 0xff, 0xff})
 	f.Add(packet(9, nil))
+	win := binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 1<<20), 1<<20)
+	f.Add(append(packet(pkWindow, win), packet(pkWindow, win)...))
+	f.Add(packet(pkCredit, binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 1<<63), 1)))
+	f.Add(packet(pkBlocked, binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 1), 1<<40)))
+	f.Add(packet(pkCredit, []byte{1, 2, 3}))
 	f.Fuzz(func(t *testing.T, wire []byte) {
 		a, b := net.Pipe()
-		c := newPktConn(newTCPLink(a), Addr{}, Addr{})
+		c := newPktConn(newTCPLink(a), Addr{}, Addr{}, nil)
 		go func() {
 			b.Write(wire)
 			b.Close()

@@ -24,6 +24,15 @@ const (
 	pkMsgFirst byte = 3 // a message's first fragment: its 8-byte length, then bytes
 	pkMsgMore  byte = 4 // a message's next fragment
 	pkClose    byte = 5 // Close: nothing more of either kind
+	pkWindow   byte = 6 // the sender's windows (stream, messages): the most credit it gives
+	pkCredit   byte = 7 // credit given: stream bytes, message bytes
+	pkBlocked  byte = 8 // the sender waits for credit: stream bytes, message bytes it needs
+)
+
+// Credit kinds: the index of a window in the arrays below.
+const (
+	creditStream = iota
+	creditMessages
 )
 
 // link carries packets for a pktConn.
@@ -36,6 +45,10 @@ type link interface {
 	// other. nil means the packet will be delivered unless the connection
 	// breaks.
 	send(kind byte, p []byte) error
+	// sendControl is send for flow-control packets, which the write
+	// deadline does not stop (a Read must return credit whatever the
+	// writer's deadline) and which may overtake packets queued by send.
+	sendControl(kind byte, p []byte) error
 	setWriteDeadline(t time.Time)
 	// interrupt makes blocked and later sends fail, for Close.
 	interrupt()
@@ -51,11 +64,6 @@ type link interface {
 	shutdown()
 	release()
 }
-
-// pktQueue bounds the stream bytes, and separately the message bytes, that
-// arrived but were not yet read: beyond it the connection stops taking
-// packets from its link, which holds the peer's writes back.
-const pktQueue = 4 << 20
 
 // closeLinger bounds how long Close waits to deliver what was written.
 const closeLinger = time.Second
@@ -79,12 +87,21 @@ type pktConn struct {
 	inOff      int
 	eof        bool // the peer closed its writing side
 	msgs       []*Msg
-	msgBytes   int
 	peerClosed bool
 	err        error         // why the link ended, once the queues are drained
 	changed    chan struct{} // closed at the next change, made when a waiter needs one (mu)
 	waiters    int           // Reads and Recvs waiting on changed (mu)
-	room       chan struct{} // a reader consumed something
+
+	// Flow control (mu; see credit.go): the credit this side gives, of
+	// each kind, and the credit it was given.
+	flow       *flowConfig
+	recvWin    [2]recvWindow
+	sendWin    [2]sendWindow
+	asks       [2]int64      // credit a blocked sender waits for, to tell the peer
+	peerWin    bool          // the peer's windows arrived
+	credited   chan struct{} // closed at the next grant (or end), made when a sender waits
+	kick       chan struct{} // the credit loop has work
+	creditDone chan struct{}
 
 	rmu, rmmu  sync.Mutex
 	rdl, wdl   *deadline.Deadline
@@ -93,10 +110,19 @@ type pktConn struct {
 	readerDone chan struct{}
 }
 
-func newPktConn(l link, local, remote Addr) *pktConn {
-	c := &pktConn{l: l, local: local, remote: remote, room: make(chan struct{}, 1),
+// newPktConn starts a connection over l; flow is its endpoint's flow
+// control (nil: the defaults, with a budget of its own).
+func newPktConn(l link, local, remote Addr, flow *flowConfig) *pktConn {
+	if flow == nil {
+		flow = defaultFlow()
+	}
+	c := &pktConn{l: l, local: local, remote: remote, flow: flow,
+		recvWin: [2]recvWindow{newRecvWindow(flow.streamWindow), newRecvWindow(flow.messageWindow)},
+		sendWin: [2]sendWindow{newSendWindow(), newSendWindow()},
+		kick:    make(chan struct{}, 1), creditDone: make(chan struct{}),
 		rdl: deadline.New(), wdl: deadline.New(), closing: make(chan struct{}), readerDone: make(chan struct{})}
 	go c.readLoop()
+	go c.creditLoop()
 	return c
 }
 
@@ -150,14 +176,144 @@ func (c *pktConn) deliveredUnlock() {
 	}
 }
 
-func (c *pktConn) consumed() {
+// consumedLocked notes n bytes (credit) of kind the application took, and
+// says whether the credit loop has a grant to make (mu held).
+func (c *pktConn) consumedLocked(kind int, n int64) bool {
+	return c.recvWin[kind].consume(n)
+}
+
+// kickCredits wakes the credit loop.
+func (c *pktConn) kickCredits() {
 	select {
-	case c.room <- struct{}{}:
+	case c.kick <- struct{}{}:
 	default:
 	}
 }
 
+// creditedLocked wakes the senders waiting for credit (mu held).
+func (c *pktConn) creditedLocked() {
+	if c.credited != nil {
+		close(c.credited)
+		c.credited = nil
+	}
+}
+
+// creditLoop tells the peer this side's windows, then gives it credit as
+// the application consumes what arrived, and tells it when a sender of
+// this side waits for credit. It is the only sender of flow-control
+// packets, so a Read or Recv never waits for the link.
+func (c *pktConn) creditLoop() {
+	defer close(c.creditDone)
+	defer c.flow.budget.forget(c.kick)
+	var p [16]byte
+	binary.LittleEndian.PutUint64(p[:], uint64(c.recvWin[creditStream].max))
+	binary.LittleEndian.PutUint64(p[8:], uint64(c.recvWin[creditMessages].max))
+	if c.l.sendControl(pkWindow, p[:]) != nil {
+		return
+	}
+	for {
+		select {
+		case <-c.kick:
+		case <-c.closing:
+			return
+		}
+		var grants, asks [2]int64
+		c.mu.Lock()
+		for k := range c.recvWin {
+			if w := &c.recvWin[k]; w.due() {
+				grants[k] = w.grant(c.flow.budget, c.kick)
+			}
+		}
+		asks, c.asks = c.asks, [2]int64{}
+		c.mu.Unlock()
+		for _, pk := range []struct {
+			kind byte
+			n    [2]int64
+		}{{pkCredit, grants}, {pkBlocked, asks}} {
+			if pk.n == [2]int64{} {
+				continue
+			}
+			binary.LittleEndian.PutUint64(p[:], uint64(pk.n[0]))
+			binary.LittleEndian.PutUint64(p[8:], uint64(pk.n[1]))
+			if c.l.sendControl(pk.kind, p[:]) != nil {
+				return // the link ended: the read loop says why
+			}
+		}
+	}
+}
+
+// violation ends the connection for a packet a correct peer never sends:
+// the link is shut down at once, so nothing more of the peer's is read.
+func (c *pktConn) violation(err error) {
+	c.fail(err)
+	c.l.shutdown()
+}
+
+// flowPacket handles the peer's flow-control packets; an error means it
+// broke the protocol.
+func (c *pktConn) flowPacket(kind byte, p []byte) error {
+	if len(p) != 16 {
+		return fmt.Errorf("transport: malformed packets: a flow-control packet of %d bytes", len(p))
+	}
+	n := [2]int64{int64(binary.LittleEndian.Uint64(p)), int64(binary.LittleEndian.Uint64(p[8:]))}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch kind {
+	case pkWindow:
+		if c.peerWin || n[creditStream] < initialCredit || n[creditMessages] < initialCredit {
+			return fmt.Errorf("transport: malformed packets: windows of %d and %d bytes", n[0], n[1])
+		}
+		c.peerWin = true
+		for k := range c.sendWin {
+			c.sendWin[k].max = n[k]
+		}
+	case pkCredit:
+		for k := range c.sendWin {
+			if !c.sendWin[k].add(n[k]) {
+				return fmt.Errorf("transport: malformed packets: a grant of %d bytes: %w", n[k], ErrFlowControl)
+			}
+		}
+	case pkBlocked:
+		kick := false
+		for k := range c.recvWin {
+			if w := &c.recvWin[k]; n[k] > 0 {
+				w.need = min(n[k], w.max)
+				kick = kick || w.due()
+			}
+		}
+		if kick {
+			c.kickCredits()
+		}
+		return nil
+	}
+	c.creditedLocked()
+	return nil
+}
+
+// appendStreamLocked queues stream bytes the window admitted (mu held).
+// The buffer grows to at most the window: the unread bytes never exceed
+// it, and the read part is dropped before the buffer grows when it is at
+// least half (so each byte moves a bounded number of times) or when the
+// buffer is as large as it may be.
+func (c *pktConn) appendStreamLocked(p []byte) {
+	if len(c.in)+len(p) > cap(c.in) {
+		limit := int(c.recvWin[creditStream].max)
+		if c.inOff > 0 && (c.inOff >= len(c.in)-c.inOff || cap(c.in) >= limit) {
+			c.in = c.in[:copy(c.in, c.in[c.inOff:])]
+			c.inOff = 0
+		}
+		if need := len(c.in) + len(p); need > cap(c.in) {
+			grown := make([]byte, len(c.in), max(min(2*cap(c.in), limit), need))
+			copy(grown, c.in)
+			c.in = grown
+		}
+	}
+	c.in = append(c.in, p...)
+}
+
 // readLoop takes packets off the link into the stream and message queues.
+// It never waits for the application: the peer sends only what it has
+// credit for, and a peer that sends more is cut off (violation).
 func (c *pktConn) readLoop() {
 	defer close(c.readerDone)
 	var asm []byte // the message being assembled
@@ -168,85 +324,79 @@ func (c *pktConn) readLoop() {
 			c.mu.Lock()
 			c.eof, c.peerClosed = true, true
 			c.changedLocked()
+			c.creditedLocked()
 			c.mu.Unlock()
 		}
 		if err != nil {
 			c.fail(err)
 			return
 		}
-		switch kind {
-		case pkData:
-			if !c.waitRoom(func() bool { return len(c.in)-c.inOff < pktQueue }) {
-				return
-			}
-			if c.eof {
-				c.mu.Unlock()
-				c.fail(errors.New("transport: malformed packets: stream bytes after the end of the stream"))
-				return
-			}
-			// Compact only when the read part is at least half: each byte
-			// moves a bounded number of times.
-			if c.inOff > 0 && c.inOff >= len(c.in)-c.inOff {
-				c.in = c.in[:copy(c.in, c.in[c.inOff:])]
-				c.inOff = 0
-			}
-			c.in = append(c.in, p...)
-			c.deliveredUnlock()
-		case pkEOF:
-			c.mu.Lock()
-			c.eof = true
-			c.changedLocked()
-			c.mu.Unlock()
-		case pkMsgFirst:
-			if asm != nil || len(p) < 8 {
-				c.fail(errors.New("transport: malformed packets: bad message start"))
-				return
-			}
-			n := binary.LittleEndian.Uint64(p)
-			if n > maxMessage || uint64(len(p)-8) > n {
-				c.fail(fmt.Errorf("transport: malformed packets: a message of %d bytes", n))
-				return
-			}
-			// Grown as fragments arrive: a claimed length costs nothing.
-			want = int(n)
-			asm = append(make([]byte, 0, len(p)-8), p[8:]...)
-		case pkMsgMore:
-			if asm == nil || len(asm)+len(p) > want {
-				c.fail(errors.New("transport: malformed packets: a message fragment that belongs to no message"))
-				return
-			}
-			asm = append(asm, p...)
-		default:
-			c.fail(fmt.Errorf("transport: malformed packets: unknown kind %d", kind))
+		if err := c.packet(kind, p, &asm, &want); err != nil {
+			c.violation(err)
 			return
-		}
-		if asm != nil && len(asm) == want {
-			if !c.waitRoom(func() bool { return c.msgBytes < pktQueue }) {
-				return
-			}
-			c.msgs = append(c.msgs, &Msg{heap: true, pc: c, data: asm})
-			c.msgBytes += len(asm)
-			c.deliveredUnlock()
-			asm = nil
 		}
 	}
 }
 
-// waitRoom returns with mu held once ok() holds, or false (mu free) if the
-// connection closes first.
-func (c *pktConn) waitRoom(ok func() bool) bool {
-	for {
+// packet takes one packet from the peer; an error means the peer broke the
+// protocol. asm and want are the message being assembled.
+func (c *pktConn) packet(kind byte, p []byte, asm *[]byte, want *int) error {
+	switch kind {
+	case pkData:
 		c.mu.Lock()
-		if ok() {
-			return true
+		if c.eof {
+			c.mu.Unlock()
+			return errors.New("transport: malformed packets: stream bytes after the end of the stream")
 		}
+		if w := &c.recvWin[creditStream]; !w.admit(int64(len(p))) {
+			c.mu.Unlock()
+			return fmt.Errorf("transport: %d stream bytes with %d of credit left: %w", len(p), w.granted-w.got, ErrFlowControl)
+		}
+		c.appendStreamLocked(p)
+		c.deliveredUnlock()
+		return nil
+	case pkEOF:
+		c.mu.Lock()
+		c.eof = true
+		c.changedLocked()
 		c.mu.Unlock()
-		select {
-		case <-c.room:
-		case <-c.closing:
-			return false
+		return nil
+	case pkMsgFirst:
+		if *asm != nil || len(p) < 8 {
+			return errors.New("transport: malformed packets: bad message start")
 		}
+		n := binary.LittleEndian.Uint64(p)
+		if n > maxMessage || uint64(len(p)-8) > n {
+			return fmt.Errorf("transport: malformed packets: a message of %d bytes", n)
+		}
+		// The whole message is charged now, before its buffer is made.
+		c.mu.Lock()
+		w := &c.recvWin[creditMessages]
+		ok := w.admit(int64(n) + msgOverhead)
+		left := w.granted - w.got
+		c.mu.Unlock()
+		if !ok {
+			return fmt.Errorf("transport: a message of %d bytes with %d of credit left: %w", n, left, ErrFlowControl)
+		}
+		*want = int(n)
+		*asm = append(make([]byte, 0, n), p[8:]...)
+	case pkMsgMore:
+		if *asm == nil || len(*asm)+len(p) > *want {
+			return errors.New("transport: malformed packets: a message fragment that belongs to no message")
+		}
+		*asm = append(*asm, p...)
+	case pkWindow, pkCredit, pkBlocked:
+		return c.flowPacket(kind, p)
+	default:
+		return fmt.Errorf("transport: malformed packets: unknown kind %d", kind)
 	}
+	if len(*asm) == *want {
+		c.mu.Lock()
+		c.msgs = append(c.msgs, &Msg{heap: true, pc: c, data: *asm})
+		c.deliveredUnlock()
+		*asm = nil
+	}
+	return nil
 }
 
 // fail records why the link ended; queued bytes and messages stay readable.
@@ -264,6 +414,7 @@ func (c *pktConn) fail(err error) {
 		c.err = err
 	}
 	c.changedLocked()
+	c.creditedLocked()
 	c.mu.Unlock()
 }
 
@@ -315,8 +466,11 @@ func (c *pktConn) Read(b []byte) (int, error) {
 			if c.inOff == len(c.in) {
 				c.in, c.inOff = c.in[:0], 0
 			}
+			due := c.consumedLocked(creditStream, int64(n))
 			c.mu.Unlock()
-			c.consumed()
+			if due {
+				c.kickCredits()
+			}
 			return n, nil
 		}
 		if c.eof {
@@ -345,11 +499,15 @@ func (c *pktConn) Write(b []byte) (int, error) {
 		if len(b) == 0 {
 			return 0, nil
 		}
-		chunk := min(len(b)-n, c.l.mtu())
-		if err := c.l.send(pkData, b[n:n+chunk]); err != nil {
+		chunk, err := c.takeCredit(creditStream, 1, int64(min(len(b)-n, c.l.mtu())))
+		if err != nil {
+			return n, c.opError("write", err)
+		}
+		if err := c.l.send(pkData, b[n:n+int(chunk)]); err != nil {
+			c.giveBack(creditStream, chunk)
 			return n, c.opError("write", c.sendError(err))
 		}
-		n += chunk
+		n += int(chunk)
 		if n == len(b) {
 			return n, nil
 		}
@@ -377,6 +535,80 @@ func (c *pktConn) usable(stream bool) error {
 		return syscall.EPIPE
 	}
 	return c.err
+}
+
+// takeCredit waits until the peer's credit of kind covers need, then
+// takes up to want of it. It honours the write deadline and Close, and
+// fails once the connection ends. While it waits the peer is told (once
+// per grant), so that it grows its window or gives back what is pending.
+func (c *pktConn) takeCredit(kind int, need, want int64) (int64, error) {
+	for {
+		c.mu.Lock()
+		w := &c.sendWin[kind]
+		if w.max > 0 && need > w.max {
+			c.mu.Unlock()
+			return 0, tooLarge(need, w.max)
+		}
+		if avail := w.avail(); avail >= need {
+			k := min(avail, want)
+			w.sent += k
+			c.mu.Unlock()
+			return k, nil
+		}
+		if err := c.endedLocked(); err != nil {
+			c.mu.Unlock()
+			return 0, err
+		}
+		if w.asked != w.granted {
+			w.asked = w.granted
+			c.asks[kind] = need
+			c.kickCredits()
+		}
+		if err := c.waitCreditUnlock(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// tooLarge is the error for a message that costs more credit than the
+// peer's message window.
+func tooLarge(cost, window int64) error {
+	return fmt.Errorf("transport: a message of %d bytes is more than the peer takes on this path (%d bytes, its Config.MessageWindow): %w",
+		cost-msgOverhead, window-msgOverhead, ErrMessageTooLarge)
+}
+
+// endedLocked says why nothing more can be sent, if the peer closed or
+// the link ended (mu held).
+func (c *pktConn) endedLocked() error {
+	if c.peerClosed {
+		return syscall.EPIPE
+	}
+	return c.err
+}
+
+// waitCreditUnlock waits, mu released, for the peer's next flow-control
+// packet or the connection's end, honouring the write deadline and Close.
+func (c *pktConn) waitCreditUnlock() error {
+	if c.credited == nil {
+		c.credited = make(chan struct{})
+	}
+	ch := c.credited
+	c.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-c.wdl.Wait():
+		return os.ErrDeadlineExceeded
+	case <-c.closing:
+		return net.ErrClosed
+	}
+}
+
+// giveBack returns credit taken for a packet that was not sent.
+func (c *pktConn) giveBack(kind int, n int64) {
+	c.mu.Lock()
+	c.sendWin[kind].sent -= n
+	c.mu.Unlock()
 }
 
 func (c *pktConn) sendError(err error) error {
@@ -412,7 +644,38 @@ func (c *pktConn) Loan(n int) (*Msg, error) {
 	if n < 0 || n > maxMessage {
 		return nil, ErrMessageTooLarge
 	}
+	if cost := int64(n) + msgOverhead; cost > initialCredit {
+		// Larger than what any peer takes: the peer's window says
+		// whether it takes this one, before the buffer is made.
+		most, err := c.peerMessageWindow()
+		if err != nil {
+			return nil, c.opError("loan", err)
+		}
+		if cost > most {
+			return nil, tooLarge(cost, most)
+		}
+	}
 	return &Msg{heap: true, pc: c, data: make([]byte, n)}, nil
+}
+
+// peerMessageWindow waits for the peer's windows (its first packet) and
+// returns its message window, honouring the write deadline and Close.
+func (c *pktConn) peerMessageWindow() (int64, error) {
+	for {
+		c.mu.Lock()
+		if c.peerWin {
+			most := c.sendWin[creditMessages].max
+			c.mu.Unlock()
+			return most, nil
+		}
+		if err := c.endedLocked(); err != nil {
+			c.mu.Unlock()
+			return 0, err
+		}
+		if err := c.waitCreditUnlock(); err != nil {
+			return 0, err
+		}
+	}
 }
 
 func (c *pktConn) Send(m *Msg) error {
@@ -425,10 +688,17 @@ func (c *pktConn) Send(m *Msg) error {
 		return c.opError("send", err)
 	}
 	data := m.data
+	// The whole message's credit first: the peer then has room for all of
+	// it, and the fragments never wait for the peer's application.
+	cost := int64(len(data)) + msgOverhead
+	if _, err := c.takeCredit(creditMessages, cost, cost); err != nil {
+		return c.opError("send", err)
+	}
 	first := min(len(data), c.l.mtu()-8)
 	p := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+first), uint64(len(data)))
 	p = append(p, data[:first]...)
 	if err := c.l.send(pkMsgFirst, p); err != nil {
+		c.giveBack(creditMessages, cost)
 		return c.opError("send", c.sendError(err))
 	}
 	// Once the first fragment is out the message is committed: should a
@@ -463,9 +733,11 @@ func (c *pktConn) Recv(ctx context.Context) (*Msg, error) {
 			m := c.msgs[0]
 			c.msgs[0] = nil
 			c.msgs = c.msgs[1:]
-			c.msgBytes -= len(m.data)
+			due := c.consumedLocked(creditMessages, int64(len(m.data))+msgOverhead)
 			c.mu.Unlock()
-			c.consumed()
+			if due {
+				c.kickCredits()
+			}
 			return m, nil
 		}
 		if err := c.err; err != nil {
@@ -501,9 +773,16 @@ func (c *pktConn) Close() error {
 	c.wmu.Unlock()
 	c.l.shutdown()
 	<-c.readerDone
+	<-c.creditDone
 	c.l.release()
+	// What was not read is dropped, and the windows' memory goes back to
+	// the endpoint.
 	c.mu.Lock()
 	broken := c.err != nil && c.err != errPeerClosed
+	c.in, c.inOff, c.msgs = nil, 0, nil
+	for k := range c.recvWin {
+		c.recvWin[k].close(c.flow.budget)
+	}
 	c.mu.Unlock()
 	if err != nil && !broken && !c.peerClosed {
 		// The peer is alive but did not take what was written in time.

@@ -64,7 +64,7 @@ func TestCloseDeliversToASlowReader(t *testing.T) {
 // closes it, then runs after (if any); done reports the write's or the
 // Close's error.
 func writeBeyondQueueAndClose(a *Conn, after func()) (data []byte, done <-chan error) {
-	data = bytes.Repeat([]byte("0123456789abcdef"), (pktQueue+10*64<<10)/16)
+	data = bytes.Repeat([]byte("0123456789abcdef"), (DefaultStreamWindow+10*64<<10)/16)
 	ch := make(chan error, 1)
 	go func() {
 		_, err := a.Write(data)
@@ -186,23 +186,35 @@ func TestCloseRacesDeadlineChanges(t *testing.T) {
 	}
 }
 
-// TestCloseWriteHonoursTheDeadline: with the peer not reading, CloseWrite
-// fails at the deadline instead of blocking, and can be retried.
-func TestCloseWriteHonoursTheDeadline(t *testing.T) {
+// TestCloseWriteNeedsNoCredit: with the peer not reading, a Write stops
+// at the peer's window (and fails at its deadline), but CloseWrite still
+// returns at once, since the end of the stream takes no credit; the peer
+// then reads every byte written, then io.EOF.
+func TestCloseWriteNeedsNoCredit(t *testing.T) {
 	for name, mk := range packetCases(t) {
 		t.Run(name, func(t *testing.T) {
 			a, b := mk()
 			defer a.Close()
 			defer b.Close()
 			a.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
-			a.Write(make([]byte, 32<<20))
-			if err := a.CloseWrite(); !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("CloseWrite with a full window: %v", err)
+			n, err := a.Write(make([]byte, 32<<20))
+			if !errors.Is(err, os.ErrDeadlineExceeded) || n > DefaultStreamWindow {
+				t.Fatalf("wrote %d bytes to a peer that does not read (window %d), then %v", n, DefaultStreamWindow, err)
 			}
 			a.SetWriteDeadline(time.Time{})
-			go io.Copy(io.Discard, b)
-			if err := a.CloseWrite(); err != nil {
-				t.Fatalf("CloseWrite once the peer reads: %v", err)
+			closed := make(chan error, 1)
+			go func() { closed <- a.CloseWrite() }()
+			select {
+			case err := <-closed:
+				if err != nil {
+					t.Fatalf("CloseWrite with a full window: %v", err)
+				}
+			case <-time.After(10 * time.Second): // a hang guard
+				t.Fatal("CloseWrite waits for credit")
+			}
+			got, err := io.ReadAll(b)
+			if err != nil || len(got) != n {
+				t.Fatalf("read %d of %d bytes: %v", len(got), n, err)
 			}
 		})
 	}

@@ -20,6 +20,9 @@ import (
 const (
 	tcpMTU   = 64 << 10
 	tcpQueue = 64
+	// tcpControlQueue is how many flow-control packets wait: one sender
+	// (the credit loop) sends them one at a time.
+	tcpControlQueue = 4
 )
 
 // tcpLingerMax bounds how long a closed connection keeps delivering what
@@ -38,6 +41,7 @@ type tcpLink struct {
 	c net.Conn
 
 	q      chan *[]byte
+	ctl    chan *[]byte  // flow-control packets, written before q's
 	queued atomic.Int64  // packets queued, not yet written
 	done   chan struct{} // the writer exited
 	stop   chan struct{} // the writer must exit now
@@ -58,7 +62,7 @@ func newTCPLink(c net.Conn) *tcpLink {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	l := &tcpLink{c: c, q: make(chan *[]byte, tcpQueue), done: make(chan struct{}), stop: make(chan struct{}), wdl: deadline.New(),
+	l := &tcpLink{c: c, q: make(chan *[]byte, tcpQueue), ctl: make(chan *[]byte, tcpControlQueue), done: make(chan struct{}), stop: make(chan struct{}), wdl: deadline.New(),
 		intr: make(chan struct{}), r: bufio.NewReaderSize(c, 64<<10), buf: make([]byte, tcpMTU)}
 	go l.writeLoop()
 	return l
@@ -81,9 +85,14 @@ func (l *tcpLink) writeLoop() {
 	for {
 		var f *[]byte
 		select {
-		case f = <-l.q:
-		case <-l.stop:
-			return
+		case f = <-l.ctl:
+		default:
+			select {
+			case f = <-l.ctl:
+			case f = <-l.q:
+			case <-l.stop:
+				return
+			}
 		}
 		last := (*f)[0] == pkClose
 		if l.err() == nil {
@@ -134,6 +143,26 @@ func (l *tcpLink) send(kind byte, p []byte) error {
 	case <-l.wdl.Wait():
 		framePool.Put(f)
 		return os.ErrDeadlineExceeded
+	case <-l.intr:
+		framePool.Put(f)
+		return net.ErrClosed
+	case <-l.done:
+		framePool.Put(f)
+		return l.err()
+	}
+}
+
+// sendControl queues one flow-control packet ahead of send's. Only
+// interrupt and the link's end stop it, not the write deadline.
+func (l *tcpLink) sendControl(kind byte, p []byte) error {
+	if err := l.err(); err != nil {
+		return err
+	}
+	f := frame(kind, p)
+	select {
+	case l.ctl <- f:
+		l.queued.Add(1)
+		return nil
 	case <-l.intr:
 		framePool.Put(f)
 		return net.ErrClosed
@@ -220,4 +249,5 @@ func (l *tcpLink) shutdown() {
 	})
 }
 
-func (l *tcpLink) release() {}
+// release drops the receive buffers (the read loop has returned).
+func (l *tcpLink) release() { l.r, l.buf = nil, nil }

@@ -282,7 +282,7 @@ func (l *ubLink) interrupt() { l.intrOnce.Do(func() { close(l.intr) }) }
 func (l *ubLink) goodbye(timeout time.Duration) error {
 	l.smu.Lock()
 	end := time.Now().Add(timeout)
-	l.waitFor(false, func() (bool, error) {
+	l.waitFor(waitShutdown, func() (bool, error) {
 		err := l.reap()
 		return l.reaped == l.sent || time.Now().After(end), err
 	})
@@ -300,15 +300,25 @@ func (l *ubLink) mtu() int { return ubSize }
 
 func (l *ubLink) setWriteDeadline(t time.Time) { l.wdl.Set(t) }
 
+// Which calls end a waitFor besides the link's shutdown.
+const (
+	waitShutdown  = iota // only the shutdown (goodbye)
+	waitInterrupt        // and interrupt (flow-control packets)
+	waitDeadline         // and the write deadline (packets of send)
+)
+
 // waitFor polls cond, spinning briefly, then yielding, then sleeping up to
-// a millisecond between looks, until it holds, the write deadline passes
-// or the link shuts down.
-func (l *ubLink) waitFor(interruptible bool, cond func() (bool, error)) error {
+// a millisecond between looks, until it holds or the link shuts down, is
+// interrupted or its write deadline passes, as until says.
+func (l *ubLink) waitFor(until int, cond func() (bool, error)) error {
 	sleep := time.Duration(0)
 	var intr <-chan struct{}
 	var wdl chan struct{}
-	if interruptible {
-		intr, wdl = l.intr, l.wdl.Wait()
+	if until >= waitInterrupt {
+		intr = l.intr
+	}
+	if until >= waitDeadline {
+		wdl = l.wdl.Wait()
 	}
 	for i := 0; ; i++ {
 		ok, err := cond()
@@ -324,7 +334,7 @@ func (l *ubLink) waitFor(interruptible bool, cond func() (bool, error)) error {
 			return os.ErrDeadlineExceeded
 		default:
 		}
-		if interruptible && i%64 == 63 {
+		if until >= waitDeadline && i%64 == 63 {
 			wdl = l.wdl.Wait() // the deadline may have moved
 		}
 		if l.peerGone.Load() {
@@ -365,7 +375,14 @@ func (l *ubLink) reap() error {
 	return l.sendErr
 }
 
-func (l *ubLink) send(kind byte, p []byte) error {
+func (l *ubLink) send(kind byte, p []byte) error { return l.post(kind, p, waitDeadline) }
+
+// sendControl is send without the write deadline.
+func (l *ubLink) sendControl(kind byte, p []byte) error { return l.post(kind, p, waitInterrupt) }
+
+// post sends one packet once a staging buffer and a receive of the peer's
+// are free, waiting until the link ends or as until says.
+func (l *ubLink) post(kind byte, p []byte, until int) error {
 	l.smu.Lock()
 	defer l.smu.Unlock()
 	if l.sendErr != nil {
@@ -373,7 +390,7 @@ func (l *ubLink) send(kind byte, p []byte) error {
 	}
 	// A staging buffer is free once its previous send completed; the peer
 	// has a receive posted once it returned the credit.
-	err := l.waitFor(true, func() (bool, error) {
+	err := l.waitFor(until, func() (bool, error) {
 		if err := l.reap(); err != nil {
 			return false, err
 		}

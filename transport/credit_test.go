@@ -1,0 +1,628 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// heapInUse is the heap's in-use bytes after a collection, with freed
+// memory given back to the system first.
+func heapInUse() int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse)
+}
+
+// rss is this process's resident set, for the log.
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return -1
+	}
+	var size, res int64
+	fmt.Sscan(string(b), &size, &res)
+	return res * int64(os.Getpagesize())
+}
+
+const mib = 1 << 20
+
+// senderChild is a process that dials TRANSPORT_TEST_SENDER and sends
+// messages its peer never receives: first one of 1 GiB (refused before its
+// buffer is made, since the peer's window is smaller), then 1 MiB ones, up
+// to 1 GiB in all, until Send runs into its deadline. It reports what
+// happened on a line, then holds the connection until its stdin closes.
+func senderChild() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, os.Getenv("TRANSPORT_TEST_SENDER"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	big := "refused"
+	if m, err := c.Loan(1 << 30); err == nil {
+		big = "loaned"
+		if err := c.Send(m); err != nil {
+			big = "loaned, then " + err.Error()
+		}
+	} else if !errors.Is(err, ErrMessageTooLarge) {
+		big = err.Error()
+	}
+	c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+	sent, timeout := 0, false
+	var serr error
+	for sent < 1<<30 {
+		m, err := c.Loan(mib)
+		if err != nil {
+			serr = err
+			break
+		}
+		if serr = c.Send(m); serr != nil {
+			var ne net.Error
+			timeout = errors.As(serr, &ne) && ne.Timeout()
+			break
+		}
+		sent += mib
+	}
+	fmt.Printf("big=%s sent=%d timeout=%v err=%v\n", strings.ReplaceAll(big, " ", "_"), sent, timeout, serr)
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// TestUnreadMessagesHoldOnlyTheWindow: two processes send messages to a
+// server that never calls Recv, on the tcp and ub paths. The 1 GiB message
+// is refused with ErrMessageTooLarge before anything is allocated, the 1
+// MiB ones stop at the server's window and Send fails at its deadline;
+// the server's heap grows by no more than its two windows, and once the
+// connections close it is back where it started. (Before flow control the
+// server assembled the 1 GiB message of each: +2 GiB, still held after
+// Close by the queue of the closed connection.)
+func TestUnreadMessagesHoldOnlyTheWindow(t *testing.T) {
+	def, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		ep    *Endpoint
+		node  string
+		query string
+		env   func(i int) []string
+	}{
+		{"tcp", def, "", "?path=tcp", func(int) []string { return nil }},
+		{"ub-sim", dev4(t, "n0", Config{}), "n0", "", func(i int) []string {
+			return []string{"UB_TOPOLOGY=example:dev4", fmt.Sprintf("UB_NODE=n%d", i+1), "UB_PROVIDER=sim"}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			svc := fmt.Sprintf("unread-%d-%d", os.Getpid(), serviceSeq.Add(1))
+			l, err := c.ep.Listen(context.Background(), "ub:///"+svc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if c.name != "tcp" {
+				// What the endpoint keeps for its ub path is not the
+				// connections'.
+				if _, err := c.ep.ubContext(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			start, startRSS := heapInUse(), rss()
+			type child struct {
+				cmd    *exec.Cmd
+				stdin  io.Closer
+				report chan string
+			}
+			var children []child
+			var conns []net.Conn
+			defer func() {
+				for _, ch := range children {
+					ch.stdin.Close()
+					ch.cmd.Wait()
+				}
+			}()
+			for i := range 2 {
+				cmd := exec.Command(os.Args[0], "-test.run=^$")
+				cmd.Env = append(os.Environ(), "TRANSPORT_TEST_SENDER=ub://"+c.node+"/"+svc+c.query)
+				cmd.Env = append(cmd.Env, c.env(i)...)
+				cmd.Stderr = os.Stderr
+				stdin, err := cmd.StdinPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				stdout, err := cmd.StdoutPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				ch := child{cmd, stdin, make(chan string, 1)}
+				children = append(children, ch)
+				go func() {
+					s := bufio.NewScanner(stdout)
+					s.Scan()
+					ch.report <- s.Text()
+					io.Copy(io.Discard, stdout)
+				}()
+				conn, err := l.Accept()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				conns = append(conns, conn)
+			}
+			var queued int64
+			for i, ch := range children {
+				select {
+				case r := <-ch.report:
+					var sent int64
+					fmt.Sscanf(r[strings.Index(r, " sent=")+1:], "sent=%d", &sent)
+					queued += sent
+					if !strings.HasPrefix(r, "big=refused ") || !strings.Contains(r, " timeout=true ") {
+						t.Errorf("sender %d: %s; want the 1 GiB message refused, then Send to time out", i, r)
+					} else {
+						t.Logf("sender %d: %s", i, r)
+					}
+				case <-time.After(60 * time.Second): // a hang guard: the sender's deadlines end it sooner
+					t.Fatalf("sender %d did not report", i)
+				}
+			}
+			during, duringRSS := heapInUse(), rss()
+			bound := int64(2*(DefaultMessageWindow+initialCredit) + 8*mib)
+			if during-start > bound {
+				t.Errorf("the server's heap grew by %d MiB with two senders it never read, want at most %d MiB", (during-start)/mib, bound/mib)
+			}
+			for _, conn := range conns {
+				conn.Close()
+			}
+			for _, ch := range children {
+				ch.stdin.Close()
+				ch.cmd.Wait()
+			}
+			children = nil
+			after, afterRSS := heapInUse(), rss()
+			// Every byte of the messages it held is given back...
+			if during-after < queued {
+				t.Errorf("the server's heap shrank by %d KiB at close, less than the %d KiB of messages it held", (during-after)>>10, queued>>10)
+			}
+			// ...and on the tcp path nothing else stays. (The ub
+			// providers keep some of what they made for a connection's
+			// jetties and queues, about 4 MiB for sim and 1 MiB for tcp,
+			// until their context goes.)
+			if c.name == "tcp" && after-start > 4*mib {
+				t.Errorf("the server's heap is %d MiB above its start after the connections closed", (after-start)/mib)
+			}
+			t.Logf("server heap in use %.1f → %.1f → %.1f MiB after close; RSS %.1f → %.1f → %.1f MiB",
+				float64(start)/mib, float64(during)/mib, float64(after)/mib, float64(startRSS)/mib, float64(duringRSS)/mib, float64(afterRSS)/mib)
+		})
+	}
+}
+
+// rawTCPPeer dials l's TCP address and does the tcp path's handshake by
+// hand, as node intruder of ca's super node (authenticated: the hostility
+// comes after): what comes next on the socket is packets, as a hostile
+// peer writes them.
+func rawTCPPeer(t *testing.T, l *Listener, ca *testCA) net.Conn {
+	t.Helper()
+	raw, err := net.Dial("tcp", l.tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := raw.Write([]byte{helloTLS}); err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, ca.identity(t, "test", "intruder").clientConfig(l.addr.Node))
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	nc := net.Conn(tc)
+	if _, err := fmt.Fprintf(nc, "%cintruder/%s\n", helloTCP, l.addr.Service); err != nil {
+		t.Fatal(err)
+	}
+	var ok [1]byte
+	if _, err := io.ReadFull(nc, ok[:]); err != nil || ok[0] != accepted {
+		t.Fatalf("handshake: %q %v", ok, err)
+	}
+	nc.SetDeadline(time.Time{})
+	return nc
+}
+
+// TestHostilePeerBeyondCredit: a peer that writes packets by hand on the
+// tcp path, ignoring the credit it was given (256 KiB of stream and of
+// messages, since the server reads nothing), is cut off as soon as it goes
+// beyond it: its socket is closed, the server's connection fails with
+// ErrFlowControl (and ECONNRESET), and the server's heap holds no more
+// than the credit.
+func TestHostilePeerBeyondCredit(t *testing.T) {
+	chunk := make([]byte, tcpMTU)
+	msgStart := func(n uint64, first int) []byte {
+		return packet(pkMsgFirst, append(binary.LittleEndian.AppendUint64(nil, n), chunk[:first]...))
+	}
+	for name, wire := range map[string]func(i int) []byte{
+		// 64 KiB packets of stream bytes.
+		"stream": func(int) []byte { return packet(pkData, chunk) },
+		// A message claiming 1 GiB, and its fragments.
+		"1 GiB message": func(i int) []byte {
+			if i == 0 {
+				return msgStart(1<<30, tcpMTU-8)
+			}
+			return packet(pkMsgMore, chunk)
+		},
+		// Whole messages of 64 KiB.
+		"messages": func(int) []byte { return msgStart(tcpMTU-8, tcpMTU-8) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			ca := newTestCA(t, t.TempDir(), "ca")
+			def, err := NewEndpoint(Config{Node: "n0", ListenTCP: true, Identity: ca.identity(t, "test", "n0")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer def.Close()
+			l, err := def.Listen(context.Background(), fmt.Sprintf("ub:///hostile-%d-%d", os.Getpid(), serviceSeq.Add(1)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			start := heapInUse()
+			raw := rawTCPPeer(t, l, ca)
+			wrote := make(chan error, 1)
+			go func() {
+				// Up to 256 MiB: far more than any window.
+				for i := range 4096 {
+					if _, err := raw.Write(wire(i)); err != nil {
+						wrote <- err
+						return
+					}
+				}
+				wrote <- nil
+			}()
+			c, err := l.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// The peer reads what the server says (its windows) until the
+			// server hangs up.
+			raw.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+			if _, err := io.Copy(io.Discard, raw); errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatal("the peer was not cut off")
+			}
+			if err := <-wrote; err == nil {
+				t.Error("the peer wrote 256 MiB, ignoring its credit, and was not cut off")
+			}
+			held := heapInUse() - start
+			if bound := int64(initialCredit + 2*mib); held > bound {
+				t.Errorf("the server holds %d KiB from a peer with %d KiB of credit", held>>10, initialCredit>>10)
+			}
+			c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+			_, err = io.Copy(io.Discard, c)
+			if !errors.Is(err, ErrFlowControl) || !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("the server's connection failed with %v, want ErrFlowControl", err)
+			}
+			t.Logf("server holds %d KiB; %v", held>>10, err)
+		})
+	}
+}
+
+// TestHostileUBPeerBeyondCredit: on the ub path (sim provider) a peer that
+// posts packets past its credit is cut off the same way. The link's own
+// credit (the receives posted in the receiver's segment) never lets a
+// packet land beyond them; this is the connection's credit above it.
+func TestHostileUBPeerBeyondCredit(t *testing.T) {
+	a, b := pathCases(t)["ub-sim"]()
+	defer a.Close()
+	defer b.Close()
+	start := heapInUse()
+	hostile := a.c.(*pktConn)
+	chunk := make([]byte, ubSize)
+	var err error
+	for range 256 { // 16 MiB
+		if err = hostile.l.send(pkData, chunk); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("a peer that sent 16 MiB past its credit was not cut off: %v", err)
+	}
+	held := heapInUse() - start
+	if bound := int64(initialCredit + 2*mib); held > bound {
+		t.Errorf("the receiver holds %d KiB from a peer with %d KiB of credit", held>>10, initialCredit>>10)
+	}
+	b.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+	_, err = io.Copy(io.Discard, b)
+	if !errors.Is(err, ErrFlowControl) || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the receiver failed with %v, want ErrFlowControl", err)
+	}
+	t.Logf("receiver holds %d KiB; %v", held>>10, err)
+}
+
+// TestReceiveMemoryBoundsAllConnections: six connections whose server
+// reads nothing, on an endpoint with 2 MiB of ReceiveMemory: together they
+// hold at most that plus each one's initial credit (not 6 × the 4 MiB
+// window), and once the server reads, every byte the writers reported
+// arrives.
+func TestReceiveMemoryBoundsAllConnections(t *testing.T) {
+	const total = 2 * mib
+	server, err := NewEndpoint(Config{ReceiveMemory: total})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	def, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type pair struct {
+		w, r *Conn
+		n    int
+	}
+	pairs := make([]*pair, 6)
+	for i := range pairs {
+		w, r := connect(t, server, def, "", "?path=tcp", PathTCP)
+		defer w.Close()
+		defer r.Close()
+		pairs[i] = &pair{w: w, r: r}
+	}
+	done := make(chan error, len(pairs))
+	for _, p := range pairs {
+		go func() {
+			p.w.SetWriteDeadline(time.Now().Add(time.Second))
+			var err error
+			p.n, err = p.w.Write(make([]byte, 8*mib))
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				err = nil
+			}
+			done <- err
+		}()
+	}
+	for range pairs {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	var held, wrote int
+	for _, p := range pairs {
+		pc := p.r.c.(*pktConn)
+		pc.mu.Lock()
+		held += len(pc.in) - pc.inOff
+		pc.mu.Unlock()
+		wrote += p.n
+	}
+	if bound := total + len(pairs)*initialCredit; held > bound {
+		t.Errorf("the connections hold %d KiB unread, want at most %d KiB", held>>10, bound>>10)
+	}
+	if used := server.flow.budget.inUse(); used > total {
+		t.Errorf("%d KiB of ReceiveMemory in use, more than its %d KiB", used>>10, total>>10)
+	}
+	for i, p := range pairs {
+		p.w.SetWriteDeadline(time.Time{})
+		if err := p.w.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		p.r.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+		got, err := io.ReadAll(p.r)
+		if err != nil || len(got) != p.n {
+			t.Fatalf("connection %d: read %d of the %d bytes written: %v", i, len(got), p.n, err)
+		}
+	}
+	t.Logf("six connections hold %d KiB unread (%d KiB written)", held>>10, wrote>>10)
+}
+
+// TestWindowArithmetic: the receiving side's credit, step by step.
+func TestWindowArithmetic(t *testing.T) {
+	const w = 4 * mib
+	b := &budget{limit: 2*mib + initialCredit}
+	kick := make(chan struct{}, 1)
+	// Another connection's window, grown by initialCredit.
+	other := newRecvWindow(w)
+	other.size += b.reserve(initialCredit, initialCredit, nil)
+	other.granted = other.size
+	rw := newRecvWindow(w)
+	if !rw.admit(initialCredit) || rw.admit(1) {
+		t.Fatal("the peer may send exactly its initial credit")
+	}
+	// Consumed below a quarter of the window: nothing is due yet.
+	if rw.consume(initialCredit/4 - 1) {
+		t.Error("a grant is due before a quarter of the window was consumed")
+	}
+	if !rw.consume(1) {
+		t.Error("no grant due after a quarter of the window was consumed")
+	}
+	if got := rw.grant(b, kick); got != initialCredit/4 || rw.size != initialCredit {
+		t.Errorf("granted %d, window %d; want the quarter consumed, and the window as it was", got, rw.size)
+	}
+	// The peer waits: the window doubles, from the budget.
+	rw.need = 1
+	if !rw.due() {
+		t.Fatal("a waiting peer is not due a grant")
+	}
+	if got := rw.grant(b, kick); got != initialCredit || rw.size != 2*initialCredit || b.inUse() != 2*initialCredit {
+		t.Errorf("granted %d, window %d, reserved %d; want the window doubled", got, rw.size, b.inUse())
+	}
+	// A message of 3 MiB: the window grows to hold it beside what is
+	// buffered, but the budget has less: it gives what it has, and a kick
+	// once more is released.
+	rw.need = 3*mib + msgOverhead
+	rw.grant(b, kick)
+	if rw.size != initialCredit+2*mib || b.inUse() != b.limit || !b.pressed() {
+		t.Errorf("window %d with %d reserved (pressed %v): want all of the budget, and a wait for more", rw.size, b.inUse(), b.pressed())
+	}
+	// The other window gives back what its reader consumed while one waits.
+	other.admit(initialCredit)
+	other.consume(initialCredit)
+	if got := other.grant(b, make(chan struct{}, 1)); got != 0 || other.size != initialCredit {
+		t.Errorf("under pressure a window granted %d and kept %d, want it back at its initial credit", got, other.size)
+	}
+	select {
+	case <-kick:
+	default:
+		t.Error("the waiting window was not kicked when memory was released")
+	}
+	if b.pressed() {
+		t.Error("a kicked window still counts as waiting")
+	}
+	// The peer, given what there was, asks again; the window takes what
+	// was released, and waits on for the rest.
+	rw.need = 3*mib + msgOverhead
+	rw.grant(b, kick)
+	if rw.size != 2*initialCredit+2*mib || !b.pressed() {
+		t.Errorf("window %d (pressed %v), want the released memory taken, and a wait for more", rw.size, b.pressed())
+	}
+	// At its largest, a window whose stream writer waits is not due a
+	// grant of what little is pending while bytes are on their way: they
+	// arrive, are consumed, and make the batch.
+	full := newRecvWindow(initialCredit)
+	full.admit(initialCredit / 8) // the rest is on its way
+	full.consume(initialCredit / 8)
+	full.need = 1
+	if full.due() {
+		t.Error("a small grant is due to a waiting writer with bytes on their way")
+	}
+	// A message larger than what the peer has left, with nothing on its
+	// way: once what arrived is consumed, what is pending is due, or the
+	// peer waits for ever.
+	full.admit(initialCredit / 16)
+	full.need = initialCredit - initialCredit/16
+	if full.due() {
+		t.Error("a grant is due with bytes not yet consumed")
+	}
+	full.consume(initialCredit / 16)
+	if !full.due() {
+		t.Error("no grant due to a peer whose message fits only in what is pending")
+	}
+	// Closing gives the reservations back.
+	rw.close(b)
+	if b.inUse() != 0 {
+		t.Errorf("%d reserved after close", b.inUse())
+	}
+	// The sending side: grants that overflow are refused.
+	sw := newSendWindow()
+	if sw.avail() != initialCredit || !sw.add(5) || sw.add(-1) || !sw.add(1<<62) || sw.add(1<<62) {
+		t.Error("the sending side's arithmetic")
+	}
+}
+
+// TestMessageWindow: with a receiver whose MessageWindow is 1 MiB, on the
+// tcp and ub paths, a message of 1 MiB goes through, a larger one is
+// refused by Loan with ErrMessageTooLarge, a sender stops at the window
+// while nothing is received (Send fails at its deadline), and Close wakes
+// a Send that waits for credit.
+func TestMessageWindow(t *testing.T) {
+	def, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := Config{MessageWindow: mib}
+	for name, mk := range map[string]func() (*Conn, *Conn){
+		"tcp": func() (*Conn, *Conn) {
+			e, err := NewEndpoint(small)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			return connect(t, e, def, "", "?path=tcp", PathTCP)
+		},
+		"ub-sim": func() (*Conn, *Conn) {
+			return connect(t, dev4(t, "n0", small), dev4(t, "n1", Config{}), "n0", "", PathUB)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, b := mk()
+			defer b.Close()
+			if _, err := a.Loan(mib + 1); !errors.Is(err, ErrMessageTooLarge) {
+				t.Fatalf("Loan of more than the peer's window: %v", err)
+			}
+			m, err := a.Loan(mib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Bytes()[mib-1] = 7
+			if err := a.Send(m); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			got, err := b.Recv(ctx)
+			if err != nil || len(got.Bytes()) != mib || got.Bytes()[mib-1] != 7 {
+				t.Fatalf("the 1 MiB message: %v", err)
+			}
+			got.Release()
+			// A small message, then one of most of the window: once the
+			// small one is received, less than the batch is pending, yet
+			// the large one must go.
+			for _, n := range []int{200 << 10, 900 << 10} {
+				m, err := a.Loan(n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sent := make(chan error, 1)
+				go func() { sent <- a.Send(m) }()
+				got, err := b.Recv(ctx)
+				if err != nil || len(got.Bytes()) != n {
+					t.Fatalf("a message of %d KiB: %v", n>>10, err)
+				}
+				got.Release()
+				if err := <-sent; err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Nothing is received now: the sender stops at the window.
+			a.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+			sent := 0
+			for {
+				m, err := a.Loan(256 << 10)
+				if err == nil {
+					err = a.Send(m)
+				}
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				sent++
+			}
+			if most := (mib + msgOverhead) / (256<<10 + msgOverhead); sent > most {
+				t.Errorf("sent %d messages of 256 KiB to a 1 MiB window, want at most %d", sent, most)
+			}
+			a.SetWriteDeadline(time.Time{})
+			m, err = a.Loan(256 << 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			blocked := make(chan error, 1)
+			go func() { blocked <- a.Send(m) }()
+			a.Close()
+			select {
+			case err := <-blocked:
+				if !errors.Is(err, net.ErrClosed) {
+					t.Errorf("a Send waiting for credit returned %v at Close, want net.ErrClosed", err)
+				}
+			case <-time.After(10 * time.Second): // a hang guard
+				t.Fatal("Close did not wake a Send waiting for credit")
+			}
+		})
+	}
+}
