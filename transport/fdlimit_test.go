@@ -107,12 +107,42 @@ func roundTrip(t *testing.T, c *Conn) {
 	}
 }
 
-// checkFDLimitError fails the test unless err says the descriptors ran
-// out, both to errors.Is and in words.
-func checkFDLimitError(t *testing.T, free int, err error) {
+// limitedDials records the dials made with few descriptors free.
+type limitedDials struct{ failed, dialed []int }
+
+// record checks a dial made with free descriptors: a failure must say the
+// descriptors ran out, both to errors.Is and in words; a connection must
+// carry a byte.
+func (r *limitedDials) record(t *testing.T, free int, c *Conn, err error) {
 	t.Helper()
-	if !errors.Is(err, syscall.EMFILE) || !strings.Contains(err.Error(), "fd limit") {
-		t.Errorf("with %d descriptors free: %v (want EMFILE, and the fd limit named)", free, err)
+	if err != nil {
+		if !errors.Is(err, syscall.EMFILE) || !strings.Contains(err.Error(), "fd limit") {
+			t.Errorf("with %d descriptors free: %v (want EMFILE, and the fd limit named)", free, err)
+		}
+		r.failed = append(r.failed, free)
+		t.Logf("%d free: %v", free, err)
+		return
+	}
+	roundTrip(t, c)
+	r.dialed = append(r.dialed, free)
+}
+
+// check fails the test unless the dial with fewest free failed and some
+// worked: the limits bit, and were lifted.
+func (r *limitedDials) check(t *testing.T, fewest int) {
+	t.Helper()
+	if len(r.failed) == 0 || len(r.dialed) == 0 || !slices.Contains(r.failed, fewest) {
+		t.Fatalf("dials failed with %v descriptors free and worked with %v: the limits did not bite", r.failed, r.dialed)
+	}
+	t.Logf("dials failed with %v descriptors free and worked with %v", r.failed, r.dialed)
+}
+
+// dialer dials addr from e, each dial within 10 s.
+func dialer(e *Endpoint, addr string) func() (*Conn, error) {
+	return func() (*Conn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return e.Dial(ctx, addr)
 	}
 }
 
@@ -178,13 +208,7 @@ func TestDialNamesTheFDLimit(t *testing.T) {
 // dialUnderLimits is TestDialNamesTheFDLimit's child: node n1, dialing
 // with 0, 1, ... descriptors free.
 func dialUnderLimits(t *testing.T) {
-	n1 := dev4(t, "n1", Config{RuntimeDir: os.Getenv(envFDLimitDir)})
-	addr := os.Getenv(envFDLimitAddr)
-	dial := func() (*Conn, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return n1.Dial(ctx, addr)
-	}
+	dial := dialer(dev4(t, "n1", Config{RuntimeDir: os.Getenv(envFDLimitDir)}), os.Getenv(envFDLimitAddr))
 	c, err := dial() // opens the ub context, which stays
 	if err != nil {
 		t.Fatal(err)
@@ -194,27 +218,17 @@ func dialUnderLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var failed, dialed []int
+	var dials limitedDials
 	for free := 0; free <= maxFree; free++ {
 		restore := allowFree(t, free)
 		c, err := dial()
 		restore()
-		if err != nil {
-			checkFDLimitError(t, free, err)
-			failed = append(failed, free)
-			t.Logf("%d free: %v", free, err)
-		} else {
-			roundTrip(t, c)
-			dialed = append(dialed, free)
-		}
+		dials.record(t, free, c, err)
 		if _, err := procstat.Returned(base, procstat.Usage{Goroutines: 2}, 5*time.Second); err != nil {
 			t.Fatalf("after a dial with %d descriptors free: %v", free, err)
 		}
 	}
-	if len(failed) == 0 || len(dialed) == 0 || !slices.Contains(failed, 0) {
-		t.Fatalf("dials failed with %v descriptors free and worked with %v: the limits did not bite", failed, dialed)
-	}
-	t.Logf("dials failed with %v descriptors free and worked with %v", failed, dialed)
+	dials.check(t, 0)
 }
 
 // TestRefusalNamesTheFDLimit: a listener that runs out of descriptors
@@ -229,8 +243,8 @@ func TestRefusalNamesTheFDLimit(t *testing.T) {
 		return
 	}
 	dir := t.TempDir()
-	n1 := dev4(t, "n1", Config{RuntimeDir: dir})
 	svc := fmt.Sprintf("fdlimit-%d", os.Getpid())
+	dial := dialer(dev4(t, "n1", Config{RuntimeDir: dir}), "ub://n0/"+svc)
 	cmd, in, out := startChild(t, "listen", dir, svc)
 	defer in.Close()
 	say := func(line string) {
@@ -248,11 +262,6 @@ func TestRefusalNamesTheFDLimit(t *testing.T) {
 			}
 		}
 	}
-	dial := func() (*Conn, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return n1.Dial(ctx, "ub://n0/"+svc)
-	}
 	say("listen")
 	c, err := dial() // opens the child's ub context, which stays
 	if err != nil {
@@ -260,7 +269,7 @@ func TestRefusalNamesTheFDLimit(t *testing.T) {
 	}
 	roundTrip(t, c)
 	say("base")
-	var failed, dialed []int
+	var dials limitedDials
 	// With none free the listener cannot even accept the dialer, which
 	// then waits for its deadline: the listener has no descriptor to
 	// answer on.
@@ -268,21 +277,11 @@ func TestRefusalNamesTheFDLimit(t *testing.T) {
 		say(fmt.Sprintf("free %d", free))
 		c, err := dial()
 		say("restore")
-		if err != nil {
-			checkFDLimitError(t, free, err)
-			failed = append(failed, free)
-			t.Logf("%d free: %v", free, err)
-		} else {
-			roundTrip(t, c)
-			dialed = append(dialed, free)
-		}
+		dials.record(t, free, c, err)
 	}
 	in.Close()
 	waitChild(t, cmd, out)
-	if len(failed) == 0 || len(dialed) == 0 || !slices.Contains(failed, 1) {
-		t.Fatalf("dials failed with %v descriptors free and worked with %v: the limits did not bite", failed, dialed)
-	}
-	t.Logf("dials failed with %v descriptors free on the listener's side and worked with %v", failed, dialed)
+	dials.check(t, 1)
 }
 
 // listenUnderLimits is TestRefusalNamesTheFDLimit's child: node n0,

@@ -96,7 +96,7 @@ func benchCmd(args []string, out io.Writer) error {
 	fs.BoolVar(&o.verbose, "v", false, "print each round")
 	fs.IntVar(&o.rounds, "rounds", 0, "measured rounds per contender (default 5, 3 with -quick)")
 	fs.DurationVar(&o.duration, "duration", 0, "length of each run (default 1s, 200ms with -quick)")
-	fs.StringVar(&o.only, "case", "", "run only this case")
+	fs.StringVar(&o.only, "case", "", "run only this case, or the cases under it (connect-close-1000 runs connect-close-1000/shm/fds, ...)")
 	fs.StringVar(&o.profile, "cpuprofile", "", "write CPU profiles of this process and of every peer (their first 3s) into this directory")
 	suite := ""
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -152,7 +152,7 @@ func benchCmd(args []string, out io.Writer) error {
 			return err
 		}
 		if o.only != "" {
-			cases = slices.DeleteFunc(cases, func(c bench.Case) bool { return c.Name != o.only })
+			cases = selectCases(cases, o.only)
 		}
 		rep, err := bench.Run(n, cases, opts)
 		if err != nil {
@@ -169,4 +169,12 @@ func benchCmd(args []string, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// selectCases keeps the case called only and the cases under it
+// ("connect-close-1000" keeps "connect-close-1000/shm/fds").
+func selectCases(cases []bench.Case, only string) []bench.Case {
+	return slices.DeleteFunc(cases, func(c bench.Case) bool {
+		return c.Name != only && !strings.HasPrefix(c.Name, only+"/")
+	})
 }

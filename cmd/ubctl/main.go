@@ -22,8 +22,9 @@ import (
 const usage = `ubctl: ubkit's command-line tool
 
 usage:
-  ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D]
-        run a benchmark suite against its baselines, side by side (suites: cache, shm, transport, ub)
+  ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D] [-case C]
+        run a benchmark suite against its baselines, side by side (suites: cache, shm, transport, ub);
+        -case runs one case, or the cases under it (transport -case connect-close-1000)
   ubctl topology show|validate|render ...
         show a super node topology, check topology files, draw one (DOT, SVG)
   ubctl sim [-topology T] [-link-down A-B] [-slow A-B=F] [-crash N] [-clear] [-hold]

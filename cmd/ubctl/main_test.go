@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"github.com/ubkit-io/ubkit/internal/testenv"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,31 @@ func TestBenchJSON(t *testing.T) {
 	r := rep.Results[0]
 	if r.Case != "stream-64B" || r.Unit != "msg/s" || r.Better != "higher" || r.Value <= 0 || r.Baselines["uds"] <= 0 || r.Baselines["tcp"] <= 0 {
 		t.Fatalf("row %+v", r)
+	}
+}
+
+// TestSelectCases: -case names a case, or a group of them by the prefix
+// before a slash.
+func TestSelectCases(t *testing.T) {
+	var cases []bench.Case
+	for _, n := range []string{"echo-64B", "connect-close-1000/shm/fds", "connect-close-1000/ub/rss", "connect-close-10000/shm/fds"} {
+		cases = append(cases, bench.Case{Name: n})
+	}
+	for only, want := range map[string]string{
+		"echo-64B":                  "echo-64B",
+		"connect-close-1000":        "connect-close-1000/shm/fds connect-close-1000/ub/rss",
+		"connect-close-1000/ub":     "connect-close-1000/ub/rss",
+		"connect-close-1000/ub/rss": "connect-close-1000/ub/rss",
+		"connect-close":             "",
+		"connect-close-1000/shm/fd": "",
+	} {
+		var got []string
+		for _, c := range selectCases(slices.Clone(cases), only) {
+			got = append(got, c.Name)
+		}
+		if strings.Join(got, " ") != want {
+			t.Errorf("-case %s: %v, want %s", only, got, want)
+		}
 	}
 }
 

@@ -215,8 +215,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 			if st.P99 > 0 {
 				p99 = human(st.P99)
 			}
-			if n != "ubkit" {
-				ratio = fmt.Sprintf("%.2fx", Ratio(res.Value, v))
+			if r := Ratio(res.Value, v); n != "ubkit" && !math.IsNaN(r) {
+				ratio = fmt.Sprintf("%.2fx", r)
+			} else if n != "ubkit" {
+				ratio = "-" // a baseline of 0 (nothing added, say)
 			}
 			spread := ""
 			if st.Rounds > 1 && st.Median != 0 {

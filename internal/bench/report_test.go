@@ -69,3 +69,17 @@ func TestRunFailsWhenUbkitFails(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestTableZeroBaseline: a baseline of 0 (a case counting what is left
+// behind, where nothing is) shows no ratio, not NaNx.
+func TestTableZeroBaseline(t *testing.T) {
+	r := &Report{Suite: "s", Results: []Result{{Case: "connect-close-1000/shm/fds", Unit: "fds added", Value: 0,
+		Baselines: map[string]float64{"uds": 0}, Detail: map[string]Stats{"ubkit": {Rounds: 1}, "uds": {Rounds: 1}}}}}
+	var b strings.Builder
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "NaN") || !strings.Contains(b.String(), " -") {
+		t.Fatalf("table:\n%s", b.String())
+	}
+}

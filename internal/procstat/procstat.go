@@ -27,14 +27,24 @@ type Usage struct {
 
 // Read returns the process's usage now.
 func Read() (Usage, error) {
+	u, err := read("/proc/self")
+	// ReadDir's own descriptor was open while it read.
+	u.FDs--
+	u.Goroutines = runtime.NumGoroutine()
+	return u, err
+}
+
+// Of returns the usage of process pid (of this user) now; Goroutines is 0.
+func Of(pid int) (Usage, error) { return read("/proc/" + strconv.Itoa(pid)) }
+
+func read(proc string) (Usage, error) {
 	var u Usage
-	fds, err := os.ReadDir("/proc/self/fd")
+	fds, err := os.ReadDir(proc + "/fd")
 	if err != nil {
 		return u, fmt.Errorf("procstat: %w", err)
 	}
-	// ReadDir's own descriptor was open while it read.
-	u.FDs = len(fds) - 1
-	maps, err := os.ReadFile("/proc/self/maps")
+	u.FDs = len(fds)
+	maps, err := os.ReadFile(proc + "/maps")
 	if err != nil {
 		return u, fmt.Errorf("procstat: %w", err)
 	}
@@ -44,14 +54,15 @@ func Read() (Usage, error) {
 			u.Shared++
 		}
 	}
-	u.Goroutines = runtime.NumGoroutine()
-	u.RSS, err = RSS()
+	u.RSS, err = rss(proc)
 	return u, err
 }
 
 // RSS returns the process's resident set size in bytes.
-func RSS() (int64, error) {
-	f, err := os.Open("/proc/self/status")
+func RSS() (int64, error) { return rss("/proc/self") }
+
+func rss(proc string) (int64, error) {
+	f, err := os.Open(proc + "/status")
 	if err != nil {
 		return 0, fmt.Errorf("procstat: %w", err)
 	}
@@ -66,7 +77,13 @@ func RSS() (int64, error) {
 			return kb << 10, nil
 		}
 	}
-	return 0, fmt.Errorf("procstat: no VmRSS in /proc/self/status")
+	return 0, fmt.Errorf("procstat: no VmRSS in %s/status", proc)
+}
+
+// Add is u and v together (of two processes).
+func (u Usage) Add(v Usage) Usage {
+	return Usage{FDs: u.FDs + v.FDs, Mappings: u.Mappings + v.Mappings, Shared: u.Shared + v.Shared,
+		Goroutines: u.Goroutines + v.Goroutines, RSS: u.RSS + v.RSS}
 }
 
 // Sub is what u holds beyond before.

@@ -2,6 +2,7 @@ package procstat
 
 import (
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 )
@@ -33,5 +34,25 @@ func TestRead(t *testing.T) {
 	f.Close()
 	if _, err := Returned(before, Usage{Goroutines: 1 << 20}, time.Second); err != nil {
 		t.Errorf("after Close: %v", err)
+	}
+}
+
+// TestOf: another process's usage (sleep's: stdin, stdout and stderr at
+// least, and no goroutines).
+func TestOf(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	u, err := Of(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.FDs < 3 || u.RSS <= 0 || u.Mappings == 0 || u.Goroutines != 0 {
+		t.Fatalf("sleep holds %v", u)
+	}
+	if s := u.Add(u); s.FDs != 2*u.FDs || s.RSS != 2*u.RSS {
+		t.Fatalf("twice %v is %v", u, s)
 	}
 }

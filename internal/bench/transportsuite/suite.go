@@ -38,14 +38,17 @@ func Cases() []bench.Case {
 		}
 		return cs
 	}
-	return []bench.Case{
+	return append([]bench.Case{
 		{Name: "echo-64B", Unit: "ns/op", Better: "lower", Latency: true, Contenders: three(echo)},
 		{Name: "stream-64KiB", Unit: "GB/s", Better: "higher", Contenders: three(stream)},
 		{Name: "grpc-unary", Unit: "ns/op", Better: "lower", Latency: true, Contenders: three(grpcUnary)},
 		{Name: "grpc-stream-1MiB", Unit: "GB/s", Better: "higher", Contenders: three(grpcStream)},
 		{Name: "http1-rps", Unit: "requests/s", Better: "higher", Contenders: three(httpRPS)},
-	}
+	}, connectCloseCases(connectCloseCycles)...)
 }
+
+// connectCloseCycles is how many connections the connect-close cases make.
+const connectCloseCycles = 1000
 
 // DemoCases is what `ubctl demo` shows: a gRPC unary call to a server in
 // another process, over ubkit and over TCP loopback.
@@ -61,8 +64,8 @@ func DemoCases() []bench.Case {
 }
 
 type peerArgs struct {
-	Kind string `json:"kind"` // ubkit, tcp or uds
-	Mode string `json:"mode"` // echo, sink, grpc or http
+	Kind string `json:"kind"` // ubkit, ubkit-sim (node n0 of dev4), tcp or uds
+	Mode string `json:"mode"` // echo, sink, grpc, grpc-stream, http or connect-close
 }
 
 func init() {
@@ -89,6 +92,8 @@ func init() {
 				io.Copy(io.Discard, r.Body)
 				w.Write([]byte("ok"))
 			}))
+		case "connect-close":
+			return serveConnectClose(l)
 		}
 		c, err := l.Accept()
 		if err != nil {
@@ -131,6 +136,14 @@ func listen(kind string) (net.Listener, string, error) {
 	case "ubkit":
 		addr := fmt.Sprintf("ub:///bench-%d", os.Getpid())
 		l, err := transport.Listen(context.Background(), addr)
+		return l, addr, err
+	case "ubkit-sim":
+		e, err := simEndpoint("n0")
+		if err != nil {
+			return nil, "", err
+		}
+		addr := fmt.Sprintf("ub:///bench-%d", os.Getpid())
+		l, err := e.Listen(context.Background(), addr)
 		return l, addr, err
 	case "tcp":
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -181,7 +194,7 @@ func (k *killer) Kill() {
 	switch k.kind {
 	case "uds":
 		os.Remove(k.addr)
-	case "ubkit":
+	case "ubkit", "ubkit-sim":
 		if ep, err := transport.Default(); err == nil {
 			ep.Sweep()
 		}

@@ -1,26 +1,15 @@
 package tcpprov
 
 import (
-	"context"
 	"sync"
 	"testing"
-
-	"github.com/ubkit-io/ubkit/ub"
 )
 
 // TestOneConnectionPerPeer: jetties that reach a peer for the first time at
 // the same moment share one connection; with two, a jetty's requests could
 // overtake each other (a reliable connection keeps them in order).
 func TestOneConnectionPerPeer(t *testing.T) {
-	open := func() *Context {
-		c, err := provider{}.Open(context.Background(), ub.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c.(*Context)
-	}
-	a, b := open(), open()
+	a, b := openContext(t), openContext(t)
 	for round := range 20 {
 		a.mu.Lock()
 		for k, cn := range a.conns {

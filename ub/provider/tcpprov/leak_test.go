@@ -15,17 +15,8 @@ import (
 // the contexts is the one thing kept, and a peer that goes away takes it
 // along.
 func TestCloseReturnsEverything(t *testing.T) {
-	open := func() *Context {
-		c, err := provider{}.Open(context.Background(), ub.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c.(*Context)
-	}
-	a, b := open(), open()
-	before, after := leaktest.Cycle(t, a, b, 200)
-	t.Logf("before %v; after 200 connections %v", before, after)
+	a, b := openContext(t), openContext(t)
+	leaktest.Cycle(t, a, b, 200)
 	for _, c := range []*Context{a, b} {
 		c.mu.Lock()
 		n, conns := c.objects.Len(), len(c.conns)
@@ -49,4 +40,15 @@ func TestCloseReturnsEverything(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// openContext opens a context that the test closes at its end.
+func openContext(t *testing.T) *Context {
+	t.Helper()
+	c, err := provider{}.Open(context.Background(), ub.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c.(*Context)
 }
