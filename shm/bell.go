@@ -50,7 +50,8 @@ type bell struct {
 // wake-up without a system call, instead of writing into the FIFO.
 var localBells sync.Map // string -> *bell
 
-// bellSuffix joins a segment's name and a ring's offset into the FIFO's.
+// bellSuffix joins a segment's file name and a ring's offset into the
+// FIFO's.
 const bellSuffix = ".bell-"
 
 // bellRetry is how long a producer that could not open a bell waits before
@@ -59,10 +60,10 @@ const bellSuffix = ".bell-"
 const bellRetry = time.Millisecond
 
 func bellPath(seg *Segment, off int) string {
-	if seg.name == "" {
+	if seg.file == "" {
 		return "" // anonymous segments have no place for a bell
 	}
-	return filepath.Join(ShmDir, seg.name+bellSuffix+strconv.Itoa(off))
+	return filepath.Join(ShmDir, seg.file+bellSuffix+strconv.Itoa(off))
 }
 
 func newBell(path string, armed, written *atomic.Uint32) *bell {

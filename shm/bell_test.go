@@ -87,19 +87,19 @@ func TestSweepBells(t *testing.T) {
 	if err := r.EnableBell(); err != nil {
 		t.Fatal(err)
 	}
-	stale := filepath.Join(ShmDir, NamePrefix+testName(t)+bellSuffix+"0")
+	stale := filepath.Join(ShmDir, userPrefix()+testName(t)+bellSuffix+"0")
 	if err := mkfifo(stale); err != nil {
 		t.Fatal(err)
 	}
 	// A young bell beside a live segment stays; a young one whose segment
 	// is gone is an orphan.
 	youngSeg := newSegment(t, 4096)
-	young := filepath.Join(ShmDir, NamePrefix+youngSeg.Name()+bellSuffix+"0")
+	young := filepath.Join(ShmDir, userPrefix()+youngSeg.Name()+bellSuffix+"0")
 	if err := mkfifo(young); err != nil {
 		t.Fatal(err)
 	}
 	defer os.Remove(young)
-	orphan := filepath.Join(ShmDir, NamePrefix+testName(t)+"-orphan"+bellSuffix+"0")
+	orphan := filepath.Join(ShmDir, userPrefix()+testName(t)+"-orphan"+bellSuffix+"0")
 	if err := mkfifo(orphan); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestSweepBells(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(removed, strings.TrimPrefix(filepath.Base(stale), NamePrefix)) {
+	if !slices.Contains(removed, strings.TrimPrefix(filepath.Base(stale), userPrefix())) {
 		t.Fatalf("Sweep left the stale bell %s (removed %v)", stale, removed)
 	}
 	if _, err := os.Lstat(r.bell.path); err != nil {

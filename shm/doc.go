@@ -11,8 +11,10 @@
 //
 // The building blocks:
 //
-//   - [Segment]: a named POSIX segment in /dev/shm (names start with "ubkit-",
-//     created O_EXCL with mode 0600) or an anonymous memfd segment that can be
+//   - [Segment]: a named POSIX segment in /dev/shm (names are per user, in
+//     files that start with "ubkit-<uid>-", created O_EXCL with mode 0600;
+//     another user's file in the way does not block [CreateSegment]) or an
+//     anonymous memfd segment that can be
 //     sealed and passed to another process with [SendSegment]/[ReceiveSegment].
 //     Pipe ends go along with [SendPipes]/[ReceivePipes]. Every descriptor
 //     received is checked for its kind, access mode, seals and size, and

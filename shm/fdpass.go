@@ -13,7 +13,7 @@ import (
 // (SCM_RIGHTS). The receiver maps it with ReceiveSegment. Seal the segment
 // first if the receiver requires it.
 func SendSegment(conn *net.UnixConn, s *Segment) error {
-	if s.name != "" {
+	if s.file != "" {
 		return errors.New("shm: SendSegment takes a memfd segment; open named segments by name")
 	}
 	if err := sendRights(conn, 'S', s.fd); err != nil {

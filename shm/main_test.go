@@ -55,7 +55,7 @@ func ubkitNames() []string {
 	entries, _ := os.ReadDir(ShmDir)
 	var out []string
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), NamePrefix+"test-") {
+		if strings.HasPrefix(e.Name(), userPrefix()+"test-") {
 			out = append(out, e.Name())
 		}
 	}
@@ -67,7 +67,7 @@ func ubkitNames() []string {
 func startChild(t testing.TB, name string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "UBKIT_SHM_CHILD="+name, "UBKIT_SHM_ARGS="+strings.Join(args, "\x1f"))
+	cmd.Env = append(os.Environ(), childEnv(name, args...)...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -80,6 +80,12 @@ func startChild(t testing.TB, name string, args ...string) *exec.Cmd {
 		}
 	})
 	return cmd
+}
+
+// childEnv is the environment that makes the test binary run child
+// function name with args.
+func childEnv(name string, args ...string) []string {
+	return []string{"UBKIT_SHM_CHILD=" + name, "UBKIT_SHM_ARGS=" + strings.Join(args, "\x1f")}
 }
 
 // testName returns a segment name unique to this test and process.

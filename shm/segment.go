@@ -75,7 +75,8 @@ type SegmentOptions struct {
 // Unlink removes the name at any time. A memfd segment has no name and
 // disappears when the last process closes it.
 type Segment struct {
-	name    string // full name including NamePrefix; empty for memfd
+	name    string // the name it was created or opened by; empty for memfd
+	file    string // its file in ShmDir (see CreateSegment); empty for memfd
 	fd      int
 	mem     []byte
 	created bool
@@ -84,8 +85,15 @@ type Segment struct {
 }
 
 // CreateSegment creates a named segment of at least size data bytes in
-// /dev/shm, named NamePrefix+name, with mode 0600. It fails with an error
-// wrapping os.ErrExist if the name is taken.
+// ShmDir (/dev/shm) with mode 0600. It fails with an error wrapping
+// os.ErrExist if this user already has a segment of that name.
+//
+// Names are per user: the segment's file is NamePrefix+"<euid>-"+name, made
+// with O_EXCL and O_NOFOLLOW. /dev/shm is writable by everyone, so another
+// user can make that file first; then, rather than failing, CreateSegment
+// makes the segment under a file name nobody can predict (the name, "~" and
+// 16 random hex digits) and records it in this user's runtime directory,
+// where OpenSegment finds it (see names.go). Either way Name returns name.
 func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error) {
 	if opts == nil {
 		opts = &SegmentOptions{}
@@ -96,13 +104,48 @@ func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error
 	if size <= 0 {
 		return nil, fmt.Errorf("shm: segment size %d must be positive", size)
 	}
-	full := NamePrefix + name
-	path := filepath.Join(ShmDir, full)
+	total := pageAlign(HeaderSize + size)
+	file := userPrefix() + name
+	path := filepath.Join(ShmDir, file)
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, &os.PathError{Op: "create segment", Path: path, Err: err}
+		if !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EACCES) {
+			return nil, &os.PathError{Op: "create segment", Path: path, Err: err}
+		}
+		// EACCES too: with fs.protected_regular, O_CREAT on another
+		// user's file in a sticky directory fails so, even with O_EXCL.
+		var st unix.Stat_t
+		if lerr := unix.Lstat(path, &st); lerr != nil {
+			return nil, &os.PathError{Op: "create segment", Path: path, Err: err}
+		}
+		if ownRegular(&st) {
+			return nil, &os.PathError{Op: "create segment", Path: path, Err: unix.EEXIST}
+		}
+		return createAlt(name, total, opts, fmt.Sprintf("%s belongs to uid %d", path, st.Uid))
 	}
-	total := pageAlign(HeaderSize + size)
+	// A creator of the same name that found another user's file in the way
+	// (createAlt) waits on this lock for our decision: the segment is ours
+	// unless a record names another file for it now.
+	unix.Flock(fd, unix.LOCK_EX)
+	if alt, ok := liveAlt(name); ok {
+		unix.Unlink(path)
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "create segment", Path: filepath.Join(ShmDir, alt), Err: unix.EEXIST}
+	}
+	s, err := newNamed(fd, path, total, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.name, s.file, s.created, s.keep = name, file, true, opts.Keep
+	s.initHeader(total)
+	s.commit()
+	unix.Flock(fd, unix.LOCK_UN)
+	return s, nil
+}
+
+// newNamed sizes and maps a new named segment's file, path, open as fd;
+// on failure it removes the file.
+func newNamed(fd int, path string, total int, opts *SegmentOptions) (*Segment, error) {
 	if err := unix.Ftruncate(fd, int64(total)); err != nil {
 		unix.Close(fd)
 		unix.Unlink(path)
@@ -113,39 +156,69 @@ func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error
 		unix.Unlink(path)
 		return nil, err
 	}
-	s.name, s.created, s.keep = full, true, opts.Keep
-	s.initHeader(total)
 	return s, nil
 }
 
-// OpenSegment maps an existing named segment, NamePrefix+name, after
-// checking its header.
+// OpenSegment maps this user's segment name, made by CreateSegment in any
+// process, after checking its header. It opens the file with O_NOFOLLOW and
+// refuses one that is not owned by the effective user or grants group or
+// others any permission: /dev/shm is writable by everyone, and another user
+// could have made it, or could change it under us. If the predictable file
+// (see CreateSegment) is another user's, it is ignored and the segment is
+// looked up in this user's records; if there is none, the error wraps
+// os.ErrNotExist, as for a name that was never created.
 func OpenSegment(name string) (*Segment, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	full := NamePrefix + name
-	path := filepath.Join(ShmDir, full)
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	s, err := openNamed(userPrefix() + name)
 	if err != nil {
+		// Another user's file, none, or ours but not (yet) a segment: a
+		// record may name the segment.
+		if alt, ok := liveAlt(name); ok && (errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrCorrupt)) {
+			if as, aerr := openNamed(alt); aerr == nil {
+				s, err = as, nil
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.name = name
+	return s, nil
+}
+
+// openNamed maps the segment in file, a name in ShmDir, if it is this
+// user's and private.
+func openNamed(file string) (*Segment, error) {
+	path := filepath.Join(ShmDir, file)
+	// O_NONBLOCK: another user's FIFO in the way must not block us.
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		var st unix.Stat_t
+		if !errors.Is(err, unix.ENOENT) && unix.Lstat(path, &st) == nil && int(st.Uid) != os.Geteuid() {
+			return nil, &foreignError{path, st.Uid, st.Mode}
+		}
 		return nil, &os.PathError{Op: "open segment", Path: path, Err: err}
 	}
-	// /dev/shm is world-writable: refuse a file planted by another user or
-	// open to others, who could change it under us.
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
-	if int(st.Uid) != os.Geteuid() || st.Mode&0o077 != 0 {
+	switch {
+	case int(st.Uid) != os.Geteuid():
 		unix.Close(fd)
-		return nil, fmt.Errorf("shm: open %s: owned by uid %d with mode %#o; ubkit opens only its own user's segments with mode 0600", path, st.Uid, st.Mode&0o777)
+		return nil, &foreignError{path, st.Uid, st.Mode}
+	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o077 != 0:
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: a file of this user with mode %#o; ubkit opens only regular files of mode 0600 as segments (remove it if no one uses it)", path, st.Mode&0o7777)
 	}
 	s, err := mapExisting(fd)
 	if err != nil {
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
-	s.name = full
+	s.file = file
 	return s, nil
 }
 
@@ -186,6 +259,7 @@ func CreateMemfd(name string, size int, opts *SegmentOptions) (*Segment, error) 
 	}
 	s.created = true
 	s.initHeader(total)
+	s.commit()
 	return s, nil
 }
 
@@ -272,13 +346,18 @@ func (s *Segment) initHeader(total int) {
 	binary.LittleEndian.PutUint32(h[segOffID:], binary.LittleEndian.Uint32(id[:])|1)
 	binary.LittleEndian.PutUint64(h[segOffSize:], uint64(total))
 	binary.LittleEndian.PutUint64(h[segOffCreator:], Self().word())
-	// The magic goes last, atomically, so a concurrent opener or Sweep never
-	// takes a half-written header for a valid one.
-	(*atomic.Uint64)(unsafe.Pointer(&h[segOffMagic])).Store(segMagic)
 }
 
-// Name returns the segment's name without NamePrefix, or "" for a memfd.
-func (s *Segment) Name() string { return strings.TrimPrefix(s.name, NamePrefix) }
+// commit writes the magic, after the rest of the header (initHeader),
+// atomically, so a concurrent opener or Sweep never takes a half-written
+// header for a valid one.
+func (s *Segment) commit() {
+	(*atomic.Uint64)(unsafe.Pointer(&s.mem[segOffMagic])).Store(segMagic)
+}
+
+// Name returns the name the segment was created or opened by (whatever its
+// file in ShmDir is called), or "" for a memfd.
+func (s *Segment) Name() string { return s.name }
 
 // ID returns the random identifier written into the segment at creation. Pool
 // handles carry it so a handle for one segment is refused by another.
@@ -324,7 +403,7 @@ func (s *Segment) WriteAt(p []byte, off int64) (int, error) {
 // a receiver can map it without fear of a peer shrinking it under its feet
 // (which would fault on access).
 func (s *Segment) Seal() error {
-	if s.name != "" {
+	if s.file != "" {
 		return errors.New("shm: only memfd segments can be sealed")
 	}
 	_, err := unix.FcntlInt(uintptr(s.fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
@@ -340,16 +419,26 @@ func (s *Segment) Sealed() bool {
 	return err == nil && seals&unix.F_SEAL_SHRINK != 0 && seals&unix.F_SEAL_GROW != 0
 }
 
-// Unlink removes the segment's name from /dev/shm. Mappings stay valid.
+// Unlink removes the segment's name: its file in ShmDir, and its record if
+// it has one (see CreateSegment). Mappings stay valid. A segment created
+// under the name since (after another Unlink) is not this one and is left
+// alone.
 func (s *Segment) Unlink() error {
-	if s.name == "" {
+	if s.file == "" {
 		return nil
 	}
-	err := unix.Unlink(filepath.Join(ShmDir, s.name))
-	if err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("shm: unlink %s: %w", s.name, err)
+	var errs []error
+	// The record first: while it names the file, no creator replaces it.
+	if strings.Contains(s.file, altSep) {
+		errs = append(errs, removeRecord(s.name, s.file))
 	}
-	return nil
+	path := filepath.Join(ShmDir, s.file)
+	if sameFile(s.fd, path) {
+		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("shm: unlink %s: %w", path, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Close unmaps the segment and closes its descriptor; the creator of a named
@@ -375,8 +464,12 @@ func (s *Segment) Close() error {
 
 // Sweep removes named ubkit segments from /dev/shm whose creating process is
 // dead, ubkit-named files with no valid header that are older than a
-// minute, and rings' bells no process listens on. It returns the names it
-// removed. Segments of live processes are left alone.
+// minute, and rings' bells no process listens on, with the records of
+// this user's segments it removes (see CreateSegment). It returns the names
+// of what it removed: for this user's segments and bells, the segment's
+// name (with the bell's suffix); for other users' (a root Sweep takes
+// theirs too), the file name without NamePrefix. Segments of live processes
+// are left alone.
 func Sweep() ([]string, error) {
 	entries, err := os.ReadDir(ShmDir)
 	if err != nil {
@@ -391,7 +484,7 @@ func Sweep() ([]string, error) {
 				errs = append(errs, err)
 			}
 			if gone {
-				removed = append(removed, strings.TrimPrefix(e.Name(), NamePrefix))
+				removed = append(removed, sweptName(e.Name()))
 			}
 			continue
 		}
@@ -402,13 +495,35 @@ func Sweep() ([]string, error) {
 		if !sweepable(path) {
 			continue
 		}
+		if name, ok := segmentName(e.Name()); ok && strings.Contains(e.Name(), altSep) {
+			if err := removeRecord(name, e.Name()); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
 		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("shm: sweep %s: %w", path, err))
 			continue
 		}
-		removed = append(removed, strings.TrimPrefix(e.Name(), NamePrefix))
+		removed = append(removed, sweptName(e.Name()))
 	}
 	return removed, errors.Join(errs...)
+}
+
+// sweptName is how Sweep reports the removal of file, a name in ShmDir.
+func sweptName(file string) string {
+	rest, ok := strings.CutPrefix(file, userPrefix())
+	if !ok {
+		return strings.TrimPrefix(file, NamePrefix)
+	}
+	seg, bell, isBell := strings.Cut(rest, bellSuffix)
+	if i := strings.Index(seg, altSep); i >= 0 {
+		seg = seg[:i]
+	}
+	if isBell {
+		return seg + bellSuffix + bell
+	}
+	return seg
 }
 
 func sweepable(path string) bool {

@@ -19,7 +19,7 @@ func TestSegmentCreateOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	st, err := os.Stat(filepath.Join(ShmDir, NamePrefix+name))
+	st, err := os.Stat(filepath.Join(ShmDir, userPrefix()+name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestSegmentCreateOpen(t *testing.T) {
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(ShmDir, NamePrefix+name)); err != nil {
+	if _, err := os.Stat(filepath.Join(ShmDir, userPrefix()+name)); err != nil {
 		t.Errorf("opener's Close removed the name: %v", err)
 	}
 	if err := s.Close(); err != nil {
@@ -65,7 +65,7 @@ func TestSegmentCreateOpen(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(ShmDir, NamePrefix+name)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(ShmDir, userPrefix()+name)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("creator's Close left the name: %v", err)
 	}
 }
@@ -89,7 +89,7 @@ func TestOpenCorruptSegment(t *testing.T) {
 		"empty":     func(p string) error { return os.WriteFile(p, nil, 0o600) },
 		"bad magic": func(p string) error { return os.WriteFile(p, make([]byte, 8192), 0o600) },
 		"wrong size": func(p string) error {
-			s, err := CreateSegment(filepath.Base(p)[len(NamePrefix):], 100, &SegmentOptions{Keep: true})
+			s, err := CreateSegment(filepath.Base(p)[len(userPrefix()):], 100, &SegmentOptions{Keep: true})
 			if err != nil {
 				return err
 			}
@@ -100,7 +100,7 @@ func TestOpenCorruptSegment(t *testing.T) {
 	for name, make := range cases {
 		t.Run(name, func(t *testing.T) {
 			n := testName(t)
-			path := filepath.Join(ShmDir, NamePrefix+n)
+			path := filepath.Join(ShmDir, userPrefix()+n)
 			defer os.Remove(path)
 			if err := make(path); err != nil {
 				t.Fatal(err)
@@ -119,7 +119,7 @@ func TestOpenCorruptSegment(t *testing.T) {
 
 func TestOpenRefusesForeignModes(t *testing.T) {
 	name := testName(t)
-	path := filepath.Join(ShmDir, NamePrefix+name)
+	path := filepath.Join(ShmDir, userPrefix()+name)
 	if err := os.WriteFile(path, make([]byte, 8192), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +295,7 @@ func TestSweep(t *testing.T) {
 	if !found {
 		t.Errorf("Sweep removed %v, not the dead process's %s", removed, dead)
 	}
-	if _, err := os.Stat(filepath.Join(ShmDir, NamePrefix+dead)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(ShmDir, userPrefix()+dead)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("dead segment still there: %v", err)
 	}
 }
@@ -311,7 +311,7 @@ func TestProcessLiveness(t *testing.T) {
 		t.Logf("lookup: %v", err)
 	}
 	cmd.Wait()
-	os.Remove(filepath.Join(ShmDir, NamePrefix+cmd.Env[len(cmd.Env)-1][len("UBKIT_SHM_ARGS="):]))
+	os.Remove(filepath.Join(ShmDir, userPrefix()+cmd.Env[len(cmd.Env)-1][len("UBKIT_SHM_ARGS="):]))
 	if err == nil && p.Alive() {
 		t.Errorf("process %d alive after it was reaped", p.PID)
 	}

@@ -394,7 +394,7 @@ func TestSPSCPeerKilled(t *testing.T) {
 func ubkitNamesOf(t *testing.T) []string {
 	var out []string
 	n := testName(t)
-	prefix := NamePrefix + n[:strings.LastIndexByte(n, '-')+1]
+	prefix := userPrefix() + n[:strings.LastIndexByte(n, '-')+1]
 	for _, n := range ubkitNames() {
 		if len(n) >= len(prefix) && n[:len(prefix)] == prefix {
 			out = append(out, n)

@@ -3,10 +3,9 @@ package transport
 import (
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
+
+	"github.com/ubkit-io/ubkit/internal/rundir"
 )
 
 // Addr is a transport address, ub://<node>/<service>, optionally with
@@ -60,16 +59,16 @@ func ParseAddr(s string) (Addr, error) {
 	return a, nil
 }
 
-// RuntimeDir is where rendezvous sockets live: $XDG_RUNTIME_DIR/ubkit, else
-// /tmp/ubkit-<uid>. UBKIT_RUNTIME_DIR overrides both.
+// RuntimeDir is where rendezvous sockets live by default: this user's
+// private runtime directory, $UBKIT_RUNTIME_DIR, else $XDG_RUNTIME_DIR/ubkit,
+// else /run/user/<uid>/ubkit if /run/user/<uid> is private, else
+// <tmp>/ubkit-<uid> (os.TempDir()) unless another user holds that name, in
+// which case $HOME/.cache/ubkit/run (os.UserCacheDir()). It creates the last
+// two when it chooses them, so that another user cannot take the choice
+// away and every process of the user finds the same directory.
 func RuntimeDir() string {
-	if d := os.Getenv("UBKIT_RUNTIME_DIR"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "ubkit")
-	}
-	return filepath.Join(os.TempDir(), "ubkit-"+strconv.Itoa(os.Geteuid()))
+	dir, _ := rundir.Dir() // a failure shows in Listen, which checks the directory
+	return dir
 }
 
 var _ net.Addr = Addr{}

@@ -11,9 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -63,7 +61,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	os.Setenv("UBKIT_RUNTIME_DIR", dir)
-	before, _ := filepath.Glob("/dev/shm/ubkit-*")
+	before, _ := shm.Segments()
 	code := m.Run()
 	// The default endpoint lives as long as its process; close it here so
 	// that what it opened counts for the leak check.
@@ -74,14 +72,14 @@ func TestMain(m *testing.M) {
 	// operator would (shm.Sweep), then nothing new may remain.
 	shm.Sweep()
 	testenv.RemoveOwnSimFabrics()
-	after, _ := filepath.Glob("/dev/shm/ubkit-*")
+	after, _ := shm.Segments()
 	// Other test processes (other packages) may share a segment by name,
 	// like a simulated super node's: only ours count.
 	left := slices.DeleteFunc(after, func(n string) bool {
 		if slices.Contains(before, n) {
 			return true
 		}
-		seg, err := shm.OpenSegment(strings.TrimPrefix(filepath.Base(n), shm.NamePrefix))
+		seg, err := shm.OpenSegment(n)
 		if err != nil {
 			return true // gone meanwhile, or not ours to open
 		}

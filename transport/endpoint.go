@@ -281,30 +281,8 @@ func (e *Endpoint) choose(a Addr) Path {
 // ensureDirs makes the registry directories for node, and refuses ones
 // another user could have planted or could change: each must be a real
 // directory (not a symbolic link) owned by this user that no one else may
-// write to.
-func (e *Endpoint) ensureDirs(node string) error {
-	for _, d := range []string{e.dir, e.nodeDir(node)} {
-		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-			if err := os.MkdirAll(d, 0o700); err != nil {
-				return fmt.Errorf("transport: runtime directory: %w", err)
-			}
-		}
-		fi, err := os.Lstat(d)
-		if err != nil {
-			return fmt.Errorf("transport: runtime directory: %w", err)
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		switch {
-		case !fi.IsDir():
-			return fmt.Errorf("transport: runtime directory %s is not a directory (a symbolic link?)", d)
-		case !ok || int(st.Uid) != os.Geteuid():
-			return fmt.Errorf("transport: runtime directory %s belongs to another user", d)
-		case fi.Mode().Perm()&0o022 != 0:
-			return fmt.Errorf("transport: runtime directory %s is writable by other users (mode %v)", d, fi.Mode().Perm())
-		}
-	}
-	return nil
-}
+// write to. The node's directory must leave room for a socket's name.
+func (e *Endpoint) ensureDirs(node string) error { return ensureRegistryDirs(e.dir, node) }
 
 // nodeDir is where a node's rendezvous sockets live on this host.
 func (e *Endpoint) nodeDir(node string) string { return filepath.Join(e.dir, node) }

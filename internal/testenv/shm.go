@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/ubkit-io/ubkit/shm"
@@ -13,9 +12,12 @@ import (
 // by design, so that processes of one simulated super node share it; tests
 // remove the ones they made.
 func RemoveOwnSimFabrics() {
-	names, _ := filepath.Glob("/dev/shm/" + shm.NamePrefix + "sim-*")
+	names, _ := shm.Segments()
 	for _, n := range names {
-		seg, err := shm.OpenSegment(strings.TrimPrefix(filepath.Base(n), shm.NamePrefix))
+		if !strings.HasPrefix(n, "sim-") {
+			continue
+		}
+		seg, err := shm.OpenSegment(n)
 		if err != nil {
 			continue
 		}

@@ -18,10 +18,10 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	// Nothing of the peers' or ours may stay in /dev/shm (the simulated
 	// fabric is shared state that outlives processes by design).
-	entries, _ := os.ReadDir(shm.ShmDir)
-	for _, e := range entries {
-		if code == 0 && strings.HasPrefix(e.Name(), shm.NamePrefix+"ub-") && createdByUs(e.Name()) {
-			fmt.Fprintf(os.Stderr, "FAIL: %s left behind\n", e.Name())
+	names, _ := shm.Segments()
+	for _, name := range names {
+		if code == 0 && strings.HasPrefix(name, "ub-") && createdByUs(name) {
+			fmt.Fprintf(os.Stderr, "FAIL: segment %s left behind\n", name)
 			code = 1
 		}
 	}
@@ -34,8 +34,8 @@ func TestCasesRun(t *testing.T) { benchtest.CasesRun(t, Cases(), 30*time.Millise
 
 // createdByUs reports whether this process created the named segment (other
 // test packages may run at the same time and have live segments).
-func createdByUs(file string) bool {
-	seg, err := shm.OpenSegment(strings.TrimPrefix(file, shm.NamePrefix))
+func createdByUs(name string) bool {
+	seg, err := shm.OpenSegment(name)
 	if err != nil {
 		return false
 	}

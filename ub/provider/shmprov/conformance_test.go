@@ -25,16 +25,15 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "sweep:", err)
 		code = 1
 	}
-	if entries, _ := os.ReadDir(shm.ShmDir); code == 0 {
-		for _, e := range entries {
-			name := strings.TrimPrefix(e.Name(), shm.NamePrefix)
+	if names, _ := shm.Segments(); code == 0 {
+		for _, name := range names {
 			if !strings.HasPrefix(name, "ub-") {
 				continue
 			}
 			// Other test packages may run now: only ours count.
 			if seg, err := shm.OpenSegment(name); err == nil {
 				if seg.Creator().PID == uint32(os.Getpid()) {
-					fmt.Fprintf(os.Stderr, "FAIL: %s left behind\n", e.Name())
+					fmt.Fprintf(os.Stderr, "FAIL: segment %s left behind\n", name)
 					code = 1
 				}
 				seg.Close()

@@ -5,7 +5,7 @@
 //	import _ "github.com/ubkit-io/ubkit/ub/provider/shmprov"
 //	ctx, err := ub.Open(context.Background(), "shm", ub.Config{})
 //
-// Every segment and jetty is a named shm segment (/dev/shm/ubkit-ub-...),
+// Every segment and jetty is a named shm segment (/dev/shm/ubkit-<uid>-ub-...),
 // opened by peers from its descriptor. One-sided operations load and store
 // the peer's memory directly; sends copy the payload straight into the
 // receiver's posted buffer (one copy, as an RDMA NIC would do it) and push

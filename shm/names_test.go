@@ -1,0 +1,248 @@
+package shm
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ubkit-io/ubkit/internal/rundir"
+)
+
+// foreignUID owns the files these tests plant in another user's name: root
+// gives them away with chown (the tests in squat_test.go plant them as a
+// real other user).
+const foreignUID = 65534
+
+// privateRundir points this user's runtime directory at a new private
+// directory for the test, so that records go there.
+func privateRundir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "run")
+	t.Setenv(rundir.Env, dir)
+	return dir
+}
+
+// plantForeign makes a file at this user's predictable file for name,
+// owned by another user, and removes it when the test ends.
+func plantForeign(t *testing.T, name string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test plants files of another user with chown: run it as root (`make test` does)")
+	}
+	path := filepath.Join(ShmDir, userPrefix()+name)
+	if err := os.WriteFile(path, make([]byte, HeaderSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(path) })
+	if err := os.Chown(path, foreignUID, foreignUID); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// createAltSegment creates segment name while another user's file holds
+// its predictable one, and checks that it went to an alternative file.
+func createAltSegment(t *testing.T, name string) *Segment {
+	t.Helper()
+	squat := plantForeign(t, name)
+	s, err := CreateSegment(name, 4096, &SegmentOptions{Keep: true})
+	if err != nil {
+		t.Fatalf("CreateSegment(%q) with another user's file at %s: %v", name, squat, err)
+	}
+	t.Cleanup(func() { s.Unlink(); s.Close() })
+	if !strings.HasPrefix(s.file, userPrefix()+name+altSep) || s.Name() != name {
+		t.Fatalf("segment %q made in file %s", s.Name(), s.file)
+	}
+	return s
+}
+
+func TestCreateSegmentBesideForeignFile(t *testing.T) {
+	dir := privateRundir(t)
+	name := testName(t)
+	s := createAltSegment(t, name)
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(ShmDir, userPrefix()+name), &st); err != nil || st.Uid != foreignUID {
+		t.Fatalf("the other user's file: owner %d, %v", st.Uid, err)
+	}
+	rec := filepath.Join(dir, recordDir, name+recordExt)
+	if target, err := os.Readlink(rec); err != nil || target != s.file {
+		t.Fatalf("record %s names %q (%v), want %s", rec, target, err, s.file)
+	}
+	o, err := OpenSegment(name)
+	if err != nil {
+		t.Fatalf("OpenSegment(%q): %v", name, err)
+	}
+	defer o.Close()
+	if o.ID() != s.ID() || o.Name() != name {
+		t.Fatalf("OpenSegment(%q) opened segment %x named %q, want %x", name, o.ID(), o.Name(), s.ID())
+	}
+	if _, err := CreateSegment(name, 4096, nil); !errors.Is(err, os.ErrExist) {
+		t.Fatalf("a second CreateSegment(%q): %v, want an error wrapping os.ErrExist", name, err)
+	}
+	if err := s.Unlink(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(rec); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("record after Unlink: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(ShmDir, s.file)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("alternative file after Unlink: %v", err)
+	}
+	if _, err := OpenSegment(name); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("OpenSegment(%q) after Unlink: %v, want an error wrapping os.ErrNotExist", name, err)
+	}
+}
+
+// The other user's file goes away after a segment was made beside it: a
+// creator that now finds the predictable file free must not make a second
+// segment of the name.
+func TestCreateSegmentAfterSquatterLeft(t *testing.T) {
+	privateRundir(t)
+	name := testName(t)
+	s := createAltSegment(t, name)
+	if err := os.Remove(filepath.Join(ShmDir, userPrefix()+name)); err != nil {
+		t.Fatal(err)
+	}
+	if dup, err := CreateSegment(name, 4096, nil); !errors.Is(err, os.ErrExist) {
+		if err == nil {
+			dup.Close()
+		}
+		t.Fatalf("CreateSegment(%q) with the predictable file free and a live record: %v, want os.ErrExist", name, err)
+	}
+	if _, err := os.Lstat(filepath.Join(ShmDir, userPrefix()+name)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the creator that gave up left its file: %v", err)
+	}
+	o, err := OpenSegment(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if o.ID() != s.ID() {
+		t.Errorf("OpenSegment(%q) opened segment %x, want the recorded %x", name, o.ID(), s.ID())
+	}
+}
+
+// The two orders of the race between a creator beside another user's file
+// (createAlt) and one that finds the predictable file free: exactly one
+// makes the segment, and openers find it.
+func TestCreateSegmentRace(t *testing.T) {
+	for _, tt := range []struct {
+		step    string // when the other creator runs
+		altWins bool
+	}{
+		{step: "created", altWins: false},
+		{step: "linked", altWins: true},
+	} {
+		t.Run(tt.step, func(t *testing.T) {
+			privateRundir(t)
+			name := testName(t)
+			squat := plantForeign(t, name)
+			var other *Segment
+			var otherErr error
+			altHook = func(step string) {
+				if step != tt.step {
+					return
+				}
+				os.Remove(squat)
+				other, otherErr = CreateSegment(name, 4096, nil)
+			}
+			defer func() { altHook = nil }()
+			s, err := CreateSegment(name, 4096, nil)
+			altHook = nil
+			if other != nil {
+				defer other.Close()
+			}
+			if s != nil {
+				defer s.Close()
+			}
+			if tt.altWins {
+				if err != nil || !errors.Is(otherErr, os.ErrExist) {
+					t.Fatalf("beside the file: %v; the other creator: %v; want success and os.ErrExist", err, otherErr)
+				}
+			} else if otherErr != nil || !errors.Is(err, os.ErrExist) {
+				t.Fatalf("beside the file: %v; the other creator: %v; want os.ErrExist and success", err, otherErr)
+			}
+			winner := other
+			if tt.altWins {
+				winner = s
+			}
+			o, err := OpenSegment(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Close()
+			if o.ID() != winner.ID() {
+				t.Errorf("OpenSegment(%q) opened %x, want the winner's %x", name, o.ID(), winner.ID())
+			}
+			if names, _ := filepath.Glob(filepath.Join(ShmDir, userPrefix()+name+"*")); len(names) != 1 {
+				t.Errorf("files of %s: %v, want the winner's alone", name, names)
+			}
+		})
+	}
+}
+
+func TestOpenSegmentRefusesForeignSegment(t *testing.T) {
+	privateRundir(t)
+	name := testName(t)
+	// A valid segment, given to another user: never ours to open.
+	lure, err := CreateSegment(name+"-lure", 4096, &SegmentOptions{Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lure.Close()
+	path := filepath.Join(ShmDir, userPrefix()+name)
+	if err := os.Rename(filepath.Join(ShmDir, lure.file), path); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	if err := os.Chown(path, foreignUID, foreignUID); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenSegment(name)
+	if err == nil {
+		s.Close()
+		t.Fatal("opened another user's segment")
+	}
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "belongs to uid 65534") {
+		t.Errorf("OpenSegment of another user's file: %v; want an error wrapping os.ErrNotExist that names the owner", err)
+	}
+}
+
+func TestSegments(t *testing.T) {
+	privateRundir(t)
+	name := testName(t)
+	a := newSegment(t, 4096)
+	b := createAltSegment(t, name)
+	names, err := Segments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{a.Name(), b.Name()} {
+		if n := strings.Count("\x00"+strings.Join(names, "\x00")+"\x00", "\x00"+want+"\x00"); n != 1 {
+			t.Errorf("Segments() lists %s %d times, want once", want, n)
+		}
+	}
+}
+
+func TestSegmentName(t *testing.T) {
+	p := userPrefix()
+	for file, want := range map[string]string{
+		p + "x":                       "x",
+		p + "x~0123456789abcdef":      "x",
+		p + "x~0123":                  "",
+		p + "x.bell-64":               "",
+		NamePrefix + "x":              "",
+		NamePrefix + "99999999-x":     "",
+		p + "a.b-c_d":                 "a.b-c_d",
+		p + "a.b~0123456789abcdef~00": "",
+	} {
+		got, ok := segmentName(file)
+		if got != want || ok != (want != "") {
+			t.Errorf("segmentName(%q) = %q, %v; want %q", file, got, ok, want)
+		}
+	}
+}
