@@ -16,7 +16,8 @@
 //     another user's file in the way does not block [CreateSegment]) or an
 //     anonymous memfd segment that can be
 //     sealed and passed to another process with [SendSegment]/[ReceiveSegment].
-//     [Sweep] removes named segments whose creator died.
+//     [Sweep] removes named segments whose creator died and that no process
+//     still uses.
 //   - [SPSC]: a single-producer single-consumer ring of variable-length records
 //     with batched claim/commit and zero-copy reads.
 //   - [MPMC]: a bounded multi-producer multi-consumer ring of fixed-size slots.
