@@ -19,7 +19,8 @@
 //     Pipe ends go along with [SendPipes]/[ReceivePipes]. Every descriptor
 //     received is checked for its kind, access mode, seals and size, and
 //     refused with [ErrBadDescriptor] if it is not what was asked for.
-//     [Sweep] removes named segments whose creator died.
+//     [Sweep] removes named segments whose creator died and that no process
+//     still uses.
 //   - [SPSC]: a single-producer single-consumer ring of variable-length records
 //     with batched claim/commit and zero-copy reads.
 //   - [MPMC]: a bounded multi-producer multi-consumer ring of fixed-size slots.

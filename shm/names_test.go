@@ -246,3 +246,51 @@ func TestSegmentName(t *testing.T) {
 		}
 	}
 }
+
+// Creating, opening and removing segments beside another user's file, and
+// failing to open the other user's file, returns every descriptor, mapping
+// and file.
+func TestSquattedNamesReturnResources(t *testing.T) {
+	dir := privateRundir(t)
+	name := testName(t)
+	squat := plantForeign(t, name)
+	countFds := func() int {
+		fds, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(fds)
+	}
+	fds0, segs0 := countFds(), openSegments.Load()
+	const rounds = 200
+	for i := range rounds {
+		if _, err := OpenSegment(name); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("round %d: OpenSegment of another user's file: %v", i, err)
+		}
+		s, err := CreateSegment(name, 4096, nil)
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		o, err := OpenSegment(name)
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		o.Close()
+		if err := s.Close(); err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+	}
+	fds1, segs1 := countFds(), openSegments.Load()
+	t.Logf("descriptors %d before, %d after %d rounds; segments mapped %d, %d", fds0, fds1, rounds, segs0, segs1)
+	if fds1 > fds0+2 || segs1 != segs0 {
+		t.Errorf("after %d rounds: %d descriptors (from %d), %d segments mapped (from %d)", rounds, fds1, fds0, segs1, segs0)
+	}
+	left, _ := filepath.Glob(filepath.Join(ShmDir, userPrefix()+name+"*"))
+	if len(left) != 1 || left[0] != squat {
+		t.Errorf("files left of %s: %v, want only the other user's", name, left)
+	}
+	recs, _ := filepath.Glob(filepath.Join(dir, recordDir, "*"+recordExt))
+	if len(recs) != 0 {
+		t.Errorf("records left: %v", recs)
+	}
+}

@@ -60,7 +60,8 @@ type SegmentOptions struct {
 	// pass over the segment does not pay a page fault per page.
 	Populate bool
 	// Keep leaves a named segment in /dev/shm when its creator closes it.
-	// Someone must then Unlink it, or Sweep removes it once the creator died.
+	// Someone must then Unlink it, or Sweep removes it once the creator has
+	// died and no process has it mapped or open.
 	Keep bool
 }
 
@@ -463,8 +464,10 @@ func (s *Segment) Close() error {
 }
 
 // Sweep removes named ubkit segments from /dev/shm whose creating process is
-// dead, ubkit-named files with no valid header that are older than a
-// minute, and rings' bells no process listens on, with the records of
+// dead and that no live process has mapped or open (as /proc shows to the
+// caller: root sees every process, another user its own), ubkit-named files
+// with no valid header that are older than a minute and that no process
+// uses, and rings' bells no process listens on, with the records of
 // this user's segments it removes (see CreateSegment). It returns the names
 // of what it removed: for this user's segments and bells, the segment's
 // name (with the bell's suffix); for other users' (a root Sweep takes
@@ -477,6 +480,7 @@ func Sweep() ([]string, error) {
 	}
 	var removed []string
 	var errs []error
+	var used inUse // scanned when a first segment could go
 	for _, e := range entries {
 		if e.Type()&os.ModeNamedPipe != 0 {
 			gone, err := sweepBell(e.Name())
@@ -492,7 +496,24 @@ func Sweep() ([]string, error) {
 			continue
 		}
 		path := filepath.Join(ShmDir, e.Name())
-		if !sweepable(path) {
+		id, ok := sweepable(path)
+		if !ok {
+			continue
+		}
+		// Its creator is dead, but other processes may still use it (a
+		// pool's name lives as long as anyone needs it).
+		if used == nil {
+			if used, err = scanInUse(); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+		if used[id] {
+			continue
+		}
+		// Still the file we looked at: not one made under the name since.
+		var now unix.Stat_t
+		if unix.Lstat(path, &now) != nil || statID(&now) != id {
 			continue
 		}
 		if name, ok := segmentName(e.Name()); ok && strings.Contains(e.Name(), altSep) {
@@ -526,20 +547,28 @@ func sweptName(file string) string {
 	return seg
 }
 
-func sweepable(path string) bool {
-	f, err := os.Open(path)
+// sweepable reports whether the file at path is a stale segment (its
+// creator dead) or leftover (no valid header for a minute), and which file
+// it is.
+func sweepable(path string) (fileID, bool) {
+	// O_NOFOLLOW and O_NONBLOCK: the file may have been replaced by a
+	// symbolic link or a FIFO since it was listed.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return false
+		return fileID{}, false
 	}
-	defer f.Close()
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fileID{}, false
+	}
 	var h [32]byte
-	n, _ := io.ReadFull(f, h[:])
+	n, _ := unix.Pread(fd, h[:], 0)
 	if n < len(h) || binary.LittleEndian.Uint64(h[segOffMagic:]) != segMagic {
 		// Not ours or being created right now: only stale leftovers go.
-		st, err := f.Stat()
-		return err == nil && time.Since(st.ModTime()) > time.Minute
+		return statID(&st), time.Since(time.Unix(st.Mtim.Unix())) > time.Minute
 	}
-	return !aliveWord(binary.LittleEndian.Uint64(h[segOffCreator:]))
+	return statID(&st), !aliveWord(binary.LittleEndian.Uint64(h[segOffCreator:]))
 }
 
 // Uint64At returns an atomic view of the 8-byte word at offset off of the

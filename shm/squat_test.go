@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ubkit-io/ubkit/internal/rundir"
 	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -86,44 +85,12 @@ func init() {
 	})
 }
 
-// stickyTempDir makes a world-writable sticky directory, as /tmp is, for
-// TMPDIR: tests must not touch the real /tmp/ubkit-<uid>.
-func stickyTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "ubkit-squat-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// victimEnv makes this process's runtime directory the default one under a
-// fresh TMPDIR and HOME, with no override and no /run/user/<uid>.
-func victimEnv(t *testing.T) (tmp, home string) {
-	t.Helper()
-	tmp, home = stickyTempDir(t), t.TempDir()
-	t.Setenv("TMPDIR", tmp)
-	t.Setenv("HOME", home)
-	for _, v := range []string{rundir.Env, "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"} {
-		t.Setenv(v, "")
-		os.Unsetenv(v)
-	}
-	saved := rundir.RunUser
-	rundir.RunUser = filepath.Join(tmp, "no-run-user")
-	t.Cleanup(func() { rundir.RunUser = saved })
-	return tmp, home
-}
-
 // Another user takes the files of a victim's segment names (and its
 // runtime directory) first, in every way it can; the victim's processes
 // still create and share the segments, and never open the other user's.
 func TestCreateSegmentSquattedByAnotherUser(t *testing.T) {
 	u := testenv.OtherUser(t)
-	tmp, home := victimEnv(t)
+	tmp, home := testenv.IsolateRuntimeDir(t)
 	base := fmt.Sprintf("test-squat-%d-%d", os.Getpid(), time.Now().UnixNano())
 	victim := strconv.Itoa(os.Geteuid())
 	for _, how := range squats {

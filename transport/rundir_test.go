@@ -24,16 +24,7 @@ import (
 const (
 	squatEnv     = "UBKIT_TRANSPORT_SQUAT" // "dir", "symlink" or "file"
 	squatPathEnv = "UBKIT_TRANSPORT_SQUAT_PATH"
-	// runUserEnv points rundir.RunUser elsewhere in a child of the test
-	// binary, so that no /run/user/<uid> of the host takes precedence.
-	runUserEnv = "UBKIT_TRANSPORT_TEST_RUN_USER"
 )
-
-func init() {
-	if v := os.Getenv(runUserEnv); v != "" {
-		rundir.RunUser = v
-	}
-}
 
 // Another user creates the directory a user's processes would use as
 // their registry, <tmp>/ubkit-<uid>, before they do, in each way it can;
@@ -49,19 +40,7 @@ func TestRuntimeDirSquattedByAnotherUser(t *testing.T) {
 	u := testenv.OtherUser(t)
 	for _, how := range []string{"dir", "symlink", "file"} {
 		t.Run(how, func(t *testing.T) {
-			tmp, home := stickyDir(t), shortTempDir(t)
-			t.Setenv("TMPDIR", tmp)
-			t.Setenv("HOME", home)
-			for _, v := range []string{rundir.Env, "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"} {
-				t.Setenv(v, "")
-				os.Unsetenv(v)
-			}
-			runUser := filepath.Join(tmp, "no-run-user")
-			t.Setenv(runUserEnv, runUser)
-			saved := rundir.RunUser
-			rundir.RunUser = runUser
-			defer func() { rundir.RunUser = saved }()
-
+			tmp, home := testenv.IsolateRuntimeDir(t)
 			squatted := filepath.Join(tmp, "ubkit-"+strconv.Itoa(os.Geteuid()))
 			out, err := u.Command(t, "^TestRuntimeDirSquattedByAnotherUser$", squatEnv+"="+how, squatPathEnv+"="+squatted).CombinedOutput()
 			if err != nil {
@@ -143,33 +122,10 @@ func squatDir(how, path string) error {
 	return fmt.Errorf("unknown squat %q", how)
 }
 
-// stickyDir makes a world-writable sticky directory, as /tmp is, for
-// TMPDIR: the test must not touch the real /tmp/ubkit-<uid>.
-func stickyDir(t *testing.T) string {
-	t.Helper()
-	dir := shortTempDir(t)
-	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
-// shortTempDir is t.TempDir with a short path, so that the registry's
-// sockets fit in a unix socket's address.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "ubkit-t")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // TestRegistryDirTooLong: a registry directory too long for its sockets
 // fails Listen with an error that says how to fix it.
 func TestRegistryDirTooLong(t *testing.T) {
-	dir := filepath.Join(shortTempDir(t), strings.Repeat("d", rundir.SocketPathMax))
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", rundir.SocketPathMax))
 	e, err := NewEndpoint(Config{RuntimeDir: dir})
 	if err != nil {
 		t.Fatal(err)

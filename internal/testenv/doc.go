@@ -3,7 +3,8 @@
 // namespaces joined by a veth link (NewNetnsPair), for multi-host transport
 // and CNI tests; and another user on the host (OtherUser), a throwaway
 // unprivileged user to run the test binary as (User.Command), for tests of
-// what other users can and cannot do to ubkit's files and sockets.
+// what other users can and cannot do to ubkit's files and sockets; and a
+// fresh default runtime directory (IsolateRuntimeDir) for such tests.
 //
 // Every helper takes the test's testing.TB and registers t.Cleanup for what it
 // makes, so a test leaves nothing behind; leftovers of a test process that was

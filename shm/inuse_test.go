@@ -1,0 +1,155 @@
+package shm
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func init() {
+	// Create segment args[0] with Keep, or (args[1] set) open it and hold
+	// it as args[1] says: "segment" (mapped and open), "map" (mapped, its
+	// descriptor closed) or "fd" (open, not mapped). Then say so and wait
+	// for stdin to close.
+	children["hold"] = func(args []string) error {
+		name := args[0]
+		switch args[1] {
+		case "create":
+			if _, err := CreateSegment(name, 4096, &SegmentOptions{Keep: true}); err != nil {
+				return err
+			}
+		case "segment", "map":
+			s, err := OpenSegment(name)
+			if err != nil {
+				return err
+			}
+			if args[1] == "map" {
+				unix.Close(s.fd)
+				s.fd = -1
+			}
+		case "fd":
+			if _, err := os.Open(filepath.Join(ShmDir, userPrefix()+name)); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("unknown hold %q", args[1])
+		}
+		fmt.Println("holding")
+		_, err := io.Copy(io.Discard, os.Stdin)
+		return err
+	}
+}
+
+// startHolder runs child "hold" and returns once it holds the segment.
+func startHolder(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv("hold", args...)...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if _, err := cmd.StdinPipe(); err != nil { // closed by Wait, or when we exit
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "holding\n" {
+		t.Fatalf("child hold %v: %q, %v", args, line, err)
+	}
+	return cmd
+}
+
+func kill(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	cmd.Process.Kill()
+	if err := cmd.Wait(); err == nil {
+		t.Fatalf("child %d was not killed", cmd.Process.Pid)
+	}
+}
+
+// A Keep segment whose creator was killed stays while another process has
+// it mapped or open, and goes once that process is gone.
+func TestSweepKeepsSegmentsInUse(t *testing.T) {
+	for _, hold := range []string{"segment", "map", "fd"} {
+		t.Run(hold, func(t *testing.T) {
+			name := testName(t)
+			path := filepath.Join(ShmDir, userPrefix()+name)
+			t.Cleanup(func() { os.Remove(path) })
+			creator := startHolder(t, name, "create")
+			user := startHolder(t, name, hold)
+			kill(t, creator)
+			start := time.Now()
+			removed, err := Sweep()
+			took := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slices.Contains(removed, name) {
+				t.Fatalf("Sweep removed %s while process %d holds it (%s)", name, user.Process.Pid, hold)
+			}
+			if _, err := os.Lstat(path); err != nil {
+				t.Fatalf("%s after the Sweep: %v", path, err)
+			}
+			kill(t, user)
+			if removed, err = Sweep(); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(removed, name) {
+				t.Errorf("Sweep removed %v, not %s, which nobody uses any more", removed, name)
+			}
+			if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s after its last user died: %v", path, err)
+			}
+			t.Logf("a Sweep that scanned /proc took %v", took)
+		})
+	}
+}
+
+// scanInUse sees this process's own mapping and descriptor of a segment,
+// and not a file that nobody holds.
+func TestScanInUse(t *testing.T) {
+	s := newSegment(t, 4096)
+	var st unix.Stat_t
+	if err := unix.Fstat(s.fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	idle := filepath.Join(ShmDir, userPrefix()+testName(t)+"-idle")
+	if err := os.WriteFile(idle, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(idle)
+	var idleSt unix.Stat_t
+	if err := unix.Lstat(idle, &idleSt); err != nil {
+		t.Fatal(err)
+	}
+	used, err := scanInUse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !used[statID(&st)] {
+		t.Errorf("scanInUse does not see this process's segment %s (%d files in use)", s.file, len(used))
+	}
+	if used[statID(&idleSt)] {
+		t.Errorf("scanInUse counts %s, which nobody holds, as in use", idle)
+	}
+}
