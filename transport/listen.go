@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/fdlimit"
+	"github.com/ubkit-io/ubkit/internal/rundir"
 )
 
 // Listener accepts connections for one service, on every path: a
@@ -101,6 +102,9 @@ func (e *Endpoint) Listen(ctx context.Context, addr string) (*Listener, error) {
 		return nil, err
 	}
 	path := e.socketPath(a)
+	if err := rundir.CheckSocketPath(path); err != nil {
+		return nil, fmt.Errorf("transport: listen on %s: %w", a, err)
+	}
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "unix", path)
 	if err != nil && errors.Is(err, syscall.EADDRINUSE) {

@@ -136,3 +136,18 @@ func TestRegistryDirTooLong(t *testing.T) {
 		t.Fatalf("Listen in a registry of %d bytes: %v; want an error that names %s", len(dir), err, rundir.Env)
 	}
 }
+
+// TestServiceNameTooLong: a service whose socket path would not fit a unix
+// socket fails Listen with an error that says so, not bind's "invalid
+// argument".
+func TestServiceNameTooLong(t *testing.T) {
+	e, err := NewEndpoint(Config{RuntimeDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	_, err = e.Listen(context.Background(), "ub:///"+strings.Repeat("s", rundir.SocketPathMax))
+	if err == nil || !strings.Contains(err.Error(), "unix socket allows") {
+		t.Fatalf("Listen on a service name of %d bytes: %v", rundir.SocketPathMax, err)
+	}
+}
