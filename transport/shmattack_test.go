@@ -159,7 +159,8 @@ type hostileDialer struct {
 
 // sent fails the test on a send's error, unless the listener hung up.
 func (h *hostileDialer) sent(err error) {
-	if err != nil && !(h.hungUp && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET))) {
+	hungUp := h.hungUp && (errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET))
+	if err != nil && !hungUp {
 		h.t.Fatal(err)
 	}
 }
