@@ -233,6 +233,19 @@ func authChild(mode string) int {
 		}
 		fmt.Println("ok", strings.TrimSpace(line))
 		return 0
+	case "rawunix":
+		// Dial a listener's unix socket and ask for the shm path.
+		c, err := net.Dial("unix", addr)
+		if err != nil {
+			fmt.Println("error", err)
+			return 0
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.Write([]byte{helloShm})
+		b, err := io.ReadAll(c)
+		fmt.Printf("answer %q %v\n", b, err)
+		return 0
 	case "raw":
 		var d net.Dialer
 		if reg := os.Getenv("TRANSPORT_TEST_AUTH_REGISTRY"); reg != "" {
@@ -427,6 +440,39 @@ func TestRemoteListenerAuthenticates(t *testing.T) {
 		t.Errorf("a listener with another node's certificate: %q", got)
 	}
 	stop()
+}
+
+// TestUnixSocketChecksUser: another user who can reach a listener's unix
+// socket (its directory opened to others) is refused before the
+// listener reads a byte, and the listener counts it.
+func TestUnixSocketChecksUser(t *testing.T) {
+	dir := t.TempDir()
+	e, err := NewEndpoint(Config{Node: "n0", RuntimeDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	l, err := e.Listen(context.Background(), "ub:///unix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go serveEach(l, func(c net.Conn) {})
+	// Let others through the directories (never writable by them).
+	for _, d := range []string{filepath.Dir(dir), dir, e.nodeDir("n0")} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(e.socketPath(l.addr), 0o777)
+	u := testenv.OtherUser(t)
+	out := runChild(t, authCmd(t, u.Command(t, "^$"), "rawunix", "TRANSPORT_TEST_AUTH_ADDR="+e.socketPath(l.addr)))
+	if !strings.HasPrefix(out, `answer ""`) {
+		t.Errorf("another user's unix dialer: %s", out)
+	}
+	if st := l.Stats(); st.RefusedUser != 1 || st.Accepted != 0 {
+		t.Errorf("stats %+v: want 1 refused for its user", st)
+	}
 }
 
 // TestTCPNeedsIdentity: a dialer over TCP, even from this host, must prove
