@@ -27,8 +27,9 @@ func statID(st *unix.Stat_t) fileID { return fileID{uint64(st.Dev), st.Ino} }
 type inUse map[fileID]bool
 
 // scanInUse builds the inUse set. It fails if it cannot list processes at
-// all, so that Sweep, unable to tell, removes nothing.
-func scanInUse() (inUse, error) {
+// all, so that Sweep, unable to tell, removes nothing. The descriptors of
+// held, Sweep's own, do not count.
+func scanInUse(held []sweepCandidate) (inUse, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(ShmDir, &st); err != nil {
 		return nil, fmt.Errorf("shm: sweep: %w", err)
@@ -37,6 +38,11 @@ func scanInUse() (inUse, error) {
 	entries, err := os.ReadDir(procDir)
 	if err != nil {
 		return nil, fmt.Errorf("shm: sweep: cannot tell which segments processes use: %w (is /proc mounted?)", err)
+	}
+	self := strconv.Itoa(os.Getpid())
+	ignore := map[string]bool{}
+	for _, c := range held {
+		ignore[procDir+"/"+self+"/fd/"+strconv.Itoa(c.fd)] = true
 	}
 	used := inUse{}
 	seen := 0
@@ -47,7 +53,7 @@ func scanInUse() (inUse, error) {
 		seen++
 		dir := procDir + "/" + e.Name()
 		used.addMaps(dir+"/maps", dev)
-		used.addFds(dir+"/fd", dev)
+		used.addFds(dir+"/fd", dev, ignore)
 	}
 	if seen == 0 {
 		return nil, errors.New("shm: sweep: cannot tell which segments processes use: " + procDir + " lists no process (is /proc mounted?)")
@@ -82,14 +88,18 @@ func (u inUse) addMaps(path string, dev uint64) {
 	}
 }
 
-// addFds adds the files on device dev that the process has open.
-func (u inUse) addFds(dir string, dev uint64) {
+// addFds adds the files on device dev that the process has open, but for
+// the descriptors (paths in dir) in ignore.
+func (u inUse) addFds(dir string, dev uint64, ignore map[string]bool) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
 		path := dir + "/" + e.Name()
+		if ignore[path] {
+			continue
+		}
 		// Sockets, pipes and anonymous files read as "socket:[...]" and
 		// the like; files as paths.
 		if target, err := os.Readlink(path); err != nil || !strings.HasPrefix(target, "/") {

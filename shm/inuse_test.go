@@ -2,13 +2,17 @@ package shm
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -142,7 +146,7 @@ func TestScanInUse(t *testing.T) {
 	if err := unix.Lstat(idle, &idleSt); err != nil {
 		t.Fatal(err)
 	}
-	used, err := scanInUse()
+	used, err := scanInUse(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,4 +156,94 @@ func TestScanInUse(t *testing.T) {
 	if used[statID(&idleSt)] {
 		t.Errorf("scanInUse counts %s, which nobody holds, as in use", idle)
 	}
+}
+
+// Sweep never removes a name that an OpenSegment holds, whenever the open
+// happens: while Sweep scans /proc (a free race), or after the scan, before
+// Sweep removes the segment (then the opener must wait and find it gone).
+func TestSweepRacesOpenSegment(t *testing.T) {
+	const rounds = 40
+	held, gone := 0, 0
+	for i := range rounds {
+		step := "scan"
+		if i%2 == 1 {
+			step = "scanned"
+		}
+		name := testName(t)
+		path := filepath.Join(ShmDir, userPrefix()+name)
+		t.Cleanup(func() { os.Remove(path) })
+		s, err := CreateSegment(name, 4096, &SegmentOptions{Keep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		binary.LittleEndian.PutUint64(s.mem[segOffCreator:], 0) // as if its creator had died
+		var st unix.Stat_t
+		if err := unix.Fstat(s.fd, &st); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		var o *Segment
+		var openErr error
+		opened := make(chan struct{})
+		var once sync.Once
+		sweepHook = func(at string) {
+			if at != step {
+				return
+			}
+			once.Do(func() {
+				go func() {
+					defer close(opened)
+					o, openErr = OpenSegment(name)
+				}()
+				if step == "scanned" {
+					waitOpenerLocked(t, &st, opened)
+				}
+			})
+		}
+		_, err = Sweep()
+		sweepHook = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-opened
+		switch {
+		case openErr == nil:
+			held++
+			if !sameFile(o.fd, path) {
+				t.Errorf("round %d (%s): Sweep removed %s while an OpenSegment held it", i, step, name)
+			}
+			o.Unlink()
+			o.Close()
+		case errors.Is(openErr, os.ErrNotExist):
+			gone++
+		default:
+			t.Fatalf("round %d (%s): OpenSegment: %v", i, step, openErr)
+		}
+	}
+	t.Logf("%d rounds: the opener held the segment in %d, found it swept in %d", rounds, held, gone)
+}
+
+// waitOpenerLocked returns once the opener of the file st describes has
+// finished (opened closed) or waits for its lock (as /proc/locks shows).
+func waitOpenerLocked(t *testing.T, st *unix.Stat_t, opened <-chan struct{}) {
+	t.Helper()
+	waiter := fmt.Sprintf(" %02x:%02x:%d ", unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		select {
+		case <-opened:
+			return
+		default:
+		}
+		locks, err := os.ReadFile("/proc/locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(string(locks)) {
+			if strings.Contains(line, "->") && strings.Contains(line, waiter) {
+				return
+			}
+		}
+		runtime.Gosched()
+	}
+	t.Fatal("the opener neither finished nor waited for the segment's lock in 10 s")
 }

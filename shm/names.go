@@ -84,7 +84,13 @@ func createAlt(name string, total int, opts *SegmentOptions, why string) (*Segme
 		path = filepath.Join(ShmDir, file)
 		fd, err = unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if err == nil {
-			break
+			// Held while the segment is open (see holdLock).
+			if err = unix.Flock(fd, unix.LOCK_SH); err == nil {
+				break
+			}
+			unix.Close(fd)
+			unix.Unlink(path)
+			return nil, fmt.Errorf("shm: lock new segment %s: %w", path, err)
 		}
 		if !errors.Is(err, unix.EEXIST) || try == 3 {
 			return nil, &os.PathError{Op: "create segment", Path: path, Err: err}

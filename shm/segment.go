@@ -74,7 +74,8 @@ type SegmentOptions struct {
 // A process that opened a segment by name, or received one over a unix
 // socket, owns only its mapping: Close unmaps and closes the descriptor.
 // Unlink removes the name at any time. A memfd segment has no name and
-// disappears when the last process closes it.
+// disappears when the last process closes it. An open named Segment holds a
+// shared flock(2) on its file, which tells Sweep that it is in use.
 type Segment struct {
 	name    string // the name it was created or opened by; empty for memfd
 	file    string // its file in ShmDir (see CreateSegment); empty for memfd
@@ -140,8 +141,23 @@ func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error
 	s.name, s.file, s.created, s.keep = name, file, true, opts.Keep
 	s.initHeader(total)
 	s.commit()
-	unix.Flock(fd, unix.LOCK_UN)
+	if err := holdLock(s); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// holdLock turns the lock on a new segment's file into the shared lock that
+// every holder keeps for as long as its Segment is open: Sweep removes only
+// a file it can lock exclusively. On failure it closes and removes the
+// segment.
+func holdLock(s *Segment) error {
+	if err := unix.Flock(s.fd, unix.LOCK_SH); err != nil {
+		s.keep = false
+		s.Close()
+		return fmt.Errorf("shm: lock segment %s: %w", filepath.Join(ShmDir, s.file), err)
+	}
+	return nil
 }
 
 // newNamed sizes and maps a new named segment's file, path, open as fd;
@@ -190,9 +206,29 @@ func OpenSegment(name string) (*Segment, error) {
 }
 
 // openNamed maps the segment in file, a name in ShmDir, if it is this
-// user's and private.
+// user's and private. It holds the file locked shared (flock) while the
+// Segment is open, so that Sweep leaves it alone, and checks, once it holds
+// that lock, that the name still refers to the file: a Sweep that held the
+// file before us has removed it then.
 func openNamed(file string) (*Segment, error) {
 	path := filepath.Join(ShmDir, file)
+	for try := 0; ; try++ {
+		s, err := openNamedOnce(path)
+		if !errors.Is(err, errReplaced) || try == 3 {
+			if err != nil {
+				return nil, err
+			}
+			s.file = file
+			return s, nil
+		}
+	}
+}
+
+// errReplaced is openNamedOnce's error for a file that was removed or
+// replaced while it waited for its lock.
+var errReplaced = errors.New("the file was removed or replaced while it was opened")
+
+func openNamedOnce(path string) (*Segment, error) {
 	// O_NONBLOCK: another user's FIFO in the way must not block us.
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -215,11 +251,27 @@ func openNamed(file string) (*Segment, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: a file of this user with mode %#o; ubkit opens only regular files of mode 0600 as segments (remove it if no one uses it)", path, st.Mode&0o7777)
 	}
+	// Blocks while a creator writes the header or a Sweep decides.
+	if err := unix.Flock(fd, unix.LOCK_SH); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: lock %s: %w", path, err)
+	}
+	var now unix.Stat_t
+	if err := unix.Lstat(path, &now); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.ENOENT) {
+			return nil, &os.PathError{Op: "open segment", Path: path, Err: err}
+		}
+		return nil, fmt.Errorf("shm: open %s: %w", path, err)
+	}
+	if statID(&now) != statID(&st) {
+		unix.Close(fd)
+		return nil, errReplaced
+	}
 	s, err := mapExisting(fd)
 	if err != nil {
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
-	s.file = file
 	return s, nil
 }
 
@@ -480,7 +532,52 @@ func Sweep() ([]string, error) {
 	}
 	var removed []string
 	var errs []error
-	var used inUse // scanned when a first segment could go
+	// Candidates are held locked exclusively (see holdLock) from before
+	// /proc is scanned until they are removed: a process that opens one
+	// after the scan waits for the lock, then finds the name gone.
+	var held []sweepCandidate
+	sweep := func() bool {
+		defer func() {
+			for _, c := range held {
+				unix.Close(c.fd)
+			}
+			held = held[:0]
+		}()
+		if sweepHook != nil {
+			sweepHook("scan")
+		}
+		used, err := scanInUse(held)
+		if err != nil {
+			errs = append(errs, err)
+			return false
+		}
+		if sweepHook != nil {
+			sweepHook("scanned")
+		}
+		for _, c := range held {
+			if used[c.id] {
+				continue
+			}
+			// Still the file we hold: not one made under the name since.
+			var now unix.Stat_t
+			if unix.Lstat(c.path, &now) != nil || statID(&now) != c.id {
+				continue
+			}
+			file := filepath.Base(c.path)
+			if name, ok := segmentName(file); ok && strings.Contains(file, altSep) {
+				if err := removeRecord(name, file); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+			}
+			if err := unix.Unlink(c.path); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("shm: sweep %s: %w", c.path, err))
+				continue
+			}
+			removed = append(removed, sweptName(file))
+		}
+		return true
+	}
 	for _, e := range entries {
 		if e.Type()&os.ModeNamedPipe != 0 {
 			gone, err := sweepBell(e.Name())
@@ -495,40 +592,33 @@ func Sweep() ([]string, error) {
 		if !strings.HasPrefix(e.Name(), NamePrefix) || !e.Type().IsRegular() {
 			continue
 		}
-		path := filepath.Join(ShmDir, e.Name())
-		id, ok := sweepable(path)
+		c, ok := sweepable(filepath.Join(ShmDir, e.Name()))
 		if !ok {
 			continue
 		}
-		// Its creator is dead, but other processes may still use it (a
-		// pool's name lives as long as anyone needs it).
-		if used == nil {
-			if used, err = scanInUse(); err != nil {
-				errs = append(errs, err)
-				break
-			}
+		held = append(held, c)
+		if len(held) == sweepBatch && !sweep() {
+			return removed, errors.Join(errs...)
 		}
-		if used[id] {
-			continue
-		}
-		// Still the file we looked at: not one made under the name since.
-		var now unix.Stat_t
-		if unix.Lstat(path, &now) != nil || statID(&now) != id {
-			continue
-		}
-		if name, ok := segmentName(e.Name()); ok && strings.Contains(e.Name(), altSep) {
-			if err := removeRecord(name, e.Name()); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		if err := unix.Unlink(path); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("shm: sweep %s: %w", path, err))
-			continue
-		}
-		removed = append(removed, sweptName(e.Name()))
+	}
+	if len(held) > 0 {
+		sweep()
 	}
 	return removed, errors.Join(errs...)
+}
+
+// sweepBatch is how many candidates Sweep holds open at a time.
+const sweepBatch = 64
+
+// sweepHook, if set (by tests), runs in Sweep just before it scans /proc
+// ("scan") and just after ("scanned").
+var sweepHook func(step string)
+
+// A sweepCandidate is a file Sweep may remove, open and locked exclusively.
+type sweepCandidate struct {
+	path string
+	fd   int
+	id   fileID
 }
 
 // sweptName is how Sweep reports the removal of file, a name in ShmDir.
@@ -548,27 +638,35 @@ func sweptName(file string) string {
 }
 
 // sweepable reports whether the file at path is a stale segment (its
-// creator dead) or leftover (no valid header for a minute), and which file
-// it is.
-func sweepable(path string) (fileID, bool) {
+// creator dead) or leftover (no valid header for a minute) that no Segment
+// holds, and returns it open and locked exclusively.
+func sweepable(path string) (sweepCandidate, bool) {
 	// O_NOFOLLOW and O_NONBLOCK: the file may have been replaced by a
 	// symbolic link or a FIFO since it was listed.
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fileID{}, false
+		return sweepCandidate{}, false
 	}
-	defer unix.Close(fd)
 	var st unix.Stat_t
 	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fileID{}, false
+		unix.Close(fd)
+		return sweepCandidate{}, false
 	}
 	var h [32]byte
 	n, _ := unix.Pread(fd, h[:], 0)
+	var stale bool
 	if n < len(h) || binary.LittleEndian.Uint64(h[segOffMagic:]) != segMagic {
 		// Not ours or being created right now: only stale leftovers go.
-		return statID(&st), time.Since(time.Unix(st.Mtim.Unix())) > time.Minute
+		stale = time.Since(time.Unix(st.Mtim.Unix())) > time.Minute
+	} else {
+		stale = !aliveWord(binary.LittleEndian.Uint64(h[segOffCreator:]))
 	}
-	return statID(&st), !aliveWord(binary.LittleEndian.Uint64(h[segOffCreator:]))
+	// A Segment open anywhere holds a shared lock on its file.
+	if !stale || unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) != nil {
+		unix.Close(fd)
+		return sweepCandidate{}, false
+	}
+	return sweepCandidate{path: path, fd: fd, id: statID(&st)}, true
 }
 
 // Uint64At returns an atomic view of the 8-byte word at offset off of the
