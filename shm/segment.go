@@ -516,15 +516,16 @@ func (s *Segment) Close() error {
 }
 
 // Sweep removes named ubkit segments from /dev/shm whose creating process is
-// dead and that no live process has mapped or open (as /proc shows to the
-// caller: root sees every process, another user its own), ubkit-named files
-// with no valid header that are older than a minute and that no process
-// uses, and rings' bells no process listens on, with the records of
-// this user's segments it removes (see CreateSegment). It returns the names
-// of what it removed: for this user's segments and bells, the segment's
-// name (with the bell's suffix); for other users' (a root Sweep takes
-// theirs too), the file name without NamePrefix. Segments of live processes
-// are left alone.
+// dead and that no live process holds (an open Segment), has mapped or has
+// open (as /proc shows to the caller: root sees every process, another user
+// its own), ubkit-named files with no valid header that are older than a
+// minute and that no process uses, and rings' bells no process listens on,
+// with the records of this user's segments it removes (see CreateSegment).
+// Run by root it takes every user's files; run by another user, only that
+// user's own (the sticky /dev/shm forbids removing the rest). It returns the
+// names of what it removed: for this user's segments and bells, the
+// segment's name (with the bell's suffix); for other users', the file name
+// without NamePrefix. Segments of live processes are left alone.
 func Sweep() ([]string, error) {
 	entries, err := os.ReadDir(ShmDir)
 	if err != nil {
@@ -639,7 +640,8 @@ func sweptName(file string) string {
 
 // sweepable reports whether the file at path is a stale segment (its
 // creator dead) or leftover (no valid header for a minute) that no Segment
-// holds, and returns it open and locked exclusively.
+// holds and the caller may remove (its own, or any if root), and returns it
+// open and locked exclusively.
 func sweepable(path string) (sweepCandidate, bool) {
 	// O_NOFOLLOW and O_NONBLOCK: the file may have been replaced by a
 	// symbolic link or a FIFO since it was listed.
@@ -648,7 +650,9 @@ func sweepable(path string) (sweepCandidate, bool) {
 		return sweepCandidate{}, false
 	}
 	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	// Only root may remove another user's file from the sticky /dev/shm.
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG ||
+		(os.Geteuid() != 0 && int(st.Uid) != os.Geteuid()) {
 		unix.Close(fd)
 		return sweepCandidate{}, false
 	}

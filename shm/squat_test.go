@@ -192,3 +192,35 @@ func fileOwner(t *testing.T, path string) int {
 	}
 	return int(fi.Sys().(*syscall.Stat_t).Uid)
 }
+
+func init() {
+	shm.RegisterChild("sweep", func([]string) error {
+		_, err := shm.Sweep()
+		return err
+	})
+}
+
+// Another user's stale leftover in the sticky /dev/shm, which this user
+// may read but not remove: Sweep run by this user leaves it alone instead
+// of failing on it.
+func TestSweepSkipsAnotherUsersFiles(t *testing.T) {
+	u := testenv.OtherUser(t)
+	path := filepath.Join(shm.ShmDir, fmt.Sprintf("%stest-sweep-foreign-%d-%d", shm.UserPrefix(), os.Getpid(), time.Now().UnixNano()))
+	if err := os.WriteFile(path, make([]byte, 64), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(path) })
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(path, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := u.Command(t, "^$", shm.ChildEnv("sweep")...).CombinedOutput(); err != nil {
+		t.Fatalf("Sweep as uid %d beside uid %d's stale %s: %v\n%s", u.UID, os.Geteuid(), path, err, out)
+	}
+	if _, err := os.Lstat(path); err != nil {
+		t.Errorf("%s after the other user's Sweep: %v", path, err)
+	}
+}
