@@ -45,7 +45,9 @@ func LookupProcess(pid int) (Process, error) {
 }
 
 // Alive reports whether the process still runs. A zombie (exited but not yet
-// reaped) counts as dead, and so does a new process that reused the pid.
+// reaped) counts as dead, and so does a new process that reused the pid,
+// unless /proc cannot tell (not mounted, or hiding the process): then any
+// process running with the pid counts as alive, never a live one as dead.
 func (p Process) Alive() bool {
 	// Identities read back from shared memory carry only the low 32 bits
 	// of the start time.
@@ -81,12 +83,29 @@ func alive(pid uint32, match func(start uint64) bool) bool {
 	}
 	start, state, err := procStat(int(pid))
 	if err != nil {
-		return !errors.Is(err, os.ErrNotExist)
+		// Dead when the kernel says no such process; when /proc is
+		// unreadable (not mounted, hidden), a missing entry tells nothing,
+		// and a process that may run counts as alive: taking a live
+		// writer's lock or buffers is worse than waiting.
+		if errors.Is(unix.Kill(int(pid), 0), unix.ESRCH) {
+			return false
+		}
+		return !errors.Is(err, os.ErrNotExist) || !procReadable()
 	}
 	if state == 'Z' || state == 'X' {
 		return false
 	}
 	return match(start)
+}
+
+// procRoot is where /proc is mounted (tests point it elsewhere).
+var procRoot = "/proc"
+
+// procReadable reports whether /proc shows this process, so that a missing
+// /proc/<pid> means that no process pid runs.
+func procReadable() bool {
+	_, err := os.Stat(procRoot + "/self/stat")
+	return err == nil
 }
 
 // A pidWatch is a pidfd of a process and the start time it had when the
@@ -142,6 +161,12 @@ func watchAlive(pid uint32, match func(start uint64) bool) (alive, ok bool) {
 	// Which process the pidfd holds: its start time, read after the open
 	// (if it exited since, the pid may be another's; then do not keep it).
 	start, state, err := procStat(int(pid))
+	if err != nil && !exited(fd) {
+		// It runs, but /proc does not show it (unmounted, or hidepid):
+		// which process it is cannot be told, so it counts as alive.
+		unix.Close(fd)
+		return true, true
+	}
 	if err != nil || state == 'Z' || state == 'X' || exited(fd) {
 		unix.Close(fd)
 		return false, false
@@ -173,7 +198,7 @@ func exited(fd int) bool {
 }
 
 func procStat(pid int) (start uint64, state byte, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	b, err := os.ReadFile(procRoot + "/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
 		return 0, 0, err
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestSegmentCreateOpen(t *testing.T) {
@@ -367,6 +369,58 @@ func TestLivenessOfAnExitingProcess(t *testing.T) {
 	if p.Alive() || aliveWord(p.word()) {
 		t.Fatal("a reaped child counts as alive")
 	}
+}
+
+// forgetWatch drops the pidfd kept for pid, if any, so that the next
+// liveness check of pid starts afresh.
+func forgetWatch(pid uint32) {
+	watches.Lock()
+	defer watches.Unlock()
+	if w := watches.m[pid]; w != nil {
+		unix.Close(w.fd)
+		delete(watches.m, pid)
+	}
+}
+
+// With /proc unreadable, a running process counts as alive, through a new
+// pidfd or without pidfds, and a reaped one as dead.
+func TestLivenessWithoutProc(t *testing.T) {
+	cmd := startChild(t, "sleep")
+	p, err := LookupProcess(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watches.Lock()
+	off := watches.off
+	watches.Unlock()
+	procRoot = filepath.Join(t.TempDir(), "proc")
+	defer func() {
+		procRoot = "/proc"
+		watches.Lock()
+		watches.off = off
+		watches.Unlock()
+		forgetWatch(p.PID)
+	}()
+	check := func(want bool, what string) {
+		t.Helper()
+		for _, pidfds := range []bool{true, false} {
+			forgetWatch(p.PID)
+			watches.Lock()
+			watches.off = off || !pidfds
+			watches.Unlock()
+			if got := p.Alive(); got != want {
+				t.Errorf("%s, /proc unreadable, pidfds %v: Alive() = %v", what, pidfds, got)
+			}
+			forgetWatch(p.PID)
+			if got := aliveWord(p.word()); got != want {
+				t.Errorf("%s, /proc unreadable, pidfds %v: aliveWord = %v", what, pidfds, got)
+			}
+		}
+	}
+	check(true, "a running child")
+	cmd.Process.Kill()
+	cmd.Wait()
+	check(false, "a reaped child")
 }
 
 func TestHugePages(t *testing.T) {
