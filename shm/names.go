@@ -43,8 +43,10 @@ const (
 // gives up if the predictable file holds a segment.
 
 // altHook, if set (by tests), runs at the steps of createAlt named by its
-// argument: "created" (the file made, no record yet) and "linked".
-var altHook func(step string)
+// argument: "created" (the file made, no record yet) and "linked". createHook
+// runs in CreateSegment once it holds its new predictable file locked and
+// found no record ("checked"), before it writes the magic.
+var altHook, createHook func(step string)
 
 // createAlt creates segment name in an alternative file because another
 // user's file holds the predictable one (why says whose), and records it.
@@ -121,7 +123,12 @@ func createAlt(name string, total int, opts *SegmentOptions, why string) (*Segme
 	if altHook != nil {
 		altHook("linked")
 	}
-	if primaryCommitted(name) {
+	committed, err := primaryCommitted(name)
+	if err != nil {
+		undo()
+		return nil, fmt.Errorf("shm: create segment %s: %s, and whether this user's predictable file holds the segment by now cannot be told: %w", name, why, err)
+	}
+	if committed {
 		undo()
 		return nil, &os.PathError{Op: "create segment", Path: filepath.Join(ShmDir, userPrefix()+name), Err: unix.EEXIST}
 	}
@@ -131,22 +138,35 @@ func createAlt(name string, total int, opts *SegmentOptions, why string) (*Segme
 
 // primaryCommitted reports whether this user's predictable file for name
 // holds a segment, after waiting for its creator's decision (its lock).
-func primaryCommitted(name string) bool {
-	fd, err := unix.Open(filepath.Join(ShmDir, userPrefix()+name), unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+// Only a missing file, or one that is not a regular file of this user,
+// means no; an error that leaves it unknown (EMFILE, say) is returned.
+func primaryCommitted(name string) (bool, error) {
+	path := filepath.Join(ShmDir, userPrefix()+name)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return false
+		var st unix.Stat_t
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) || (unix.Lstat(path, &st) == nil && !ownRegular(&st)) {
+			return false, nil
+		}
+		return false, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || !ownRegular(&st) {
-		return false // another user's, whose lock we must not wait for
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
-	if unix.Flock(fd, unix.LOCK_SH) != nil {
-		return false
+	if !ownRegular(&st) {
+		return false, nil // another user's, whose lock we must not wait for
+	}
+	if err := unix.Flock(fd, unix.LOCK_SH); err != nil {
+		return false, &os.PathError{Op: "lock", Path: path, Err: err}
 	}
 	var magic [8]byte
-	n, _ := unix.Pread(fd, magic[:], segOffMagic)
-	return n == len(magic) && binary.LittleEndian.Uint64(magic[:]) == segMagic
+	n, err := unix.Pread(fd, magic[:], segOffMagic)
+	if err != nil {
+		return false, &os.PathError{Op: "read", Path: path, Err: err}
+	}
+	return n == len(magic) && binary.LittleEndian.Uint64(magic[:]) == segMagic, nil
 }
 
 // userPrefix starts the file name of every segment of this user.

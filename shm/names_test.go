@@ -185,6 +185,125 @@ func TestCreateSegmentRace(t *testing.T) {
 	}
 }
 
+// The creator beside another user's file that has just gone (createAlt)
+// finds a creator of the predictable file holding it locked, its header not
+// yet written: it waits for that creator's decision instead of taking the
+// unwritten header for no segment.
+func TestCreateSegmentRaceWaitsForLock(t *testing.T) {
+	privateRundir(t)
+	name := testName(t)
+	squat := plantForeign(t, name)
+	primary := filepath.Join(ShmDir, userPrefix()+name)
+	var other *Segment
+	var otherErr error
+	otherDone, checked, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	createHook = func(step string) {
+		if step == "checked" {
+			close(checked)
+			<-release
+		}
+	}
+	altHook = func(step string) {
+		if step != "created" {
+			return
+		}
+		os.Remove(squat)
+		go func() {
+			defer close(otherDone)
+			other, otherErr = CreateSegment(name, 4096, nil)
+		}()
+		<-checked // it holds the predictable file locked, found no record
+		var st unix.Stat_t
+		if err := unix.Lstat(primary, &st); err != nil {
+			t.Error(err)
+		}
+		go func() {
+			defer close(release)
+			waitLockWaiter(t, &st, done)
+		}()
+	}
+	s, err := CreateSegment(name, 4096, nil)
+	close(done)
+	<-otherDone
+	createHook, altHook = nil, nil
+	if other != nil {
+		defer other.Close()
+	}
+	if s != nil {
+		defer s.Close()
+	}
+	if otherErr != nil || !errors.Is(err, os.ErrExist) {
+		t.Fatalf("beside the file: %v; the creator of the predictable file: %v; want os.ErrExist and success", err, otherErr)
+	}
+	if names, _ := filepath.Glob(filepath.Join(ShmDir, userPrefix()+name+"*")); len(names) != 1 {
+		t.Errorf("files of %s: %v, want the winner's alone", name, names)
+	}
+}
+
+// The creator beside another user's file cannot tell whether the
+// predictable file, which is its own now, holds the segment (out of
+// descriptors): it fails rather than make a second segment of the name.
+func TestCreateSegmentCannotTell(t *testing.T) {
+	privateRundir(t)
+	name := testName(t)
+	squat := plantForeign(t, name)
+	var other *Segment
+	var otherErr error
+	var spare []int
+	var saved unix.Rlimit
+	restore := func() {
+		for _, fd := range spare {
+			unix.Close(fd)
+		}
+		spare = nil
+		if saved.Cur != 0 {
+			unix.Setrlimit(unix.RLIMIT_NOFILE, &saved)
+		}
+	}
+	defer restore()
+	altHook = func(step string) {
+		switch step {
+		case "created":
+			os.Remove(squat)
+			other, otherErr = CreateSegment(name, 4096, nil)
+		case "linked":
+			if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
+				t.Fatal(err)
+			}
+			low := saved
+			low.Cur = min(low.Cur, 1024)
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				fd, err := unix.Dup(0)
+				if err != nil {
+					break
+				}
+				spare = append(spare, fd)
+			}
+		}
+	}
+	s, err := CreateSegment(name, 4096, nil)
+	restore()
+	altHook = nil
+	if other != nil {
+		defer other.Close()
+	}
+	if s != nil {
+		defer s.Close()
+	}
+	if otherErr != nil {
+		t.Fatal(otherErr)
+	}
+	if !errors.Is(err, unix.EMFILE) {
+		t.Errorf("CreateSegment out of descriptors beside a segment of the name: %v, want an error wrapping EMFILE", err)
+	}
+	if names, _ := filepath.Glob(filepath.Join(ShmDir, userPrefix()+name+"*")); len(names) != 1 {
+		t.Errorf("files of %s: %v, want the predictable one alone", name, names)
+	}
+}
+
 func TestOpenSegmentRefusesForeignSegment(t *testing.T) {
 	privateRundir(t)
 	name := testName(t)

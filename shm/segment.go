@@ -128,11 +128,18 @@ func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error
 	// A creator of the same name that found another user's file in the way
 	// (createAlt) waits on this lock for our decision: the segment is ours
 	// unless a record names another file for it now.
-	unix.Flock(fd, unix.LOCK_EX)
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Unlink(path)
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: lock new segment %s: %w", path, err)
+	}
 	if alt, ok := liveAlt(name); ok {
 		unix.Unlink(path)
 		unix.Close(fd)
 		return nil, &os.PathError{Op: "create segment", Path: filepath.Join(ShmDir, alt), Err: unix.EEXIST}
+	}
+	if createHook != nil {
+		createHook("checked")
 	}
 	s, err := newNamed(fd, path, total, opts)
 	if err != nil {
