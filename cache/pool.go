@@ -31,6 +31,9 @@ var (
 	ErrFull = errors.New("cache: full")
 	// ErrCorrupt: the shared memory does not hold a valid table.
 	ErrCorrupt = errors.New("cache: corrupt shared memory")
+	// ErrBusy: a live process held a bucket's lock for longer than the
+	// call waits (a stopped or stuck writer). Nothing is corrupt; try again.
+	ErrBusy = errors.New("cache: bucket held by a live writer")
 )
 
 // Layout of a pool's segment.
@@ -919,8 +922,9 @@ func (p *Pool) Flush() error {
 // crash tests can kill a writer there.
 var testHookMidWrite func()
 
-// lockTimeout bounds the wait for a live writer's bucket lock.
-const lockTimeout = 5 * time.Second
+// lockTimeout bounds the wait for a live writer's bucket lock (tests
+// shorten it).
+var lockTimeout = 5 * time.Second
 
 // lock takes a bucket's lock. A lock whose holder died is taken over, and
 // the bucket repaired, since its writer may have stopped half-way.
@@ -959,8 +963,8 @@ func (p *Pool) lockWithin(bk int, patience time.Duration) (repaired bool, err er
 		if start.IsZero() {
 			start = time.Now()
 		} else if time.Since(start) > patience {
-			return false, fmt.Errorf("cache: bucket lock held by live process %d for over %v (a stopped or stuck writer; its lock is taken over once it exits)",
-				w>>32, patience)
+			return false, fmt.Errorf("%w: bucket lock held by live process %d for over %v (a stopped or stuck writer; its lock is taken over once it exits)",
+				ErrBusy, w>>32, patience)
 		}
 		time.Sleep(20 * time.Microsecond)
 	}

@@ -49,10 +49,11 @@ type RepairReport struct {
 }
 
 // Verify is Repair without the report: it returns the error for what is
-// corrupt.
+// corrupt (ErrCorrupt), or nil. What a live writer held too long to be
+// checked (Repair's ErrBusy) is not corruption, and is not reported.
 func (p *Pool) Verify() error {
-	_, err := p.Repair()
-	return err
+	_, corrupt, _ := p.check()
+	return corrupt
 }
 
 // Repair checks the table's invariants and sets right what it finds wrong,
@@ -63,17 +64,27 @@ func (p *Pool) Verify() error {
 // table that no entry names, and buffers of processes that died, go back
 // to the pool, and the item and byte counters are recounted with every
 // bucket locked (writers wait that long). The report says what was
-// repaired; the error lists what was corrupt (an odd sequence with no
-// writer, entries that do not verify), which no writer's death explains.
+// repaired; the error lists what was corrupt (ErrCorrupt: an odd sequence
+// with no writer, entries that do not verify), which no writer's death
+// explains, and what could not be checked because a live writer held it
+// for longer than Repair waits (ErrBusy: a bucket, or the recount), which
+// is not corruption and is left for the next Repair. errors.Is tells them
+// apart.
 func (p *Pool) Repair() (RepairReport, error) {
-	var rep RepairReport
-	var errs []error
+	rep, corrupt, busy := p.check()
+	return rep, errors.Join(corrupt, busy)
+}
+
+// check is Repair, with the errors for what is corrupt and for what was
+// busy apart.
+func (p *Pool) check() (rep RepairReport, corrupt, busy error) {
+	var errs, busyErrs []error
 	live := map[shm.Handle]bool{}
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
 		repaired, err := p.lockWithin(bk, lockTimeout)
 		if err != nil {
-			errs = append(errs, err)
+			busyErrs = append(busyErrs, fmt.Errorf("cache: bucket %d not checked: %w", i, err))
 			continue
 		}
 		if repaired {
@@ -127,10 +138,10 @@ func (p *Pool) Repair() (RepairReport, error) {
 	rep.Buffers += p.reclaim()
 	items, bytes, err := p.recount(repairPatience)
 	if err != nil {
-		errs = append(errs, err)
+		busyErrs = append(busyErrs, err)
 	}
 	rep.Items, rep.Bytes = items, bytes
-	return rep, errors.Join(errs...)
+	return rep, errors.Join(errs...), errors.Join(busyErrs...)
 }
 
 // returnOrphan returns a buffer handed to the table that no entry named

@@ -3,6 +3,7 @@ package cache
 import (
 	"errors"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -224,4 +225,40 @@ func deadWord(t *testing.T) uint64 {
 		t.Fatal("a word with a wrong start time counts as alive")
 	}
 	return w
+}
+
+// A live writer that holds a bucket's lock for longer than Repair waits
+// (stopped, or slow under load) is not corruption: Repair says ErrBusy and
+// not ErrCorrupt, Verify finds nothing, and once the writer lets go Repair
+// checks everything.
+func TestRepairBusyIsNotCorrupt(t *testing.T) {
+	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	for i := range 100 {
+		if _, err := p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The go command that runs this test runs as long as it does.
+	writer, err := shm.LookupProcess(os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := lockTimeout
+	lockTimeout = 50 * time.Millisecond
+	defer func() { lockTimeout = saved }()
+	l := p.word(headerSize + bOffLock)
+	if !l.CompareAndSwap(0, writer.Word()) {
+		t.Fatal("bucket 0 is locked")
+	}
+	defer l.CompareAndSwap(writer.Word(), 0)
+	if _, err := p.Repair(); !errors.Is(err, ErrBusy) || errors.Is(err, ErrCorrupt) {
+		t.Errorf("Repair with a bucket a live writer holds: %v; want ErrBusy, not ErrCorrupt", err)
+	}
+	if err := p.Verify(); err != nil {
+		t.Errorf("Verify with a bucket a live writer holds: %v; want nil, nothing is corrupt", err)
+	}
+	l.CompareAndSwap(writer.Word(), 0)
+	if rep, err := p.Repair(); err != nil {
+		t.Errorf("Repair once the writer let go: %+v, %v", rep, err)
+	}
 }
