@@ -23,10 +23,15 @@ func futexWait(addr *atomic.Uint32, val uint32, d time.Duration) {
 		uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
-// futexWake wakes up to n waiters sleeping on addr.
-func futexWake(addr *atomic.Uint32, n int) {
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexOpWake,
+// futexWake wakes up to n waiters sleeping on addr and returns how many it
+// woke, or -1 if the call failed.
+func futexWake(addr *atomic.Uint32, n int) int {
+	woken, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), futexOpWake,
 		uintptr(n), 0, 0, 0)
+	if errno != 0 {
+		return -1
+	}
+	return int(woken)
 }
 
 // osYield gives the CPU to another runnable thread, if any. A raw system

@@ -191,7 +191,7 @@ func (r *MPMC) TryPush(payload []byte) error {
 			binary.LittleEndian.PutUint32(s[8:], uint32(len(payload)))
 			copy(s[mpmcSlotHeader:], payload)
 			atomicU64(s, 0).Store(pos + 1)
-			wake(r.notEmptySeq, r.popWaiters, false)
+			wake(r.notEmptySeq, r.popWaiters, nil, false)
 			r.bell.ring()
 			return nil
 		case diff == -int64(r.slots) || diff == 1-int64(r.slots):
@@ -238,7 +238,7 @@ func (r *MPMC) TryPop(dst []byte) (int, error) {
 			}
 			copy(dst[:n], s[mpmcSlotHeader:])
 			atomicU64(s, 0).Store(pos + r.slots)
-			wake(r.notFullSeq, r.pushWaiters, false)
+			wake(r.notFullSeq, r.pushWaiters, nil, false)
 			return n, err
 		case diff == -1 || diff == -int64(r.slots):
 			// Free for this lap, claimed but not yet published, or still
@@ -337,7 +337,7 @@ func (r *MPMC) Pop(ctx context.Context, dst []byte) (int, error) {
 // Kick wakes the waits in WaitNotEmptyOr as a push would, pushing
 // nothing: each looks at its stop condition again.
 func (r *MPMC) Kick() {
-	wake(r.notEmptySeq, r.popWaiters, true)
+	wake(r.notEmptySeq, r.popWaiters, nil, true)
 	r.bell.ring()
 }
 

@@ -9,13 +9,16 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Pool layout, at a cacheLine-aligned offset of a segment:
 //
 //	header      0: magic u64, version u32, classes u32
 //	           64: free sequence u32 (bumped when a buffer is freed and a
-//	               loan waits), waiting loans u32
+//	               loan waits), waiting loans u32 (generation<<16 | count),
+//	               fruitless u32 (the waiting loans word at the last wake-up
+//	               that woke nobody: see waiter)
 //	classes   128: one line per class: size u64, count u64, descriptors u64
 //	               (offset), data u64 (offset), free-list head u64
 //	descriptors:   per buffer 32 bytes: state u64 (generation<<32 | state),
@@ -29,16 +32,17 @@ import (
 // once, at attach; the hot path uses the validated copy.
 const (
 	poolMagic   = 0x314c_4f4f_504b_4255 // "UBKPOOL1"
-	poolVersion = 1
+	poolVersion = 2                     // 2: waiting loans carry a generation; fruitless
 
-	poolOffMagic    = 0
-	poolOffVersion  = 8
-	poolOffClasses  = 12
-	poolOffFreeSeq  = 64
-	poolOffFreeWait = 68
-	poolClassTable  = cacheLine
-	maxPoolClasses  = 16
-	maxPoolBytes    = 1 << 46
+	poolOffMagic     = 0
+	poolOffVersion   = 8
+	poolOffClasses   = 12
+	poolOffFreeSeq   = 64
+	poolOffFreeWait  = 68
+	poolOffFruitless = 72
+	poolClassTable   = cacheLine
+	maxPoolClasses   = 16
+	maxPoolBytes     = 1 << 46
 
 	classOffSize  = 0
 	classOffCount = 8
@@ -156,9 +160,22 @@ type Pool struct {
 	loaner  uint64 // names this attachment in descriptors' loaner field
 	// freeSeq is the futex word a waiting loan sleeps on; freeWaiters
 	// counts the sleepers, so that a return makes no system call when
-	// nobody waits.
-	freeSeq, freeWaiters *atomic.Uint32
+	// nobody waits, and fruitless tells it that those it counts are dead
+	// (see waiter).
+	freeSeq, freeWaiters, fruitless *atomic.Uint32
+	// lastReclaim is when (unix ns) a LoanWait of this attachment last
+	// reclaimed the buffers of dead processes.
+	lastReclaim atomic.Int64
 }
+
+// loanWaitReclaimEvery is how often, at most, the LoanWaits of one
+// attachment reclaim dead processes' buffers: a Reclaim reads every
+// descriptor of the pool.
+const loanWaitReclaimEvery = time.Second
+
+// loanWaitReclaimHook, if set (by tests), runs before each Reclaim of a
+// LoanWait.
+var loanWaitReclaimHook func()
 
 var attachments atomic.Uint64
 
@@ -180,7 +197,7 @@ type localCache struct {
 
 func attachPool(seg *Segment, off int, mem []byte, classes []poolClass) *Pool {
 	p := &Pool{seg: seg, off: uint64(off), mem: mem, classes: classes, segID: seg.ID(), local: make([]localCache, len(classes)), me: Self().word(), loaner: attachmentID(),
-		freeSeq: atomicU32(mem, poolOffFreeSeq), freeWaiters: atomicU32(mem, poolOffFreeWait)}
+		freeSeq: atomicU32(mem, poolOffFreeSeq), freeWaiters: atomicU32(mem, poolOffFreeWait), fruitless: atomicU32(mem, poolOffFruitless)}
 	for i := range p.local {
 		p.local[i].idx = make([]uint64, 0, localCacheSize)
 	}
@@ -322,7 +339,8 @@ func (p *Pool) Loan(n int) (Buffer, error) {
 
 // LoanWait is Loan that waits, with w's strategy, until a buffer of at
 // least n bytes is free or ctx ends (then it returns ctx.Err()). A return
-// by any process wakes it. Every 20 ms of waiting it reclaims the buffers
+// by any process wakes it. After 20 ms of waiting, and then at most once a
+// second for all the LoanWaits of this attachment, it reclaims the buffers
 // of processes that died (a scan of every descriptor), so a dead holder
 // does not keep it waiting. Buffers kept in another attachment's local
 // cache are not free to it until that attachment loans them or closes.
@@ -339,10 +357,17 @@ func (p *Pool) LoanWait(ctx context.Context, n int, w Wait) (Buffer, error) {
 			}
 			return true, lerr
 		},
-		seq:     p.freeSeq,
-		waiters: p.freeWaiters,
+		seq:       p.freeSeq,
+		waiters:   p.freeWaiters,
+		fruitless: p.fruitless,
 		peer: func() error {
-			p.Reclaim()
+			now := time.Now().UnixNano()
+			if last := p.lastReclaim.Load(); now-last >= int64(loanWaitReclaimEvery) && p.lastReclaim.CompareAndSwap(last, now) {
+				if loanWaitReclaimHook != nil {
+					loanWaitReclaimHook()
+				}
+				p.Reclaim()
+			}
 			return nil
 		},
 	})
@@ -379,7 +404,7 @@ func (p *Pool) loan(n int) (Buffer, error) {
 
 // freed wakes loans waiting for a buffer, if any; a buffer was just made
 // free.
-func (p *Pool) freed() { wake(p.freeSeq, p.freeWaiters, true) }
+func (p *Pool) freed() { wake(p.freeSeq, p.freeWaiters, p.fruitless, true) }
 
 func (p *Pool) pop(class int) (Buffer, error) {
 	c := p.classes[class]

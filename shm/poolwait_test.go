@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -105,9 +106,9 @@ func sleepingLoan(t *testing.T, p *Pool) <-chan Buffer {
 // waitForSleepers waits until n loans sleep on p's futex.
 func waitForSleepers(t *testing.T, p *Pool, n uint32) {
 	t.Helper()
-	for end := time.Now().Add(10 * time.Second); p.freeWaiters.Load() < n; {
+	for end := time.Now().Add(10 * time.Second); p.freeWaiters.Load()&sleeperCount < n; {
 		if time.Now().After(end) {
-			t.Fatalf("%d loans asleep, want %d", p.freeWaiters.Load(), n)
+			t.Fatalf("%d loans asleep, want %d", p.freeWaiters.Load()&sleeperCount, n)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -257,5 +258,112 @@ func TestPoolCloseAfterUnmap(t *testing.T) {
 	seg.Close()
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func init() {
+	// pool-waiter <segment>: a loan that waits on the pool at the start of
+	// the segment (exhausted), to be killed asleep.
+	children["pool-waiter"] = func(args []string) error {
+		seg, err := OpenSegment(args[0])
+		if err != nil {
+			return err
+		}
+		defer seg.Close()
+		p, err := OpenPool(seg, 0)
+		if err != nil {
+			return err
+		}
+		_, err = p.LoanWait(context.Background(), 64, Wait{})
+		return err
+	}
+}
+
+// TestPoolDeadSleeperCostsNoWakeups: a loan killed while it waits leaves
+// itself counted among the sleepers; returns then make at most one
+// fruitless wake-up (each bumps the free sequence), not one each, and a
+// live loan that waits after it is still woken.
+func TestPoolDeadSleeperCostsNoWakeups(t *testing.T) {
+	cfg := PoolConfig{Classes: []PoolClass{{Size: 64, Count: 2}}}
+	seg, p := newPool(t, cfg)
+	var held []Buffer
+	for range 2 {
+		b, err := p.Loan(64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, b)
+	}
+	waiter := startChild(t, "pool-waiter", seg.Name())
+	waitForSleepers(t, p, 1)
+	waiter.Process.Kill()
+	waiter.Wait()
+	seq := p.freeSeq.Load()
+	const returns = 100
+	for i := range returns {
+		if err := held[0].Return(); err != nil {
+			t.Fatal(err)
+		}
+		b, err := p.Loan(64)
+		if err != nil {
+			t.Fatalf("return %d: %v", i, err)
+		}
+		held[0] = b
+	}
+	if n := p.freeSeq.Load() - seq; n > 1 {
+		t.Errorf("%d returns with only a dead loan counted as waiting made %d wake-ups, want at most 1", returns, n)
+	}
+	// A live loan waits beside the dead one: a return wakes it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		b, err := p.LoanWait(ctx, 64, Wait{})
+		if err == nil {
+			err = b.Return()
+		}
+		got <- err
+	}()
+	waitForSleepers(t, p, 2)
+	seq = p.freeSeq.Load()
+	if err := held[0].Return(); err != nil {
+		t.Fatal(err)
+	}
+	if p.freeSeq.Load() == seq {
+		t.Error("a return with a live loan waiting woke nobody")
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the live loan: %v", err)
+	}
+	held[1].Return()
+}
+
+// TestPoolLoanWaitReclaimsRarely: loans that wait long on a pool reclaim
+// dead processes' buffers (which reads every descriptor) at most once a
+// second per attachment, not every 20 ms each.
+func TestPoolLoanWaitReclaimsRarely(t *testing.T) {
+	cfg := PoolConfig{Classes: []PoolClass{{Size: 64, Count: 1}}}
+	_, p := newPool(t, cfg)
+	b, err := p.Loan(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Return()
+	var reclaims atomic.Int64
+	loanWaitReclaimHook = func() { reclaims.Add(1) }
+	defer func() { loanWaitReclaimHook = nil }()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if _, err := p.LoanWait(ctx, 64, Wait{}); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("LoanWait on an exhausted pool: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := reclaims.Load(); n > 1 {
+		t.Errorf("4 loans waiting 300 ms reclaimed %d times, want at most once", n)
 	}
 }

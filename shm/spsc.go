@@ -320,7 +320,7 @@ func (p *Producer) Commit() {
 	}
 	p.tail = p.claim
 	p.r.tail.Store(p.claim)
-	wake(p.r.dataSeq, p.r.consumerWaiters, false)
+	wake(p.r.dataSeq, p.r.consumerWaiters, nil, false)
 }
 
 // ClaimWait is Claim that waits, with the producer's wait strategy, until
@@ -523,7 +523,7 @@ func (c *Consumer) Release() {
 	if w := c.r.spaceWant.Load(); w != 0 && c.read < w {
 		return // the producer asked to sleep until more is free
 	}
-	wake(c.r.spaceSeq, c.r.producerWaiters, false)
+	wake(c.r.spaceSeq, c.r.producerWaiters, nil, false)
 }
 
 // NextWait is Next that waits, with the consumer's wait strategy, until a

@@ -56,12 +56,32 @@ func (w Wait) spin() time.Duration {
 // waiter is the shared state a blocked call needs: the condition, the futex
 // word its peer bumps when it makes progress, the count of sleepers the peer
 // checks before waking, and a check for a dead or departed peer.
+//
+// A sleeper that is killed never takes itself off the count, and wakers
+// would then make a system call at every wake-up for good. Where that
+// matters (many wakers, such as a pool's returns), fruitless is set: the
+// count's word is then sleepers (low 16 bits) plus a generation (high 16
+// bits) that every registration advances, and a waker whose FUTEX_WAKE
+// woke nobody notes the word in fruitless. While the word stays so, no
+// sleeper came or went since, so every sleeper it counts is dead: a live
+// one loads the sequence before it registers, so that wake-up made its
+// FUTEX_WAIT return at once, and it registers anew (a new word) before it
+// sleeps again. Wakers skip the system call then.
 type waiter struct {
-	ready   func() (bool, error)
-	seq     *atomic.Uint32
-	waiters *atomic.Uint32
-	peer    func() error
+	ready     func() (bool, error)
+	seq       *atomic.Uint32
+	waiters   *atomic.Uint32
+	fruitless *atomic.Uint32
+	peer      func() error
 }
+
+const (
+	// sleeperCount masks the sleepers in a waiters word with a generation.
+	sleeperCount = 0xffff
+	// sleeperGen registers a sleeper in such a word: one more sleeper, the
+	// next generation.
+	sleeperGen = 1<<16 | 1
+)
 
 // wait blocks until w.ready reports true or an error, ctx ends, or the peer
 // check fails. It never sleeps longer than livenessInterval at a time.
@@ -126,9 +146,15 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 			}
 		}
 	}
+	register := uint32(1)
+	if w.fruitless != nil {
+		register = sleeperGen
+	}
 	for {
-		w.waiters.Add(1)
+		// The sequence before the registration: a wake-up that follows
+		// the registration then always makes the FUTEX_WAIT return.
 		v := w.seq.Load()
+		w.waiters.Add(register)
 		ok, err := w.ready()
 		if ok || err != nil {
 			w.waiters.Add(^uint32(0))
@@ -149,9 +175,15 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 }
 
 // wake wakes sleepers on seq if there are any. Callers publish their progress
-// before calling it.
-func wake(seq, waiters *atomic.Uint32, all bool) {
-	if waiters.Load() == 0 {
+// before calling it. With fruitless (see waiter) it skips sleepers that are
+// known dead.
+func wake(seq, waiters, fruitless *atomic.Uint32, all bool) {
+	w := waiters.Load()
+	if fruitless == nil {
+		if w == 0 {
+			return
+		}
+	} else if w&sleeperCount == 0 || w == fruitless.Load() {
 		return
 	}
 	seq.Add(1)
@@ -159,5 +191,7 @@ func wake(seq, waiters *atomic.Uint32, all bool) {
 	if all {
 		n = 1 << 30
 	}
-	futexWake(seq, n)
+	if futexWake(seq, n) == 0 && fruitless != nil {
+		fruitless.Store(w)
+	}
 }
