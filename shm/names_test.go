@@ -249,39 +249,15 @@ func TestCreateSegmentCannotTell(t *testing.T) {
 	squat := plantForeign(t, name)
 	var other *Segment
 	var otherErr error
-	var spare []int
-	var saved unix.Rlimit
-	restore := func() {
-		for _, fd := range spare {
-			unix.Close(fd)
-		}
-		spare = nil
-		if saved.Cur != 0 {
-			unix.Setrlimit(unix.RLIMIT_NOFILE, &saved)
-		}
-	}
-	defer restore()
+	restore := func() {}
+	defer func() { restore() }()
 	altHook = func(step string) {
 		switch step {
 		case "created":
 			os.Remove(squat)
 			other, otherErr = CreateSegment(name, 4096, nil)
 		case "linked":
-			if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
-				t.Fatal(err)
-			}
-			low := saved
-			low.Cur = min(low.Cur, 1024)
-			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
-				t.Fatal(err)
-			}
-			for {
-				fd, err := unix.Dup(0)
-				if err != nil {
-					break
-				}
-				spare = append(spare, fd)
-			}
+			restore = exhaustFds(t)
 		}
 	}
 	s, err := CreateSegment(name, 4096, nil)
@@ -301,6 +277,54 @@ func TestCreateSegmentCannotTell(t *testing.T) {
 	}
 	if names, _ := filepath.Glob(filepath.Join(ShmDir, userPrefix()+name+"*")); len(names) != 1 {
 		t.Errorf("files of %s: %v, want the predictable one alone", name, names)
+	}
+}
+
+// exhaustFds takes every free descriptor this process may open (its soft
+// limit lowered to at most 1024) until restore.
+func exhaustFds(t *testing.T) (restore func()) {
+	t.Helper()
+	var saved unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	low := saved
+	low.Cur = min(low.Cur, 1024)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	var spare []int
+	for {
+		fd, err := unix.Dup(0)
+		if err != nil {
+			break
+		}
+		spare = append(spare, fd)
+	}
+	return func() {
+		for _, fd := range spare {
+			unix.Close(fd)
+		}
+		spare = nil
+		unix.Setrlimit(unix.RLIMIT_NOFILE, &saved)
+	}
+}
+
+// OpenSegment of a segment in an alternative file, out of descriptors,
+// says so: not that the segment does not exist, which would make cache.Open
+// create a second pool of the name.
+func TestOpenSegmentAltOutOfDescriptors(t *testing.T) {
+	privateRundir(t)
+	name := testName(t)
+	createAltSegment(t, name)
+	restore := exhaustFds(t)
+	s, err := OpenSegment(name)
+	restore()
+	if s != nil {
+		s.Close()
+	}
+	if !errors.Is(err, unix.EMFILE) || errors.Is(err, os.ErrNotExist) {
+		t.Errorf("OpenSegment(%q) out of descriptors: %v, want an error wrapping EMFILE, not os.ErrNotExist", name, err)
 	}
 }
 

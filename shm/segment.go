@@ -200,8 +200,13 @@ func OpenSegment(name string) (*Segment, error) {
 		// Another user's file, none, or ours but not (yet) a segment: a
 		// record may name the segment.
 		if alt, ok := liveAlt(name); ok && (errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrCorrupt)) {
-			if as, aerr := openNamed(alt); aerr == nil {
+			switch as, aerr := openNamed(alt); {
+			case aerr == nil:
 				s, err = as, nil
+			case !errors.Is(aerr, os.ErrNotExist):
+				// EMFILE, say: not "no segment", which would make a
+				// create-or-open caller make a second one.
+				err = aerr
 			}
 		}
 	}
