@@ -226,27 +226,33 @@ func removeRecord(name, file string) error {
 	return nil
 }
 
-// ownRegular reports whether st is a regular file of this user.
+// ownRegular reports whether st is a regular file of this user with one
+// name: a file with another (a hard link) may be another user's too.
 func ownRegular(st *unix.Stat_t) bool {
-	return st.Mode&unix.S_IFMT == unix.S_IFREG && int(st.Uid) == os.Geteuid()
+	return st.Mode&unix.S_IFMT == unix.S_IFREG && int(st.Uid) == os.Geteuid() && st.Nlink == 1
 }
 
-// ownFile reports whether path is a regular file of this user.
+// ownFile reports whether path is a regular file of this user with one name.
 func ownFile(path string) bool {
 	var st unix.Stat_t
 	return unix.Lstat(path, &st) == nil && ownRegular(&st)
 }
 
-// foreignError is openNamed's error for a file of another user. Like a
-// missing segment's, it wraps os.ErrNotExist: this user has no segment
-// there.
+// foreignError is openNamed's error for a file of another user, or one
+// with more than one name. Like a missing segment's, it wraps
+// os.ErrNotExist: this user has no segment there.
 type foreignError struct {
-	path string
-	uid  uint32
-	mode uint32
+	path  string
+	uid   uint32
+	mode  uint32
+	nlink uint64
 }
 
 func (e *foreignError) Error() string {
+	if int(e.uid) == os.Geteuid() {
+		return fmt.Sprintf("shm: open segment %s: it has %d names (hard links), and another may be another user's, so it was "+
+			"ignored, and this user has no segment of that name", e.path, e.nlink)
+	}
 	return fmt.Sprintf("shm: open segment %s: it belongs to uid %d (mode %#o), not to this user (uid %d), so it was "+
 		"ignored, and this user has no segment of that name", e.path, e.uid, e.mode&0o7777, os.Geteuid())
 }

@@ -328,6 +328,26 @@ func TestOpenSegmentAltOutOfDescriptors(t *testing.T) {
 	}
 }
 
+// A segment file of this user with a second name (a hard link, which may
+// be another user's) is not opened as this user's segment.
+func TestOpenSegmentRefusesHardLinkedFile(t *testing.T) {
+	privateRundir(t)
+	s := newSegment(t, 4096)
+	link := filepath.Join(ShmDir, s.file+"-link")
+	if err := os.Link(filepath.Join(ShmDir, s.file), link); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(link)
+	o, err := OpenSegment(s.Name())
+	if err == nil {
+		o.Close()
+		t.Fatal("opened a segment file with two names")
+	}
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "2 names") {
+		t.Errorf("OpenSegment of a file with two names: %v; want an error wrapping os.ErrNotExist that says so", err)
+	}
+}
+
 func TestOpenSegmentRefusesForeignSegment(t *testing.T) {
 	privateRundir(t)
 	name := testName(t)

@@ -185,8 +185,8 @@ func newNamed(fd int, path string, total int, opts *SegmentOptions) (*Segment, e
 
 // OpenSegment maps this user's segment name, made by CreateSegment in any
 // process, after checking its header. It opens the file with O_NOFOLLOW and
-// refuses one that is not owned by the effective user or grants group or
-// others any permission: /dev/shm is writable by everyone, and another user
+// refuses one that is not owned by the effective user, has another name (a
+// hard link), or grants group or others any permission: /dev/shm is writable by everyone, and another user
 // could have made it, or could change it under us. If the predictable file
 // (see CreateSegment) is another user's, it is ignored and the segment is
 // looked up in this user's records; if there is none, the error wraps
@@ -246,7 +246,7 @@ func openNamedOnce(path string) (*Segment, error) {
 	if err != nil {
 		var st unix.Stat_t
 		if !errors.Is(err, unix.ENOENT) && unix.Lstat(path, &st) == nil && int(st.Uid) != os.Geteuid() {
-			return nil, &foreignError{path, st.Uid, st.Mode}
+			return nil, &foreignError{path, st.Uid, st.Mode, uint64(st.Nlink)}
 		}
 		return nil, &os.PathError{Op: "open segment", Path: path, Err: err}
 	}
@@ -256,9 +256,10 @@ func openNamedOnce(path string) (*Segment, error) {
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
 	switch {
-	case int(st.Uid) != os.Geteuid():
+	case int(st.Uid) != os.Geteuid() || st.Nlink != 1:
+		// Another name for the file may be another user's.
 		unix.Close(fd)
-		return nil, &foreignError{path, st.Uid, st.Mode}
+		return nil, &foreignError{path, st.Uid, st.Mode, uint64(st.Nlink)}
 	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o077 != 0:
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: a file of this user with mode %#o; ubkit opens only regular files of mode 0600 as segments (remove it if no one uses it)", path, st.Mode&0o7777)
