@@ -61,7 +61,7 @@ var (
 // in the checksum), then the key and the value.
 const (
 	magic      = 0x3148_4341_434b_4255 // "UBKCACH1"
-	layoutVer  = 1
+	layoutVer  = 2 // 2: attached processes and the recount flag in the header (dead writers' share taken back)
 	headerSize = 4096
 
 	hOffMagic    = 0
@@ -269,8 +269,13 @@ func attach(seg *shm.Segment) (*Pool, error) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if binary.LittleEndian.Uint64(d[hOffMagic:]) != magic || binary.LittleEndian.Uint32(d[hOffVersion:]) != layoutVer {
-		return nil, fmt.Errorf("%w: not a cache pool of layout %d", ErrCorrupt, layoutVer)
+	if binary.LittleEndian.Uint64(d[hOffMagic:]) != magic {
+		return nil, fmt.Errorf("%w: not a cache pool (bad magic)", ErrCorrupt)
+	}
+	if v := binary.LittleEndian.Uint32(d[hOffVersion:]); v != layoutVer {
+		// A different ubkit, not corruption.
+		return nil, fmt.Errorf("cache: a pool of layout %d, and this ubkit speaks layout %d: open it with the ubkit that made it, "+
+			"or cache.Remove it once no process uses it", v, layoutVer)
 	}
 	nb := binary.LittleEndian.Uint64(d[hOffBuckets:])
 	maxBytes := binary.LittleEndian.Uint64(d[hOffMaxBytes:])

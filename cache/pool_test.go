@@ -427,6 +427,17 @@ func TestScribbledSlots(t *testing.T) {
 	}
 }
 
+// A pool of another layout (another ubkit's) is refused with an error that
+// names both layouts, and is not taken for corruption.
+func TestOpenOtherLayout(t *testing.T) {
+	p, name := newPool(t, Options{MaxBytes: 1 << 20})
+	binary.LittleEndian.PutUint32(p.mem[hOffVersion:], layoutVer+1)
+	_, err := Open(name, Options{})
+	if err == nil || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("layout %d", layoutVer+1)) {
+		t.Fatalf("open of a pool of layout %d: %v; want an error naming the layout, not ErrCorrupt", layoutVer+1, err)
+	}
+}
+
 func TestOpenBadSegment(t *testing.T) {
 	p, name := newPool(t, Options{MaxBytes: 1 << 20})
 	binary.LittleEndian.PutUint64(p.mem[hOffBuckets:], 3)
