@@ -60,8 +60,10 @@ var (
 // u32, pad u32, expiry u64 (unix ns, 0: never; the one mutable field, not
 // in the checksum), then the key and the value.
 const (
-	magic      = 0x3148_4341_434b_4255 // "UBKCACH1"
-	layoutVer  = 2 // 2: attached processes and the recount flag in the header (dead writers' share taken back)
+	magic = 0x3148_4341_434b_4255 // "UBKCACH1"
+	// layoutVer 2: attached processes and the recount flag in the header
+	// (what dead writers held is taken back).
+	layoutVer  = 2
 	headerSize = 4096
 
 	hOffMagic    = 0

@@ -31,8 +31,9 @@ import (
 // compare-and-swap (no ABA). Offsets in the header are read and validated
 // once, at attach; the hot path uses the validated copy.
 const (
-	poolMagic   = 0x314c_4f4f_504b_4255 // "UBKPOOL1"
-	poolVersion = 2                     // 2: waiting loans carry a generation; fruitless
+	poolMagic = 0x314c_4f4f_504b_4255 // "UBKPOOL1"
+	// poolVersion 2: waiting loans carry a generation, and fruitless.
+	poolVersion = 2
 
 	poolOffMagic     = 0
 	poolOffVersion   = 8
