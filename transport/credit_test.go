@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -394,7 +395,7 @@ func TestReceiveMemoryBoundsAllConnections(t *testing.T) {
 	for _, p := range pairs {
 		pc := p.r.c.(*pktConn)
 		pc.mu.Lock()
-		held += len(pc.in) - pc.inOff
+		held += pc.in.n
 		pc.mu.Unlock()
 		wrote += p.n
 	}
@@ -612,5 +613,36 @@ func TestMessageWindow(t *testing.T) {
 				t.Fatal("Close did not wake a Send waiting for credit")
 			}
 		})
+	}
+}
+
+// TestStreamBuf: the unread stream bytes come out in order across the
+// ring's wrap and its growth, which stops at the limit.
+func TestStreamBuf(t *testing.T) {
+	const limit = 40
+	var r streamBuf
+	var in, out []byte
+	next := byte(0)
+	for i := range 200 {
+		n := (i*7)%11 + 1
+		if r.n+n <= limit {
+			p := make([]byte, n)
+			for j := range p {
+				p[j] = next
+				next++
+			}
+			r.push(p, limit)
+			in = append(in, p...)
+		}
+		buf := make([]byte, (i*5)%9)
+		out = append(out, buf[:r.read(buf)]...)
+		if len(r.b) > limit {
+			t.Fatalf("the ring grew to %d bytes, beyond its limit %d", len(r.b), limit)
+		}
+	}
+	buf := make([]byte, limit)
+	out = append(out, buf[:r.read(buf)]...)
+	if !bytes.Equal(in, out) || r.n != 0 {
+		t.Fatalf("read %d bytes of %d pushed, %d left, or out of order", len(out), len(in), r.n)
 	}
 }
