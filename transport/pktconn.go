@@ -52,7 +52,7 @@ type memCredit interface {
 
 // memCreditPoll bounds how long a sender that waits for credit in memory
 // sleeps between looks at it.
-const memCreditPoll = time.Millisecond
+const memCreditPoll = 100 * time.Microsecond
 
 // link carries packets for a pktConn.
 type link interface {
@@ -194,10 +194,36 @@ func (c *pktConn) deliveredUnlock() {
 	}
 }
 
-// consumedLocked notes n bytes (credit) of kind the application took, and
-// says whether the credit loop has a grant to make (mu held).
-func (c *pktConn) consumedLocked(kind int, n int64) bool {
-	return c.recvWin[kind].consume(n)
+// grantsLocked returns the credit due to the peer now (mu held).
+func (c *pktConn) grantsLocked() (grants [2]int64) {
+	for k := range c.recvWin {
+		if w := &c.recvWin[k]; w.due() {
+			grants[k] = w.grant(c.flow.budget, c.kick)
+		}
+	}
+	return grants
+}
+
+// consumedUnlock notes n bytes (credit) of kind the application took, and
+// releases mu. A grant that is due goes to the peer at once if the link
+// carries credit in memory (a one-sided add, which does not wait for the
+// link), else through the credit loop.
+func (c *pktConn) consumedUnlock(kind int, n int64) {
+	if !c.recvWin[kind].consume(n) {
+		c.mu.Unlock()
+		return
+	}
+	mc, ok := c.l.(memCredit)
+	if !ok {
+		c.mu.Unlock()
+		c.kickCredits()
+		return
+	}
+	grants := c.grantsLocked()
+	c.mu.Unlock()
+	if grants != [2]int64{} {
+		mc.grant(grants[0], grants[1]) // on failure the link ended: the read loop says why
+	}
 }
 
 // kickCredits wakes the credit loop.
@@ -235,13 +261,9 @@ func (c *pktConn) creditLoop() {
 		case <-c.closing:
 			return
 		}
-		var grants, asks [2]int64
+		var asks [2]int64
 		c.mu.Lock()
-		for k := range c.recvWin {
-			if w := &c.recvWin[k]; w.due() {
-				grants[k] = w.grant(c.flow.budget, c.kick)
-			}
-		}
+		grants := c.grantsLocked()
 		asks, c.asks = c.asks, [2]int64{}
 		c.mu.Unlock()
 		if mc, ok := c.l.(memCredit); ok && grants != [2]int64{} {
@@ -527,11 +549,7 @@ func (c *pktConn) Read(b []byte) (int, error) {
 		c.mu.Lock()
 		if c.in.n > 0 {
 			n := c.in.read(b)
-			due := c.consumedLocked(creditStream, int64(n))
-			c.mu.Unlock()
-			if due {
-				c.kickCredits()
-			}
+			c.consumedUnlock(creditStream, int64(n))
 			return n, nil
 		}
 		if c.eof {
@@ -614,7 +632,7 @@ func (c *pktConn) takeCredit(kind int, need, want int64) (int64, error) {
 			c.sendWin[creditMessages].inMemory(m)
 			// Nothing wakes a sender when credit lands in memory: it
 			// looks again, more and more slowly.
-			poll = min(max(2*poll, 20*time.Microsecond), memCreditPoll)
+			poll = min(max(2*poll, 10*time.Microsecond), memCreditPoll)
 		}
 		if w.max > 0 && need > w.max {
 			c.mu.Unlock()
@@ -813,11 +831,7 @@ func (c *pktConn) Recv(ctx context.Context) (*Msg, error) {
 			m := c.msgs[0]
 			c.msgs[0] = nil
 			c.msgs = c.msgs[1:]
-			due := c.consumedLocked(creditMessages, int64(len(m.data))+msgOverhead)
-			c.mu.Unlock()
-			if due {
-				c.kickCredits()
-			}
+			c.consumedUnlock(creditMessages, int64(len(m.data))+msgOverhead)
 			return m, nil
 		}
 		if err := c.err; err != nil {

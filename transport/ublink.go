@@ -646,6 +646,13 @@ func (l *ubLink) shutdown() {
 
 func (l *ubLink) release() {
 	l.shutdown()
+	// A Read may still be returning credit (grant): it must find the
+	// link released, not its jetty closed under it.
+	l.cmu.Lock()
+	if l.creditErr == nil {
+		l.creditErr = net.ErrClosed
+	}
+	l.cmu.Unlock()
 	for _, c := range []interface{ Close() error }{l.peer, l.peerSeg, l.j, l.cj, l.sq, l.rq, l.cq, l.seg} {
 		if c != nil {
 			c.Close()
