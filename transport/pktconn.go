@@ -103,7 +103,7 @@ type pktConn struct {
 
 	mu         sync.Mutex
 	in         streamBuf // stream bytes not yet read
-	eof        bool // the peer closed its writing side
+	eof        bool      // the peer closed its writing side
 	msgs       []*Msg
 	peerClosed bool
 	err        error         // why the link ended, once the queues are drained

@@ -53,7 +53,7 @@ const (
 // process ending closes it, which is how a dead peer is noticed.
 type ubLink struct {
 	seg     ub.Segment
-	credit  *atomic.Uint64 // receives the peer has reposted for us
+	credit  *atomic.Uint64    // receives the peer has reposted for us
 	granted [2]*atomic.Uint64 // stream and message credit the peer gave us
 	sq, rq  ub.CQ
 	j       ub.Jetty // RC, bound to the peer: packets
