@@ -40,14 +40,16 @@ var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 5+tcpMTU); retu
 type tcpLink struct {
 	c net.Conn
 
-	q      chan *[]byte
-	ctl    chan *[]byte  // flow-control packets, written before q's
-	queued atomic.Int64  // packets queued, not yet written
-	done   chan struct{} // the writer exited
-	stop   chan struct{} // the writer must exit now
-	mu     sync.Mutex
-	werr   error // why the writer stopped (mu)
-	bye    bool  // goodbye closed the queue
+	q           chan *[]byte
+	ctl         chan *[]byte  // flow-control packets, written before q's
+	queued      atomic.Int64  // packets queued, not yet written
+	done        chan struct{} // the writer exited
+	stop        chan struct{} // the writer must exit now
+	peerBye     chan struct{} // the peer's goodbye arrived: it reads no more
+	peerByeOnce sync.Once
+	mu          sync.Mutex
+	werr        error // why the writer stopped (mu)
+	bye         bool  // goodbye closed the queue
 
 	wdl      *deadline.Deadline
 	intr     chan struct{}
@@ -62,7 +64,7 @@ func newTCPLink(c net.Conn) *tcpLink {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	l := &tcpLink{c: c, q: make(chan *[]byte, tcpQueue), ctl: make(chan *[]byte, tcpControlQueue), done: make(chan struct{}), stop: make(chan struct{}), wdl: deadline.New(),
+	l := &tcpLink{c: c, q: make(chan *[]byte, tcpQueue), ctl: make(chan *[]byte, tcpControlQueue), done: make(chan struct{}), stop: make(chan struct{}), peerBye: make(chan struct{}), wdl: deadline.New(),
 		intr: make(chan struct{}), r: bufio.NewReaderSize(c, 64<<10), buf: make([]byte, tcpMTU)}
 	go l.writeLoop()
 	return l
@@ -85,6 +87,13 @@ func (l *tcpLink) writeLoop() {
 	for {
 		var f *[]byte
 		select {
+		case <-l.peerBye:
+			// The peer reads nothing more: end this side's stream, so that
+			// it can close its socket without a reset (see release).
+			if cw, ok := l.c.(interface{ CloseWrite() error }); ok && l.err() == nil {
+				cw.CloseWrite()
+			}
+			return
 		case f = <-l.ctl:
 		default:
 			select {
@@ -92,6 +101,8 @@ func (l *tcpLink) writeLoop() {
 			case f = <-l.q:
 			case <-l.stop:
 				return
+			case <-l.peerBye:
+				continue
 			}
 		}
 		last := (*f)[0] == pkClose
@@ -215,14 +226,14 @@ func (l *tcpLink) recv() (byte, []byte, error) {
 		return 0, nil, err
 	}
 	if hdr[0] == pkClose {
+		l.peerByeOnce.Do(func() { close(l.peerBye) })
 		return 0, nil, errPeerClosed
 	}
 	return hdr[0], p, nil
 }
 
-// shutdown stops reading at once; the socket closes when the writer has
-// delivered the goodbye (at most tcpLingerMax later), or at once if there
-// was none.
+// shutdown stops reading at once; the socket closes at once if there was
+// no goodbye, else once it is delivered (see release).
 func (l *tcpLink) shutdown() {
 	l.shutOnce.Do(func() {
 		l.interrupt()
@@ -234,20 +245,36 @@ func (l *tcpLink) shutdown() {
 			l.c.Close()
 			return
 		}
-		if cr, ok := l.c.(interface{ CloseRead() error }); ok {
-			cr.CloseRead()
-		} else {
-			l.c.SetReadDeadline(time.Unix(1, 0))
-		}
-		go func() {
-			select {
-			case <-l.done:
-			case <-time.After(tcpLingerMax):
-			}
-			l.c.Close()
-		}()
+		l.c.SetReadDeadline(time.Unix(1, 0))
 	})
 }
 
-// release drops the receive buffers (the read loop has returned).
-func (l *tcpLink) release() { l.r, l.buf = nil, nil }
+// release drops the receive buffers (the read loop has returned). After a
+// goodbye, the socket closes in the background once the writer has
+// delivered it and the peer has ended its stream, which it does once it
+// has read the goodbye, at most tcpLingerMax later. Until then what the
+// peer sends (flow-control packets for what it read) is read and dropped:
+// closing a socket with unread bytes resets the connection, and a reset
+// throws away what the peer has not read yet, the end of this side's
+// stream among it.
+func (l *tcpLink) release() {
+	l.r, l.buf = nil, nil
+	l.mu.Lock()
+	bye := l.bye
+	l.mu.Unlock()
+	if !bye {
+		return
+	}
+	go func() {
+		end := time.Now().Add(tcpLingerMax)
+		t := time.NewTimer(tcpLingerMax)
+		defer t.Stop()
+		select {
+		case <-l.done:
+		case <-t.C:
+		}
+		l.c.SetReadDeadline(end)
+		io.Copy(io.Discard, l.c)
+		l.c.Close()
+	}()
+}
