@@ -368,16 +368,6 @@ func (r *streamBuf) push(p []byte, limit int) {
 	r.n += len(p)
 }
 
-func (r *streamBuf) pushLinear(p []byte) {
-	if r.head > 0 && r.head >= r.n {
-		copy(r.b, r.b[r.head:r.head+r.n])
-		r.head = 0
-	}
-	r.b = append(r.b[:r.head+r.n], p...)
-	r.b = r.b[:cap(r.b)]
-	r.n += len(p)
-}
-
 // peek copies the first unread bytes into p, and says how many.
 func (r *streamBuf) peek(p []byte) int {
 	k := copy(p, r.b[r.head:min(r.head+r.n, len(r.b))])
@@ -439,7 +429,7 @@ func (c *pktConn) packet(kind byte, p []byte, asm *[]byte, want *int) error {
 			c.mu.Unlock()
 			return fmt.Errorf("transport: %d stream bytes with %d of credit left: %w", len(p), w.granted-w.got, ErrFlowControl)
 		}
-		c.in.pushLinear(p)
+		c.in.push(p, int(c.recvWin[creditStream].max))
 		c.deliveredUnlock()
 		return nil
 	case pkEOF:
