@@ -449,12 +449,18 @@ func (c *pktConn) packet(kind byte, p []byte, asm *[]byte, want *int) error {
 		// The whole message is charged now, before its buffer is made.
 		c.mu.Lock()
 		w := &c.recvWin[creditMessages]
-		ok := w.admit(int64(n) + msgOverhead)
-		left := w.granted - w.got
-		c.mu.Unlock()
-		if !ok {
+		if !w.admit(int64(n) + msgOverhead) {
+			left := w.granted - w.got
+			c.mu.Unlock()
 			return fmt.Errorf("transport: a message of %d bytes with %d of credit left: %w", n, left, ErrFlowControl)
 		}
+		if uint64(len(p)-8) == n {
+			// Whole in one packet: queued under the same lock.
+			c.msgs = append(c.msgs, &Msg{heap: true, pc: c, data: append(make([]byte, 0, n), p[8:]...)})
+			c.deliveredUnlock()
+			return nil
+		}
+		c.mu.Unlock()
 		*want = int(n)
 		*asm = append(make([]byte, 0, n), p[8:]...)
 	case pkMsgMore:

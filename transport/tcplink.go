@@ -86,23 +86,22 @@ func (l *tcpLink) writeLoop() {
 	defer close(l.done)
 	for {
 		var f *[]byte
-		select {
-		case <-l.peerBye:
-			// The peer reads nothing more: end this side's stream, so that
-			// it can close its socket without a reset (see release).
-			if cw, ok := l.c.(interface{ CloseWrite() error }); ok && l.err() == nil {
-				cw.CloseWrite()
-			}
-			return
-		case f = <-l.ctl:
-		default:
+		if len(l.ctl) > 0 {
+			f = <-l.ctl // only this goroutine takes from it
+		} else {
 			select {
 			case f = <-l.ctl:
 			case f = <-l.q:
 			case <-l.stop:
 				return
 			case <-l.peerBye:
-				continue
+				// The peer reads nothing more: end this side's stream, so
+				// that it can close its socket without a reset (see
+				// release).
+				if cw, ok := l.c.(interface{ CloseWrite() error }); ok && l.err() == nil {
+					cw.CloseWrite()
+				}
+				return
 			}
 		}
 		last := (*f)[0] == pkClose
