@@ -673,3 +673,65 @@ func TestCloseAfterCreditLeavesNoReset(t *testing.T) {
 		}
 	}
 }
+
+// closerData is what closerChild writes.
+var closerData = bytes.Repeat([]byte("0123456789abcdef"), mib/16)
+
+// closerChild dials TRANSPORT_TEST_CLOSER, writes closerData, closes the
+// connection and exits at once, as a program's main that returns does.
+func closerChild() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, os.Getenv("TRANSPORT_TEST_CLOSER"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := c.Write(closerData); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := c.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// TestExitAfterClose: a process that writes, closes and exits at once has
+// delivered everything: Close returns once the goodbye is written (and the
+// peer has ended its side), not while it still waits in the connection's
+// queue, which the process's end throws away.
+func TestExitAfterClose(t *testing.T) {
+	def, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := fmt.Sprintf("exit-%d-%d", os.Getpid(), serviceSeq.Add(1))
+	l, err := def.Listen(context.Background(), "ub:///"+svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for round := range 10 {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "TRANSPORT_TEST_CLOSER=ub:///"+svc+"?path=tcp")
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+		got, err := io.ReadAll(c)
+		c.Close()
+		if werr := cmd.Wait(); werr != nil {
+			t.Fatalf("round %d: the writer: %v", round, werr)
+		}
+		if err != nil || !bytes.Equal(got, closerData) {
+			t.Fatalf("round %d: read %d of %d bytes from a writer that exited after Close, then %v", round, len(got), len(closerData), err)
+		}
+	}
+}

@@ -48,8 +48,9 @@ type tcpLink struct {
 	peerBye     chan struct{} // the peer's goodbye arrived: it reads no more
 	peerByeOnce sync.Once
 	mu          sync.Mutex
-	werr        error // why the writer stopped (mu)
-	bye         bool  // goodbye closed the queue
+	werr        error     // why the writer stopped (mu)
+	bye         bool      // goodbye closed the queue
+	byeBy       time.Time // when Close stops waiting for the goodbye's delivery
 
 	wdl      *deadline.Deadline
 	intr     chan struct{}
@@ -182,9 +183,11 @@ func (l *tcpLink) sendControl(kind byte, p []byte) error {
 	}
 }
 
-// goodbye queues the goodbye packet after everything sent; the writer
-// delivers them in the background and then ends the sending side. It waits at most timeout
-// for the queue to take the goodbye.
+// goodbye queues the goodbye packet after everything sent, and waits for
+// the writer to have written it (the process may exit once Close returns,
+// and what is still queued would be lost), then, in release, for the peer
+// to end its side; all within timeout. What is left is delivered in the
+// background.
 func (l *tcpLink) goodbye(timeout time.Duration) error {
 	if l.err() != nil {
 		return l.err()
@@ -203,8 +206,12 @@ func (l *tcpLink) goodbye(timeout time.Duration) error {
 		return l.err()
 	}
 	l.mu.Lock()
-	l.bye = true
+	l.bye, l.byeBy = true, time.Now().Add(timeout)
 	l.mu.Unlock()
+	select {
+	case <-l.done:
+	case <-t.C:
+	}
 	return nil
 }
 
@@ -259,12 +266,14 @@ func (l *tcpLink) shutdown() {
 func (l *tcpLink) release() {
 	l.r, l.buf = nil, nil
 	l.mu.Lock()
-	bye := l.bye
+	bye, by := l.bye, l.byeBy
 	l.mu.Unlock()
 	if !bye {
 		return
 	}
+	closed := make(chan struct{})
 	go func() {
+		defer close(closed)
 		end := time.Now().Add(tcpLingerMax)
 		t := time.NewTimer(tcpLingerMax)
 		defer t.Stop()
@@ -276,4 +285,13 @@ func (l *tcpLink) release() {
 		io.Copy(io.Discard, l.c)
 		l.c.Close()
 	}()
+	// Within the goodbye's time, wait for the peer to end its side too: a
+	// process that exits once Close returns would otherwise close the
+	// socket with the peer's last credit packets unread.
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+	}
 }
