@@ -56,6 +56,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("TRANSPORT_TEST_SENDER") != "" {
 		os.Exit(senderChild())
 	}
+	if os.Getenv("TRANSPORT_TEST_CLOSER") != "" {
+		os.Exit(closerChild())
+	}
 	dir, err := os.MkdirTemp("", "ubkit-transport-")
 	if err != nil {
 		panic(err)

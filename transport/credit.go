@@ -203,17 +203,23 @@ func (w *recvWindow) close(b *budget) {
 	w.size = initialCredit
 }
 
-// sendWindow is the sending side: credit the peer gave, and what was
-// sent of it (cumulative).
+// sendWindow is the sending side: credit the peer gave, in packets and
+// in memory (the ub path's words), and what was sent of it (cumulative).
 type sendWindow struct {
-	granted, sent int64
-	max           int64 // the peer's window (0: not yet known)
-	asked         int64 // granted when this side last said it waits
+	granted, mem, sent int64
+	max                int64 // the peer's window (0: not yet known)
+	asked              int64 // the credit when this side last said it waits
 }
 
 func newSendWindow() sendWindow { return sendWindow{granted: initialCredit, asked: -1} }
 
-func (w *sendWindow) avail() int64 { return w.granted - w.sent }
+func (w *sendWindow) total() int64 { return w.granted + w.mem }
+
+func (w *sendWindow) avail() int64 { return w.total() - w.sent }
+
+// inMemory takes what the peer's words say it gave in all; they only
+// grow (a peer that makes them shrink only holds its own data back).
+func (w *sendWindow) inMemory(n int64) { w.mem = max(w.mem, n) }
 
 // add takes a grant from the peer; one that overflows is an error.
 func (w *sendWindow) add(n int64) bool {

@@ -29,11 +29,30 @@ const (
 	pkBlocked  byte = 8 // the sender waits for credit: stream bytes, message bytes it needs
 )
 
+// isFlowControl says whether packets of kind are flow control.
+func isFlowControl(kind byte) bool { return kind >= pkWindow && kind <= pkBlocked }
+
 // Credit kinds: the index of a window in the arrays below.
 const (
 	creditStream = iota
 	creditMessages
 )
+
+// memCredit is a link that carries the connection's credit in memory,
+// not in packets: the ub path's grants are one-sided adds to words in the
+// peer's segment, which wake nothing there (a credit packet every
+// megabyte cost a stream's sender side a wake-up each, and the ub-sim
+// stream a tenth of its throughput).
+type memCredit interface {
+	// grant adds stream and message credit to the peer's words.
+	grant(stream, messages int64) error
+	// peerGrants returns what the peer added to this side's, in all.
+	peerGrants() (stream, messages int64)
+}
+
+// memCreditPoll bounds how long a sender that waits for credit in memory
+// sleeps between looks at it.
+const memCreditPoll = 100 * time.Microsecond
 
 // link carries packets for a pktConn.
 type link interface {
@@ -83,9 +102,8 @@ type pktConn struct {
 	writeClosed bool       // (wmu)
 
 	mu         sync.Mutex
-	in         []byte // stream bytes not yet read, from inOff
-	inOff      int
-	eof        bool // the peer closed its writing side
+	in         streamBuf // stream bytes not yet read
+	eof        bool      // the peer closed its writing side
 	msgs       []*Msg
 	peerClosed bool
 	err        error         // why the link ended, once the queues are drained
@@ -176,10 +194,36 @@ func (c *pktConn) deliveredUnlock() {
 	}
 }
 
-// consumedLocked notes n bytes (credit) of kind the application took, and
-// says whether the credit loop has a grant to make (mu held).
-func (c *pktConn) consumedLocked(kind int, n int64) bool {
-	return c.recvWin[kind].consume(n)
+// grantsLocked returns the credit due to the peer now (mu held).
+func (c *pktConn) grantsLocked() (grants [2]int64) {
+	for k := range c.recvWin {
+		if w := &c.recvWin[k]; w.due() {
+			grants[k] = w.grant(c.flow.budget, c.kick)
+		}
+	}
+	return grants
+}
+
+// consumedUnlock notes n bytes (credit) of kind the application took, and
+// releases mu. A grant that is due goes to the peer at once if the link
+// carries credit in memory (a one-sided add, which does not wait for the
+// link), else through the credit loop.
+func (c *pktConn) consumedUnlock(kind int, n int64) {
+	if !c.recvWin[kind].consume(n) {
+		c.mu.Unlock()
+		return
+	}
+	mc, ok := c.l.(memCredit)
+	if !ok {
+		c.mu.Unlock()
+		c.kickCredits()
+		return
+	}
+	grants := c.grantsLocked()
+	c.mu.Unlock()
+	if grants != [2]int64{} {
+		mc.grant(grants[0], grants[1]) // on failure the link ended: the read loop says why
+	}
 }
 
 // kickCredits wakes the credit loop.
@@ -217,15 +261,17 @@ func (c *pktConn) creditLoop() {
 		case <-c.closing:
 			return
 		}
-		var grants, asks [2]int64
+		var asks [2]int64
 		c.mu.Lock()
-		for k := range c.recvWin {
-			if w := &c.recvWin[k]; w.due() {
-				grants[k] = w.grant(c.flow.budget, c.kick)
-			}
-		}
+		grants := c.grantsLocked()
 		asks, c.asks = c.asks, [2]int64{}
 		c.mu.Unlock()
+		if mc, ok := c.l.(memCredit); ok && grants != [2]int64{} {
+			if mc.grant(grants[0], grants[1]) != nil {
+				return // the link ended: the read loop says why
+			}
+			grants = [2]int64{}
+		}
 		for _, pk := range []struct {
 			kind byte
 			n    [2]int64
@@ -290,25 +336,56 @@ func (c *pktConn) flowPacket(kind byte, p []byte) error {
 	return nil
 }
 
-// appendStreamLocked queues stream bytes the window admitted (mu held).
-// The buffer grows to at most the window: the unread bytes never exceed
-// it, and the read part is dropped before the buffer grows when it is at
-// least half (so each byte moves a bounded number of times) or when the
-// buffer is as large as it may be.
-func (c *pktConn) appendStreamLocked(p []byte) {
-	if len(c.in)+len(p) > cap(c.in) {
-		limit := int(c.recvWin[creditStream].max)
-		if c.inOff > 0 && (c.inOff >= len(c.in)-c.inOff || cap(c.in) >= limit) {
-			c.in = c.in[:copy(c.in, c.in[c.inOff:])]
-			c.inOff = 0
-		}
-		if need := len(c.in) + len(p); need > cap(c.in) {
-			grown := make([]byte, len(c.in), max(min(2*cap(c.in), limit), need))
-			copy(grown, c.in)
-			c.in = grown
-		}
+// streamBuf holds the stream bytes not yet read: a ring that grows to at
+// most the window (the unread bytes never exceed it). The unread bytes
+// move to its start whenever they are no more than the read part before
+// them (each byte read pays for at most one moved), which keeps a reader
+// that keeps up at the start of the ring, in the cache, as a buffer that
+// empties does.
+type streamBuf struct {
+	b    []byte
+	head int // the first unread byte
+	n    int // unread bytes
+}
+
+// push appends p; limit is the most the ring may grow to.
+func (r *streamBuf) push(p []byte, limit int) {
+	if len(p) == 0 {
+		return
 	}
-	c.in = append(c.in, p...)
+	if r.head > 0 && r.n <= r.head && r.head+r.n <= len(r.b) {
+		copy(r.b, r.b[r.head:r.head+r.n])
+		r.head = 0
+	}
+	if r.n+len(p) > len(r.b) {
+		grown := make([]byte, max(min(2*len(r.b), limit), r.n+len(p)))
+		r.peek(grown)
+		r.b, r.head = grown, 0
+	}
+	tail := (r.head + r.n) % len(r.b)
+	k := copy(r.b[tail:], p)
+	copy(r.b, p[k:])
+	r.n += len(p)
+}
+
+// peek copies the first unread bytes into p, and says how many.
+func (r *streamBuf) peek(p []byte) int {
+	k := copy(p, r.b[r.head:min(r.head+r.n, len(r.b))])
+	if k < len(p) && k < r.n {
+		k += copy(p[k:], r.b[:r.n-k])
+	}
+	return k
+}
+
+// read takes up to len(p) unread bytes.
+func (r *streamBuf) read(p []byte) int {
+	k := r.peek(p)
+	r.n -= k
+	r.head = (r.head + k) % len(r.b)
+	if r.n == 0 {
+		r.head = 0
+	}
+	return k
 }
 
 // readLoop takes packets off the link into the stream and message queues.
@@ -352,7 +429,7 @@ func (c *pktConn) packet(kind byte, p []byte, asm *[]byte, want *int) error {
 			c.mu.Unlock()
 			return fmt.Errorf("transport: %d stream bytes with %d of credit left: %w", len(p), w.granted-w.got, ErrFlowControl)
 		}
-		c.appendStreamLocked(p)
+		c.in.push(p, int(c.recvWin[creditStream].max))
 		c.deliveredUnlock()
 		return nil
 	case pkEOF:
@@ -372,12 +449,18 @@ func (c *pktConn) packet(kind byte, p []byte, asm *[]byte, want *int) error {
 		// The whole message is charged now, before its buffer is made.
 		c.mu.Lock()
 		w := &c.recvWin[creditMessages]
-		ok := w.admit(int64(n) + msgOverhead)
-		left := w.granted - w.got
-		c.mu.Unlock()
-		if !ok {
+		if !w.admit(int64(n) + msgOverhead) {
+			left := w.granted - w.got
+			c.mu.Unlock()
 			return fmt.Errorf("transport: a message of %d bytes with %d of credit left: %w", n, left, ErrFlowControl)
 		}
+		if uint64(len(p)-8) == n {
+			// Whole in one packet: queued under the same lock.
+			c.msgs = append(c.msgs, &Msg{heap: true, pc: c, data: append(make([]byte, 0, n), p[8:]...)})
+			c.deliveredUnlock()
+			return nil
+		}
+		c.mu.Unlock()
 		*want = int(n)
 		*asm = append(make([]byte, 0, n), p[8:]...)
 	case pkMsgMore:
@@ -460,17 +543,9 @@ func (c *pktConn) Read(b []byte) (int, error) {
 			return 0, nil
 		}
 		c.mu.Lock()
-		if c.inOff < len(c.in) {
-			n := copy(b, c.in[c.inOff:])
-			c.inOff += n
-			if c.inOff == len(c.in) {
-				c.in, c.inOff = c.in[:0], 0
-			}
-			due := c.consumedLocked(creditStream, int64(n))
-			c.mu.Unlock()
-			if due {
-				c.kickCredits()
-			}
+		if c.in.n > 0 {
+			n := c.in.read(b)
+			c.consumedUnlock(creditStream, int64(n))
 			return n, nil
 		}
 		if c.eof {
@@ -542,9 +617,19 @@ func (c *pktConn) usable(stream bool) error {
 // fails once the connection ends. While it waits the peer is told (once
 // per grant), so that it grows its window or gives back what is pending.
 func (c *pktConn) takeCredit(kind int, need, want int64) (int64, error) {
+	mc, _ := c.l.(memCredit)
+	poll := time.Duration(0)
 	for {
 		c.mu.Lock()
 		w := &c.sendWin[kind]
+		if mc != nil {
+			s, m := mc.peerGrants()
+			c.sendWin[creditStream].inMemory(s)
+			c.sendWin[creditMessages].inMemory(m)
+			// Nothing wakes a sender when credit lands in memory: it
+			// looks again, more and more slowly.
+			poll = min(max(2*poll, 10*time.Microsecond), memCreditPoll)
+		}
 		if w.max > 0 && need > w.max {
 			c.mu.Unlock()
 			return 0, tooLarge(need, w.max)
@@ -559,12 +644,12 @@ func (c *pktConn) takeCredit(kind int, need, want int64) (int64, error) {
 			c.mu.Unlock()
 			return 0, err
 		}
-		if w.asked != w.granted {
-			w.asked = w.granted
+		if w.asked != w.total() {
+			w.asked = w.total()
 			c.asks[kind] = need
 			c.kickCredits()
 		}
-		if err := c.waitCreditUnlock(); err != nil {
+		if err := c.waitCreditUnlock(poll); err != nil {
 			return 0, err
 		}
 	}
@@ -587,15 +672,24 @@ func (c *pktConn) endedLocked() error {
 }
 
 // waitCreditUnlock waits, mu released, for the peer's next flow-control
-// packet or the connection's end, honouring the write deadline and Close.
-func (c *pktConn) waitCreditUnlock() error {
+// packet or the connection's end, honouring the write deadline and Close,
+// or for poll if it is not zero.
+func (c *pktConn) waitCreditUnlock(poll time.Duration) error {
 	if c.credited == nil {
 		c.credited = make(chan struct{})
 	}
 	ch := c.credited
 	c.mu.Unlock()
+	var look <-chan time.Time
+	if poll > 0 {
+		t := time.NewTimer(poll)
+		defer t.Stop()
+		look = t.C
+	}
 	select {
 	case <-ch:
+		return nil
+	case <-look:
 		return nil
 	case <-c.wdl.Wait():
 		return os.ErrDeadlineExceeded
@@ -672,7 +766,7 @@ func (c *pktConn) peerMessageWindow() (int64, error) {
 			c.mu.Unlock()
 			return 0, err
 		}
-		if err := c.waitCreditUnlock(); err != nil {
+		if err := c.waitCreditUnlock(0); err != nil {
 			return 0, err
 		}
 	}
@@ -733,11 +827,7 @@ func (c *pktConn) Recv(ctx context.Context) (*Msg, error) {
 			m := c.msgs[0]
 			c.msgs[0] = nil
 			c.msgs = c.msgs[1:]
-			due := c.consumedLocked(creditMessages, int64(len(m.data))+msgOverhead)
-			c.mu.Unlock()
-			if due {
-				c.kickCredits()
-			}
+			c.consumedUnlock(creditMessages, int64(len(m.data))+msgOverhead)
 			return m, nil
 		}
 		if err := c.err; err != nil {
@@ -779,7 +869,7 @@ func (c *pktConn) Close() error {
 	// the endpoint.
 	c.mu.Lock()
 	broken := c.err != nil && c.err != errPeerClosed
-	c.in, c.inOff, c.msgs = nil, 0, nil
+	c.in, c.msgs = streamBuf{}, nil
 	for k := range c.recvWin {
 		c.recvWin[k].close(c.flow.budget)
 	}

@@ -105,6 +105,11 @@ func (p *poller) ended(waited time.Duration, excused bool) {
 	if excused && waited < readSpinMax {
 		return
 	}
+	p.missed()
+}
+
+// missed learns from a polled wait that did not pay.
+func (p *poller) missed() {
 	p.backoff = min(max(1, 2*p.backoff), readSpinBackoffMax)
 	p.skip = p.backoff
 }

@@ -40,14 +40,17 @@ var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 5+tcpMTU); retu
 type tcpLink struct {
 	c net.Conn
 
-	q      chan *[]byte
-	ctl    chan *[]byte  // flow-control packets, written before q's
-	queued atomic.Int64  // packets queued, not yet written
-	done   chan struct{} // the writer exited
-	stop   chan struct{} // the writer must exit now
-	mu     sync.Mutex
-	werr   error // why the writer stopped (mu)
-	bye    bool  // goodbye closed the queue
+	q           chan *[]byte
+	ctl         chan *[]byte  // flow-control packets, written before q's
+	queued      atomic.Int64  // packets queued, not yet written
+	done        chan struct{} // the writer exited
+	stop        chan struct{} // the writer must exit now
+	peerBye     chan struct{} // the peer's goodbye arrived: it reads no more
+	peerByeOnce sync.Once
+	mu          sync.Mutex
+	werr        error     // why the writer stopped (mu)
+	bye         bool      // goodbye closed the queue
+	byeBy       time.Time // when Close stops waiting for the goodbye's delivery
 
 	wdl      *deadline.Deadline
 	intr     chan struct{}
@@ -62,7 +65,7 @@ func newTCPLink(c net.Conn) *tcpLink {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	l := &tcpLink{c: c, q: make(chan *[]byte, tcpQueue), ctl: make(chan *[]byte, tcpControlQueue), done: make(chan struct{}), stop: make(chan struct{}), wdl: deadline.New(),
+	l := &tcpLink{c: c, q: make(chan *[]byte, tcpQueue), ctl: make(chan *[]byte, tcpControlQueue), done: make(chan struct{}), stop: make(chan struct{}), peerBye: make(chan struct{}), wdl: deadline.New(),
 		intr: make(chan struct{}), r: bufio.NewReaderSize(c, 64<<10), buf: make([]byte, tcpMTU)}
 	go l.writeLoop()
 	return l
@@ -84,13 +87,21 @@ func (l *tcpLink) writeLoop() {
 	defer close(l.done)
 	for {
 		var f *[]byte
-		select {
-		case f = <-l.ctl:
-		default:
+		if len(l.ctl) > 0 {
+			f = <-l.ctl // only this goroutine takes from it
+		} else {
 			select {
 			case f = <-l.ctl:
 			case f = <-l.q:
 			case <-l.stop:
+				return
+			case <-l.peerBye:
+				// The peer reads nothing more: end this side's stream, so
+				// that it can close its socket without a reset (see
+				// release).
+				if cw, ok := l.c.(interface{ CloseWrite() error }); ok && l.err() == nil {
+					cw.CloseWrite()
+				}
 				return
 			}
 		}
@@ -172,9 +183,11 @@ func (l *tcpLink) sendControl(kind byte, p []byte) error {
 	}
 }
 
-// goodbye queues the goodbye packet after everything sent; the writer
-// delivers them in the background and then ends the sending side. It waits at most timeout
-// for the queue to take the goodbye.
+// goodbye queues the goodbye packet after everything sent, and waits for
+// the writer to have written it (the process may exit once Close returns,
+// and what is still queued would be lost), then, in release, for the peer
+// to end its side; all within timeout. What is left is delivered in the
+// background.
 func (l *tcpLink) goodbye(timeout time.Duration) error {
 	if l.err() != nil {
 		return l.err()
@@ -193,8 +206,12 @@ func (l *tcpLink) goodbye(timeout time.Duration) error {
 		return l.err()
 	}
 	l.mu.Lock()
-	l.bye = true
+	l.bye, l.byeBy = true, time.Now().Add(timeout)
 	l.mu.Unlock()
+	select {
+	case <-l.done:
+	case <-t.C:
+	}
 	return nil
 }
 
@@ -215,14 +232,14 @@ func (l *tcpLink) recv() (byte, []byte, error) {
 		return 0, nil, err
 	}
 	if hdr[0] == pkClose {
+		l.peerByeOnce.Do(func() { close(l.peerBye) })
 		return 0, nil, errPeerClosed
 	}
 	return hdr[0], p, nil
 }
 
-// shutdown stops reading at once; the socket closes when the writer has
-// delivered the goodbye (at most tcpLingerMax later), or at once if there
-// was none.
+// shutdown stops reading at once; the socket closes at once if there was
+// no goodbye, else once it is delivered (see release).
 func (l *tcpLink) shutdown() {
 	l.shutOnce.Do(func() {
 		l.interrupt()
@@ -234,20 +251,47 @@ func (l *tcpLink) shutdown() {
 			l.c.Close()
 			return
 		}
-		if cr, ok := l.c.(interface{ CloseRead() error }); ok {
-			cr.CloseRead()
-		} else {
-			l.c.SetReadDeadline(time.Unix(1, 0))
-		}
-		go func() {
-			select {
-			case <-l.done:
-			case <-time.After(tcpLingerMax):
-			}
-			l.c.Close()
-		}()
+		l.c.SetReadDeadline(time.Unix(1, 0))
 	})
 }
 
-// release drops the receive buffers (the read loop has returned).
-func (l *tcpLink) release() { l.r, l.buf = nil, nil }
+// release drops the receive buffers (the read loop has returned). After a
+// goodbye, the socket closes in the background once the writer has
+// delivered it and the peer has ended its stream, which it does once it
+// has read the goodbye, at most tcpLingerMax later. Until then what the
+// peer sends (flow-control packets for what it read) is read and dropped:
+// closing a socket with unread bytes resets the connection, and a reset
+// throws away what the peer has not read yet, the end of this side's
+// stream among it.
+func (l *tcpLink) release() {
+	l.r, l.buf = nil, nil
+	l.mu.Lock()
+	bye, by := l.bye, l.byeBy
+	l.mu.Unlock()
+	if !bye {
+		return
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		end := time.Now().Add(tcpLingerMax)
+		t := time.NewTimer(tcpLingerMax)
+		defer t.Stop()
+		select {
+		case <-l.done:
+		case <-t.C:
+		}
+		l.c.SetReadDeadline(end)
+		io.Copy(io.Discard, l.c)
+		l.c.Close()
+	}()
+	// Within the goodbye's time, wait for the peer to end its side too: a
+	// process that exits once Close returns would otherwise close the
+	// socket with the peer's last credit packets unread.
+	t := time.NewTimer(time.Until(by))
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+	}
+}

@@ -28,7 +28,16 @@ import (
 const (
 	ubDepth = 16
 	ubSize  = 64 << 10
-	ubHead  = 64 // the credit word, alone on its cache line
+	ubHead  = 64 // the credit words, alone on their cache line
+)
+
+// Offsets of the credit words in a side's segment, which its peer adds
+// to: receives reposted (the link's credit), then the connection's stream
+// and message credit (see pktConn).
+const (
+	ubLinkCredit    = 0
+	ubStreamCredit  = 8
+	ubMessageCredit = 16
 )
 
 // Completion tags.
@@ -47,7 +56,8 @@ const (
 // process ending closes it, which is how a dead peer is noticed.
 type ubLink struct {
 	seg     ub.Segment
-	credit  *atomic.Uint64 // receives the peer has reposted for us
+	credit  *atomic.Uint64    // receives the peer has reposted for us
+	granted [2]*atomic.Uint64 // stream and message credit the peer gave us
 	sq, rq  ub.CQ
 	j       ub.Jetty // RC, bound to the peer: packets
 	cq      ub.CQ
@@ -70,6 +80,9 @@ type ubLink struct {
 	swr  [1]ub.WR
 	sout [ubDepth]ub.Completion
 	rwr  [1]ub.RecvWR
+	// The credit returns' (cmu): the receiving goroutine returns the
+	// link's, the connection's credit loop its own.
+	cmu  sync.Mutex
 	crwr [1]ub.WR
 	cout [ubDepth]ub.Completion
 
@@ -89,8 +102,8 @@ type ubLink struct {
 	cur       int // the buffer recv returned last, or -1
 	reposted  uint64
 	received  uint64 // packets taken
-	creditErr error  // credit returns failed: the peer released its side
-	credits   int    // credit returns not yet completed
+	creditErr error  // credit returns failed: the peer released its side (cmu)
+	credits   int    // credit returns not yet completed (cmu)
 	comp      [1]ub.Completion
 	rctx      context.Context
 	rcancel   context.CancelFunc
@@ -184,8 +197,13 @@ func newUBLink(ctx ub.Context, ctl net.Conn) (*ubLink, ubHello, error) {
 	if l.seg, err = ctx.AllocSegment(ubHead+2*ubDepth*ubSize, ub.SegmentConfig{Access: ub.AccessAtomic, Token: segToken}); err != nil {
 		return fail(err)
 	}
-	if l.credit, err = shm.WordIn(l.seg.Bytes(), 0); err != nil {
+	if l.credit, err = shm.WordIn(l.seg.Bytes(), ubLinkCredit); err != nil {
 		return fail(err)
+	}
+	for k, off := range []int{ubStreamCredit, ubMessageCredit} {
+		if l.granted[k], err = shm.WordIn(l.seg.Bytes(), off); err != nil {
+			return fail(err)
+		}
 	}
 	if l.sq, err = ctx.NewCQ(ub.CQConfig{}); err != nil {
 		return fail(err)
@@ -375,18 +393,23 @@ func (l *ubLink) reap() error {
 	return l.sendErr
 }
 
-func (l *ubLink) send(kind byte, p []byte) error { return l.post(kind, p, waitDeadline) }
+func (l *ubLink) send(kind byte, p []byte) error { return l.post(kind, p, false) }
 
 // sendControl is send without the write deadline.
-func (l *ubLink) sendControl(kind byte, p []byte) error { return l.post(kind, p, waitInterrupt) }
+func (l *ubLink) sendControl(kind byte, p []byte) error { return l.post(kind, p, true) }
 
 // post sends one packet once a staging buffer and a receive of the peer's
-// are free, waiting until the link ends or as until says.
-func (l *ubLink) post(kind byte, p []byte, until int) error {
+// are free, waiting until the link ends or is interrupted or, unless the
+// packet is flow control, the write deadline passes.
+func (l *ubLink) post(kind byte, p []byte, control bool) error {
 	l.smu.Lock()
 	defer l.smu.Unlock()
 	if l.sendErr != nil {
 		return l.sendErr
+	}
+	until := waitDeadline
+	if control {
+		until = waitInterrupt
 	}
 	// A staging buffer is free once its previous send completed; the peer
 	// has a receive posted once it returned the credit.
@@ -409,6 +432,10 @@ func (l *ubLink) post(kind byte, p []byte, until int) error {
 		return l.sendErr
 	}
 	l.sent++
+	if control {
+		// Flow control asks for no answer: the receiver need not poll.
+		return nil
+	}
 	l.wroteSince.Add(int64(len(p)) + 1) // an empty packet (EOF) counts too
 	l.sendSeq.Add(1)
 	if l.rparked.CompareAndSwap(true, false) {
@@ -452,7 +479,13 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			}
 			l.cur = int(c.UserCtx)
 			l.received++
-			if polling {
+			switch {
+			case polling && isFlowControl(byte(c.Imm)):
+				// The poll waits for an answer; credit is none (a stream's
+				// writer gets it every megabyte, and catching it would
+				// keep its reader polling, and off other goroutines' CPU).
+				l.poll.missed()
+			case polling:
 				l.poll.ended(time.Since(pollBegan), false)
 			}
 			l.readSince += c.Len
@@ -563,35 +596,68 @@ type kickWaiter interface {
 // that fails (the peer released its side after its goodbye), credits are
 // no longer returned, and the packets already here are still read.
 func (l *ubLink) returnCredits() {
+	l.cmu.Lock()
+	defer l.cmu.Unlock()
+	if l.addCreditLocked(ubLinkCredit, l.reposted) {
+		l.reposted = 0
+	}
+}
+
+// grant adds the connection's credit to the peer's words, one-sided: the
+// peer's sender reads them in its own memory, and no packet wakes its
+// reader (pktConn's creditLoop calls it).
+func (l *ubLink) grant(stream, messages int64) error {
+	l.cmu.Lock()
+	defer l.cmu.Unlock()
+	for _, g := range []struct {
+		off int
+		n   int64
+	}{{ubStreamCredit, stream}, {ubMessageCredit, messages}} {
+		if g.n > 0 && !l.addCreditLocked(g.off, uint64(g.n)) {
+			return l.creditErr
+		}
+	}
+	return nil
+}
+
+// peerGrants returns the stream and message credit the peer gave, in all.
+func (l *ubLink) peerGrants() (stream, messages int64) {
+	return int64(l.granted[0].Load()), int64(l.granted[1].Load())
+}
+
+// addCreditLocked takes the completed credit returns, then adds n to the
+// peer's word at off (cmu held); false says credit can no longer be
+// returned (creditErr says why).
+func (l *ubLink) addCreditLocked(off int, n uint64) bool {
 	if l.creditErr != nil {
-		return
+		return false
 	}
 	out := &l.cout
 	for {
-		n, err := l.cq.Poll(out[:])
+		k, err := l.cq.Poll(out[:])
 		if err != nil {
 			l.creditErr = err
-			return
+			return false
 		}
-		for _, c := range out[:n] {
+		for _, c := range out[:k] {
 			if c.Status != ub.StatusSuccess {
 				l.creditErr = fmt.Errorf("transport: ub path: credit return: %v", c.Status)
 				l.broken(c.Status)
-				return
+				return false
 			}
 		}
-		l.credits -= n
-		if n < len(out) {
+		l.credits -= k
+		if k < len(out) {
 			break
 		}
 	}
-	l.crwr[0] = ub.WR{Op: ub.OpFetchAdd, UserCtx: tagCredit, Remote: ub.Remote{Seg: l.peerSeg}, Add: l.reposted}
+	l.crwr[0] = ub.WR{Op: ub.OpFetchAdd, UserCtx: tagCredit, Remote: ub.Remote{Seg: l.peerSeg, Offset: off}, Add: n}
 	if _, err := l.cj.PostSend(l.crwr[:]); err != nil {
 		l.creditErr = fmt.Errorf("transport: ub path: credit return: %w", err)
-		return
+		return false
 	}
 	l.credits++
-	l.reposted = 0
+	return true
 }
 
 // broken ends the link when an operation failed because a link of the
@@ -641,6 +707,13 @@ func (l *ubLink) shutdown() {
 
 func (l *ubLink) release() {
 	l.shutdown()
+	// A Read may still be returning credit (grant): it must find the
+	// link released, not its jetty closed under it.
+	l.cmu.Lock()
+	if l.creditErr == nil {
+		l.creditErr = net.ErrClosed
+	}
+	l.cmu.Unlock()
 	for _, c := range []interface{ Close() error }{l.peer, l.peerSeg, l.j, l.cj, l.sq, l.rq, l.cq, l.seg} {
 		if c != nil {
 			c.Close()

@@ -22,6 +22,9 @@ const (
 	flagRST = 8
 
 	initialWindow = 256 << 10
+	// maxSessionWindow bounds a session's window, and the credit a peer
+	// may give.
+	maxSessionWindow = 1 << 30
 )
 
 type header struct {

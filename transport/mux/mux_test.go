@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -237,5 +238,143 @@ func TestUnopenedStreams(t *testing.T) {
 			}
 			b.Close()
 		})
+	}
+}
+
+// TestSessionWindowBoundsUnreadStreams: sixteen streams whose reader reads
+// nothing hold at most the session's window together (1 MiB here), not
+// sixteen stream windows; once read, every byte written arrives.
+func TestSessionWindowBoundsUnreadStreams(t *testing.T) {
+	const window = 1 << 20
+	c, s := pair(t, &Config{SessionWindow: window})
+	type stream struct {
+		w, r  *Stream
+		wrote int
+	}
+	streams := make([]*stream, 16)
+	for i := range streams {
+		w, err := c.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams[i] = &stream{w: w, r: r}
+	}
+	var wg sync.WaitGroup
+	for i, st := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st.w.SetWriteDeadline(time.Now().Add(300 * time.Millisecond))
+			st.wrote, _ = st.w.Write(bytes.Repeat([]byte{byte(i)}, initialWindow))
+		}()
+	}
+	wg.Wait()
+	var wrote, held int
+	for _, st := range streams {
+		wrote += st.wrote
+		st.r.mu.Lock()
+		held += st.r.buf.Len()
+		st.r.mu.Unlock()
+	}
+	if wrote > window || held > window {
+		t.Errorf("16 unread streams took %d KiB (%d KiB held), want at most the session's window, %d KiB", wrote>>10, held>>10, window>>10)
+	}
+	for i, st := range streams {
+		st.w.CloseWrite()
+		got, err := io.ReadAll(st.r)
+		if err != nil || len(got) != st.wrote || (len(got) > 0 && got[len(got)-1] != byte(i)) {
+			t.Fatalf("stream %d: read %d of the %d bytes written: %v", i, len(got), st.wrote, err)
+		}
+	}
+	t.Logf("16 unread streams took %d KiB", wrote>>10)
+}
+
+// rawPeer is the other end of a session, written by hand.
+func rawPeer(t *testing.T, cfg *Config) (*Session, net.Conn) {
+	t.Helper()
+	a, b := net.Pipe()
+	s := Server(a, cfg)
+	t.Cleanup(func() { s.Close(); b.Close() })
+	return s, b
+}
+
+func writeFrame(w io.Writer, h header, body []byte) error {
+	var b [headerSize]byte
+	h.encode(b[:])
+	_, err := w.Write(append(b[:], body...))
+	return err
+}
+
+// TestSessionCreditViolation: a peer that sends more than the session's
+// window, over streams each within its own, ends the session with a
+// protocol error before the bytes are buffered.
+func TestSessionCreditViolation(t *testing.T) {
+	s, b := rawPeer(t, &Config{KeepaliveInterval: -1, SessionWindow: initialWindow})
+	go io.Copy(io.Discard, b)
+	body := make([]byte, initialWindow*3/4)
+	go func() {
+		for _, id := range []uint32{1, 3} {
+			if writeFrame(b, header{typ: typeWindow, flags: flagSYN, stream: id}, nil) != nil ||
+				writeFrame(b, header{typ: typeData, stream: id, length: uint32(len(body))}, body) != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-s.Done():
+	case <-time.After(5 * time.Second): // a hang guard
+		t.Fatal("the session took more than its window")
+	}
+	if !errors.Is(s.Err(), ErrProtocol) {
+		t.Fatalf("session ended with %v, want a protocol error", s.Err())
+	}
+}
+
+// TestClosedStreamDataNeedsNoGoroutines: data a peer keeps sending to a
+// stream closed on this side is dropped and its credit returned, without
+// a goroutine per frame, even when the peer reads nothing of what this
+// side writes (it used to start one each, blocked until the session
+// ended).
+func TestClosedStreamDataNeedsNoGoroutines(t *testing.T) {
+	s, b := rawPeer(t, &Config{KeepaliveInterval: -1})
+	if err := writeFrame(b, header{typ: typeWindow, flags: flagSYN, stream: 1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read what the session writes until the stream's FIN, then stop.
+	fin := make(chan struct{})
+	go func() {
+		defer close(fin)
+		var hb [headerSize]byte
+		for {
+			if _, err := io.ReadFull(b, hb[:]); err != nil {
+				return
+			}
+			h, _ := decodeHeader(hb[:])
+			if h.typ == typeData && h.flags&flagFIN != 0 {
+				return
+			}
+		}
+	}()
+	st.Close()
+	<-fin
+	before := runtime.NumGoroutine()
+	for range 2000 {
+		if err := writeFrame(b, header{typ: typeData, stream: 1, length: 1}, []byte{7}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := runtime.NumGoroutine() - before; n > 5 {
+		t.Errorf("2000 frames for a closed stream left %d more goroutines", n)
+	}
+	if err := s.Err(); err != nil {
+		t.Fatalf("the session ended: %v", err)
 	}
 }

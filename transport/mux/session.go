@@ -20,7 +20,16 @@ type Config struct {
 	// AcceptBacklog bounds streams opened by the peer and not yet accepted
 	// (default 256); more are refused with a reset.
 	AcceptBacklog int
+	// SessionWindow bounds the bytes of all the session's streams that
+	// arrived and were not read yet (default DefaultSessionWindow, at
+	// least 256 KiB, a stream's window): the peer's writers wait for it as
+	// for their stream's window, so streams nobody reads hold at most this
+	// much, however many there are.
+	SessionWindow int
 }
+
+// DefaultSessionWindow is the default of Config.SessionWindow.
+const DefaultSessionWindow = 16 << 20
 
 // Errors.
 var (
@@ -51,6 +60,20 @@ type Session struct {
 	ctrl     chan []byte // control frames, written before data
 	data     chan writeReq
 	closeOne sync.Once
+
+	// Flow control of the session as a whole (fmu, taken alone): the
+	// credit the peer has left, what was read (or dropped) since the last
+	// update, and the credit this side has left.
+	fmu        sync.Mutex
+	recvCredit int64
+	consumed   int64
+	sendCredit int64
+	sendWait   chan struct{} // closed at the next session credit, made when a writer waits
+	// Window updates not yet written, per stream (0: the session's),
+	// coalesced: returning credit never waits for the writer (fmu).
+	updates      map[uint32]uint32
+	updatesReady chan struct{}
+	updateBuf    []byte // the writer's
 }
 
 type writeReq struct {
@@ -78,9 +101,18 @@ func newSession(conn net.Conn, cfg *Config, client bool) *Session {
 	if c.AcceptBacklog <= 0 {
 		c.AcceptBacklog = 256
 	}
+	if c.SessionWindow <= 0 {
+		c.SessionWindow = DefaultSessionWindow
+	}
+	c.SessionWindow = min(max(c.SessionWindow, initialWindow), maxSessionWindow)
 	s := &Session{conn: conn, cfg: c, client: client, streams: map[uint32]*Stream{},
 		accept: make(chan *Stream, c.AcceptBacklog), done: make(chan struct{}),
-		pings: map[uint32]chan struct{}{}, ctrl: make(chan []byte, 64), data: make(chan writeReq)}
+		pings: map[uint32]chan struct{}{}, ctrl: make(chan []byte, 64), data: make(chan writeReq),
+		recvCredit: int64(c.SessionWindow), sendCredit: initialWindow,
+		updates: map[uint32]uint32{}, updatesReady: make(chan struct{}, 1)}
+	// Each side starts with a stream's window for the whole session; the
+	// first update gives the rest of this side's.
+	s.returnCredit(0, uint32(c.SessionWindow-initialWindow))
 	s.nextID = 2
 	if client {
 		s.nextID = 1
@@ -222,7 +254,11 @@ func (s *Session) control(h header) error {
 func (s *Session) writeData(id uint32, flags uint16, body []byte) error {
 	hdr := make([]byte, headerSize)
 	header{typ: typeData, flags: flags, stream: id, length: uint32(len(body))}.encode(hdr)
-	req := writeReq{frame: [][]byte{hdr, body}, done: make(chan error, 1)}
+	frame := [][]byte{hdr, body}
+	if len(body) == 0 {
+		frame = frame[:1] // an empty write may wait for the reader (net.Pipe)
+	}
+	req := writeReq{frame: frame, done: make(chan error, 1)}
 	select {
 	case s.data <- req:
 	case <-s.done:
@@ -236,6 +272,97 @@ func (s *Session) writeData(id uint32, flags uint16, body []byte) error {
 	}
 }
 
+// returnCredit queues a window update of n for stream id (0: the
+// session); updates to the same stream add up until the writer takes them.
+func (s *Session) returnCredit(id, n uint32) {
+	if n == 0 {
+		return
+	}
+	s.fmu.Lock()
+	s.updates[id] += n
+	s.fmu.Unlock()
+	select {
+	case s.updatesReady <- struct{}{}:
+	default:
+	}
+}
+
+// writeUpdates writes the window updates queued, as one write (only the
+// writer calls it).
+func (s *Session) writeUpdates() error {
+	s.fmu.Lock()
+	b := s.updateBuf[:0]
+	var h [headerSize]byte
+	for id, n := range s.updates {
+		header{typ: typeWindow, stream: id, length: n}.encode(h[:])
+		b = append(b, h[:]...)
+	}
+	clear(s.updates)
+	s.fmu.Unlock()
+	s.updateBuf = b
+	if len(b) == 0 {
+		return nil
+	}
+	_, err := s.conn.Write(b)
+	return err
+}
+
+// consumedData notes n bytes of the session's streams read or dropped; a
+// quarter of the window read makes a session update.
+func (s *Session) consumedData(n uint32) {
+	s.fmu.Lock()
+	s.consumed += int64(n)
+	var update int64
+	if s.consumed >= int64(s.cfg.SessionWindow/4) {
+		update, s.consumed = s.consumed, 0
+		s.recvCredit += update
+	}
+	s.fmu.Unlock()
+	s.returnCredit(0, uint32(update))
+}
+
+// admitData checks that n more bytes fit in the session's credit.
+func (s *Session) admitData(n uint32) error {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if int64(n) > s.recvCredit {
+		return fmt.Errorf("%w: %d bytes with %d of the session's credit left", ErrProtocol, n, s.recvCredit)
+	}
+	s.recvCredit -= int64(n)
+	return nil
+}
+
+// sessionCredit takes the peer's session update.
+func (s *Session) sessionCredit(n uint32) error {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if s.sendCredit+int64(n) > maxSessionWindow {
+		return fmt.Errorf("%w: session credit beyond %d", ErrProtocol, maxSessionWindow)
+	}
+	s.sendCredit += int64(n)
+	if s.sendWait != nil {
+		close(s.sendWait)
+		s.sendWait = nil
+	}
+	return nil
+}
+
+// takeSend takes up to want of the session's credit; with none left it
+// returns a channel that closes when more comes.
+func (s *Session) takeSend(want uint32) (uint32, <-chan struct{}) {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	k := uint32(min(int64(want), s.sendCredit))
+	if k == 0 {
+		if s.sendWait == nil {
+			s.sendWait = make(chan struct{})
+		}
+		return 0, s.sendWait
+	}
+	s.sendCredit -= int64(k)
+	return k, nil
+}
+
 // writeLoop is the only writer of the connection.
 func (s *Session) writeLoop() {
 	for {
@@ -247,11 +374,22 @@ func (s *Session) writeLoop() {
 				return
 			}
 			continue
+		case <-s.updatesReady:
+			if err := s.writeUpdates(); err != nil {
+				s.shutdown(fmt.Errorf("mux: write: %w", err))
+				return
+			}
+			continue
 		default:
 		}
 		select {
 		case b := <-s.ctrl:
 			if _, err := s.conn.Write(b); err != nil {
+				s.shutdown(fmt.Errorf("mux: write: %w", err))
+				return
+			}
+		case <-s.updatesReady:
+			if err := s.writeUpdates(); err != nil {
 				s.shutdown(fmt.Errorf("mux: write: %w", err))
 				return
 			}
@@ -313,6 +451,13 @@ func (s *Session) dispatch(h header) error {
 		return nil
 	case typeGoAway:
 		return fmt.Errorf("mux: peer went away (reason %d)", h.length)
+	case typeWindow:
+		if h.stream == 0 {
+			if h.flags != 0 {
+				return fmt.Errorf("%w: flags %d on the session's window update", ErrProtocol, h.flags)
+			}
+			return s.sessionCredit(h.length)
+		}
 	}
 	st, err := s.stream(h)
 	if err != nil {
@@ -325,14 +470,23 @@ func (s *Session) dispatch(h header) error {
 			}
 		}
 	} else if st == nil {
-		// A stream already gone: skip its bytes without keeping them.
+		// A stream already gone: skip its bytes without keeping them, and
+		// give the session's credit back.
+		if err := s.admitData(h.length); err != nil {
+			return err
+		}
 		if _, err := io.CopyN(io.Discard, s.conn, int64(h.length)); err != nil {
 			return fmt.Errorf("mux: read: %w", err)
 		}
+		s.consumedData(h.length)
 	} else {
 		// Check the credit before allocating: a peer cannot make us hold
-		// more than the window it was given.
+		// more than the windows it was given, its stream's and the
+		// session's.
 		if err := st.admit(h.length); err != nil {
+			return err
+		}
+		if err := s.admitData(h.length); err != nil {
 			return err
 		}
 		var body []byte

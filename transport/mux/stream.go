@@ -94,9 +94,8 @@ func (st *Stream) receive(body []byte) error {
 		// Closed here, still open there: drop the data but give the credit
 		// back, so the peer's writer is never stuck waiting for it.
 		st.recvCredit += uint32(len(body))
-		if len(body) > 0 {
-			go st.s.control(header{typ: typeWindow, stream: st.id, length: uint32(len(body))})
-		}
+		st.s.returnCredit(st.id, uint32(len(body)))
+		st.s.consumedData(uint32(len(body)))
 		return nil
 	}
 	st.buf.Write(body)
@@ -164,9 +163,8 @@ func (st *Stream) Read(b []byte) (int, error) {
 				st.recvCredit += update
 			}
 			st.mu.Unlock()
-			if update > 0 {
-				st.s.control(header{typ: typeWindow, stream: st.id, length: update})
-			}
+			st.s.returnCredit(st.id, update)
+			st.s.consumedData(uint32(n))
 			return n, nil
 		case st.remoteFIN:
 			st.mu.Unlock()
@@ -228,13 +226,29 @@ func (st *Stream) Write(b []byte) (int, error) {
 			}
 			continue
 		}
-		k := min(len(b)-n, int(st.sendCredit), maxData)
-		st.sendCredit -= uint32(k)
+		want := min(len(b)-n, int(st.sendCredit), maxData)
 		st.mu.Unlock()
-		if err := st.s.writeData(st.id, 0, b[n:n+k]); err != nil {
+		k, more := st.s.takeSend(uint32(want))
+		if k == 0 {
+			// The session's window is full: streams nobody reads hold it.
+			if err := st.sessionErr(); err != nil {
+				return n, st.opError("write", err)
+			}
+			select {
+			case <-more:
+			case <-st.writable:
+			case <-st.writeDL.Wait():
+			case <-st.s.done:
+			}
+			continue
+		}
+		st.mu.Lock()
+		st.sendCredit -= k
+		st.mu.Unlock()
+		if err := st.s.writeData(st.id, 0, b[n:n+int(k)]); err != nil {
 			return n, st.opError("write", err)
 		}
-		n += k
+		n += int(k)
 	}
 }
 
@@ -277,9 +291,8 @@ func (st *Stream) Close() error {
 	forget := st.remoteFIN || st.reset
 	st.mu.Unlock()
 	st.wake()
-	if unread > 0 {
-		st.s.control(header{typ: typeWindow, stream: st.id, length: unread})
-	}
+	st.s.returnCredit(st.id, unread)
+	st.s.consumedData(unread)
 	if fin {
 		// After any Write in flight (woken above, it returns), on the data
 		// path, so the FIN never overtakes data.
