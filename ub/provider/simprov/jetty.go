@@ -77,6 +77,11 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	}
 	j := &jetty{inner: ij, c: c, send: send, mode: cfg.Mode, q: held{wake: make(chan struct{}, 1)}, done: make(chan struct{}), exited: make(chan struct{})}
 	c.mu.Lock()
+	if c.jets == nil { // Close ran meanwhile
+		c.mu.Unlock()
+		ij.Close()
+		return nil, errors.New("simprov: the context is closed")
+	}
 	c.jets[j] = struct{}{}
 	c.mu.Unlock()
 	go j.run()
