@@ -553,20 +553,8 @@ func (cn *conn) readLoop() {
 		}
 		p := cn.queue[0]
 		cn.queue = cn.queue[1:]
-		badToken := ub.Status(resp.status) == ub.StatusBadToken
-		if badToken {
-			// The peer hangs up after a wrong token (so that guessing
-			// costs a connection per guess): what comes after this
-			// answer goes over a new connection, and what was already
-			// sent behind it fails as the peer's.
-			cn.broken = true
-		}
 		cn.mu.Unlock()
 		p.finish(ub.Status(resp.status), resp.value, resp.payload)
-		if badToken {
-			cn.fail(ub.StatusPeerDead)
-			return
-		}
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/shm"
@@ -296,15 +295,8 @@ func (c *Context) serve(nc net.Conn) {
 		}
 		if status == ub.StatusBadToken {
 			// A peer guessing tokens pays a connection per guess: answer,
-			// then hang up. Requests already sent behind the guess are
-			// read and dropped for a moment first: closing with them
-			// unread would reset the connection, and the answer with it.
+			// then hang up.
 			w.Flush()
-			if tc, ok := nc.(*net.TCPConn); ok {
-				tc.CloseWrite()
-			}
-			nc.SetReadDeadline(time.Now().Add(time.Second))
-			io.Copy(io.Discard, io.LimitReader(r, 1<<20))
 			return
 		}
 		// Answer at once unless more requests are already here.
