@@ -293,12 +293,6 @@ func (c *Context) serve(nc net.Conn) {
 		if _, err := w.Write(out); err != nil {
 			return
 		}
-		if status == ub.StatusBadToken {
-			// A peer guessing tokens pays a connection per guess: answer,
-			// then hang up.
-			w.Flush()
-			return
-		}
 		// Answer at once unless more requests are already here.
 		if r.Buffered() == 0 {
 			if err := w.Flush(); err != nil {
