@@ -174,6 +174,7 @@ func (c *shmConn) loan(ctx context.Context, n int, wait bool) (*Msg, error) {
 			select {
 			case <-dl:
 			case <-c.closing:
+			case <-c.brokenCh:
 			case <-wctx.Done():
 			}
 			cancel()
@@ -243,6 +244,8 @@ func (c *shmConn) Recv(ctx context.Context) (*Msg, error) {
 	go func() {
 		select {
 		case <-c.closing:
+			cancel()
+		case <-c.brokenCh:
 			cancel()
 		case <-stop:
 		}

@@ -477,6 +477,46 @@ func TestShmFloodedPipe(t *testing.T) {
 	})
 }
 
+// TestShmFloodEndsBlockedWriter: when a flood ends the connection, a Write
+// already blocked on a full ring (the peer reads nothing) returns with the
+// same error at once, not at its deadline or Close.
+func TestShmFloodEndsBlockedWriter(t *testing.T) {
+	e, _, _ := attackedListener(t)
+	d, a := connect(t, e, e, "", "?path=shm", PathShm)
+	defer d.Close()
+	defer a.Close()
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := d.Write(make([]byte, 8<<20)) // more than the ring holds
+		wrote <- err
+	}()
+	// The writer is blocked once the ring is full.
+	deadline := time.Now().Add(10 * time.Second)
+	for d.c.(*shmConn).wroteSince.Load() < int64(ringCapacity-2*maxChunk) {
+		if time.Now().After(deadline) {
+			t.Fatal("the ring did not fill")
+		}
+		time.Sleep(time.Millisecond) // polling for the condition above
+	}
+	go func() {
+		garbage := bytes.Repeat([]byte{0xff}, 4096)
+		for {
+			if _, err := a.c.(*shmConn).notifyOut.Write(garbage); err != nil {
+				return
+			}
+		}
+	}()
+	checkFloodError(t, readUntilError(d))
+	select {
+	case err := <-wrote:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("the blocked Write: %v, want ECONNRESET", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Write blocked on the full ring still waits 10 s after the connection was cut off")
+	}
+}
+
 // readUntilError reads c until a read fails, and reports that error.
 func readUntilError(c net.Conn) <-chan error {
 	done := make(chan error, 1)

@@ -67,6 +67,7 @@ type shmConn struct {
 	// reader busy), and the connection ends.
 	parks, wakes uint64
 	broken       atomic.Pointer[error] // why the peer's misbehaviour ended the connection
+	brokenCh     chan struct{}         // closed with broken set: wakes blocked calls
 	poll         poller                // when Read polls an empty ring (rmu)
 	// Since Read last waited: bytes Read returned (rmu), bytes Write
 	// committed, and whether a Write found the peer's reader parked.
@@ -97,7 +98,7 @@ func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, w
 	}
 	return &shmConn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
 		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut, notifyRaw: raw,
-		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{})}, nil
+		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{}), brokenCh: make(chan struct{})}, nil
 }
 
 func (c *shmConn) LocalAddr() net.Addr  { return c.local }
@@ -133,6 +134,7 @@ func (c *shmConn) blocking(dl *deadline.Deadline) (context.Context, chan struct{
 		select {
 		case <-ch:
 		case <-c.closing:
+		case <-c.brokenCh:
 		case <-stop:
 		}
 		cancel()
@@ -143,6 +145,9 @@ func (c *shmConn) blocking(dl *deadline.Deadline) (context.Context, chan struct{
 // why turns the end of a wait into the error net.Conn users expect; seen is
 // the deadline channel the wait watched (nil if it did not wait).
 func (c *shmConn) why(dl *deadline.Deadline, seen chan struct{}, err error) error {
+	if broken := c.broken.Load(); broken != nil && !deadline.IsClosed(c.closing) {
+		return *broken
+	}
 	switch {
 	case deadline.IsClosed(c.closing):
 		return net.ErrClosed
@@ -263,6 +268,7 @@ func (c *shmConn) fail(err error) error {
 	if c.broken.CompareAndSwap(nil, &err) {
 		c.notifyIn.Close()
 		c.notifyOut.Close()
+		close(c.brokenCh)
 	}
 	return *c.broken.Load()
 }
