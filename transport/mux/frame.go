@@ -7,8 +7,9 @@ import (
 )
 
 const (
-	headerSize   = 12
-	protoVersion = 0
+	headerSize = 12
+	// protoVersion 1 added the session window (window updates on stream 0).
+	protoVersion = 1
 	maxFrame     = 16 << 20
 
 	typeData   = 0
@@ -35,7 +36,7 @@ type header struct {
 }
 
 func (h header) encode(b []byte) {
-	b[0], b[1] = h.version, h.typ
+	b[0], b[1] = protoVersion, h.typ
 	binary.BigEndian.PutUint16(b[2:], h.flags)
 	binary.BigEndian.PutUint32(b[4:], h.stream)
 	binary.BigEndian.PutUint32(b[8:], h.length)
@@ -52,7 +53,7 @@ func decodeHeader(b []byte) (header, error) {
 		stream: binary.BigEndian.Uint32(b[4:]), length: binary.BigEndian.Uint32(b[8:])}
 	switch {
 	case h.version != protoVersion:
-		return h, fmt.Errorf("%w: version %d", ErrProtocol, h.version)
+		return h, fmt.Errorf("%w: version %d, this side speaks %d (both ends must run the same ubkit release)", ErrProtocol, h.version, protoVersion)
 	case h.typ > typeGoAway:
 		return h, fmt.Errorf("%w: frame type %d", ErrProtocol, h.typ)
 	case h.typ == typeData && h.length > maxFrame:

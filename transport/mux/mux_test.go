@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -376,5 +377,21 @@ func TestClosedStreamDataNeedsNoGoroutines(t *testing.T) {
 	}
 	if err := s.Err(); err != nil {
 		t.Fatalf("the session ended: %v", err)
+	}
+}
+
+// TestOldVersionRefused: a peer speaking the protocol before the session
+// window (version 0) is refused at its first frame with an error that says
+// so, not taken for a peer that sent a frame on stream 0.
+func TestOldVersionRefused(t *testing.T) {
+	var b [headerSize]byte
+	header{typ: typeWindow, stream: 1}.encode(b[:])
+	if _, err := decodeHeader(b[:]); err != nil {
+		t.Fatalf("this version's header: %v", err)
+	}
+	b[0] = 0
+	_, err := decodeHeader(b[:])
+	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "version 0, this side speaks 1") {
+		t.Fatalf("a version 0 header: %v", err)
 	}
 }
