@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -68,7 +69,7 @@ func TestSlowReaderHoldsOnlyItsStream(t *testing.T) {
 }
 
 func TestManyStreams(t *testing.T) {
-	c, s := pair(t, &Config{AcceptBacklog: 10000})
+	c, s := pair(t, &Config{AcceptBacklog: 10000, MaxStreams: 10000})
 	const n = 10000
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -393,5 +394,42 @@ func TestOldVersionRefused(t *testing.T) {
 	_, err := decodeHeader(b[:])
 	if !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "version 0, this side speaks 1") {
 		t.Fatalf("a version 0 header: %v", err)
+	}
+}
+
+// TestMaxStreamsBoundsPeerStreams: a peer that opens streams and never
+// ends them, while this side accepts and closes each, holds at most
+// MaxStreams of them in the session; beyond, its streams are reset. Before,
+// every such stream stayed in the session until the peer ended it.
+func TestMaxStreamsBoundsPeerStreams(t *testing.T) {
+	const max = 8
+	c, s := pair(t, &Config{MaxStreams: max})
+	go func() {
+		for {
+			st, err := s.Accept()
+			if err != nil {
+				return
+			}
+			st.Close() // this side is done; the peer never ends its side
+		}
+	}()
+	var last *Stream
+	for range 3 * max {
+		st, err := c.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = st
+	}
+	// The last stream, beyond the bound, is reset.
+	last.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := last.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a stream beyond MaxStreams: read %v, want a reset", err)
+	}
+	s.mu.Lock()
+	n, open := len(s.streams), s.peerOpen
+	s.mu.Unlock()
+	if n > max || open > max {
+		t.Errorf("the session holds %d streams (%d of the peer's), want at most %d", n, open, max)
 	}
 }

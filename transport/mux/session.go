@@ -26,7 +26,16 @@ type Config struct {
 	// for their stream's window, so streams nobody reads hold at most this
 	// much, however many there are.
 	SessionWindow int
+	// MaxStreams bounds the streams the peer has open in this session at
+	// once, accepted or not, including those this side closed that the
+	// peer has not ended yet (default DefaultMaxStreams); more are refused
+	// with a reset, so a peer that opens streams and never ends them
+	// cannot grow the session without bound.
+	MaxStreams int
 }
+
+// DefaultMaxStreams is the default of Config.MaxStreams.
+const DefaultMaxStreams = 1024
 
 // DefaultSessionWindow is the default of Config.SessionWindow.
 const DefaultSessionWindow = 16 << 20
@@ -52,6 +61,7 @@ type Session struct {
 	streams  map[uint32]*Stream
 	nextID   uint32
 	peerMax  uint32 // highest stream id the peer opened
+	peerOpen int    // streams of the peer's in streams (mu)
 	err      error  // why the session ended
 	accept   chan *Stream
 	done     chan struct{}
@@ -103,6 +113,9 @@ func newSession(conn net.Conn, cfg *Config, client bool) *Session {
 	}
 	if c.SessionWindow <= 0 {
 		c.SessionWindow = DefaultSessionWindow
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = DefaultMaxStreams
 	}
 	c.SessionWindow = min(max(c.SessionWindow, initialWindow), maxSessionWindow)
 	s := &Session{conn: conn, cfg: c, client: client, streams: map[uint32]*Stream{},
@@ -530,10 +543,15 @@ func (s *Session) stream(h header) (*Stream, error) {
 	}
 	if st == nil && h.flags&flagSYN != 0 {
 		s.peerMax = h.stream
+		if s.peerOpen >= s.cfg.MaxStreams {
+			s.mu.Unlock()
+			return nil, s.control(header{typ: typeWindow, flags: flagRST, stream: h.stream})
+		}
 		st = newStream(s, h.stream)
 		select {
 		case s.accept <- st:
 			s.streams[h.stream] = st
+			s.peerOpen++
 		default:
 			s.mu.Unlock()
 			return nil, s.control(header{typ: typeWindow, flags: flagRST, stream: h.stream})
@@ -545,6 +563,9 @@ func (s *Session) stream(h header) (*Stream, error) {
 
 func (s *Session) forget(id uint32) {
 	s.mu.Lock()
+	if _, ok := s.streams[id]; ok && id%2 != s.nextID%2 {
+		s.peerOpen--
+	}
 	delete(s.streams, id)
 	s.mu.Unlock()
 }
