@@ -286,14 +286,35 @@ func child(mode string) int {
 
 // lockedBuffer is a child's stdout, read while the child writes.
 type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu    sync.Mutex
+	b     bytes.Buffer
+	wrote chan struct{} // signalled after each Write
 }
 
 func (l *lockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
+	n, err := l.b.Write(p)
+	l.mu.Unlock()
+	select {
+	case l.wrote <- struct{}{}:
+	default:
+	}
+	return n, err
+}
+
+// waitFor waits until the output holds s, woken by each write, and
+// fails the test if it does not within 10 s.
+func (l *lockedBuffer) waitFor(t *testing.T, s string) {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for !strings.Contains(l.String(), s) {
+		select {
+		case <-l.wrote:
+		case <-timeout.C:
+			t.Fatalf("a child process never printed %q", s)
+		}
+	}
 }
 
 func (l *lockedBuffer) String() string {
@@ -306,7 +327,7 @@ func startChild(t *testing.T, name, mode string) (*exec.Cmd, *lockedBuffer) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "CACHE_TEST_CHILD="+mode, "CACHE_TEST_POOL="+name)
-	var out lockedBuffer
+	out := lockedBuffer{wrote: make(chan struct{}, 1)}
 	cmd.Stdout = &out
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -354,12 +375,7 @@ func TestWriterKilled(t *testing.T) {
 		b, bout := startChild(t, name, mode)
 		time.Sleep(time.Duration(20+r.IntN(60)) * time.Millisecond)
 		if mode == "stall" {
-			for end := time.Now().Add(10 * time.Second); !strings.Contains(bout.String(), "stalled"); {
-				if time.Now().After(end) {
-					t.Fatalf("round %d: the writer never stalled", round)
-				}
-				time.Sleep(time.Millisecond)
-			}
+			bout.waitFor(t, "stalled")
 		}
 		_ = aout
 		a.Process.Kill()

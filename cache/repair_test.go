@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,12 +106,7 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 		}
 		c := running[0]
 		running = running[1:]
-		for end := time.Now().Add(10 * time.Second); !strings.Contains(c.out.String(), "writing"); {
-			if time.Now().After(end) {
-				t.Fatal("a writer process never started writing")
-			}
-			time.Sleep(100 * time.Microsecond)
-		}
+		c.out.waitFor(t, "writing")
 		// Not a synchronisation: it spreads the kills over the writer's loop.
 		time.Sleep(time.Duration(r.IntN(2000)) * time.Microsecond)
 		c.cmd.Process.Kill()

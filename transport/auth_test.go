@@ -302,19 +302,8 @@ func authCmd(t *testing.T, cmd *exec.Cmd, mode string, env ...string) *exec.Cmd 
 // stops it and returns its listener's stats.
 func startAuthListener(t *testing.T, cmd *exec.Cmd) func() ListenerStats {
 	t.Helper()
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, r := startPiped(t, cmd)
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	r := bufio.NewReader(out)
 	if line, err := r.ReadString('\n'); err != nil || line != "ready\n" {
 		t.Fatalf("listener child: %q %v", line, err)
 	}

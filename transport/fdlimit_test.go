@@ -146,15 +146,10 @@ func dialer(e *Endpoint, addr string) func() (*Conn, error) {
 	}
 }
 
-// startChild runs this test in a child process in role, with the runtime
-// directory and address given.
-func startChild(t *testing.T, role, dir, addr string) (*exec.Cmd, io.WriteCloser, *bufio.Reader) {
+// startPiped starts cmd with pipes to its standard input and from its
+// standard output.
+func startPiped(t *testing.T, cmd *exec.Cmd) (io.WriteCloser, *bufio.Reader) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), envFDLimitRole+"="+role, envFDLimitDir+"="+dir, envFDLimitAddr+"="+addr)
-	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +161,20 @@ func startChild(t *testing.T, role, dir, addr string) (*exec.Cmd, io.WriteCloser
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	return cmd, in, bufio.NewReader(out)
+	return in, bufio.NewReader(out)
+}
+
+// startChild runs this test in a child process in role, with the runtime
+// directory and address given.
+func startChild(t *testing.T, role, dir, addr string) (*exec.Cmd, io.WriteCloser, *bufio.Reader) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), envFDLimitRole+"="+role, envFDLimitDir+"="+dir, envFDLimitAddr+"="+addr)
+	cmd.Stderr = os.Stderr
+	in, out := startPiped(t, cmd)
+	return cmd, in, out
 }
 
 // waitChild reads the child's output to its end and fails the test if
