@@ -55,7 +55,7 @@ func newFlowConfig(stream, message, total int64) *flowConfig {
 	return &flowConfig{
 		streamWindow:  max(or(stream, DefaultStreamWindow), initialCredit),
 		messageWindow: max(or(message, DefaultMessageWindow), initialCredit-msgOverhead) + msgOverhead,
-		budget:        &budget{limit: or(total, DefaultReceiveMemory)},
+		budget:        &budget{limit: or(total, DefaultReceiveMemory), perPeer: max(or(total, DefaultReceiveMemory)/peerShare, initialCredit)},
 	}
 }
 
@@ -64,38 +64,72 @@ func newFlowConfig(stream, message, total int64) *flowConfig {
 var defaultFlow = sync.OnceValue(func() *flowConfig { return newFlowConfig(0, 0, 0) })
 
 // budget bounds the receive memory of an endpoint's connections beyond
-// their initial credit: a window grows only by what it reserves here.
+// their initial credit: a window grows only by what it reserves here. A
+// window's reservation is credit its peer holds, and granted credit is
+// never taken back, so one peer node (the key: the node its certificate or
+// its socket proves) may hold at most a share of it (peerShare): a hostile
+// node that grows its windows and then goes quiet leaves the rest to the
+// others.
 type budget struct {
 	mu      sync.Mutex
 	limit   int64
+	perPeer int64 // the most one peer may hold (0: limit)
 	used    int64
-	waiters map[chan struct{}]struct{} // windows that want to grow
+	byPeer  map[string]int64
+	waiters map[chan struct{}]string // windows that want to grow: "" if the limit stops them, else their peer, whose share does
 }
 
-// reserve takes up to most bytes and returns how many it got; with less
-// than least, kick is signalled at the next release.
-func (b *budget) reserve(least, most int64, kick chan struct{}) int64 {
+// peerShare is the part of an endpoint's ReceiveMemory one peer node may
+// hold (1/peerShare).
+const peerShare = 4
+
+// share is the most one peer may reserve.
+func (b *budget) share() int64 {
+	if b.perPeer == 0 {
+		return b.limit
+	}
+	return b.perPeer
+}
+
+// reserve takes up to most bytes for peer and returns how many it got;
+// with less than least, kick is signalled at the next release.
+func (b *budget) reserve(peer string, least, most int64, kick chan struct{}) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := max(min(most, b.limit-b.used), 0)
+	free, peerFree := b.limit-b.used, b.share()-b.byPeer[peer]
+	n := max(min(most, free, peerFree), 0)
 	b.used += n
+	if n > 0 {
+		if b.byPeer == nil {
+			b.byPeer = map[string]int64{}
+		}
+		b.byPeer[peer] += n
+	}
 	if n < least {
 		if b.waiters == nil {
-			b.waiters = map[chan struct{}]struct{}{}
+			b.waiters = map[chan struct{}]string{}
 		}
-		b.waiters[kick] = struct{}{}
+		if peerFree < free {
+			b.waiters[kick] = peer
+		} else {
+			b.waiters[kick] = ""
+		}
 	}
 	return n
 }
 
-// release gives n bytes back and wakes the windows waiting to grow.
-func (b *budget) release(n int64) {
+// release gives n bytes of peer's back and wakes the windows waiting to
+// grow.
+func (b *budget) release(peer string, n int64) {
 	if n == 0 {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.used -= n
+	if b.byPeer[peer] -= n; b.byPeer[peer] == 0 {
+		delete(b.byPeer, peer)
+	}
 	for w := range b.waiters {
 		select {
 		case w <- struct{}{}:
@@ -112,11 +146,17 @@ func (b *budget) forget(kick chan struct{}) {
 	delete(b.waiters, kick)
 }
 
-// pressed says whether a window waits to grow.
-func (b *budget) pressed() bool {
+// pressed says whether a window that peer's memory would help waits to
+// grow: one the limit stops, or one of peer's own that its share stops.
+func (b *budget) pressed(peer string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.waiters) > 0
+	for _, p := range b.waiters {
+		if p == "" || p == peer {
+			return true
+		}
+	}
+	return false
 }
 
 // inUse is how much is reserved.
@@ -124,6 +164,13 @@ func (b *budget) inUse() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.used
+}
+
+// peerInUse is how much peer has reserved.
+func (b *budget) peerInUse(peer string) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.byPeer[peer]
 }
 
 // recvWindow is the receiving side of one kind of credit. Counts are
@@ -170,23 +217,30 @@ func (w *recvWindow) due() bool {
 	if pending >= w.size/4 {
 		return true
 	}
-	return w.need > 0 && (w.size < w.max || (pending > 0 && w.got == w.used && w.granted-w.got < w.need))
+	return w.starved() && (w.size < w.max || (pending > 0 && w.got == w.used))
 }
 
+// starved says whether the peer waits for credit it does not have: what
+// it was granted and has not used is less than it needs. A peer that says
+// it waits while it has the credit (or bytes on their way make it seem
+// so) does not grow the window: it must use its credit first.
+func (w *recvWindow) starved() bool { return w.need > 0 && w.granted-w.got < w.need }
+
 // grant returns the credit to give the peer now. A peer that waits for
-// credit gets the window grown from b (doubled, or more if a message
-// needs it), up to max; kick is signalled when b has more if it had too
-// little. When other windows wait for b, a window whose peer does not
-// wait shrinks back towards initialCredit as its bytes are consumed.
-func (w *recvWindow) grant(b *budget, kick chan struct{}) int64 {
+// credit it does not have gets the window grown from b (doubled, or more
+// if a message needs it), up to max and its share of b; kick is signalled
+// when b has more if it had too little. When other windows wait for b, a
+// window whose peer does not wait shrinks back towards initialCredit as
+// its bytes are consumed.
+func (w *recvWindow) grant(b *budget, peer string, kick chan struct{}) int64 {
 	held := w.got - w.used // buffered, and the message being assembled
-	if w.need > 0 && w.size < w.max {
+	if w.starved() && w.size < w.max {
 		target := min(w.max, max(2*w.size, held+w.need))
-		w.size += b.reserve(held+w.need-w.size, target-w.size, kick)
-	} else if w.need == 0 && w.size > initialCredit && b.pressed() {
+		w.size += b.reserve(peer, held+w.need-w.size, target-w.size, kick)
+	} else if w.need == 0 && w.size > initialCredit && b.pressed(peer) {
 		give := min(w.used+w.size-w.granted, w.size-initialCredit)
 		w.size -= give
-		b.release(give)
+		b.release(peer, give)
 	}
 	credit := w.used + w.size - w.granted
 	if credit > 0 {
@@ -198,8 +252,8 @@ func (w *recvWindow) grant(b *budget, kick chan struct{}) int64 {
 }
 
 // close gives the window's reservation back.
-func (w *recvWindow) close(b *budget) {
-	b.release(w.size - initialCredit)
+func (w *recvWindow) close(b *budget, peer string) {
+	b.release(peer, w.size-initialCredit)
 	w.size = initialCredit
 }
 

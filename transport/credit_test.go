@@ -438,7 +438,7 @@ func TestWindowArithmetic(t *testing.T) {
 	kick := make(chan struct{}, 1)
 	// Another connection's window, grown by initialCredit.
 	other := newRecvWindow(w)
-	other.size += b.reserve(initialCredit, initialCredit, nil)
+	other.size += b.reserve("other", initialCredit, initialCredit, nil)
 	other.granted = other.size
 	rw := newRecvWindow(w)
 	if !rw.admit(initialCredit) || rw.admit(1) {
@@ -451,29 +451,41 @@ func TestWindowArithmetic(t *testing.T) {
 	if !rw.consume(1) {
 		t.Error("no grant due after a quarter of the window was consumed")
 	}
-	if got := rw.grant(b, kick); got != initialCredit/4 || rw.size != initialCredit {
+	if got := rw.grant(b, "p", kick); got != initialCredit/4 || rw.size != initialCredit {
 		t.Errorf("granted %d, window %d; want the quarter consumed, and the window as it was", got, rw.size)
 	}
-	// The peer waits: the window doubles, from the budget.
+	// A peer that says it waits while it has credit left does not grow
+	// the window: it must use that credit first.
 	rw.need = 1
+	if rw.due() {
+		t.Error("a peer with credit left that says it waits is due a grant")
+	}
+	if got := rw.grant(b, "p", kick); got != 0 || rw.size != initialCredit {
+		t.Errorf("granted %d, window %d, to a peer with credit left; want nothing, and the window as it was", got, rw.size)
+	}
+	// The peer used its credit and waits: the window doubles, from the
+	// budget.
+	if !rw.admit(initialCredit / 4) {
+		t.Fatal("the peer may use what it was granted")
+	}
 	if !rw.due() {
 		t.Fatal("a waiting peer is not due a grant")
 	}
-	if got := rw.grant(b, kick); got != initialCredit || rw.size != 2*initialCredit || b.inUse() != 2*initialCredit {
+	if got := rw.grant(b, "p", kick); got != initialCredit || rw.size != 2*initialCredit || b.inUse() != 2*initialCredit {
 		t.Errorf("granted %d, window %d, reserved %d; want the window doubled", got, rw.size, b.inUse())
 	}
 	// A message of 3 MiB: the window grows to hold it beside what is
 	// buffered, but the budget has less: it gives what it has, and a kick
 	// once more is released.
 	rw.need = 3*mib + msgOverhead
-	rw.grant(b, kick)
-	if rw.size != initialCredit+2*mib || b.inUse() != b.limit || !b.pressed() {
-		t.Errorf("window %d with %d reserved (pressed %v): want all of the budget, and a wait for more", rw.size, b.inUse(), b.pressed())
+	rw.grant(b, "p", kick)
+	if rw.size != initialCredit+2*mib || b.inUse() != b.limit || !b.pressed("p") {
+		t.Errorf("window %d with %d reserved (pressed %v): want all of the budget, and a wait for more", rw.size, b.inUse(), b.pressed("p"))
 	}
 	// The other window gives back what its reader consumed while one waits.
 	other.admit(initialCredit)
 	other.consume(initialCredit)
-	if got := other.grant(b, make(chan struct{}, 1)); got != 0 || other.size != initialCredit {
+	if got := other.grant(b, "other", make(chan struct{}, 1)); got != 0 || other.size != initialCredit {
 		t.Errorf("under pressure a window granted %d and kept %d, want it back at its initial credit", got, other.size)
 	}
 	select {
@@ -481,15 +493,15 @@ func TestWindowArithmetic(t *testing.T) {
 	default:
 		t.Error("the waiting window was not kicked when memory was released")
 	}
-	if b.pressed() {
+	if b.pressed("p") {
 		t.Error("a kicked window still counts as waiting")
 	}
 	// The peer, given what there was, asks again; the window takes what
 	// was released, and waits on for the rest.
 	rw.need = 3*mib + msgOverhead
-	rw.grant(b, kick)
-	if rw.size != 2*initialCredit+2*mib || !b.pressed() {
-		t.Errorf("window %d (pressed %v), want the released memory taken, and a wait for more", rw.size, b.pressed())
+	rw.grant(b, "p", kick)
+	if rw.size != 2*initialCredit+2*mib || !b.pressed("p") {
+		t.Errorf("window %d (pressed %v), want the released memory taken, and a wait for more", rw.size, b.pressed("p"))
 	}
 	// At its largest, a window whose stream writer waits is not due a
 	// grant of what little is pending while bytes are on their way: they
@@ -514,7 +526,7 @@ func TestWindowArithmetic(t *testing.T) {
 		t.Error("no grant due to a peer whose message fits only in what is pending")
 	}
 	// Closing gives the reservations back.
-	rw.close(b)
+	rw.close(b, "p")
 	if b.inUse() != 0 {
 		t.Errorf("%d reserved after close", b.inUse())
 	}
@@ -657,6 +669,26 @@ func TestStreamBuf(t *testing.T) {
 	if !bytes.Equal(in, out) || r.n != 0 {
 		t.Fatalf("read %d bytes of %d pushed, %d left, or out of order", len(out), len(in), r.n)
 	}
+	// The window shrinks: an empty ring larger than it is dropped, a
+	// smaller one, or one with bytes unread, is kept.
+	r.push(make([]byte, limit), limit)
+	r.fit(limit / 2)
+	if len(r.b) != limit {
+		t.Fatalf("a ring with %d bytes unread was dropped", r.n)
+	}
+	r.read(buf)
+	if r.fit(limit); len(r.b) != limit {
+		t.Error("an empty ring the size of the window was dropped")
+	}
+	if r.fit(limit / 2); r.b != nil {
+		t.Errorf("an empty ring of %d bytes stays with a window of %d", len(r.b), limit/2)
+	}
+	// It grows again to the window as it is now, not the largest.
+	r.push(make([]byte, 3), limit)
+	r.push(make([]byte, 3), limit/4)
+	if len(r.b) > limit/4 {
+		t.Errorf("the ring grew to %d bytes with a window of %d", len(r.b), limit/4)
+	}
 }
 
 // TestCloseAfterCreditLeavesNoReset: on the tcp path a writer that closes
@@ -746,4 +778,109 @@ func TestExitAfterClose(t *testing.T) {
 			t.Fatalf("round %d: read %d of %d bytes from a writer that exited after Close, then %v", round, len(got), len(closerData), err)
 		}
 	}
+}
+
+// TestQuietPeerHoldsOnlyItsShare: a node that says, on each of 8
+// connections, that a stream writer waits (with its credit unused) and that
+// a message of 4 MiB is ready, and never sends either, has windows grown
+// for it only up to its share of ReceiveMemory (a quarter; before, the 8
+// connections took all of it); and a 4 MiB message from another node
+// still goes through (before, it waited for ever).
+func TestQuietPeerHoldsOnlyItsShare(t *testing.T) {
+	const total = 16 * mib
+	ca := newTestCA(t, t.TempDir(), "ca")
+	server, err := NewEndpoint(Config{Node: "n0", ListenTCP: true, Identity: ca.identity(t, "test", "n0"), ReceiveMemory: total})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	svc := fmt.Sprintf("quiet-%d-%d", os.Getpid(), serviceSeq.Add(1))
+	l, err := server.Listen(context.Background(), "ub:///"+svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	claims := packet(pkBlocked, binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 1<<30), 4*mib+msgOverhead))
+	quarter := make([]byte, initialCredit/4)
+	for range 8 {
+		raw := rawTCPPeer(t, l, ca)
+		c, err := l.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		defer raw.Close() // first: the server's Close need not wait out its goodbye
+		if _, err := raw.Write(append(claims, packet(pkData, quarter)...)); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+		if _, err := io.ReadFull(c, quarter); err != nil {
+			t.Fatal(err)
+		}
+		// The grant of the quarter read comes from a pass of the credit
+		// loop after the claims arrived: it decided on them too.
+		raw.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+		for {
+			var hdr [5]byte
+			if _, err := io.ReadFull(raw, hdr[:]); err != nil {
+				t.Fatal(err)
+			}
+			p := make([]byte, binary.LittleEndian.Uint32(hdr[1:]))
+			if _, err := io.ReadFull(raw, p); err != nil {
+				t.Fatal(err)
+			}
+			if hdr[0] == pkCredit && binary.LittleEndian.Uint64(p) > 0 {
+				break
+			}
+		}
+	}
+	share := int64(total / peerShare)
+	if held := server.flow.budget.peerInUse("intruder"); held > share {
+		t.Errorf("a quiet node holds %d KiB of ReceiveMemory, more than its share of %d KiB", held>>10, share>>10)
+	}
+	if used := server.flow.budget.inUse(); used > share {
+		t.Errorf("%d KiB of ReceiveMemory in use, more than the quiet node's share of %d KiB", used>>10, share>>10)
+	}
+	t.Logf("the quiet node holds %d KiB of the %d KiB", server.flow.budget.peerInUse("intruder")>>10, total>>10)
+
+	other, err := NewEndpoint(Config{Node: "n1", Identity: ca.identity(t, "test", "n1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a hang guard
+	defer cancel()
+	go func() {
+		c, err := other.Dial(ctx, "ub://n0/"+svc+"?path=tcp")
+		if err != nil {
+			t.Error(err)
+			l.Close() // Accept gives up
+			return
+		}
+		defer c.Close()
+		m, err := c.LoanContext(ctx, 4*mib)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		c.SetWriteDeadline(time.Now().Add(20 * time.Second)) // a hang guard
+		if err := c.Send(m); err != nil {
+			t.Error(err)
+		}
+		<-ctx.Done()
+	}()
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	m, err := c.(*Conn).Recv(ctx)
+	if err != nil {
+		t.Fatalf("another node's 4 MiB message: %v", err)
+	}
+	if len(m.Bytes()) != 4*mib {
+		t.Errorf("a message of %d bytes, want 4 MiB", len(m.Bytes()))
+	}
+	m.Release()
+	cancel()
 }

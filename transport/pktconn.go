@@ -198,9 +198,10 @@ func (c *pktConn) deliveredUnlock() {
 func (c *pktConn) grantsLocked() (grants [2]int64) {
 	for k := range c.recvWin {
 		if w := &c.recvWin[k]; w.due() {
-			grants[k] = w.grant(c.flow.budget, c.kick)
+			grants[k] = w.grant(c.flow.budget, c.remote.Node, c.kick)
 		}
 	}
+	c.in.fit(int(c.recvWin[creditStream].size))
 	return grants
 }
 
@@ -323,6 +324,11 @@ func (c *pktConn) flowPacket(kind byte, p []byte) error {
 		kick := false
 		for k := range c.recvWin {
 			if w := &c.recvWin[k]; n[k] > 0 {
+				// A stream writer waits for any credit (takeCredit's need
+				// of 1): a claim of more is held to that.
+				if k == creditStream {
+					n[k] = 1
+				}
 				w.need = min(n[k], w.max)
 				kick = kick || w.due()
 			}
@@ -337,7 +343,8 @@ func (c *pktConn) flowPacket(kind byte, p []byte) error {
 }
 
 // streamBuf holds the stream bytes not yet read: a ring that grows to at
-// most the window (the unread bytes never exceed it). The unread bytes
+// most the window as it is now (the unread bytes never exceed it), and is
+// dropped once empty if the window shrank below it (fit). The unread bytes
 // move to its start whenever they are no more than the read part before
 // them (each byte read pays for at most one moved), which keeps a reader
 // that keeps up at the start of the ring, in the cache, as a buffer that
@@ -366,6 +373,15 @@ func (r *streamBuf) push(p []byte, limit int) {
 	k := copy(r.b[tail:], p)
 	copy(r.b, p[k:])
 	r.n += len(p)
+}
+
+// fit drops the ring if it is empty and larger than limit (the window
+// now), so that a window given back to the endpoint's budget frees its
+// memory too.
+func (r *streamBuf) fit(limit int) {
+	if r.n == 0 && len(r.b) > limit {
+		r.b, r.head = nil, 0
+	}
 }
 
 // peek copies the first unread bytes into p, and says how many.
@@ -429,7 +445,7 @@ func (c *pktConn) packet(kind byte, p []byte, asm *[]byte, want *int) error {
 			c.mu.Unlock()
 			return fmt.Errorf("transport: %d stream bytes with %d of credit left: %w", len(p), w.granted-w.got, ErrFlowControl)
 		}
-		c.in.push(p, int(c.recvWin[creditStream].max))
+		c.in.push(p, int(c.recvWin[creditStream].size))
 		c.deliveredUnlock()
 		return nil
 	case pkEOF:
@@ -545,6 +561,7 @@ func (c *pktConn) Read(b []byte) (int, error) {
 		c.mu.Lock()
 		if c.in.n > 0 {
 			n := c.in.read(b)
+			c.in.fit(int(c.recvWin[creditStream].size))
 			c.consumedUnlock(creditStream, int64(n))
 			return n, nil
 		}
@@ -871,7 +888,7 @@ func (c *pktConn) Close() error {
 	broken := c.err != nil && c.err != errPeerClosed
 	c.in, c.msgs = streamBuf{}, nil
 	for k := range c.recvWin {
-		c.recvWin[k].close(c.flow.budget)
+		c.recvWin[k].close(c.flow.budget, c.remote.Node)
 	}
 	c.mu.Unlock()
 	if err != nil && !broken && !c.peerClosed {
