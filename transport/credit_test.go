@@ -18,6 +18,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ubkit-io/ubkit/ub"
+	_ "github.com/ubkit-io/ubkit/ub/provider/tcpprov"
 )
 
 // heapInUse is the heap's in-use bytes after a collection, with freed
@@ -883,4 +886,75 @@ func TestQuietPeerHoldsOnlyItsShare(t *testing.T) {
 	}
 	m.Release()
 	cancel()
+}
+
+// TestPeerObjectsAreItsOwn: across hosts (TLS) on the ub path with the
+// tcp provider, a peer's hello must name objects on the host it speaks
+// from: one naming a segment and jetty of another host (to have this side
+// write there on its behalf) is refused and says why, and an honest node
+// on loopback still connects.
+func TestPeerObjectsAreItsOwn(t *testing.T) {
+	ca := newTestCA(t, t.TempDir(), "ca")
+	server, err := NewEndpoint(Config{Node: "n0", Provider: "tcp", ListenTCP: true, Identity: ca.identity(t, "test", "n0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	svc := fmt.Sprintf("home-%d-%d", os.Getpid(), serviceSeq.Add(1))
+	l, err := server.Listen(context.Background(), "ub:///"+svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go serveEach(l, func(c net.Conn) { io.Copy(c, c) })
+
+	raw, err := net.Dial("tcp", l.tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+	if _, err := raw.Write([]byte{helloTLS}); err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(raw, ca.identity(t, "test", "intruder").clientConfig("n0"))
+	if _, err := tc.Write([]byte{helloUB}); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := "192.0.2.7:4000" // TEST-NET-1: nobody's
+	hello := ubHello{Provider: "tcp", Node: "intruder", Service: svc, Depth: ubDepth, Size: ubSize,
+		Jetty: ub.JettyDesc{Provider: "tcp", Name: elsewhere + "/j1"}, JettyToken: 1,
+		Seg: ub.SegmentDesc{Provider: "tcp", Name: elsewhere + "/s1", Size: ubHead + ubDepth*ubSize}, SegToken: 1}
+	if err := writeHello(tc, hello); err != nil {
+		t.Fatal(err)
+	}
+	answer, err := readHello(tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(answer.Err, "names objects on 192.0.2.7") {
+		t.Fatalf("a hello naming another host's objects was answered %+v, want a refusal that says so", answer)
+	}
+	t.Logf("refused: %s", answer.Err)
+
+	honest, err := NewEndpoint(Config{Node: "n1", Provider: "tcp", Identity: ca.identity(t, "test", "n1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer honest.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a hang guard
+	defer cancel()
+	c, err := honest.Dial(ctx, "ub://n0/"+svc+"?path=ub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "ping" {
+		t.Fatalf("the honest node's echo: %q %v", got, err)
+	}
 }

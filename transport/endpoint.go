@@ -118,6 +118,7 @@ type Endpoint struct {
 
 	mu        sync.Mutex
 	ubctx     ub.Context
+	ubConns   map[*pktConn]struct{} // open connections over ubctx: closed before it
 	listeners int
 	reg       net.Listener
 	regStop   chan struct{}
@@ -223,16 +224,49 @@ func (e *Endpoint) Topology() *topology.Topology { return e.topo }
 // listeners and connections first.
 func (e *Endpoint) Close() error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.closed {
+		e.mu.Unlock()
 		return nil
 	}
 	e.closed = true
 	e.stopRegistryLocked()
-	if e.ubctx != nil {
-		return e.ubctx.Close()
+	conns, uctx := e.ubConns, e.ubctx
+	e.ubConns = nil
+	e.mu.Unlock()
+	// Connections on the ub path use the context's memory until they are
+	// closed: they go first, together (each may wait out its goodbye).
+	var wg sync.WaitGroup
+	for c := range conns {
+		wg.Go(func() { c.Close() })
+	}
+	wg.Wait()
+	if uctx != nil {
+		return uctx.Close()
 	}
 	return nil
+}
+
+// ubConn starts a connection over a ub link of the endpoint's context,
+// closed when the endpoint closes if it was not before; with the endpoint
+// closed it releases the link and fails.
+func (e *Endpoint) ubConn(lk *ubLink, local, remote Addr) (*pktConn, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		lk.release()
+		return nil, errors.New("transport: endpoint closed")
+	}
+	c := newPktConn(lk, local, remote, e.flow)
+	if e.ubConns == nil {
+		e.ubConns = map[*pktConn]struct{}{}
+	}
+	e.ubConns[c] = struct{}{}
+	c.onClose = func() {
+		e.mu.Lock()
+		delete(e.ubConns, c)
+		e.mu.Unlock()
+	}
+	return c, nil
 }
 
 // ubContext opens the endpoint's ub context on first use.

@@ -394,6 +394,12 @@ func (l *Listener) acceptUB(ctl net.Conn, claims func(node, service string) erro
 	if peer.Provider != uctx.Provider() {
 		return refuse(fmt.Errorf("transport: ub path: the dialer uses provider %q, node %s uses %q", peer.Provider, l.ep.node, uctx.Provider()))
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+	err = checkHome(ctx, uctx, ctl, peer)
+	cancel()
+	if err != nil {
+		return refuse(err)
+	}
 	lk, mine, err := newUBLink(uctx, ctl)
 	if err != nil {
 		return refuse(err)
@@ -415,7 +421,10 @@ func (l *Listener) acceptUB(ctl net.Conn, claims func(node, service string) erro
 		lk.release()
 		return nil, err
 	}
-	pc := newPktConn(lk, l.addr, Addr{Node: peer.Node, Service: l.addr.Service + "-peer"}, l.ep.flow)
+	pc, err := l.ep.ubConn(lk, l.addr, Addr{Node: peer.Node, Service: l.addr.Service + "-peer"})
+	if err != nil {
+		return nil, err
+	}
 	return &Conn{c: pc, path: PathUB}, nil
 }
 
@@ -712,6 +721,9 @@ func (e *Endpoint) dialUB(ctx context.Context, ctl net.Conn, local, a Addr) (*Co
 		err = peer.refused(a.Node)
 	}
 	if err == nil {
+		err = checkHome(ctx, uctx, ctl, peer)
+	}
+	if err == nil {
 		err = lk.importPeer(uctx, peer)
 	}
 	if err == nil {
@@ -721,7 +733,11 @@ func (e *Endpoint) dialUB(ctx context.Context, ctl net.Conn, local, a Addr) (*Co
 		lk.release()
 		return nil, err
 	}
-	return &Conn{c: newPktConn(lk, local, a, e.flow), path: PathUB, dialed: true}, nil
+	pc, err := e.ubConn(lk, local, a)
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{c: pc, path: PathUB, dialed: true}, nil
 }
 
 // allowedUID says whether a process of uid may talk to this endpoint on

@@ -121,6 +121,8 @@ type pktConn struct {
 	kick       chan struct{} // the credit loop has work
 	creditDone chan struct{}
 
+	onClose func() // after Close, if set before the connection is shared
+
 	rmu, rmmu  sync.Mutex
 	rdl, wdl   *deadline.Deadline
 	closing    chan struct{}
@@ -891,6 +893,9 @@ func (c *pktConn) Close() error {
 		c.recvWin[k].close(c.flow.budget, c.remote.Node)
 	}
 	c.mu.Unlock()
+	if c.onClose != nil {
+		c.onClose()
+	}
 	if err != nil && !broken && !c.peerClosed {
 		// The peer is alive but did not take what was written in time.
 		return c.opError("close", err)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -421,6 +422,47 @@ func TestGracefulCloseThenExit(t *testing.T) {
 		<-done
 		if err != io.EOF || !bytes.Equal(got, data) {
 			t.Fatalf("round %d: read %d of %d bytes, then %v", round, len(got), len(data), err)
+		}
+	}
+}
+
+// TestEndpointCloseWithOpenConns: closing an endpoint while connections
+// on the ub path are busy (a writer and a reader on each end) ends them
+// with errors, before the ub context's memory goes: nothing touches that
+// memory after (it was a fault: the credit loop and writers read the
+// unmapped segment).
+func TestEndpointCloseWithOpenConns(t *testing.T) {
+	for round := range 20 {
+		e, err := NewEndpoint(Config{RuntimeDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var conns []*Conn
+		for range 3 {
+			a, b := connect(t, e, e, "", "?path=ub", PathUB)
+			conns = append(conns, a, b)
+		}
+		var wg sync.WaitGroup
+		for _, c := range conns {
+			wg.Go(func() {
+				buf := make([]byte, 32<<10)
+				for {
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			})
+			wg.Go(func() { io.Copy(io.Discard, c) })
+		}
+		if err := e.Close(); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		wg.Wait() // every Write and Read ended
+		for _, c := range conns {
+			if _, err := c.Write([]byte("x")); err == nil {
+				t.Fatalf("round %d: a write on a connection of a closed endpoint succeeded", round)
+			}
+			c.Close()
 		}
 	}
 }

@@ -3,13 +3,16 @@ package transport
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -225,6 +228,45 @@ func newUBLink(ctx ub.Context, ctl net.Conn) (*ubLink, ubHello, error) {
 	l.rctx, l.rcancel = context.WithCancel(context.Background())
 	return l, ubHello{Provider: ctx.Provider(), Jetty: l.j.Desc(), JettyToken: jToken, Seg: l.seg.Desc(), SegToken: segToken,
 		Depth: ubDepth, Size: ubSize}, nil
+}
+
+// homer is a ub context whose descriptors name the host that holds the
+// object: the tcp provider's name the address of the context that made
+// them.
+type homer interface {
+	Home(name string) (host string, err error)
+}
+
+// checkHome refuses a peer across hosts (ctl is a TLS connection) whose
+// hello names objects on a host other than the one it speaks from: a node
+// must not have this side write, on its behalf, into another's memory.
+// On this host the unix socket's user check stands instead.
+func checkHome(ctx context.Context, uctx ub.Context, ctl net.Conn, peer ubHello) error {
+	h, ok := uctx.(homer)
+	tc, remote := ctl.(*tls.Conn)
+	if !ok || !remote {
+		return nil
+	}
+	from, err := netip.ParseAddrPort(tc.NetConn().RemoteAddr().String())
+	if err != nil {
+		return fmt.Errorf("transport: ub path: the peer's address: %w", err)
+	}
+	for _, name := range []string{peer.Jetty.Name, peer.Seg.Name} {
+		host, err := h.Home(name)
+		if err != nil {
+			return fmt.Errorf("transport: ub path: the peer's hello: %w", err)
+		}
+		ips := []netip.Addr{}
+		if ip, err := netip.ParseAddr(host); err == nil {
+			ips = append(ips, ip)
+		} else if ips, err = net.DefaultResolver.LookupNetIP(ctx, "ip", host); err != nil {
+			return fmt.Errorf("transport: ub path: the peer's objects are on %s: %w", host, err)
+		}
+		if !slices.ContainsFunc(ips, func(ip netip.Addr) bool { return ip.Unmap() == from.Addr().Unmap() }) {
+			return fmt.Errorf("transport: ub path: the peer speaks from %s but names objects on %s (%s)", from.Addr(), host, name)
+		}
+	}
+	return nil
 }
 
 // importPeer imports the peer's half and posts the receives. The

@@ -63,6 +63,11 @@ type jetty struct {
 	recvWRs  []ub.RecvWR
 }
 
+// testHookNewJetty, if set, runs in NewJetty between making the jetty
+// underneath and recording it: where a Close that runs meanwhile must be
+// noticed.
+var testHookNewJetty func(*Context)
+
 func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	send, ok1 := cfg.SendCQ.(*cq)
 	recv, ok2 := cfg.RecvCQ.(*cq)
@@ -76,6 +81,9 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 		return nil, err
 	}
 	j := &jetty{inner: ij, c: c, send: send, mode: cfg.Mode, q: held{wake: make(chan struct{}, 1)}, done: make(chan struct{}), exited: make(chan struct{})}
+	if testHookNewJetty != nil {
+		testHookNewJetty(c)
+	}
 	c.mu.Lock()
 	if c.jets == nil { // Close ran meanwhile
 		c.mu.Unlock()

@@ -132,3 +132,42 @@ func TestObjectsCostLittleMemory(t *testing.T) {
 		t.Fatalf("a connection side's queues and jetties allocate %d KiB", per>>10)
 	}
 }
+
+// TestNewJettyRacesClose: a Close that runs while NewJetty is making a
+// jetty (after the jetty underneath exists, before it is recorded) makes
+// NewJetty fail with the context closed, and leaves neither the jetty's
+// scheduler nor the jetty underneath behind (it once wrote into the
+// emptied jetty set: a panic).
+func TestNewJettyRacesClose(t *testing.T) {
+	for _, over := range []string{"shm", "tcp"} {
+		t.Run(over, func(t *testing.T) {
+			c, err := ub.Open(context.Background(), Name, ub.Config{Options: map[string]string{
+				OptTopology: "dev4", OptNode: "n0", OptOver: over, OptFabric: fmt.Sprintf("simrace-%d", os.Getpid())}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := c.(*Context)
+			defer sc.Fabric().Remove()
+			cq, err := c.NewCQ(ub.CQConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			goroutines := runtime.NumGoroutine()
+			closed := make(chan error, 1)
+			testHookNewJetty = func(*Context) { closed <- c.Close() }
+			defer func() { testHookNewJetty = nil }()
+			j, err := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq})
+			if err := <-closed; err != nil {
+				t.Fatal(err)
+			}
+			if err == nil {
+				j.Close()
+				t.Fatal("NewJetty succeeded on a context closed meanwhile")
+			}
+			t.Logf("NewJetty: %v", err)
+			if n := runtime.NumGoroutine(); n > goroutines {
+				t.Errorf("%d goroutines after the refused jetty, from %d", n, goroutines)
+			}
+		})
+	}
+}
