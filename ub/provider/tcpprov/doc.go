@@ -17,4 +17,10 @@
 // A peer that dies closes its connections (the kernel resets them): every
 // request in flight to it, and every later one, completes with
 // StatusPeerDead.
+//
+// Segments and jetties have random wire ids. Requests that fail
+// authorization (an unknown id, a wrong token) are answered with their
+// status at once up to a burst, then at a bounded rate per source host; and
+// a source host, like the context, is served a bounded number of
+// connections at once (docs/security.md).
 package tcpprov

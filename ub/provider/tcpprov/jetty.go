@@ -36,7 +36,7 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 		depth = defaultCQDepth
 	}
 	q := &cq{Queue: verbs.NewQueue(depth), c: c}
-	if _, err := c.track(q); err != nil {
+	if err := c.track(q, nil); err != nil {
 		return nil, err
 	}
 	return q, nil
@@ -114,14 +114,9 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 		cfg.MaxMessage = defaultMaxMsg
 	}
 	j := &jetty{c: c, cfg: cfg, send: send, recv: recv, bind: verbs.Binding[*target]{Mode: cfg.Mode}}
-	id, err := c.track(j)
-	if err != nil {
+	if err := c.track(j, func(id uint32) { j.id, c.jetties[id] = id, j }); err != nil {
 		return nil, err
 	}
-	j.id = id
-	c.mu.Lock()
-	c.jetties[id] = j
-	c.mu.Unlock()
 	return j, nil
 }
 
@@ -163,28 +158,29 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 	return len(wrs), nil
 }
 
-// deliver runs on the server side when a peer's message arrives.
-func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
+// deliver runs on the server side when a peer's message arrives; denied
+// says the jetty is closed (as good as unknown) or the token wrong.
+func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) (status ub.Status, denied bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return ub.StatusFlushed
+		return ub.StatusFlushed, true
 	}
 	if token != j.cfg.Token {
-		return ub.StatusBadToken
+		return ub.StatusBadToken, true
 	}
 	if len(payload) > j.cfg.MaxMessage {
-		return ub.StatusRemoteLength
+		return ub.StatusRemoteLength, false
 	}
 	if len(j.recvs) > 0 && j.recv.Room() == 0 {
 		// No room for the completion: do not use up the receive.
-		return ub.StatusReceiverNotReady
+		return ub.StatusReceiverNotReady, false
 	}
 	if len(j.recvs) == 0 {
 		if dropIfNone {
-			return ub.StatusSuccess
+			return ub.StatusSuccess, false
 		}
-		return ub.StatusReceiverNotReady
+		return ub.StatusReceiverNotReady, false
 	}
 	r := j.recvs[0]
 	j.recvs = j.recvs[1:]
@@ -192,7 +188,7 @@ func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64
 	if op == ub.OpWriteImm {
 		comp.Len = 0
 	}
-	status := ub.StatusSuccess
+	status = ub.StatusSuccess
 	switch {
 	case r.seg.closed: // the caller holds c.mem
 		status, comp.Len = ub.StatusFlushed, 0
@@ -203,9 +199,9 @@ func (j *jetty) deliver(token ub.Token, payload []byte, op ub.Opcode, imm uint64
 	}
 	comp.Status = status
 	if !j.recv.Push(comp, false) {
-		return ub.StatusReceiverNotReady
+		return ub.StatusReceiverNotReady, false
 	}
-	return status
+	return status, false
 }
 
 func (j *jetty) local(l ub.Local) ([]byte, ub.Status) {

@@ -4,14 +4,17 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/shm"
@@ -30,6 +33,20 @@ type provider struct{}
 var ErrClosed = errors.New("tcpprov: closed")
 
 func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
+	return open(cfg, options{connsPerSource: maxConnsPerSource, conns: maxConns})
+}
+
+// options fix how a context serves peers; tests change them.
+type options struct {
+	connsPerSource, conns int // the caps on connections served at once
+	// Hooks for tests, nil in use: tarpitted runs as a connection starts
+	// to wait d out after a failure, servedChanged once a connection joined
+	// or left the served set.
+	tarpitted     func(d time.Duration)
+	servedChanged func()
+}
+
+func open(cfg ub.Config, opt options) (*Context, error) {
 	addr := cfg.Options["listen"]
 	if addr == "" {
 		addr = os.Getenv("UB_TCP_LISTEN")
@@ -53,8 +70,9 @@ func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
 			}
 		}
 	}
-	c := &Context{l: l, addr: advertise, segs: map[uint32]*segment{}, jetties: map[uint32]*jetty{},
-		conns: map[string]*conn{}, served: map[net.Conn]struct{}{}}
+	c := &Context{l: l, addr: advertise, opt: opt, done: make(chan struct{}),
+		segs: map[uint32]*segment{}, jetties: map[uint32]*jetty{}, conns: map[string]*conn{},
+		served: map[net.Conn]struct{}{}, sources: map[netip.Prefix]int{}}
 	if _, err := io.ReadFull(rand.Reader, c.eid[:]); err != nil {
 		l.Close()
 		return nil, err
@@ -69,7 +87,11 @@ type Context struct {
 	eid  ub.EID
 	l    net.Listener
 	addr string
+	opt  options
 	wg   sync.WaitGroup
+	done chan struct{} // closed by Close
+	// fails is what requests failing authorization cost their sources.
+	fails failLimiter
 	// mem guards every segment's mapping: accesses hold it for reading,
 	// unmapping for writing, so memory is never unmapped under a copy.
 	mem sync.RWMutex
@@ -80,7 +102,8 @@ type Context struct {
 	jetties map[uint32]*jetty
 	conns   map[string]*conn // client connections, by peer address
 	served  map[net.Conn]struct{}
-	objects verbs.Objects // open segments, queues and jetties; numbers them
+	sources map[netip.Prefix]int // served connections by source
+	objects verbs.Objects        // open segments, queues and jetties
 }
 
 func (c *Context) EID() ub.EID      { return c.eid }
@@ -89,13 +112,35 @@ func (c *Context) Provider() string { return Name }
 // Addr is the address peers reach this context at.
 func (c *Context) Addr() string { return c.addr }
 
-func (c *Context) track(o io.Closer) (uint32, error) {
+// track adds o to what Close closes. Given place (for a segment or a jetty),
+// it also picks a wire id for o and calls place with it in the same critical
+// section, so that no other object gets the id before o is where requests
+// find it.
+func (c *Context) track(o io.Closer, place func(id uint32)) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return 0, ErrClosed
+		return ErrClosed
 	}
-	return uint32(c.objects.Add(o)), nil
+	c.objects.Add(o)
+	if place != nil {
+		place(c.newID())
+	}
+	return nil
+}
+
+// newID picks a wire id for a segment or a jetty: random, so that a peer
+// cannot know one without being told, non-zero and unused by either. The
+// caller holds c.mu.
+func (c *Context) newID() uint32 {
+	var b [4]byte
+	for {
+		rand.Read(b[:]) // it crashes the program rather than fail
+		id := binary.LittleEndian.Uint32(b[:])
+		if id != 0 && c.segs[id] == nil && c.jetties[id] == nil {
+			return id
+		}
+	}
 }
 
 // Close stops serving peers, fails requests in flight and closes everything
@@ -107,6 +152,7 @@ func (c *Context) Close() error {
 		return nil
 	}
 	c.closed = true
+	close(c.done)
 	objs, conns := c.objects.Drain(), c.conns
 	c.conns = nil
 	for nc := range c.served {
@@ -168,15 +214,10 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 		return nil, fmt.Errorf("tcpprov: allocate segment: %w", fdlimit.Hint(err))
 	}
 	s := &segment{c: c, mem: m, bytes: m.Data()[:size:size], access: cfg.Access.Normalize(), token: cfg.Token}
-	id, err := c.track(s)
-	if err != nil {
+	if err := c.track(s, func(id uint32) { s.id, c.segs[id] = id, s }); err != nil {
 		m.Close()
 		return nil, err
 	}
-	s.id = id
-	c.mu.Lock()
-	c.segs[id] = s
-	c.mu.Unlock()
 	return s, nil
 }
 
@@ -243,8 +284,9 @@ func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, err
 func (t *target) Desc() ub.JettyDesc { return t.desc }
 func (t *target) Close() error       { return nil }
 
-// accept serves peers' requests, one goroutine per connection. Requests on
-// a connection run in order and are answered in order.
+// accept serves peers' requests, one goroutine per connection, up to the
+// caps on connections. Requests on a connection run in order and are
+// answered in order.
 func (c *Context) accept() {
 	defer c.wg.Done()
 	for {
@@ -252,27 +294,47 @@ func (c *Context) accept() {
 		if err != nil {
 			return
 		}
+		src := sourceOf(nc.RemoteAddr())
 		c.mu.Lock()
 		if c.closed {
 			c.mu.Unlock()
 			nc.Close()
 			return
 		}
+		if len(c.served) >= c.opt.conns || c.sources[src] >= c.opt.connsPerSource {
+			// Beyond a cap: hang up at once.
+			c.mu.Unlock()
+			nc.Close()
+			continue
+		}
 		c.served[nc] = struct{}{}
+		c.sources[src]++
 		c.mu.Unlock()
+		c.servedChanged()
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			c.serve(nc)
+			c.serve(nc, src)
 			c.mu.Lock()
 			delete(c.served, nc)
+			if c.sources[src]--; c.sources[src] == 0 {
+				delete(c.sources, src)
+			}
 			c.mu.Unlock()
 			nc.Close()
+			c.servedChanged()
 		}()
 	}
 }
 
-func (c *Context) serve(nc net.Conn) {
+// servedChanged runs the test's hook, if set.
+func (c *Context) servedChanged() {
+	if c.opt.servedChanged != nil {
+		c.opt.servedChanged()
+	}
+}
+
+func (c *Context) serve(nc net.Conn, src netip.Prefix) {
 	r := bufio.NewReaderSize(nc, 64<<10)
 	w := bufio.NewWriterSize(nc, 64<<10)
 	var buf, out []byte
@@ -287,9 +349,17 @@ func (c *Context) serve(nc net.Conn) {
 			return
 		}
 		c.mem.RLock()
-		status, value, payload := c.execute(&req)
+		status, value, payload, denied := c.execute(&req)
 		out = appendResponse(out[:0], uint8(status), value, payload)
 		c.mem.RUnlock()
+		if denied {
+			if d := c.fails.fail(src, time.Now()); d > 0 {
+				// The answers made so far go out before the wait.
+				if err := w.Flush(); err != nil || !c.tarpit(d) {
+					return
+				}
+			}
+		}
 		if _, err := w.Write(out); err != nil {
 			return
 		}
@@ -302,25 +372,43 @@ func (c *Context) serve(nc net.Conn) {
 	}
 }
 
+// tarpit waits d, or until the context closes; it reports whether the wait
+// ran its course.
+func (c *Context) tarpit(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	if c.opt.tarpitted != nil {
+		c.opt.tarpitted(d)
+	}
+	select {
+	case <-t.C:
+		return true
+	case <-c.done:
+		return false
+	}
+}
+
 // execute runs one request against local objects, with the checks a bus
-// target makes.
-func (c *Context) execute(req *request) (ub.Status, uint64, []byte) {
+// target makes. denied says the request failed authorization: it named an
+// unknown segment or jetty, or had a wrong token.
+func (c *Context) execute(req *request) (status ub.Status, value uint64, payload []byte, denied bool) {
 	switch req.op {
 	case opSend:
-		return c.deliver(req.object, ub.Token(req.token), req.payload, ub.OpRecv, req.a, req.flags&flagImm != 0, req.flags&flagUnreliable != 0), 0, nil
+		st, denied := c.deliver(req.object, ub.Token(req.token), req.payload, ub.OpRecv, req.a, req.flags&flagImm != 0, req.flags&flagUnreliable != 0)
+		return st, 0, nil, denied
 	}
 	c.mu.Lock()
 	s := c.segs[req.object]
 	c.mu.Unlock()
 	if s == nil {
-		return ub.StatusNoPermission, 0, nil
+		return ub.StatusNoPermission, 0, nil, true
 	}
 	if ub.Token(req.token) != s.token {
-		return ub.StatusBadToken, 0, nil
+		return ub.StatusBadToken, 0, nil, true
 	}
 	need := map[uint8]ub.Access{opWrite: ub.AccessWrite, opWriteImm: ub.AccessWrite, opRead: ub.AccessRead, opCAS: ub.AccessAtomic, opFetchAdd: ub.AccessAtomic}[req.op]
 	if s.access&need != need {
-		return ub.StatusNoPermission, 0, nil
+		return ub.StatusNoPermission, 0, nil, false
 	}
 	n := uint64(req.n)
 	if req.op == opWrite || req.op == opWriteImm {
@@ -330,46 +418,48 @@ func (c *Context) execute(req *request) (ub.Status, uint64, []byte) {
 		n = 8
 	}
 	if req.offset > uint64(len(s.bytes)) || n > uint64(len(s.bytes))-req.offset {
-		return ub.StatusOutOfBounds, 0, nil
+		return ub.StatusOutOfBounds, 0, nil, false
 	}
 	off := int(req.offset)
 	switch req.op {
 	case opWrite, opWriteImm:
 		copy(s.bytes[off:], req.payload)
 		if req.op == opWriteImm {
-			if st := c.deliver(uint32(req.a), ub.Token(req.n), nil, ub.OpWriteImm, req.b, true, false); st != ub.StatusSuccess {
-				return st, 0, nil
+			// The notification's jetty and token are checked like a send's.
+			if st, denied := c.deliver(uint32(req.a), ub.Token(req.n), nil, ub.OpWriteImm, req.b, true, false); st != ub.StatusSuccess {
+				return st, 0, nil, denied
 			}
 		}
-		return ub.StatusSuccess, 0, nil
+		return ub.StatusSuccess, 0, nil, false
 	case opRead:
-		return ub.StatusSuccess, 0, s.bytes[off : off+int(n)]
+		return ub.StatusSuccess, 0, s.bytes[off : off+int(n)], false
 	}
 	if off%8 != 0 {
-		return ub.StatusMisaligned, 0, nil
+		return ub.StatusMisaligned, 0, nil, false
 	}
 	word, err := s.mem.Uint64At(off)
 	if err != nil {
-		return ub.StatusOutOfBounds, 0, nil
+		return ub.StatusOutOfBounds, 0, nil, false
 	}
 	if req.op == opCAS {
 		for {
 			old := word.Load()
 			if old != req.a || word.CompareAndSwap(old, req.b) {
-				return ub.StatusSuccess, old, nil
+				return ub.StatusSuccess, old, nil, false
 			}
 		}
 	}
-	return ub.StatusSuccess, word.Add(req.a) - req.a, nil
+	return ub.StatusSuccess, word.Add(req.a) - req.a, nil, false
 }
 
-// deliver puts an incoming message into the jetty's next posted receive.
-func (c *Context) deliver(jid uint32, token ub.Token, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) ub.Status {
+// deliver puts an incoming message into the jetty's next posted receive;
+// denied says the jetty is unknown or the token wrong.
+func (c *Context) deliver(jid uint32, token ub.Token, payload []byte, op ub.Opcode, imm uint64, hasImm, dropIfNone bool) (status ub.Status, denied bool) {
 	c.mu.Lock()
 	j := c.jetties[jid]
 	c.mu.Unlock()
 	if j == nil {
-		return ub.StatusFlushed
+		return ub.StatusFlushed, true
 	}
 	return j.deliver(token, payload, op, imm, hasImm, dropIfNone)
 }
