@@ -2,6 +2,7 @@ package shm
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"time"
 )
@@ -88,6 +89,7 @@ const (
 func (s Wait) wait(ctx context.Context, w waiter) error {
 	start := time.Now()
 	spinFor := s.spin()
+	onlyP := runtime.GOMAXPROCS(0) == 1
 	lastCheck := start
 	done := ctx.Done()
 	check := func(now time.Time) error {
@@ -119,7 +121,13 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 		if i&63 != 0 {
 			continue
 		}
-		if i >= 1024 && s.Mode != WaitSpin {
+		if onlyP {
+			// With one P (GOMAXPROCS=1, as in a pod with a 1-CPU limit) a
+			// peer in this process runs only when we let it: every mode,
+			// WaitSpin too, gives it the P now and then, or it would wait
+			// for the scheduler to preempt us (10 ms).
+			runtime.Gosched()
+		} else if i >= 1024 && s.Mode != WaitSpin {
 			// Past the first microseconds, give the CPU away now and then:
 			// when the peer shares our CPU (an oversubscribed machine), a
 			// pure spin would burn the time it needs to make progress.
@@ -140,7 +148,11 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 			if ok || err != nil {
 				return err
 			}
-			osYield()
+			if onlyP {
+				runtime.Gosched()
+			} else {
+				osYield()
+			}
 			if err := check(time.Now()); err != nil {
 				return err
 			}

@@ -47,6 +47,7 @@ func Cases(shmipcBin string) []bench.Case {
 			{Name: "uds", Run: func(d time.Duration) (bench.Measurement, error) { return sockStream(d, "unix", mib) }},
 			{Name: "tcp", Run: func(d time.Duration) (bench.Measurement, error) { return sockStream(d, "tcp", mib) }},
 		}}, shmipcBin, "stream-1MiB", "-copy"),
+		onePCase(),
 		{Name: "pool-alloc-free", Unit: "ns/op", Better: "lower", Contenders: []bench.Contender{
 			{Name: "ubkit", Run: poolAllocFree},
 			{Name: "sync.Pool", Run: syncPoolAllocFree},
