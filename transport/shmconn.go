@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -74,6 +75,7 @@ type shmConn struct {
 	readSince  int
 	wroteSince atomic.Int64
 	wokePeer   atomic.Bool
+	samePID    bool // the peer is this process
 
 	msgs       *messages
 	live       int  // messages loaned or received, not yet sent or released (mmu)
@@ -185,6 +187,12 @@ func (c *shmConn) Read(b []byte) (int, error) {
 				waitStart = now
 				polling, share = c.poll.decide(c.readSince, c.wroteSince.Swap(0))
 				excused = c.wokePeer.Swap(false)
+				if excused && c.samePID && runtime.GOMAXPROCS(0) == 1 {
+					// With one P, a peer goroutine of this process that
+					// our write woke runs only once the netpoller sees its
+					// pipe, which it does not while we poll: park at once.
+					polling = false
+				}
 				c.readSince = 0
 			}
 			if polling && pollAgain(now.Sub(waitStart), share) {

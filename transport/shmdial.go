@@ -76,6 +76,7 @@ func acceptShm(uc *net.UnixConn, local Addr) (*shmConn, error) {
 	if err != nil {
 		return closeAll(err)
 	}
+	c.samePID = samePID(uc)
 	// Tell the dialer its connection is accepted.
 	if _, err := uc.Write([]byte{shmAccepted}); err != nil {
 		return closeAll(err)
@@ -195,6 +196,13 @@ func dialShm(uc *net.UnixConn, a Addr) (*shmConn, error) {
 		aW.Close()
 		return closeEnds(err)
 	}
+	c.samePID = samePID(uc)
 	c.msgs = msgs
 	return c, nil
+}
+
+// samePID says whether the process at the other end of uc is this one.
+func samePID(uc *net.UnixConn) bool {
+	cred, err := peerCred(uc)
+	return err == nil && int(cred.Pid) == os.Getpid()
 }

@@ -40,6 +40,7 @@ func Cases() []bench.Case {
 	}
 	return append([]bench.Case{
 		{Name: "echo-64B", Unit: "ns/op", Better: "lower", Latency: true, Contenders: three(echo)},
+		onePCase(),
 		{Name: "stream-64KiB", Unit: "GB/s", Better: "higher", Contenders: three(stream)},
 		{Name: "grpc-unary", Unit: "ns/op", Better: "lower", Latency: true, Contenders: three(grpcUnary)},
 		{Name: "grpc-stream-1MiB", Unit: "GB/s", Better: "higher", Contenders: three(grpcStream)},
