@@ -70,8 +70,8 @@ func kindOf(unit, better string) kind {
 	return amount
 }
 
-// figure is one contender's value with its noise: half the range of its
-// rounds' values, or 0 when there was one round and the noise is unknown.
+// figure is one contender's value with its noise (Stats.Noise; 0 after one
+// round, when the noise is unknown).
 type figure struct {
 	value, noise float64
 }
@@ -220,17 +220,19 @@ func note(k kind, unit string, u figure) string {
 	return q + ": less held after the run than before"
 }
 
-// spread words a contender's noise for the table's spread column: a
-// percentage of a positive value, or for differences from a reference
-// (which hover near zero) the noise itself in the case's unit.
-func spread(k kind, v figure, rounds int) string {
-	if rounds < 2 || !finite(v.noise) || !finite(v.value) {
+// spread words how far a contender's rounds ranged, for the table's
+// spread column: half their range as a percentage of a positive value, or
+// for differences from a reference (which hover near zero) in the case's
+// unit.
+func spread(k kind, st Stats) string {
+	half := (st.Max - st.Min) / 2
+	if st.Rounds < 2 || !finite(half) || !finite(st.value()) {
 		return ""
 	}
-	if k == addedDuration || k == addedAmount || v.value <= 0 {
-		return "±" + human(v.noise)
+	if k == addedDuration || k == addedAmount || st.value() <= 0 {
+		return "±" + human(half)
 	}
-	return fmt.Sprintf("±%.0f%%", 100*v.noise/v.value)
+	return fmt.Sprintf("±%.0f%%", 100*half/st.value())
 }
 
 // factor formats a ratio with the precision it deserves: 211, 6.3, 0.43.

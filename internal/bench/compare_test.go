@@ -141,21 +141,39 @@ func TestNote(t *testing.T) {
 
 func TestSpread(t *testing.T) {
 	for _, c := range []struct {
-		unit   string
-		v      figure
-		rounds int
-		want   string
+		unit string
+		st   Stats
+		want string
 	}{
-		{"ns/op", figure{1000, 50}, 3, "±5%"},
-		{"ns/op", figure{1000, 50}, 1, ""},
-		{"ns/op", figure{0, 50}, 3, "±50"},
-		{"ns/op", figure{math.NaN(), 50}, 3, ""},
-		{"ns added", figure{-2100, 28632}, 3, "±28.6k"},
-		{"ns added", figure{1000, 500}, 5, "±500"},
-		{"fds added", figure{0, 0}, 3, "±0"},
+		{"ns/op", Stats{Median: 1000, Min: 950, Max: 1050, Rounds: 3}, "±5%"},
+		{"ns/op", Stats{Median: 1000, P50: 2000, Min: 950, Max: 1050, Rounds: 3}, "±2%"},
+		{"ns/op", Stats{Median: 1000, Min: 1000, Max: 1000, Rounds: 1}, ""},
+		{"ns/op", Stats{Median: 0, Min: 0, Max: 100, Rounds: 3}, "±50"},
+		{"ns/op", Stats{Median: math.NaN(), Min: 0, Max: 100, Rounds: 3}, ""},
+		{"ns added", Stats{Median: -2100, Min: -30000, Max: 27264, Rounds: 3}, "±28.6k"},
+		{"ns added", Stats{Median: 1000, Min: 500, Max: 1500, Rounds: 5}, "±500"},
+		{"fds added", Stats{Rounds: 3}, "±0"},
 	} {
-		if got := spread(kindOf(c.unit, "lower"), c.v, c.rounds); got != c.want {
-			t.Errorf("spread(%s, %v, %d) = %q, want %q", c.unit, c.v, c.rounds, got, c.want)
+		if got := spread(kindOf(c.unit, "lower"), c.st); got != c.want {
+			t.Errorf("spread(%s, %+v) = %q, want %q", c.unit, c.st, got, c.want)
+		}
+	}
+}
+
+// TestNoise: a contender's noise is the median distance of its rounds
+// from their median, which one spoiled round does not move.
+func TestNoise(t *testing.T) {
+	for _, c := range []struct {
+		values []float64
+		want   float64
+	}{
+		{[]float64{35e3, 36e3, 3.9e6}, 1e3},
+		{[]float64{10, 20, 30, 40, 1e9}, 10},
+		{[]float64{7}, 0},
+		{[]float64{5, 5, 5}, 0},
+	} {
+		if got := summarize(c.values, nil, false).Noise; got != c.want {
+			t.Errorf("noise of %v = %v, want %v", c.values, got, c.want)
 		}
 	}
 }
@@ -208,7 +226,7 @@ func TestTableEveryKind(t *testing.T) {
 		{"uds", "25.00M", "6.0x the throughput"},
 		{"uds", "47.8k", "199x faster"},
 		{"limit", "1000", "22x under the limit"},
-		{"proxy-added", "ubkit", "-2100", "±25.0k", "within noise: -2.1 µs (±25 µs)"},
+		{"proxy-added", "ubkit", "-2100", "±25.0k", "within noise: -2.1 µs (±22.1 µs)"},
 		{"direct-tcp", "123.7k", "ns ", "±0%", "the direct call, for scale"},
 		{"haproxy-mtls", "60.0k", "ns added", "adds 62.1 µs less"},
 		{"connect-close/fds", "ubkit", "0", "fds added"},
@@ -224,7 +242,7 @@ func TestTableEveryKind(t *testing.T) {
 		}
 	}
 	added := rep.Results[3]
-	if added.Note != "within noise: -2.1 µs (±25 µs)" || added.Compare["direct-tcp"] != "the direct call, for scale" || added.Roles["direct-tcp"] != "reference" || added.Compare["haproxy-mtls"] != "adds 62.1 µs less" {
+	if added.Note != "within noise: -2.1 µs (±22.1 µs)" || added.Compare["direct-tcp"] != "the direct call, for scale" || added.Roles["direct-tcp"] != "reference" || added.Compare["haproxy-mtls"] != "adds 62.1 µs less" {
 		t.Errorf("JSON words: note %q, compare %v", added.Note, added.Compare)
 	}
 }

@@ -67,6 +67,11 @@ type Stats struct {
 	P50    float64 `json:"p50,omitempty"`
 	P99    float64 `json:"p99,omitempty"`
 	P999   float64 `json:"p999,omitempty"`
+	// Noise is how far a round's value typically strays from the median:
+	// the median of their distances from it, which one spoiled round does
+	// not move (Max and Min do). Comparisons call differences within the
+	// noise the same.
+	Noise  float64 `json:"noise,omitempty"`
 	Rounds int     `json:"rounds"`
 	Error  string  `json:"error,omitempty"`
 }
@@ -197,11 +202,7 @@ func (res *Result) describe(c Case) {
 // figure is a contender's value (its p50 for a latency case) and noise.
 func (res *Result) figure(name string) figure {
 	st := res.Detail[name]
-	f := figure{value: st.value()}
-	if st.Rounds > 1 {
-		f.noise = (st.Max - st.Min) / 2
-	}
-	return f
+	return figure{value: st.value(), noise: st.Noise}
 }
 
 // value is the figure a contender is compared by: the p50 where there is
@@ -221,6 +222,12 @@ func summarize(values, samples []float64, latency bool) Stats {
 	}
 	slices.Sort(values)
 	st.Median, st.Min, st.Max = percentile(values, 0.5), values[0], values[len(values)-1]
+	dev := make([]float64, len(values))
+	for i, v := range values {
+		dev[i] = math.Abs(v - st.Median)
+	}
+	slices.Sort(dev)
+	st.Noise = percentile(dev, 0.5)
 	if latency && len(samples) > 0 {
 		slices.Sort(samples)
 		st.P50, st.P99, st.P999 = percentile(samples, 0.5), percentile(samples, 0.99), percentile(samples, 0.999)
@@ -286,7 +293,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 				// columns.
 				words = "  " + words
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c, n, human(st.value()), unit, p99, spread(kn, res.figure(n), st.Rounds), words)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c, n, human(st.value()), unit, p99, spread(kn, st), words)
 		}
 	}
 	if err := tw.Flush(); err != nil {

@@ -72,4 +72,3 @@ func TestRunFailsWhenUbkitFails(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
-
