@@ -17,20 +17,11 @@ import (
 // CPU; a process pinned to one CPU should also run Go code on one thread
 // at a time (runtime.GOMAXPROCS(1)).
 func PinProcess(n int) (int, error) {
-	var allowed, set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+	cpu, err := AllowedCPU(n)
+	if err != nil {
 		return 0, fmt.Errorf("shm: pin: %w", err)
 	}
-	var cpus []int
-	for i := range len(allowed) * 64 {
-		if allowed.IsSet(i) {
-			cpus = append(cpus, i)
-		}
-	}
-	if len(cpus) == 0 {
-		return 0, errors.New("shm: pin: this process may use no CPU")
-	}
-	cpu := cpus[((n%len(cpus))+len(cpus))%len(cpus)]
+	var set unix.CPUSet
 	set.Set(cpu)
 	// Until a pass finds every thread pinned already: a thread started
 	// during a pass by one not yet pinned is found by the next.
@@ -61,4 +52,24 @@ func PinProcess(n int) (int, error) {
 			return 0, errors.New("shm: pin: the process keeps starting threads")
 		}
 	}
+}
+
+// AllowedCPU returns the number of the n-th (modulo their number) of the
+// CPUs this process may use: the CPU PinProcess(n) pins to. Benchmarks
+// give it to programs that pin themselves (HAProxy's cpu-map).
+func AllowedCPU(n int) (int, error) {
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		return 0, fmt.Errorf("shm: the CPUs this process may use: %w", err)
+	}
+	var cpus []int
+	for i := range len(allowed) * 64 {
+		if allowed.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	if len(cpus) == 0 {
+		return 0, errors.New("shm: this process may use no CPU")
+	}
+	return cpus[((n%len(cpus))+len(cpus))%len(cpus)], nil
 }

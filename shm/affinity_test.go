@@ -73,3 +73,28 @@ func TestPinProcess(t *testing.T) {
 	}
 	check()
 }
+
+// TestAllowedCPU: the n-th allowed CPU, wrapping around either way, is one
+// the process may use, and the one PinProcess(n) would pin to.
+func TestAllowedCPU(t *testing.T) {
+	var allowed unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for i := range len(allowed) * 64 {
+		if allowed.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	last := len(cpus) - 1
+	for n, want := range map[int]int{0: cpus[0], last: cpus[last], len(cpus): cpus[0], -1: cpus[last], -len(cpus): cpus[0]} {
+		got, err := AllowedCPU(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("AllowedCPU(%d) = %d, want %d (allowed: %v)", n, got, want, cpus)
+		}
+	}
+}

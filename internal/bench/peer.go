@@ -88,9 +88,14 @@ func RunPeerIfChild() {
 
 // Peer is a running peer process.
 type Peer struct {
-	cmd    *exec.Cmd
-	done   chan error
-	stdout io.Reader
+	cmd  *exec.Cmd
+	done chan error
+	// stdout is the read end of the peer's standard output, for peers
+	// started with StartPeerPipe. It is this package's own pipe, not
+	// exec's, which closes its pipe as soon as the process exits: a peer
+	// that prints its result and exits would race the read.
+	stdout    *os.File
+	closeOnce sync.Once
 }
 
 // StartPeerPipe is StartPeer with the peer's standard output connected to
@@ -100,7 +105,8 @@ func StartPeerPipe(role string, args any) (*Peer, error) {
 }
 
 // Stdout is the peer's standard output, for peers started with
-// StartPeerPipe.
+// StartPeerPipe. What the peer wrote stays readable after it exited, until
+// Wait or Kill.
 func (p *Peer) Stdout() io.Reader { return p.stdout }
 
 // StartPeer re-executes this program as the peer role with args encoded as
@@ -123,19 +129,24 @@ func startPeer(role string, args any, pipe bool) (*Peer, error) {
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var stdout io.Reader
+	var r, w *os.File
 	if pipe {
-		cmd.Stdout = nil
-		r, err := cmd.StdoutPipe()
-		if err != nil {
+		if r, w, err = os.Pipe(); err != nil {
 			return nil, err
 		}
-		stdout = r
+		cmd.Stdout = w
 	}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	if w != nil {
+		w.Close() // the peer holds its own copy
+	}
+	if err != nil {
+		if r != nil {
+			r.Close()
+		}
 		return nil, fmt.Errorf("bench: start peer %s: %w", role, err)
 	}
-	p := &Peer{cmd: cmd, done: make(chan error, 1), stdout: stdout}
+	p := &Peer{cmd: cmd, done: make(chan error, 1), stdout: r}
 	go func() { p.done <- cmd.Wait() }()
 	return p, nil
 }
@@ -144,10 +155,16 @@ func startPeer(role string, args any, pipe bool) (*Peer, error) {
 // error.
 func (p *Peer) Done() <-chan error { return p.done }
 
-// Wait waits for the peer to exit and returns its error.
+// Wait waits for the peer to exit, closes its standard output and returns
+// its error.
 func (p *Peer) Wait() error {
 	err := <-p.done
 	p.done <- err
+	p.closeOnce.Do(func() {
+		if p.stdout != nil {
+			p.stdout.Close()
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("bench peer: %w", err)
 	}

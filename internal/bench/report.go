@@ -23,12 +23,24 @@ type Measurement struct {
 // Contender is one implementation of a case: ubkit or a baseline.
 type Contender struct {
 	Name string
+	// Role says how a baseline compares with ubkit; the zero value is an
+	// Alternative doing the same work.
+	Role Role
+	// About says what a Reference is; the report shows it in place of a
+	// comparison.
+	About string
 	// Run runs the case for about d and measures it. Both ends of the work
 	// must run in separate processes.
 	Run func(d time.Duration) (Measurement, error)
 }
 
 // Case is one benchmark: ubkit's contender (named "ubkit") and its baselines.
+//
+// Its unit and better direction say how values compare: a higher-is-better
+// unit is a rate (compared by ratio, "6.3x the throughput"); a lower-is-better
+// time (ns/op, ns, ms) is compared by ratio as faster or slower; a unit ending
+// in " added" ("ns added", "fds added") is a difference from a reference,
+// compared by difference, since it may be near or below zero.
 type Case struct {
 	Name   string
 	Unit   string
@@ -55,6 +67,11 @@ type Stats struct {
 	P50    float64 `json:"p50,omitempty"`
 	P99    float64 `json:"p99,omitempty"`
 	P999   float64 `json:"p999,omitempty"`
+	// Noise is how far a round's value typically strays from the median:
+	// the median of their distances from it, which one spoiled round does
+	// not move (Max and Min do). Comparisons call differences within the
+	// noise the same.
+	Noise  float64 `json:"noise,omitempty"`
 	Rounds int     `json:"rounds"`
 	Error  string  `json:"error,omitempty"`
 }
@@ -67,7 +84,22 @@ type Result struct {
 	Value     float64            `json:"value"`
 	Baselines map[string]float64 `json:"baselines"`
 	Detail    map[string]Stats   `json:"detail"`
+	// Compare says in words how ubkit's value compares with each
+	// baseline's ("211x faster", "0.8x the throughput", "adds 59 µs less"),
+	// by baseline name; a failed baseline has none.
+	Compare map[string]string `json:"compare,omitempty"`
+	// Note explains ubkit's value where it needs it: an added latency below
+	// zero ("within noise: -3 µs (±12 µs)").
+	Note string `json:"note,omitempty"`
+	// Roles names the baselines that are not alternatives doing the same
+	// work: "limit" (a bound for ubkit's value) or "reference" (a figure of
+	// another kind, such as the direct path's latency under an added
+	// latency, in the unit without " added").
+	Roles map[string]string `json:"roles,omitempty"`
 }
+
+// roleNames are Roles' values in a Result.
+var roleNames = map[Role]string{Limit: "limit", Reference: "reference"}
 
 // Report is a suite's output.
 type Report struct {
@@ -116,7 +148,8 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 				}
 			}
 		}
-		res := Result{Case: c.Name, Unit: c.Unit, Better: c.Better, Baselines: map[string]float64{}, Detail: map[string]Stats{}}
+		res := Result{Case: c.Name, Unit: c.Unit, Better: c.Better, Baselines: map[string]float64{}, Detail: map[string]Stats{},
+			Compare: map[string]string{}}
 		for i, k := range c.Contenders {
 			st := summarize(values[i], samples[i], c.Latency)
 			if c.Latency && len(samples[i]) == 0 && len(p50s[i]) > 0 {
@@ -131,19 +164,54 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 				}
 			}
 			res.Detail[k.Name] = st
-			v := st.Median
-			if c.Latency && st.P50 > 0 {
-				v = st.P50
-			}
+			v := st.value()
 			if k.Name == "ubkit" {
 				res.Value = v
 			} else if errs[i] == nil {
 				res.Baselines[k.Name] = v
 			}
 		}
+		res.describe(c)
 		rep.Results = append(rep.Results, res)
 	}
 	return rep, nil
+}
+
+// describe words how ubkit compares with each baseline of c that ran, and
+// ubkit's own value where it needs a note.
+func (res *Result) describe(c Case) {
+	k := kindOf(res.Unit, res.Better)
+	u := res.figure("ubkit")
+	res.Note = note(k, res.Unit, u)
+	for _, ct := range c.Contenders {
+		if ct.Name == "ubkit" {
+			continue
+		}
+		if name, ok := roleNames[ct.Role]; ok {
+			if res.Roles == nil {
+				res.Roles = map[string]string{}
+			}
+			res.Roles[ct.Name] = name
+		}
+		if _, ok := res.Baselines[ct.Name]; ok {
+			res.Compare[ct.Name] = compare(k, res.Unit, ct.Role, ct.About, u, res.figure(ct.Name))
+		}
+	}
+}
+
+// figure is a contender's value (its p50 for a latency case) and noise.
+func (res *Result) figure(name string) figure {
+	st := res.Detail[name]
+	return figure{value: st.value(), noise: st.Noise}
+}
+
+// value is the figure a contender is compared by: the p50 where there is
+// one, else the median of its rounds.
+func (st Stats) value() float64 {
+	if st.P50 > 0 {
+		return st.P50
+	}
+	return st.Median
 }
 
 func summarize(values, samples []float64, latency bool) Stats {
@@ -154,6 +222,12 @@ func summarize(values, samples []float64, latency bool) Stats {
 	}
 	slices.Sort(values)
 	st.Median, st.Min, st.Max = percentile(values, 0.5), values[0], values[len(values)-1]
+	dev := make([]float64, len(values))
+	for i, v := range values {
+		dev[i] = math.Abs(v - st.Median)
+	}
+	slices.Sort(dev)
+	st.Noise = percentile(dev, 0.5)
 	if latency && len(samples) > 0 {
 		slices.Sort(samples)
 		st.P50, st.P99, st.P999 = percentile(samples, 0.5), percentile(samples, 0.99), percentile(samples, 0.999)
@@ -169,14 +243,6 @@ func percentile(sorted []float64, q float64) float64 {
 	return sorted[max(0, min(i, len(sorted)-1))]
 }
 
-// Ratio is value over baseline; for "lower is better" units below 1 is a win.
-func Ratio(value, baseline float64) float64 {
-	if baseline == 0 {
-		return math.NaN()
-	}
-	return value / baseline
-}
-
 // WriteJSON writes the report as one JSON document.
 func (r *Report) WriteJSON(w io.Writer) error {
 	enc := json.NewEncoder(w)
@@ -184,12 +250,15 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
-// WriteTable writes the report as a human-readable table with ratios.
+// WriteTable writes the report as a human-readable table: each contender's
+// value, p99 and spread, and in words how ubkit compares with each
+// baseline.
 func (r *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "suite %s  (%s, %s)\n", r.Suite, r.Machine, r.Date)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "case\tcontender\tvalue\tunit\tp99\tspread\tubkit ratio\t")
+	fmt.Fprintln(tw, "case\tcontender\tvalue\tunit\tp99\tspread\t  ubkit, compared")
 	for _, res := range r.Results {
+		k := kindOf(res.Unit, res.Better)
 		names := []string{"ubkit"}
 		for n := range res.Detail {
 			if n != "ubkit" {
@@ -204,33 +273,33 @@ func (r *Report) WriteTable(w io.Writer) error {
 				c = res.Case
 			}
 			if st.Error != "" {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t\t\t\t\t\n", c, n, "error: "+firstLine(st.Error))
+				fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t  error: %s\n", c, n, firstLine(st.Error))
 				continue
 			}
-			v := st.Median
-			if st.P50 > 0 {
-				v = st.P50
-			}
-			p99, ratio := "", ""
+			p99 := ""
 			if st.P99 > 0 {
 				p99 = human(st.P99)
 			}
-			if r := Ratio(res.Value, v); n != "ubkit" && !math.IsNaN(r) {
-				ratio = fmt.Sprintf("%.2fx", r)
-			} else if n != "ubkit" {
-				ratio = "-" // a baseline of 0 (nothing added, say)
+			words, unit, kn := res.Compare[n], res.Unit, k
+			if n == "ubkit" {
+				words = res.Note
 			}
-			spread := ""
-			if st.Rounds > 1 && st.Median != 0 {
-				spread = fmt.Sprintf("±%.0f%%", 100*(st.Max-st.Min)/2/st.Median)
+			if res.Roles[n] == "reference" {
+				unit = strings.TrimSuffix(unit, " added")
+				kn = kindOf(unit, res.Better)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", c, n, human(v), res.Unit, p99, spread, ratio)
+			if words != "" {
+				// The last cell, left as it is after the right-aligned
+				// columns.
+				words = "  " + words
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c, n, human(st.value()), unit, p99, spread(kn, st), words)
 		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "ratio = ubkit / baseline: below 1 wins for lower-is-better units (ns/op), above 1 for higher-is-better (msg/s, GB/s)")
+	fmt.Fprintln(w, `spread: half the range of the rounds' values, as a share of the value (in the unit for "added" cases, which hover near 0)`)
 	return nil
 }
 
@@ -244,8 +313,14 @@ func firstLine(s string) string {
 	return s
 }
 
+// human formats a value for the table's columns: 123.7k, 1.20M, 241,
+// 3.14, -2.1k.
 func human(v float64) string {
 	switch {
+	case !finite(v):
+		return fmt.Sprint(v) // NaN, +Inf, -Inf
+	case v < 0:
+		return "-" + human(-v)
 	case v >= 1e9:
 		return fmt.Sprintf("%.2fG", v/1e9)
 	case v >= 1e6:

@@ -18,8 +18,9 @@ need() { # need <command> <debian package>
 }
 
 need go golang-go
-# Real servers for the cache tests (started by internal/testenv on free
-# loopback ports). Installing them must not start the system's own copies.
+# Real servers for the cache tests and the benchmarks' baselines (started
+# by internal/testenv on free loopback ports). Installing them must not
+# start the system's own copies.
 need_server() { # need_server <command> <debian package>
 	command -v "$1" >/dev/null 2>&1 && return 0
 	local policy=""
@@ -32,6 +33,9 @@ need_server() { # need_server <command> <debian package>
 }
 need_server redis-server redis-server
 need_server memcached memcached
+# HAProxy is the mesh benchmark's baseline: two instances relaying between
+# the nodes with mutual TLS (internal/bench/meshsuite starts them).
+need_server haproxy haproxy
 # pymemcache, an independent memcached client, drives the memcached
 # server's differential test (cache/memcached, against memcached 1.6). It
 # is installed once per version into the cache; internal/testenv

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -34,27 +35,51 @@ func (s *Server) Close() error {
 // StartRedis starts redis-server (Debian package redis-server) with no
 // persistence on a free loopback port and a unix socket.
 func StartRedis() (*Server, error) {
-	return start("redis-server", "redis-server", func(port int, dir string) []string {
+	return start("redis-server", "redis-server", func(port int, dir string) ([]string, error) {
 		return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 			"--unixsocket", filepath.Join(dir, "redis.sock"), "--unixsocketperm", "700", "--dir", dir,
-			"--protected-mode", "no"}
+			"--protected-mode", "no"}, nil
 	}, "redis.sock")
 }
 
 // StartMemcached starts memcached (Debian package memcached) on a free
 // loopback port.
 func StartMemcached(extra ...string) (*Server, error) {
-	return start("memcached", "memcached", func(port int, dir string) []string {
+	return start("memcached", "memcached", func(port int, dir string) ([]string, error) {
 		args := []string{"-l", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "0", "-m", "256"}
 		if os.Geteuid() == 0 {
 			args = append(args, "-u", "root")
 		}
-		return append(args, extra...)
+		return append(args, extra...), nil
 	}, "")
 }
 
-func start(command, pkg string, args func(port int, dir string) []string, socket string) (*Server, error) {
-	path, err := exec.LookPath(command)
+// StartHAProxy starts haproxy (Debian package haproxy) in the foreground
+// with the configuration config returns for the free loopback port it is
+// to listen on (Addr) and the server's own directory, in which config may
+// write the files the configuration names (certificates, keys). The
+// configuration must bind that port and nothing else that could be taken.
+func StartHAProxy(config func(port int, dir string) (string, error)) (*Server, error) {
+	return start("haproxy", "haproxy", func(port int, dir string) ([]string, error) {
+		cfg, err := config(port, dir)
+		if err != nil {
+			return nil, err
+		}
+		path := filepath.Join(dir, "haproxy.cfg")
+		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+			return nil, err
+		}
+		// -db: stay in the foreground, so that killing the process ends it.
+		return []string{"-db", "-f", path}, nil
+	}, "")
+}
+
+// start runs command with the arguments args returns for a free loopback
+// port and a fresh directory, and waits until it listens there. A port
+// another process took meanwhile makes the server exit; start then tries
+// again with another, up to 5 times.
+func start(command, pkg string, args func(port int, dir string) ([]string, error), socket string) (*Server, error) {
+	path, err := lookCommand(command)
 	if err != nil {
 		return nil, fmt.Errorf("testenv: %s is missing: install the Debian package %s (make test does)", command, pkg)
 	}
@@ -72,8 +97,16 @@ func start(command, pkg string, args func(port int, dir string) []string, socket
 		if socket != "" {
 			s.Socket = filepath.Join(dir, socket)
 		}
-		s.cmd = exec.Command(path, args(port, dir)...)
+		argv, err := args(port, dir)
+		if err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("testenv: configure %s: %w", command, err)
+		}
+		s.cmd = exec.Command(path, argv...)
 		s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+		// The server dies with the process that started it, even one
+		// killed before it could stop the server.
+		s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := s.cmd.Start(); err != nil {
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("testenv: start %s: %w", command, err)
@@ -113,6 +146,22 @@ func (s *Server) waitReady() error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return errors.New("testenv: " + s.cmd.Path + " did not start listening within 10 s")
+}
+
+// lookCommand finds command in $PATH, or in the sbin directories a
+// minimal $PATH may lack (Debian installs haproxy in /usr/sbin).
+func lookCommand(command string) (string, error) {
+	path, err := exec.LookPath(command)
+	if err == nil {
+		return path, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin"} {
+		p := filepath.Join(dir, command)
+		if info, statErr := os.Stat(p); statErr == nil && info.Mode().IsRegular() && info.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", err
 }
 
 func freePort() (int, error) {

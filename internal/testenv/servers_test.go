@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -20,10 +21,20 @@ func TestServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
+	// HAProxy relaying to the redis-server.
+	h, err := StartHAProxy(func(port int, dir string) (string, error) {
+		return fmt.Sprintf("defaults\n\tmode tcp\n\ttimeout connect 5s\n\ttimeout client 1m\n\ttimeout server 1m\n"+
+			"frontend f\n\tbind 127.0.0.1:%d\n\tdefault_backend b\nbackend b\n\tserver redis %s\n", port, r.Addr), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
 	for _, c := range []struct{ network, addr, cmd, want string }{
 		{"tcp", r.Addr, "PING\r\n", "+PONG\r\n"},
 		{"unix", r.Socket, "PING\r\n", "+PONG\r\n"},
 		{"tcp", m.Addr, "version\r\n", "VERSION"},
+		{"tcp", h.Addr, "PING\r\n", "+PONG\r\n"},
 	} {
 		conn, err := net.Dial(c.network, c.addr)
 		if err != nil {
@@ -35,6 +46,30 @@ func TestServers(t *testing.T) {
 		if err != nil || len(line) < len(c.want) || line[:len(c.want)] != c.want {
 			t.Errorf("%s %s: %q %v", c.network, c.addr, line, err)
 		}
+	}
+}
+
+// TestStartHAProxyBadConfig: a configuration HAProxy refuses, or one that
+// could not be made, is an error that says so, not a hang.
+func TestStartHAProxyBadConfig(t *testing.T) {
+	_, err := StartHAProxy(func(port int, dir string) (string, error) {
+		return fmt.Sprintf("frontend f\n\tbind 127.0.0.1:%d\n\tno-such-keyword\n", port), nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "haproxy exited") || !strings.Contains(err.Error(), "no-such-keyword") {
+		t.Errorf("a bad configuration: %v", err)
+	}
+	_, err = StartHAProxy(func(int, string) (string, error) { return "", errors.New("no certificate") })
+	if err == nil || !strings.Contains(err.Error(), "configure haproxy: no certificate") {
+		t.Errorf("a failed configuration: %v", err)
+	}
+}
+
+// TestStartMissingServer: a server that is not installed fails naming its
+// Debian package.
+func TestStartMissingServer(t *testing.T) {
+	_, err := start("ubkit-no-such-server", "ubkit-no-such-package", func(int, string) ([]string, error) { return nil, nil }, "")
+	if err == nil || !strings.Contains(err.Error(), "ubkit-no-such-server is missing: install the Debian package ubkit-no-such-package") {
+		t.Errorf("err = %v", err)
 	}
 }
 

@@ -184,94 +184,129 @@ func pin(cpu int) error {
 // procSamples runs the mesh as a deployment does: backend, node proxies and
 // application in processes of their own, each on its node's CPU, with the
 // control plane (and its CA) in this process.
-func procSamples(mode string, d time.Duration, directOnly bool) (vs, ds []float64, err error) {
-	var closers []func()
-	defer func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-	}()
-	t, err := topology.Example(topo)
+var procSamples = deployedSamples(nodeProxies)
+
+// haproxySamples runs the same with HAProxy relaying in place of the node
+// proxies (see haproxyRelay).
+var haproxySamples = deployedSamples(func(t *topology.Topology, backend string, closers *[]func()) (string, error) {
+	r, err := startHAProxyRelay(t.Name, backend)
 	if err != nil {
-		return nil, nil, err
+		return "", err
 	}
+	*closers = append(*closers, r.Close)
+	return r.Local, nil
+})
+
+// relayFunc starts what carries the application's calls on clientNode to
+// the backend (host:port) on serverNode, adds what stops it to closers,
+// and returns where the application connects.
+type relayFunc func(t *topology.Topology, backend string, closers *[]func()) (via string, err error)
+
+// deployedSamples returns a samplesFunc that runs a backend process on
+// serverNode's CPU, the relay (unless directOnly) and the application's
+// process on clientNode's CPU, which measures.
+func deployedSamples(relay relayFunc) samplesFunc {
+	return func(mode string, d time.Duration, directOnly bool) (vs, ds []float64, err error) {
+		var closers []func()
+		defer func() {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i]()
+			}
+		}()
+		t, err := topology.Example(topo)
+		if err != nil {
+			return nil, nil, err
+		}
+		be, backend, err := startLine("mesh-backend", backendArgs{Mode: mode, onCPU: onCPU{nodeCPU[serverNode]}})
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, be.Kill)
+		var via string
+		if !directOnly {
+			if via, err = relay(t, backend, &closers); err != nil {
+				return nil, nil, err
+			}
+		}
+		p, err := bench.StartPeerPipe("mesh-client", clientArgs{Mode: mode, Via: via, Direct: backend, For: d,
+			DirectOnly: directOnly, onCPU: onCPU{nodeCPU[clientNode]}})
+		if err != nil {
+			return nil, nil, err
+		}
+		closers = append(closers, p.Kill)
+		// Every call has its own timeout; this bounds the whole run as
+		// well, so that nothing wedged can hold the harness.
+		watchdog := time.AfterFunc(d+time.Minute, p.Kill)
+		defer watchdog.Stop()
+		var res clientResult
+		if err := json.NewDecoder(p.Stdout()).Decode(&res); err != nil {
+			return nil, nil, fmt.Errorf("mesh-client: %w (%v)", err, p.Wait())
+		}
+		return res.Via, res.Direct, nil
+	}
+}
+
+// nodeProxies starts ubkit's mesh between the nodes: the simulated super
+// node's shared state, the control plane (in this process, with its CA)
+// and a node proxy process on each node's CPU.
+func nodeProxies(t *topology.Topology, backend string, closers *[]func()) (string, error) {
 	// The simulated super node's shared state (link bookings) is this
 	// run's own, not shared with any other simulation of cm384 on the
 	// host; this process makes it and removes it at the end.
 	fabric := fmt.Sprintf("meshbench-%d-%d", os.Getpid(), runSeq.Add(1))
 	fab, err := simprov.OpenFabricNamed(t, fabric)
 	if err != nil {
-		return nil, nil, err
+		return "", err
 	}
-	closers = append(closers, func() {
-		// Last: the peers were killed, as crashed processes would be,
-		// and their shared memory goes the way a crashed process's does.
+	*closers = append(*closers, func() {
+		// Last of the relay: the peers were killed, as crashed processes
+		// would be, and their shared memory goes the way a crashed
+		// process's does.
 		shm.Sweep()
 		fab.Remove()
 		fab.Close()
 	})
 	dir, err := os.MkdirTemp("", "ubkit-meshbench-")
 	if err != nil {
-		return nil, nil, err
+		return "", err
 	}
-	closers = append(closers, func() { os.RemoveAll(dir) })
-	be, backend, err := startLine("mesh-backend", backendArgs{Mode: mode, onCPU: onCPU{nodeCPU[serverNode]}})
+	*closers = append(*closers, func() { os.RemoveAll(dir) })
+	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Endpoints: []mesh.Endpoint{{Node: serverNode, Address: backend}}}})
 	if err != nil {
-		return nil, nil, err
+		return "", err
 	}
-	closers = append(closers, be.Kill)
+	cp := mesh.NewControlPlane(t, reg)
+	cl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	go cp.Serve(cl)
+	*closers = append(*closers, func() { cp.Close(); cl.Close() })
+	ca, err := mesh.NewCA(t.Name, time.Hour)
+	if err != nil {
+		return "", err
+	}
 	var via string
-	if !directOnly {
-		reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Endpoints: []mesh.Endpoint{{Node: serverNode, Address: backend}}}})
+	for _, n := range []string{serverNode, clientNode} {
+		cert, err := ca.Issue(n, time.Hour)
 		if err != nil {
-			return nil, nil, err
+			return "", err
 		}
-		cp := mesh.NewControlPlane(t, reg)
-		cl, err := net.Listen("tcp", "127.0.0.1:0")
+		key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
 		if err != nil {
-			return nil, nil, err
+			return "", err
 		}
-		go cp.Serve(cl)
-		closers = append(closers, func() { cp.Close(); cl.Close() })
-		ca, err := mesh.NewCA(t.Name, time.Hour)
+		p, addr, err := startLine("mesh-proxy", proxyArgs{Node: n, RuntimeDir: dir, Fabric: fabric, ControlPlane: cl.Addr().String(),
+			Cert: cert.Certificate[0], Key: key, Root: ca.Cert().Raw, onCPU: onCPU{nodeCPU[n]}})
 		if err != nil {
-			return nil, nil, err
+			return "", err
 		}
-		for _, n := range []string{serverNode, clientNode} {
-			cert, err := ca.Issue(n, time.Hour)
-			if err != nil {
-				return nil, nil, err
-			}
-			key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-			if err != nil {
-				return nil, nil, err
-			}
-			p, addr, err := startLine("mesh-proxy", proxyArgs{Node: n, RuntimeDir: dir, Fabric: fabric, ControlPlane: cl.Addr().String(),
-				Cert: cert.Certificate[0], Key: key, Root: ca.Cert().Raw, onCPU: onCPU{nodeCPU[n]}})
-			if err != nil {
-				return nil, nil, err
-			}
-			closers = append(closers, p.Kill)
-			if n == clientNode {
-				via = addr
-			}
+		*closers = append(*closers, p.Kill)
+		if n == clientNode {
+			via = addr
 		}
 	}
-	p, err := bench.StartPeerPipe("mesh-client", clientArgs{Mode: mode, Via: via, Direct: backend, For: d,
-		DirectOnly: directOnly, onCPU: onCPU{nodeCPU[clientNode]}})
-	if err != nil {
-		return nil, nil, err
-	}
-	closers = append(closers, p.Kill)
-	// Every call has its own timeout; this bounds the whole run as well,
-	// so that nothing wedged can hold the harness.
-	watchdog := time.AfterFunc(d+time.Minute, p.Kill)
-	defer watchdog.Stop()
-	var res clientResult
-	if err := json.NewDecoder(p.Stdout()).Decode(&res); err != nil {
-		return nil, nil, fmt.Errorf("mesh-client: %w (%v)", err, p.Wait())
-	}
-	return res.Via, res.Direct, nil
+	return via, nil
 }
 
 // startLine starts a peer and reads the line it prints.

@@ -18,6 +18,14 @@
 // with everything in this process: what the proxies' own work adds when no
 // hop wakes another process.
 //
+// Beside ubkit, the target cases run the baseline a user would pick
+// instead, the sidecar or ambient pattern: two HAProxy processes (Debian
+// package haproxy) relaying at layer 4 between the nodes with mutual TLS,
+// laid out as the node proxies are (see haproxyRelay); its row
+// ("haproxy-mtls") is the latency it adds, measured the same way in the
+// same invocation, round for round with ubkit's. Their reference row
+// ("direct-tcp") is the direct call's latency itself, shown for scale.
+//
 // grpc-proxyless-unary times a unary gRPC call from a client process to a
 // server process over the bus against the same over TCP loopback.
 package meshsuite
@@ -47,15 +55,17 @@ const payload = 1 << 10
 // Cases returns the suite's cases.
 func Cases() []bench.Case {
 	cases := []bench.Case{
-		addedCase("proxy-http-1KB-added-p50", "http", 50, procSamples),
-		addedCase("proxy-http-1KB-added-p99", "http", 99, procSamples),
-		addedCase("proxy-grpc-1KB-added-p50", "grpc", 50, procSamples),
+		addedCase("proxy-http-1KB-added-p50", "http", 50, procSamples, haproxySamples),
+		addedCase("proxy-http-1KB-added-p99", "http", 99, procSamples, haproxySamples),
+		addedCase("proxy-grpc-1KB-added-p50", "grpc", 50, procSamples, haproxySamples),
 		// The proxies carry TCP: a 1 KiB echo over a plain connection is
 		// their own cost with no protocol on top.
-		addedCase("proxy-tcp-1KB-added-p50", "tcp", 50, procSamples),
-		addedCase("proxy-http-1KB-added-p50-1proc", "http", 50, inProcSamples),
-		addedCase("proxy-grpc-1KB-added-p50-1proc", "grpc", 50, inProcSamples),
-		addedCase("proxy-tcp-1KB-added-p50-1proc", "tcp", 50, inProcSamples),
+		addedCase("proxy-tcp-1KB-added-p50", "tcp", 50, procSamples, haproxySamples),
+		// HAProxy cannot run inside this process: the one-process cases
+		// have no HAProxy row.
+		addedCase("proxy-http-1KB-added-p50-1proc", "http", 50, inProcSamples, nil),
+		addedCase("proxy-grpc-1KB-added-p50-1proc", "grpc", 50, inProcSamples, nil),
+		addedCase("proxy-tcp-1KB-added-p50-1proc", "tcp", 50, inProcSamples, nil),
 	}
 	// A proxyless client resolves through xDS once; each call then takes
 	// the same path as any gRPC call over ubkit, so the case is the
@@ -87,23 +97,35 @@ func Cases() []bench.Case {
 // direct calls, taking turns for about d.
 type samplesFunc func(mode string, d time.Duration, directOnly bool) (via, direct []float64, err error)
 
-func addedCase(name, mode string, pct int, run samplesFunc) bench.Case {
-	return bench.Case{Name: name, Unit: "ns added", Better: "lower", Contenders: []bench.Contender{
-		{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) {
+// addedCase is a case of the latency (at percentile pct) that a relay adds
+// to a call of mode: ubkit's node proxies (run), against HAProxy relaying
+// with mutual TLS (haproxy, unless nil) measured the same way in its own
+// runs, with the direct call's latency (in ns, not added) as the reference.
+func addedCase(name, mode string, pct int, run, haproxy samplesFunc) bench.Case {
+	added := func(run samplesFunc) func(d time.Duration) (bench.Measurement, error) {
+		return func(d time.Duration) (bench.Measurement, error) {
 			vs, ds, err := run(mode, d, false)
 			if err != nil {
 				return bench.Measurement{}, err
 			}
 			return bench.Measurement{Value: percentile(vs, pct) - percentile(ds, pct)}, nil
-		}},
-		{Name: "direct-tcp", Run: func(d time.Duration) (bench.Measurement, error) {
-			_, ds, err := run(mode, d, true)
-			if err != nil {
-				return bench.Measurement{}, err
-			}
-			return bench.Measurement{Value: percentile(ds, pct)}, nil
-		}},
+		}
+	}
+	c := bench.Case{Name: name, Unit: "ns added", Better: "lower", Contenders: []bench.Contender{
+		{Name: "ubkit", Run: added(run)},
+		{Name: "direct-tcp", Role: bench.Reference, About: fmt.Sprintf("the direct call's p%d, for scale", pct),
+			Run: func(d time.Duration) (bench.Measurement, error) {
+				_, ds, err := run(mode, d, true)
+				if err != nil {
+					return bench.Measurement{}, err
+				}
+				return bench.Measurement{Value: percentile(ds, pct)}, nil
+			}},
 	}}
+	if haproxy != nil {
+		c.Contenders = append(c.Contenders, bench.Contender{Name: "haproxy-mtls", Run: added(haproxy)})
+	}
+	return c
 }
 
 // inProcSamples runs the mesh, the backend and the calls in this process.

@@ -22,7 +22,7 @@ import (
 
 func topoCases() []bench.Case {
 	limit := func(v float64) bench.Contender {
-		return bench.Contender{Name: "limit", Run: func(time.Duration) (bench.Measurement, error) { return bench.Measurement{Value: v}, nil }}
+		return bench.Contender{Name: "limit", Role: bench.Limit, Run: func(time.Duration) (bench.Measurement, error) { return bench.Measurement{Value: v}, nil }}
 	}
 	return []bench.Case{
 		{Name: "cm384-load", Unit: "ms", Better: "lower", Contenders: []bench.Contender{

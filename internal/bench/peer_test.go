@@ -1,0 +1,44 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"testing"
+)
+
+func TestMain(m *testing.M) {
+	RunPeerIfChild()
+	os.Exit(m.Run())
+}
+
+func init() {
+	RegisterPeer("bench-test-print-and-exit", func(json.RawMessage) error {
+		fmt.Println("result")
+		return nil
+	})
+}
+
+// TestPeerOutputOutlivesPeer: what a peer printed before it exited can
+// still be read after it exited (a peer that reports and exits at once
+// raced its reader, which got "file already closed").
+func TestPeerOutputOutlivesPeer(t *testing.T) {
+	p, err := StartPeerPipe("bench-test-print-and-exit", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Until the peer has exited, without closing its output as Wait does.
+	err = <-p.done
+	p.done <- err
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(p.Stdout())
+	if err != nil || string(got) != "result\n" {
+		t.Fatalf("read %q, %v; want %q", got, err, "result\n")
+	}
+	if err := p.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
