@@ -88,8 +88,9 @@ func RunPeerIfChild() {
 
 // Peer is a running peer process.
 type Peer struct {
-	cmd  *exec.Cmd
-	done chan error
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when the peer exited, err set
+	err    error
 	// stdout is the read end of the peer's standard output, for peers
 	// started with StartPeerPipe. It is this package's own pipe, not
 	// exec's, which closes its pipe as soon as the process exits: a peer
@@ -146,20 +147,25 @@ func startPeer(role string, args any, pipe bool) (*Peer, error) {
 		}
 		return nil, fmt.Errorf("bench: start peer %s: %w", role, err)
 	}
-	p := &Peer{cmd: cmd, done: make(chan error, 1), stdout: r}
-	go func() { p.done <- cmd.Wait() }()
+	p := &Peer{cmd: cmd, exited: make(chan struct{}), stdout: r}
+	go func() { p.err = cmd.Wait(); close(p.exited) }()
 	return p, nil
 }
 
-// Done is closed-over by a receive when the peer exits; it yields its exit
-// error.
-func (p *Peer) Done() <-chan error { return p.done }
+// Done is closed once the peer has exited; Err then says how.
+func (p *Peer) Done() <-chan struct{} { return p.exited }
+
+// Err is the peer's exit error, once Done is closed.
+func (p *Peer) Err() error {
+	<-p.exited
+	return p.err
+}
 
 // Wait waits for the peer to exit, closes its standard output and returns
 // its error.
 func (p *Peer) Wait() error {
-	err := <-p.done
-	p.done <- err
+	<-p.exited
+	err := p.err
 	p.closeOnce.Do(func() {
 		if p.stdout != nil {
 			p.stdout.Close()

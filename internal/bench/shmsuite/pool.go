@@ -36,8 +36,8 @@ func poolAllocFree(d time.Duration) (bench.Measurement, error) {
 	// Wait until the peer has the pool open and loans.
 	for pool.Stats()[1].InUse == 0 {
 		select {
-		case err := <-peer.Done():
-			return bench.Measurement{}, fmt.Errorf("pool peer exited: %v", err)
+		case <-peer.Done():
+			return bench.Measurement{}, fmt.Errorf("pool peer exited: %v", peer.Err())
 		default:
 			time.Sleep(100 * time.Microsecond)
 		}

@@ -47,8 +47,8 @@ func sockSetup(network, caseName string, size int) (net.Conn, *bench.Peer, func(
 	var r res
 	select {
 	case r = <-ch:
-	case err := <-peer.Done():
-		return nil, nil, nil, fmt.Errorf("peer exited before connecting: %v", err)
+	case <-peer.Done():
+		return nil, nil, nil, fmt.Errorf("peer exited before connecting: %v", peer.Err())
 	case <-time.After(10 * time.Second):
 		peer.Kill()
 		return nil, nil, nil, errors.New("peer did not connect within 10s")
