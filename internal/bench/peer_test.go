@@ -4,9 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"time"
 	"os"
 	"testing"
+	"time"
 )
 
 func TestMain(m *testing.M) {
