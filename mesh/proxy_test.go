@@ -220,7 +220,7 @@ func TestNodeProxyFromXDS(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ep.Close()
-		xr := NewXDSRegistry("dev4", n, cl.Addr().String())
+		xr := newXDS(t, n, cl.Addr().String())
 		defer xr.Close()
 		select {
 		case <-xr.Ready():

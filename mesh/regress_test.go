@@ -132,7 +132,7 @@ func TestRegressXDSRemoval(t *testing.T) {
 		cp := NewControlPlane(topo, reg)
 		cl, _ := net.Listen("tcp", "127.0.0.1:0")
 		go cp.Serve(cl)
-		xr := NewXDSRegistry("dev4", "n0", cl.Addr().String())
+		xr := newXDS(t, "n0", cl.Addr().String())
 		<-xr.Ready()
 		for end := time.Now().Add(5 * time.Second); ; {
 			s, _ := xr.Services(context.Background())
@@ -164,7 +164,7 @@ func TestRegressXDSReadyEmpty(t *testing.T) {
 	cl, _ := net.Listen("tcp", "127.0.0.1:0")
 	go cp.Serve(cl)
 	defer cp.Close()
-	xr := NewXDSRegistry("dev4", "n0", cl.Addr().String())
+	xr := newXDS(t, "n0", cl.Addr().String())
 	defer xr.Close()
 	select {
 	case <-xr.Ready():

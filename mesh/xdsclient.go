@@ -2,6 +2,9 @@ package mesh
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"slices"
@@ -16,20 +19,29 @@ import (
 	listener "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 )
 
 // XDSRegistry is a Registry fed by a control plane over ADS, as a node
 // proxy sees it: clusters (CDS) and their endpoints (EDS), each
 // endpoint's node taken from its locality's zone. It reconnects when the
-// stream breaks and keeps the last state meanwhile.
+// stream breaks and keeps the last state meanwhile. A response it cannot
+// use (a resource that does not decode, a proxy listener without a socket
+// address, endpoints without their cluster's name) is refused as xDS says,
+// with a NACK naming the problem, and the last accepted state stays.
 type XDSRegistry struct {
-	superNode, node, server string
+	superNode, node string
+	conn            *grpc.ClientConn
+	log             *slog.Logger
 
 	mu        sync.Mutex
 	services  []Service
 	listeners map[string]string // service -> loopback address, from LDS
+	nacks     int
+	lastNACK  string
 	ready     chan struct{}
 	once      sync.Once
 	changed   chan struct{}
@@ -37,14 +49,52 @@ type XDSRegistry struct {
 	done      chan struct{}
 }
 
-// NewXDSRegistry starts following the control plane at server for node of
-// superNode.
-func NewXDSRegistry(superNode, node, server string) *XDSRegistry {
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &XDSRegistry{superNode: superNode, node: node, server: server, ready: make(chan struct{}),
+// XDSConfig says whose view an XDSRegistry follows, and where.
+type XDSConfig struct {
+	// SuperNode and Node name the node proxy whose view this is.
+	SuperNode, Node string
+	// Server is the control plane's address (a gRPC target).
+	Server string
+	// Credentials secure the stream to the control plane. Required: pass
+	// insecure.NewCredentials() only for a control plane on loopback.
+	Credentials credentials.TransportCredentials
+	// Logger gets what the registry has to say (refused configurations at
+	// Warn, reconnections at Debug). Default: nothing is logged.
+	Logger *slog.Logger
+}
+
+// NewXDSRegistry starts following the control plane cfg names, until ctx
+// ends or Close.
+func NewXDSRegistry(ctx context.Context, cfg XDSConfig) (*XDSRegistry, error) {
+	switch {
+	case cfg.SuperNode == "" || cfg.Node == "":
+		return nil, errors.New("mesh: XDSConfig needs SuperNode and Node")
+	case cfg.Server == "":
+		return nil, errors.New("mesh: XDSConfig needs Server, the control plane's address")
+	case cfg.Credentials == nil:
+		return nil, errors.New("mesh: XDSConfig needs Credentials (insecure.NewCredentials() for a control plane on loopback)")
+	}
+	conn, err := grpc.NewClient(cfg.Server, grpc.WithTransportCredentials(cfg.Credentials))
+	if err != nil {
+		return nil, fmt.Errorf("mesh: control plane %s: %w", cfg.Server, err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	r := &XDSRegistry{superNode: cfg.SuperNode, node: cfg.Node, conn: conn, log: log, ready: make(chan struct{}),
 		changed: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	go r.run(ctx)
-	return r
+	return r, nil
+}
+
+// NACKs reports how many responses the registry refused, and why it
+// refused the last.
+func (r *XDSRegistry) NACKs() (n int, last string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.nacks, r.lastNACK
 }
 
 // Close stops following.
@@ -66,8 +116,11 @@ func (r *XDSRegistry) Changed() <-chan struct{} { return r.changed }
 
 func (r *XDSRegistry) run(ctx context.Context) {
 	defer close(r.done)
+	defer r.conn.Close()
 	for ctx.Err() == nil {
-		r.stream(ctx)
+		if err := r.stream(ctx); ctx.Err() == nil {
+			r.log.Debug("mesh: the control plane's stream ended; reconnecting", "node", r.node, "err", err)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(200 * time.Millisecond):
@@ -75,68 +128,75 @@ func (r *XDSRegistry) run(ctx context.Context) {
 	}
 }
 
-func (r *XDSRegistry) stream(ctx context.Context) {
-	conn, err := grpc.NewClient(r.server, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// stream follows one ADS stream until it ends, and says why.
+func (r *XDSRegistry) stream(ctx context.Context) error {
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(r.conn).StreamAggregatedResources(ctx)
 	if err != nil {
-		return
-	}
-	defer conn.Close()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		return
+		return err
 	}
 	node := &core.Node{Id: "ubkit-proxy~" + r.superNode + "~" + r.node, Cluster: r.superNode,
 		Locality: &core.Locality{Region: r.superNode, Zone: r.node}}
-	if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}) != nil {
-		return
+	if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}); err != nil {
+		return err
 	}
-	if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}) != nil {
-		return
+	if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType}); err != nil {
+		return err
 	}
 	var names []string
 	assignments := map[string]*endpoint.ClusterLoadAssignment{}
-	edsVersion, edsNonce := "", ""
+	accepted := map[string]string{} // the version last accepted, per type
+	edsNonce := ""
+	// ack accepts resp; nack refuses it, keeping the version last accepted.
+	ack := func(resp *discovery.DiscoveryResponse, names []string) error {
+		accepted[resp.TypeUrl] = resp.VersionInfo
+		return s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resp.TypeUrl, ResourceNames: names,
+			VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce})
+	}
+	nack := func(resp *discovery.DiscoveryResponse, names []string, why error) error {
+		r.mu.Lock()
+		r.nacks++
+		r.lastNACK = why.Error()
+		r.mu.Unlock()
+		r.log.Warn("mesh: refused a configuration from the control plane", "node", r.node, "type", resp.TypeUrl,
+			"version", resp.VersionInfo, "err", why)
+		return s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resp.TypeUrl, ResourceNames: names,
+			VersionInfo: accepted[resp.TypeUrl], ResponseNonce: resp.Nonce,
+			ErrorDetail: &status.Status{Code: int32(codes.InvalidArgument), Message: why.Error()}})
+	}
 	for {
 		resp, err := s.Recv()
 		if err != nil {
-			return
+			return err
 		}
 		switch resp.TypeUrl {
 		case resource.ListenerType:
-			ls := map[string]string{}
-			for _, a := range resp.Resources {
-				var l listener.Listener
-				if a.UnmarshalTo(&l) != nil {
-					continue
+			ls, err := proxyListeners(resp)
+			if err != nil {
+				if err := nack(resp, nil, err); err != nil {
+					return err
 				}
-				svc, ok := strings.CutPrefix(l.Name, ProxyListenerPrefix)
-				sa := l.GetAddress().GetSocketAddress()
-				if !ok || sa == nil {
-					continue
-				}
-				ls[svc] = net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+				continue
 			}
-			if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ListenerType, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) != nil {
-				return
+			if err := ack(resp, nil); err != nil {
+				return err
 			}
 			r.mu.Lock()
 			r.listeners = ls
 			r.mu.Unlock()
 			r.signal()
 		case resource.ClusterType:
-			var got []string
-			for _, a := range resp.Resources {
-				var c cluster.Cluster
-				if a.UnmarshalTo(&c) == nil {
-					got = append(got, c.Name)
+			got, err := clusterNames(resp)
+			if err != nil {
+				if err := nack(resp, nil, err); err != nil {
+					return err
 				}
+				continue
 			}
-			slices.Sort(got)
 			if len(got) == 0 {
 				r.publish(assignments, nil) // nothing to ask endpoints for: the state is known
 			}
-			if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.ClusterType, VersionInfo: resp.VersionInfo, ResponseNonce: resp.Nonce}) != nil {
-				return
+			if err := ack(resp, nil); err != nil {
+				return err
 			}
 			if !slices.Equal(got, names) {
 				names = got
@@ -145,29 +205,85 @@ func (r *XDSRegistry) stream(ctx context.Context) {
 						delete(assignments, n)
 					}
 				}
-				if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: names,
-					VersionInfo: edsVersion, ResponseNonce: edsNonce}) != nil {
-					return
+				if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: names,
+					VersionInfo: accepted[resource.EndpointType], ResponseNonce: edsNonce}); err != nil {
+					return err
 				}
 				// A removed cluster may get no endpoints response: publish
 				// what is left now.
 				r.publish(assignments, names)
 			}
 		case resource.EndpointType:
-			for _, a := range resp.Resources {
-				var cla endpoint.ClusterLoadAssignment
-				if a.UnmarshalTo(&cla) == nil {
-					assignments[cla.ClusterName] = &cla
+			edsNonce = resp.Nonce
+			got, err := loadAssignments(resp)
+			if err != nil {
+				if err := nack(resp, names, err); err != nil {
+					return err
 				}
+				continue
 			}
-			edsVersion, edsNonce = resp.VersionInfo, resp.Nonce
-			if s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: names,
-				VersionInfo: edsVersion, ResponseNonce: edsNonce}) != nil {
-				return
+			maps.Copy(assignments, got)
+			if err := ack(resp, names); err != nil {
+				return err
 			}
 			r.publish(assignments, names)
 		}
 	}
+}
+
+// proxyListeners reads the proxy listeners of an LDS response: service
+// name to loopback address. Listeners not named for a proxy are not ours.
+func proxyListeners(resp *discovery.DiscoveryResponse) (map[string]string, error) {
+	ls := map[string]string{}
+	for i, a := range resp.Resources {
+		var l listener.Listener
+		if err := a.UnmarshalTo(&l); err != nil {
+			return nil, fmt.Errorf("listener %d does not decode: %w", i, err)
+		}
+		svc, ok := strings.CutPrefix(l.Name, ProxyListenerPrefix)
+		if !ok {
+			continue
+		}
+		sa := l.GetAddress().GetSocketAddress()
+		if sa == nil || sa.GetAddress() == "" {
+			return nil, fmt.Errorf("listener %s has no socket address", l.Name)
+		}
+		ls[svc] = net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))
+	}
+	return ls, nil
+}
+
+// clusterNames reads the cluster names of a CDS response, sorted.
+func clusterNames(resp *discovery.DiscoveryResponse) ([]string, error) {
+	var got []string
+	for i, a := range resp.Resources {
+		var c cluster.Cluster
+		if err := a.UnmarshalTo(&c); err != nil {
+			return nil, fmt.Errorf("cluster %d does not decode: %w", i, err)
+		}
+		if c.Name == "" {
+			return nil, fmt.Errorf("cluster %d has no name", i)
+		}
+		got = append(got, c.Name)
+	}
+	slices.Sort(got)
+	return got, nil
+}
+
+// loadAssignments reads the endpoints of an EDS response, by cluster.
+func loadAssignments(resp *discovery.DiscoveryResponse) (map[string]*endpoint.ClusterLoadAssignment, error) {
+	got := map[string]*endpoint.ClusterLoadAssignment{}
+	for i, a := range resp.Resources {
+		var cla endpoint.ClusterLoadAssignment
+		if err := a.UnmarshalTo(&cla); err != nil {
+			return nil, fmt.Errorf("endpoints %d do not decode: %w", i, err)
+		}
+		if cla.ClusterName == "" {
+			return nil, fmt.Errorf("endpoints %d name no cluster", i)
+		}
+		got[cla.ClusterName] = &cla
+	}
+	return got, nil
 }
 
 // publish makes assignments the registry's services. Ready closes only once

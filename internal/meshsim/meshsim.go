@@ -7,6 +7,7 @@ package meshsim
 import (
 	"context"
 	"errors"
+	"google.golang.org/grpc/credentials/insecure"
 	"net"
 	"net/http"
 	"os"
@@ -82,7 +83,11 @@ func StartAt(topo string, nodes []string, service, backendNode, backend string) 
 			return fail(err)
 		}
 		m.closers = append(m.closers, func() { ep.Close() })
-		xr := mesh.NewXDSRegistry(t.Name, n, cl.Addr().String())
+		xr, err := mesh.NewXDSRegistry(context.Background(), mesh.XDSConfig{SuperNode: t.Name, Node: n, Server: cl.Addr().String(),
+			Credentials: insecure.NewCredentials()})
+		if err != nil {
+			return fail(err)
+		}
 		m.closers = append(m.closers, xr.Close)
 		select {
 		case <-xr.Ready():

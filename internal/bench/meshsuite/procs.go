@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/credentials/insecure"
 	"net"
 	"net/http"
 	"os"
@@ -116,7 +117,11 @@ func init() {
 			return err
 		}
 		defer ep.Close()
-		xr := mesh.NewXDSRegistry(t.Name, a.Node, a.ControlPlane)
+		xr, err := mesh.NewXDSRegistry(context.Background(), mesh.XDSConfig{SuperNode: t.Name, Node: a.Node, Server: a.ControlPlane,
+			Credentials: insecure.NewCredentials()})
+		if err != nil {
+			return err
+		}
 		defer xr.Close()
 		select {
 		case <-xr.Ready():
