@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -404,7 +405,8 @@ func ubkitNamesOf(t *testing.T) []string {
 }
 
 // A producer waiting for room with Wait.Room sleeps until that much is
-// free, not until the first release: the consumer does not wake it before.
+// free, not until the first release: the consumer does not wake it before
+// (no wake-up reaches the ring's futex word until then).
 func TestSPSCProducerRoom(t *testing.T) {
 	_, r := newRing(t, 4096)
 	p, _ := r.Producer(Wait{Spin: -1, Room: 2048})
@@ -429,7 +431,13 @@ func TestSPSCProducerRoom(t *testing.T) {
 		}
 		done <- released.Load()
 	}()
-	time.Sleep(5 * time.Millisecond) // asleep
+	// Until the producer has registered to sleep on the ring.
+	for guard := time.Now().Add(10 * time.Second); r.producerWaiters.Load() == 0; runtime.Gosched() {
+		if time.Now().After(guard) { // a hang guard
+			t.Fatal("the producer never waited")
+		}
+	}
+	seq := r.spaceSeq.Load()
 	for i := 0; i < n; i++ {
 		if _, err := c.Next(); err != nil {
 			t.Fatal(err)
@@ -437,9 +445,11 @@ func TestSPSCProducerRoom(t *testing.T) {
 		// Count before releasing: a producer woken by this release sees it.
 		released.Add(256)
 		c.Release()
-		time.Sleep(500 * time.Microsecond)
+		if woke := r.spaceSeq.Load() != seq; woke && released.Load() < 2048 {
+			t.Fatalf("the consumer woke the producer with %d bytes free, want at least 2048", released.Load())
+		}
 	}
-	if got := <-done; got < 2048 {
-		t.Fatalf("the producer went on with %d bytes free, want at least 2048", got)
-	}
+	// The producer goes on (its bounded sleeps may let it look earlier:
+	// what the consumer promises is only not to wake it before).
+	<-done
 }
