@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"net"
 	"testing"
 
@@ -19,7 +20,7 @@ func TestMuxStreamsOverShm(t *testing.T) {
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		s2, err := b.Accept()
+		s2, err := b.Accept(context.Background())
 		if err != nil {
 			return nil, nil, nil, err
 		}

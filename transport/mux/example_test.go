@@ -1,6 +1,7 @@
 package mux_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -16,7 +17,7 @@ func Example() {
 
 	go func() {
 		for {
-			st, err := server.Accept()
+			st, err := server.Accept(context.Background())
 			if err != nil {
 				return
 			}

@@ -2,6 +2,7 @@ package mux
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -34,7 +35,7 @@ func TestStreamsAreConns(t *testing.T) {
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		st2, err := s.Accept()
+		st2, err := s.Accept(context.Background())
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -48,8 +49,8 @@ func TestSlowReaderHoldsOnlyItsStream(t *testing.T) {
 	c, s := pair(t, nil)
 	slow, _ := c.Open()
 	fast, _ := c.Open()
-	sSlow, _ := s.Accept()
-	sFast, _ := s.Accept()
+	sSlow, _ := s.Accept(context.Background())
+	sFast, _ := s.Accept(context.Background())
 	_ = sSlow
 	wrote := make(chan int, 1)
 	go func() {
@@ -76,7 +77,7 @@ func TestManyStreams(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for range n {
-			st, err := s.Accept()
+			st, err := s.Accept(context.Background())
 			if err != nil {
 				t.Error(err)
 				return
@@ -187,7 +188,7 @@ func TestCreditViolation(t *testing.T) {
 func TestWriterNotStuckWhenPeerCloses(t *testing.T) {
 	c, s := pair(t, nil)
 	w, _ := c.Open()
-	r, _ := s.Accept()
+	r, _ := s.Accept(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		_, err := w.Write(make([]byte, 4*initialWindow))
@@ -259,7 +260,7 @@ func TestSessionWindowBoundsUnreadStreams(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := s.Accept()
+		r, err := s.Accept(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -346,7 +347,7 @@ func TestClosedStreamDataNeedsNoGoroutines(t *testing.T) {
 	if err := writeFrame(b, header{typ: typeWindow, flags: flagSYN, stream: 1}, nil); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.Accept()
+	st, err := s.Accept(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,7 +407,7 @@ func TestMaxStreamsBoundsPeerStreams(t *testing.T) {
 	c, s := pair(t, &Config{MaxStreams: max})
 	go func() {
 		for {
-			st, err := s.Accept()
+			st, err := s.Accept(context.Background())
 			if err != nil {
 				return
 			}
@@ -431,5 +432,32 @@ func TestMaxStreamsBoundsPeerStreams(t *testing.T) {
 	s.mu.Unlock()
 	if n > max || open > max {
 		t.Errorf("the session holds %d streams (%d of the peer's), want at most %d", n, open, max)
+	}
+}
+
+// TestAcceptHonoursContext: an Accept with no stream coming ends with its
+// context, and the session goes on.
+func TestAcceptHonoursContext(t *testing.T) {
+	a, b := net.Pipe()
+	client, server := Client(a, nil), Server(b, nil)
+	defer client.Close()
+	defer server.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := server.Accept(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Accept with its context cancelled: %v", err)
+	}
+	st, err := client.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second) // a hang guard
+	defer cancel()
+	if _, err := server.Accept(ctx); err != nil {
+		t.Fatalf("Accept after a cancelled one: %v", err)
+	}
+	if _, err := client.Ping(ctx); err != nil {
+		t.Fatalf("Ping: %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package mux
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -188,18 +189,23 @@ func (s *Session) Open() (*Stream, error) {
 	return st, nil
 }
 
-// Accept waits for a stream the peer opened.
-func (s *Session) Accept() (*Stream, error) {
+// Accept waits for a stream the peer opened, until ctx ends or the
+// session does.
+func (s *Session) Accept(ctx context.Context) (*Stream, error) {
 	select {
 	case st := <-s.accept:
 		return st, nil
 	case <-s.done:
 		return nil, s.Err()
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 
-// Ping measures a round trip to the peer.
-func (s *Session) Ping() (time.Duration, error) {
+// Ping measures a round trip to the peer. A peer that does not answer
+// within Config.KeepaliveTimeout ends the session (ErrKeepalive); ctx
+// ending first only ends the wait.
+func (s *Session) Ping(ctx context.Context) (time.Duration, error) {
 	s.mu.Lock()
 	s.pingSeq++
 	id := s.pingSeq
@@ -224,6 +230,8 @@ func (s *Session) Ping() (time.Duration, error) {
 		return 0, ErrKeepalive
 	case <-s.done:
 		return 0, s.Err()
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
 	select {
 	case <-ch:
@@ -233,6 +241,8 @@ func (s *Session) Ping() (time.Duration, error) {
 		return 0, ErrKeepalive
 	case <-s.done:
 		return 0, s.Err()
+	case <-ctx.Done():
+		return 0, ctx.Err()
 	}
 }
 
@@ -242,7 +252,7 @@ func (s *Session) keepalive() {
 	for {
 		select {
 		case <-t.C:
-			if _, err := s.Ping(); err != nil {
+			if _, err := s.Ping(context.Background()); err != nil {
 				return
 			}
 		case <-s.done:
@@ -578,7 +588,7 @@ func (s *Session) Listener() net.Listener { return sessionListener{s} }
 type sessionListener struct{ s *Session }
 
 func (l sessionListener) Accept() (net.Conn, error) {
-	st, err := l.s.Accept()
+	st, err := l.s.Accept(context.Background())
 	if err != nil {
 		return nil, err
 	}
