@@ -48,13 +48,13 @@ func ExampleConn_LoanContext() {
 	}
 	defer l.Close()
 	go func() {
-		c, err := l.Accept()
+		c, err := l.AcceptConn(ctx)
 		if err != nil {
 			return
 		}
 		defer c.Close()
 		for {
-			m, err := c.(*transport.Conn).Recv(ctx)
+			m, err := c.Recv(ctx)
 			if err != nil {
 				return
 			}

@@ -505,13 +505,27 @@ func (l *Listener) Stats() ListenerStats {
 		RefusedAuth: l.refusedAuth.Load(), Evicted: ev, Failed: l.failed.Load()}
 }
 
-// Accept waits for a dialer that has completed its handshake.
+// Accept waits for a dialer that has completed its handshake: net.Listener's
+// Accept, a *Conn underneath.
 func (l *Listener) Accept() (net.Conn, error) {
+	c, err := l.AcceptConn(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// AcceptConn is Accept returning the *Conn (its path, messages and
+// sessions without a type assertion), until ctx ends or the listener
+// closes.
+func (l *Listener) AcceptConn(ctx context.Context) (*Conn, error) {
 	select {
 	case c := <-l.conns:
 		return c, nil
 	case <-l.done:
 		return nil, &net.OpError{Op: "accept", Net: "ub", Addr: l.addr, Err: net.ErrClosed}
+	case <-ctx.Done():
+		return nil, &net.OpError{Op: "accept", Net: "ub", Addr: l.addr, Err: ctx.Err()}
 	}
 }
 

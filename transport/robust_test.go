@@ -466,3 +466,41 @@ func TestEndpointCloseWithOpenConns(t *testing.T) {
 		}
 	}
 }
+
+// TestAcceptConnHonoursContext: AcceptConn ends with its context, the
+// listener goes on, and the next dialer is accepted as a *Conn.
+func TestAcceptConnHonoursContext(t *testing.T) {
+	e, err := NewEndpoint(Config{RuntimeDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	l, err := e.Listen(context.Background(), "ub:///acceptconn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.AcceptConn(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("AcceptConn with its context cancelled: %v", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second) // a hang guard
+	defer cancel()
+	go func() {
+		if c, err := e.Dial(ctx, "ub:///acceptconn"); err == nil {
+			defer c.Close()
+			c.Write([]byte("x"))
+			<-ctx.Done()
+		}
+	}()
+	c, err := l.AcceptConn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Path() != PathShm {
+		t.Errorf("path %v", c.Path())
+	}
+	cancel()
+}
