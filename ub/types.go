@@ -160,13 +160,42 @@ type Jetty interface {
 
 // CQ is a completion queue.
 type CQ interface {
-	// Poll copies up to len(out) completions into out without blocking.
+	// Poll moves up to len(out) completions into out, oldest first,
+	// without blocking. On a closed queue it returns ErrClosed.
 	Poll(out []Completion) (int, error)
-	// Wait blocks until a completion is ready to Poll, or ctx ends. A
-	// queue that can be kicked (a Kick method) also returns nil, with
-	// nothing to Poll, after a Kick: callers look again in a loop.
+	// Wait blocks until a completion is ready to Poll, ctx ends (ctx's
+	// error) or the queue closes (ErrClosed). A queue that implements
+	// Interrupter also returns nil, with nothing to Poll, after an
+	// Interrupt: callers look again in a loop.
 	Wait(ctx context.Context) error
+	// Close ends the Waits in progress and makes later calls fail.
 	Close() error
+}
+
+// Interrupter is an optional interface of a CQ: a queue whose waits can be
+// ended without a completion, for a waiter that knows something else is
+// due (a receiver that has just sent a request polls for the answer
+// rather than sleep on). It is the urma_wait_jfc of a completion event
+// channel that a second event source can also wake.
+//
+// The count makes a race-free sleep possible: read Interrupts, tell others
+// that you are about to sleep, then WaitInterrupt with the count you read.
+// An Interrupt made in between ends that wait at once, where a plain Wait
+// would miss it.
+//
+// A CQ that does not implement it ends its Waits only at a completion, at
+// ctx's end or at Close.
+type Interrupter interface {
+	// Interrupt ends the waits in progress on the queue: each returns
+	// nil, whether or not Poll has something.
+	Interrupt()
+	// Interrupts returns a count that changes at every Interrupt. It may
+	// also change for the provider's own reasons (a completion it made
+	// itself); a wait that sees it change returns all the same.
+	Interrupts() uint64
+	// WaitInterrupt is Wait that also returns nil as soon as Interrupts
+	// differs from since: at once if it already does.
+	WaitInterrupt(ctx context.Context, since uint64) error
 }
 
 // CQConfig describes a new completion queue.

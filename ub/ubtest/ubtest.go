@@ -108,7 +108,8 @@ func servePeer(open Open) error {
 	in.Buffer(make([]byte, 1<<20), 1<<20)
 	recvBase := PeerSegmentSize / 2
 	for in.Scan() {
-		f := strings.Fields(in.Text())
+		line := in.Text()
+		f := strings.Fields(line)
 		if len(f) == 0 {
 			continue
 		}
@@ -156,8 +157,13 @@ func servePeer(open Open) error {
 		case "word": // word OFF: the 8-byte word
 			reply = binary.LittleEndian.Uint64(seg.Bytes()[arg(1):])
 		case "add": // add OFF N SEGJSON: N FetchAdds of 1 on a remote word
+			// The descriptor is the rest of the line as it came: its
+			// name may hold any characters, spaces too.
 			var desc ub.SegmentDesc
-			json.Unmarshal([]byte(strings.Join(f[3:], " ")), &desc)
+			if rest := strings.SplitN(line, " ", 4); len(rest) < 4 || json.Unmarshal([]byte(rest[3]), &desc) != nil {
+				reply = "add: want OFF N and a segment descriptor in JSON"
+				break
+			}
 			reply = remoteAdds(c, cq, desc, arg(1), arg(2))
 		case "closejetty":
 			reply = errString(j.Close())
