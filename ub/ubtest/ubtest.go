@@ -15,7 +15,14 @@
 // Recv with ordering per jetty, immediate data, receive overrun, atomics
 // under contention from several processes, the unreliable mode's rules,
 // completion semantics (one completion per request, with its UserCtx, in
-// order), flushing on close, and peer death.
+// order), flushing on close, peer death, closing under load, the sentinel
+// errors of ub for calls that cannot be queued, and ub.Interrupter on
+// providers whose CQs implement it (the others skip that check, saying
+// so).
+//
+// The contract it checks, and what it assumes of a provider (peers are
+// processes of this test binary on the same host; descriptors travel as
+// JSON), is written down in "Writing a provider" in docs/ub.md.
 package ubtest
 
 import (
