@@ -97,10 +97,10 @@ type ubLink struct {
 	readSince  int
 	poll       poller
 	// rparked says the receiving goroutine sleeps in the queue's wait
-	// without polling: a send kicks it (through rkick, the receive queue
-	// if it can be kicked), so that it polls for the answer.
+	// without polling: a send interrupts it (through rkick, the receive
+	// queue if it is a ub.Interrupter), so that it polls for the answer.
 	rparked atomic.Bool
-	rkick   kickWaiter
+	rkick   ub.Interrupter
 
 	cur       int // the buffer recv returned last, or -1
 	reposted  uint64
@@ -214,7 +214,7 @@ func newUBLink(ctx ub.Context, ctl net.Conn) (*ubLink, ubHello, error) {
 	if l.rq, err = ctx.NewCQ(ub.CQConfig{}); err != nil {
 		return fail(err)
 	}
-	l.rkick, _ = l.rq.(kickWaiter)
+	l.rkick, _ = l.rq.(ub.Interrupter)
 	if l.cq, err = ctx.NewCQ(ub.CQConfig{}); err != nil {
 		return fail(err)
 	}
@@ -483,7 +483,7 @@ func (l *ubLink) post(kind byte, p []byte, control bool) error {
 	if l.rparked.CompareAndSwap(true, false) {
 		// The receiver went to sleep before this send: an answer to it is
 		// now due, and is caught sooner by a poll than by a wake-up.
-		l.rkick.Kick()
+		l.rkick.Interrupt()
 	}
 	return nil
 }
@@ -592,15 +592,15 @@ func (l *ubLink) recv() (byte, []byte, error) {
 				continue
 			}
 		}
-		// Asleep without polling, a send of this side kicks the wait so
-		// that it polls for the answer (the readers of a proxy wait on
-		// the link before the request they forward is sent). The kick
-		// count is read before the flag is set, so a kick between the two
-		// is not lost.
+		// Asleep without polling, a send of this side interrupts the wait
+		// so that it polls for the answer (the readers of a proxy wait on
+		// the link before the request they forward is sent). The
+		// interrupt count is read before the flag is set, so an interrupt
+		// between the two is not lost.
 		parked := !polling && kickable && l.rkick != nil
 		var since uint64
 		if parked {
-			since = l.rkick.Kicks()
+			since = l.rkick.Interrupts()
 		}
 		l.rparked.Store(parked)
 		if parked && l.wroteSince.Load() > 0 {
@@ -610,7 +610,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			continue
 		}
 		if parked {
-			err = l.rkick.WaitKick(l.rctx, since)
+			err = l.rkick.WaitInterrupt(l.rctx, since)
 		} else {
 			err = l.rq.Wait(l.rctx)
 		}
@@ -624,14 +624,6 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			return 0, nil, err
 		}
 	}
-}
-
-// kickWaiter is a completion queue whose waits a Kick ends (shmprov's,
-// tcpprov's and simprov's).
-type kickWaiter interface {
-	Kick()
-	Kicks() uint64
-	WaitKick(ctx context.Context, since uint64) error
 }
 
 // returnCredits adds the reposted receives to the peer's credit word. Once

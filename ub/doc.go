@@ -21,9 +21,19 @@
 // statuses, never panics: a post returns an error only when the request
 // could not even be queued.
 //
+// Calls that cannot do what they are asked fail with errors that match
+// this package's sentinels ([ErrClosed], [ErrCQFull], [ErrRecvQueueFull],
+// [ErrSendQueueFull], [ErrForeignObject], [ErrBadDescriptor],
+// [ErrInvalidArgument]) with errors.Is, whichever provider made them. A CQ
+// may implement the optional [Interrupter], whose waits can be ended
+// without a completion.
+//
 // Providers register by name with [Register], like database/sql drivers,
 // and are opened with [Open]. ubkit ships "shm" (processes on one host, real
-// zero copy through shared memory) in package ub/provider/shmprov.
+// zero copy through shared memory), "tcp" (other hosts) and "sim" (a
+// simulated super node) under ub/provider. "Writing a provider" in
+// docs/ub.md states the whole contract a provider keeps, and ub/ubtest
+// checks it.
 //
 // ub is not a message protocol: connections, streams and flow control live
 // in ubkit's transport package.

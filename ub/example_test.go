@@ -2,6 +2,7 @@ package ub_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/ubkit-io/ubkit/ub"
@@ -43,4 +44,55 @@ func ExampleOpen_unknownProvider() {
 	_, err := ub.Open(context.Background(), "rdma", ub.Config{})
 	fmt.Println(err != nil)
 	// Output: true
+}
+
+// A waiter that sleeps on a CQ while something else may become due reads
+// the interrupt count first: an Interrupt made after that, even before the
+// wait begins, ends the wait.
+func ExampleInterrupter() {
+	c, err := ub.Open(context.Background(), "shm", ub.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	cq, _ := c.NewCQ(ub.CQConfig{})
+	q, ok := cq.(ub.Interrupter)
+	if !ok {
+		return // Wait ends only at a completion, ctx's end or Close
+	}
+	since := q.Interrupts()
+	done := make(chan error)
+	go func() { done <- q.WaitInterrupt(context.Background(), since) }()
+	q.Interrupt()
+	fmt.Println("wait:", <-done)
+	n, _ := cq.Poll(make([]ub.Completion, 1))
+	fmt.Println("completions:", n)
+	// Output:
+	// wait: <nil>
+	// completions: 0
+}
+
+// Calls that cannot be queued fail with errors that match ub's sentinels,
+// whichever provider made them.
+func Example_errors() {
+	c, err := ub.Open(context.Background(), "shm", ub.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close()
+	seg, _ := c.AllocSegment(4096, ub.SegmentConfig{})
+	cq, _ := c.NewCQ(ub.CQConfig{})
+	j, _ := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq, RecvDepth: 2})
+	recvs := make([]ub.RecvWR, 3)
+	for i := range recvs {
+		recvs[i] = ub.RecvWR{UserCtx: uint64(i), Buf: ub.Local{Seg: seg, Offset: 64 * i, Len: 64}}
+	}
+	n, err := j.PostRecv(recvs)
+	fmt.Println(n, errors.Is(err, ub.ErrRecvQueueFull))
+	j.Close()
+	_, err = j.PostRecv(recvs)
+	fmt.Println(errors.Is(err, ub.ErrClosed))
+	// Output:
+	// 2 true
+	// true
 }

@@ -74,18 +74,25 @@ type SegmentDesc struct {
 
 // Segment is local memory registered for remote access.
 type Segment interface {
-	// Bytes is the registered memory. Peers may read and write it at any
-	// time, within the segment's access flags.
+	// Bytes is the registered memory, zeroed when allocated. Peers may
+	// read and write it at any time, within the segment's access flags.
+	// It must not be used after Close.
 	Bytes() []byte
 	// Desc describes the segment for peers.
 	Desc() SegmentDesc
-	// Close deregisters the segment. Peers' later accesses fail.
+	// Close deregisters the segment: peers' later accesses complete with
+	// StatusNoPermission, and work requests that name it as their local
+	// buffer with StatusLocalLength. Operations in progress never fault.
 	Close() error
 }
 
 // RemoteSegment is a peer's segment, imported with its token.
 type RemoteSegment interface {
+	// Desc is the descriptor it was imported with.
 	Desc() SegmentDesc
+	// Close releases what the import holds. Work requests that name it
+	// afterwards fail with a status, or still reach the segment where an
+	// import holds nothing; either way nothing faults.
 	Close() error
 }
 
@@ -140,6 +147,7 @@ type JettyDesc struct {
 
 // Target is a peer's jetty, imported with its token: where sends go.
 type Target interface {
+	// Desc is the descriptor it was imported with.
 	Desc() JettyDesc
 	Close() error
 }
@@ -147,45 +155,105 @@ type Target interface {
 // Jetty is a send queue and a receive queue.
 type Jetty interface {
 	Desc() JettyDesc
-	// Bind ties a reliable-connection jetty to its one peer.
+	// Bind ties a reliable-connection jetty to its one peer, once. It
+	// fails with ErrInvalidArgument on a jetty of another mode or one
+	// bound already, and with ErrForeignObject for another provider's
+	// target.
 	Bind(Target) error
 	// PostSend queues work requests in order and returns how many it
-	// queued; on error, the request at that index was not queued.
+	// queued; on error, the request at that index was not queued. It
+	// fails only when a request cannot be queued at all (ErrClosed,
+	// ErrCQFull, ErrSendQueueFull): what goes wrong with a queued request
+	// is its completion's Status. Each queued request completes exactly
+	// once on the SendCQ, in posting order.
 	PostSend(wrs []WR) (int, error)
-	// PostRecv queues receive buffers, consumed in order by incoming sends.
+	// PostRecv queues receive buffers, consumed in order by incoming sends
+	// (and WriteImm notifications), which complete on the RecvCQ. It fails
+	// with ErrClosed, ErrRecvQueueFull, ErrForeignObject (a buffer not in
+	// a segment of the jetty's context) or ErrInvalidArgument (a range
+	// outside its segment).
 	PostRecv(wrs []RecvWR) (int, error)
-	// Close flushes posted receives (StatusFlushed) and releases the jetty.
+	// Close flushes posted receives (StatusFlushed, in posting order) and
+	// releases the jetty; peers' later sends to it complete with an error
+	// status.
 	Close() error
 }
 
 // CQ is a completion queue.
 type CQ interface {
-	// Poll copies up to len(out) completions into out without blocking.
+	// Poll moves up to len(out) completions into out, oldest first,
+	// without blocking. On a closed queue it returns ErrClosed.
 	Poll(out []Completion) (int, error)
-	// Wait blocks until a completion is ready to Poll, or ctx ends. A
-	// queue that can be kicked (a Kick method) also returns nil, with
-	// nothing to Poll, after a Kick: callers look again in a loop.
+	// Wait blocks until a completion is ready to Poll, ctx ends (ctx's
+	// error) or the queue closes (ErrClosed). A queue that implements
+	// Interrupter also returns nil, with nothing to Poll, after an
+	// Interrupt: callers look again in a loop.
 	Wait(ctx context.Context) error
+	// Close ends the Waits in progress and makes later calls fail.
 	Close() error
+}
+
+// Interrupter is an optional interface of a CQ: a queue whose waits can be
+// ended without a completion, for a waiter that knows something else is
+// due (a receiver that has just sent a request polls for the answer
+// rather than sleep on). It is the urma_wait_jfc of a completion event
+// channel that a second event source can also wake.
+//
+// The count makes a race-free sleep possible: read Interrupts, tell others
+// that you are about to sleep, then WaitInterrupt with the count you read.
+// An Interrupt made in between ends that wait at once, where a plain Wait
+// would miss it.
+//
+// A CQ that does not implement it ends its Waits only at a completion, at
+// ctx's end or at Close.
+type Interrupter interface {
+	// Interrupt ends the waits in progress on the queue: each returns
+	// nil, whether or not Poll has something.
+	Interrupt()
+	// Interrupts returns a count that changes at every Interrupt. It may
+	// also change for the provider's own reasons (a completion it made
+	// itself); a wait that sees it change returns all the same.
+	Interrupts() uint64
+	// WaitInterrupt is Wait that also returns nil as soon as Interrupts
+	// differs from since: at once if it already does.
+	WaitInterrupt(ctx context.Context, since uint64) error
 }
 
 // CQConfig describes a new completion queue.
 type CQConfig struct {
 	// Depth bounds the completions held (default 4096). A full CQ makes
-	// posts fail rather than lose completions.
+	// posts fail (ErrCQFull) rather than lose completions; a provider may
+	// hold more than Depth instead, but never loses one.
 	Depth int
 }
 
-// Context is an open device endpoint of a provider.
+// Context is an open device endpoint of a provider. Its methods, and those
+// of every object it makes, are safe for concurrent use. docs/ub.md
+// ("Writing a provider") states the whole contract that ub/ubtest checks.
 type Context interface {
+	// EID names the endpoint; it is unique among open contexts.
 	EID() EID
+	// Provider is the name the provider registered under.
 	Provider() string
 	// AllocSegment allocates size bytes of memory registered for remote
-	// access (memory a provider can expose to peers).
+	// access (memory a provider can expose to peers). A size that is not
+	// positive fails with ErrInvalidArgument.
 	AllocSegment(size int, cfg SegmentConfig) (Segment, error)
+	// ImportSegment makes a peer's segment reachable with token. A
+	// descriptor of another provider, or a malformed one, fails with
+	// ErrBadDescriptor; a wrong token is found out by each access
+	// (StatusBadToken), not here.
 	ImportSegment(desc SegmentDesc, token Token) (RemoteSegment, error)
 	NewCQ(cfg CQConfig) (CQ, error)
+	// NewJetty makes a jetty. Queues of another provider fail with
+	// ErrForeignObject, an unknown mode with ErrInvalidArgument.
 	NewJetty(cfg JettyConfig) (Jetty, error)
+	// ImportJetty makes a peer's jetty reachable with token, like
+	// ImportSegment.
 	ImportJetty(desc JettyDesc, token Token) (Target, error)
+	// Close closes everything the context made or imported, newest first.
+	// Afterwards its constructors and imports fail with ErrClosed, and so
+	// do Poll, Wait, PostSend and PostRecv of what it made. Every Close
+	// after the first returns nil, here and on every object.
 	Close() error
 }

@@ -125,6 +125,8 @@ func Run(t *testing.T, open Open) {
 	t.Run("FlushOnClose", func(t *testing.T) { testFlush(t, open) })
 	t.Run("PeerDeath", func(t *testing.T) { testPeerDeath(t, open) })
 	t.Run("CloseUnderLoad", func(t *testing.T) { testCloseUnderLoad(t, open) })
+	t.Run("Errors", func(t *testing.T) { testErrors(t, open) })
+	t.Run("Interrupt", func(t *testing.T) { testInterrupt(t, open) })
 }
 
 func testWriteRead(t *testing.T, open Open) {
@@ -341,9 +343,7 @@ func testConnection(t *testing.T, open Open) {
 	if err := l.j.Bind(tgt); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.j.Bind(tgt); err == nil {
-		t.Error("a connection bound twice")
-	}
+	wantErr(t, "a connection bound twice", l.j.Bind(tgt), ub.ErrInvalidArgument)
 	var posted map[string]any
 	p.do(&posted, "recv", 2)
 	wantStatus(t, "send on the bound connection", l.post(t, ub.WR{Op: ub.OpSend, Local: l.put(0, "bound")}), ub.StatusSuccess)
@@ -356,9 +356,7 @@ func testConnection(t *testing.T, open Open) {
 	}
 	// A reliable-message jetty cannot be bound.
 	rm := newLocal(t, open, ub.ReliableMessage)
-	if err := rm.j.Bind(tgt); err == nil {
-		t.Error("bound a reliable-message jetty")
-	}
+	wantErr(t, "Bind of a reliable-message jetty", rm.j.Bind(tgt), ub.ErrInvalidArgument)
 }
 
 func testCompletionOrder(t *testing.T, open Open) {
@@ -409,9 +407,8 @@ func testFlush(t *testing.T, open Open) {
 			t.Fatalf("flushed receive %d: %+v", i, c)
 		}
 	}
-	if _, err := l.j.PostSend([]ub.WR{{Op: ub.OpWrite}}); err == nil {
-		t.Error("post on a closed jetty succeeded")
-	}
+	_, err := l.j.PostSend([]ub.WR{{Op: ub.OpWrite}})
+	wantErr(t, "post on a closed jetty", err, ub.ErrClosed)
 }
 
 func testPeerDeath(t *testing.T, open Open) {

@@ -15,7 +15,14 @@
 // Recv with ordering per jetty, immediate data, receive overrun, atomics
 // under contention from several processes, the unreliable mode's rules,
 // completion semantics (one completion per request, with its UserCtx, in
-// order), flushing on close, and peer death.
+// order), flushing on close, peer death, closing under load, the sentinel
+// errors of ub for calls that cannot be queued, and ub.Interrupter on
+// providers whose CQs implement it (the others skip that check, saying
+// so).
+//
+// The contract it checks, and what it assumes of a provider (peers are
+// processes of this test binary on the same host; descriptors travel as
+// JSON), is written down in "Writing a provider" in docs/ub.md.
 package ubtest
 
 import (
@@ -108,7 +115,8 @@ func servePeer(open Open) error {
 	in.Buffer(make([]byte, 1<<20), 1<<20)
 	recvBase := PeerSegmentSize / 2
 	for in.Scan() {
-		f := strings.Fields(in.Text())
+		line := in.Text()
+		f := strings.Fields(line)
 		if len(f) == 0 {
 			continue
 		}
@@ -156,8 +164,13 @@ func servePeer(open Open) error {
 		case "word": // word OFF: the 8-byte word
 			reply = binary.LittleEndian.Uint64(seg.Bytes()[arg(1):])
 		case "add": // add OFF N SEGJSON: N FetchAdds of 1 on a remote word
+			// The descriptor is the rest of the line as it came: its
+			// name may hold any characters, spaces too.
 			var desc ub.SegmentDesc
-			json.Unmarshal([]byte(strings.Join(f[3:], " ")), &desc)
+			if rest := strings.SplitN(line, " ", 4); len(rest) < 4 || json.Unmarshal([]byte(rest[3]), &desc) != nil {
+				reply = "add: want OFF N and a segment descriptor in JSON"
+				break
+			}
 			reply = remoteAdds(c, cq, desc, arg(1), arg(2))
 		case "closejetty":
 			reply = errString(j.Close())

@@ -6,7 +6,6 @@ package verbs
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -36,10 +35,10 @@ type Binding[T comparable] struct {
 // Bind ties the jetty to t. provider prefixes the errors.
 func (b *Binding[T]) Bind(provider string, t T) error {
 	if b.Mode != ub.ReliableConnection {
-		return fmt.Errorf("%s: Bind is for reliable-connection jetties, this one is %v", provider, b.Mode)
+		return fmt.Errorf("%s: %w: Bind is for reliable-connection jetties, this one is %v", provider, ub.ErrInvalidArgument, b.Mode)
 	}
 	if b.set {
-		return fmt.Errorf("%s: jetty already bound", provider)
+		return fmt.Errorf("%s: %w: jetty already bound", provider, ub.ErrInvalidArgument)
 	}
 	b.bound, b.set = t, true
 	return nil
@@ -79,9 +78,6 @@ func (b *Binding[T]) Target(t ub.Target) (T, ub.Status) {
 	return b.Resolve(tg, true)
 }
 
-// ErrQueueClosed is returned by a closed Queue.
-var ErrQueueClosed = errors.New("ub: completion queue closed")
-
 // Queue is a bounded in-memory completion queue. Posts reserve room for the
 // completions they will produce, so a completion is never dropped for want
 // of space. Safe for concurrent use.
@@ -96,29 +92,28 @@ type Queue struct {
 	reserved int
 	closed   bool
 	onPush   atomic.Pointer[func()]
-	kicks    atomic.Uint64
+	intrs    atomic.Uint64
 	bmu      sync.Mutex
-	bcast    chan struct{} // closed at the next push, kick or close, if made
+	bcast    chan struct{} // closed at the next push, interrupt or close, if made
 }
 
-// OnPush sets a function every later Push, Kick and Close call: for a
+// OnPush sets a function every later Push, Interrupt and Close call: for a
 // waiter that sleeps on something else as well.
 func (q *Queue) OnPush(f func()) { q.onPush.Store(&f) }
 
-// Kick makes the waits on the queue in progress return although nothing
-// was pushed: the layer above has completions of its own the waits know
-// nothing of. It counts the kick, closes Changed's channel and calls the
-// OnPush function; a wait returns once Kicks differs from what it was when the
-// layer above last looked at its own completions.
-func (q *Queue) Kick() {
-	q.kicks.Add(1)
+// Interrupt makes the waits on the queue in progress return although
+// nothing was pushed (ub.Interrupter). It counts the interrupt, closes
+// Changed's channel and calls the OnPush function; a wait returns once
+// Interrupts differs from what it was when its caller last looked.
+func (q *Queue) Interrupt() {
+	q.intrs.Add(1)
 	q.pushed()
 }
 
-// Kicks is how many times Kick was called.
-func (q *Queue) Kicks() uint64 { return q.kicks.Load() }
+// Interrupts is how many times Interrupt was called.
+func (q *Queue) Interrupts() uint64 { return q.intrs.Load() }
 
-// Changed returns a channel closed at the next Push, Kick or Close, which
+// Changed returns a channel closed at the next Push, Interrupt or Close, which
 // wakes every wait that took it. Take it before looking at the queue.
 func (q *Queue) Changed() <-chan struct{} {
 	q.bmu.Lock()
@@ -195,12 +190,13 @@ func (q *Queue) grow() {
 	q.q, q.head = ring, 0
 }
 
-// Pop moves up to len(out) completions into out, oldest first.
+// Pop moves up to len(out) completions into out, oldest first. A closed
+// queue returns ub.ErrClosed.
 func (q *Queue) Pop(out []ub.Completion) (int, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
-		return 0, ErrQueueClosed
+		return 0, ub.ErrClosed
 	}
 	n := 0
 	for n < len(out) && q.n > 0 {

@@ -2,7 +2,7 @@ package shmprov
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,9 +14,9 @@ import (
 
 const defaultCQDepth = 4096
 
-// ErrCQFull is returned by a post when its completion queue has no room:
+// errCQFull is returned by a post when its completion queue has no room:
 // the request is not run, so no completion is ever lost.
-var ErrCQFull = errors.New("shmprov: completion queue full")
+var errCQFull = fmt.Errorf("shmprov: %w", ub.ErrCQFull)
 
 // cq holds completions of local operations in memory, and drains receive
 // completions that peers push into the shared rings of the jetties whose
@@ -29,7 +29,8 @@ type cq struct {
 	buf   []byte
 
 	// nsleep counts the waits asleep on sleepRing (all on the CQ's one
-	// ring): a local completion or a Kick kicks it, which ends the sleeps.
+	// ring): a local completion or an Interrupt kicks it, which ends the
+	// sleeps.
 	// A wait holds the context's read lock, so the ring stays mapped while
 	// it is set.
 	kmu       sync.Mutex
@@ -81,7 +82,7 @@ func (q *cq) Poll(out []ub.Completion) (int, error) {
 	defer q.c.ops.RUnlock()
 	n, err := q.local.Pop(out)
 	if err != nil {
-		return n, ErrClosed
+		return n, errClosed
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -120,7 +121,7 @@ func (q *cq) ready() (bool, error) {
 	q.c.ops.RLock()
 	defer q.c.ops.RUnlock()
 	if q.local.Closed() {
-		return false, ErrClosed
+		return false, errClosed
 	}
 	if q.local.Len() > 0 {
 		return true, nil
@@ -140,24 +141,25 @@ func (q *cq) ready() (bool, error) {
 	return false, nil
 }
 
-// Kick makes the waits in progress return although Poll may have nothing:
-// simprov's own completions end its waits this way.
-func (q *cq) Kick() { q.local.Kick() }
+// Interrupt makes the waits in progress return although Poll may have
+// nothing (ub.Interrupter): simprov's own completions end its waits this
+// way.
+func (q *cq) Interrupt() { q.local.Interrupt() }
 
-// Kicks is how many times Kick was called.
-func (q *cq) Kicks() uint64 { return q.local.Kicks() }
+// Interrupts is how many times Interrupt was called.
+func (q *cq) Interrupts() uint64 { return q.local.Interrupts() }
 
-func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.local.Kicks()) }
+func (q *cq) Wait(ctx context.Context) error { return q.WaitInterrupt(ctx, q.local.Interrupts()) }
 
-// WaitKick blocks until Poll has something, or Kick was called since Kicks
-// returned since. Local completions wake it at once.
+// WaitInterrupt blocks until Poll has something, or Interrupt was called
+// since Interrupts returned since. Local completions wake it at once.
 // For completions other contexts push (other processes, or other nodes of a
 // simulation), when they can come from one ring only, the wait sleeps on
 // that ring's bell in Go's netpoller (or its futex, without a bell), which
 // a push rings; with several rings it backs off from 10 µs to 1 ms between
 // looks. It does not poll first: a polling goroutine keeps Go's netpoller
 // from running on its processor (see simprov's Wait).
-func (q *cq) WaitKick(ctx context.Context, since uint64) error {
+func (q *cq) WaitInterrupt(ctx context.Context, since uint64) error {
 	backoff := 10 * time.Microsecond
 	for {
 		changed := q.local.Changed() // before the look: a later push closes it
@@ -165,7 +167,7 @@ func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 		if ok || err != nil {
 			return err
 		}
-		if q.local.Kicks() != since {
+		if q.local.Interrupts() != since {
 			return nil
 		}
 		if q.waitRing(ctx, since) {
@@ -193,7 +195,7 @@ func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 }
 
 // waitRing sleeps on the CQ's one ring (its bell, or its futex) until a
-// push to the ring, a local completion, a Kick since since, or a Close
+// push to the ring, a local completion, an Interrupt since since, or a Close
 // that wants the context's lock; it reports false if the CQ has several
 // rings. The context's read lock is held meanwhile, so the ring is not
 // unmapped under the wait.
@@ -224,7 +226,7 @@ func (q *cq) waitRing(ctx context.Context, since uint64) bool {
 	q.kmu.Unlock()
 	// A Close waiting for the lock we hold ends the sleep too.
 	only.WaitNotEmptyOr(ctx, func() bool {
-		return q.local.Len() > 0 || q.local.Kicks() != since || q.c.opsWanted.Load() > 0 || q.nrings.Load() != 1
+		return q.local.Len() > 0 || q.local.Interrupts() != since || q.c.opsWanted.Load() > 0 || q.nrings.Load() != 1
 	})
 	q.kmu.Lock()
 	if q.nsleep--; q.nsleep == 0 {

@@ -78,22 +78,22 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	send, ok1 := cfg.SendCQ.(*cq)
 	recv, ok2 := cfg.RecvCQ.(*cq)
 	if !ok1 || !ok2 {
-		return nil, errors.New("shmprov: a jetty needs SendCQ and RecvCQ made by this provider")
+		return nil, fmt.Errorf("shmprov: %w: a jetty needs SendCQ and RecvCQ made by this provider", ub.ErrForeignObject)
 	}
 	if send.c != c || recv.c != c {
 		// Its waits hold their own context's lock, not this one's: a
 		// Close here could unmap a ring under them.
-		return nil, errors.New("shmprov: a jetty's SendCQ and RecvCQ must come from its own context")
+		return nil, fmt.Errorf("shmprov: %w: a jetty's SendCQ and RecvCQ must come from its own context", ub.ErrForeignObject)
 	}
 	if cfg.Mode > ub.Unreliable {
-		return nil, fmt.Errorf("shmprov: unknown mode %v", cfg.Mode)
+		return nil, fmt.Errorf("shmprov: %w: unknown mode %v", ub.ErrInvalidArgument, cfg.Mode)
 	}
 	depth := cfg.RecvDepth
 	if depth <= 0 {
 		depth = defaultRecvDepth
 	}
 	if depth > 1<<16 {
-		return nil, fmt.Errorf("shmprov: receive depth %d out of range [1, 65536]", cfg.RecvDepth)
+		return nil, fmt.Errorf("shmprov: %w: receive depth %d out of range [1, 65536]", ub.ErrInvalidArgument, cfg.RecvDepth)
 	}
 	depth = max(2, 1<<bits.Len(uint(depth-1)))
 	if cfg.MaxMessage <= 0 {
@@ -149,7 +149,7 @@ func (j *jetty) Desc() ub.JettyDesc { return ub.JettyDesc{Provider: Name, EID: j
 func (j *jetty) Bind(t ub.Target) error {
 	tg, ok := t.(*target)
 	if !ok {
-		return errors.New("shmprov: Bind needs a target imported by this provider")
+		return fmt.Errorf("shmprov: %w: Bind needs a target imported by this provider", ub.ErrForeignObject)
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -163,20 +163,23 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return 0, ErrClosed
+		return 0, errClosed
 	}
 	for i, wr := range wrs {
 		s, ok := wr.Buf.Seg.(*segment)
-		if !ok || s.c != j.c || s.closed {
-			return i, errors.New("shmprov: receive buffer must be an open segment of this context")
+		if !ok || s.c != j.c {
+			return i, fmt.Errorf("shmprov: %w: a receive buffer must be a segment of the jetty's context", ub.ErrForeignObject)
+		}
+		if s.closed {
+			return i, fmt.Errorf("shmprov: receive buffer: %w", ub.ErrClosed)
 		}
 		if !verbs.InRange(wr.Buf.Offset, wr.Buf.Len, len(s.bytes)) || wr.Buf.Len > 1<<31 {
-			return i, fmt.Errorf("shmprov: receive buffer [%d, +%d) outside its %d-byte segment", wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
+			return i, fmt.Errorf("shmprov: %w: receive buffer [%d, +%d) outside its %d-byte segment", ub.ErrInvalidArgument, wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
 		}
 		postedRecv{name: s.nameBytes, off: uint64(segHeader + wr.Buf.Offset), len: uint32(wr.Buf.Len), userCtx: wr.UserCtx}.encode(j.slot)
 		if err := j.rings.recvs.TryPush(j.slot); err != nil {
 			if err == shm.ErrRingFull {
-				return i, fmt.Errorf("shmprov: receive queue full (depth %d)", j.cfg.RecvDepth)
+				return i, fmt.Errorf("shmprov: %w (depth %d)", ub.ErrRecvQueueFull, j.cfg.RecvDepth)
 			}
 			return i, err
 		}
@@ -191,16 +194,19 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return 0, ErrClosed
+		return 0, errClosed
 	}
 	for i := range wrs {
 		if !j.send.local.Reserve(1) {
-			return i, ErrCQFull
+			if j.send.local.Closed() {
+				return i, errClosed
+			}
+			return i, errCQFull
 		}
 		c := j.run(&wrs[i])
 		c.Op, c.UserCtx = wrs[i].Op, wrs[i].UserCtx
 		if !j.send.local.Push(c, true) {
-			return i, ErrClosed
+			return i, errClosed
 		}
 	}
 	return len(wrs), nil
@@ -391,16 +397,16 @@ const maxMappedBufs = 8
 // ImportJetty maps a peer's jetty so sends can reach it.
 func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, error) {
 	if desc.Provider != Name {
-		return nil, fmt.Errorf("shmprov: cannot import a %q jetty", desc.Provider)
+		return nil, fmt.Errorf("shmprov: %w: cannot import a %q jetty", ub.ErrBadDescriptor, desc.Provider)
 	}
-	s, err := shm.OpenSegment(desc.Name)
+	s, err := openPeerObject(desc.Name, "j")
 	if err != nil {
-		return nil, fmt.Errorf("shmprov: import jetty: %w", fdlimit.Hint(err))
+		return nil, err
 	}
 	rings, err := openJettyRings(s)
 	if err != nil {
 		s.Close()
-		return nil, fmt.Errorf("shmprov: import jetty %s: %w", desc.Name, err)
+		return nil, fmt.Errorf("shmprov: %w: jetty %s: %w", ub.ErrBadDescriptor, desc.Name, err)
 	}
 	t := &target{c: c, desc: desc, token: token, rings: rings, peer: peerSeg{seg: s}, slot: make([]byte, recvSlotSize)}
 	if err := c.track(t); err != nil {

@@ -8,6 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,8 +37,8 @@ func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
 	return c, nil
 }
 
-// ErrClosed is returned for calls on a closed object.
-var ErrClosed = errors.New("shmprov: closed")
+// errClosed is returned for calls on a closed object.
+var errClosed = fmt.Errorf("shmprov: %w", ub.ErrClosed)
 
 // Context is an endpoint of the shm provider.
 type Context struct {
@@ -93,11 +96,43 @@ func (c *Context) name(kind string) string {
 	return fmt.Sprintf("%s-%s%d", c.prefix, kind, c.seq.Add(1))
 }
 
+// checkName says why name, from a peer's descriptor, is not one that a
+// context makes for kind ("s" or "j"): "ub-", 12 hex digits, "-", kind
+// and a number.
+func checkName(name, kind string) error {
+	rest, ok := strings.CutPrefix(name, "ub-")
+	if ok && len(rest) > 13 && rest[12] == '-' {
+		_, hexErr := hex.DecodeString(rest[:12])
+		seq, isKind := strings.CutPrefix(rest[13:], kind)
+		if _, err := strconv.ParseUint(seq, 10, 64); hexErr == nil && isKind && err == nil {
+			return nil
+		}
+	}
+	what := map[string]string{"s": "segment", "j": "jetty"}[kind]
+	return fmt.Errorf("shmprov: %w: %q is not the name of an shm %s", ub.ErrBadDescriptor, name, what)
+}
+
+// openPeerObject maps the shared memory a peer's descriptor names; a name
+// that names nothing is a bad descriptor.
+func openPeerObject(name, kind string) (*shm.Segment, error) {
+	if err := checkName(name, kind); err != nil {
+		return nil, err
+	}
+	s, err := shm.OpenSegment(name)
+	switch {
+	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, shm.ErrCorrupt):
+		return nil, fmt.Errorf("shmprov: %w: %s: %w", ub.ErrBadDescriptor, name, err)
+	case err != nil:
+		return nil, fmt.Errorf("shmprov: import %s: %w", name, fdlimit.Hint(err))
+	}
+	return s, nil
+}
+
 func (c *Context) track(o io.Closer) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ErrClosed
+		return errClosed
 	}
 	c.objects.Add(o)
 	return nil
@@ -162,7 +197,7 @@ type segment struct {
 // registers them with cfg's access flags and token.
 func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, error) {
 	if size <= 0 {
-		return nil, fmt.Errorf("shmprov: segment size %d must be positive", size)
+		return nil, fmt.Errorf("shmprov: %w: segment size %d must be positive", ub.ErrInvalidArgument, size)
 	}
 	name := c.name("s")
 	s, err := shm.CreateSegment(name, segHeader+size, &shm.SegmentOptions{})
@@ -224,22 +259,22 @@ type remoteSegment struct {
 // as the target of a real bus would.
 func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteSegment, error) {
 	if desc.Provider != Name {
-		return nil, fmt.Errorf("shmprov: cannot import a %q segment", desc.Provider)
+		return nil, fmt.Errorf("shmprov: %w: cannot import a %q segment", ub.ErrBadDescriptor, desc.Provider)
 	}
-	s, err := shm.OpenSegment(desc.Name)
+	s, err := openPeerObject(desc.Name, "s")
 	if err != nil {
-		return nil, fmt.Errorf("shmprov: import segment: %w", fdlimit.Hint(err))
+		return nil, err
 	}
 	d := s.Data()
 	if len(d) < segHeader {
 		s.Close()
-		return nil, fmt.Errorf("shmprov: %s is too small to be a registered segment", desc.Name)
+		return nil, fmt.Errorf("shmprov: %w: %s is too small to be a registered segment", ub.ErrBadDescriptor, desc.Name)
 	}
 	magic, _ := s.Uint64At(0)
 	size := binary.LittleEndian.Uint64(d[segOffSize:])
 	if magic.Load() != segMagic || size > uint64(len(d)-segHeader) {
 		s.Close()
-		return nil, fmt.Errorf("shmprov: %s is not a registered segment", desc.Name)
+		return nil, fmt.Errorf("shmprov: %w: %s is not a registered segment", ub.ErrBadDescriptor, desc.Name)
 	}
 	r := &remoteSegment{peerSeg: peerSeg{seg: s}, c: c, desc: desc, token: token, size: int(size)}
 	if err := c.track(r); err != nil {

@@ -1,7 +1,6 @@
 package simprov
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -72,7 +71,7 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	send, ok1 := cfg.SendCQ.(*cq)
 	recv, ok2 := cfg.RecvCQ.(*cq)
 	if !ok1 || !ok2 {
-		return nil, errors.New("simprov: a jetty needs SendCQ and RecvCQ made by this provider")
+		return nil, fmt.Errorf("simprov: %w: a jetty needs SendCQ and RecvCQ made by this provider", ub.ErrForeignObject)
 	}
 	in := cfg
 	in.SendCQ, in.RecvCQ = send.inner, recv.inner
@@ -88,7 +87,7 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	if c.jets == nil { // Close ran meanwhile
 		c.mu.Unlock()
 		ij.Close()
-		return nil, errors.New("simprov: the context is closed")
+		return nil, errClosed
 	}
 	c.jets[j] = struct{}{}
 	c.mu.Unlock()
@@ -106,7 +105,7 @@ func (j *jetty) Desc() ub.JettyDesc {
 func (j *jetty) Bind(t ub.Target) error {
 	tg, ok := t.(*target)
 	if !ok {
-		return errors.New("simprov: Bind needs a target imported by this provider")
+		return fmt.Errorf("simprov: %w: Bind needs a target imported by this provider", ub.ErrForeignObject)
 	}
 	if err := j.inner.Bind(tg.Target); err != nil {
 		return err
@@ -130,7 +129,7 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 			if n, err := j.inner.PostRecv(in[:i]); err != nil {
 				return n, err
 			}
-			return i, errors.New("simprov: receive buffer must be a segment of this provider")
+			return i, fmt.Errorf("simprov: %w: a receive buffer must be a segment of this provider", ub.ErrForeignObject)
 		}
 		in[i].Buf.Seg = s.Segment
 	}
@@ -144,13 +143,13 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 	j.c.ops.RLock()
 	defer j.c.ops.RUnlock()
 	if j.c.closed {
-		return 0, errors.New("simprov: context closed")
+		return 0, errClosed
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	select {
 	case <-j.done:
-		return 0, errors.New("simprov: jetty closed")
+		return 0, errClosed
 	default:
 	}
 	for i, wr := range wrs {
@@ -180,7 +179,7 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 		j.pending.Add(1)
 		if !j.q.push(s) {
 			j.pending.Add(-1)
-			return i, fmt.Errorf("simprov: %d operations already held back on this jetty", queueDepth)
+			return i, fmt.Errorf("simprov: %w: %d operations already held back on this jetty", ub.ErrSendQueueFull, queueDepth)
 		}
 	}
 	return len(wrs), nil

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ubkit-io/ubkit/ub"
@@ -23,6 +24,9 @@ const Name = "sim"
 func init() { ub.Register(Name, provider{}) }
 
 type provider struct{}
+
+// errClosed is returned for calls on a closed context or jetty.
+var errClosed = fmt.Errorf("simprov: %w", ub.ErrClosed)
 
 // Options keys understood by Open, besides the inner provider's own.
 const (
@@ -62,7 +66,7 @@ func (provider) Open(ctx context.Context, cfg ub.Config) (ub.Context, error) {
 		over = "shm"
 	}
 	if over == Name {
-		return nil, errors.New("simprov: sim cannot run over itself")
+		return nil, fmt.Errorf("simprov: %w: sim cannot run over itself", ub.ErrInvalidArgument)
 	}
 	inner, err := ub.Open(ctx, over, cfg)
 	if err != nil {
@@ -203,7 +207,7 @@ func wrapName(node, provider, name string) string { return node + "|" + provider
 func unwrapName(s string) (node, provider, name string, err error) {
 	parts := strings.SplitN(s, "|", 3)
 	if len(parts) != 3 || parts[0] == "" {
-		return "", "", "", fmt.Errorf("simprov: %q is not a sim descriptor name", s)
+		return "", "", "", fmt.Errorf("simprov: %w: %q is not a sim descriptor name", ub.ErrBadDescriptor, s)
 	}
 	return parts[0], parts[1], parts[2], nil
 }
@@ -236,14 +240,14 @@ type remoteSegment struct {
 
 func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteSegment, error) {
 	if desc.Provider != Name {
-		return nil, fmt.Errorf("simprov: cannot import a %q segment", desc.Provider)
+		return nil, fmt.Errorf("simprov: %w: cannot import a %q segment", ub.ErrBadDescriptor, desc.Provider)
 	}
 	node, prov, name, err := unwrapName(desc.Name)
 	if err != nil {
 		return nil, err
 	}
 	if _, ok := c.t.NodeIndex(node); !ok {
-		return nil, fmt.Errorf("simprov: segment of node %q, which topology %q does not have", node, c.t.Name)
+		return nil, fmt.Errorf("simprov: %w: segment of node %q, which topology %q does not have", ub.ErrBadDescriptor, node, c.t.Name)
 	}
 	in := desc
 	in.Provider, in.Name = prov, name
@@ -264,14 +268,14 @@ type target struct {
 
 func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, error) {
 	if desc.Provider != Name {
-		return nil, fmt.Errorf("simprov: cannot import a %q jetty", desc.Provider)
+		return nil, fmt.Errorf("simprov: %w: cannot import a %q jetty", ub.ErrBadDescriptor, desc.Provider)
 	}
 	node, prov, name, err := unwrapName(desc.Name)
 	if err != nil {
 		return nil, err
 	}
 	if _, ok := c.t.NodeIndex(node); !ok {
-		return nil, fmt.Errorf("simprov: jetty of node %q, which topology %q does not have", node, c.t.Name)
+		return nil, fmt.Errorf("simprov: %w: jetty of node %q, which topology %q does not have", ub.ErrBadDescriptor, node, c.t.Name)
 	}
 	in := desc
 	in.Provider, in.Name = prov, name
@@ -298,14 +302,9 @@ type cq struct {
 	ids     map[uint64]tracked
 	nextID  uint64
 	buf     []ub.Completion
-}
-
-// kicker is an inner completion queue whose waits sim's own completions
-// can end (the inner queue knows nothing of them): shmprov's and tcpprov's.
-type kicker interface {
-	Kick()
-	Kicks() uint64
-	WaitKick(ctx context.Context, since uint64) error
+	// intrs counts the interrupts of a queue over one that is not a
+	// ub.Interrupter (over one that is, the inner queue counts them).
+	intrs atomic.Uint64
 }
 
 type tracked struct {
@@ -334,19 +333,22 @@ func (q *cq) push(c ub.Completion) {
 	q.drain()
 	q.pending = append(q.pending, timed{c: c})
 	q.mu.Unlock()
-	if k, ok := q.inner.(kicker); ok {
-		k.Kick()
-	}
+	q.Interrupt()
 }
 
-// Kick makes a Wait in progress return (with nothing new to Poll, unless
-// something came meanwhile), for a waiter that wants to look again: a
-// receiver that sent something and now expects an answer polls rather than
-// sleeps. A queue over a provider whose waits cannot be kicked ignores it.
-func (q *cq) Kick() {
-	if k, ok := q.inner.(kicker); ok {
-		k.Kick()
+// Interrupt makes a Wait in progress return (with nothing new to Poll,
+// unless something came meanwhile), for a waiter that wants to look again
+// (ub.Interrupter): a receiver that sent something and now expects an
+// answer polls rather than sleeps. Over an inner queue that is an
+// Interrupter it interrupts that queue's wait; over one that is not, a
+// wait notices within the millisecond it waits on the inner queue at a
+// time.
+func (q *cq) Interrupt() {
+	if k, ok := q.inner.(ub.Interrupter); ok {
+		k.Interrupt()
+		return
 	}
+	q.intrs.Add(1)
 }
 
 // track registers a request about to be posted and returns the id it
@@ -435,28 +437,29 @@ func (q *cq) next() (bool, time.Time, error) {
 // and bells of everything else in the process (a proxy's other side, the
 // inner queue's own bell) went unserved until the poll ended. A caller
 // that knows an answer is due polls with Poll before it waits.
-func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.Kicks()) }
+func (q *cq) Wait(ctx context.Context) error { return q.WaitInterrupt(ctx, q.Interrupts()) }
 
-// Kicks is how many times the queue was kicked (0 over a provider whose
-// queues cannot be).
-func (q *cq) Kicks() uint64 {
-	if k, ok := q.inner.(kicker); ok {
-		return k.Kicks()
+// Interrupts is how many times the queue was interrupted, by Interrupt or
+// by a completion of sim's own.
+func (q *cq) Interrupts() uint64 {
+	if k, ok := q.inner.(ub.Interrupter); ok {
+		return k.Interrupts()
 	}
-	return 0
+	return q.intrs.Load()
 }
 
-// WaitKick is Wait that also returns once the queue was kicked since Kicks
-// returned since: a waiter that reads Kicks before it lets others know it
-// sleeps loses no kick made meanwhile.
-func (q *cq) WaitKick(ctx context.Context, since uint64) error {
-	k, kickable := q.inner.(kicker)
+// WaitInterrupt is Wait that also returns once the queue was interrupted
+// since Interrupts returned since: a waiter that reads Interrupts before it
+// lets others know it sleeps loses no interrupt made meanwhile.
+func (q *cq) WaitInterrupt(ctx context.Context, since uint64) error {
+	k, kickable := q.inner.(ub.Interrupter)
 	entry := since
 	for first := true; ; first = false {
-		// A push after the look below kicks the inner wait: count the
-		// kicks before looking (the first look counts from since).
+		// A push after the look below interrupts the inner wait: count
+		// the interrupts before looking (the first look counts from
+		// since).
 		if kickable && !first {
-			since = k.Kicks()
+			since = k.Interrupts()
 		}
 		ok, release, err := q.next()
 		if ok || err != nil {
@@ -464,6 +467,9 @@ func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 		}
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if !kickable && q.intrs.Load() != entry {
+			return nil
 		}
 		if !release.IsZero() {
 			if d := time.Until(release) - spinBelow; d > 0 {
@@ -480,15 +486,15 @@ func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 			continue
 		}
 		if kickable {
-			err = k.WaitKick(ctx, since)
-			if err == nil && k.Kicks() != entry {
-				// Kicked (by Kick, or by push for a completion of sim's
-				// own): the waiter looks again.
+			err = k.WaitInterrupt(ctx, since)
+			if err == nil && k.Interrupts() != entry {
+				// Interrupted (by Interrupt, or by push for a completion
+				// of sim's own): the waiter looks again.
 				return nil
 			}
 		} else {
-			// An inner queue that cannot be kicked is looked at every
-			// millisecond.
+			// An inner queue that cannot be interrupted is looked at
+			// every millisecond.
 			wctx, cancel := context.WithTimeout(ctx, time.Millisecond)
 			err = q.inner.Wait(wctx)
 			cancel()

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -20,9 +19,9 @@ const (
 	defaultMaxMsg    = 64 << 10
 )
 
-// ErrCQFull is returned by a post when the completion queue has no room
+// errCQFull is returned by a post when the completion queue has no room
 // for the completions of what is already in flight plus the new requests.
-var ErrCQFull = errors.New("tcpprov: completion queue full")
+var errCQFull = fmt.Errorf("tcpprov: %w", ub.ErrCQFull)
 
 // cq is an in-memory completion queue.
 type cq struct {
@@ -50,21 +49,28 @@ func (q *cq) Close() error {
 	return q.Queue.Close()
 }
 
-func (q *cq) Poll(out []ub.Completion) (int, error) { return q.Pop(out) }
+func (q *cq) Poll(out []ub.Completion) (int, error) {
+	n, err := q.Pop(out)
+	if err != nil {
+		return n, errClosed
+	}
+	return n, nil
+}
 
-func (q *cq) Wait(ctx context.Context) error { return q.WaitKick(ctx, q.Kicks()) }
+func (q *cq) Wait(ctx context.Context) error { return q.WaitInterrupt(ctx, q.Interrupts()) }
 
-// WaitKick is Wait that also returns once Kick was called since Kicks
-// returned since: simprov's own completions end its waits this way.
-func (q *cq) WaitKick(ctx context.Context, since uint64) error {
+// WaitInterrupt is Wait that also returns once Interrupt was called since
+// Interrupts returned since (ub.Interrupter): simprov's own completions end
+// its waits this way.
+func (q *cq) WaitInterrupt(ctx context.Context, since uint64) error {
 	for {
-		// Take the broadcast before looking: a push or kick after the
-		// look closes it, and every concurrent wait wakes.
+		// Take the broadcast before looking: a push or interrupt after
+		// the look closes it, and every concurrent wait wakes.
 		changed := q.Changed()
 		if q.Closed() {
-			return ErrClosed
+			return errClosed
 		}
-		if q.Len() > 0 || q.Kicks() != since {
+		if q.Len() > 0 || q.Interrupts() != since {
 			return nil
 		}
 		select {
@@ -102,10 +108,10 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	send, ok1 := cfg.SendCQ.(*cq)
 	recv, ok2 := cfg.RecvCQ.(*cq)
 	if !ok1 || !ok2 {
-		return nil, errors.New("tcpprov: a jetty needs SendCQ and RecvCQ made by this provider")
+		return nil, fmt.Errorf("tcpprov: %w: a jetty needs SendCQ and RecvCQ made by this provider", ub.ErrForeignObject)
 	}
 	if cfg.Mode > ub.Unreliable {
-		return nil, fmt.Errorf("tcpprov: unknown mode %v", cfg.Mode)
+		return nil, fmt.Errorf("tcpprov: %w: unknown mode %v", ub.ErrInvalidArgument, cfg.Mode)
 	}
 	if cfg.RecvDepth <= 0 {
 		cfg.RecvDepth = defaultRecvDepth
@@ -127,7 +133,7 @@ func (j *jetty) Desc() ub.JettyDesc {
 func (j *jetty) Bind(t ub.Target) error {
 	tg, ok := t.(*target)
 	if !ok {
-		return errors.New("tcpprov: Bind needs a target imported by this provider")
+		return fmt.Errorf("tcpprov: %w: Bind needs a target imported by this provider", ub.ErrForeignObject)
 	}
 	j.postMu.Lock()
 	defer j.postMu.Unlock()
@@ -140,18 +146,18 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closed {
-		return 0, ErrClosed
+		return 0, errClosed
 	}
 	for i, wr := range wrs {
 		s, ok := wr.Buf.Seg.(*segment)
 		if !ok || s.c != j.c {
-			return i, errors.New("tcpprov: receive buffer must be a segment of this context")
+			return i, fmt.Errorf("tcpprov: %w: a receive buffer must be a segment of the jetty's context", ub.ErrForeignObject)
 		}
 		if !verbs.InRange(wr.Buf.Offset, wr.Buf.Len, len(s.bytes)) {
-			return i, fmt.Errorf("tcpprov: receive buffer [%d, +%d) outside its %d-byte segment", wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
+			return i, fmt.Errorf("tcpprov: %w: receive buffer [%d, +%d) outside its %d-byte segment", ub.ErrInvalidArgument, wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
 		}
 		if len(j.recvs) >= j.cfg.RecvDepth {
-			return i, fmt.Errorf("tcpprov: receive queue full (depth %d)", j.cfg.RecvDepth)
+			return i, fmt.Errorf("tcpprov: %w (depth %d)", ub.ErrRecvQueueFull, j.cfg.RecvDepth)
 		}
 		j.recvs = append(j.recvs, postedRecv{ctx: wr.UserCtx, seg: s, buf: s.bytes[wr.Buf.Offset : wr.Buf.Offset+wr.Buf.Len]})
 	}
@@ -223,11 +229,11 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
-		return 0, ErrClosed
+		return 0, errClosed
 	}
 	if !j.send.Reserve(len(wrs)) {
 		j.mu.Unlock()
-		return 0, ErrCQFull
+		return 0, errCQFull
 	}
 	ps := make([]*pending, len(wrs))
 	for i := range wrs {
@@ -442,7 +448,7 @@ func (c *Context) dial(addr string) (*conn, error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return nil, ErrClosed
+		return nil, errClosed
 	}
 	if cn := c.conns[addr]; cn != nil && !cn.isBroken() {
 		c.mu.Unlock()
@@ -464,7 +470,7 @@ func (c *Context) dial(addr string) (*conn, error) {
 	if c.closed {
 		c.mu.Unlock()
 		nc.Close()
-		return nil, ErrClosed
+		return nil, errClosed
 	}
 	// Another caller may have connected meanwhile: everything to one peer
 	// goes over one connection, or requests could overtake each other.

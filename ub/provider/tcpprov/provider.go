@@ -29,8 +29,8 @@ func init() { ub.Register(Name, provider{}) }
 
 type provider struct{}
 
-// ErrClosed is returned for calls on a closed object.
-var ErrClosed = errors.New("tcpprov: closed")
+// errClosed is returned for calls on a closed object.
+var errClosed = fmt.Errorf("tcpprov: %w", ub.ErrClosed)
 
 func (provider) Open(_ context.Context, cfg ub.Config) (ub.Context, error) {
 	return open(cfg, options{connsPerSource: maxConnsPerSource, conns: maxConns})
@@ -120,13 +120,20 @@ func (c *Context) track(o io.Closer, place func(id uint32)) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ErrClosed
+		return errClosed
 	}
 	c.objects.Add(o)
 	if place != nil {
 		place(c.newID())
 	}
 	return nil
+}
+
+// isClosed reports whether Close was called.
+func (c *Context) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // newID picks a wire id for a segment or a jetty: random, so that a peer
@@ -183,11 +190,11 @@ func (c *Context) descName(kind string, id uint32) string {
 func parseName(name, kind string) (addr string, id uint32, err error) {
 	i := strings.LastIndexByte(name, '/')
 	if i < 0 || !strings.HasPrefix(name[i+1:], kind) {
-		return "", 0, fmt.Errorf("tcpprov: %q is not a %s descriptor name", name, kind)
+		return "", 0, fmt.Errorf("tcpprov: %w: %q is not a %s descriptor name", ub.ErrBadDescriptor, name, kind)
 	}
 	n, err := strconv.ParseUint(name[i+1+len(kind):], 10, 32)
 	if err != nil {
-		return "", 0, fmt.Errorf("tcpprov: %q: bad id: %w", name, err)
+		return "", 0, fmt.Errorf("tcpprov: %w: %q: bad id: %w", ub.ErrBadDescriptor, name, err)
 	}
 	return name[:i], uint32(n), nil
 }
@@ -207,7 +214,7 @@ type segment struct {
 
 func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, error) {
 	if size <= 0 {
-		return nil, fmt.Errorf("tcpprov: segment size %d must be positive", size)
+		return nil, fmt.Errorf("tcpprov: %w: segment size %d must be positive", ub.ErrInvalidArgument, size)
 	}
 	m, err := shm.CreateMemfd("tcpprov", size, nil)
 	if err != nil {
@@ -250,11 +257,14 @@ type remoteSegment struct {
 
 func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteSegment, error) {
 	if desc.Provider != Name {
-		return nil, fmt.Errorf("tcpprov: cannot import a %q segment", desc.Provider)
+		return nil, fmt.Errorf("tcpprov: %w: cannot import a %q segment", ub.ErrBadDescriptor, desc.Provider)
 	}
 	addr, id, err := parseName(desc.Name, "s")
 	if err != nil {
 		return nil, err
+	}
+	if c.isClosed() {
+		return nil, errClosed
 	}
 	return &remoteSegment{desc: desc, addr: addr, id: id, token: token}, nil
 }
@@ -272,11 +282,14 @@ type target struct {
 
 func (c *Context) ImportJetty(desc ub.JettyDesc, token ub.Token) (ub.Target, error) {
 	if desc.Provider != Name {
-		return nil, fmt.Errorf("tcpprov: cannot import a %q jetty", desc.Provider)
+		return nil, fmt.Errorf("tcpprov: %w: cannot import a %q jetty", ub.ErrBadDescriptor, desc.Provider)
 	}
 	addr, id, err := parseName(desc.Name, "j")
 	if err != nil {
 		return nil, err
+	}
+	if c.isClosed() {
+		return nil, errClosed
 	}
 	return &target{desc: desc, addr: addr, id: id, token: token}, nil
 }
