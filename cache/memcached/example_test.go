@@ -1,0 +1,64 @@
+package memcached_test
+
+import (
+	"fmt"
+	"net"
+	"os"
+
+	gomemcache "github.com/bradfitz/gomemcache/memcache"
+
+	"github.com/ubkit-io/ubkit/cache"
+	"github.com/ubkit-io/ubkit/cache/memcache"
+	"github.com/ubkit-io/ubkit/cache/memcached"
+)
+
+// A memcached server on a shared pool, on a free loopback port, and an
+// ordinary memcached client (gomemcache) talking to it over TCP.
+func Example() {
+	name := fmt.Sprintf("example-memcached-%d", os.Getpid())
+	pool, err := cache.Open(name, cache.Options{MaxBytes: 8 << 20})
+	if err != nil {
+		panic(err)
+	}
+	defer cache.Remove(name) // a pool's name lives until removed
+	defer pool.Close()
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	srv := memcached.NewServer(pool)
+	go srv.Serve(l)
+	defer srv.Close()
+
+	mc := gomemcache.New(l.Addr().String())
+	defer mc.Close()
+	if err := mc.Set(&gomemcache.Item{Key: "greeting", Value: []byte("hello"), Flags: 42}); err != nil {
+		panic(err)
+	}
+	it, err := mc.Get("greeting")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("over TCP: %s (flags %d)\n", it.Value, it.Flags)
+	_, err = mc.Get("nobody")
+	fmt.Println("a missing key:", err)
+
+	// The entry lives in the pool, where every process on the host that
+	// opens it can read it: ubkit's memcache client does so for the keys
+	// of this host's server, with no round trip.
+	local, err := memcache.New(pool, l.Addr().String(), l.Addr().String())
+	if err != nil {
+		panic(err)
+	}
+	defer local.Close()
+	it, err = local.Get("greeting")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("from the pool: %s (flags %d)\n", it.Value, it.Flags)
+	// Output:
+	// over TCP: hello (flags 42)
+	// a missing key: memcache: cache miss
+	// from the pool: hello (flags 42)
+}
