@@ -145,6 +145,9 @@ func testWriteRead(t *testing.T, open Open) {
 	}
 	c = l.post(t, ub.WR{Op: ub.OpRead, Local: ub.Local{Seg: l.seg, Offset: 200, Len: 10}, Remote: ub.Remote{Seg: r, Offset: 100}})
 	wantStatus(t, "read", c, ub.StatusSuccess)
+	if c.Len != 10 {
+		t.Errorf("a read of 10 bytes completed with Len %d", c.Len)
+	}
 	if string(l.seg.Bytes()[200:210]) != "hello, bus" {
 		t.Errorf("read back %q", l.seg.Bytes()[200:210])
 	}

@@ -302,6 +302,7 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 				return st
 			}
 			req.op, req.n, p.into, p.seg = opRead, uint32(len(buf)), buf, wr.Local.Seg.(*segment)
+			p.comp.Len = len(buf)
 		case ub.OpCAS, ub.OpFetchAdd:
 			if wr.Local.Seg != nil {
 				l := wr.Local
