@@ -31,6 +31,9 @@ need_server() { # need_server <command> <debian package>
 	return 0
 }
 need_server redis-server redis-server
+# redis-cli joins the Redis Cluster of the cluster tests (testenv
+# StartRedisCluster: redis-cli --cluster create).
+need redis-cli redis-tools
 need_server memcached memcached
 # pymemcache, an independent memcached client, drives the memcached
 # server's differential test (cache/memcached, against memcached 1.6). It
