@@ -284,10 +284,13 @@ func (nd *node) applyClusterNodes(v value) error {
 
 // setSlots records the slots the node serves (nil: unknown, none).
 func (nd *node) setSlots(set *slotSet, desc string) {
-	if !nd.nc.cluster || (set == nil && nd.slots.Load() == nil) {
+	if !nd.nc.cluster {
 		return
 	}
 	nd.t.slotsDesc = desc
+	if set == nil && nd.slots.Load() == nil {
+		return
+	}
 	nd.slots.Store(set)
 	nd.nc.rebuildOwners()
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -81,5 +83,27 @@ func TestRedisCluster(t *testing.T) {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("%s left behind: %v", d, err)
 		}
+	}
+}
+
+// TestRedisClusterNeedsRedisCli: without redis-cli, StartRedisCluster
+// fails naming the package to install, before it starts anything.
+func TestRedisClusterNeedsRedisCli(t *testing.T) {
+	server, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server is missing: install the Debian package redis-server")
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(server, filepath.Join(dir, "redis-server")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	c, err := StartRedisCluster(3)
+	if err == nil {
+		c.Close()
+		t.Fatal("a cluster started without redis-cli")
+	}
+	if !strings.Contains(err.Error(), "redis-cli") || !strings.Contains(err.Error(), "redis-tools") {
+		t.Errorf("the error does not name redis-cli and its package: %v", err)
 	}
 }
