@@ -1122,3 +1122,32 @@ func BenchmarkClusterHit(b *testing.B) {
 		b.Fatalf("%d hits for %d reads: %+v", st.Hits, b.N, st)
 	}
 }
+
+// TestClusterNodeClientClosed: when go-redis closes a node's client (as
+// it does for a node that left the cluster's state), the near cache drops
+// the node once its tracking connection ends, and does not dial it again.
+func TestClusterNodeClientClosed(t *testing.T) {
+	ctx := context.Background()
+	addrs := redisCluster(t).Addrs
+	rdb := newClusterClient(t, addrs, Config{Pool: newPool(t)})
+	node, err := rdb.MasterForKey(ctx, "gone:k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := node.Options().Addr
+	node.Close() // what go-redis's clusterNodes.GC does
+	server := redis.NewClient(&redis.Options{Addr: addr})
+	defer server.Close()
+	if killTracking(t, server) == 0 {
+		t.Fatal("no tracking connection on " + addr)
+	}
+	eventually(t, "the node is dropped", func() bool { return len(rdb.Stats().Nodes) == len(addrs)-1 })
+	for _, n := range rdb.Stats().Nodes {
+		if n.Addr == addr {
+			t.Fatalf("%s still tracked: %+v", addr, rdb.Stats().Nodes)
+		}
+	}
+	if killTracking(t, server) != 0 {
+		t.Errorf("the tracker dialled %s again", addr)
+	}
+}

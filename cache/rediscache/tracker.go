@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -283,7 +282,7 @@ func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
 	var sent int64 = -1 // when the outstanding PING was sent
 	answered := 0       // replies to it (and its CLUSTER NODES) read so far
 	nextPing := t.since()
-	for cycles := 0; ; {
+	for {
 		select {
 		case <-t.quit:
 			return net.ErrClosed
@@ -304,11 +303,6 @@ func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
 			}
 			t.certify(sent)
 			sent, answered = -1, 0
-			// A node that serves no slot may have left the cluster, and
-			// go-redis closed its client: look now and then.
-			if cycles++; t.nd.nc.cluster && cycles%50 == 0 && t.nd.slots.Load().count() == 0 && t.nd.clientClosed(t.stopCtx) != nil {
-				return errNodeGone
-			}
 		case <-t.kick:
 			nextPing = 0
 		case <-timer.C:
@@ -384,13 +378,11 @@ func (t *tracker) push(v value) {
 	}
 }
 
-// errNodeGone ends the tracker of a cluster node whose client go-redis
-// closed (the node left the cluster state).
-var errNodeGone = errors.New("rediscache: the node's client is closed")
-
-// gone says whether the tracker should end because go-redis closed the
-// node's client: the node is then dropped from the near cache (a client
-// made for its address later gets a new one).
+// gone says, after a session ended, whether the tracker should end
+// because go-redis closed the node's client (a node that left the
+// cluster's state): the node is then dropped from the near cache, and a
+// client go-redis makes for its address later gets a new one. A node
+// that left the cluster but still runs keeps its tracker until Close.
 func (t *tracker) gone() bool {
 	rdb := t.nd.clientClosed(t.stopCtx)
 	if rdb == nil || !t.nd.nc.removeNode(t.nd, rdb) {
