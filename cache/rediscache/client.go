@@ -9,6 +9,9 @@
 //	defer rdb.Close()
 //	v, err := rdb.Get(ctx, "user:42").Result() // from shared memory once cached
 //
+// NewClusterClient does the same for a *redis.ClusterClient, and
+// NewUniversalClient for redis.UniversalOptions (one server or a cluster).
+//
 // # Coherence
 //
 // The near cache is kept coherent by Redis client tracking in BCAST mode:
@@ -43,6 +46,25 @@
 // when it loses or regains that connection it flushes the near cache for
 // that server (a namespace generation, so the flush is one write).
 //
+// # Redis Cluster
+//
+// A ClusterClient keeps one tracking connection per cluster node (BCAST,
+// as above), and each node has a namespace generation of its own: losing
+// or regaining a node's tracking connection flushes the entries filled
+// from that node only. The keys' generations are shared by all nodes, so
+// an invalidation from any node, or a write through any drop-in, voids
+// an entry wherever it was filled. An entry filled from a node is served
+// only while that node is the one whose latest CLUSTER NODES (asked with
+// every tracking PING) says it serves the key's slot, without migrating
+// it, and no other node's says so too; a node that stops serving a slot
+// (a MIGRATING state or a move) flushes its entries. So during a
+// resharding, an entry of a moving slot is never served from the old
+// owner once its tracking has seen the move, and at most MaxStaleness
+// after: a key created on the new owner (whose invalidation only the new
+// owner sends) cannot leave a cached miss behind, and a key whose slot
+// went away and came back is never read through a generation that missed
+// the time in between.
+//
 // Watch transactions, Conn and EphemeralConn always read from Redis: their
 // reads decide writes under WATCH or run after SELECT.
 //
@@ -72,6 +94,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,16 +137,25 @@ type Config struct {
 type Client struct {
 	*redis.Client
 	nc *nearCache
+	h  *nodeHook
 }
 
 // NewClient returns a go-redis client for opt whose cacheable reads go
 // through the near cache in cfg.Pool.
 func NewClient(opt *redis.Options, cfg Config) *Client {
 	rdb := redis.NewClient(opt)
-	nc := newNearCache(opt, cfg)
-	nc.rdb = rdb
-	c := &Client{Client: rdb, nc: nc}
-	c.AddHook(nc)
+	addr := opt.Addr
+	if addr == "" {
+		addr = "localhost:6379"
+	}
+	ns := namespace(addr, opt.DB, opt.Username)
+	nc := newNearCache(cfg, ns, false)
+	nc.addr, nc.user, nc.db = addr, opt.Username, opt.DB
+	nd := nc.newNode(addr, []byte(ns+"n"), rdb)
+	nc.single = nd
+	nd.start(opt)
+	c := &Client{Client: rdb, nc: nc, h: &nodeHook{nd: nd}}
+	c.AddHook(c.h)
 	return c
 }
 
@@ -132,10 +164,10 @@ func NewClient(opt *redis.Options, cfg Config) *Client {
 // own chain of hooks from the ones go-redis builds for Conn and Tx (and a
 // chain rebuilt behind its back is left uncached, never wrong).
 func (c *Client) AddHook(h redis.Hook) {
-	c.nc.chainMu.Lock()
-	defer c.nc.chainMu.Unlock()
-	c.nc.building.Store(true)
-	defer c.nc.building.Store(false)
+	c.h.chainMu.Lock()
+	defer c.h.chainMu.Unlock()
+	c.h.building.Store(true)
+	defer c.h.building.Store(false)
 	c.Client.AddHook(h)
 }
 
@@ -143,9 +175,9 @@ func (c *Client) AddHook(h redis.Hook) {
 func (c *Client) Watch(ctx context.Context, fn func(*redis.Tx) error, keys ...string) error {
 	// The chain lock is held while go-redis builds the Tx's hooks, not
 	// while fn runs (fn may open a Conn or Watch of its own).
-	c.nc.chainMu.Lock()
+	c.h.chainMu.Lock()
 	var once sync.Once
-	unlock := func() { once.Do(c.nc.chainMu.Unlock) }
+	unlock := func() { once.Do(c.h.chainMu.Unlock) }
 	defer unlock()
 	return c.Client.Watch(ctx, func(tx *redis.Tx) error {
 		unlock()
@@ -155,21 +187,21 @@ func (c *Client) Watch(ctx context.Context, fn func(*redis.Tx) error, keys ...st
 
 // Conn is redis.Client's Conn; its reads go to Redis.
 func (c *Client) Conn() *redis.Conn {
-	c.nc.chainMu.Lock()
-	defer c.nc.chainMu.Unlock()
+	c.h.chainMu.Lock()
+	defer c.h.chainMu.Unlock()
 	return c.Client.Conn()
 }
 
 // EphemeralConn is redis.Client's EphemeralConn; its reads go to Redis.
 func (c *Client) EphemeralConn() *redis.Conn {
-	c.nc.chainMu.Lock()
-	defer c.nc.chainMu.Unlock()
+	c.h.chainMu.Lock()
+	defer c.h.chainMu.Unlock()
 	return c.Client.EphemeralConn()
 }
 
 // Close stops the tracking connection and closes the client.
 func (c *Client) Close() error {
-	c.nc.t.stop()
+	c.nc.close()
 	return c.Client.Close()
 }
 
@@ -177,108 +209,94 @@ func (c *Client) Close() error {
 type Stats struct {
 	Hits, Misses, Fills, Bypassed uint64
 	// Unconfirmed counts reads sent to Redis because tracking had not
-	// proved itself current within MaxStaleness.
+	// proved itself current within MaxStaleness (in a cluster also: no
+	// node was known to serve the keys' slot).
 	Unconfirmed uint64
 	// Forgotten counts keys dropped from the near cache by writes through
 	// this client (before the write returned).
 	Forgotten uint64
-	// Invalidations counts keys invalidated by Redis; Flushes the times the
-	// whole near cache for the server was dropped (tracking lost or
-	// regained, FLUSHDB/FLUSHALL).
+	// Invalidations counts keys invalidated by Redis; Flushes the times
+	// the near cache of a server was dropped (tracking lost or regained,
+	// FLUSHDB/FLUSHALL, a cluster node that stopped serving a slot).
+	// Both are summed over the nodes of a cluster.
 	Invalidations, Flushes uint64
-	// Tracking reports whether the tracking connection is up.
+	// Tracking reports whether the tracking connection is up (in a
+	// cluster: every node's).
 	Tracking bool
+	// Nodes has each server's tracking, by address: one for a Client,
+	// every node go-redis made a client for in a cluster.
+	Nodes []NodeStats
+}
+
+// NodeStats are one server's tracking counters.
+type NodeStats struct {
+	Addr                   string
+	Tracking               bool
+	Invalidations, Flushes uint64
+	// Slots is how many hash slots the node's latest CLUSTER NODES said
+	// it serves (its own, less those it is migrating away); 0 outside a
+	// cluster.
+	Slots int
 }
 
 // Stats returns the counters.
-func (c *Client) Stats() Stats {
-	n := c.nc
-	return Stats{Hits: n.hits.load(), Misses: n.misses.load(), Fills: n.fills.Load(), Bypassed: n.bypassed.Load(),
-		Unconfirmed: n.unconfirmed.Load(), Forgotten: n.forgotten.Load(),
-		Invalidations: n.t.invalidations.Load(), Flushes: n.t.flushes.Load(), Tracking: n.t.up.Load()}
-}
+func (c *Client) Stats() Stats { return c.nc.stats() }
 
 // FlushNearCache drops the near cache for this client's server and
 // database, for every process sharing the pool (one pool write). Needed
 // only after a change Redis does not announce to tracking clients: a
 // SWAPDB made by a client that is not a drop-in on this host.
-func (c *Client) FlushNearCache() error {
-	if err := c.nc.flushIn(c.nc.nsKeyB); err != nil {
-		return fmt.Errorf("rediscache: flush the near cache: %w", err)
-	}
-	return nil
-}
+func (c *Client) FlushNearCache() error { return c.nc.flushNearCache() }
 
 // Sync waits until the near cache has applied every invalidation for
 // writes that completed before Sync was called, by anyone, or ctx ends: a
 // read after it sees them all (until MaxStaleness passes again). It costs
 // a round trip on the tracking connection.
-func (c *Client) Sync(ctx context.Context) error { return c.nc.t.sync(ctx) }
+func (c *Client) Sync(ctx context.Context) error { return c.nc.single.t.sync(ctx) }
 
 // WaitTracking waits until the tracking connection is up and current (the
 // cache serves nothing before), or ctx ends.
-func (c *Client) WaitTracking(ctx context.Context) error {
-	for !c.nc.t.fresh() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
-		}
-	}
-	return nil
-}
+func (c *Client) WaitTracking(ctx context.Context) error { return c.nc.waitTracking(ctx) }
 
+// nearCache is one keyspace of the near cache: a Client's server and
+// database as one user sees it, or a ClusterClient's cluster. Its keys'
+// generations are shared by all its nodes.
 type nearCache struct {
 	pool      *cache.Pool
-	ns        string
-	addr      string
-	user      string
-	db        int
-	nsKeyB    []byte
-	nsStamp   cache.Stamp
-	nsKnown   atomic.Pointer[nsState]
-	genPrefix []byte
+	ns        string // the prefix of every pool key of the keyspace
+	genPrefix []byte // the prefix of the keys' generations
 	prefixes  []string
 	ttl       time.Duration
 	maxStale  time.Duration
-	t         *tracker
-	rdb       *redis.Client
-	cmds      atomic.Pointer[cmdTable] // the server's, loaded by the tracker
+	cluster   bool
+	// A Client's server, database and user: writes into other databases
+	// name those databases' namespaces.
+	addr, user string
+	db         int
+	cmds       atomic.Pointer[cmdTable] // the server's, loaded by the trackers
 
-	// building is set while the Client's own hook chain is built: hooks
-	// built otherwise belong to a Conn or Tx, which never read the cache.
-	// chainMu is held while any chain is built through the Client's
-	// methods, so that a Conn's or Tx's process and pipeline hooks, built
-	// one after the other, share one session (pending hands it over).
-	building atomic.Bool
-	chainMu  sync.Mutex
-	pending  atomic.Pointer[session]
-	// poisoned: a write's key could not be forgotten nor the cache
-	// flushed; nothing is served until a flush succeeds.
-	poisoned atomic.Bool
+	single *node // a Client's one server
+
+	// A ClusterClient's nodes by address, and which of them serves each
+	// slot (from their trackers' latest CLUSTER NODES).
+	nodesMu sync.Mutex
+	nodes   map[string]*node
+	closed  bool
+	owners  atomic.Pointer[slotOwners]
 
 	hits, misses                            stripedCounter
 	fills, bypassed, unconfirmed, forgotten atomic.Uint64
 }
 
-func newNearCache(opt *redis.Options, cfg Config) *nearCache {
+func newNearCache(cfg Config, ns string, cluster bool) *nearCache {
 	if cfg.Pool == nil {
 		panic("rediscache: Config.Pool is required")
 	}
-	addr := opt.Addr
-	if addr == "" {
-		addr = "localhost:6379"
-	}
-	ns := namespace(addr, opt.DB, opt.Username)
 	if cfg.MaxStaleness <= 0 {
 		cfg.MaxStaleness = defaultMaxStaleness
 	}
-	n := &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness, ns: ns,
-		addr: addr, user: opt.Username, db: opt.DB,
-		nsKeyB: []byte(ns + "n"), genPrefix: []byte(ns + "g\x00")}
-	n.nsStamp = cfg.Pool.StampOf(n.nsKeyB)
-	n.t = startTracker(opt, n)
-	return n
+	return &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness,
+		ns: ns, genPrefix: []byte(ns + "g\x00"), cluster: cluster}
 }
 
 // namespace prefixes the pool keys of one server's database as one user
@@ -287,9 +305,115 @@ func namespace(addr string, db int, user string) string {
 	return "rc\x00" + addr + "\x00" + strconv.Itoa(db) + "\x00" + user + "\x00"
 }
 
-// Keys in the pool: the namespace's generation, each Redis key's
+// clusterNamespace prefixes the pool keys of Redis Clusters as one user
+// sees them. It names no cluster: two clusters read through one pool
+// share their keys' generations, which costs them each other's
+// invalidations and nothing else (an entry is served only through the
+// namespace generation of the node it was filled from).
+func clusterNamespace(user string) string { return "rcc\x00" + user + "\x00" }
+
+// node is one Redis server of a keyspace: its tracking connection, the
+// generation of its namespace (a flush of the node makes every entry
+// filled from it unservable) and, in a cluster, the slots it serves.
+type node struct {
+	nc       *nearCache
+	addr     string
+	nsKeyB   []byte
+	nsStamp  cache.Stamp
+	nsKnown  atomic.Pointer[nsState]
+	t        *tracker
+	rdb      atomic.Pointer[redis.Client] // for the misses' round trips
+	poisoned atomic.Bool                  // a flush failed: serve nothing until one succeeds
+	slots    atomic.Pointer[slotSet]      // cluster: nil until its tracker has read CLUSTER NODES
+}
+
+func (n *nearCache) newNode(addr string, nsKey []byte, rdb *redis.Client) *node {
+	nd := &node{nc: n, addr: addr, nsKeyB: nsKey, nsStamp: n.pool.StampOf(nsKey)}
+	nd.rdb.Store(rdb)
+	return nd
+}
+
+// start starts the node's tracker, unless the client is closed.
+func (nd *node) start(opt *redis.Options) {
+	nd.t = newTracker(opt, nd)
+	if nd.nc.closed {
+		nd.t.closed = true
+		close(nd.t.done)
+		return
+	}
+	go nd.t.run()
+}
+
+// close stops every tracker.
+func (n *nearCache) close() {
+	for _, nd := range n.allNodes(true) {
+		nd.t.stop()
+	}
+}
+
+// allNodes returns the keyspace's nodes (and with closing, marks it
+// closed: no tracker starts after).
+func (n *nearCache) allNodes(closing bool) []*node {
+	if n.single != nil {
+		return []*node{n.single}
+	}
+	n.nodesMu.Lock()
+	defer n.nodesMu.Unlock()
+	if closing {
+		n.closed = true
+	}
+	nodes := make([]*node, 0, len(n.nodes))
+	for _, nd := range n.nodes {
+		nodes = append(nodes, nd)
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].addr < nodes[j].addr })
+	return nodes
+}
+
+func (n *nearCache) stats() Stats {
+	st := Stats{Hits: n.hits.load(), Misses: n.misses.load(), Fills: n.fills.Load(), Bypassed: n.bypassed.Load(),
+		Unconfirmed: n.unconfirmed.Load(), Forgotten: n.forgotten.Load()}
+	nodes := n.allNodes(false)
+	st.Tracking = len(nodes) > 0
+	for _, nd := range nodes {
+		ns := NodeStats{Addr: nd.addr, Tracking: nd.t.up.Load(), Invalidations: nd.t.invalidations.Load(),
+			Flushes: nd.t.flushes.Load(), Slots: nd.slots.Load().count()}
+		st.Invalidations += ns.Invalidations
+		st.Flushes += ns.Flushes
+		st.Tracking = st.Tracking && ns.Tracking
+		st.Nodes = append(st.Nodes, ns)
+	}
+	return st
+}
+
+func (n *nearCache) flushNearCache() error {
+	if err := n.flushAll(); err != nil {
+		return fmt.Errorf("rediscache: flush the near cache: %w", err)
+	}
+	return nil
+}
+
+// waitTracking waits until every node's tracking is up and current.
+func (n *nearCache) waitTracking(ctx context.Context) error {
+	for {
+		nodes := n.allNodes(false)
+		ready := len(nodes) > 0
+		for _, nd := range nodes {
+			ready = ready && nd.t.fresh()
+		}
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// Keys in the pool: each node's namespace generation, each Redis key's
 // generation, and the entries.
-func (n *nearCache) nsKey() []byte { return n.nsKeyB }
 
 func (n *nearCache) genKey(redisKey string) []byte {
 	return append(append(make([]byte, 0, len(n.genPrefix)+len(redisKey)), n.genPrefix...), redisKey...)
@@ -303,33 +427,49 @@ func (n *nearCache) genKeyIn(buf []byte, redisKey string) []byte {
 // forget makes every entry that depends on a Redis key unservable: the
 // key's generation moves (its GET answer, kept in the same entry, goes
 // with it). A key with no generation has nothing cached: a fill creates
-// one before it asks Redis, so a fill that raced this already has it.
-func (n *nearCache) forget(redisKey string) { n.forgetIn(n.genPrefix, n.nsKeyB, redisKey) }
+// one before it asks Redis, so a fill that raced this already has it. If
+// the pool refuses, the whole keyspace is flushed instead.
+func (n *nearCache) forget(redisKey string) {
+	if !n.forgetIn(n.genPrefix, redisKey) {
+		_ = n.flushAll()
+	}
+}
 
-func (n *nearCache) forgetIn(genPrefix, nsKey []byte, redisKey string) {
+// forgetIn moves a key's generation under genPrefix; false: the pool
+// could not, and the caller must flush.
+func (n *nearCache) forgetIn(genPrefix []byte, redisKey string) bool {
 	var kb [256]byte
 	gk := append(append(kb[:0], genPrefix...), redisKey...)
 	_, err := n.pool.Set(gk, nil, cache.SetOptions{Mode: cache.IfPresent})
 	if err == nil || errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrTooLarge) {
-		return // a key too long for the pool is never cached
+		return true // a key too long for the pool is never cached
 	}
-	if _, err := n.pool.Delete(gk); err == nil {
-		return
-	}
-	_ = n.flushIn(nsKey)
+	_, err = n.pool.Delete(gk)
+	return err == nil
 }
 
-// flush drops the near cache for this server: a new namespace generation,
-// which every process's next hit reads.
-func (n *nearCache) flush() { _ = n.flushIn(n.nsKeyB) }
+// flushAll drops the entries of every node of the keyspace.
+func (n *nearCache) flushAll() error {
+	var first error
+	for _, nd := range n.allNodes(false) {
+		if err := nd.flush(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
 
-func (n *nearCache) flushIn(nsKey []byte) error {
-	_, err := n.pool.Set(nsKey, nil, cache.SetOptions{})
-	if bytes.Equal(nsKey, n.nsKeyB) {
-		// A failed flush of this client's namespace may leave entries of
-		// the old generation servable: serve nothing until one goes
-		// through. (Another database's namespace is its clients' own.)
-		n.poisoned.Store(err != nil)
+// flush drops the near cache for this node: a new namespace generation,
+// which every process's next hit reads.
+func (nd *node) flush() error { return nd.flushIn(nd.nsKeyB) }
+
+func (nd *node) flushIn(nsKey []byte) error {
+	_, err := nd.nc.pool.Set(nsKey, nil, cache.SetOptions{})
+	if bytes.Equal(nsKey, nd.nsKeyB) {
+		// A failed flush of this node's namespace may leave entries of the
+		// old generation servable: serve nothing until one goes through.
+		// (Another database's namespace is its clients' own.)
+		nd.poisoned.Store(err != nil)
 	}
 	return err
 }
@@ -341,23 +481,46 @@ func (n *nearCache) table() cmdTable {
 	return nil
 }
 
-// forgetWritten makes the near cache forget what cmd may have written in
-// database db (and in any other database it names). It runs after the
-// command returns, whatever its outcome: a fill that read the old value
-// from Redis before the write noted the key's generation before that, so
-// this voids it, or, if it comes later, its compare-and-swap fails.
-func (n *nearCache) forgetWritten(cmd redis.Cmder, db int) {
+// forgetWritten makes the near cache forget what cmd, run on this node,
+// may have written in database db (and in any other database it names).
+// It runs after the command returns, whatever its outcome: a fill that
+// read the old value from Redis before the write noted the key's
+// generation before that, so this voids it, or, if it comes later, its
+// compare-and-swap fails.
+func (nd *node) forgetWritten(cmd redis.Cmder, db int) {
+	n := nd.nc
 	args := cmd.Args()
 	keys, all := n.table().writtenKeys(args)
 	if all || len(keys) > 0 {
 		n.forgotten.Add(1)
 	}
+	if n.cluster {
+		// A cluster has database 0 alone (SWAPDB, MOVE and COPY ... DB
+		// fail there). A write whose keys cannot be told may have written
+		// a key whose slot another node's stale CLUSTER NODES still
+		// claims, so it flushes every node.
+		if name := cmd.Name(); all || name == "flushall" || name == "swapdb" {
+			_ = n.flushAll()
+			return
+		}
+		for _, k := range keys {
+			if n.tracked1(k) {
+				n.forget(k)
+			}
+		}
+		return
+	}
 	nsOf := func(db int) (gen, nsKey []byte) {
 		if db == n.db {
-			return n.genPrefix, n.nsKeyB
+			return n.genPrefix, nd.nsKeyB
 		}
 		ns := namespace(n.addr, db, n.user)
 		return []byte(ns + "g\x00"), []byte(ns + "n")
+	}
+	forgetIn := func(gen, nsKey []byte, k string) {
+		if !n.forgetIn(gen, k) {
+			_ = nd.flushIn(nsKey)
+		}
 	}
 	gen, nsKey := nsOf(db)
 	// Writes into other databases: MOVE, COPY ... DB, SWAPDB, FLUSHALL.
@@ -365,38 +528,38 @@ func (n *nearCache) forgetWritten(cmd redis.Cmder, db int) {
 	case name == "flushall":
 		for d := range allDBs {
 			_, k := nsOf(d)
-			_ = n.flushIn(k)
+			_ = nd.flushIn(k)
 		}
 		return
 	case name == "swapdb" && len(args) == 3:
 		for _, a := range args[1:] {
 			if d, ok := dbArg(a); ok {
 				_, k := nsOf(d)
-				_ = n.flushIn(k)
+				_ = nd.flushIn(k)
 			}
 		}
 	case name == "move" && len(args) == 3 && len(keys) == 1:
 		if d, ok := dbArg(args[2]); ok {
 			g, k := nsOf(d)
-			n.forgetIn(g, k, keys[0])
+			forgetIn(g, k, keys[0])
 		}
 	case name == "copy" && len(keys) == 1:
 		for i := 3; i+1 < len(args); i++ {
 			if s, _ := argString(args[i]); strings.EqualFold(s, "db") {
 				if d, ok := dbArg(args[i+1]); ok {
 					g, k := nsOf(d)
-					n.forgetIn(g, k, keys[0])
+					forgetIn(g, k, keys[0])
 				}
 			}
 		}
 	}
 	if all {
-		_ = n.flushIn(nsKey)
+		_ = nd.flushIn(nsKey)
 		return
 	}
 	for _, k := range keys {
 		if n.tracked1(k) {
-			n.forgetIn(gen, nsKey, k)
+			forgetIn(gen, nsKey, k)
 		}
 	}
 }
@@ -416,21 +579,26 @@ func dbArg(a any) (int, bool) {
 
 // session follows what a Conn or Tx does to its connection: the database
 // SELECT chose, and the commands queued since MULTI, which are written
-// only when EXEC runs.
+// only when EXEC runs. A cluster node client's own chain shares one
+// session between goroutines (it sees no SELECT or MULTI of its own), so
+// it has a lock.
 type session struct {
+	mu      sync.Mutex
 	db      int
 	inMulti bool
 	queued  []redis.Cmder
 }
 
-func (st *session) after(n *nearCache, cmd redis.Cmder, err error) {
+func (st *session) after(nd *node, cmd redis.Cmder, err error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	switch cmd.Name() {
 	case "select":
 		if d, ok := dbArg(argAt(cmd, 1)); ok && err == nil {
 			st.db = d
 		}
 	case "reset":
-		st.db, st.inMulti, st.queued = n.db, false, nil
+		st.db, st.inMulti, st.queued = nd.nc.db, false, nil
 	case "multi":
 		if err == nil {
 			st.inMulti, st.queued = true, nil
@@ -438,7 +606,7 @@ func (st *session) after(n *nearCache, cmd redis.Cmder, err error) {
 		return
 	case "exec", "discard":
 		for _, q := range st.queued {
-			n.forgetWritten(q, st.db)
+			nd.forgetWritten(q, st.db)
 		}
 		st.inMulti, st.queued = false, nil
 		return
@@ -446,7 +614,7 @@ func (st *session) after(n *nearCache, cmd redis.Cmder, err error) {
 	if st.inMulti {
 		st.queued = append(st.queued, cmd)
 	}
-	n.forgetWritten(cmd, st.db)
+	nd.forgetWritten(cmd, st.db)
 }
 
 func argAt(cmd redis.Cmder, i int) any {
@@ -456,22 +624,22 @@ func argAt(cmd redis.Cmder, i int) any {
 	return nil
 }
 
-// nsCurrent says whether an entry's namespace generation g is current. A
-// flush by any process sharing the pool (its tracking came back, or a
-// write whose keys could not be told) must void every entry at once, so
-// the generation is the pool's; it is remembered with the stamp of its
-// bucket, and read again only when that stamp moves.
-func (n *nearCache) nsCurrent(g uint64) bool {
-	s := n.nsStamp.Load()
-	if k := n.nsKnown.Load(); k != nil && k.stamp == s {
+// nsCurrent says whether an entry's namespace generation g is this node's
+// current one. A flush by any process sharing the pool (its tracking came
+// back, or a write whose keys could not be told) must void every entry at
+// once, so the generation is the pool's; it is remembered with the stamp
+// of its bucket, and read again only when that stamp moves.
+func (nd *node) nsCurrent(g uint64) bool {
+	s := nd.nsStamp.Load()
+	if k := nd.nsKnown.Load(); k != nil && k.stamp == s {
 		return g == k.version
 	}
-	cur, ok := n.pool.Version(n.nsKeyB)
-	if s&1 == 0 && n.nsStamp.Load() == s {
+	cur, ok := nd.nc.pool.Version(nd.nsKeyB)
+	if s&1 == 0 && nd.nsStamp.Load() == s {
 		if !ok {
 			cur = 0 // no generation: nothing is current
 		}
-		n.nsKnown.Store(&nsState{stamp: s, version: cur})
+		nd.nsKnown.Store(&nsState{stamp: s, version: cur})
 	}
 	return ok && g == cur
 }
@@ -514,15 +682,66 @@ func (n *nearCache) tracked1(k string) bool {
 	return false
 }
 
+// Which node's entries may be served. A Client's: its server's. A
+// cluster's: those of the node whose tracker's latest CLUSTER NODES says
+// it serves the keys' slot (every key in one slot), if no other node's
+// says so too. An entry is served through that node's namespace
+// generation, so one filled from any other node, or from this one before
+// a flush, never is.
+
+func (n *nearCache) owner(keys []string) *node {
+	if n.single != nil {
+		return n.single
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	o := n.owners.Load()
+	if o == nil {
+		return nil
+	}
+	slot := keySlot(keys[0])
+	for _, k := range keys[1:] {
+		if keySlot(k) != slot {
+			return nil
+		}
+	}
+	return o[slot]
+}
+
+func (n *nearCache) owner1(key string) *node {
+	if n.single != nil {
+		return n.single
+	}
+	if o := n.owners.Load(); o != nil {
+		return o[keySlot(key)]
+	}
+	return nil
+}
+
+// servable says whether the entries of owner o may be served now: its
+// tracking is current and its namespace sound. count: count a read
+// refused for that.
+func (n *nearCache) servable(o *node, count bool) bool {
+	if o != nil && o.t.fresh() && !o.poisoned.Load() {
+		return true
+	}
+	if count {
+		n.unconfirmed.Add(1)
+	}
+	return false
+}
+
 // snapshot is what a miss noted before asking Redis.
 type snapshot struct {
 	epoch uint64
 	gens  []uint64 // namespace, then each key
 }
 
-func (n *nearCache) snap(keys []string) (snapshot, bool) {
-	s := snapshot{epoch: n.t.epoch.Load(), gens: make([]uint64, 0, 1+len(keys))}
-	g, ok := n.generation(n.nsKey())
+func (nd *node) snap(keys []string) (snapshot, bool) {
+	n := nd.nc
+	s := snapshot{epoch: nd.t.epoch.Load(), gens: make([]uint64, 0, 1+len(keys))}
+	g, ok := n.generation(nd.nsKeyB)
 	if !ok {
 		return s, false
 	}
@@ -534,14 +753,14 @@ func (n *nearCache) snap(keys []string) (snapshot, bool) {
 		}
 		s.gens = append(s.gens, g)
 	}
-	return s, n.t.up.Load()
+	return s, nd.t.up.Load()
 }
 
-// lookup serves cmd from its entry, if the entry's generations are all
-// current. Entry layout: generation count u32, generations u64...,
-// payload. The entry is read in place (no copy); decode copies out what
-// the command keeps.
-func (n *nearCache) lookup(ck []byte, keys []string, cmd redis.Cmder) bool {
+// lookup serves cmd from its entry through owner o, if the entry's
+// generations are all current. Entry layout: generation count u32,
+// generations u64..., payload. The entry is read in place (no copy);
+// decode copies out what the command keeps.
+func (n *nearCache) lookup(o *node, ck []byte, keys []string, cmd redis.Cmder) bool {
 	served := false
 	var kb [256]byte
 	found, err := n.pool.View(ck, func(v []byte, _ cache.Info) {
@@ -553,7 +772,7 @@ func (n *nearCache) lookup(ck []byte, keys []string, cmd redis.Cmder) bool {
 		if cnt != 1+len(keys) || len(v) < 4+8*cnt {
 			return
 		}
-		if !n.nsCurrent(binary.LittleEndian.Uint64(v[4:])) {
+		if !o.nsCurrent(binary.LittleEndian.Uint64(v[4:])) {
 			return
 		}
 		for i := 1; i < cnt; i++ {
@@ -574,13 +793,42 @@ func (n *nearCache) lookup(ck []byte, keys []string, cmd redis.Cmder) bool {
 // still the one noted before asking Redis (compare-and-swap), so a fill
 // that raced a write is refused rather than voided later.
 
-func (n *nearCache) getLookup(cmd redis.Cmder, key string) bool {
+func (n *nearCache) getLookup(o *node, cmd redis.Cmder, key string) bool {
 	var kb [256]byte
 	served := false
 	found, err := n.pool.View(n.genKeyIn(kb[:], key), func(v []byte, _ cache.Info) {
-		served = len(v) > 8 && n.nsCurrent(binary.LittleEndian.Uint64(v)) && decode(cmd, v[8:])
+		served = len(v) > 8 && o.nsCurrent(binary.LittleEndian.Uint64(v)) && decode(cmd, v[8:])
 	})
 	return found && err == nil && served
+}
+
+// lookupAny serves cmd from the near cache if it is a cached read with a
+// servable entry. The ClusterClient's own hook calls it before go-redis
+// routes the command, and counts only the hits.
+func (n *nearCache) lookupAny(cmd redis.Cmder) bool {
+	if args := cmd.Args(); len(args) == 2 {
+		if name, _ := args[0].(string); name == "get" || name == "GET" {
+			key, ok := args[1].(string)
+			if !ok || !n.tracked1(key) {
+				return false
+			}
+			o := n.owner1(key)
+			return n.servable(o, false) && n.getLookup(o, cmd, key)
+		}
+	}
+	name, keys, ok := cacheable(cmd)
+	if !ok || !n.tracked(keys) {
+		return false
+	}
+	o := n.owner(keys)
+	if !n.servable(o, false) {
+		return false
+	}
+	if name == "get" {
+		return n.getLookup(o, cmd, keys[0])
+	}
+	ck, ok := entryKey(n.ns, cmd)
+	return ok && n.lookup(o, ck, keys, cmd)
 }
 
 // getSnap notes what a GET fill must find unchanged.
@@ -589,17 +837,26 @@ type getSnap struct {
 	ok             bool
 }
 
-func (n *nearCache) getSnapshot(key string) getSnap {
-	s := getSnap{epoch: n.t.epoch.Load()}
+func (nd *node) getSnapshot(key string) getSnap {
+	n := nd.nc
+	s := getSnap{epoch: nd.t.epoch.Load()}
 	var okNs, okGen bool
-	s.ns, okNs = n.generation(n.nsKeyB)
+	s.ns, okNs = n.generation(nd.nsKeyB)
 	s.gen, okGen = n.generation(n.genKey(key))
 	s.ok = okNs && okGen
 	return s
 }
 
-func (n *nearCache) getFill(cmd redis.Cmder, key string, s getSnap, rerr error, ttl time.Duration) {
-	if !s.ok || (rerr != nil && rerr != redis.Nil) || !n.t.up.Load() || n.t.epoch.Load() != s.epoch || ttl < 0 {
+// fillable says whether an answer from this node may be stored: its
+// tracking has stayed up since the snapshot, and in a cluster it serves
+// the keys' slot (an answer from anywhere else could never be served).
+func (nd *node) fillable(epoch uint64, rerr error, ttl time.Duration, owner *node) bool {
+	return (rerr == nil || rerr == redis.Nil) && nd.t.up.Load() && nd.t.epoch.Load() == epoch && ttl >= 0 && owner == nd
+}
+
+func (nd *node) getFill(cmd redis.Cmder, key string, s getSnap, rerr error, ttl time.Duration) {
+	n := nd.nc
+	if !s.ok || !nd.fillable(s.epoch, rerr, ttl, n.owner1(key)) {
 		return
 	}
 	payload, ok := encode(cmd, rerr)
@@ -612,10 +869,11 @@ func (n *nearCache) getFill(cmd redis.Cmder, key string, s getSnap, rerr error, 
 	}
 }
 
-func (n *nearCache) fill(ck []byte, s snapshot, cmd redis.Cmder, rerr error, ttl time.Duration) {
+func (nd *node) fill(ck []byte, keys []string, s snapshot, cmd redis.Cmder, rerr error, ttl time.Duration) {
+	n := nd.nc
 	// Tracking lost (and maybe regained) since the snapshot: invalidations
 	// may have been missed.
-	if (rerr != nil && rerr != redis.Nil) || !n.t.up.Load() || n.t.epoch.Load() != s.epoch || ttl < 0 {
+	if !nd.fillable(s.epoch, rerr, ttl, n.owner(keys)) {
 		return
 	}
 	payload, ok := encode(cmd, rerr)
@@ -641,7 +899,7 @@ type expiry struct {
 	cmds  []*redis.IntCmd
 }
 
-func (n *nearCache) expiry(ctx context.Context, keys []string) expiry {
+func newExpiry(ctx context.Context, keys []string) expiry {
 	e := expiry{start: time.Now(), cmds: make([]*redis.IntCmd, len(keys))}
 	for i, k := range keys {
 		e.cmds[i] = redis.NewIntCmd(ctx, "pttl", k)
@@ -682,193 +940,241 @@ func (e expiry) ttl(cfg time.Duration) time.Duration {
 	return ttl
 }
 
-// fetch sends a missed read to Redis together with its keys' PTTLs, in
-// one round trip, and returns the read's outcome and the entry's TTL.
-func (n *nearCache) fetch(ctx context.Context, cmd redis.Cmder, keys []string) (time.Duration, error) {
-	e := n.expiry(ctx, keys)
-	// Through the Client's own pipeline: PTTL is not a cached read, so
-	// this hook passes the pipeline on untouched.
+// fetch sends a missed read to the node together with its keys' PTTLs,
+// in one round trip, and returns the read's outcome and the entry's TTL.
+func (nd *node) fetch(ctx context.Context, cmd redis.Cmder, keys []string) (time.Duration, error) {
+	e := newExpiry(ctx, keys)
+	// Through the node client's own pipeline: PTTL is not a cached read,
+	// so this hook passes the pipeline on untouched.
 	// The PTTLs go first: a change to a key after them is a write, whose
 	// invalidation voids the entry.
-	p := n.rdb.Pipeline()
+	p := nd.rdb.Load().Pipeline()
 	for _, c := range e.cmds {
 		_ = p.Process(ctx, c)
 	}
 	_ = p.Process(ctx, cmd)
 	_, _ = p.Exec(ctx)
-	return e.ttl(n.ttl), cmd.Err()
+	return e.ttl(nd.nc.ttl), cmd.Err()
 }
 
-func (n *nearCache) get(ctx context.Context, cmd redis.Cmder, key string) error {
-	if n.serving() && n.getLookup(cmd, key) {
+func (nd *node) get(ctx context.Context, cmd redis.Cmder, key string) error {
+	n := nd.nc
+	if o := n.owner1(key); n.servable(o, true) && n.getLookup(o, cmd, key) {
 		n.hits.add()
 		return cmd.Err()
 	}
 	n.misses.add()
-	s := n.getSnapshot(key)
-	ttl, err := n.fetch(ctx, cmd, []string{key})
-	n.getFill(cmd, key, s, err, ttl)
+	s := nd.getSnapshot(key)
+	ttl, err := nd.fetch(ctx, cmd, []string{key})
+	nd.getFill(cmd, key, s, err, ttl)
 	return err
-}
-
-// serving says whether entries may be served now, counting the reads that
-// may not.
-func (n *nearCache) serving() bool {
-	if n.t.fresh() && !n.poisoned.Load() {
-		return true
-	}
-	n.unconfirmed.Add(1)
-	return false
 }
 
 // Hooks.
 
-func (n *nearCache) DialHook(next redis.DialHook) redis.DialHook { return next }
+// nodeHook is the near cache's go-redis hook on one client of a node.
+//
+// A Client's own chain is built while building is set; a chain built
+// otherwise belongs to a Conn or Tx, which never reads the cache and only
+// forgets what it writes. chainMu is held while any chain is built
+// through the Client's methods, so that a Conn's or Tx's process and
+// pipeline hooks, built one after the other, share one session (pending
+// hands it over).
+//
+// On a cluster node's client, go-redis builds chains for every pipeline
+// and for each Tx, so the hook tells them apart by context instead: calls
+// made through the ClusterClient carry clusterCall, and only they read
+// the cache; a Tx's calls (Watch), and anyone's calls straight to a node
+// client, only forget.
+type nodeHook struct {
+	nd       *node
+	building atomic.Bool
+	chainMu  sync.Mutex
+	pending  atomic.Pointer[session]
+}
+
+func (h *nodeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 // ProcessHook wraps the Client's own commands in the near cache, and a
 // Conn's or Tx's so that only their writes are looked at.
-func (n *nearCache) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	if !n.building.Load() {
-		st := &session{db: n.db}
-		n.pending.Store(st) // for the pipeline hooks built next (under chainMu)
+func (h *nodeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	nd := h.nd
+	if nd.nc.cluster {
+		st := &session{}
 		return func(ctx context.Context, cmd redis.Cmder) error {
+			if ctx.Value(clusterCall{}) != nil {
+				return nd.process(ctx, cmd, next)
+			}
 			err := next(ctx, cmd)
-			st.after(n, cmd, err)
+			st.after(nd, cmd, err)
 			return err
 		}
 	}
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		// GET, the commonest read, without the general path's lookups.
-		if args := cmd.Args(); len(args) == 2 {
-			if name, _ := args[0].(string); name == "get" || name == "GET" {
-				if key, ok := args[1].(string); ok && n.tracked1(key) && ctx.Err() == nil && n.t.up.Load() {
-					return n.get(ctx, cmd, key)
-				}
-			}
-		}
-		name, keys, ok := cacheable(cmd)
-		var ck []byte
-		if ok && name != "get" {
-			ck, ok = entryKey(n.ns, cmd)
-		}
-		if !ok || !n.tracked(keys) || ctx.Err() != nil {
+	if !h.building.Load() {
+		st := &session{db: nd.nc.db}
+		h.pending.Store(st) // for the pipeline hooks built next (under chainMu)
+		return func(ctx context.Context, cmd redis.Cmder) error {
 			err := next(ctx, cmd)
-			n.forgetWritten(cmd, n.db)
+			st.after(nd, cmd, err)
 			return err
 		}
-		if !n.t.up.Load() {
-			n.bypassed.Add(1)
-			return next(ctx, cmd)
+	}
+	return func(ctx context.Context, cmd redis.Cmder) error { return nd.process(ctx, cmd, next) }
+}
+
+// process runs one command of the client's own through the near cache.
+func (nd *node) process(ctx context.Context, cmd redis.Cmder, next redis.ProcessHook) error {
+	n := nd.nc
+	// GET, the commonest read, without the general path's lookups.
+	if args := cmd.Args(); len(args) == 2 {
+		if name, _ := args[0].(string); name == "get" || name == "GET" {
+			if key, ok := args[1].(string); ok && n.tracked1(key) && ctx.Err() == nil && nd.t.up.Load() {
+				return nd.get(ctx, cmd, key)
+			}
 		}
-		if name == "get" {
-			return n.get(ctx, cmd, keys[0])
+	}
+	name, keys, ok := cacheable(cmd)
+	var ck []byte
+	if ok && name != "get" {
+		ck, ok = entryKey(n.ns, cmd)
+	}
+	if !ok || !n.tracked(keys) || ctx.Err() != nil {
+		err := next(ctx, cmd)
+		nd.forgetWritten(cmd, n.db)
+		return err
+	}
+	if !nd.t.up.Load() {
+		n.bypassed.Add(1)
+		return next(ctx, cmd)
+	}
+	if name == "get" {
+		return nd.get(ctx, cmd, keys[0])
+	}
+	if o := n.owner(keys); n.servable(o, true) && n.lookup(o, ck, keys, cmd) {
+		n.hits.add()
+		return cmd.Err()
+	}
+	n.misses.add()
+	s, ok := nd.snap(keys)
+	ttl, err := nd.fetch(ctx, cmd, keys)
+	if ok {
+		nd.fill(ck, keys, s, cmd, err, ttl)
+	}
+	return err
+}
+
+func (h *nodeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	nd := h.nd
+	var st *session
+	switch {
+	case nd.nc.cluster:
+		st = &session{}
+	case !h.building.Load():
+		st = h.pending.Load()
+		if st == nil {
+			st = &session{db: nd.nc.db}
 		}
-		if n.serving() && n.lookup(ck, keys, cmd) {
-			n.hits.add()
-			return cmd.Err()
+	default:
+		return func(ctx context.Context, cmds []redis.Cmder) error { return nd.pipeline(ctx, cmds, next) }
+	}
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if nd.nc.cluster && ctx.Value(clusterCall{}) != nil {
+			return nd.pipeline(ctx, cmds, next)
 		}
-		n.misses.add()
-		s, ok := n.snap(keys)
-		ttl, err := n.fetch(ctx, cmd, keys)
-		if ok {
-			n.fill(ck, s, cmd, err, ttl)
+		err := next(ctx, cmds)
+		for _, c := range cmds {
+			st.after(nd, c, c.Err())
 		}
 		return err
 	}
 }
 
-func (n *nearCache) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	if !n.building.Load() {
-		st := n.pending.Load()
-		if st == nil {
-			st = &session{db: n.db}
-		}
-		return func(ctx context.Context, cmds []redis.Cmder) error {
-			err := next(ctx, cmds)
-			for _, c := range cmds {
-				st.after(n, c, c.Err())
-			}
-			return err
-		}
-	}
+// pipeline runs a pipeline of the client's own through the near cache.
+func (nd *node) pipeline(ctx context.Context, cmds []redis.Cmder, next redis.ProcessPipelineHook) error {
+	n := nd.nc
 	untouched := func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, c := range cmds {
-			n.forgetWritten(c, n.db) // MULTI ... EXEC of a TxPipeline: EXEC has run
+			nd.forgetWritten(c, n.db) // MULTI ... EXEC of a TxPipeline: EXEC has run
 		}
 		return err
 	}
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if !n.t.up.Load() || ctx.Err() != nil {
-			return untouched(ctx, cmds)
+	if !nd.t.up.Load() || ctx.Err() != nil {
+		return untouched(ctx, cmds)
+	}
+	keys := make([][]string, len(cmds))
+	cks := make([][]byte, len(cmds))
+	isGet := make([]bool, len(cmds))
+	for i, cmd := range cmds {
+		name, k, ok := cacheable(cmd)
+		isGet[i] = name == "get"
+		if ok && !isGet[i] {
+			cks[i], ok = entryKey(n.ns, cmd)
 		}
-		keys := make([][]string, len(cmds))
-		cks := make([][]byte, len(cmds))
-		isGet := make([]bool, len(cmds))
-		for i, cmd := range cmds {
-			name, k, ok := cacheable(cmd)
-			isGet[i] = name == "get"
-			if ok && !isGet[i] {
-				cks[i], ok = entryKey(n.ns, cmd)
+		if !ok || !n.tracked(k) {
+			return untouched(ctx, cmds) // writes or transactions
+		}
+		keys[i] = k
+	}
+	type miss struct {
+		cmd   redis.Cmder
+		keys  []string
+		ck    []byte
+		s     snapshot
+		gs    getSnap
+		isGet bool
+		snaps bool
+		exp   expiry
+	}
+	var sent, missed []redis.Cmder
+	var misses []miss
+	for i, cmd := range cmds {
+		m := miss{cmd: cmd, keys: keys[i], isGet: isGet[i], ck: cks[i]}
+		o := n.owner(m.keys)
+		serve := n.servable(o, true)
+		if m.isGet {
+			if serve && n.getLookup(o, cmd, m.keys[0]) {
+				n.hits.add()
+				continue
 			}
-			if !ok || !n.tracked(k) {
-				return untouched(ctx, cmds) // writes or transactions
+			n.misses.add()
+			m.gs = nd.getSnapshot(m.keys[0])
+		} else {
+			if serve && n.lookup(o, m.ck, m.keys, cmd) {
+				n.hits.add()
+				continue
 			}
-			keys[i] = k
+			n.misses.add()
+			m.s, m.snaps = nd.snap(m.keys)
 		}
-		type miss struct {
-			cmd   redis.Cmder
-			key   string
-			ck    []byte
-			s     snapshot
-			gs    getSnap
-			isGet bool
-			snaps bool
-			exp   expiry
-		}
-		var sent, missed []redis.Cmder
-		var misses []miss
-		serve := n.serving()
-		for i, cmd := range cmds {
-			m := miss{cmd: cmd, isGet: isGet[i], ck: cks[i]}
-			if m.isGet {
-				m.key = keys[i][0]
-				if serve && n.getLookup(cmd, m.key) {
-					n.hits.add()
-					continue
-				}
-				n.misses.add()
-				m.gs = n.getSnapshot(m.key)
-			} else {
-				if serve && n.lookup(m.ck, keys[i], cmd) {
-					n.hits.add()
-					continue
-				}
-				n.misses.add()
-				m.s, m.snaps = n.snap(keys[i])
-			}
-			m.exp = n.expiry(ctx, keys[i])
-			sent = m.exp.queue(sent)
-			missed, misses = append(missed, cmd), append(misses, m)
-		}
-		if len(misses) == 0 {
-			return firstErr(cmds)
-		}
-		err := next(ctx, append(sent, missed...))
-		for _, m := range misses {
-			e, ttl := m.cmd.Err(), m.exp.ttl(n.ttl)
-			if m.isGet {
-				n.getFill(m.cmd, m.key, m.gs, e, ttl)
-			} else if m.snaps {
-				n.fill(m.ck, m.s, m.cmd, e, ttl)
-			}
-		}
-		var re redis.Error
-		if err != nil && !errors.As(err, &re) {
-			return err // the connection failed: every command sent failed with it
+		m.exp = newExpiry(ctx, m.keys)
+		sent = m.exp.queue(sent)
+		missed, misses = append(missed, cmd), append(misses, m)
+	}
+	if len(misses) == 0 {
+		if n.cluster {
+			// go-redis's cluster pipeline gives a node's commands the
+			// error its hooks return when none reached the node, and
+			// returns the first command error of the whole pipeline
+			// itself.
+			return nil
 		}
 		return firstErr(cmds)
 	}
+	err := next(ctx, append(sent, missed...))
+	for _, m := range misses {
+		e, ttl := m.cmd.Err(), m.exp.ttl(n.ttl)
+		if m.isGet {
+			nd.getFill(m.cmd, m.keys[0], m.gs, e, ttl)
+		} else if m.snaps {
+			nd.fill(m.ck, m.keys, m.s, m.cmd, e, ttl)
+		}
+	}
+	var re redis.Error
+	if err != nil && !errors.As(err, &re) {
+		return err // the connection failed: every command sent failed with it
+	}
+	return firstErr(cmds)
 }
 
 // firstErr is what go-redis's pipeline returns: the first command error.

@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 	redisAddr = srv.Addr
 	code := m.Run()
 	srv.Close()
+	stopCluster()
 	os.Exit(code)
 }
 

@@ -486,6 +486,9 @@ func TestCommandTableKeys(t *testing.T) {
 
 // childMain runs the other process of a multi-process test.
 func childMain() {
+	if os.Getenv("RC_CHILD") == "clustermodel" {
+		clusterChildMain()
+	}
 	ctx := context.Background()
 	addr, poolName := os.Getenv("RC_ADDR"), os.Getenv("RC_POOL")
 	p, err := openPool(poolName)

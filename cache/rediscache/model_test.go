@@ -131,7 +131,8 @@ func runModel(ctx context.Context, rdb *Client, prefix string, seed uint64, ops 
 type model struct {
 	r      *rand.Rand
 	prefix string
-	reads  []op // recent reads, replayed so that they hit the near cache
+	names  []string // the six key names, if not prefix + a letter
+	reads  []op     // recent reads, replayed so that they hit the near cache
 }
 
 // op is a command built on a Cmdable (a client or a pipeline).
@@ -141,7 +142,11 @@ type op struct {
 }
 
 func (m *model) key() string {
-	return m.prefix + []string{"a", "b", "c", "d", "e", "f"}[m.r.IntN(6)]
+	i := m.r.IntN(6)
+	if m.names != nil {
+		return m.names[i]
+	}
+	return m.prefix + []string{"a", "b", "c", "d", "e", "f"}[i]
 }
 
 func (m *model) val() string {
@@ -268,6 +273,12 @@ func (m *model) next(ctx context.Context) (string, func(redis.Cmdable) string) {
 				err = watchOnce(ctx, cl.Watch, k)
 			case *redis.Client:
 				err = watchOnce(ctx, cl.Watch, k)
+			case *ClusterClient:
+				err = watchOnce(ctx, cl.Watch, k)
+			case *redis.ClusterClient:
+				err = watchOnce(ctx, cl.Watch, k)
+			default:
+				err = fmt.Errorf("watch-incr on a %T", c)
 			}
 			return fmt.Sprintf("err=%v", err)
 		}

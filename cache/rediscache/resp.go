@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // A RESP3 reader for the tracking connection: it needs replies to HELLO,
@@ -163,9 +164,22 @@ func readFull(r *bufio.Reader, b []byte) (int, error) {
 
 // writeCommand writes a command as a RESP array of bulk strings.
 func writeCommand(w *bufio.Writer, args ...string) error {
+	bufferCommand(w, args)
+	return w.Flush()
+}
+
+// writeCommands writes commands whose words contain no spaces (split at
+// them) and flushes once.
+func writeCommands(w *bufio.Writer, cmds ...string) error {
+	for _, c := range cmds {
+		bufferCommand(w, strings.Fields(c))
+	}
+	return w.Flush()
+}
+
+func bufferCommand(w *bufio.Writer, args []string) {
 	fmt.Fprintf(w, "*%d\r\n", len(args))
 	for _, a := range args {
 		fmt.Fprintf(w, "$%d\r\n%s\r\n", len(a), a)
 	}
-	return w.Flush()
 }

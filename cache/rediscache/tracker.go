@@ -29,11 +29,12 @@ const (
 	minDeadAfter        = 2 * time.Second
 )
 
-// tracker keeps one BCAST tracking connection and applies its
-// invalidations to the pool.
+// tracker keeps one BCAST tracking connection to a node and applies its
+// invalidations to the pool. On a cluster node it also reads, with every
+// PING, which slots the node serves.
 type tracker struct {
 	opt *redis.Options
-	n   *nearCache
+	nd  *node
 
 	up    atomic.Bool   // tracking is on: the cache may fill, and serve while fresh
 	epoch atomic.Uint64 // bumped whenever tracking goes down or up
@@ -56,15 +57,17 @@ type tracker struct {
 	// stopDial cancels a dial in progress when the client closes.
 	stopCtx  context.Context
 	stopDial context.CancelFunc
+
+	// slotsDesc is the node's own line of the latest CLUSTER NODES, less
+	// what changes without meaning a change of slots (run's goroutine).
+	slotsDesc string
 }
 
-func startTracker(opt *redis.Options, n *nearCache) *tracker {
+func newTracker(opt *redis.Options, nd *node) *tracker {
 	stopCtx, stopDial := context.WithCancel(context.Background())
-	t := &tracker{opt: opt, n: n, done: make(chan struct{}), quit: make(chan struct{}),
+	return &tracker{opt: opt, nd: nd, done: make(chan struct{}), quit: make(chan struct{}),
 		stopCtx: stopCtx, stopDial: stopDial, kick: make(chan struct{}, 1), certCh: make(chan struct{}),
-		base: time.Now(), maxStale: n.maxStale}
-	go t.run()
-	return t
+		base: time.Now(), maxStale: nd.nc.maxStale}
 }
 
 func (t *tracker) stop() {
@@ -84,13 +87,15 @@ func (t *tracker) stop() {
 }
 
 // down marks tracking lost: stop serving, and drop the near cache for
-// this server, since invalidations may have been missed.
+// this node, since invalidations may have been missed. A cluster node
+// serves no slot until its next session has read CLUSTER NODES again.
 func (t *tracker) down() {
 	if t.up.Swap(false) {
 		t.epoch.Add(1)
-		t.n.flush()
+		_ = t.nd.flush()
 		t.flushes.Add(1)
 	}
+	t.nd.setSlots(nil, "")
 }
 
 // since is the monotonic time since the tracker started.
@@ -109,6 +114,9 @@ func (t *tracker) run() {
 	for {
 		err := t.session()
 		t.down()
+		if t.nd.nc.cluster && t.gone() {
+			return
+		}
 		select {
 		case <-t.quit:
 			return
@@ -199,7 +207,7 @@ func (t *tracker) session() error {
 		return err
 	}
 	track := []string{"CLIENT", "TRACKING", "ON", "BCAST"}
-	for _, p := range t.n.prefixes {
+	for _, p := range t.nd.nc.prefixes {
 		track = append(track, "PREFIX", p)
 	}
 	if _, err := call(track...); err != nil {
@@ -209,14 +217,23 @@ func (t *tracker) session() error {
 	// through this process touches. Without it every write flushes.
 	if v, err := call("COMMAND"); err == nil {
 		tbl := parseCommandTable(v)
-		t.n.cmds.Store(&tbl)
-	} else if t.n.cmds.Load() == nil {
+		t.nd.nc.cmds.Store(&tbl)
+	} else if t.nd.nc.cmds.Load() == nil {
 		slog.Warn("rediscache: COMMAND refused: every write will flush the near cache", "err", err)
+	}
+	if t.nd.nc.cluster {
+		v, err := call("CLUSTER", "NODES")
+		if err != nil {
+			return fmt.Errorf("rediscache: tracking connection: CLUSTER NODES on %s: %w", t.addr(), err)
+		}
+		if err := t.nd.applyClusterNodes(v); err != nil {
+			return err
+		}
 	}
 	// From here every write is heard. What was cached before may have
 	// missed some: drop it, then serve.
 	certified := t.since()
-	t.n.flush()
+	_ = t.nd.flush()
 	t.flushes.Add(1)
 	t.epoch.Add(1)
 	t.up.Store(true)
@@ -226,9 +243,14 @@ func (t *tracker) session() error {
 
 // listen applies pushes and keeps proving the connection current until it
 // fails. One goroutine reads (so no read deadline ever cuts a reply in
-// half) and applies invalidations in order; this one writes PINGs.
+// half) and applies invalidations in order; this one writes PINGs, on a
+// cluster node each after a CLUSTER NODES.
 func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
-	replies := make(chan value, 1)
+	probe := []string{"PING"}
+	if t.nd.nc.cluster {
+		probe = []string{"CLUSTER NODES", "PING"}
+	}
+	replies := make(chan value, len(probe))
 	failed := make(chan error, 1)
 	readerDone := make(chan struct{})
 	defer func() { c.Close(); <-readerDone }()
@@ -258,6 +280,7 @@ func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var sent int64 = -1 // when the outstanding PING was sent
+	answered := 0       // replies to it (and its CLUSTER NODES) read so far
 	nextPing := t.since()
 	for {
 		select {
@@ -269,10 +292,17 @@ func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
 			if err := v.err(); err != nil {
 				return err
 			}
-			if sent >= 0 {
-				t.certify(sent)
-				sent = -1
+			if sent < 0 {
+				return fmt.Errorf("%w: an unexpected reply", errProtocol)
 			}
+			if answered++; answered < len(probe) {
+				if err := t.nd.applyClusterNodes(v); err != nil {
+					return err
+				}
+				continue
+			}
+			t.certify(sent)
+			sent, answered = -1, 0
 		case <-t.kick:
 			nextPing = 0
 		case <-timer.C:
@@ -283,7 +313,7 @@ func (t *tracker) listen(c net.Conn, r *bufio.Reader, w *bufio.Writer) error {
 		}
 		if sent < 0 && now >= nextPing {
 			c.SetWriteDeadline(time.Now().Add(deadAfter))
-			if err := writeCommand(w, "PING"); err != nil {
+			if err := writeCommands(w, probe...); err != nil {
 				return err
 			}
 			sent, nextPing = now, now+int64(interval)
@@ -338,12 +368,29 @@ func (t *tracker) push(v value) {
 	}
 	keys := v.items[1]
 	if keys.isNull() {
-		t.n.flush()
+		_ = t.nd.flush()
 		t.flushes.Add(1)
 		return
 	}
 	for _, k := range keys.items {
-		t.n.forget(k.str)
+		t.nd.nc.forget(k.str)
 		t.invalidations.Add(1)
 	}
+}
+
+// gone says, after a session ended, whether the tracker should end
+// because go-redis closed the node's client (a node that left the
+// cluster's state): the node is then dropped from the near cache, and a
+// client go-redis makes for its address later gets a new one. A node
+// that left the cluster but still runs keeps its tracker until Close.
+func (t *tracker) gone() bool {
+	rdb := t.nd.clientClosed(t.stopCtx)
+	if rdb == nil || !t.nd.nc.removeNode(t.nd, rdb) {
+		return false
+	}
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.stopDial()
+	return true
 }

@@ -4,7 +4,11 @@
 // and CNI tests; and another user on the host (OtherUser), a throwaway
 // unprivileged user to run the test binary as (User.Command), for tests of
 // what other users can and cannot do to ubkit's files and sockets; and a
-// fresh default runtime directory (IsolateRuntimeDir) for such tests.
+// fresh default runtime directory (IsolateRuntimeDir) for such tests; and
+// real servers on free loopback ports for TestMain functions: redis-server
+// (StartRedis), a Redis Cluster of masters joined by redis-cli
+// (StartRedisCluster) and memcached (StartMemcached), each stopped by its
+// Close.
 //
 // Every helper takes the test's testing.TB and registers t.Cleanup for what it
 // makes, so a test leaves nothing behind; leftovers of a test process that was

@@ -32,6 +32,9 @@ need_server() { # need_server <command> <debian package>
 	return 0
 }
 need_server redis-server redis-server
+# redis-cli joins the Redis Cluster of the cluster tests (testenv
+# StartRedisCluster: redis-cli --cluster create).
+need redis-cli redis-tools
 need_server memcached memcached
 # HAProxy is the mesh benchmark's baseline: two instances relaying between
 # the nodes with mutual TLS (internal/bench/meshsuite starts them).

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -82,5 +84,61 @@ func TestPymemcacheVersion(t *testing.T) {
 	}
 	if want := "pymemcache_version=" + PymemcacheVersion + " "; !strings.Contains(string(b), want) {
 		t.Errorf("prereqs.sh does not set %q", want)
+	}
+}
+
+// TestRedisCluster: the cluster is up with every slot assigned, keys
+// land on the master CLUSTER KEYSLOT names, and Close leaves nothing.
+func TestRedisCluster(t *testing.T) {
+	c, err := StartRedisCluster(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := make([]string, len(c.servers))
+	for i, s := range c.servers {
+		dirs[i] = s.dir
+	}
+	for _, addr := range c.Addrs {
+		info, err := RedisCommand(addr, "CLUSTER", "INFO")
+		if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:3") {
+			t.Errorf("%s: CLUSTER INFO %q %v", addr, info, err)
+		}
+	}
+	// Slot 0 is the first master's, slot 16383 the last's.
+	if _, err := RedisCommand(c.Addrs[0], "SET", "{06S}k", "v"); err != nil { // {06S} hashes to slot 0
+		t.Errorf("a key of slot 0 on the first master: %v", err)
+	}
+	if _, err := RedisCommand(c.Addrs[1], "SET", "{06S}k", "v"); err == nil || !strings.HasPrefix(err.Error(), "MOVED 0 ") {
+		t.Errorf("a key of slot 0 on the second master: %v, want MOVED", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s left behind: %v", d, err)
+		}
+	}
+}
+
+// TestRedisClusterNeedsRedisCli: without redis-cli, StartRedisCluster
+// fails naming the package to install, before it starts anything.
+func TestRedisClusterNeedsRedisCli(t *testing.T) {
+	server, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server is missing: install the Debian package redis-server")
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(server, filepath.Join(dir, "redis-server")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir)
+	c, err := StartRedisCluster(3)
+	if err == nil {
+		c.Close()
+		t.Fatal("a cluster started without redis-cli")
+	}
+	if !strings.Contains(err.Error(), "redis-cli") || !strings.Contains(err.Error(), "redis-tools") {
+		t.Errorf("the error does not name redis-cli and its package: %v", err)
 	}
 }
