@@ -65,7 +65,7 @@ func StartRedisCluster(masters int) (*RedisCluster, error) {
 // bus gets a free port of its own (--cluster-port): the default, the
 // client port plus 10000, may be taken or past 65535.
 func startClusterNode() (*Server, error) {
-	return start("redis-server", "redis-server", func(port int, dir string) []string {
+	return start("redis-server", "redis-server", func(port int, dir string) ([]string, error) {
 		bus, err := freePort()
 		if err != nil {
 			bus = port + 10000 // the default; start retries if it fails
@@ -73,7 +73,7 @@ func startClusterNode() (*Server, error) {
 		return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 			"--dir", dir, "--protected-mode", "no",
 			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
-			"--cluster-port", strconv.Itoa(bus), "--cluster-node-timeout", "5000"}
+			"--cluster-port", strconv.Itoa(bus), "--cluster-node-timeout", "5000"}, nil
 	}, "")
 }
 
