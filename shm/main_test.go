@@ -49,13 +49,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// ubkitNames lists the segments these tests name (other packages' tests may
-// run at the same time with segments of their own).
+// ubkitNames lists the segments these tests name (other packages' tests,
+// and other runs of these, may run at the same time with segments of their
+// own: testName puts this process's pid in every name).
 func ubkitNames() []string {
 	entries, _ := os.ReadDir(ShmDir)
 	var out []string
+	mine := fmt.Sprintf("-%d-", os.Getpid())
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), userPrefix()+"test-") {
+		if strings.HasPrefix(e.Name(), userPrefix()+"test-") && strings.Contains(e.Name(), mine) {
 			out = append(out, e.Name())
 		}
 	}
