@@ -18,6 +18,9 @@ type Measurement struct {
 	// P50 and P99 in ns, for latency cases measured by an outside program
 	// that reports percentiles rather than samples.
 	P50, P99 float64
+	// Extra are further figures of the run, by name: what the thing
+	// measured says about itself (a simulator's own lateness, say).
+	Extra map[string]float64
 }
 
 // Contender is one implementation of a case: ubkit or a baseline.
@@ -37,6 +40,10 @@ type Case struct {
 	// p99 and p99.9 from the samples.
 	Latency    bool
 	Contenders []Contender
+	// Verdict, if set, says whether the result met the case's target and,
+	// if not, by how much it missed; the report prints it under the table
+	// and keeps it in the JSON row.
+	Verdict func(Result) string
 }
 
 // Options control a suite run.
@@ -57,6 +64,9 @@ type Stats struct {
 	P999   float64 `json:"p999,omitempty"`
 	Rounds int     `json:"rounds"`
 	Error  string  `json:"error,omitempty"`
+	// Extra holds each of the rounds' extra figures at its largest over
+	// the rounds: they report how far something went wrong.
+	Extra map[string]float64 `json:"extra,omitempty"`
 }
 
 // Result is one row of a report.
@@ -67,6 +77,7 @@ type Result struct {
 	Value     float64            `json:"value"`
 	Baselines map[string]float64 `json:"baselines"`
 	Detail    map[string]Stats   `json:"detail"`
+	Verdict   string             `json:"verdict,omitempty"`
 }
 
 // Report is a suite's output.
@@ -87,6 +98,7 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 		samples := make([][]float64, len(c.Contenders))
 		p50s := make([][]float64, len(c.Contenders))
 		p99s := make([][]float64, len(c.Contenders))
+		extras := make([]map[string]float64, len(c.Contenders))
 		errs := make([]error, len(c.Contenders))
 		for i, k := range c.Contenders {
 			if o.Warmup > 0 {
@@ -111,6 +123,14 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 					p50s[i] = append(p50s[i], m.P50)
 					p99s[i] = append(p99s[i], m.P99)
 				}
+				for name, v := range m.Extra {
+					if extras[i] == nil {
+						extras[i] = map[string]float64{}
+					}
+					if old, ok := extras[i][name]; !ok || v > old {
+						extras[i][name] = v
+					}
+				}
 				if o.Progress != nil {
 					fmt.Fprintf(o.Progress, "  %s round %d %s: %.4g %s\n", c.Name, r+1, k.Name, m.Value, c.Unit)
 				}
@@ -119,6 +139,7 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 		res := Result{Case: c.Name, Unit: c.Unit, Better: c.Better, Baselines: map[string]float64{}, Detail: map[string]Stats{}}
 		for i, k := range c.Contenders {
 			st := summarize(values[i], samples[i], c.Latency)
+			st.Extra = extras[i]
 			if c.Latency && len(samples[i]) == 0 && len(p50s[i]) > 0 {
 				slices.Sort(p50s[i])
 				slices.Sort(p99s[i])
@@ -140,6 +161,9 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 			} else if errs[i] == nil {
 				res.Baselines[k.Name] = v
 			}
+		}
+		if c.Verdict != nil {
+			res.Verdict = c.Verdict(res)
 		}
 		rep.Results = append(rep.Results, res)
 	}
@@ -231,6 +255,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w, "ratio = ubkit / baseline: below 1 wins for lower-is-better units (ns/op), above 1 for higher-is-better (msg/s, GB/s)")
+	for _, res := range r.Results {
+		if res.Verdict != "" {
+			fmt.Fprintf(w, "%s: %s\n", res.Case, res.Verdict)
+		}
+	}
 	return nil
 }
 

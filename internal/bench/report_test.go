@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +82,55 @@ func TestTableZeroBaseline(t *testing.T) {
 	}
 	if strings.Contains(b.String(), "NaN") || !strings.Contains(b.String(), " -") {
 		t.Fatalf("table:\n%s", b.String())
+	}
+}
+
+// TestExtraAndVerdict: a contender's extra figures keep their largest value
+// over the rounds, and a case's verdict sees them and is printed under the
+// table and kept in the JSON row.
+func TestExtraAndVerdict(t *testing.T) {
+	round := 0
+	lateness := []float64{5, 9, 7}
+	cases := []Case{{
+		Name: "c", Unit: "ns", Better: "lower", Latency: true,
+		Contenders: []Contender{{Name: "ubkit", Run: func(time.Duration) (Measurement, error) {
+			m := Measurement{Value: 100, Samples: []float64{100}, Extra: map[string]float64{"late": lateness[round]}}
+			round++
+			return m, nil
+		}}},
+		Verdict: func(r Result) string {
+			return fmt.Sprintf("late by up to %v", r.Detail["ubkit"].Extra["late"])
+		},
+	}}
+	rep, err := Run("s", cases, Options{Rounds: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Results[0].Detail["ubkit"].Extra["late"]; got != 9 {
+		t.Errorf("extra figure %v, want the largest of the rounds, 9", got)
+	}
+	var table, doc bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "\nc: late by up to 9\n") {
+		t.Errorf("the table lacks the verdict:\n%s", table.String())
+	}
+	if err := rep.WriteJSON(&doc); err != nil {
+		t.Fatal(err)
+	}
+	var parsed struct {
+		Results []struct {
+			Verdict string `json:"verdict"`
+			Detail  map[string]struct {
+				Extra map[string]float64 `json:"extra"`
+			} `json:"detail"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(doc.Bytes(), &parsed); err != nil {
+		t.Fatal(err)
+	}
+	if r := parsed.Results[0]; r.Verdict != "late by up to 9" || r.Detail["ubkit"].Extra["late"] != 9 {
+		t.Errorf("JSON row: %s", doc.String())
 	}
 }
