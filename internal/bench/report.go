@@ -64,9 +64,9 @@ type Stats struct {
 	P999   float64 `json:"p999,omitempty"`
 	Rounds int     `json:"rounds"`
 	Error  string  `json:"error,omitempty"`
-	// Extra holds each of the rounds' extra figures at its largest over
-	// the rounds: they report how far something went wrong.
-	Extra map[string]float64 `json:"extra,omitempty"`
+	// Extra holds the rounds' extra figures, by name, in the order of the
+	// rounds.
+	Extra map[string][]float64 `json:"extra,omitempty"`
 }
 
 // Result is one row of a report.
@@ -98,7 +98,7 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 		samples := make([][]float64, len(c.Contenders))
 		p50s := make([][]float64, len(c.Contenders))
 		p99s := make([][]float64, len(c.Contenders))
-		extras := make([]map[string]float64, len(c.Contenders))
+		extras := make([]map[string][]float64, len(c.Contenders))
 		errs := make([]error, len(c.Contenders))
 		for i, k := range c.Contenders {
 			if o.Warmup > 0 {
@@ -125,11 +125,9 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 				}
 				for name, v := range m.Extra {
 					if extras[i] == nil {
-						extras[i] = map[string]float64{}
+						extras[i] = map[string][]float64{}
 					}
-					if old, ok := extras[i][name]; !ok || v > old {
-						extras[i][name] = v
-					}
+					extras[i][name] = append(extras[i][name], v)
 				}
 				if o.Progress != nil {
 					fmt.Fprintf(o.Progress, "  %s round %d %s: %.4g %s\n", c.Name, r+1, k.Name, m.Value, c.Unit)

@@ -49,8 +49,9 @@ func simSession() (*session, error) {
 	return startSessionWith(peerArgs{Provider: simprov.Name, Options: opts("n1")}, opts("n0"))
 }
 
-// The simulator's own lateness, as simLatency reports it (the largest over
-// the rounds): its Stats of the completions the writes waited for, in ns.
+// The simulator's own lateness, as simLatency reports it each round: its
+// Stats of the completions the writes waited for (in ns), and how many came
+// early.
 const (
 	extraSimLateP50 = "sim-late-p50-ns"
 	extraSimLateP99 = "sim-late-p99-ns"
@@ -111,9 +112,19 @@ func simLatencyVerdict(r bench.Result) string {
 	over50, over99 := u.P50/want-1, u.P99/want-1
 	figures := fmt.Sprintf("p50 %s (%+.1f%%, target %.0f%%), p99 %s (%+.1f%%, target %.0f%%) against the configured %s",
 		us(u.P50), 100*over50, 100*simTargetP50, us(u.P99), 100*over99, 100*simTargetP99, us(want))
-	own := fmt.Sprintf("by its own count %s at p50 and %s at p99", us(u.Extra[extraSimLateP50]), us(u.Extra[extraSimLateP99]))
-	bug := ""
-	if early := u.Extra[extraSimEarly]; early > 0 {
+	median := func(name string) float64 {
+		v := slices.Sorted(slices.Values(u.Extra[name]))
+		if len(v) == 0 {
+			return 0
+		}
+		return v[len(v)/2]
+	}
+	own := fmt.Sprintf("by its own count %s at p50 and %s at p99, the median of %d rounds", us(median(extraSimLateP50)), us(median(extraSimLateP99)), len(u.Extra[extraSimLateP99]))
+	bug, early := "", 0.0
+	for _, n := range u.Extra[extraSimEarly] {
+		early += n
+	}
+	if early > 0 {
 		// Never meant to happen: said first.
 		bug = fmt.Sprintf("%.0f completions came EARLY (a simulator bug); ", early)
 	}
