@@ -79,19 +79,21 @@ const spinFinal = 2 * time.Microsecond
 
 // yieldUntil yields the processor until spinFinal before deadline, and
 // spins on the clock for the rest, unless stop reports true first (checked
-// between yields; a nil stop never does). It reports whether the deadline
-// came.
-func yieldUntil(deadline time.Time, stop func() bool) bool {
+// between yields; a nil stop never does). It returns the time it saw the
+// deadline pass (a post made at once can use it rather than read the clock
+// again), or zero if it stopped first.
+func yieldUntil(deadline time.Time, stop func() bool) time.Time {
 	for {
-		left := time.Until(deadline)
+		now := time.Now()
+		left := deadline.Sub(now)
 		if left <= 0 {
-			return true
+			return now
 		}
 		if left <= spinFinal {
 			continue
 		}
 		if stop != nil && stop() {
-			return false
+			return time.Time{}
 		}
 		runtime.Gosched()
 	}

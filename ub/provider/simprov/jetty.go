@@ -275,7 +275,7 @@ func (j *jetty) schedule(wr ub.WR, now time.Time) (scheduled, error) {
 // the jetty's light operations (see cq.cover) it stands by until rung.
 func (j *jetty) run() {
 	defer close(j.exited)
-	var next time.Time
+	var next, now time.Time // now: when the last yield saw next come
 	var heavy bool
 	covered := func() bool {
 		c := j.send.cover.Load()
@@ -290,7 +290,9 @@ func (j *jetty) run() {
 		}
 	}
 	for {
-		if next, heavy = j.postDue(false); next.IsZero() || !heavy && covered() {
+		next, heavy = j.postDue(false, now)
+		now = time.Time{}
+		if next.IsZero() || !heavy && covered() {
 			select {
 			case <-j.q.wake:
 				continue
@@ -303,18 +305,21 @@ func (j *jetty) run() {
 			j.flush()
 			return
 		}
-		yieldUntil(next, func() bool { return closing() || !heavy && covered() })
+		now = yieldUntil(next, func() bool { return closing() || !heavy && covered() })
 	}
 }
 
 // postDue posts, in order, every held operation whose start has come (up
 // to the first heavy one, if light), and returns the start of the first one
-// still held (zero if none is) and whether that one is heavy.
-func (j *jetty) postDue(light bool) (next time.Time, heavy bool) {
+// still held (zero if none is) and whether that one is heavy. A caller that
+// has just read the clock passes the time as now (zero: postDue reads it).
+func (j *jetty) postDue(light bool, now time.Time) (next time.Time, heavy bool) {
 	j.pmu.Lock()
 	defer j.pmu.Unlock()
-	for {
-		now := time.Now()
+	for first := true; ; first = false {
+		if !first || now.IsZero() {
+			now = time.Now()
+		}
 		s, next, heavy, ok := j.q.popDue(now, light)
 		if !ok {
 			return next, heavy

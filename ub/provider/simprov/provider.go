@@ -390,9 +390,10 @@ func (q *cq) ringFeeders() {
 
 // postFeeders posts the light held operations of this queue's jetties
 // whose start has come, and returns the start of the first light one still
-// held (zero if none is): heavy ones are their schedulers' to post. The
-// caller holds no lock of the queue's.
-func (q *cq) postFeeders() time.Time {
+// held (zero if none is): heavy ones are their schedulers' to post. A
+// caller that has just read the clock passes the time as now (zero:
+// postFeeders reads it). The caller holds no lock of the queue's.
+func (q *cq) postFeeders(now time.Time) time.Time {
 	fs := q.feeders.Load()
 	if fs == nil {
 		return time.Time{}
@@ -402,7 +403,7 @@ func (q *cq) postFeeders() time.Time {
 		if j.pending.Load() == 0 {
 			continue
 		}
-		if next, heavy := j.postDue(true); !heavy && !next.IsZero() && (first.IsZero() || next.Before(first)) {
+		if next, heavy := j.postDue(true, now); !heavy && !next.IsZero() && (first.IsZero() || next.Before(first)) {
 			first = next
 		}
 	}
@@ -481,7 +482,7 @@ func (q *cq) drain() error {
 // Poll also posts the light held operations of the queue's jetties that
 // are due, so a caller that polls sees them on time.
 func (q *cq) Poll(out []ub.Completion) (int, error) {
-	q.postFeeders()
+	q.postFeeders(time.Time{})
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	err := q.drain()
@@ -574,23 +575,25 @@ func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 		}
 	}
 	defer unclaim()
+	var now time.Time // when the last yield saw its deadline come
 	for first := true; ; first = false {
 		// A push after the look below kicks the inner wait: count the
 		// kicks before looking (the first look counts from since).
 		if kickable && !first {
 			since = k.Kicks()
 		}
-		start := q.postFeeders()
-		ok, release, now, err := q.next()
+		start := q.postFeeders(now)
+		ok, release, looked, err := q.next()
 		if err != nil {
 			return err
 		}
 		if ok {
 			if release.After(began) {
-				q.stats.completions.record(release, now)
+				q.stats.completions.record(release, looked)
 			}
 			return nil
 		}
+		now = time.Time{}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -622,7 +625,7 @@ func (q *cq) WaitKick(ctx context.Context, since uint64) error {
 				}
 				continue
 			}
-			yieldUntil(due, func() bool {
+			now = yieldUntil(due, func() bool {
 				ok, _, _, err := q.next()
 				return ok || err != nil || kicked() || ctx.Err() != nil
 			})
