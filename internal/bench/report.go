@@ -18,6 +18,9 @@ type Measurement struct {
 	// P50 and P99 in ns, for latency cases measured by an outside program
 	// that reports percentiles rather than samples.
 	P50, P99 float64
+	// Extra are further figures of the run, by name: what the thing
+	// measured says about itself (a simulator's own lateness, say).
+	Extra map[string]float64
 }
 
 // Contender is one implementation of a case: ubkit or a baseline.
@@ -49,6 +52,10 @@ type Case struct {
 	// p99 and p99.9 from the samples.
 	Latency    bool
 	Contenders []Contender
+	// Verdict, if set, says whether the result met the case's target and,
+	// if not, by how much it missed; the report prints it under the table
+	// and keeps it in the JSON row.
+	Verdict func(Result) string
 }
 
 // Options control a suite run.
@@ -74,6 +81,9 @@ type Stats struct {
 	Noise  float64 `json:"noise,omitempty"`
 	Rounds int     `json:"rounds"`
 	Error  string  `json:"error,omitempty"`
+	// Extra holds the rounds' extra figures, by name, in the order of the
+	// rounds.
+	Extra map[string][]float64 `json:"extra,omitempty"`
 }
 
 // Result is one row of a report.
@@ -96,6 +106,9 @@ type Result struct {
 	// another kind, such as the direct path's latency under an added
 	// latency, in the unit without " added").
 	Roles map[string]string `json:"roles,omitempty"`
+	// Verdict is a case's judgement of its own figures, if it has one
+	// (the simulator's latency against its configured targets).
+	Verdict string `json:"verdict,omitempty"`
 }
 
 // roleNames are Roles' values in a Result.
@@ -119,6 +132,7 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 		samples := make([][]float64, len(c.Contenders))
 		p50s := make([][]float64, len(c.Contenders))
 		p99s := make([][]float64, len(c.Contenders))
+		extras := make([]map[string][]float64, len(c.Contenders))
 		errs := make([]error, len(c.Contenders))
 		for i, k := range c.Contenders {
 			if o.Warmup > 0 {
@@ -143,6 +157,12 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 					p50s[i] = append(p50s[i], m.P50)
 					p99s[i] = append(p99s[i], m.P99)
 				}
+				for name, v := range m.Extra {
+					if extras[i] == nil {
+						extras[i] = map[string][]float64{}
+					}
+					extras[i][name] = append(extras[i][name], v)
+				}
 				if o.Progress != nil {
 					fmt.Fprintf(o.Progress, "  %s round %d %s: %.4g %s\n", c.Name, r+1, k.Name, m.Value, c.Unit)
 				}
@@ -152,6 +172,7 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 			Compare: map[string]string{}}
 		for i, k := range c.Contenders {
 			st := summarize(values[i], samples[i], c.Latency)
+			st.Extra = extras[i]
 			if c.Latency && len(samples[i]) == 0 && len(p50s[i]) > 0 {
 				slices.Sort(p50s[i])
 				slices.Sort(p99s[i])
@@ -172,6 +193,9 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 			}
 		}
 		res.describe(c)
+		if c.Verdict != nil {
+			res.Verdict = c.Verdict(res)
+		}
 		rep.Results = append(rep.Results, res)
 	}
 	return rep, nil
@@ -300,6 +324,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w, `spread: half the range of the rounds' values, as a share of the value (in the unit for "added" cases, which hover near 0)`)
+	for _, res := range r.Results {
+		if res.Verdict != "" {
+			fmt.Fprintf(w, "%s: %s\n", res.Case, res.Verdict)
+		}
+	}
 	return nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -70,5 +72,55 @@ func TestRunFailsWhenUbkitFails(t *testing.T) {
 	}}}}}, Options{Rounds: 1})
 	if err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestExtraAndVerdict: a contender's extra figures are kept round by round,
+// and a case's verdict sees them and is printed under the table and kept in
+// the JSON row.
+func TestExtraAndVerdict(t *testing.T) {
+	round := 0
+	lateness := []float64{5, 9, 7}
+	cases := []Case{{
+		Name: "c", Unit: "ns", Better: "lower", Latency: true,
+		Contenders: []Contender{{Name: "ubkit", Run: func(time.Duration) (Measurement, error) {
+			m := Measurement{Value: 100, Samples: []float64{100}, Extra: map[string]float64{"late": lateness[round]}}
+			round++
+			return m, nil
+		}}},
+		Verdict: func(r Result) string {
+			return fmt.Sprintf("late by up to %v", slices.Max(r.Detail["ubkit"].Extra["late"]))
+		},
+	}}
+	rep, err := Run("s", cases, Options{Rounds: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Results[0].Detail["ubkit"].Extra["late"]; !slices.Equal(got, lateness) {
+		t.Errorf("extra figures %v, want the rounds' %v", got, lateness)
+	}
+	var table, doc bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "\nc: late by up to 9\n") {
+		t.Errorf("the table lacks the verdict:\n%s", table.String())
+	}
+	if err := rep.WriteJSON(&doc); err != nil {
+		t.Fatal(err)
+	}
+	var parsed struct {
+		Results []struct {
+			Verdict string `json:"verdict"`
+			Detail  map[string]struct {
+				Extra map[string][]float64 `json:"extra"`
+			} `json:"detail"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(doc.Bytes(), &parsed); err != nil {
+		t.Fatal(err)
+	}
+	if r := parsed.Results[0]; r.Verdict != "late by up to 9" || !slices.Equal(r.Detail["ubkit"].Extra["late"], lateness) {
+		t.Errorf("JSON row: %s", doc.String())
 	}
 }

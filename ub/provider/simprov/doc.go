@@ -18,5 +18,8 @@
 // the same links (with "tcp" underneath, each host has its own view).
 //
 // A simulated link cannot be faster than the host under it: a latency below
-// the inner provider's own, or a bandwidth above it, is not reached.
+// the inner provider's own, or a bandwidth above it, is not reached. Nor is
+// it ever faster than configured: nothing arrives before its simulated
+// time. It can be slower, on a loaded machine that runs the simulator late;
+// [Context.Stats] says by how much, by the simulator's own clock.
 package simprov

@@ -10,11 +10,6 @@ import (
 	"github.com/ubkit-io/ubkit/ub/internal/verbs"
 )
 
-// spinBelow is how close to its due time a delayed operation stops sleeping
-// and spins: timers are not precise to the microsecond, and simulated links
-// are.
-const spinBelow = 200 * time.Microsecond
-
 // queueDepth bounds the operations a jetty holds back at once.
 const queueDepth = 4096
 
@@ -24,6 +19,12 @@ const queueDepth = 4096
 // hand-off between goroutines would cost more than the link.
 const inlineBelow = 2 * time.Microsecond
 
+// waiterPostMax is the largest operation (in bytes) a waiter on the send
+// queue posts itself: the copy of a larger one (4 µs and more here) costs
+// more than the scheduler's wake-up, and the scheduler makes it on another
+// processor while the poster produces its next payload.
+const waiterPostMax = 64 << 10
+
 // scheduled is an operation held back until its simulated arrival. A
 // one-sided operation starts early enough for the host's own copy to end
 // by its due time (its completion is held until then); a send is delivered
@@ -31,11 +32,13 @@ const inlineBelow = 2 * time.Microsecond
 type scheduled struct {
 	start  time.Time // when to post it to the inner provider
 	due    time.Time // when it has arrived over the simulated path
-	hold   bool      // hold the completion until due
+	timed  bool      // it crosses simulated links: its lateness is measured
+	heavy  bool      // over waiterPostMax: the scheduler posts it
 	wr     ub.WR     // already translated to the inner provider's objects
 	status ub.Status
 	op     ub.Opcode
 	ctx    uint64
+	id     uint64 // what the inner completion carries (0 if none is asked for)
 }
 
 type jetty struct {
@@ -44,7 +47,7 @@ type jetty struct {
 	send      *cq
 	mode      ub.Mode
 	q         held
-	done      chan struct{}
+	done      chan struct{} // closed under mu, so no push follows the scheduler's flush
 	exited    chan struct{}
 	once      sync.Once
 	mu        sync.Mutex
@@ -53,13 +56,16 @@ type jetty struct {
 	pending   atomic.Int64 // operations handed to the scheduler, not yet posted
 	bound     *target
 
-	// Scratch for the calls into the inner provider, which take slices
-	// (a slice literal escapes through the interface): PostSend's (mu),
-	// the scheduler's, and PostRecv's (rmu).
-	inlineWR [1]ub.WR
-	runWR    [1]ub.WR
-	rmu      sync.Mutex
-	recvWRs  []ub.RecvWR
+	// pmu serialises the posts to the inner provider, in order: PostSend's
+	// own, and those of held operations, which the scheduler and the
+	// waiters on the send queue make, whoever comes first. postWR is the
+	// scratch of the calls (which take a slice; a slice literal escapes
+	// through the interface).
+	pmu    sync.Mutex
+	postWR [1]ub.WR
+	// PostRecv's scratch.
+	rmu     sync.Mutex
+	recvWRs []ub.RecvWR
 }
 
 // testHookNewJetty, if set, runs in NewJetty between making the jetty
@@ -91,6 +97,7 @@ func (c *Context) NewJetty(cfg ub.JettyConfig) (ub.Jetty, error) {
 	}
 	c.jets[j] = struct{}{}
 	c.mu.Unlock()
+	send.addFeeder(j)
 	go j.run()
 	return j, nil
 }
@@ -138,8 +145,12 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 
 // PostSend works out when each request arrives over the simulated path and
 // hands it to the jetty's scheduler, which posts it to the inner provider
-// then. Requests keep their order.
+// then (unless a waiter on the send queue does first). Requests keep their
+// order.
 func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
+	// The requests leave now: the time the locks and bookkeeping below take
+	// is part of their simulated latency, not added to it.
+	now := time.Now()
 	j.c.ops.RLock()
 	defer j.c.ops.RUnlock()
 	if j.c.closed {
@@ -153,7 +164,7 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 	default:
 	}
 	for i, wr := range wrs {
-		s, err := j.schedule(wr)
+		s, err := j.schedule(wr, now)
 		if err != nil {
 			return i, err
 		}
@@ -168,26 +179,43 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 			s.start = j.lastStart
 		}
 		j.lastStart = s.start
+		if s.status == ub.StatusSuccess {
+			// The inner completion carries an id the queue maps back to
+			// the user's context and the time to release it: known from
+			// now on, so a waiter can wait for exactly that time.
+			var release time.Time
+			if s.timed {
+				release = s.due
+			}
+			s.id = j.send.track(s.ctx, release)
+			s.wr.UserCtx = s.id
+		}
 		// With nothing held back, an operation due to start now is posted
 		// here: order is kept, and no goroutine hand-off is paid.
 		if j.pending.Load() == 0 && time.Until(s.start) <= inlineBelow {
-			for time.Now().Before(s.start) {
+			t := time.Now()
+			for t.Before(s.start) {
+				t = time.Now()
 			}
-			j.post(s, &j.inlineWR)
+			j.pmu.Lock()
+			j.post(s, t)
+			j.pmu.Unlock()
 			continue
 		}
 		j.pending.Add(1)
 		if !j.q.push(s) {
 			j.pending.Add(-1)
+			j.send.untrack(s.id)
 			return i, fmt.Errorf("simprov: %w: %d operations already held back on this jetty", ub.ErrSendQueueFull, queueDepth)
 		}
 	}
 	return len(wrs), nil
 }
 
-// schedule translates wr to the inner provider and books its path.
-func (j *jetty) schedule(wr ub.WR) (scheduled, error) {
-	s := scheduled{wr: wr, op: wr.Op, ctx: wr.UserCtx, due: time.Now()}
+// schedule translates wr to the inner provider and books its path for
+// requests that leave at now.
+func (j *jetty) schedule(wr ub.WR, now time.Time) (scheduled, error) {
+	s := scheduled{wr: wr, op: wr.Op, ctx: wr.UserCtx, due: now}
 	if l, ok := wr.Local.Seg.(*segment); ok {
 		s.wr.Local.Seg = l.Segment
 	}
@@ -212,6 +240,7 @@ func (j *jetty) schedule(wr ub.WR) (scheduled, error) {
 		return s, nil
 	}
 	size := int64(wr.Local.Len)
+	s.heavy = size > waiterPostMax
 	if wr.Op == ub.OpCAS || wr.Op == ub.OpFetchAdd {
 		size = 8
 	} else if l, ok := wr.Local.Seg.(*segment); !ok || !verbs.InRange(wr.Local.Offset, wr.Local.Len, len(l.Bytes())) {
@@ -230,76 +259,107 @@ func (j *jetty) schedule(wr ub.WR) (scheduled, error) {
 		s.status = ub.StatusLinkDown
 	default:
 		s.due = r.due
+		s.timed = remote != j.c.node
 		switch wr.Op {
 		case ub.OpWrite, ub.OpRead, ub.OpCAS, ub.OpFetchAdd:
-			s.hold = true
 			s.start = s.due.Add(-j.c.copyTime(size))
 		}
 	}
 	return s, nil
 }
 
-// run posts held-back operations when their time comes.
+// run posts held-back operations when their time comes: it sleeps until
+// shortly before the first one's start, yields until the start, and posts
+// every operation due by then. While a waiter on the send queue has claimed
+// the jetty's light operations (see cq.cover) it stands by until rung.
 func (j *jetty) run() {
 	defer close(j.exited)
+	var next, now time.Time // now: when the last yield saw next come
+	var heavy bool
+	covered := func() bool {
+		c := j.send.cover.Load()
+		return c != 0 && c <= next.UnixNano()
+	}
+	closing := func() bool {
+		select {
+		case <-j.done:
+			return true
+		default:
+			return false
+		}
+	}
 	for {
-		s, ok := j.q.pop()
-		if !ok {
+		next, heavy = j.postDue(false, now)
+		now = time.Time{}
+		if next.IsZero() || !heavy && covered() {
 			select {
 			case <-j.q.wake:
+				continue
 			case <-j.done:
 				j.flush()
 				return
 			}
-			continue
 		}
-		if d := time.Until(s.start) - spinBelow; d > 0 {
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-j.done:
-				t.Stop()
-				j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
-				j.flush()
-				return
-			}
+		if !sleepUntil(next, j.done) {
+			j.flush()
+			return
 		}
-		for time.Now().Before(s.start) {
-		}
-		j.post(s, &j.runWR)
-		j.pending.Add(-1)
+		now = yieldUntil(next, func() bool { return closing() || !heavy && covered() })
 	}
 }
 
-// post hands an operation to the inner provider (or completes it with its
-// status when it cannot run), through the caller's scratch.
-func (j *jetty) post(s scheduled, scratch *[1]ub.WR) {
+// postDue posts, in order, every held operation whose start has come (up
+// to the first heavy one, if light), and returns the start of the first one
+// still held (zero if none is) and whether that one is heavy. A caller that
+// has just read the clock passes the time as now (zero: postDue reads it).
+func (j *jetty) postDue(light bool, now time.Time) (next time.Time, heavy bool) {
+	j.pmu.Lock()
+	defer j.pmu.Unlock()
+	for first := true; ; first = false {
+		if !first || now.IsZero() {
+			now = time.Now()
+		}
+		s, next, heavy, ok := j.q.popDue(now, light)
+		if !ok {
+			return next, heavy
+		}
+		j.post(s, now)
+		if j.pending.Add(-1) == 0 {
+			return time.Time{}, false // nothing more: spare a look at the clock
+		}
+	}
+}
+
+// post hands an operation to the inner provider at now (or completes it
+// with its status when it cannot run). The caller holds pmu.
+func (j *jetty) post(s scheduled, now time.Time) {
 	if s.status != ub.StatusSuccess {
 		j.send.push(ub.Completion{Status: s.status, Op: s.op, UserCtx: s.ctx})
 		return
 	}
-	// Every inner send-side completion carries an id the CQ maps back to
-	// the user's context (and, for held ones, their due time).
-	var release time.Time
-	if s.hold {
-		release = s.due
+	if s.timed {
+		j.c.stats.posts.record(s.start, now)
 	}
-	s.wr.UserCtx = j.send.track(s.ctx, release)
-	scratch[0] = s.wr
-	_, err := j.inner.PostSend(scratch[:])
-	scratch[0] = ub.WR{} // hold no segment
+	j.postWR[0] = s.wr
+	_, err := j.inner.PostSend(j.postWR[:])
+	j.postWR[0] = ub.WR{} // hold no segment
 	if err != nil {
+		j.send.untrack(s.id)
 		j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
 	}
 }
 
 // flush completes every request still held back with StatusFlushed.
 func (j *jetty) flush() {
+	j.pmu.Lock()
+	defer j.pmu.Unlock()
 	for {
 		s, ok := j.q.pop()
 		if !ok {
 			return
 		}
+		j.pending.Add(-1)
+		j.send.untrack(s.id)
 		j.send.push(ub.Completion{Status: ub.StatusFlushed, Op: s.op, UserCtx: s.ctx})
 	}
 }
@@ -331,17 +391,42 @@ func (h *held) push(s scheduled) bool {
 	}
 	h.ops = append(h.ops, s)
 	h.mu.Unlock()
+	h.ring()
+	return true
+}
+
+// ring wakes the scheduler, if it waits.
+func (h *held) ring() {
 	select {
 	case h.wake <- struct{}{}:
 	default:
 	}
-	return true
 }
 
 // pop takes the oldest operation, if any.
 func (h *held) pop() (scheduled, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.take()
+}
+
+// popDue takes the oldest operation if its start is not after now (and,
+// if light, it is not heavy); if it takes none, it returns the oldest's
+// start (zero when the queue is empty) and whether that one is heavy.
+func (h *held) popDue(now time.Time, light bool) (s scheduled, next time.Time, heavy, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.head < len(h.ops) {
+		if o := &h.ops[h.head]; o.start.After(now) || light && o.heavy {
+			return scheduled{}, o.start, o.heavy, false
+		}
+	}
+	s, ok = h.take()
+	return s, time.Time{}, false, ok
+}
+
+// take takes the oldest operation, if any. The caller holds mu.
+func (h *held) take() (scheduled, bool) {
 	if h.head == len(h.ops) {
 		return scheduled{}, false
 	}
@@ -357,7 +442,11 @@ func (h *held) pop() (scheduled, bool) {
 // objects that are about to be closed. Held-back operations complete with
 // StatusFlushed.
 func (j *jetty) stop() {
-	j.once.Do(func() { close(j.done) })
+	j.once.Do(func() {
+		j.mu.Lock()
+		close(j.done)
+		j.mu.Unlock()
+	})
 	<-j.exited
 }
 
@@ -367,6 +456,7 @@ func (j *jetty) stop() {
 // queues.
 func (j *jetty) Close() error {
 	j.stop()
+	j.send.removeFeeder(j)
 	j.c.mu.Lock()
 	delete(j.c.jets, j)
 	j.c.mu.Unlock()

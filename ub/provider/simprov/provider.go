@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,7 +79,7 @@ func (provider) Open(ctx context.Context, cfg ub.Config) (ub.Context, error) {
 	}
 	c := &Context{inner: inner, t: t, node: node, fabric: f, jets: map[*jetty]struct{}{}}
 	if over == "shm" {
-		c.hostBandwidth = measureHost(inner)
+		c.hostBandwidth, c.hostOverhead = measureHost(inner)
 	}
 	return c, nil
 }
@@ -119,56 +119,70 @@ type Context struct {
 	// fabric is not unmapped under a post.
 	ops    sync.RWMutex
 	closed bool
-	// hostBandwidth is what the inner provider copies per second here
-	// (measured at Open for shm; 0 means unknown), to start one-sided
-	// operations early enough to end on time.
+	// hostBandwidth is what the inner provider copies per second here, and
+	// hostOverhead what an operation costs it besides (measured at Open for
+	// shm; 0 means unknown), to start one-sided operations early enough to
+	// end on time.
 	hostBandwidth float64
+	hostOverhead  time.Duration
+	stats         stats
 }
 
-// copyTime estimates how long the inner provider takes to move size bytes.
+// copyTime estimates how long the inner provider takes to run a one-sided
+// operation of size bytes, from its post to its completion.
 func (c *Context) copyTime(size int64) time.Duration {
 	if c.hostBandwidth <= 0 {
 		return 0
 	}
-	return time.Duration(float64(size) / c.hostBandwidth * 1e9)
+	return c.hostOverhead + time.Duration(float64(size)/c.hostBandwidth*1e9)
 }
 
-// measureHost times 1 MiB writes with the inner provider to itself.
-func measureHost(in ub.Context) float64 {
+// measureHost times writes with the inner provider to itself: the best of
+// a few 1 MiB ones gives its bandwidth, the best of a few 64-byte ones its
+// cost per operation. Zeros mean it could not tell.
+func measureHost(in ub.Context) (bandwidth float64, overhead time.Duration) {
 	const size = 1 << 20
 	seg, err := in.AllocSegment(2*size, ub.SegmentConfig{Access: ub.AccessWrite, Token: 1})
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	defer seg.Close()
 	r, err := in.ImportSegment(seg.Desc(), 1)
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	defer r.Close()
 	q, err := in.NewCQ(ub.CQConfig{})
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	defer q.Close()
 	j, err := in.NewJetty(ub.JettyConfig{SendCQ: q, RecvCQ: q})
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	defer j.Close()
 	out := make([]ub.Completion, 1)
-	best := time.Duration(1 << 62)
-	for range 4 {
-		start := time.Now()
-		if _, err := j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: seg, Len: size}, Remote: ub.Remote{Seg: r, Offset: size}}}); err != nil {
-			return 0
+	best := func(n, bytes int) (time.Duration, bool) {
+		b := time.Duration(1 << 62)
+		for range n {
+			start := time.Now()
+			if _, err := j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: seg, Len: bytes}, Remote: ub.Remote{Seg: r, Offset: size}}}); err != nil {
+				return 0, false
+			}
+			if n, _ := q.Poll(out); n != 1 || out[0].Status != ub.StatusSuccess {
+				return 0, false // an asynchronous provider: no estimate
+			}
+			b = min(b, time.Since(start))
 		}
-		if n, _ := q.Poll(out); n != 1 || out[0].Status != ub.StatusSuccess {
-			return 0 // an asynchronous provider: no estimate
-		}
-		best = min(best, time.Since(start))
+		return b, true
 	}
-	return size / best.Seconds()
+	big, ok1 := best(4, size)
+	small, ok2 := best(16, 64)
+	if !ok1 || !ok2 {
+		return 0, 0
+	}
+	return size / big.Seconds(), small
 }
 
 func (c *Context) EID() ub.EID      { return c.inner.EID() }
@@ -294,8 +308,18 @@ func (t *target) Desc() ub.JettyDesc { return t.desc }
 // one-sided operation's completion until its simulated arrival.
 type cq struct {
 	inner ub.CQ
+	stats *stats
+	// feeders are the jetties whose send queue this is: a waiter posts
+	// their light held operations when due itself, rather than wait for
+	// their schedulers to post them and then for a wake-up (copied on
+	// write).
+	feeders atomic.Pointer[[]*jetty]
+	// cover is when the waiter that claimed the feeders looks at them
+	// next, in Unix nanoseconds (0: no waiter has): a scheduler whose next
+	// start is not before it stands by, rather than race the waiter for
+	// the post. The waiter rings them when it leaves.
+	cover atomic.Int64
 	mu    sync.Mutex
-	local []ub.Completion // sim's own, ready at once
 	// pending are inner completions in arrival order, each releasable at
 	// its time; later ones wait behind an earlier held one, so order is kept.
 	pending []timed
@@ -322,7 +346,66 @@ func (c *Context) NewCQ(cfg ub.CQConfig) (ub.CQ, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &cq{inner: in, ids: map[uint64]tracked{}, buf: make([]ub.Completion, 64)}, nil
+	return &cq{inner: in, stats: &c.stats, ids: map[uint64]tracked{}, buf: make([]ub.Completion, 64)}, nil
+}
+
+// addFeeder and removeFeeder record that j's send queue is q, and no
+// longer is.
+func (q *cq) addFeeder(j *jetty) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var fs []*jetty
+	if old := q.feeders.Load(); old != nil {
+		fs = slices.Clone(*old)
+	}
+	fs = append(fs, j)
+	q.feeders.Store(&fs)
+}
+
+func (q *cq) removeFeeder(j *jetty) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	old := q.feeders.Load()
+	if old == nil {
+		return
+	}
+	fs := slices.DeleteFunc(slices.Clone(*old), func(f *jetty) bool { return f == j })
+	q.feeders.Store(&fs)
+}
+
+// ringFeeders wakes the schedulers of the feeders that hold operations.
+func (q *cq) ringFeeders() {
+	fs := q.feeders.Load()
+	if fs == nil {
+		return
+	}
+	for _, j := range *fs {
+		if j.pending.Load() > 0 {
+			j.q.ring()
+		}
+	}
+}
+
+// postFeeders posts the light held operations of this queue's jetties
+// whose start has come, and returns the start of the first light one still
+// held (zero if none is): heavy ones are their schedulers' to post. A
+// caller that has just read the clock passes the time as now (zero:
+// postFeeders reads it). The caller holds no lock of the queue's.
+func (q *cq) postFeeders(now time.Time) time.Time {
+	fs := q.feeders.Load()
+	if fs == nil {
+		return time.Time{}
+	}
+	var first time.Time
+	for _, j := range *fs {
+		if j.pending.Load() == 0 {
+			continue
+		}
+		if next, heavy := j.postDue(true, now); !heavy && !next.IsZero() && (first.IsZero() || next.Before(first)) {
+			first = next
+		}
+	}
+	return first
 }
 
 // push adds a completion sim decided (a fault, a flush) behind every
@@ -351,14 +434,21 @@ func (q *cq) Interrupt() {
 	q.intrs.Add(1)
 }
 
-// track registers a request about to be posted and returns the id it
-// carries to the inner provider.
+// track registers a request and returns the id it carries to the inner
+// provider: its completion is released at release (zero: at once).
 func (q *cq) track(ctx uint64, release time.Time) uint64 {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.nextID++
 	q.ids[q.nextID] = tracked{ctx, release}
 	return q.nextID
+}
+
+// untrack forgets a request that will not reach the inner provider.
+func (q *cq) untrack(id uint64) {
+	q.mu.Lock()
+	delete(q.ids, id)
+	q.mu.Unlock()
 }
 
 // isReceive tells a receive-side completion (which carries the receiver's
@@ -390,14 +480,15 @@ func (q *cq) drain() error {
 	}
 }
 
+// Poll also posts the light held operations of the queue's jetties that
+// are due, so a caller that polls sees them on time.
 func (q *cq) Poll(out []ub.Completion) (int, error) {
+	q.postFeeders(time.Time{})
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	n := copy(out, q.local)
-	q.local = q.local[n:]
 	err := q.drain()
 	now := time.Now()
-	k := 0
+	n, k := 0, 0
 	for n < len(out) && k < len(q.pending) && !q.pending[k].release.After(now) {
 		out[n] = q.pending[k].c
 		k++
@@ -411,32 +502,38 @@ func (q *cq) Poll(out []ub.Completion) (int, error) {
 	return n, err
 }
 
-// next reports whether Poll has something now and, if not, when the first
-// held completion is released (zero if none is pending).
-func (q *cq) next() (bool, time.Time, error) {
+// next reports whether Poll has something at now, the time it looked, and
+// the release time of the first completion pending (zero if none is, or it
+// is not held).
+func (q *cq) next() (ok bool, release, now time.Time, err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.local) > 0 {
-		return true, time.Time{}, nil
-	}
 	if err := q.drain(); err != nil {
-		return false, time.Time{}, err
+		return false, time.Time{}, time.Time{}, err
 	}
 	if len(q.pending) == 0 {
-		return false, time.Time{}, nil
+		return false, time.Time{}, time.Time{}, nil
 	}
 	r := q.pending[0].release
-	return !r.After(time.Now()), r, nil
+	if r.IsZero() {
+		return true, r, time.Time{}, nil
+	}
+	now = time.Now()
+	return !r.After(now), r, now, nil
 }
 
-// Wait sleeps until a held completion's release time (yielding for the last
-// stretch, which timers cannot hit), and otherwise blocks on the inner
-// queue at once, until a completion or a Kick. It does not poll an empty
-// queue: a goroutine that polls with runtime.Gosched keeps its processor
-// busy, and a busy processor never looks at Go's netpoller, so the sockets
-// and bells of everything else in the process (a proxy's other side, the
-// inner queue's own bell) went unserved until the poll ended. A caller
-// that knows an answer is due polls with Poll before it waits.
+// Wait waits for the first completion Poll will return. When it knows
+// when that is due (a held completion's release, or the start of a light
+// held operation of the queue's jetties, which it then posts itself), it sleeps
+// on the inner queue until shortly before, and yields the processor,
+// looking at the clock, for the last stretch, which timers cannot hit.
+// Otherwise it blocks on the inner queue at once, until a completion or an
+// Interrupt. It does not poll an empty queue: a goroutine that polls with
+// runtime.Gosched keeps its processor busy, and a busy processor never
+// looks at Go's netpoller, so the sockets and bells of everything else in
+// the process (a proxy's other side, the inner queue's own bell) went
+// unserved until the poll ended. A caller that knows an answer is due
+// polls with Poll before it waits.
 func (q *cq) Wait(ctx context.Context) error { return q.WaitInterrupt(ctx, q.Interrupts()) }
 
 // Interrupts is how many times the queue was interrupted, by Interrupt or
@@ -450,10 +547,42 @@ func (q *cq) Interrupts() uint64 {
 
 // WaitInterrupt is Wait that also returns once the queue was interrupted
 // since Interrupts returned since: a waiter that reads Interrupts before it
-// lets others know it sleeps loses no interrupt made meanwhile.
+// lets others know it sleeps loses no interrupt made meanwhile. A held
+// completion it waited for is counted in the context's Stats, late by the
+// time from its release to the return.
 func (q *cq) WaitInterrupt(ctx context.Context, since uint64) error {
 	k, kickable := q.inner.(ub.Interrupter)
 	entry := since
+	began := time.Now()
+	// kicked says whether the queue was interrupted since the wait began.
+	kicked := func() bool {
+		if kickable {
+			return k.Interrupts() != entry
+		}
+		return q.intrs.Load() != entry
+	}
+	// A waiter that knows when to look next claims the feeders (one at a
+	// time), and gives them back to their schedulers when it stops. When
+	// it looks later than it said, a scheduler that stood by for an
+	// operation the waiter did not see yet (pushed meanwhile) must look
+	// again.
+	claimed := false
+	claim := func(due time.Time) {
+		if !claimed {
+			claimed = q.cover.CompareAndSwap(0, due.UnixNano())
+		} else if old := q.cover.Swap(due.UnixNano()); due.UnixNano() > old {
+			q.ringFeeders()
+		}
+	}
+	unclaim := func() {
+		if claimed {
+			claimed = false
+			q.cover.Store(0)
+			q.ringFeeders()
+		}
+	}
+	defer unclaim()
+	var now time.Time // when the last yield saw its deadline come
 	for first := true; ; first = false {
 		// A push after the look below interrupts the inner wait: count
 		// the interrupts before looking (the first look counts from
@@ -461,33 +590,65 @@ func (q *cq) WaitInterrupt(ctx context.Context, since uint64) error {
 		if kickable && !first {
 			since = k.Interrupts()
 		}
-		ok, release, err := q.next()
-		if ok || err != nil {
+		start := q.postFeeders(now)
+		ok, release, looked, err := q.next()
+		if err != nil {
 			return err
 		}
+		if ok {
+			if release.After(began) {
+				q.stats.completions.record(release, looked)
+			}
+			return nil
+		}
+		now = time.Time{}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !kickable && q.intrs.Load() != entry {
+		if !kickable && kicked() {
 			return nil
 		}
-		if !release.IsZero() {
-			if d := time.Until(release) - spinBelow; d > 0 {
-				t := time.NewTimer(d)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					return ctx.Err()
+		due := release
+		if !start.IsZero() && (due.IsZero() || start.Before(due)) {
+			due = start
+		}
+		if !due.IsZero() {
+			claim(due)
+			if want := due.Add(-time.Duration(timerMargin.Load())); time.Until(want) > 0 {
+				// Sleep until shortly before, woken by anything that
+				// comes meanwhile.
+				wctx, cancel := context.WithDeadline(ctx, want)
+				if kickable {
+					err = k.WaitInterrupt(wctx, since)
+				} else {
+					err = q.inner.Wait(wctx)
 				}
-			} else {
-				runtime.Gosched()
+				cancel()
+				switch {
+				case ctx.Err() != nil:
+					return ctx.Err()
+				case errors.Is(err, context.DeadlineExceeded):
+					learnTimer(want, time.Now())
+				case err != nil:
+					return err
+				case kicked():
+					return nil
+				}
+				continue
+			}
+			now = yieldUntil(due, func() bool {
+				ok, _, _, err := q.next()
+				return ok || err != nil || kicked() || ctx.Err() != nil
+			})
+			if kicked() {
+				return nil
 			}
 			continue
 		}
+		unclaim()
 		if kickable {
 			err = k.WaitInterrupt(ctx, since)
-			if err == nil && k.Interrupts() != entry {
+			if err == nil && kicked() {
 				// Interrupted (by Interrupt, or by push for a completion
 				// of sim's own): the waiter looks again.
 				return nil
