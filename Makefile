@@ -1,6 +1,6 @@
 # ubkit: two commands do everything.
 #   make demo   the main job: two processes talking through shared memory, next to a unix socket and TCP
-#   make test   installs missing test prerequisites, then vet, race tests, examples
+#   make test   installs missing test prerequisites, then vet, lint, race tests, examples
 
 GO       ?= go
 CACHE    ?= $(CURDIR)/.cache
@@ -14,7 +14,9 @@ export UBKIT_CACHE := $(CACHE)
 demo:
 	$(GO) run ./cmd/ubctl demo
 
-test: prereqs vet race examples
+# Lint runs before the race tests: it is quicker, and names a broken layer
+# rule (depguard) or unformatted file without waiting for them.
+test: prereqs vet lint race examples
 
 prereqs:
 	@bash internal/testenv/prereqs.sh
@@ -42,8 +44,11 @@ fuzz:
 		done; \
 	done
 
+# The pinned golangci-lint with .golangci.yaml (depguard keeps unsafe and
+# system calls in shm; gofmt).
 lint:
-	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
+	@echo "== golangci-lint $(GOLANGCI_LINT_VERSION)"
+	@$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
 
 clean:
 	rm -rf $(CACHE)
