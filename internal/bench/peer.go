@@ -9,8 +9,9 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/ubkit-io/ubkit/internal/osproc"
 )
 
 const (
@@ -122,7 +123,7 @@ func startPeer(role string, args any, pipe bool) (*Peer, error) {
 	cmd.Env = append(os.Environ(), envRole+"="+role, envArgs+"="+string(a))
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	osproc.DieWithParent(cmd)
 	var stdout io.Reader
 	if pipe {
 		cmd.Stdout = nil

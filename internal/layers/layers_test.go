@@ -55,6 +55,7 @@ var layers = []struct {
 	{"internal/fdlimit", layerHelpers},  // names running out of file descriptors in errors
 	{"internal/rundir", layerHelpers},   // the runtime directory: its owner, mode and locks
 	{"internal/procstat", layerHelpers}, // what a process holds, read from /proc
+	{"internal/osproc", layerHelpers},   // child processes' attributes, and signals
 
 	{"shm/...", layerShm},
 	{"ub/...", layerUB}, // the verbs API, ub/topology, ub/provider/..., ub/ubtest
@@ -94,6 +95,7 @@ var rawAllowed = []struct{ pattern, why string }{
 	{"ub/provider/...", "a provider binds the verbs to its medium"},
 	{"internal/fdlimit", "it reads RLIMIT_NOFILE and tells EMFILE and ENFILE apart"},
 	{"internal/rundir", "it checks the owner and mode of runtime directories (Stat_t) and locks files in them (flock)"},
+	{"internal/osproc", "it sets child processes' system attributes (parent-death signal, credentials) and names signals"},
 }
 
 // rawFiles are test files outside rawAllowed that may import rawImports
