@@ -11,9 +11,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/topology"
@@ -545,7 +545,7 @@ func (e *Endpoint) Sweep() (int, error) {
 			c.Close()
 			continue
 		}
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		if errors.Is(err, shm.ErrConnRefused) {
 			os.Remove(s)
 			os.Remove(strings.TrimSuffix(s, ".sock") + ".tcp")
 			n++

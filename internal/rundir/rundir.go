@@ -197,21 +197,24 @@ func Check(dir string) error {
 	if err != nil {
 		return fmt.Errorf("rundir: %w", err)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
+	uid := Owner(fi)
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("rundir: %s is a symbolic link (owned by uid %d): %w", dir, owner(st, ok), ErrNotPrivate)
+		return fmt.Errorf("rundir: %s is a symbolic link (owned by uid %d): %w", dir, uid, ErrNotPrivate)
 	case !fi.IsDir():
-		return fmt.Errorf("rundir: %s is not a directory (owned by uid %d): %w", dir, owner(st, ok), ErrNotPrivate)
-	case !ok || int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("rundir: %s belongs to uid %d, not to this user (uid %d): %w", dir, owner(st, ok), os.Geteuid(), ErrNotPrivate)
+		return fmt.Errorf("rundir: %s is not a directory (owned by uid %d): %w", dir, uid, ErrNotPrivate)
+	case uid < 0 || uid != os.Geteuid():
+		return fmt.Errorf("rundir: %s belongs to uid %d, not to this user (uid %d): %w", dir, uid, os.Geteuid(), ErrNotPrivate)
 	case fi.Mode().Perm()&0o022 != 0:
 		return fmt.Errorf("rundir: %s is writable by other users (mode %v): %w", dir, fi.Mode().Perm(), ErrNotPrivate)
 	}
 	return nil
 }
 
-func owner(st *syscall.Stat_t, ok bool) int {
+// Owner returns the uid of the user that owns the file fi describes, or -1
+// if the system does not say.
+func Owner(fi fs.FileInfo) int {
+	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok {
 		return -1
 	}
