@@ -1,6 +1,13 @@
 // Package shm is ubkit's shared-memory layer: segments, cross-process rings,
-// a buffer pool and futex wake-ups. It is the only package in ubkit that uses
-// unsafe or raw system calls.
+// a buffer pool and futex wake-ups. It is the home of unsafe and raw system
+// calls in ubkit, with the ub providers' internals and a few internal
+// helpers: it also exports what the layers above need of the system
+// (PeerCredentials, PipeWriter, Yield, and errno sentinels such as
+// ErrConnReset) so that they import no syscall.
+//
+// shm needs Linux. On other systems the package keeps its API, so that
+// what imports it compiles, and every call that would make or reach a
+// segment fails with an error matching errors.ErrUnsupported.
 //
 // Everything in a segment may be read and written by another process that is
 // buggy, hostile or dead. The package therefore validates every offset, length

@@ -34,7 +34,9 @@ func futexWake(addr *atomic.Uint32, n int) int {
 	return int(woken)
 }
 
-// osYield gives the CPU to another runnable thread, if any. A raw system
-// call: it returns at once, and going through the runtime's syscall entry would
-// make it hand our P to another thread.
-func osYield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+// Yield gives the calling thread's CPU to another runnable thread, if any
+// (sched_yield), for a polling loop that waits on another process. It is a
+// raw system call: it returns at once when nothing else is runnable, and
+// going through the runtime's system call entry would make it hand the
+// goroutine's P to another thread.
+func Yield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

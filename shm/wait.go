@@ -132,7 +132,7 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 			// when the peer shares our CPU (an oversubscribed machine), a
 			// pure spin would burn the time it needs to make progress.
 			// With nothing else runnable, sched_yield returns at once.
-			osYield()
+			Yield()
 		}
 		now := time.Now()
 		if err := check(now); err != nil {
@@ -151,7 +151,7 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 			if onlyP {
 				runtime.Gosched()
 			} else {
-				osYield()
+				Yield()
 			}
 			if err := check(time.Now()); err != nil {
 				return err

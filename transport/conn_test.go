@@ -3,7 +3,6 @@ package transport
 import (
 	"errors"
 	"os/exec"
-	"syscall"
 
 	"context"
 	"fmt"
@@ -176,7 +175,7 @@ func TestPeerKilled(t *testing.T) {
 		}
 		took := time.Since(killed)
 		cmd.Wait()
-		if !errors.Is(err, syscall.ECONNRESET) {
+		if !errors.Is(err, shm.ErrConnReset) {
 			t.Fatalf("round %d (%s): read after the writer died: %v", round, c.want, err)
 		}
 		t.Logf("round %d (%s): %v after SIGKILL (%v)", round, c.want, took.Round(time.Millisecond), err)

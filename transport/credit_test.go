@@ -15,10 +15,10 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	_ "github.com/ubkit-io/ubkit/ub/provider/tcpprov"
 )
@@ -322,7 +322,7 @@ func TestHostilePeerBeyondCredit(t *testing.T) {
 			}
 			c.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
 			_, err = io.Copy(io.Discard, c)
-			if !errors.Is(err, ErrFlowControl) || !errors.Is(err, syscall.ECONNRESET) {
+			if !errors.Is(err, ErrFlowControl) || !errors.Is(err, shm.ErrConnReset) {
 				t.Fatalf("the server's connection failed with %v, want ErrFlowControl", err)
 			}
 			t.Logf("server holds %d KiB; %v", held>>10, err)
@@ -347,7 +347,7 @@ func TestHostileUBPeerBeyondCredit(t *testing.T) {
 			break
 		}
 	}
-	if !errors.Is(err, syscall.ECONNRESET) {
+	if !errors.Is(err, shm.ErrConnReset) {
 		t.Errorf("a peer that sent 16 MiB past its credit was not cut off: %v", err)
 	}
 	held := heapInUse() - start
@@ -356,7 +356,7 @@ func TestHostileUBPeerBeyondCredit(t *testing.T) {
 	}
 	b.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
 	_, err = io.Copy(io.Discard, b)
-	if !errors.Is(err, ErrFlowControl) || !errors.Is(err, syscall.ECONNRESET) {
+	if !errors.Is(err, ErrFlowControl) || !errors.Is(err, shm.ErrConnReset) {
 		t.Fatalf("the receiver failed with %v, want ErrFlowControl", err)
 	}
 	t.Logf("receiver holds %d KiB; %v", held>>10, err)

@@ -20,7 +20,10 @@
 // A path can be forced per address ("ub://n3/svc?path=tcp") or per
 // Endpoint. An Endpoint is a process's place on the super node (its node,
 // topology and ub provider); Listen and Dial use one made from the
-// environment (UB_NODE, UB_TOPOLOGY, UB_PROVIDER, UBKIT_PATH).
+// environment (UB_NODE, UB_TOPOLOGY, UB_PROVIDER, UBKIT_PATH). transport
+// imports no ub provider: the program registers the one it uses by
+// importing its package, as it does database/sql drivers
+// (ub/provider/tcpprov for the default, "tcp").
 //
 // Services are found through a per-host registry: a runtime directory of
 // rendezvous sockets (one per service) for dialers on this host, and for

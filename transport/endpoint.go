@@ -11,15 +11,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/topology"
-
-	// The providers the ub path can use.
-	_ "github.com/ubkit-io/ubkit/ub/provider/simprov"
 )
 
 // Environment variables read by the default endpoint (besides UB_NODE and
@@ -55,10 +52,13 @@ type Config struct {
 	// alone.
 	Topology *topology.Topology
 	// Provider is the ub provider of the ub path ("sim", "tcp", or a
-	// hardware one). Default: UB_PROVIDER, else "tcp".
+	// hardware one), which the program registers by importing its
+	// package, as database/sql drivers are (ub/provider/tcpprov for the
+	// default, "tcp"). Default: UB_PROVIDER, else "tcp".
 	Provider string
-	// ProviderOptions go to ub.Open. For "sim", "topology" and "node"
-	// default to this endpoint's.
+	// ProviderOptions go to the provider. One that can play any node (a
+	// ub.NodeProvider, such as "sim") plays this endpoint's node of its
+	// topology, which it is given with them (ub.OpenNode).
 	ProviderOptions map[string]string
 	// Path forces the path of every Dial. Default: UBKIT_PATH, else each
 	// Dial chooses (see Endpoint.Dial).
@@ -188,20 +188,6 @@ func NewEndpoint(cfg Config) (*Endpoint, error) {
 	e := &Endpoint{node: node, topo: t, prov: prov, opts: maps.Clone(cfg.ProviderOptions), path: path, dir: dir,
 		allow: slices.Clone(cfg.AllowUIDs), identity: id, listenTCP: cfg.ListenTCP || path == PathTCP,
 		flow: newFlowConfig(cfg.StreamWindow, cfg.MessageWindow, cfg.ReceiveMemory)}
-	if e.opts == nil {
-		e.opts = map[string]string{}
-	}
-	if prov == "sim" {
-		if e.opts["node"] == "" {
-			e.opts["node"] = node
-		}
-		if e.opts["topology"] == "" && cfg.Topology != nil {
-			if _, err := topology.Example(cfg.Topology.Name); err != nil {
-				return nil, fmt.Errorf("transport: the sim provider loads its topology itself: set ProviderOptions[\"topology\"] to the file or example name of %q", cfg.Topology.Name)
-			}
-			e.opts["topology"] = cfg.Topology.Name
-		}
-	}
 	if i, ok := t.NodeIndex(node); ok {
 		e.regAddr = t.Nodes[i].Labels[LabelRegistry]
 	}
@@ -279,7 +265,7 @@ func (e *Endpoint) ubContext(ctx context.Context) (ub.Context, error) {
 	if e.ubctx != nil {
 		return e.ubctx, nil
 	}
-	c, err := ub.Open(ctx, e.prov, ub.Config{Options: e.opts})
+	c, err := ub.OpenNode(ctx, e.prov, e.topo, e.node, ub.Config{Options: e.opts})
 	if err != nil {
 		return nil, fmt.Errorf("transport: ub path of node %s: %w", e.node, err)
 	}
@@ -545,7 +531,7 @@ func (e *Endpoint) Sweep() (int, error) {
 			c.Close()
 			continue
 		}
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		if errors.Is(err, shm.ErrConnRefused) {
 			os.Remove(s)
 			os.Remove(strings.TrimSuffix(s, ".sock") + ".tcp")
 			n++

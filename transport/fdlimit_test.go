@@ -6,16 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/internal/procstat"
 )
 
@@ -60,17 +61,15 @@ func allowFree(t *testing.T, k int) (restore func()) {
 			free++
 		}
 	}
-	var orig syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+	orig, err := fdlimit.Limit()
+	if err != nil {
 		t.Fatal(err)
 	}
-	low := orig
-	low.Cur = uint64(limit)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+	if err := fdlimit.SetLimit(uint64(limit)); err != nil {
 		t.Fatal(err)
 	}
 	return func() {
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig); err != nil {
+		if err := fdlimit.SetLimit(orig); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -116,7 +115,7 @@ type limitedDials struct{ failed, dialed []int }
 func (r *limitedDials) record(t *testing.T, free int, c *Conn, err error) {
 	t.Helper()
 	if err != nil {
-		if !errors.Is(err, syscall.EMFILE) || !strings.Contains(err.Error(), "fd limit") {
+		if !errors.Is(err, fdlimit.ErrProcessLimit) || !strings.Contains(err.Error(), "fd limit") {
 			t.Errorf("with %d descriptors free: %v (want EMFILE, and the fd limit named)", free, err)
 		}
 		r.failed = append(r.failed, free)
@@ -340,16 +339,18 @@ func listenUnderLimits(t *testing.T) {
 // of running out of descriptors are taken from it.
 func TestRefusalFromAHostileListener(t *testing.T) {
 	long := strings.Repeat("x\n\x1b[2J", 20000)
-	err := ubHello{Err: long, Errno: int(syscall.ENOENT)}.refused("n0")
+	const enoent = 2 // ENOENT: a listener's errno the dialer must not act on
+	err := ubHello{Err: long, Errno: enoent}.refused("n0")
 	if len(err.Error()) > maxRefusal+100 || strings.ContainsAny(err.Error(), "\n\x1b") {
 		t.Errorf("a refusal of %d bytes became an error of %d bytes: %q...", len(long), len(err.Error()), err.Error()[:80])
 	}
-	if errors.Is(err, syscall.ENOENT) {
+	if errors.Is(err, fs.ErrNotExist) {
 		t.Error("the dialer's error took the listener's word for ENOENT")
 	}
-	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE} {
-		if err := (ubHello{Err: "out", Errno: int(errno)}).refused("n0"); !errors.Is(err, errno) {
-			t.Errorf("a refusal for %v: %v does not match it", errno, err)
+	for _, limit := range []error{fdlimit.ErrProcessLimit, fdlimit.ErrSystemLimit} {
+		errno, _ := fdlimit.Errno(limit)
+		if err := (ubHello{Err: "out", Errno: int(errno)}).refused("n0"); !errors.Is(err, limit) {
+			t.Errorf("a refusal for %v: %v does not match it", limit, err)
 		}
 	}
 }

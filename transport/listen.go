@@ -16,11 +16,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/internal/rundir"
+	"github.com/ubkit-io/ubkit/shm"
 )
 
 // Listener accepts connections for one service, on every path: a
@@ -107,14 +107,14 @@ func (e *Endpoint) Listen(ctx context.Context, addr string) (*Listener, error) {
 	}
 	var lc net.ListenConfig
 	l, err := lc.Listen(ctx, "unix", path)
-	if err != nil && errors.Is(err, syscall.EADDRINUSE) {
+	if err != nil && errors.Is(err, shm.ErrAddrInUse) {
 		// Someone listens, or a dead listener left its socket behind: only
 		// a refused connection proves the latter.
 		c, derr := net.Dial("unix", path)
 		if derr == nil {
 			c.Close()
 		}
-		if !errors.Is(derr, syscall.ECONNREFUSED) {
+		if !errors.Is(derr, shm.ErrConnRefused) {
 			return nil, fmt.Errorf("transport: %s is already being listened on", a)
 		}
 		os.Remove(path)
@@ -232,14 +232,14 @@ func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 // address (an IPv6 one by its /64, which one host usually has whole).
 func (l *Listener) source(nc net.Conn) (string, error) {
 	if uc, ok := nc.(*net.UnixConn); ok {
-		cred, err := peerCred(uc)
+		cred, err := shm.PeerCredentials(uc)
 		if err != nil {
 			return "", err
 		}
-		if err := allowedUID(int(cred.Uid), l.ep.allow); err != nil {
+		if err := allowedUID(cred.UID, l.ep.allow); err != nil {
 			return "", err
 		}
-		return "pid:" + strconv.Itoa(int(cred.Pid)), nil
+		return "pid:" + strconv.Itoa(cred.PID), nil
 	}
 	if ta, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
 		return ipSource(ta.AddrPort().Addr()), nil
@@ -531,28 +531,11 @@ func (l *Listener) AcceptConn(ctx context.Context) (*Conn, error) {
 
 // checkPeer refuses a dialer that runs as another user, unless allowed.
 func checkPeer(uc *net.UnixConn, allow []int) error {
-	cred, err := peerCred(uc)
+	cred, err := shm.PeerCredentials(uc)
 	if err != nil {
 		return err
 	}
-	return allowedUID(int(cred.Uid), allow)
-}
-
-// peerCred returns the credentials of the process at the other end of a
-// unix socket, as they were when it connected.
-func peerCred(uc *net.UnixConn) (*syscall.Ucred, error) {
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *syscall.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
-	}); err != nil {
-		return nil, err
-	}
-	return cred, cerr
+	return allowedUID(cred.UID, allow)
 }
 
 // Dial connects to addr, "ub://<node>/<service>[?path=...]". The path is
@@ -594,7 +577,7 @@ const dialRetries = 3
 // cutShort says whether a handshake failed because the listener hung up
 // before it answered, as its gate does to a handshake it evicts.
 func cutShort(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	return errors.Is(err, shm.ErrConnReset) || errors.Is(err, shm.ErrBrokenPipe) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func (e *Endpoint) dial(ctx context.Context, a Addr, path Path) (*Conn, error) {

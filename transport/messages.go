@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"syscall"
 
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport/internal/deadline"
@@ -257,7 +256,7 @@ func (c *shmConn) Recv(ctx context.Context) (*Msg, error) {
 		if deadline.IsClosed(c.closing) {
 			err = net.ErrClosed
 		} else if errors.Is(err, shm.ErrPeerDead) {
-			err = fmt.Errorf("transport: peer process died: %w", syscall.ECONNRESET)
+			err = fmt.Errorf("transport: peer process died: %w", shm.ErrConnReset)
 		}
 		return nil, c.opError("recv", err)
 	}

@@ -10,9 +10,9 @@ import (
 	"os"
 	"runtime"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport/internal/deadline"
 )
 
@@ -503,11 +503,11 @@ func (c *pktConn) packet(kind byte, p []byte, asm *[]byte, want *int) error {
 // fail records why the link ended; queued bytes and messages stay readable.
 func (c *pktConn) fail(err error) {
 	if err != errPeerClosed && !deadline.IsClosed(c.closing) {
-		if !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+		if !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, shm.ErrConnReset) && !errors.Is(err, io.EOF) {
 			// Keep the cause, but say what it means for the caller.
-			err = fmt.Errorf("%w (%w)", syscall.ECONNRESET, err)
+			err = fmt.Errorf("%w (%w)", shm.ErrConnReset, err)
 		} else if errors.Is(err, io.EOF) {
-			err = fmt.Errorf("transport: connection ended without a goodbye: %w", syscall.ECONNRESET)
+			err = fmt.Errorf("transport: connection ended without a goodbye: %w", shm.ErrConnReset)
 		}
 	}
 	c.mu.Lock()
@@ -618,7 +618,7 @@ func (c *pktConn) usable(stream bool) error {
 		return net.ErrClosed
 	}
 	if stream && c.writeClosed {
-		return syscall.EPIPE
+		return shm.ErrBrokenPipe
 	}
 	if deadline.IsClosed(c.wdl.Wait()) {
 		return os.ErrDeadlineExceeded
@@ -626,7 +626,7 @@ func (c *pktConn) usable(stream bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.peerClosed {
-		return syscall.EPIPE
+		return shm.ErrBrokenPipe
 	}
 	return c.err
 }
@@ -685,7 +685,7 @@ func tooLarge(cost, window int64) error {
 // the link ended (mu held).
 func (c *pktConn) endedLocked() error {
 	if c.peerClosed {
-		return syscall.EPIPE
+		return shm.ErrBrokenPipe
 	}
 	return c.err
 }

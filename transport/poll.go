@@ -2,8 +2,9 @@ package transport
 
 import (
 	"runtime"
-	"syscall"
 	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
 )
 
 // A reader with nothing to read (an empty ring on the shm path, an empty
@@ -125,10 +126,7 @@ func pollAgain(waited time.Duration, share bool) bool {
 		runtime.Gosched()
 	}
 	if share && waited >= readSpinShare {
-		osYield()
+		shm.Yield()
 	}
 	return true
 }
-
-// osYield gives the thread's CPU to another runnable thread, if any.
-func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }

@@ -12,10 +12,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
+	"github.com/ubkit-io/ubkit/internal/osproc"
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
@@ -235,13 +237,11 @@ func TestListenerSurvivesAcceptErrors(t *testing.T) {
 	}
 	defer l.Close()
 	go serveEach(l, func(net.Conn) {})
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+	old, err := fdlimit.Limit()
+	if err != nil {
 		t.Fatal(err)
 	}
-	lim := old
-	lim.Cur = 256
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+	if err := fdlimit.SetLimit(256); err != nil {
 		t.Fatal(err)
 	}
 	var keep []*os.File
@@ -261,7 +261,9 @@ func TestListenerSurvivesAcceptErrors(t *testing.T) {
 	for _, f := range keep {
 		f.Close()
 	}
-	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old)
+	if err := fdlimit.SetLimit(old); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c, err := e.Dial(ctx, "ub:///emfile")
@@ -323,7 +325,9 @@ func TestPeerCredentials(t *testing.T) {
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "TRANSPORT_TEST_DIAL_UNIX="+path, "UBKIT_RUNTIME_DIR="+dir)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if err := osproc.RunAs(cmd, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -389,7 +393,7 @@ func TestLinkDownEndsBothSides(t *testing.T) {
 	for name, ch := range map[string]chan error{"write": writeErr, "read": readErr} {
 		select {
 		case err := <-ch:
-			if !errors.Is(err, syscall.ECONNRESET) {
+			if !errors.Is(err, shm.ErrConnReset) {
 				t.Errorf("%s after the link went down: %v, want a connection reset", name, err)
 			}
 		case <-time.After(10 * time.Second):

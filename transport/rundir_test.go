@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -46,9 +45,9 @@ func TestRuntimeDirSquattedByAnotherUser(t *testing.T) {
 			if err != nil {
 				t.Fatalf("the squatter: %v\n%s", err, out)
 			}
-			var st syscall.Stat_t
-			if err := syscall.Lstat(squatted, &st); err != nil || int(st.Uid) != u.UID {
-				t.Fatalf("%s after the squatter: owner %d, %v; want the squatter's (%d)", squatted, st.Uid, err, u.UID)
+			fi, err := os.Lstat(squatted)
+			if err != nil || rundir.Owner(fi) != u.UID {
+				t.Fatalf("%s after the squatter: %v, %v; want it the squatter's (uid %d)", squatted, fi, err, u.UID)
 			}
 
 			e, err := NewEndpoint(Config{})

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
@@ -60,7 +59,7 @@ type shmConn struct {
 	// write end closes with the process.
 	waitIn, waitOut     *atomic.Uint32
 	notifyIn, notifyOut *os.File
-	notifyRaw           syscall.RawConn // notifyOut's, to write without waiting
+	notifyW             *shm.PipeWriter // notifyOut's, to write without waiting
 	peerGone            bool
 	// The peer's writer writes one byte per wait of ours it finds parked,
 	// so the bytes read from notifyIn never outnumber the waits (rmu): a
@@ -94,12 +93,12 @@ type shmConn struct {
 var _ net.Conn = (*shmConn)(nil)
 
 func newConn(seg *shm.Segment, prod *shm.Producer, cons *shm.Consumer, waitIn, waitOut *atomic.Uint32, notifyIn, notifyOut *os.File, local, remote Addr) (*shmConn, error) {
-	raw, err := notifyOut.SyscallConn()
+	w, err := shm.NewPipeWriter(notifyOut)
 	if err != nil {
 		return nil, err
 	}
 	return &shmConn{seg: seg, prod: prod, cons: cons, local: local, remote: remote,
-		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut, notifyRaw: raw,
+		waitIn: waitIn, waitOut: waitOut, notifyIn: notifyIn, notifyOut: notifyOut, notifyW: w,
 		readDeadline: deadline.New(), writeDeadline: deadline.New(), closing: make(chan struct{}), brokenCh: make(chan struct{})}, nil
 }
 
@@ -156,7 +155,7 @@ func (c *shmConn) why(dl *deadline.Deadline, seen chan struct{}, err error) erro
 	case seen != nil && deadline.IsClosed(seen), deadline.IsClosed(dl.Wait()):
 		return os.ErrDeadlineExceeded
 	case errors.Is(err, shm.ErrPeerDead):
-		return fmt.Errorf("transport: peer process died: %w", syscall.ECONNRESET)
+		return fmt.Errorf("transport: peer process died: %w", shm.ErrConnReset)
 	case errors.Is(err, context.Canceled):
 		// The wait ended for a deadline that has since moved.
 		return os.ErrDeadlineExceeded
@@ -236,7 +235,7 @@ func (c *shmConn) park() ([]byte, error) {
 		return nil, *err
 	}
 	if c.peerGone {
-		return nil, fmt.Errorf("transport: peer process died: %w", syscall.ECONNRESET)
+		return nil, fmt.Errorf("transport: peer process died: %w", shm.ErrConnReset)
 	}
 	c.waitIn.Store(readerParked)
 	c.parks++
@@ -252,7 +251,7 @@ func (c *shmConn) park() ([]byte, error) {
 	switch {
 	case c.wakes > c.parks:
 		return nil, c.fail(fmt.Errorf("transport: the peer wrote %d wake-ups to the notification pipe for %d waits; it breaks the protocol (a buggy or hostile process), so the connection is ended: %w",
-			c.wakes, c.parks, syscall.ECONNRESET))
+			c.wakes, c.parks, shm.ErrConnReset))
 	case err == nil:
 		return nil, nil
 	case deadline.IsClosed(c.closing):
@@ -288,10 +287,8 @@ func (c *shmConn) fail(err error) error {
 func (c *shmConn) notify() {
 	if c.waitOut.CompareAndSwap(readerParked, readerNotified) {
 		c.wokePeer.Store(true)
-		c.notifyRaw.Write(func(fd uintptr) bool {
-			syscall.Write(int(fd), wakeUp[:])
-			return true // written, or the pipe is full (EAGAIN), or closed
-		})
+		// Written, or the pipe is full, or closed: nothing to do either way.
+		c.notifyW.TryWrite(wakeUp[:])
 	}
 }
 
@@ -307,7 +304,7 @@ func (c *shmConn) Write(b []byte) (int, error) {
 		return 0, c.opError("write", net.ErrClosed)
 	}
 	if c.writeClosed {
-		return 0, c.opError("write", syscall.EPIPE)
+		return 0, c.opError("write", shm.ErrBrokenPipe)
 	}
 	n := 0
 	for {
@@ -332,7 +329,7 @@ func (c *shmConn) Write(b []byte) (int, error) {
 		}
 		if err != nil {
 			if errors.Is(err, shm.ErrClosed) && !deadline.IsClosed(c.closing) {
-				err = syscall.EPIPE // the reader is gone
+				err = shm.ErrBrokenPipe // the reader is gone
 			}
 			return n, c.opError("write", c.why(c.writeDeadline, seen, err))
 		}

@@ -203,6 +203,6 @@ func dialShm(uc *net.UnixConn, a Addr) (*shmConn, error) {
 
 // samePID says whether the process at the other end of uc is this one.
 func samePID(uc *net.UnixConn) bool {
-	cred, err := peerCred(uc)
-	return err == nil && int(cred.Pid) == os.Getpid()
+	cred, err := shm.PeerCredentials(uc)
+	return err == nil && cred.PID == os.Getpid()
 }

@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unicode"
 
@@ -166,11 +165,7 @@ func (h ubHello) refused(node string) error {
 	if len(msg) > maxRefusal {
 		msg = strings.ToValidUTF8(msg[:maxRefusal], "") + "..."
 	}
-	e := &refusedError{node: node, msg: msg}
-	if errno := syscall.Errno(h.Errno); errno == syscall.EMFILE || errno == syscall.ENFILE {
-		e.cause = fdlimit.Peer(errno)
-	}
-	return e
+	return &refusedError{node: node, msg: msg, cause: fdlimit.Peer(h.Errno)}
 }
 
 func (e *refusedError) Error() string {
@@ -411,7 +406,7 @@ func (l *ubLink) waitFor(until int, cond func() (bool, error)) error {
 	}
 }
 
-var errPeerGone = fmt.Errorf("transport: the peer's process ended: %w", syscall.ECONNRESET)
+var errPeerGone = fmt.Errorf("transport: the peer's process ended: %w", shm.ErrConnReset)
 
 // reap takes send completions (smu held).
 func (l *ubLink) reap() error {
@@ -426,7 +421,7 @@ func (l *ubLink) reap() error {
 		}
 		for _, c := range out[:n] {
 			if c.Status != ub.StatusSuccess && l.sendErr == nil {
-				l.sendErr = fmt.Errorf("transport: ub path: send: %v: %w", c.Status, syscall.ECONNRESET)
+				l.sendErr = fmt.Errorf("transport: ub path: send: %v: %w", c.Status, shm.ErrConnReset)
 				l.broken(c.Status)
 			}
 		}
@@ -514,7 +509,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		if n == 1 {
 			c := l.comp[0]
 			if c.Status != ub.StatusSuccess {
-				return 0, nil, fmt.Errorf("transport: ub path: receive: %v: %w", c.Status, syscall.ECONNRESET)
+				return 0, nil, fmt.Errorf("transport: ub path: receive: %v: %w", c.Status, shm.ErrConnReset)
 			}
 			if c.UserCtx >= ubDepth || c.Len > ubSize || !c.HasImm || c.Imm > 255 {
 				return 0, nil, errors.New("transport: malformed packets: a receive completion that no buffer accounts for")
@@ -557,7 +552,7 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			}
 			if time.Since(goneAt) > 50*time.Millisecond {
 				if l.byeSeen.Load() {
-					return 0, nil, fmt.Errorf("transport: ub path: the peer closed with %d packets still undelivered: %w", l.byeAfter.Load()-l.received, syscall.ECONNRESET)
+					return 0, nil, fmt.Errorf("transport: ub path: the peer closed with %d packets still undelivered: %w", l.byeAfter.Load()-l.received, shm.ErrConnReset)
 				}
 				return 0, nil, errPeerGone
 			}
@@ -724,7 +719,7 @@ type brokenErr struct{ st ub.Status }
 func (e *brokenErr) Error() string {
 	return fmt.Sprintf("transport: ub path: %v: connection reset", e.st)
 }
-func (e *brokenErr) Unwrap() error { return syscall.ECONNRESET }
+func (e *brokenErr) Unwrap() error { return shm.ErrConnReset }
 
 func (l *ubLink) shutdown() {
 	l.once.Do(func() {

@@ -29,11 +29,16 @@
 // without a completion.
 //
 // Providers register by name with [Register], like database/sql drivers,
-// and are opened with [Open]. ubkit ships "shm" (processes on one host, real
-// zero copy through shared memory), "tcp" (other hosts) and "sim" (a
-// simulated super node) under ub/provider. "Writing a provider" in
-// docs/ub.md states the whole contract a provider keeps, and ub/ubtest
-// checks it.
+// and are opened with [Open]; a program chooses them by importing their
+// packages, and library code opens them by name. ubkit ships "shm"
+// (processes on one host, real zero copy through shared memory) in package
+// ub/provider/shmprov, "tcp" (verbs over TCP) in ub/provider/tcpprov and
+// "sim" (a simulated super node) in ub/provider/simprov. A process that
+// plays a node of a super node opens its provider with [OpenNode], which
+// tells a provider that can play any node ([NodeProvider], such as sim)
+// which one, and checks a context that knows where it is ([NodeInfo]).
+// "Writing a provider" in docs/ub.md states the whole contract a provider
+// keeps, and ub/ubtest checks it.
 //
 // ub is not a message protocol: connections, streams and flow control live
 // in ubkit's transport package.

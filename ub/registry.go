@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 // Provider opens device endpoints. Providers register themselves with
@@ -57,18 +59,91 @@ func Providers() []string {
 // ErrUnknownProvider is returned by Open for a name nobody registered.
 var ErrUnknownProvider = errors.New("ub: unknown provider")
 
+// shipped are the packages of the providers ubkit ships, by name: the
+// error of opening one that no import registered names its package.
+var shipped = map[string]string{
+	"shm": "github.com/ubkit-io/ubkit/ub/provider/shmprov",
+	"tcp": "github.com/ubkit-io/ubkit/ub/provider/tcpprov",
+	"sim": "github.com/ubkit-io/ubkit/ub/provider/simprov",
+}
+
+// lookup returns the provider registered as name, or an error that says
+// what to import.
+func lookup(name string) (Provider, error) {
+	registry.RLock()
+	p, ok := registry.providers[name]
+	registry.RUnlock()
+	if ok {
+		return p, nil
+	}
+	names := Providers()
+	registered := "none are registered"
+	if len(names) > 0 {
+		registered = "registered: " + strings.Join(names, ", ")
+	}
+	if pkg, ok := shipped[name]; ok {
+		return nil, fmt.Errorf("%w %q: the program registers it by importing its package, _ %q (%s)", ErrUnknownProvider, name, pkg, registered)
+	}
+	return nil, fmt.Errorf("%w %q: import the package of a provider of that name (%s; ubkit's own are in github.com/ubkit-io/ubkit/ub/provider/...)", ErrUnknownProvider, name, registered)
+}
+
 // Open opens a device endpoint of the named provider.
 func Open(ctx context.Context, provider string, cfg Config) (Context, error) {
-	registry.RLock()
-	p, ok := registry.providers[provider]
-	registry.RUnlock()
-	if !ok {
-		names := Providers()
-		hint := "none are registered: import a provider package, e.g. _ \"github.com/ubkit-io/ubkit/ub/provider/shmprov\""
-		if len(names) > 0 {
-			hint = "registered: " + strings.Join(names, ", ")
-		}
-		return nil, fmt.Errorf("%w %q (%s)", ErrUnknownProvider, provider, hint)
+	p, err := lookup(provider)
+	if err != nil {
+		return nil, err
 	}
 	return p.Open(ctx, cfg)
+}
+
+// NodeProvider is implemented by providers whose contexts can play any
+// compute node of a super node, as the simulator does: a process says
+// which one through OpenNode. A provider of real hardware plays the node
+// it runs on and needs only Open.
+type NodeProvider interface {
+	Provider
+	// OpenNode opens a context that plays node of t, as Open would with
+	// cfg.
+	OpenNode(ctx context.Context, t *topology.Topology, node string, cfg Config) (Context, error)
+}
+
+// NodeInfo is implemented by contexts that know which node of which super
+// node they are on.
+type NodeInfo interface {
+	Node() string
+	Topology() *topology.Topology
+}
+
+// OpenNode opens a device endpoint of the named provider for a process
+// that plays node of t: through the provider's OpenNode if it is a
+// NodeProvider, else with Open. A context that says where it is (NodeInfo)
+// and is elsewhere is closed, and OpenNode fails naming both places.
+func OpenNode(ctx context.Context, provider string, t *topology.Topology, node string, cfg Config) (Context, error) {
+	if t == nil || node == "" {
+		return nil, fmt.Errorf("ub: open %q on a node: give the topology and the node (got node %q)", provider, node)
+	}
+	p, err := lookup(provider)
+	if err != nil {
+		return nil, err
+	}
+	var c Context
+	if np, ok := p.(NodeProvider); ok {
+		c, err = np.OpenNode(ctx, t, node, cfg)
+	} else {
+		c, err = p.Open(ctx, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ni, ok := c.(NodeInfo); ok {
+		at, of := ni.Node(), ""
+		if ni.Topology() != nil {
+			of = ni.Topology().Name
+		}
+		if at != node || of != t.Name {
+			c.Close()
+			return nil, fmt.Errorf("ub: provider %q is on node %q of super node %q, not on %q of %q: configure the provider for that node, or play its node", provider, at, of, node, t.Name)
+		}
+	}
+	return c, nil
 }

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
@@ -20,6 +19,7 @@ import (
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/ubsuite"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 )
 
 var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
@@ -79,7 +79,7 @@ func benchCmd(args []string, out io.Writer) error {
 	defer o.cleanup()
 	// Ctrl-C must not leave the servers a suite started running.
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	osproc.NotifyStop(sig)
 	defer func() {
 		signal.Stop(sig)
 		close(sig)

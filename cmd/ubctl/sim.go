@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
 	"github.com/ubkit-io/ubkit/ub/topology"
@@ -135,7 +134,7 @@ func simCmd(args []string, out io.Writer) error {
 	}
 	fmt.Fprintln(out, "holding; interrupt to remove the simulation's shared state")
 	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	osproc.NotifyStop(sig)
 	<-sig
 	return f.Remove()
 }

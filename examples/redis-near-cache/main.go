@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -136,8 +135,6 @@ func startRedis() (addr string, stop func(), err error) {
 		cmd := exec.Command(path, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 		var out bytes.Buffer // what it says if it fails to start
 		cmd.Stdout, cmd.Stderr = &out, &out
-		// Killed with this process, even if it never gets to call stop.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			return "", nil, fmt.Errorf("start %s: %w", path, err)
 		}

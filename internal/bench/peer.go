@@ -9,8 +9,9 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/ubkit-io/ubkit/internal/osproc"
 )
 
 const (
@@ -129,7 +130,7 @@ func startPeer(role string, args any, pipe bool) (*Peer, error) {
 	cmd.Env = append(os.Environ(), envRole+"="+role, envArgs+"="+string(a))
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	osproc.DieWithParent(cmd)
 	var r, w *os.File
 	if pipe {
 		if r, w, err = os.Pipe(); err != nil {

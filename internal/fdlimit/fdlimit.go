@@ -2,7 +2,8 @@
 // system call that fails with EMFILE or ENFILE says only "too many open
 // files", and a layer above that falls back to something else (another
 // address, a peer that gave up) can turn it into an error about that
-// instead. It is for ubkit's own packages.
+// instead. It also reads and sets the limit, for tests that run out on
+// purpose. It is for ubkit's own packages.
 package fdlimit
 
 import (
@@ -10,6 +11,14 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+)
+
+// The errors of running out of file descriptors, for errors.Is: this
+// process reached its limit (EMFILE), or the system its open-file table
+// (ENFILE).
+var (
+	ErrProcessLimit error = syscall.EMFILE
+	ErrSystemLimit  error = syscall.ENFILE
 )
 
 // Hint returns err with the cause spelled out and what to do about it
@@ -27,18 +36,24 @@ func Hint(err error) error {
 		return err
 	}
 	e := &limitError{err: err, errno: errno, pid: os.Getpid()}
-	var rl syscall.Rlimit
-	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl) == nil {
-		e.limit = rl.Cur
+	if limit, err := Limit(); err == nil {
+		e.limit = limit
 	}
 	return e
 }
 
-// Peer is the cause of a peer's refusal that says the peer ran out of
-// file descriptors (errno, EMFILE or ENFILE): it matches errno with
-// errors.Is, and Hint leaves an error that wraps it alone, since the
-// limit reached is the peer's and the peer's own words name it.
-func Peer(errno syscall.Errno) error { return &limitError{err: errno, errno: errno, peer: true} }
+// Peer returns the cause of a peer's refusal whose errno number (as the
+// peer sent it) says the peer ran out of file descriptors, EMFILE or
+// ENFILE, and nil for any other number. The cause matches the errno with
+// errors.Is, and Hint leaves an error that wraps it alone, since the limit
+// reached is the peer's and the peer's own words name it.
+func Peer(errno int) error {
+	e := syscall.Errno(errno)
+	if e != syscall.EMFILE && e != syscall.ENFILE {
+		return nil
+	}
+	return &limitError{err: e, errno: e, peer: true}
+}
 
 // Errno returns EMFILE or ENFILE when err is one of them.
 func Errno(err error) (syscall.Errno, bool) {

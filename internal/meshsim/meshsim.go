@@ -17,6 +17,9 @@ import (
 	"github.com/ubkit-io/ubkit/mesh"
 	"github.com/ubkit-io/ubkit/transport"
 	"github.com/ubkit-io/ubkit/ub/topology"
+
+	// The simulated super node's ub provider.
+	_ "github.com/ubkit-io/ubkit/ub/provider/simprov"
 )
 
 // Mesh is a running mesh.

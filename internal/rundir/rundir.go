@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 )
 
 // Env names a directory that overrides the choice of Dir.
@@ -197,25 +196,18 @@ func Check(dir string) error {
 	if err != nil {
 		return fmt.Errorf("rundir: %w", err)
 	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
+	uid := Owner(fi)
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
-		return fmt.Errorf("rundir: %s is a symbolic link (owned by uid %d): %w", dir, owner(st, ok), ErrNotPrivate)
+		return fmt.Errorf("rundir: %s is a symbolic link (owned by uid %d): %w", dir, uid, ErrNotPrivate)
 	case !fi.IsDir():
-		return fmt.Errorf("rundir: %s is not a directory (owned by uid %d): %w", dir, owner(st, ok), ErrNotPrivate)
-	case !ok || int(st.Uid) != os.Geteuid():
-		return fmt.Errorf("rundir: %s belongs to uid %d, not to this user (uid %d): %w", dir, owner(st, ok), os.Geteuid(), ErrNotPrivate)
+		return fmt.Errorf("rundir: %s is not a directory (owned by uid %d): %w", dir, uid, ErrNotPrivate)
+	case uid < 0 || uid != os.Geteuid():
+		return fmt.Errorf("rundir: %s belongs to uid %d, not to this user (uid %d): %w", dir, uid, os.Geteuid(), ErrNotPrivate)
 	case fi.Mode().Perm()&0o022 != 0:
 		return fmt.Errorf("rundir: %s is writable by other users (mode %v): %w", dir, fi.Mode().Perm(), ErrNotPrivate)
 	}
 	return nil
-}
-
-func owner(st *syscall.Stat_t, ok bool) int {
-	if !ok {
-		return -1
-	}
-	return int(st.Uid)
 }
 
 // mode is dir's permission bits, or 0 if it cannot be read.
@@ -225,28 +217,6 @@ func mode(dir string) fs.FileMode {
 		return 0
 	}
 	return fi.Mode().Perm()
-}
-
-// Lock takes an exclusive lock (flock) on the file at path, creating it
-// with mode 0600, and returns the function that releases it. It waits while
-// another process holds the lock. path must be in a directory only this
-// user can write to (see Check), so that no other user can hold the lock.
-func Lock(path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("rundir: lock: %w", err)
-	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-		if !errors.Is(err, syscall.EINTR) {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("rundir: lock %s: %w", path, err)
-	}
-	return func() { f.Close() }, nil // closing the last descriptor releases the lock
 }
 
 // CheckSocketPath returns an error if path is too long for a unix socket,

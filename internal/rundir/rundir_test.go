@@ -1,3 +1,5 @@
+//go:build linux
+
 package rundir
 
 import (
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/fstest"
 )
 
 // otherUID owns what these tests plant in another user's name (root gives
@@ -193,6 +196,37 @@ func TestCheck(t *testing.T) {
 	}
 	if err := Ensure(other); !errors.Is(err, ErrNotPrivate) {
 		t.Errorf("Ensure of another user's directory: %v", err)
+	}
+}
+
+// TestOwner: Owner names who owns a file, a symbolic link itself
+// included, and -1 for a FileInfo the system did not make.
+func TestOwner(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, otherUID, otherUID); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]int{dir: os.Geteuid(), link: otherUID} {
+		fi, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Owner(fi); got != want {
+			t.Errorf("Owner(%s) = %d, want %d", path, got, want)
+		}
+	}
+	fsys := fstest.MapFS{"f": {}}
+	fi, err := fs.Stat(fsys, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Owner(fi); got != -1 {
+		t.Errorf("Owner of a file of an in-memory file system = %d, want -1", got)
 	}
 }
 

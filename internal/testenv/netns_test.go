@@ -13,9 +13,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
 )
 
 // The test binary re-executed inside a namespace plays a TCP echo server or
@@ -440,7 +441,7 @@ func dialEcho(addr string) error {
 		return err
 	}
 	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if errors.Is(err, syscall.ECONNREFUSED) {
+	if errors.Is(err, shm.ErrConnRefused) {
 		fmt.Println(dialRefused)
 		return nil
 	}

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 )
 
@@ -106,7 +106,7 @@ func start(command, pkg string, args func(port int, dir string) ([]string, error
 		s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 		// The server dies with the process that started it, even one
 		// killed before it could stop the server.
-		s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		osproc.DieWithParent(s.cmd)
 		if err := s.cmd.Start(); err != nil {
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("testenv: start %s: %w", command, err)

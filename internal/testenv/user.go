@@ -13,9 +13,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ubkit-io/ubkit/internal/osproc"
 )
 
 // User is an unprivileged user other than the one running the tests: the
@@ -186,10 +187,10 @@ func (u *User) Command(t testing.TB, run string, env ...string) *exec.Cmd {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+v)
 	}
 	cmd.Env = append(cmd.Env, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID), Groups: []uint32{}},
-		Pdeathsig:  syscall.SIGKILL,
+	if err := osproc.RunAs(cmd, u.UID, u.GID); err != nil {
+		t.Fatalf("testenv: %v", err)
 	}
+	osproc.DieWithParent(cmd)
 	return cmd
 }
 

@@ -9,8 +9,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
+
+	"github.com/ubkit-io/ubkit/internal/rundir"
 )
 
 // The test binary re-executed as the other user (TestOtherUser) reads these.
@@ -59,7 +60,7 @@ func reportAsOther(t *testing.T, dir string) {
 	}
 	homeOwner := -1
 	if fi, err := os.Stat(os.Getenv("HOME")); err == nil {
-		homeOwner = int(fi.Sys().(*syscall.Stat_t).Uid)
+		homeOwner = rundir.Owner(fi)
 	}
 	public, err := os.ReadFile(filepath.Join(dir, "public"))
 	if err != nil {

@@ -35,10 +35,10 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"github.com/ubkit-io/ubkit/ub"
 )
 
@@ -270,7 +270,7 @@ func startPeer(t testing.TB) *peer {
 	cmd.Env = append(os.Environ(), envPeer+"=1", "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	cmd.Env = append(cmd.Env, strings.Fields(os.Getenv(EnvPeerEnv))...)
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	osproc.DieWithParent(cmd)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

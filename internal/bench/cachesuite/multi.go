@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 )
 
 // readers is how many reader processes pool-multi-process runs.
@@ -48,7 +47,7 @@ func multiProcess(e *Env, kind string, d time.Duration) (bench.Measurement, erro
 		}
 	}
 	for _, p := range peers {
-		if err := syscall.Kill(p.PID(), syscall.SIGUSR1); err != nil {
+		if err := osproc.SignalStart(p.PID()); err != nil {
 			return bench.Measurement{}, err
 		}
 	}
@@ -63,11 +62,12 @@ func multiProcess(e *Env, kind string, d time.Duration) (bench.Measurement, erro
 	return bench.Measurement{Value: rate}, nil
 }
 
-// readerPeer warms up for a tenth of d, says "ready", and on SIGUSR1 GETs
+// readerPeer warms up for a tenth of d, says "ready", and on the start
+// signal (osproc.SignalStart) GETs
 // random keys for d, checking every value.
 func readerPeer(a peerArgs) error {
 	go1 := make(chan os.Signal, 1)
-	signal.Notify(go1, syscall.SIGUSR1)
+	osproc.NotifyStart(go1)
 	g, err := newGetter(a.Kind, a.Addr)
 	if err != nil {
 		return err

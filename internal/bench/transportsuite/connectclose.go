@@ -12,6 +12,9 @@ import (
 	"github.com/ubkit-io/ubkit/internal/procstat"
 	"github.com/ubkit-io/ubkit/transport"
 	"github.com/ubkit-io/ubkit/ub/topology"
+
+	// The simulated super node's ub provider.
+	_ "github.com/ubkit-io/ubkit/ub/provider/simprov"
 )
 
 // The connect-close cases: what n connections made and closed leave

@@ -13,6 +13,10 @@
 //		"node":     "node1", // default UB_NODE
 //	}})
 //
+// A process that knows which node it plays (a transport endpoint) opens
+// it with ub.OpenNode instead, giving the topology and the node; the
+// options "topology" and "node" stay unset then.
+//
 // The link state and faults live in a shared-memory segment named after the
 // topology, so every process of the simulated super node on this host sees
 // the same links (with "tcp" underneath, each host has its own view).

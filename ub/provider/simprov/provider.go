@@ -28,6 +28,11 @@ type provider struct{}
 // errClosed is returned for calls on a closed context or jetty.
 var errClosed = fmt.Errorf("simprov: %w", ub.ErrClosed)
 
+var (
+	_ ub.NodeProvider = provider{}
+	_ ub.NodeInfo     = (*Context)(nil)
+)
+
 // Options keys understood by Open, besides the inner provider's own.
 const (
 	// OptTopology names the topology: a shipped example ("dev4") or a file.
@@ -57,6 +62,23 @@ func (provider) Open(ctx context.Context, cfg ub.Config) (ub.Context, error) {
 		}
 		node = n.Name
 	}
+	return open(ctx, t, node, cfg)
+}
+
+// OpenNode opens a context that plays node of t (ub.NodeProvider), for a
+// process that knows its place, such as a transport endpoint. The
+// options OptTopology and OptNode must be unset: t and node say it.
+func (provider) OpenNode(ctx context.Context, t *topology.Topology, node string, cfg ub.Config) (ub.Context, error) {
+	for _, opt := range []string{OptTopology, OptNode} {
+		if v := cfg.Options[opt]; v != "" {
+			return nil, fmt.Errorf("simprov: OpenNode plays node %q of topology %q, but Options[%q] says %q: leave it unset", node, t.Name, opt, v)
+		}
+	}
+	return open(ctx, t, node, cfg)
+}
+
+// open opens a context that plays node of t.
+func open(ctx context.Context, t *topology.Topology, node string, cfg ub.Config) (ub.Context, error) {
 	idx, ok := t.NodeIndex(node)
 	if !ok || t.Nodes[idx].IsSwitch() {
 		return nil, fmt.Errorf("simprov: node %q is not a compute node of topology %q (nodes: %s)", node, t.Name, nodeNames(t))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
+	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 // node is one simulated node's endpoint, with a segment and an RM jetty.
@@ -157,6 +158,42 @@ func TestOpenErrors(t *testing.T) {
 			c.Close()
 			t.Errorf("%s: opened", name)
 		}
+	}
+}
+
+// TestOpenNode: ub.OpenNode plays the node and topology it is given, even
+// a topology that is no example and no file, and refuses options that
+// say otherwise.
+func TestOpenNode(t *testing.T) {
+	dev4, err := topology.Example("dev4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	custom := *dev4
+	custom.Name = "made-in-code"
+	for _, topo := range []*topology.Topology{dev4, &custom} {
+		c, err := ub.OpenNode(context.Background(), simprov.Name, topo, "n2", ub.Config{Options: map[string]string{simprov.OptFabric: privateFabric}})
+		if err != nil {
+			t.Fatalf("%s: %v", topo.Name, err)
+		}
+		sc := c.(*simprov.Context)
+		if sc.Node() != "n2" || sc.Topology() != topo {
+			t.Errorf("plays %q of %q, want n2 of %q", sc.Node(), sc.Topology().Name, topo.Name)
+		}
+		c.Close()
+	}
+	for _, opt := range []string{simprov.OptNode, simprov.OptTopology} {
+		c, err := ub.OpenNode(context.Background(), simprov.Name, dev4, "n2", ub.Config{Options: map[string]string{opt: "n1", simprov.OptFabric: privateFabric}})
+		if err == nil {
+			c.Close()
+			t.Errorf("OpenNode with Options[%q] set: opened", opt)
+		} else if !strings.Contains(err.Error(), "leave it unset") {
+			t.Errorf("OpenNode with Options[%q] set: %v", opt, err)
+		}
+	}
+	if c, err := ub.OpenNode(context.Background(), simprov.Name, dev4, "n9", ub.Config{}); err == nil {
+		c.Close()
+		t.Error("OpenNode of a node dev4 lacks: opened")
 	}
 }
 
