@@ -166,7 +166,8 @@ func lookupUser(name string) (*User, error) {
 // and gid and no supplementary groups, in the directory holding a copy of
 // the test binary that u may read and execute (the go command's build
 // directory is private), which t.Cleanup removes; the command is killed if it
-// still runs when the test ends.
+// still runs when the test ends, and reaped if the test has not waited for
+// it.
 func (u *User) Command(t testing.TB, run string, env ...string) *exec.Cmd {
 	t.Helper()
 	exe, err := binaryCopy(t)
@@ -190,6 +191,7 @@ func (u *User) Command(t testing.TB, run string, env ...string) *exec.Cmd {
 		Credential: &syscall.Credential{Uid: uint32(u.UID), Gid: uint32(u.GID), Groups: []uint32{}},
 		Pdeathsig:  syscall.SIGKILL,
 	}
+	t.Cleanup(func() { reap(cmd) })
 	return cmd
 }
 
