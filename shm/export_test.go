@@ -9,8 +9,18 @@ import (
 // internal/testenv imports shm).
 
 // RegisterChild adds a child function for StartChild and for the test
-// binary run as another user (see TestMain).
+// binary run as another user (testenv.User.Child, with ChildArgs).
 func RegisterChild(name string, f func(args []string) error) { children[name] = f }
+
+// UseTestenv registers the child functions as child roles with register
+// (testenv.RegisterChild), and has startChild start them with child
+// (testenv.Child).
+func UseTestenv(register func(role string, f func() int), child func(t testing.TB, role string, env ...string) *exec.Cmd) {
+	for name, f := range children {
+		register(name, runChild(name, f))
+	}
+	childCommand = child
+}
 
 // StartChild is startChild.
 func StartChild(t testing.TB, name string, args ...string) *exec.Cmd {
@@ -18,9 +28,8 @@ func StartChild(t testing.TB, name string, args ...string) *exec.Cmd {
 	return startChild(t, name, args...)
 }
 
-// ChildEnv is the environment that makes the test binary run child
-// function name with args.
-func ChildEnv(name string, args ...string) []string { return childEnv(name, args...) }
+// ChildArgs is the environment entry that gives a child function args.
+func ChildArgs(args ...string) string { return childArgs(args...) }
 
 // UserPrefix is userPrefix.
 func UserPrefix() string { return userPrefix() }
