@@ -12,11 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // pair returns two sessions joined by an in-memory pipe.
 func pair(t testing.TB, cfg *Config) (*Session, *Session) {
