@@ -64,7 +64,7 @@ func TestBellWakes(t *testing.T) {
 	buf := make([]byte, 32)
 	for range 50 {
 		woke := sleepOnBell(r, nil)
-		waitParked(t, "IO wait", bellSleep)
+		waitParked(t, 1, bellSleep)
 		if err := prod.TryPush([]byte("x")); err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestBellCancel(t *testing.T) {
 		r.bell.sleep(ctx, func() bool { return false }, time.Hour)
 		slept <- ctx.Err()
 	}()
-	waitParked(t, "IO wait", bellSleep)
+	waitParked(t, 1, bellSleep)
 	cancel()
 	select {
 	case err := <-slept:
@@ -112,7 +112,7 @@ func TestBellCancel(t *testing.T) {
 	ctx, cancel = context.WithCancel(context.Background())
 	waited := make(chan error, 1)
 	go func() { waited <- r.WaitNotEmpty(ctx) }()
-	waitParked(t, "IO wait", bellSleep)
+	waitParked(t, 1, bellSleep)
 	cancel()
 	select {
 	case err := <-waited:
@@ -209,7 +209,7 @@ func TestBellClosedDoesNotSpin(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	waited := make(chan error, 1)
 	go func() { waited <- r.WaitNotEmpty(ctx) }()
-	waitParked(t, "syscall", "shm.futexWait(")
+	waitParked(t, 1, "shm.futexWait(")
 	cancel()
 	select {
 	case err := <-waited:
@@ -259,7 +259,7 @@ func TestBellAcrossProcesses(t *testing.T) {
 	buf := make([]byte, 32)
 	for i := range 50 {
 		woke := sleepOnBell(r, nil)
-		waitParked(t, "IO wait", bellSleep)
+		waitParked(t, 1, bellSleep)
 		if _, err := fmt.Fprintln(push, "push"); err != nil {
 			t.Fatal(err)
 		}
@@ -283,15 +283,15 @@ func TestKickEndsWait(t *testing.T) {
 	for _, withBell := range []bool{true, false} {
 		t.Run(map[bool]string{true: "bell", false: "futex"}[withBell], func(t *testing.T) {
 			_, r := newMPMC(t, 8, 8)
-			state, parkedIn := "syscall", "shm.futexWait("
+			parkedIn := "shm.futexWait("
 			if withBell {
 				if err := r.EnableBell(); err != nil {
 					t.Fatal(err)
 				}
-				state, parkedIn = "IO wait", bellSleep
+				parkedIn = bellSleep
 				var stop atomic.Bool
 				woke := sleepOnBell(r, stop.Load)
-				waitParked(t, state, parkedIn)
+				waitParked(t, 1, parkedIn)
 				stop.Store(true)
 				r.Kick()
 				if err := <-woke; err != nil {
@@ -308,7 +308,7 @@ func TestKickEndsWait(t *testing.T) {
 					r.popWaiters.Add(^uint32(0))
 					close(woke)
 				}()
-				waitParked(t, state, parkedIn)
+				waitParked(t, 1, parkedIn)
 				r.Kick()
 				select {
 				case <-woke:
@@ -321,7 +321,7 @@ func TestKickEndsWait(t *testing.T) {
 			defer cancel()
 			waited := make(chan error, 1)
 			go func() { waited <- r.WaitNotEmptyOr(ctx, stop.Load) }()
-			waitParked(t, state, parkedIn)
+			waitParked(t, 1, parkedIn)
 			stop.Store(true)
 			r.Kick()
 			if err := <-waited; err != nil {

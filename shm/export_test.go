@@ -12,14 +12,16 @@ import (
 // binary run as another user (testenv.User.Child, with ChildArgs).
 func RegisterChild(name string, f func(args []string) error) { children[name] = f }
 
-// UseTestenv registers the child functions as child roles with register
-// (testenv.RegisterChild), and has startChild start them with child
-// (testenv.Child).
-func UseTestenv(register func(role string, f func() int), child func(t testing.TB, role string, env ...string) *exec.Cmd) {
+// UseTestenv hands package shm's tests what package testenv gives: it
+// registers the child functions as child roles with register
+// (testenv.RegisterChild), has startChild start them with child
+// (testenv.Child), and makes parked waitParked (testenv.WaitParked).
+func UseTestenv(register func(role string, f func() int), child func(t testing.TB, role string, env ...string) *exec.Cmd,
+	parked func(t testing.TB, n int, fn string)) {
 	for name, f := range children {
 		register(name, runChild(name, f))
 	}
-	childCommand = child
+	childCommand, waitParked = child, parked
 }
 
 // StartChild is startChild.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -66,33 +65,8 @@ func ubkitNames() []string {
 // the code works: only a hang waits that long, and it fails the test.
 const hangGuard = 10 * time.Second
 
-// waitParked waits until a goroutine is parked in a call of fn (a
-// function as goroutine dumps name it, such as "shm.futexWait(") with a
-// status that starts with state (such as "IO wait" or "syscall"). It fails
-// the test after hangGuard.
-func waitParked(t testing.TB, state, fn string) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	buf := make([]byte, 1<<16)
-	for {
-		n := runtime.Stack(buf, true)
-		if n == len(buf) {
-			buf = make([]byte, 2*len(buf))
-			continue
-		}
-		for g := range strings.SplitSeq(string(buf[:n]), "\n\n") {
-			header, _, _ := strings.Cut(g, "\n")
-			if strings.Contains(header, "["+state) && strings.Contains(g, fn) {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no goroutine parked (%s) in %s after %v", state, fn, hangGuard)
-		}
-		// Polling: nothing tells when a goroutine has parked.
-		time.Sleep(time.Millisecond)
-	}
-}
+// waitParked is testenv.WaitParked, handed over with UseTestenv.
+var waitParked func(t testing.TB, n int, fn string)
 
 // testName returns a segment name unique to this test and process.
 func testName(t testing.TB) string {

@@ -11,6 +11,6 @@ import (
 // package shm's own tests get testenv's child processes through
 // shm.UseTestenv.
 func TestMain(m *testing.M) {
-	shm.UseTestenv(testenv.RegisterChild, testenv.Child)
+	shm.UseTestenv(testenv.RegisterChild, testenv.Child, testenv.WaitParked)
 	testenv.Main(m)
 }

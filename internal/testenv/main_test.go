@@ -214,3 +214,20 @@ func leak(t *testing.T, mode, name string) {
 		t.Fatal(err)
 	}
 }
+
+// TestWaitParked: WaitParked returns once a goroutine sleeps where it is
+// told to look.
+func TestWaitParked(t *testing.T) {
+	release := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		parkHere(release)
+		close(done)
+	}()
+	WaitParked(t, 1, "testenv.parkHere(")
+	close(release)
+	<-done
+}
+
+// parkHere waits for release, where TestWaitParked looks for it.
+func parkHere(release <-chan struct{}) { <-release }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
 )
@@ -179,7 +180,7 @@ func TestOwnCompletionEndsEveryWait(t *testing.T) {
 			for range 3 {
 				go func() { errs <- n0.cq.Wait(ctx) }()
 			}
-			time.Sleep(20 * time.Millisecond) // let them fall asleep
+			testenv.WaitParked(t, 3, "simprov.(*cq).WaitKick(")
 			if _, err := n0.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: n0.seg, Len: 64}, Remote: ub.Remote{Seg: to1}}}); err != nil {
 				t.Fatal(err)
 			}
@@ -235,23 +236,19 @@ func TestKickEndsWait(t *testing.T) {
 			if !ok {
 				t.Fatal("the sim's completion queue cannot be kicked")
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a hang guard
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- n0.cq.Wait(ctx) }()
+			testenv.WaitParked(t, 1, "simprov.(*cq).WaitKick(")
 			select {
 			case err := <-done:
 				t.Fatalf("a wait on an empty queue returned at once: %v", err)
-			case <-time.After(50 * time.Millisecond):
+			default:
 			}
 			k.Kick()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("the kicked wait: %v", err)
-				}
-			case <-time.After(3 * time.Second):
-				t.Fatal("Kick did not end the wait")
+			if err := <-done; err != nil {
+				t.Fatalf("the kicked wait: %v, want it ended by Kick", err)
 			}
 			if n, _ := n0.cq.Poll(make([]ub.Completion, 1)); n != 0 {
 				t.Fatalf("a kick left %d completions to poll", n)
