@@ -64,7 +64,7 @@ func TestBellWakes(t *testing.T) {
 	buf := make([]byte, 32)
 	for range 50 {
 		woke := sleepOnBell(r, nil)
-		waitParked(t, 1, bellSleep)
+		waitParked(t, 1, "IO wait", bellSleep)
 		if err := prod.TryPush([]byte("x")); err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestBellCancel(t *testing.T) {
 		r.bell.sleep(ctx, func() bool { return false }, time.Hour)
 		slept <- ctx.Err()
 	}()
-	waitParked(t, 1, bellSleep)
+	waitParked(t, 1, "IO wait", bellSleep)
 	cancel()
 	select {
 	case err := <-slept:
@@ -112,7 +112,7 @@ func TestBellCancel(t *testing.T) {
 	ctx, cancel = context.WithCancel(context.Background())
 	waited := make(chan error, 1)
 	go func() { waited <- r.WaitNotEmpty(ctx) }()
-	waitParked(t, 1, bellSleep)
+	waitParked(t, 1, "IO wait", bellSleep)
 	cancel()
 	select {
 	case err := <-waited:
@@ -209,7 +209,7 @@ func TestBellClosedDoesNotSpin(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	waited := make(chan error, 1)
 	go func() { waited <- r.WaitNotEmpty(ctx) }()
-	waitParked(t, 1, "shm.futexWait(")
+	waitParked(t, 1, "syscall", "shm.futexWait(")
 	cancel()
 	select {
 	case err := <-waited:
@@ -259,7 +259,7 @@ func TestBellAcrossProcesses(t *testing.T) {
 	buf := make([]byte, 32)
 	for i := range 50 {
 		woke := sleepOnBell(r, nil)
-		waitParked(t, 1, bellSleep)
+		waitParked(t, 1, "IO wait", bellSleep)
 		if _, err := fmt.Fprintln(push, "push"); err != nil {
 			t.Fatal(err)
 		}
@@ -283,15 +283,15 @@ func TestKickEndsWait(t *testing.T) {
 	for _, withBell := range []bool{true, false} {
 		t.Run(map[bool]string{true: "bell", false: "futex"}[withBell], func(t *testing.T) {
 			_, r := newMPMC(t, 8, 8)
-			parkedIn := "shm.futexWait("
+			state, parkedIn := "syscall", "shm.futexWait("
 			if withBell {
 				if err := r.EnableBell(); err != nil {
 					t.Fatal(err)
 				}
-				parkedIn = bellSleep
+				state, parkedIn = "IO wait", bellSleep
 				var stop atomic.Bool
 				woke := sleepOnBell(r, stop.Load)
-				waitParked(t, 1, parkedIn)
+				waitParked(t, 1, state, parkedIn)
 				stop.Store(true)
 				r.Kick()
 				if err := <-woke; err != nil {
@@ -308,7 +308,7 @@ func TestKickEndsWait(t *testing.T) {
 					r.popWaiters.Add(^uint32(0))
 					close(woke)
 				}()
-				waitParked(t, 1, parkedIn)
+				waitParked(t, 1, state, parkedIn)
 				r.Kick()
 				select {
 				case <-woke:
@@ -321,7 +321,7 @@ func TestKickEndsWait(t *testing.T) {
 			defer cancel()
 			waited := make(chan error, 1)
 			go func() { waited <- r.WaitNotEmptyOr(ctx, stop.Load) }()
-			waitParked(t, 1, parkedIn)
+			waitParked(t, 1, state, parkedIn)
 			stop.Store(true)
 			r.Kick()
 			if err := <-waited; err != nil {

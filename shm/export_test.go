@@ -17,7 +17,7 @@ func RegisterChild(name string, f func(args []string) error) { children[name] = 
 // (testenv.RegisterChild), has startChild start them with child
 // (testenv.Child), and makes parked waitParked (testenv.WaitParked).
 func UseTestenv(register func(role string, f func() int), child func(t testing.TB, role string, env ...string) *exec.Cmd,
-	parked func(t testing.TB, n int, fn string)) {
+	parked func(t testing.TB, n int, state string, fns ...string)) {
 	for name, f := range children {
 		register(name, runChild(name, f))
 	}

@@ -66,7 +66,7 @@ func ubkitNames() []string {
 const hangGuard = 10 * time.Second
 
 // waitParked is testenv.WaitParked, handed over with UseTestenv.
-var waitParked func(t testing.TB, n int, fn string)
+var waitParked func(t testing.TB, n int, state string, fns ...string)
 
 // testName returns a segment name unique to this test and process.
 func testName(t testing.TB) string {

@@ -57,7 +57,7 @@ func TestPoolLoanWait(t *testing.T) {
 	}
 	got := sleepingLoan(t, p)
 	// Asleep, it sleeps on the futex: it does not spin.
-	waitParked(t, 1, "shm.futexWait(")
+	waitParked(t, 1, "syscall", "shm.futexWait(")
 	if err := other.Return(held[0].Handle()); err != nil {
 		t.Fatal(err)
 	}

@@ -432,7 +432,7 @@ func TestSPSCProducerRoom(t *testing.T) {
 		_, err := p.ClaimWait(ctx, 248)
 		done <- err
 	}()
-	waitParked(t, 1, "shm.futexWait(")
+	waitParked(t, 1, "syscall", "shm.futexWait(")
 	// A wake-up advances the sequence the producer sleeps on; nothing
 	// else does.
 	seq := r.spaceSeq.Load()

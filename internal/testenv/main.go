@@ -45,7 +45,8 @@ var leakWait = 10 * time.Second
 // for those that are ending; /dev/shm always. Two kinds of files are no
 // leak. The fabrics of simulated super nodes (ubkit-<uid>-sim-*)
 // outlive their processes by design, so that the processes of one super
-// node share one; Main removes those its run made. A child started with
+// node share one; Main removes those its run made, or used last, unless
+// another process maps them still. A child started with
 // Child (or its variants) that a signal ended leaves its segments as a
 // crashed process does; Main removes them with shm.Sweep, as an operator
 // would.
@@ -286,12 +287,18 @@ func checkShmFiles(before map[string]bool, procs []shm.Process) []string {
 		}
 		creator, ours := madeBy(file, files, procs)
 		if !ours {
+			removeAbandonedFabric(file)
 			continue
 		}
 		path := filepath.Join(shm.ShmDir, file)
 		switch {
 		case strings.HasPrefix(file, shmPrefix()+"sim-"):
-			os.Remove(path)
+			// Another test process may share it (a super node of the
+			// same topology): it outlives us for them, and the last
+			// one's run removes it (below).
+			if !mappedByOthers(path) {
+				os.Remove(path)
+			}
 		case creator.PID != shm.Self().PID && killed(creator.PID):
 			sweep = true
 		default:
@@ -309,6 +316,40 @@ func checkShmFiles(before map[string]bool, procs []shm.Process) []string {
 		}
 	}
 	return leaks
+}
+
+// removeAbandonedFabric removes file if it is a simulated super node's
+// fabric that another test process made during the run, that process is
+// gone, and no process maps it: this run was the last to use it.
+func removeAbandonedFabric(file string) {
+	if !strings.HasPrefix(file, shmPrefix()+"sim-") {
+		return
+	}
+	seg, err := shm.OpenSegment(strings.TrimPrefix(file, shmPrefix()))
+	if err != nil {
+		return
+	}
+	creator := seg.Creator()
+	seg.Close()
+	if path := filepath.Join(shm.ShmDir, file); !creator.Alive() && !mappedByOthers(path) {
+		os.Remove(path)
+	}
+}
+
+// mappedByOthers reports whether a process other than this one maps the
+// file at path (as far as /proc shows this user).
+func mappedByOthers(path string) bool {
+	maps, _ := filepath.Glob("/proc/[0-9]*/maps")
+	self := "/proc/" + strconv.Itoa(os.Getpid()) + "/maps"
+	for _, m := range maps {
+		if m == self {
+			continue
+		}
+		if b, err := os.ReadFile(m); err == nil && strings.Contains(string(b), path) {
+			return true
+		}
+	}
+	return false
 }
 
 // madeBy tells which of procs made file, a file in shm.ShmDir: a

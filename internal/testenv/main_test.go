@@ -224,7 +224,7 @@ func TestWaitParked(t *testing.T) {
 		parkHere(release)
 		close(done)
 	}()
-	WaitParked(t, 1, "testenv.parkHere(")
+	WaitParked(t, 1, "", "testenv.parkHere(")
 	close(release)
 	<-done
 }

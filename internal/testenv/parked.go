@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,12 +12,15 @@ import (
 // then is hung, spinning, or was never started.
 const ParkedGuard = 10 * time.Second
 
-// WaitParked waits until n goroutines of this process are parked (in any
-// state but running or runnable: a system call, the network poller, a
-// channel, a lock) with fn on their stack (a function as goroutine dumps
-// name it, such as "shm.futexWait("), so that a test acts on sleepers only
-// once they sleep. It fails the test after ParkedGuard.
-func WaitParked(t testing.TB, n int, fn string) {
+// WaitParked waits until n goroutines of this process are parked with
+// every one of fns on their stack (functions as goroutine dumps name them,
+// such as "shm.futexWait("; the runtime's own frames are not shown), so
+// that a test acts on sleepers only once they sleep. A goroutine is parked
+// in any state but running or runnable (a system call, the network
+// poller, a channel, a lock); if state is not "", its state as goroutine
+// dumps print it (such as "IO wait", "select", "syscall") must start with
+// state. It fails the test after ParkedGuard.
+func WaitParked(t testing.TB, n int, state string, fns ...string) {
 	t.Helper()
 	deadline := time.Now().Add(ParkedGuard)
 	buf := make([]byte, 1<<16)
@@ -28,7 +32,7 @@ func WaitParked(t testing.TB, n int, fn string) {
 		}
 		parked := 0
 		for g := range strings.SplitSeq(string(buf[:size]), "\n\n") {
-			if goroutineParked(g) && strings.Contains(g, fn) {
+			if goroutineParked(g, state) && !slices.ContainsFunc(fns, func(fn string) bool { return !strings.Contains(g, fn) }) {
 				parked++
 			}
 		}
@@ -36,7 +40,7 @@ func WaitParked(t testing.TB, n int, fn string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("testenv: %d goroutines parked in %s after %v, want %d", parked, fn, ParkedGuard, n)
+			t.Fatalf("testenv: %d goroutines parked (%q) in %s after %v, want %d", parked, state, strings.Join(fns, " and "), ParkedGuard, n)
 		}
 		// Polling: nothing tells when a goroutine has parked.
 		time.Sleep(time.Millisecond)
@@ -44,8 +48,9 @@ func WaitParked(t testing.TB, n int, fn string) {
 }
 
 // goroutineParked reports whether the goroutine whose dump g is
-// ("goroutine 7 [IO wait, 2 minutes]:" and its stack) is parked.
-func goroutineParked(g string) bool {
+// ("goroutine 7 [IO wait, 2 minutes]:" and its stack) is parked, in a
+// state that starts with state unless that is "".
+func goroutineParked(g, state string) bool {
 	header, _, _ := strings.Cut(g, "\n")
 	_, status, ok := strings.Cut(header, "[")
 	if !ok {
@@ -53,5 +58,5 @@ func goroutineParked(g string) bool {
 	}
 	status, _, _ = strings.Cut(status, "]")
 	status, _, _ = strings.Cut(status, ",")
-	return status != "running" && status != "runnable"
+	return status != "running" && status != "runnable" && strings.HasPrefix(status, state)
 }

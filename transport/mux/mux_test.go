@@ -194,14 +194,14 @@ func TestWriterNotStuckWhenPeerCloses(t *testing.T) {
 		_, err := w.Write(make([]byte, 4*initialWindow))
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	testenv.WaitParked(t, 1, "", "mux.(*Stream).Write(") // waiting for credit
 	r.Close()
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Fatalf("write: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(5 * time.Second): // a hang guard
 		t.Fatal("the writer is stuck after the reader closed its stream")
 	}
 	w.Close()

@@ -44,7 +44,7 @@ func TestCloseDuringWait(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	waited := make(chan error, 1)
 	go func() { waited <- q.Wait(ctx) }()
-	testenv.WaitParked(t, 1, ringSleep)
+	testenv.WaitParked(t, 1, "IO wait", ringSleep)
 	closed := make(chan error, 1)
 	go func() { closed <- other.Close() }()
 	select {
@@ -56,7 +56,7 @@ func TestCloseDuringWait(t *testing.T) {
 		t.Fatal("closing a segment hung behind a sleeping wait")
 	}
 	// The wait sleeps on the ring again.
-	testenv.WaitParked(t, 1, ringSleep)
+	testenv.WaitParked(t, 1, "IO wait", ringSleep)
 	select {
 	case err := <-waited:
 		t.Fatalf("the wait returned (%v) with nothing to poll", err)
@@ -89,7 +89,7 @@ func TestWaitSeesRingAttachedLater(t *testing.T) {
 	defer cancel()
 	waited := make(chan error, 1)
 	go func() { waited <- q.Wait(ctx) }()
-	testenv.WaitParked(t, 1, ringSleep) // on the first jetty's ring
+	testenv.WaitParked(t, 1, "IO wait", ringSleep) // on the first jetty's ring
 
 	j2, err := c.NewJetty(ub.JettyConfig{SendCQ: q, RecvCQ: q, Token: 2})
 	if err != nil {

@@ -180,7 +180,7 @@ func TestOwnCompletionEndsEveryWait(t *testing.T) {
 			for range 3 {
 				go func() { errs <- n0.cq.Wait(ctx) }()
 			}
-			testenv.WaitParked(t, 3, "simprov.(*cq).WaitKick(")
+			testenv.WaitParked(t, 3, "", "simprov.(*cq).WaitKick(")
 			if _, err := n0.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: n0.seg, Len: 64}, Remote: ub.Remote{Seg: to1}}}); err != nil {
 				t.Fatal(err)
 			}
@@ -240,7 +240,7 @@ func TestKickEndsWait(t *testing.T) {
 			defer cancel()
 			done := make(chan error, 1)
 			go func() { done <- n0.cq.Wait(ctx) }()
-			testenv.WaitParked(t, 1, "simprov.(*cq).WaitKick(")
+			testenv.WaitParked(t, 1, "", "simprov.(*cq).WaitKick(")
 			select {
 			case err := <-done:
 				t.Fatalf("a wait on an empty queue returned at once: %v", err)
