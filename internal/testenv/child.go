@@ -110,8 +110,7 @@ func (p *NetnsPair) Child(t testing.TB, ns, name string, env ...string) *exec.Cm
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	cmd := startable(t, path, []string{"netns", "exec", ns, exe, "-test.run=^$"}, append(append(os.Environ(), childEnv), env...))
-	return cmd
+	return startable(t, path, []string{"netns", "exec", ns, exe, "-test.run=^$"}, append(append(os.Environ(), childEnv), env...))
 }
 
 // Child is Child for a child run as u: it is u.Command running no tests,

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -55,8 +56,13 @@ func Main(m *testing.M, teardown ...func()) {
 	os.Exit(runMain(m, teardown))
 }
 
+// descPrefix starts the names of the files, under os.TempDir(), that hold
+// the identities of a Main's descendants: <prefix><pid>-<random>.
+const descPrefix = "ubkit-tdesc-"
+
 func runMain(m *testing.M, teardown []func()) int {
-	desc, err := os.CreateTemp("", fmt.Sprintf("ubkit-testenv-%d-", os.Getpid()))
+	removeStaleDescendantFiles()
+	desc, err := os.CreateTemp("", fmt.Sprintf("%s%d-", descPrefix, os.Getpid()))
 	if err == nil {
 		err = desc.Close()
 	}
@@ -90,6 +96,18 @@ func runMain(m *testing.M, teardown []func()) int {
 		return 1
 	}
 	return code
+}
+
+// removeStaleDescendantFiles removes the files of descendants'
+// identities that test processes killed before their Main ended left.
+func removeStaleDescendantFiles() {
+	files, _ := filepath.Glob(filepath.Join(os.TempDir(), descPrefix+"*"))
+	for _, f := range files {
+		pidText, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(f), descPrefix), "-")
+		if pid, err := strconv.Atoi(pidText); err == nil && pid > 0 && !pidAlive(pid) {
+			os.Remove(f)
+		}
+	}
 }
 
 // baseline is what the process held, and /dev/shm had, before the tests.
@@ -279,13 +297,12 @@ func checkShmFiles(before map[string]bool, procs []shm.Process) []string {
 	if err != nil {
 		return []string{err.Error()}
 	}
-	var leaks []string
-	sweep := false
+	var leaks, killedLeft []string
 	for _, file := range files {
 		if before[file] {
 			continue
 		}
-		creator, ours := madeBy(file, files, procs)
+		creator, ours := madeBy(file, procs)
 		if !ours {
 			removeAbandonedFabric(file)
 			continue
@@ -300,7 +317,7 @@ func checkShmFiles(before map[string]bool, procs []shm.Process) []string {
 				os.Remove(path)
 			}
 		case creator.PID != shm.Self().PID && killed(creator.PID):
-			sweep = true
+			killedLeft = append(killedLeft, path)
 		default:
 			what := "made by this process"
 			if creator.PID != shm.Self().PID {
@@ -310,12 +327,32 @@ func checkShmFiles(before map[string]bool, procs []shm.Process) []string {
 			os.RemoveAll(path)
 		}
 	}
-	if sweep {
-		if _, err := shm.Sweep(); err != nil {
-			leaks = append(leaks, fmt.Sprintf("sweeping the segments of killed children: %v", err))
+	return append(leaks, sweepKilled(killedLeft)...)
+}
+
+// sweepKilled removes with shm.Sweep the files at paths, which killed
+// children left, and reports those that stay. Another process may hold
+// one for a moment (its own Sweep, or a look at its header like
+// fileCreator's), which makes it in use: Sweep is tried a few times.
+func sweepKilled(paths []string) []string {
+	var sweepErr error
+	for try := 0; len(paths) > 0; try++ {
+		_, sweepErr = shm.Sweep()
+		paths = slices.DeleteFunc(paths, func(path string) bool {
+			_, err := os.Lstat(path)
+			return errors.Is(err, fs.ErrNotExist)
+		})
+		if try == 4 {
+			break
 		}
+		// Polling: nothing tells when another process lets go of a file.
+		time.Sleep(100 * time.Millisecond)
 	}
-	return leaks
+	var left []string
+	for _, path := range paths {
+		left = append(left, fmt.Sprintf("%s, left by a killed child, which shm.Sweep did not take (%v)", path, sweepErr))
+	}
+	return left
 }
 
 // removeAbandonedFabric removes file if it is a simulated super node's
@@ -325,13 +362,8 @@ func removeAbandonedFabric(file string) {
 	if !strings.HasPrefix(file, shmPrefix()+"sim-") {
 		return
 	}
-	seg, err := shm.OpenSegment(strings.TrimPrefix(file, shmPrefix()))
-	if err != nil {
-		return
-	}
-	creator := seg.Creator()
-	seg.Close()
-	if path := filepath.Join(shm.ShmDir, file); !creator.Alive() && !mappedByOthers(path) {
+	path := filepath.Join(shm.ShmDir, file)
+	if creator, ok := fileCreator(path); ok && !creator.Alive() && !mappedByOthers(path) {
 		os.Remove(path)
 	}
 }
@@ -352,29 +384,50 @@ func mappedByOthers(path string) bool {
 	return false
 }
 
-// madeBy tells which of procs made file, a file in shm.ShmDir: a
-// segment's creator, else (a file that is no segment, or not one that
-// opens as itself) the process whose pid the name holds as one of its
-// parts. files is the whole listing: OpenSegment of a name that has an
-// alternative file (name~...) may open that one instead.
-func madeBy(file string, files []string, procs []shm.Process) (shm.Process, bool) {
-	name := strings.TrimPrefix(file, shmPrefix())
-	hasAlt := slices.ContainsFunc(files, func(f string) bool { return strings.HasPrefix(f, file+"~") })
-	var st syscall.Stat_t
-	if !hasAlt && syscall.Lstat(filepath.Join(shm.ShmDir, file), &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG &&
-		int(st.Uid) == os.Geteuid() && st.Nlink == 1 {
-		if seg, err := shm.OpenSegment(name); err == nil {
-			creator := seg.Creator()
-			seg.Close()
-			for _, p := range procs {
-				if sameProcess(creator, p) {
-					return p, true
-				}
-			}
-			return shm.Process{}, false
-		}
+// What fileCreator reads of a segment's header (shm's segment.go lays it
+// out; TestFileCreator checks that the two agree): its magic, and its
+// creator's pid and the low 32 bits of its start time, packed in a word.
+const (
+	segMagic      = 0x4745_5354_494b_4255
+	segOffMagic   = 0
+	segOffCreator = 24
+)
+
+// fileCreator returns the creator of the segment in the file at path, if
+// it is a segment of this user. It reads the header as Sweep does, without
+// mapping the file or taking its lock: either would make the segment in
+// use for a Sweep of another process meanwhile.
+func fileCreator(path string) (shm.Process, bool) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return shm.Process{}, false
 	}
-	parts := strings.FieldsFunc(name, func(r rune) bool { return r < '0' || r > '9' })
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if syscall.Fstat(fd, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG || int(st.Uid) != os.Geteuid() {
+		return shm.Process{}, false
+	}
+	var h [32]byte
+	if n, _ := syscall.Pread(fd, h[:], 0); n < len(h) || binary.LittleEndian.Uint64(h[segOffMagic:]) != segMagic {
+		return shm.Process{}, false
+	}
+	w := binary.LittleEndian.Uint64(h[segOffCreator:])
+	return shm.Process{PID: uint32(w >> 32), Start: w & 0xffffffff}, true
+}
+
+// madeBy tells which of procs made file, a file in shm.ShmDir: a
+// segment's creator, else (a file that is no segment) the process whose
+// pid the name holds as one of its parts.
+func madeBy(file string, procs []shm.Process) (shm.Process, bool) {
+	if creator, ok := fileCreator(filepath.Join(shm.ShmDir, file)); ok {
+		for _, p := range procs {
+			if sameProcess(creator, p) {
+				return p, true
+			}
+		}
+		return shm.Process{}, false
+	}
+	parts := strings.FieldsFunc(strings.TrimPrefix(file, shmPrefix()), func(r rune) bool { return r < '0' || r > '9' })
 	for _, p := range procs {
 		if slices.Contains(parts, strconv.FormatUint(uint64(p.PID), 10)) {
 			return p, true

@@ -231,3 +231,25 @@ func TestWaitParked(t *testing.T) {
 
 // parkHere waits for release, where TestWaitParked looks for it.
 func parkHere(release <-chan struct{}) { <-release }
+
+// TestFileCreator: what fileCreator reads of a segment's header is the
+// creator that shm reports, and a file that is no segment has none.
+func TestFileCreator(t *testing.T) {
+	name := fmt.Sprintf("test-creator-%d-%d", os.Getpid(), time.Now().UnixNano())
+	s, err := shm.CreateSegment(name, 4096, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, ok := fileCreator(filepath.Join(shm.ShmDir, shmPrefix()+name))
+	if !ok || got != s.Creator() || !sameProcess(got, shm.Self()) {
+		t.Errorf("fileCreator = %+v, %v; the segment says %+v, and this process is %+v", got, ok, s.Creator(), shm.Self())
+	}
+	plain := filepath.Join(t.TempDir(), "plain")
+	if err := os.WriteFile(plain, make([]byte, 64), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := fileCreator(plain); ok {
+		t.Errorf("fileCreator of a file of zeros = %+v, want none", p)
+	}
+}
