@@ -171,6 +171,34 @@ func TestSweepBells(t *testing.T) {
 	}
 }
 
+// The bell of a segment that Sweep removes goes in the same Sweep: it is
+// an orphan then, however young (a bell beside its segment was kept
+// because the segment was still there when Sweep looked at the bell).
+func TestSweepTakesTheBellOfASegmentItRemoves(t *testing.T) {
+	name := testName(t)
+	if err := startChild(t, "keep-segment", name).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	bell := filepath.Join(ShmDir, userPrefix()+name+bellSuffix+"0")
+	if err := mkfifo(bell); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.Remove(bell)
+		os.Remove(filepath.Join(ShmDir, userPrefix()+name))
+	})
+	removed, err := Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(removed, name) || !slices.Contains(removed, name+bellSuffix+"0") {
+		t.Fatalf("Sweep removed %v; want the segment of a dead creator, %s, and its bell", removed, name)
+	}
+	if _, err := os.Lstat(bell); !os.IsNotExist(err) {
+		t.Fatalf("the bell after Sweep: %v, want it gone", err)
+	}
+}
+
 // A bell belongs to the consumer that made it: a second consumer cannot
 // take it over while it is live, and a consumer whose bell was replaced
 // does not remove the new one when it closes.
