@@ -297,13 +297,24 @@ func checkShmFiles(before map[string]bool, procs []shm.Process) []string {
 	if err != nil {
 		return []string{err.Error()}
 	}
-	var leaks, killedLeft []string
+	// Who made what, before anything goes: a bell is told by its
+	// segment.
+	type made struct {
+		file    string
+		creator shm.Process
+		ours    bool
+	}
+	var news []made
 	for _, file := range files {
-		if before[file] {
-			continue
+		if !before[file] {
+			creator, ours := madeBy(file, procs)
+			news = append(news, made{file, creator, ours})
 		}
-		creator, ours := madeBy(file, procs)
-		if !ours {
+	}
+	var leaks, killedLeft []string
+	for _, m := range news {
+		file, creator := m.file, m.creator
+		if !m.ours {
 			removeAbandonedFabric(file)
 			continue
 		}
@@ -416,10 +427,12 @@ func fileCreator(path string) (shm.Process, bool) {
 }
 
 // madeBy tells which of procs made file, a file in shm.ShmDir: a
-// segment's creator, else (a file that is no segment) the process whose
-// pid the name holds as one of its parts.
+// segment's creator (for a ring's bell, <segment>.bell-<offset>, its
+// segment's), else (a file that is no segment, or a bell whose segment is
+// gone) the process whose pid the name holds as one of its parts.
 func madeBy(file string, procs []shm.Process) (shm.Process, bool) {
-	if creator, ok := fileCreator(filepath.Join(shm.ShmDir, file)); ok {
+	seg, _, _ := strings.Cut(file, ".bell-")
+	if creator, ok := fileCreator(filepath.Join(shm.ShmDir, seg)); ok {
 		for _, p := range procs {
 			if sameProcess(creator, p) {
 				return p, true

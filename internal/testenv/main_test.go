@@ -130,6 +130,7 @@ func TestMainFindsLeaks(t *testing.T) {
 		{"child-process", "child process "},
 		{"mapping", "more mappings of " + shm.ShmDir + "/"},
 		{"segment", ", made by this process (removed now)"},
+		{"bell", ".bell-0, made by this process (removed now)"},
 		{"child-segment", "which this one started (removed now)"},
 		{"killed-child-segment", ""},
 		{"sim-fabric", ""},
@@ -146,7 +147,10 @@ func TestMainFindsLeaks(t *testing.T) {
 				name = "sim-" + name
 			}
 			file := filepath.Join(shm.ShmDir, shmPrefix()+name)
-			t.Cleanup(func() { os.Remove(file) })
+			t.Cleanup(func() {
+				os.Remove(file)
+				os.Remove(file + ".bell-0")
+			})
 			out, err := ChildTest(t, leakModeEnv+"="+tt.mode, leakNameEnv+"="+name).CombinedOutput()
 			switch {
 			case tt.want == "" && err != nil:
@@ -157,8 +161,10 @@ func TestMainFindsLeaks(t *testing.T) {
 				!strings.Contains(string(out), tt.want)):
 				t.Errorf("the report of a run that leaked (%s) does not say %q:\n%s", tt.mode, tt.want, out)
 			}
-			if _, err := os.Lstat(file); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("%s after the run: %v, want it removed", file, err)
+			for _, f := range []string{file, file + ".bell-0"} {
+				if _, err := os.Lstat(f); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s after the run: %v, want it removed", f, err)
+				}
 			}
 		})
 	}
@@ -183,6 +189,11 @@ func leak(t *testing.T, mode, name string) {
 		leakedSeg, err = shm.CreateSegment(name, 4096, nil)
 	case "segment":
 		err = keepSegment(name)
+	case "bell":
+		// A ring's bell beside its kept segment.
+		if err = keepSegment(name); err == nil {
+			err = syscall.Mkfifo(filepath.Join(shm.ShmDir, shmPrefix()+name+".bell-0"), 0o600)
+		}
 	case "child-segment":
 		cmd := Child(t, "keep-segment", leakNameEnv+"="+name)
 		cmd.Stderr = os.Stderr
