@@ -323,7 +323,7 @@ func checkShmFiles(before map[string]bool, procs []shm.Process) []string {
 		case strings.HasPrefix(file, shmPrefix()+"sim-"):
 			// Another test process may share it (a super node of the
 			// same topology): it outlives us for them, and the last
-			// one's run removes it (below).
+			// one's run removes it (removeAbandonedFabric).
 			if !mappedByOthers(path) {
 				os.Remove(path)
 			}
