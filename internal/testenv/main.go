@@ -38,8 +38,10 @@ var leakWait = 10 * time.Second
 //     mapped then,
 //   - files of this user's in /dev/shm (names starting with
 //     ubkit-<uid>-) that this process, or a process of the test binary
-//     that it started directly or not, made during the run; it removes
-//     them after reporting them.
+//     that it started directly or not, made during the run (as a
+//     segment's header names its creator; a file that is no segment, such
+//     as a bell whose segment is gone, is told only by a pid in its
+//     name); it removes them after reporting them.
 //
 // Goroutines, descriptors and mappings are checked only when the tests
 // passed (a failed test may leave what it held), after waiting up to 10 s
