@@ -36,12 +36,10 @@ func newPool(t testing.TB, o Options) (*Pool, string) {
 }
 
 func TestMain(m *testing.M) {
-	if mode := os.Getenv("CACHE_TEST_CHILD"); mode != "" {
-		os.Exit(child(mode))
+	for _, mode := range []string{"writer", "stall", "reader"} {
+		testenv.RegisterChild(mode, func() int { return child(mode) })
 	}
-	code := m.Run()
-	testenv.RemoveOwnSimFabrics() // the cluster tests' simulated super node
-	os.Exit(code)
+	testenv.Main(m)
 }
 
 // value makes a self-checking value: its seed, then Fill(seed).
@@ -125,9 +123,15 @@ func TestTTLAndTouch(t *testing.T) {
 	if _, in, err := p.Get([]byte("short"), nil); err != nil || in.Expires.IsZero() {
 		t.Fatalf("before expiry: %+v %v", in, err)
 	}
-	time.Sleep(50 * time.Millisecond)
-	if _, _, err := p.Get([]byte("short"), nil); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("after expiry: %v", err)
+	// Polling: an entry expires with the clock, and nothing tells when.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, _, err := p.Get([]byte("short"), nil)
+		if errors.Is(err, ErrNotFound) {
+			break
+		}
+		if err != nil || time.Now().After(deadline) {
+			t.Fatalf("an entry with a TTL of 30 ms, 10 s later: %v", err)
+		}
 	}
 	if _, _, err := p.Get([]byte("kept"), nil); err != nil {
 		t.Fatalf("touched entry: %v", err)
@@ -204,15 +208,11 @@ func TestConcurrent(t *testing.T) {
 			}
 		})
 	}
+	var readers sync.WaitGroup
 	for range 3 {
-		wg.Go(func() {
+		readers.Go(func() {
 			buf := make([]byte, 0, 4096)
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for i := range 100000 {
 				v, _, err := p.Get([]byte(strconv.Itoa(i%200)), buf)
 				if err == nil && !intact(v) {
 					torn.Add(1)
@@ -220,7 +220,7 @@ func TestConcurrent(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(500 * time.Millisecond)
+	readers.Wait()
 	close(stop)
 	wg.Wait()
 	if n := torn.Load(); n > 0 {
@@ -248,10 +248,10 @@ func child(mode string) int {
 			if mode == "stall" && n == 300 {
 				fmt.Println("stalled")
 				os.Stdout.Sync()
-				time.Sleep(time.Hour)
+				time.Sleep(time.Hour) // until the test kills it
 			}
 			if n%50 == 0 {
-				time.Sleep(200 * time.Microsecond)
+				time.Sleep(200 * time.Microsecond) // a pause for kills to land in
 			}
 		}
 		r := rand.New(rand.NewPCG(uint64(os.Getpid()), 2))
@@ -325,8 +325,7 @@ func (l *lockedBuffer) String() string {
 
 func startChild(t *testing.T, name, mode string) (*exec.Cmd, *lockedBuffer) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "CACHE_TEST_CHILD="+mode, "CACHE_TEST_POOL="+name)
+	cmd := testenv.Child(t, mode, "CACHE_TEST_POOL="+name)
 	out := lockedBuffer{wrote: make(chan struct{}, 1)}
 	cmd.Stdout = &out
 	cmd.Stderr = os.Stderr
@@ -373,11 +372,12 @@ func TestWriterKilled(t *testing.T) {
 			mode = "stall" // killed for certain while it holds a lock
 		}
 		b, bout := startChild(t, name, mode)
-		time.Sleep(time.Duration(20+r.IntN(60)) * time.Millisecond)
+		aout.waitFor(t, "writing")
+		// Not a synchronisation: a random moment of a's writes.
+		time.Sleep(time.Duration(r.IntN(60)) * time.Millisecond)
 		if mode == "stall" {
 			bout.waitFor(t, "stalled")
 		}
-		_ = aout
 		a.Process.Kill()
 		b.Process.Kill()
 		a.Wait()

@@ -21,7 +21,8 @@ import (
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
-// slowHealth answers after delay, saying which node it is.
+// slowHealth answers after delay (the time its work takes, not a
+// synchronisation), saying which node it is.
 type slowHealth struct {
 	healthpb.UnimplementedHealthServer
 	node  string

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,19 +24,17 @@ import (
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver and balancers
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
-	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/transport"
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
+// hangGuard bounds the waits of tests for what takes milliseconds when
+// the code works: only a hang waits that long, and it fails the test.
+const hangGuard = 30 * time.Second
+
 func TestMain(m *testing.M) {
-	if os.Getenv("MESH_TEST_CHILD") != "" {
-		os.Exit(child())
-	}
-	code := m.Run()
-	testenv.RemoveOwnSimFabrics()
-	shm.Sweep() // what the client child process left
-	os.Exit(code)
+	testenv.RegisterChild("client", child)
+	testenv.Main(m)
 }
 
 // TestSnapshotView: each node gets its own view: its own node's endpoints
@@ -155,8 +152,7 @@ func TestProxylessGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "MESH_TEST_CHILD=1", "GRPC_XDS_BOOTSTRAP_CONFIG="+string(boot),
+	cmd := testenv.Child(t, "client", "GRPC_XDS_BOOTSTRAP_CONFIG="+string(boot),
 		"UB_TOPOLOGY=example:dev4", "UB_NODE=n1", "UB_PROVIDER=sim", "UBKIT_RUNTIME_DIR="+dir, "MESH_REGISTRY="+regFile)
 	cmd.Stderr = os.Stderr
 	in, _ := cmd.StdinPipe()

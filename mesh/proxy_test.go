@@ -224,7 +224,7 @@ func TestNodeProxyFromXDS(t *testing.T) {
 		defer xr.Close()
 		select {
 		case <-xr.Ready():
-		case <-time.After(10 * time.Second):
+		case <-time.After(hangGuard):
 			t.Fatal("no endpoints from the control plane")
 		}
 		cert, _ := ca.Issue(n, time.Hour)
@@ -237,10 +237,12 @@ func TestNodeProxyFromXDS(t *testing.T) {
 	}
 	// n0's proxy opens the listener LDS names, on its own.
 	want := fmt.Sprintf("127.0.0.1:%d", port)
-	for end := time.Now().Add(10 * time.Second); proxies["n0"].Listening()["hello"] != want; {
+	for end := time.Now().Add(hangGuard); proxies["n0"].Listening()["hello"] != want; {
 		if time.Now().After(end) {
 			t.Fatalf("n0's proxy listens on %v, want hello on %s", proxies["n0"].Listening(), want)
 		}
+		// Polling: the proxy takes the registry's changes, and nothing
+		// else tells when it opened its listener.
 		time.Sleep(5 * time.Millisecond)
 	}
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + want + "/")

@@ -20,12 +20,13 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// scriptedADS answers the cluster request with one cluster, then sends
-// that cluster's endpoints only when release is closed. A unit-test fake:
-// the real control plane is tested elsewhere.
+// scriptedADS answers the cluster request with one cluster, closes
+// askedEDS when the client asks for its endpoints, then sends them only
+// when release is closed. A unit-test fake: the real control plane is
+// tested elsewhere.
 type scriptedADS struct {
 	discovery.UnimplementedAggregatedDiscoveryServiceServer
-	release chan struct{}
+	askedEDS, release chan struct{}
 }
 
 func (s *scriptedADS) StreamAggregatedResources(st discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
@@ -49,6 +50,7 @@ func (s *scriptedADS) StreamAggregatedResources(st discovery.AggregatedDiscovery
 			}
 		case req.TypeUrl == resource.EndpointType && !sentEDS:
 			sentEDS = true
+			close(s.askedEDS)
 			go func() {
 				<-s.release
 				st.Send(&discovery.DiscoveryResponse{TypeUrl: resource.EndpointType, VersionInfo: "1", Nonce: "e1", Resources: []*anypb.Any{cla}})
@@ -61,7 +63,7 @@ func (s *scriptedADS) StreamAggregatedResources(st discovery.AggregatedDiscovery
 // list: a proxy taking the clusters alone for the state answered its first
 // requests with "no endpoint of echo" (seen as EOFs in ubctl bench mesh).
 func TestRegressXDSReadyBeforeEndpoints(t *testing.T) {
-	ads := &scriptedADS{release: make(chan struct{})}
+	ads := &scriptedADS{askedEDS: make(chan struct{}), release: make(chan struct{})}
 	srv := grpc.NewServer()
 	discovery.RegisterAggregatedDiscoveryServiceServer(srv, ads)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -72,16 +74,28 @@ func TestRegressXDSReadyBeforeEndpoints(t *testing.T) {
 	defer srv.Stop()
 	xr := newXDS(t, "n0", l.Addr().String())
 	defer xr.Close()
+	// The registry asks for the endpoints, then publishes what it knows:
+	// the first change it signals (nothing else has come).
+	for _, step := range []struct {
+		what string
+		ch   <-chan struct{}
+	}{{"the client asking for endpoints", ads.askedEDS}, {"the registry publishing the cluster", xr.Changed()}} {
+		select {
+		case <-step.ch:
+		case <-time.After(hangGuard):
+			t.Fatalf("no sign of %s", step.what)
+		}
+	}
 	select {
 	case <-xr.Ready():
 		s, _ := xr.Services(t.Context())
 		t.Fatalf("Ready closed with the cluster known and its endpoints not yet sent (services %v)", s)
-	case <-time.After(300 * time.Millisecond):
+	default:
 	}
 	close(ads.release)
 	select {
 	case <-xr.Ready():
-	case <-time.After(5 * time.Second):
+	case <-time.After(hangGuard):
 		t.Fatal("Ready never closed after the endpoints came")
 	}
 	s, err := xr.Services(t.Context())

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,29 +23,44 @@ import (
 
 // holdBackend accepts connections, reads them to EOF and then keeps them
 // open without ever writing or closing (a server that ignores half-close).
-func holdBackend(t *testing.T) net.Listener {
+// The channel gets a value for every connection that delivered a byte.
+func holdBackend(t *testing.T) (net.Listener, <-chan struct{}) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var mu sync.Mutex
 	var held []net.Conn
+	got := make(chan struct{}, 16)
 	go func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
+			mu.Lock()
 			held = append(held, c)
-			go io.Copy(io.Discard, c)
+			mu.Unlock()
+			go func() {
+				if n, _ := io.CopyN(io.Discard, c, 1); n == 1 {
+					select {
+					case got <- struct{}{}:
+					default:
+					}
+				}
+				io.Copy(io.Discard, c)
+			}()
 		}
 	}()
 	t.Cleanup(func() {
 		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
 		for _, c := range held {
 			c.Close()
 		}
 	})
-	return l
+	return l, got
 }
 
 func twoProxies(t *testing.T, backendNode string, bl net.Listener) map[string]*NodeProxy {
@@ -64,6 +80,7 @@ func twoProxies(t *testing.T, backendNode string, bl net.Listener) map[string]*N
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { p.Close() }) // those the test did not close
 		ps[n] = p
 	}
 	return ps
@@ -79,7 +96,7 @@ func TestRegressCloseHangsRemoteSplice(t *testing.T) {
 }
 
 func closeWhileSplicing(t *testing.T, backendNode string, closeOrder []string) {
-	bl := holdBackend(t)
+	bl, got := holdBackend(t)
 	ps := twoProxies(t, backendNode, bl)
 	l, _ := ps["n0"].ListenService("web", "127.0.0.1:0")
 	c, err := net.Dial("tcp", l.Addr().String())
@@ -88,13 +105,18 @@ func closeWhileSplicing(t *testing.T, backendNode string, closeOrder []string) {
 	}
 	defer c.Close()
 	c.Write([]byte("hello"))
-	time.Sleep(500 * time.Millisecond)
+	// The splice runs once the backend has the bytes.
+	select {
+	case <-got:
+	case <-time.After(hangGuard):
+		t.Fatal("the backend never got the client's bytes")
+	}
 	for _, n := range closeOrder {
 		done := make(chan struct{})
 		go func() { ps[n].Close(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(3 * time.Second):
+		case <-time.After(hangGuard):
 			t.Errorf("%s: NodeProxy.Close hangs with a splice whose backend does not close", n)
 		}
 	}
@@ -102,7 +124,7 @@ func closeWhileSplicing(t *testing.T, backendNode string, closeOrder []string) {
 
 // ListenService after Close opens a listener nobody will ever close.
 func TestRegressListenAfterClose(t *testing.T) {
-	bl := holdBackend(t)
+	bl, _ := holdBackend(t)
 	ps := twoProxies(t, "n0", bl)
 	ps["n0"].Close()
 	ps["n1"].Close()
@@ -125,34 +147,40 @@ func TestRegressXDSRemoval(t *testing.T) {
 		{Name: "b", Endpoints: []Endpoint{{Node: "n1", Address: "10.0.0.2:80"}}},
 	}
 	one := two[:1]
-	bad := 0
-	const runs = 8
-	for i := range runs {
+	for i := range 8 {
 		reg, _ := NewStaticRegistry(two)
 		cp := NewControlPlane(topo, reg)
 		cl, _ := net.Listen("tcp", "127.0.0.1:0")
 		go cp.Serve(cl)
 		xr := newXDS(t, "n0", cl.Addr().String())
 		<-xr.Ready()
-		for end := time.Now().Add(5 * time.Second); ; {
-			s, _ := xr.Services(context.Background())
-			if len(s) == 2 || time.Now().After(end) {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitServices(t, xr, 2)
 		reg.Set(one)
-		time.Sleep(500 * time.Millisecond)
-		s, _ := xr.Services(context.Background())
-		if len(s) != 1 {
-			bad++
-			t.Logf("run %d: after removing b, XDSRegistry still has %d services: %v", i, len(s), s)
+		if s := waitServices(t, xr, 1); len(s) != 1 {
+			t.Errorf("run %d: after removing b, XDSRegistry still has %d services: %v", i, len(s), s)
 		}
 		xr.Close()
 		cp.Close()
 	}
-	if bad > 0 {
-		t.Errorf("%d of %d runs kept a removed service", bad, runs)
+}
+
+// waitServices waits, woken by each change the registry signals (nothing
+// else takes them in these tests), until it has n services, and returns
+// them; after hangGuard it returns what it has.
+func waitServices(t *testing.T, xr *XDSRegistry, n int) []Service {
+	t.Helper()
+	timeout := time.NewTimer(hangGuard)
+	defer timeout.Stop()
+	for {
+		s, _ := xr.Services(context.Background())
+		if len(s) == n {
+			return s
+		}
+		select {
+		case <-xr.Changed():
+		case <-timeout.C:
+			return s
+		}
 	}
 }
 
@@ -168,7 +196,7 @@ func TestRegressXDSReadyEmpty(t *testing.T) {
 	defer xr.Close()
 	select {
 	case <-xr.Ready():
-	case <-time.After(3 * time.Second):
+	case <-time.After(hangGuard):
 		t.Error("XDSRegistry.Ready never closes when the control plane has no services")
 	}
 }
@@ -184,7 +212,7 @@ func TestRegressControlPlaneCloseBeforeServe(t *testing.T) {
 	go func() { ret <- cp.Serve(cl) }()
 	select {
 	case <-ret:
-	case <-time.After(2 * time.Second):
+	case <-time.After(hangGuard):
 		t.Error("Serve after Close keeps serving; nothing can stop it now")
 		cl.Close()
 	}
@@ -211,8 +239,11 @@ func TestRegressBalancerChurn(t *testing.T) {
 	}
 	defer conn.Close()
 	conn.Connect()
-	for r.CC() == nil {
-		time.Sleep(time.Millisecond)
+	// Polling: nothing tells when the channel has built its resolver.
+	for deadline := time.Now().Add(hangGuard); r.CC() == nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the channel never built its resolver")
+		}
 	}
 	r.UpdateState(resolver.State{Addresses: addrs, ServiceConfig: r.CC().ParseServiceConfig(sc)})
 	accepts.Store(0)

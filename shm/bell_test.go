@@ -3,20 +3,56 @@
 package shm
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// A consumer asleep on its bell wakes for each push, well before its
-// sleep's own end, and leaves no FIFO behind.
+// sleepOnBell sleeps on r's bell in a goroutine, for an hour unless the
+// ring is ready (a record, or stop), and reports nil once the sleep ended
+// with the ring ready, or else why it ended. A hang guard ends a sleep
+// that nothing woke.
+func sleepOnBell(r *MPMC, stop func() bool) <-chan error {
+	ready := func() bool {
+		pos := r.deq.Load()
+		return r.seq(pos).Load() == pos+1 || (stop != nil && stop())
+	}
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+		defer cancel()
+		switch {
+		case !r.bell.sleep(ctx, ready, time.Hour):
+			done <- errors.New("another goroutine sleeps on the bell")
+		case ctx.Err() != nil:
+			done <- errors.New("nothing woke the sleep on the bell: the hang guard ended it")
+		case !ready():
+			done <- errors.New("the sleep on the bell ended with the ring not ready")
+		default:
+			done <- nil
+		}
+	}()
+	return done
+}
+
+// bellSleep is the function that sleeps on a bell, as goroutine dumps
+// name it (for waitParked).
+const bellSleep = "shm.(*bell).sleep("
+
+// A consumer asleep on its bell wakes for each push of a producer in its
+// process, however long it would sleep otherwise, and leaves no FIFO
+// behind.
 func TestBellWakes(t *testing.T) {
 	seg, r := newMPMC(t, 64, 32)
 	if err := r.EnableBell(); err != nil {
@@ -27,35 +63,20 @@ func TestBellWakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prod.Close()
-	var lat []time.Duration
 	buf := make([]byte, 32)
-	for i := 0; i < 50; i++ {
-		pushed := make(chan time.Time, 1)
-		go func() {
-			time.Sleep(200 * time.Microsecond)
-			pushed <- time.Now()
-			if err := prod.TryPush([]byte("x")); err != nil {
-				t.Error(err)
-			}
-		}()
-		// A long sleep: only the bell ends it early.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := r.WaitNotEmpty(ctx)
-		cancel()
-		woke := time.Now()
-		if err != nil {
+	for range 50 {
+		woke := sleepOnBell(r, nil)
+		waitParked(t, 1, "IO wait", bellSleep)
+		if err := prod.TryPush([]byte("x")); err != nil {
 			t.Fatal(err)
 		}
-		lat = append(lat, woke.Sub(<-pushed))
+		if err := <-woke; err != nil {
+			t.Fatalf("after a push: %v", err)
+		}
 		if _, err := r.TryPop(buf); err != nil {
 			t.Fatal(err)
 		}
 	}
-	slices.Sort(lat)
-	if lat[len(lat)/2] > livenessInterval/2 {
-		t.Fatalf("median wake-up %v after the push: the bell did not ring", lat[len(lat)/2])
-	}
-	t.Logf("wake-up after a push: p50 %v, max %v", lat[len(lat)/2], lat[len(lat)-1])
 	path := r.bell.path
 	if _, err := os.Lstat(path); err != nil {
 		t.Fatalf("the bell is missing while the ring is open: %v", err)
@@ -66,20 +87,42 @@ func TestBellWakes(t *testing.T) {
 	}
 }
 
-// A cancelled wait returns at once even while asleep on the bell.
+// Cancelling the context ends a sleep on the bell, however long it would
+// last otherwise, and WaitNotEmpty then returns the context's error.
 func TestBellCancel(t *testing.T) {
 	_, r := newMPMC(t, 8, 8)
 	if err := r.EnableBell(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(20*time.Millisecond, cancel)
-	start := time.Now()
-	if err := r.WaitNotEmpty(ctx); err != context.Canceled {
-		t.Fatalf("WaitNotEmpty after cancel: %v", err)
+	slept := make(chan error, 1)
+	go func() {
+		r.bell.sleep(ctx, func() bool { return false }, time.Hour)
+		slept <- ctx.Err()
+	}()
+	waitParked(t, 1, "IO wait", bellSleep)
+	cancel()
+	select {
+	case err := <-slept:
+		if err != context.Canceled {
+			t.Fatalf("the sleep on the bell ended with %v, want it cancelled", err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("cancelling did not end the sleep on the bell")
 	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("the cancelled wait took %v", d)
+
+	ctx, cancel = context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { waited <- r.WaitNotEmpty(ctx) }()
+	waitParked(t, 1, "IO wait", bellSleep)
+	cancel()
+	select {
+	case err := <-waited:
+		if err != context.Canceled {
+			t.Fatalf("WaitNotEmpty after cancel: %v", err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("WaitNotEmpty did not return after cancel")
 	}
 }
 
@@ -130,6 +173,34 @@ func TestSweepBells(t *testing.T) {
 	}
 }
 
+// The bell of a segment that Sweep removes goes in the same Sweep: it is
+// an orphan then, however young (a bell beside its segment was kept
+// because the segment was still there when Sweep looked at the bell).
+func TestSweepTakesTheBellOfASegmentItRemoves(t *testing.T) {
+	name := testName(t)
+	if err := startChild(t, "keep-segment", name).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	bell := filepath.Join(ShmDir, userPrefix()+name+bellSuffix+"0")
+	if err := mkfifo(bell); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		os.Remove(bell)
+		os.Remove(filepath.Join(ShmDir, userPrefix()+name))
+	})
+	removed, err := Sweep()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(removed, name) || !slices.Contains(removed, name+bellSuffix+"0") {
+		t.Fatalf("Sweep removed %v; want the segment of a dead creator, %s, and its bell", removed, name)
+	}
+	if _, err := os.Lstat(bell); !os.IsNotExist(err) {
+		t.Fatalf("the bell after Sweep: %v, want it gone", err)
+	}
+}
+
 // A bell belongs to the consumer that made it: a second consumer cannot
 // take it over while it is live, and a consumer whose bell was replaced
 // does not remove the new one when it closes.
@@ -157,120 +228,134 @@ func TestBellOwnership(t *testing.T) {
 	}
 }
 
-// A wait on a closed ring's bell does not spin: it falls back to the futex.
+// A wait on a closed ring's bell does not spin on it: it sleeps on the
+// futex.
 func TestBellClosedDoesNotSpin(t *testing.T) {
 	_, r := newMPMC(t, 8, 8)
 	if err := r.EnableBell(); err != nil {
 		t.Fatal(err)
 	}
 	r.Close()
-	cpu := func() time.Duration {
-		var ru syscall.Rusage
-		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	before := cpu()
-	r.WaitNotEmpty(ctx)
-	// Waiting 300 ms on a futex costs a few ms of CPU; spinning, all 300.
-	if used := cpu() - before; used > 150*time.Millisecond {
-		t.Fatalf("a 300 ms wait on a closed ring's bell used %v of CPU", used)
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { waited <- r.WaitNotEmpty(ctx) }()
+	waitParked(t, 1, "syscall", "shm.futexWait(")
+	cancel()
+	select {
+	case err := <-waited:
+		if err != context.Canceled {
+			t.Fatalf("WaitNotEmpty after cancel: %v", err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("WaitNotEmpty did not return after cancel")
 	}
 }
 
 func init() {
+	// Push one record for every line read from stdin.
 	children["bell-pusher"] = func(args []string) error {
 		r, closeRing, err := openChildMPMC(args[0])
 		if err != nil {
 			return err
 		}
 		defer closeRing()
-		n, _ := strconv.Atoi(args[1])
-		for range n {
-			// One record at a time: wait until the consumer took the
-			// last, so that it is asleep when the next comes.
-			for r.deq.Load() != r.enq.Load() {
-				time.Sleep(50 * time.Microsecond)
-			}
-			time.Sleep(300 * time.Microsecond)
+		in := bufio.NewScanner(os.Stdin)
+		for in.Scan() {
 			if err := r.Push(context.Background(), []byte("x")); err != nil {
 				return err
 			}
 		}
-		return nil
+		return in.Err()
 	}
 }
 
-// A producer in another process rings the bell through the FIFO: every
-// push ends the consumer's sleep, which would otherwise last its full 20 ms
-// bound each time (50 pushes: a second).
+// A producer in another process rings the bell through the FIFO: each of
+// its pushes ends the consumer's sleep on the bell, which nothing else
+// would end.
 func TestBellAcrossProcesses(t *testing.T) {
 	seg, r := newMPMC(t, 64, 32)
 	if err := r.EnableBell(); err != nil {
 		t.Fatal(err)
 	}
-	const n = 50
-	start := time.Now()
-	cmd := startChild(t, "bell-pusher", seg.Name(), strconv.Itoa(n))
+	cmd := childCommand(t, "bell-pusher", childArgs(seg.Name()))
+	cmd.Stderr = os.Stderr
+	push, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
 	buf := make([]byte, 32)
-	for i := 0; i < n; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := r.WaitNotEmpty(ctx)
-		cancel()
-		if err != nil {
+	for i := range 50 {
+		woke := sleepOnBell(r, nil)
+		waitParked(t, 1, "IO wait", bellSleep)
+		if _, err := fmt.Fprintln(push, "push"); err != nil {
 			t.Fatal(err)
+		}
+		if err := <-woke; err != nil {
+			t.Fatalf("push %d from another process: %v", i, err)
 		}
 		if _, err := r.TryPop(buf); err != nil {
 			t.Fatal(err)
 		}
 	}
-	took := time.Since(start)
+	push.Close()
 	if err := cmd.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if took > 500*time.Millisecond {
-		t.Fatalf("%d pushes from another process took %v to arrive: the bell did not ring", n, took)
-	}
-	t.Logf("%d pushes from another process, 300 µs apart, arrived in %v", n, took)
 }
 
-// Kick ends a WaitNotEmptyOr whose stop condition it made true, asleep on
-// the bell or on the futex, well before the sleep's own end.
+// Kick ends a sleep on the bell or on the futex that nothing else would
+// end, and WaitNotEmptyOr, asleep on either, returns once its stop
+// condition holds.
 func TestKickEndsWait(t *testing.T) {
 	for _, withBell := range []bool{true, false} {
 		t.Run(map[bool]string{true: "bell", false: "futex"}[withBell], func(t *testing.T) {
 			_, r := newMPMC(t, 8, 8)
+			state, parkedIn := "syscall", "shm.futexWait("
 			if withBell {
 				if err := r.EnableBell(); err != nil {
 					t.Fatal(err)
 				}
-			}
-			var lat []time.Duration
-			for i := 0; i < 30; i++ {
+				state, parkedIn = "IO wait", bellSleep
 				var stop atomic.Bool
-				kicked := make(chan time.Time, 1)
+				woke := sleepOnBell(r, stop.Load)
+				waitParked(t, 1, state, parkedIn)
+				stop.Store(true)
+				r.Kick()
+				if err := <-woke; err != nil {
+					t.Fatalf("after Kick: %v", err)
+				}
+			} else {
+				// A sleeper as the futex wait registers one; only a wake
+				// ends its sleep before the hang guard.
+				v := r.notEmptySeq.Load()
+				r.popWaiters.Add(1)
+				woke := make(chan struct{})
 				go func() {
-					time.Sleep(200 * time.Microsecond)
-					kicked <- time.Now()
-					stop.Store(true)
-					r.Kick()
+					futexWait(r.notEmptySeq, v, 3*hangGuard)
+					r.popWaiters.Add(^uint32(0))
+					close(woke)
 				}()
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				err := r.WaitNotEmptyOr(ctx, stop.Load)
-				cancel()
-				woke := time.Now()
-				if err != nil {
-					t.Fatal(err)
+				waitParked(t, 1, state, parkedIn)
+				r.Kick()
+				select {
+				case <-woke:
+				case <-time.After(hangGuard):
+					t.Fatal("Kick did not wake the sleeper on the futex")
 				}
-				if !stop.Load() {
-					t.Fatal("WaitNotEmptyOr returned on an empty ring before the stop condition held")
-				}
-				lat = append(lat, woke.Sub(<-kicked))
 			}
-			slices.Sort(lat)
-			if lat[len(lat)/2] > livenessInterval/2 {
-				t.Fatalf("median wake-up %v after the kick: Kick did not wake the wait", lat[len(lat)/2])
+			var stop atomic.Bool
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			waited := make(chan error, 1)
+			go func() { waited <- r.WaitNotEmptyOr(ctx, stop.Load) }()
+			waitParked(t, 1, state, parkedIn)
+			stop.Store(true)
+			r.Kick()
+			if err := <-waited; err != nil {
+				t.Fatalf("WaitNotEmptyOr after its stop condition held and Kick: %v", err)
 			}
 		})
 	}
@@ -294,13 +379,21 @@ func TestBellEmptiedBeforeSleep(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.bell.written.Store(1)
-	// Let the poller see the FIFO readable before the sleep: only the
-	// drain before parking then takes the bytes.
-	time.Sleep(5 * time.Millisecond)
+	// The sleep looks at the ring twice before it parks: once before its
+	// read, and once in the read's first call, after the drain. By the
+	// second look the FIFO must be empty.
+	looks, pendingAtPark := 0, -1
+	ready := func() bool {
+		if looks++; looks == 2 {
+			pendingAtPark, _ = unix.IoctlGetInt(r.bell.fd, unix.TIOCINQ)
+		}
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if err := r.WaitNotEmpty(ctx); err != context.DeadlineExceeded {
-		t.Fatalf("WaitNotEmpty on an empty ring: %v", err)
+	r.bell.sleep(ctx, ready, time.Hour)
+	if looks < 2 || pendingAtPark != 0 {
+		t.Fatalf("the sleep looked at the ring %d times, with %d bytes in the bell at the second look; want the bell emptied by then", looks, pendingAtPark)
 	}
 	if r.bell.written.Load() != 0 {
 		t.Fatal("the bell still says a producer wrote")

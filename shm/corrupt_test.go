@@ -28,7 +28,7 @@ func scribble(mem []byte, stop <-chan struct{}, wg *sync.WaitGroup) {
 		for j := range n {
 			mem[i+j] = byte(rng.Uint32())
 		}
-		time.Sleep(20 * time.Microsecond)
+		time.Sleep(20 * time.Microsecond) // a pace, not a synchronisation
 	}
 }
 

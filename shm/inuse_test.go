@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -59,10 +58,8 @@ func init() {
 // startHolder runs child "hold" and returns once it holds the segment.
 func startHolder(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv("hold", args...)...)
+	cmd := childCommand(t, "hold", childArgs(args...))
 	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if _, err := cmd.StdinPipe(); err != nil { // closed by Wait, or when we exit
 		t.Fatal(err)
 	}
@@ -73,12 +70,6 @@ func startHolder(t *testing.T, args ...string) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
 	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "holding\n" {
 		t.Fatalf("child hold %v: %q, %v", args, line, err)
 	}

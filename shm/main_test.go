@@ -6,50 +6,49 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 )
 
-// Multi-process tests re-execute the test binary with UBKIT_SHM_CHILD naming
-// one of these functions; the child runs it and exits with its status.
+// Multi-process tests re-execute the test binary as one of these
+// functions, with the args of childArgs; the child runs it and exits with
+// its status.
 var children = map[string]func(args []string) error{}
 
-func TestMain(m *testing.M) {
-	if name := os.Getenv("UBKIT_SHM_CHILD"); name != "" {
-		f, ok := children[name]
-		if !ok {
-			fmt.Fprintf(os.Stderr, "unknown child %q\n", name)
-			os.Exit(2)
-		}
-		if err := f(strings.Split(os.Getenv("UBKIT_SHM_ARGS"), "\x1f")); err != nil {
+// childArgsEnv carries a child function's args.
+const childArgsEnv = "UBKIT_SHM_ARGS"
+
+// childCommand is testenv.Child, which TestMain (in package shm_test:
+// internal/testenv imports shm, so these tests cannot) hands over with
+// UseTestenv.
+var childCommand func(t testing.TB, role string, env ...string) *exec.Cmd
+
+// runChild is child function f as a testenv child role.
+func runChild(name string, f func(args []string) error) func() int {
+	return func() int {
+		if err := f(strings.Split(os.Getenv(childArgsEnv), "\x1f")); err != nil {
 			fmt.Fprintf(os.Stderr, "child %s: %v\n", name, err)
-			os.Exit(1)
+			return 1
 		}
-		os.Exit(0)
+		return 0
 	}
-	before := ubkitNames()
-	code := m.Run()
-	if code == 0 {
-		if n := openSegments.Load(); n != 0 {
-			fmt.Fprintf(os.Stderr, "FAIL: %d segments still mapped after the tests\n", n)
-			code = 1
-		}
-		if leaked := slices.DeleteFunc(ubkitNames(), func(n string) bool { return slices.Contains(before, n) }); len(leaked) > 0 {
-			fmt.Fprintf(os.Stderr, "FAIL: tests left %v in %s\n", leaked, ShmDir)
-			code = 1
-		}
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "FAIL: leaked goroutines: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
 }
+
+// startChild runs child function name in a new process. The test's cleanup
+// kills it if it still runs and reaps it.
+func startChild(t testing.TB, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := childCommand(t, name, childArgs(args...))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start child %s: %v", name, err)
+	}
+	return cmd
+}
+
+// childArgs is the environment entry that gives a child function args.
+func childArgs(args ...string) string { return childArgsEnv + "=" + strings.Join(args, "\x1f") }
 
 // ubkitNames lists the segments these tests name (other packages' tests,
 // and other runs of these, may run at the same time with segments of their
@@ -66,31 +65,12 @@ func ubkitNames() []string {
 	return out
 }
 
-// startChild runs child function name in a new process. The test's cleanup
-// kills it if it still runs and reaps it.
-func startChild(t testing.TB, name string, args ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv(name, args...)...)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start child %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	return cmd
-}
+// hangGuard bounds the waits of tests for what takes microseconds when
+// the code works: only a hang waits that long, and it fails the test.
+const hangGuard = 10 * time.Second
 
-// childEnv is the environment that makes the test binary run child
-// function name with args.
-func childEnv(name string, args ...string) []string {
-	return []string{"UBKIT_SHM_CHILD=" + name, "UBKIT_SHM_ARGS=" + strings.Join(args, "\x1f")}
-}
+// waitParked is testenv.WaitParked, handed over with UseTestenv.
+var waitParked func(t testing.TB, n int, state string, fns ...string)
 
 // testName returns a segment name unique to this test and process.
 func testName(t testing.TB) string {

@@ -152,7 +152,11 @@ func TestMPMCPeerDead(t *testing.T) {
 	cmd := startChild(t, "mpmc-worker", seg.Name(), "pop", "1000000", "0")
 	// Wait for it to attach, then kill it: a producer blocked on the full ring
 	// learns nobody is left to pop.
-	for r.peerCheck() == nil && r.part(1).Load() == 0 {
+	for deadline := time.Now().Add(hangGuard); r.peerCheck() == nil && r.part(1).Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the child did not attach to the ring")
+		}
+		// Polling: nothing tells when the child has attached.
 		time.Sleep(time.Millisecond)
 	}
 	cmd.Process.Kill()

@@ -203,7 +203,7 @@ func init() {
 				}
 			}
 			prod.Send(context.Background(), []byte("held"))
-			time.Sleep(time.Hour)
+			time.Sleep(time.Hour) // until the test kills it
 		}
 		return prod.Close()
 	}

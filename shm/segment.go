@@ -594,15 +594,10 @@ func Sweep() ([]string, error) {
 		}
 		return true
 	}
+	var bells []string
 	for _, e := range entries {
 		if e.Type()&os.ModeNamedPipe != 0 {
-			gone, err := sweepBell(e.Name())
-			if err != nil {
-				errs = append(errs, err)
-			}
-			if gone {
-				removed = append(removed, sweptName(e.Name()))
-			}
+			bells = append(bells, e.Name())
 			continue
 		}
 		if !strings.HasPrefix(e.Name(), NamePrefix) || !e.Type().IsRegular() {
@@ -619,6 +614,16 @@ func Sweep() ([]string, error) {
 	}
 	if len(held) > 0 {
 		sweep()
+	}
+	// After the segments: the bells of those removed are orphans now.
+	for _, name := range bells {
+		gone, err := sweepBell(name)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if gone {
+			removed = append(removed, sweptName(name))
+		}
 	}
 	return removed, errors.Join(errs...)
 }

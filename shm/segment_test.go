@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -308,14 +309,15 @@ func TestProcessLiveness(t *testing.T) {
 	if !Self().Alive() {
 		t.Fatal("self not alive")
 	}
-	cmd := startChild(t, "keep-segment", testName(t))
+	name := testName(t)
+	cmd := startChild(t, "keep-segment", name)
 	p, err := LookupProcess(cmd.Process.Pid)
 	if err != nil {
 		// The child may already have exited; that is fine for this check.
 		t.Logf("lookup: %v", err)
 	}
 	cmd.Wait()
-	os.Remove(filepath.Join(ShmDir, userPrefix()+cmd.Env[len(cmd.Env)-1][len("UBKIT_SHM_ARGS="):]))
+	os.Remove(filepath.Join(ShmDir, userPrefix()+name))
 	if err == nil && p.Alive() {
 		t.Errorf("process %d alive after it was reaped", p.PID)
 	}
@@ -333,6 +335,7 @@ func TestProcessLiveness(t *testing.T) {
 }
 
 func init() {
+	// Lives until the test kills it (a minute at most).
 	children["sleep"] = func([]string) error {
 		time.Sleep(time.Minute)
 		return nil
@@ -360,11 +363,12 @@ func TestLivenessOfAnExitingProcess(t *testing.T) {
 	}
 	cmd.Process.Kill()
 	// Not reaped yet: a zombie, dead to us.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(hangGuard)
 	for p.Alive() || aliveWord(p.word()) {
 		if time.Now().After(deadline) {
-			t.Fatal("a killed child still counts as alive after 10 s")
+			t.Fatalf("a killed child still counts as alive after %v", hangGuard)
 		}
+		// Polling: the kill lands a moment later, and only Alive tells.
 		time.Sleep(time.Millisecond)
 	}
 	cmd.Wait()
@@ -433,21 +437,44 @@ func TestHugePages(t *testing.T) {
 	}
 	s.Data()[len(s.Data())-1] = 1
 	s.Close()
-	// memfd segments need reserved huge pages: either it works, or the error
-	// says how to reserve them.
+	// memfd segments need reserved huge pages, which `make prereqs`
+	// reserves as root.
 	m, err := CreateMemfd("huge", 4<<20, &SegmentOptions{HugePages: true})
 	if err != nil {
-		if !strings.Contains(err.Error(), "nr_hugepages") {
-			t.Fatalf("huge page failure without a hint: %v", err)
-		}
-		t.Logf("no huge pages reserved on this machine: %v", err)
-		return
+		t.Fatalf("this test needs huge pages reserved for memfd segments (prerequisite: 3 free pages of 2 MiB in "+
+			"/proc/sys/vm/nr_hugepages, which `make prereqs` run as root reserves): %v", err)
 	}
 	defer m.Close()
 	if m.Size() < 4<<20 {
 		t.Fatalf("size %d", m.Size())
 	}
 	m.Data()[0] = 1
+	// More than the kernel could ever give: the error says how to reserve
+	// huge pages.
+	pages := hugePagesLimit(t)
+	if _, err := CreateMemfd("huge", (pages+1)*hugePageSize, &SegmentOptions{HugePages: true}); err == nil ||
+		!strings.Contains(err.Error(), "nr_hugepages") {
+		t.Fatalf("a memfd of %d huge pages, with at most %d to be had: %v, want an error that says how to reserve them", pages+1, pages, err)
+	}
+}
+
+// hugePagesLimit is the most huge pages the kernel gives: those reserved
+// and those it may add (overcommit).
+func hugePagesLimit(t *testing.T) int {
+	t.Helper()
+	n := 0
+	for _, f := range []string{"/proc/sys/vm/nr_hugepages", "/proc/sys/vm/nr_overcommit_hugepages"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		n += v
+	}
+	return n
 }
 
 func TestUint64At(t *testing.T) {

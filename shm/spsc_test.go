@@ -9,11 +9,9 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -324,6 +322,8 @@ func TestSPSCPeerKilled(t *testing.T) {
 			}
 			killedAt := make(chan time.Time, 1)
 			kill := func(pid int) {
+				// At a random moment of the stream: not a
+				// synchronisation.
 				time.Sleep(time.Duration(rand.IntN(30)) * time.Millisecond)
 				killedAt <- time.Now()
 				syscall.Kill(pid, syscall.SIGKILL)
@@ -359,7 +359,12 @@ func TestSPSCPeerKilled(t *testing.T) {
 				}
 				// Kill it once it is attached and the stream runs.
 				go func() {
+					// Polling: nothing tells when the child has
+					// attached. The producer's context bounds it.
 					for r.consumerWord.Load() == 0 {
+						if ctx.Err() != nil {
+							return
+						}
 						time.Sleep(time.Millisecond)
 					}
 					kill(child.Process.Pid)
@@ -423,33 +428,28 @@ func TestSPSCProducerRoom(t *testing.T) {
 		n++
 	}
 	p.Commit() // 16 records of 256 bytes fill the ring
-	var released atomic.Int64
-	done := make(chan int64, 1)
+	done := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 		defer cancel()
-		if _, err := p.ClaimWait(ctx, 248); err != nil {
-			t.Error(err)
-		}
-		done <- released.Load()
+		_, err := p.ClaimWait(ctx, 248)
+		done <- err
 	}()
-	// Until the producer has registered to sleep on the ring.
-	for guard := time.Now().Add(10 * time.Second); r.producerWaiters.Load() == 0; runtime.Gosched() {
-		if time.Now().After(guard) { // a hang guard
-			t.Fatal("the producer never waited")
-		}
-	}
+	waitParked(t, 1, "syscall", "shm.futexWait(")
+	// A wake-up advances the sequence the producer sleeps on; nothing
+	// else does.
 	seq := r.spaceSeq.Load()
 	for i := 0; i < n; i++ {
 		if _, err := c.Next(); err != nil {
 			t.Fatal(err)
 		}
-		// Count before releasing: a producer woken by this release sees it.
-		released.Add(256)
 		c.Release()
-		if woke := r.spaceSeq.Load() != seq; woke && released.Load() < 2048 {
-			t.Fatalf("the consumer woke the producer with %d bytes free, want at least 2048", released.Load())
+		if free := 256 * (i + 1); free < 2048 && r.spaceSeq.Load() != seq {
+			t.Fatalf("the consumer woke the producer with %d bytes free, want at least 2048", free)
 		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the producer, with the ring free: %v", err)
 	}
 	// The producer goes on (its bounded sleeps may let it look earlier:
 	// what the consumer promises is only not to wake it before).

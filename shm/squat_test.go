@@ -99,7 +99,7 @@ func TestCreateSegmentSquattedByAnotherUser(t *testing.T) {
 		path := filepath.Join(shm.ShmDir, shm.UserPrefix()+base+"-"+how)
 		t.Cleanup(func() { os.Remove(path) })
 	}
-	defer startSquatter(t, u, shm.ChildEnv("squat", victim, tmp, base))()
+	defer startSquatter(t, u, shm.ChildArgs(victim, tmp, base))()
 	if owner := fileOwner(t, filepath.Join(tmp, "ubkit-"+victim)); owner != u.UID {
 		t.Fatalf("the runtime directory under TMPDIR belongs to %d, not to the squatter", owner)
 	}
@@ -153,12 +153,12 @@ func TestCreateSegmentSquattedByAnotherUser(t *testing.T) {
 	}
 }
 
-// startSquatter runs the squatter as u, and returns once it has squatted,
-// with the function that ends it (before the test ends, which would kill
-// it).
-func startSquatter(t *testing.T, u *testenv.User, env []string) (stop func()) {
+// startSquatter runs the squatter as u, with args (shm.ChildArgs), and
+// returns once it has squatted, with the function that ends it (before the
+// test ends, which would kill it).
+func startSquatter(t *testing.T, u *testenv.User, args string) (stop func()) {
 	t.Helper()
-	cmd := u.Command(t, "^$", env...)
+	cmd := u.Child(t, "squat", args)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +219,7 @@ func TestSweepSkipsAnotherUsersFiles(t *testing.T) {
 	if err := os.Chtimes(path, old, old); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := u.Command(t, "^$", shm.ChildEnv("sweep")...).CombinedOutput(); err != nil {
+	if out, err := u.Child(t, "sweep").CombinedOutput(); err != nil {
 		t.Fatalf("Sweep as uid %d beside uid %d's stale %s: %v\n%s", u.UID, os.Geteuid(), path, err, out)
 	}
 	if _, err := os.Lstat(path); err != nil {

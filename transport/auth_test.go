@@ -286,12 +286,10 @@ func authChild(mode string) int {
 	return 1
 }
 
-// authCmd runs the test binary as authChild in mode, with env added.
+// authCmd makes cmd, a child in role "auth", play authChild in mode, with
+// env added.
 func authCmd(t *testing.T, cmd *exec.Cmd, mode string, env ...string) *exec.Cmd {
 	t.Helper()
-	if cmd.Env == nil { // else the minimal one of another user's command
-		cmd.Env = os.Environ()
-	}
 	cmd.Env = append(cmd.Env, "TRANSPORT_TEST_AUTH="+mode, "GORACE=atexit_sleep_ms=0")
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
@@ -339,18 +337,14 @@ func TestRemoteDialersAuthenticate(t *testing.T) {
 	ca := newTestCA(t, dir, "ca")
 	other := newTestCA(t, dir, "other")
 	base := []string{"UB_TOPOLOGY=" + topo, "UBKIT_RUNTIME_DIR=" + t.TempDir(), "UBKIT_PATH=tcp"}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	env := func(node string, id []string) []string {
 		return append(append(append([]string{}, base...), "UB_NODE="+node), id...)
 	}
-	stop := startAuthListener(t, authCmd(t, p.Command(p.A, exe, "-test.run=^$"), "listen",
+	stop := startAuthListener(t, authCmd(t, p.Child(t, p.A, "auth"), "listen",
 		env("n0", ca.issue(t, "n0", "sn1", "n0"))...))
 
 	dialB := func(node string, id []string, target string) string {
-		cmd := authCmd(t, p.Command(p.B, exe, "-test.run=^$"), "dial", env(node, id)...)
+		cmd := authCmd(t, p.Child(t, p.B, "auth"), "dial", env(node, id)...)
 		cmd.Env = append(cmd.Env, "TRANSPORT_TEST_AUTH_ADDR="+target, "UBKIT_RUNTIME_DIR="+t.TempDir())
 		return runChild(t, cmd)
 	}
@@ -363,7 +357,7 @@ func TestRemoteDialersAuthenticate(t *testing.T) {
 	if got := dialB("n1", nil, "ub://n0/auth"); !strings.Contains(got, "needs an identity") {
 		t.Errorf("a dialer without an identity: %q", got)
 	}
-	raw := authCmd(t, p.Command(p.B, exe, "-test.run=^$"), "raw",
+	raw := authCmd(t, p.Child(t, p.B, "auth"), "raw",
 		"TRANSPORT_TEST_AUTH_REGISTRY="+net.JoinHostPort(p.AddrA, DefaultRegistryPort))
 	if got := runChild(t, raw); !strings.Contains(got, "did not authenticate") {
 		t.Errorf("an unauthenticated dialer from another host: %q", got)
@@ -413,17 +407,13 @@ func TestRemoteListenerAuthenticates(t *testing.T) {
 	dir := t.TempDir()
 	topo := authTopology(t, dir, p.AddrA, p.AddrB)
 	ca := newTestCA(t, dir, "ca")
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	base := []string{"UB_TOPOLOGY=" + topo, "UBKIT_PATH=tcp"}
 	// The impostor plays n0 with n2's certificate.
 	ca.issue(t, "n2", "sn1", "n2")
-	stop := startAuthListener(t, authCmd(t, p.Command(p.A, exe, "-test.run=^$"), "listen",
+	stop := startAuthListener(t, authCmd(t, p.Child(t, p.A, "auth"), "listen",
 		append(append([]string{"UB_NODE=n0", "UBKIT_RUNTIME_DIR=" + t.TempDir(), "TRANSPORT_TEST_AUTH_IMPOSTOR=" + ca.file("n2")}, base...),
 			ca.issue(t, "n0", "sn1", "n0")...)...))
-	cmd := authCmd(t, p.Command(p.B, exe, "-test.run=^$"), "dial",
+	cmd := authCmd(t, p.Child(t, p.B, "auth"), "dial",
 		append(append([]string{"UB_NODE=n1", "UBKIT_RUNTIME_DIR=" + t.TempDir(), "TRANSPORT_TEST_AUTH_ADDR=ub://n0/auth"}, base...), ca.issue(t, "n1", "sn1", "n1")...)...)
 	if got := runChild(t, cmd); !strings.Contains(got, "names node n2") {
 		t.Errorf("a listener with another node's certificate: %q", got)
@@ -455,7 +445,7 @@ func TestUnixSocketChecksUser(t *testing.T) {
 	}
 	os.Chmod(e.socketPath(l.addr), 0o777)
 	u := testenv.OtherUser(t)
-	out := runChild(t, authCmd(t, u.Command(t, "^$"), "rawunix", "TRANSPORT_TEST_AUTH_ADDR="+e.socketPath(l.addr)))
+	out := runChild(t, authCmd(t, u.Child(t, "auth"), "rawunix", "TRANSPORT_TEST_AUTH_ADDR="+e.socketPath(l.addr)))
 	if !strings.HasPrefix(out, `answer ""`) {
 		t.Errorf("another user's unix dialer: %s", out)
 	}
@@ -490,11 +480,11 @@ func TestTCPNeedsIdentity(t *testing.T) {
 	})
 	where := strings.TrimSpace(string(readFile(t, l.tcpFile)))
 	u := testenv.OtherUser(t)
-	out := runChild(t, authCmd(t, u.Command(t, "^$"), "raw", "TRANSPORT_TEST_AUTH_ADDR="+where))
+	out := runChild(t, authCmd(t, u.Child(t, "auth"), "raw", "TRANSPORT_TEST_AUTH_ADDR="+where))
 	if !strings.Contains(out, "did not authenticate") {
 		t.Errorf("another user's loopback dialer: %s", out)
 	}
-	out = runChild(t, authCmd(t, u.Command(t, "^$"), "raw", "TRANSPORT_TEST_AUTH_ADDR="+where, "TRANSPORT_TEST_AUTH_BURST=1"))
+	out = runChild(t, authCmd(t, u.Child(t, "auth"), "raw", "TRANSPORT_TEST_AUTH_ADDR="+where, "TRANSPORT_TEST_AUTH_BURST=1"))
 	if out != "sent" {
 		t.Errorf("another user's hit-and-run dialer: %s", out)
 	}

@@ -1,16 +1,12 @@
 package transport
 
 import (
-	"errors"
-	"os/exec"
-
 	"context"
+	"errors"
 	"fmt"
-	"go.uber.org/goleak"
 	"io"
 	"net"
 	"os"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -35,73 +31,43 @@ func pipe(t *testing.T) (net.Conn, net.Conn, func()) {
 	return c1, c2, func() { c1.Close(); c2.Close() }
 }
 
+// The test binary re-executed as a child plays one of these roles, with
+// the rest of what it needs in the environment.
+func init() {
+	testenv.RegisterChild("dial-unix", dialUnixChild)
+	testenv.RegisterChild("auth", func() int { return authChild(os.Getenv("TRANSPORT_TEST_AUTH")) })
+	testenv.RegisterChild("writer", child)
+	testenv.RegisterChild("sender", senderChild)
+	testenv.RegisterChild("closer", closerChild)
+}
+
 func TestMain(m *testing.M) {
-	if path := os.Getenv("TRANSPORT_TEST_DIAL_UNIX"); path != "" {
-		// Connect, then wait for the other side to hang up.
-		c, err := net.Dial("unix", path)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		io.Copy(io.Discard, c)
-		os.Exit(0)
-	}
-	if mode := os.Getenv("TRANSPORT_TEST_AUTH"); mode != "" {
-		os.Exit(authChild(mode))
-	}
-	if os.Getenv("TRANSPORT_TEST_CHILD") != "" {
-		os.Exit(child())
-	}
-	if os.Getenv("TRANSPORT_TEST_SENDER") != "" {
-		os.Exit(senderChild())
-	}
-	if os.Getenv("TRANSPORT_TEST_CLOSER") != "" {
-		os.Exit(closerChild())
-	}
+	testenv.RunChildIfAsked()
 	dir, err := os.MkdirTemp("", "ubkit-transport-")
 	if err != nil {
 		panic(err)
 	}
 	os.Setenv("UBKIT_RUNTIME_DIR", dir)
-	before, _ := shm.Segments()
-	code := m.Run()
-	// The default endpoint lives as long as its process; close it here so
-	// that what it opened counts for the leak check.
-	if ep, err := Default(); err == nil {
-		ep.Close()
-	}
-	// Children killed on purpose leave their segments: sweep them as an
-	// operator would (shm.Sweep), then nothing new may remain.
-	shm.Sweep()
-	testenv.RemoveOwnSimFabrics()
-	after, _ := shm.Segments()
-	// Other test processes (other packages) may share a segment by name,
-	// like a simulated super node's: only ours count.
-	left := slices.DeleteFunc(after, func(n string) bool {
-		if slices.Contains(before, n) {
-			return true
+	testenv.Main(m, func() {
+		// The default endpoint lives as long as its process; close it
+		// here so that what it opened counts for the leak check.
+		if ep, err := Default(); err == nil {
+			ep.Close()
 		}
-		seg, err := shm.OpenSegment(n)
-		if err != nil {
-			return true // gone meanwhile, or not ours to open
-		}
-		defer seg.Close()
-		return seg.Creator().PID != uint32(os.Getpid())
+		os.RemoveAll(dir)
 	})
-	if len(left) > 0 && code == 0 {
-		fmt.Fprintf(os.Stderr, "FAIL: shared memory left behind: %v\n", left)
-		code = 1
+}
+
+// dialUnixChild connects to the unix socket TRANSPORT_TEST_DIAL_UNIX, then
+// waits for the other side to hang up.
+func dialUnixChild() int {
+	c, err := net.Dial("unix", os.Getenv("TRANSPORT_TEST_DIAL_UNIX"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
-	if code == 0 {
-		// gRPC and net/http keep a few goroutines for a moment after
-		// Close; give them that moment, then nothing may remain.
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "FAIL: leaked goroutines: %v\n", err)
-			code = 1
-		}
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
+	io.Copy(io.Discard, c)
+	return 0
 }
 
 // child dials TRANSPORT_TEST_ADDR and writes until killed.
@@ -146,9 +112,7 @@ func TestPeerKilled(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "TRANSPORT_TEST_CHILD=1", "TRANSPORT_TEST_ADDR=ub://"+c.node+"/"+svc+c.query)
-		cmd.Env = append(cmd.Env, c.env...)
+		cmd := testenv.Child(t, "writer", append([]string{"TRANSPORT_TEST_ADDR=ub://" + c.node + "/" + svc + c.query}, c.env...)...)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	_ "github.com/ubkit-io/ubkit/ub/provider/tcpprov"
@@ -145,9 +146,7 @@ func TestUnreadMessagesHoldOnlyTheWindow(t *testing.T) {
 				}
 			}()
 			for i := range 2 {
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), "TRANSPORT_TEST_SENDER=ub://"+c.node+"/"+svc+c.query)
-				cmd.Env = append(cmd.Env, c.env(i)...)
+				cmd := testenv.Child(t, "sender", append([]string{"TRANSPORT_TEST_SENDER=ub://" + c.node + "/" + svc + c.query}, c.env(i)...)...)
 				cmd.Stderr = os.Stderr
 				stdin, err := cmd.StdinPipe()
 				if err != nil {
@@ -761,8 +760,7 @@ func TestExitAfterClose(t *testing.T) {
 	}
 	defer l.Close()
 	for round := range 10 {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "TRANSPORT_TEST_CLOSER=ub:///"+svc+"?path=tcp")
+		cmd := testenv.Child(t, "closer", "TRANSPORT_TEST_CLOSER=ub:///"+svc+"?path=tcp")
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/internal/procstat"
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
 // The fd-limit tests run one side of ub-path connections in a child
@@ -167,10 +168,7 @@ func startPiped(t *testing.T, cmd *exec.Cmd) (io.WriteCloser, *bufio.Reader) {
 // directory and address given.
 func startChild(t *testing.T, role, dir, addr string) (*exec.Cmd, io.WriteCloser, *bufio.Reader) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), envFDLimitRole+"="+role, envFDLimitDir+"="+dir, envFDLimitAddr+"="+addr)
+	cmd := testenv.ChildTest(t, envFDLimitRole+"="+role, envFDLimitDir+"="+dir, envFDLimitAddr+"="+addr)
 	cmd.Stderr = os.Stderr
 	in, out := startPiped(t, cmd)
 	return cmd, in, out
@@ -312,7 +310,8 @@ func listenUnderLimits(t *testing.T) {
 			go echo(l, &open)
 		case "base":
 			// The first connection closed: what stays is the ub context.
-			deadline := time.Now().Add(5 * time.Second)
+			// Polling: nothing tells when the echo has closed its side.
+			deadline := time.Now().Add(10 * time.Second)
 			for open.Load() != 0 && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
 			}

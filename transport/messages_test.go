@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 )
 
@@ -86,7 +87,7 @@ func TestMessages(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { _, err := a.Recv(ctx); done <- err }()
-	time.Sleep(10 * time.Millisecond)
+	testenv.WaitParked(t, 1, "", "transport.(*Conn).Recv(")
 	a.Close()
 	if err := <-done; err == nil {
 		t.Error("Recv returned no error after Close")

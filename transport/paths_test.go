@@ -254,9 +254,10 @@ links:
 		query string
 		want  Path
 	}{{"", PathUB}, {"?path=tcp", PathTCP}} {
-		// The registry starts in the background: allow it a moment.
+		// The registry starts in the background, and nothing tells when
+		// it listens: polling, with a hang guard.
 		var conn *Conn
-		for end := time.Now().Add(5 * time.Second); ; {
+		for end := time.Now().Add(10 * time.Second); ; {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			conn, err = hb.Dial(ctx, "ub://ha/svc"+c.query)
 			cancel()

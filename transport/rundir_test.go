@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -30,18 +29,12 @@ const (
 // the user's Listen and Dial, from two processes, still meet (in the
 // fallback directory).
 func TestRuntimeDirSquattedByAnotherUser(t *testing.T) {
-	if how := os.Getenv(squatEnv); how != "" {
-		if err := squatDir(how, os.Getenv(squatPathEnv)); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
 	u := testenv.OtherUser(t)
 	for _, how := range []string{"dir", "symlink", "file"} {
 		t.Run(how, func(t *testing.T) {
 			tmp, home := testenv.IsolateRuntimeDir(t)
 			squatted := filepath.Join(tmp, "ubkit-"+strconv.Itoa(os.Geteuid()))
-			out, err := u.Command(t, "^TestRuntimeDirSquattedByAnotherUser$", squatEnv+"="+how, squatPathEnv+"="+squatted).CombinedOutput()
+			out, err := u.Child(t, "squat", squatEnv+"="+how, squatPathEnv+"="+squatted).CombinedOutput()
 			if err != nil {
 				t.Fatalf("the squatter: %v\n%s", err, out)
 			}
@@ -69,8 +62,7 @@ func TestRuntimeDirSquattedByAnotherUser(t *testing.T) {
 			// Another process of the user, with its own default endpoint,
 			// finds the listener (child in conn_test.go writes until the
 			// connection closes).
-			child := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-			child.Env = append(os.Environ(), "TRANSPORT_TEST_CHILD=1", "TRANSPORT_TEST_ADDR=ub:///"+svc)
+			child := testenv.Child(t, "writer", "TRANSPORT_TEST_ADDR=ub:///"+svc)
 			var stderr strings.Builder
 			child.Stderr = &stderr
 			if err := child.Start(); err != nil {
@@ -89,6 +81,7 @@ func TestRuntimeDirSquattedByAnotherUser(t *testing.T) {
 			case err = <-accepted:
 			case <-ctx.Done():
 				err = ctx.Err()
+				child.Process.Kill() // a hang guard
 			}
 			if werr := child.Wait(); err != nil || werr != nil {
 				t.Fatalf("a dialer in another process: accept and read %v; dialer %v; stderr: %s", err, werr, stderr.String())
@@ -100,6 +93,18 @@ func TestRuntimeDirSquattedByAnotherUser(t *testing.T) {
 			c.Close()
 		})
 	}
+}
+
+func init() {
+	// The squatter of TestRuntimeDirSquattedByAnotherUser, run as another
+	// user.
+	testenv.RegisterChild("squat", func() int {
+		if err := squatDir(os.Getenv(squatEnv), os.Getenv(squatPathEnv)); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	})
 }
 
 // squatDir makes path, the way how says, as the squatter.

@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 )
 
@@ -29,9 +29,7 @@ import (
 func init() {
 	// The flooding dialer of TestShmFloodedPipe, in a process of its own
 	// so that its CPU time is not this one's.
-	if addr := os.Getenv("TRANSPORT_TEST_FLOOD"); addr != "" {
-		os.Exit(floodNotifications(addr))
-	}
+	testenv.RegisterChild("flood", func() int { return floodNotifications(os.Getenv("TRANSPORT_TEST_FLOOD")) })
 }
 
 // floodNotifications dials addr over the shm path, then writes into the
@@ -414,8 +412,7 @@ func TestShmFloodedPipe(t *testing.T) {
 		}
 		defer l.Close()
 		base := holding(t)
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "TRANSPORT_TEST_FLOOD=ub:///flooded?path=shm", "UBKIT_RUNTIME_DIR="+e.dir)
+		cmd := testenv.Child(t, "flood", "TRANSPORT_TEST_FLOOD=ub:///flooded?path=shm", "UBKIT_RUNTIME_DIR="+e.dir)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

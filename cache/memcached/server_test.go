@@ -55,7 +55,9 @@ func serveWith(t testing.TB, maxBytes int64, cfg func(*Server), wrap func(net.Li
 	t.Cleanup(func() {
 		s.Close()
 		p.Close()
-		cache.Remove(name)
+		if err := cache.Remove(name); err != nil {
+			t.Errorf("removing the pool: %v", err)
+		}
 	})
 	return l.Addr().String(), p
 }
@@ -573,7 +575,7 @@ func FuzzServer(f *testing.F) {
 		b.Close()
 		select {
 		case <-done:
-		case <-time.After(5 * time.Second):
+		case <-time.After(5 * time.Second): // a hang guard
 			t.Fatal("the server hung on its input")
 		}
 	})
@@ -732,11 +734,21 @@ func TestMetaDeleteCASRace(t *testing.T) {
 	}
 	ca, ra := dial()
 	cb, rb := dial()
-	line := func(c net.Conn, r *bufio.Reader, cmd string) string {
+	// ask sends cmd and reads one line of the answer; line is ask for the
+	// test's goroutine, which may fail the test. (A t.Fatal in another
+	// goroutine would end only that goroutine, and the test would wait
+	// for its answer until the test binary's timeout killed it, before
+	// the cleanups that remove its pools.)
+	ask := func(c net.Conn, r *bufio.Reader, cmd string) (string, error) {
+		c.SetDeadline(time.Now().Add(10 * time.Second)) // a hang guard
 		if _, err := io.WriteString(c, cmd); err != nil {
-			t.Fatal(err)
+			return "", err
 		}
-		l, err := r.ReadString('\n')
+		return r.ReadString('\n')
+	}
+	line := func(c net.Conn, r *bufio.Reader, cmd string) string {
+		t.Helper()
+		l, err := ask(c, r, cmd)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -748,10 +760,15 @@ func TestMetaDeleteCASRace(t *testing.T) {
 		if _, err := fmt.Sscanf(hd, "HD c%d", &v); err != nil {
 			t.Fatalf("ms: %q", hd)
 		}
-		done := make(chan string, 1)
-		go func() { done <- line(ca, ra, fmt.Sprintf("md race C%d\r\n", v)) }()
+		done := make(chan error, 1)
+		go func() {
+			_, err := ask(ca, ra, fmt.Sprintf("md race C%d\r\n", v))
+			done <- err
+		}()
 		line(cb, rb, "ms race 1\r\ny\r\n")
-		<-done
+		if err := <-done; err != nil {
+			t.Fatalf("round %d: md: %v", i, err)
+		}
 		if got := line(cb, rb, "mg race v\r\n"); strings.HasPrefix(got, "EN") {
 			t.Fatalf("round %d: a set racing md C%d was lost", i, v)
 		} else if strings.HasPrefix(got, "VA") {

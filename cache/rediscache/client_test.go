@@ -24,19 +24,18 @@ import (
 var redisAddr string
 
 func TestMain(m *testing.M) {
-	if os.Getenv("RC_CHILD") != "" {
-		childMain()
+	for _, mode := range []string{"watch", "model"} {
+		testenv.RegisterChild(mode, func() int { return childMain(mode) })
 	}
+	testenv.RegisterChild("clustermodel", func() int { clusterChildMain(); return 0 })
+	testenv.RunChildIfAsked()
 	srv, err := testenv.StartRedis()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	redisAddr = srv.Addr
-	code := m.Run()
-	srv.Close()
-	stopCluster()
-	os.Exit(code)
+	testenv.Main(m, func() { srv.Close(); stopCluster() })
 }
 
 var (
@@ -87,10 +86,15 @@ func plain(t testing.TB) *redis.Client {
 	return c
 }
 
-// eventually polls f for up to 2 s.
+// hangGuard bounds the waits of tests for what takes milliseconds when
+// the code works: only a hang waits that long, and it fails the test.
+const hangGuard = 10 * time.Second
+
+// eventually polls f until it holds, and fails the test after hangGuard.
+// Polling: what a tracker receives shows only in its stats and its cache.
 func eventually(t *testing.T, what string, f func() bool) {
 	t.Helper()
-	for end := time.Now().Add(2 * time.Second); !f(); {
+	for end := time.Now().Add(hangGuard); !f(); {
 		if time.Now().After(end) {
 			t.Fatalf("never: %s", what)
 		}
@@ -211,17 +215,12 @@ func TestReadRacingWrites(t *testing.T) {
 	const keys = 20
 	for round := range 5 {
 		stop := make(chan struct{})
-		var wg sync.WaitGroup
+		var writers, wg sync.WaitGroup
 		var writes atomic.Int64
 		for w := range 2 {
-			wg.Go(func() {
+			writers.Go(func() {
 				r := rand.New(rand.NewPCG(uint64(round), uint64(w)))
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
+				for range 2000 {
 					k := "race:" + strconv.Itoa(r.IntN(keys))
 					direct.Set(ctx, k, strconv.FormatInt(writes.Add(1), 10), 0)
 				}
@@ -240,7 +239,7 @@ func TestReadRacingWrites(t *testing.T) {
 				}
 			})
 		}
-		time.Sleep(300 * time.Millisecond)
+		writers.Wait()
 		close(stop)
 		wg.Wait()
 		// Every write's invalidation is in once each tracker has had a
@@ -392,8 +391,9 @@ func FuzzRESP(f *testing.F) {
 func BenchmarkHit(b *testing.B) {
 	ctx := context.Background()
 	rdb := newClient(b, newPool(b), Config{})
-	plain(b).Set(ctx, "bench:hit", "0123456789012345678901234567890123456789012345678901234567890123", 0)
-	time.Sleep(50 * time.Millisecond) // the write's own invalidation
+	direct := plain(b)
+	direct.Set(ctx, "bench:hit", "0123456789012345678901234567890123456789012345678901234567890123", 0)
+	marker(b, rdb, direct) // the write's own invalidation is in
 	rdb.Get(ctx, "bench:hit")
 	b.ReportAllocs()
 	for b.Loop() {

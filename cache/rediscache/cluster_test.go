@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"sort"
 	"strconv"
 	"strings"
@@ -344,8 +343,7 @@ func TestClusterDifferential(t *testing.T) {
 				errs[w] = runClusterModel(ctx, rdb, fmt.Sprintf("w%d", w), seed+uint64(w)*1000003, ops)
 			})
 		}
-		child := exec.Command(os.Args[0], "-test.run=^$")
-		child.Env = append(os.Environ(), "RC_CHILD=clustermodel", "RC_CLUSTER="+strings.Join(addrs, ","),
+		child := testenv.Child(t, "clustermodel", "RC_CLUSTER="+strings.Join(addrs, ","),
 			"RC_POOL="+poolName(t, p), "RC_MSEED="+strconv.FormatUint(seed, 10), "RC_MOPS="+strconv.Itoa(ops))
 		out := &strings.Builder{}
 		child.Stderr = out

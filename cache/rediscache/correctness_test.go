@@ -7,15 +7,17 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
 // TestReadYourWrites: after a write through the drop-in returns, the same
@@ -173,8 +175,7 @@ func TestWatchNoLostUpdates(t *testing.T) {
 	direct.Set(ctx, key, 0, 0)
 	marker(t, rdb, direct)
 	rdb.Get(ctx, key)
-	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), "RC_CHILD=watch", "RC_ADDR="+redisAddr, "RC_POOL="+poolName(t, p), "RC_N="+strconv.Itoa(n))
+	child := testenv.Child(t, "watch", "RC_ADDR="+redisAddr, "RC_POOL="+poolName(t, p), "RC_N="+strconv.Itoa(n))
 	child.Stderr = os.Stderr
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
@@ -484,17 +485,14 @@ func TestCommandTableKeys(t *testing.T) {
 	}
 }
 
-// childMain runs the other process of a multi-process test.
-func childMain() {
-	if os.Getenv("RC_CHILD") == "clustermodel" {
-		clusterChildMain()
-	}
+// childMain runs the other process of a multi-process test, in mode.
+func childMain(mode string) int {
 	ctx := context.Background()
 	addr, poolName := os.Getenv("RC_ADDR"), os.Getenv("RC_POOL")
 	p, err := openPool(poolName)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+		return 2
 	}
 	defer p.Close()
 	rdb := NewClient(&redis.Options{Addr: addr}, Config{Pool: p})
@@ -503,22 +501,20 @@ func childMain() {
 	defer cancel()
 	if err := rdb.WaitTracking(wctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+		return 2
 	}
-	switch os.Getenv("RC_CHILD") {
+	switch mode {
 	case "watch":
 		n, _ := strconv.Atoi(os.Getenv("RC_N"))
-		if err := watchIncr(ctx, rdb, "watch:counter", n); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
+		err = watchIncr(ctx, rdb, "watch:counter", n)
 	case "model":
-		if err := modelChild(ctx, rdb); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
+		err = modelChild(ctx, rdb)
 	}
-	os.Exit(0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }
 
 // TestReviewRegressions: answers a review of the drop-in found different
@@ -649,12 +645,15 @@ func TestReviewRegressions(t *testing.T) {
 // TestCloseWhileDialling: Close does not wait out the tracker's dial.
 func TestCloseWhileDialling(t *testing.T) {
 	dialing := make(chan struct{}, 1)
+	ended := make(chan error, 1) // why the first dial's context ended
+	var first atomic.Bool
 	rdb := NewClient(&redis.Options{Addr: redisAddr, Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		select {
-		case dialing <- struct{}{}:
-		default:
+		if !first.CompareAndSwap(false, true) {
+			return nil, errors.New("only one dial")
 		}
+		dialing <- struct{}{}
 		<-ctx.Done() // a black hole, but one that honours its context
+		ended <- ctx.Err()
 		return nil, ctx.Err()
 	}}, Config{Pool: newPool(t)})
 	<-dialing
@@ -662,8 +661,12 @@ func TestCloseWhileDialling(t *testing.T) {
 	go func() { rdb.Close(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(3 * time.Second):
-		t.Fatal("Close waited for the tracker's dial")
+	case <-time.After(hangGuard):
+		t.Fatal("Close hung")
+	}
+	// The dial's own timeout would end it with DeadlineExceeded.
+	if err := <-ended; err != context.Canceled {
+		t.Fatalf("the tracker's dial ended with %v: Close waited it out instead of cancelling it", err)
 	}
 }
 

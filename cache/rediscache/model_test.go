@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
 // The differential test: random command sequences run through the
@@ -71,8 +72,7 @@ func TestDifferential(t *testing.T) {
 				errs[w] = runModel(ctx, rdb, fmt.Sprintf("w%d:", w), seed+uint64(w)*1000003, ops)
 			})
 		}
-		child := exec.Command(os.Args[0], "-test.run=^$")
-		child.Env = append(os.Environ(), "RC_CHILD=model", "RC_ADDR="+redisAddr, "RC_POOL="+poolName(t, p),
+		child := testenv.Child(t, "model", "RC_ADDR="+redisAddr, "RC_POOL="+poolName(t, p),
 			"RC_MSEED="+strconv.FormatUint(seed, 10), "RC_MOPS="+strconv.Itoa(ops))
 		out := &strings.Builder{}
 		child.Stderr = out

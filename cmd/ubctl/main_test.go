@@ -3,21 +3,18 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/ubkit-io/ubkit/internal/testenv"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
 	bench.RunPeerIfChild()
-	code := m.Run()
-	testenv.RemoveOwnSimFabrics() // the demo's simulated super node
-	os.Exit(code)
+	testenv.Main(m)
 }
 
 func TestBenchJSON(t *testing.T) {

@@ -4,15 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"testing"
 	"time"
 )
-
-func TestMain(m *testing.M) {
-	RunPeerIfChild()
-	os.Exit(m.Run())
-}
 
 func init() {
 	RegisterPeer("bench-test-print-and-exit", func(json.RawMessage) error {

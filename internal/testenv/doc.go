@@ -1,14 +1,19 @@
 // Package testenv gives ubkit's tests the real parts they run against
-// (DESIGN.md, "Tests use real parts"): today, two "hosts" made of network
+// (DESIGN.md, "Tests use real parts"): two "hosts" made of network
 // namespaces joined by a veth link (NewNetnsPair), for multi-host transport
-// and CNI tests; and another user on the host (OtherUser), a throwaway
+// and CNI tests; another user on the host (OtherUser), a throwaway
 // unprivileged user to run the test binary as (User.Command), for tests of
-// what other users can and cannot do to ubkit's files and sockets; and a
-// fresh default runtime directory (IsolateRuntimeDir) for such tests; and
-// real servers on free loopback ports for TestMain functions: redis-server
-// (StartRedis), a Redis Cluster of masters joined by redis-cli
-// (StartRedisCluster) and memcached (StartMemcached), each stopped by its
-// Close.
+// what other users can and cannot do to ubkit's files and sockets; a fresh
+// default runtime directory (IsolateRuntimeDir) for such tests; and real
+// servers on free loopback ports (StartRedis; StartRedisCluster, masters
+// joined by redis-cli; StartMemcached), each stopped by its Close.
+//
+// It also runs every test package: Main is each package's TestMain, and
+// fails the run on what the tests leaked (goroutines, child processes,
+// descriptors, shared memory). Child, ChildTest and their namespace and
+// user variants run the test binary again as a child process, in a role
+// its package registered (RegisterChild) or running one test; WaitParked
+// waits until goroutines sleep, for tests that act on sleepers.
 //
 // Every helper takes the test's testing.TB and registers t.Cleanup for what it
 // makes, so a test leaves nothing behind; leftovers of a test process that was

@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -20,7 +19,7 @@ import (
 )
 
 // The test binary re-executed inside a namespace plays a TCP echo server or
-// client there (TestNetnsHelperProcess); these variables tell it which.
+// client there (netnsHelper); these variables tell it which.
 const (
 	netnsHelperEnv     = "UBKIT_TESTENV_NETNS_HELPER" // "serve" or "dial"
 	netnsHelperAddrEnv = "UBKIT_TESTENV_NETNS_ADDR"   // host:port
@@ -32,8 +31,8 @@ const (
 	dialRefused = "refused"
 )
 
-// helperTimeout bounds every helper process, so a hung one cannot hang the
-// test.
+// helperTimeout bounds every connection of the echo server, so a hung one
+// cannot hang the test (ChildHangGuard bounds the helper processes).
 const helperTimeout = 20 * time.Second
 
 func TestNetnsPairEcho(t *testing.T) {
@@ -342,7 +341,7 @@ func startEchoServer(t *testing.T, p *NetnsPair, ns, addr string) string {
 		}
 	})
 	// The server prints its address once it listens, so no dial comes early.
-	// If it dies or hangs instead, its pipe closes (helperTimeout kills it).
+	// If it dies or hangs instead, its pipe closes (ChildHangGuard kills it).
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	listening, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
 	if err != nil || !ok {
@@ -369,27 +368,17 @@ func dialFrom(t *testing.T, p *NetnsPair, ns, addr, msg string) string {
 
 func helperCommand(t *testing.T, p *NetnsPair, ns, mode, addr string) *exec.Cmd {
 	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), helperTimeout)
-	t.Cleanup(cancel)
-	cmd := p.CommandContext(ctx, ns, exe, "-test.run=^TestNetnsHelperProcess$")
-	cmd.Env = append(os.Environ(), netnsHelperEnv+"="+mode, netnsHelperAddrEnv+"="+addr,
+	return p.Child(t, ns, "netns-helper", netnsHelperEnv+"="+mode, netnsHelperAddrEnv+"="+addr,
 		// A -race binary otherwise waits a second at exit (for late reports).
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	return cmd
 }
 
-// TestNetnsHelperProcess is not a test: it is the server or client that the
-// tests above run inside a namespace. Run directly, it does nothing.
-func TestNetnsHelperProcess(t *testing.T) {
-	mode := os.Getenv(netnsHelperEnv)
-	if mode == "" {
-		return
-	}
-	addr := os.Getenv(netnsHelperAddrEnv)
+func init() { RegisterChild("netns-helper", netnsHelper) }
+
+// netnsHelper is the server or client that the tests above run inside a
+// namespace.
+func netnsHelper() int {
+	mode, addr := os.Getenv(netnsHelperEnv), os.Getenv(netnsHelperAddrEnv)
 	var err error
 	switch mode {
 	case "serve":
@@ -401,9 +390,9 @@ func TestNetnsHelperProcess(t *testing.T) {
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "netns helper %s %s: %v\n", mode, addr, err)
-		os.Exit(1)
+		return 1
 	}
-	os.Exit(0)
+	return 0
 }
 
 // serveEcho echoes every connection to addr until its standard input closes.

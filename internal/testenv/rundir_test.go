@@ -3,7 +3,6 @@ package testenv
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,15 +11,17 @@ import (
 	"github.com/ubkit-io/ubkit/internal/rundir"
 )
 
-const lookupChildEnv = "UBKIT_TESTENV_LOOKUP_CHILD"
+// TestIsolateRuntimeDir's child reports the runtime directory it finds.
+func init() {
+	RegisterChild("lookup", func() int {
+		fmt.Printf("lookup %s %s\n", rundir.Lookup(), rundir.RunUser)
+		return 0
+	})
+}
 
 // IsolateRuntimeDir's choice holds in this process and in a child of the
 // test binary, and the host's /run/user plays no part.
 func TestIsolateRuntimeDir(t *testing.T) {
-	if os.Getenv(lookupChildEnv) == "1" {
-		fmt.Printf("lookup %s %s\n", rundir.Lookup(), rundir.RunUser)
-		return
-	}
 	tmp, home := IsolateRuntimeDir(t)
 	want := filepath.Join(tmp, "ubkit-"+strconv.Itoa(os.Geteuid()))
 	if got := rundir.Lookup(); got != want {
@@ -32,9 +33,7 @@ func TestIsolateRuntimeDir(t *testing.T) {
 	if os.Getenv("HOME") != home || !strings.HasPrefix(rundir.RunUser, tmp) {
 		t.Errorf("HOME %q, RunUser %q", os.Getenv("HOME"), rundir.RunUser)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestIsolateRuntimeDir$", "-test.v")
-	cmd.Env = append(os.Environ(), lookupChildEnv+"=1")
-	out, err := cmd.CombinedOutput()
+	out, err := Child(t, "lookup").CombinedOutput()
 	if err != nil {
 		t.Fatalf("child: %v\n%s", err, out)
 	}

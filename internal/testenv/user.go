@@ -167,7 +167,8 @@ func lookupUser(name string) (*User, error) {
 // and gid and no supplementary groups, in the directory holding a copy of
 // the test binary that u may read and execute (the go command's build
 // directory is private), which t.Cleanup removes; the command is killed if it
-// still runs when the test ends.
+// still runs when the test ends, and reaped if the test has not waited for
+// it.
 func (u *User) Command(t testing.TB, run string, env ...string) *exec.Cmd {
 	t.Helper()
 	exe, err := binaryCopy(t)
@@ -191,6 +192,7 @@ func (u *User) Command(t testing.TB, run string, env ...string) *exec.Cmd {
 		t.Fatalf("testenv: %v", err)
 	}
 	osproc.DieWithParent(cmd)
+	t.Cleanup(func() { reap(cmd) })
 	return cmd
 }
 

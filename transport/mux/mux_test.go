@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // pair returns two sessions joined by an in-memory pipe.
 func pair(t testing.TB, cfg *Config) (*Session, *Session) {
@@ -194,14 +195,14 @@ func TestWriterNotStuckWhenPeerCloses(t *testing.T) {
 		_, err := w.Write(make([]byte, 4*initialWindow))
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	testenv.WaitParked(t, 1, "", "mux.(*Stream).Write(") // waiting for credit
 	r.Close()
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Fatalf("write: %v", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(5 * time.Second): // a hang guard
 		t.Fatal("the writer is stuck after the reader closed its stream")
 	}
 	w.Close()

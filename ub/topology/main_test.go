@@ -1,20 +1,9 @@
 package topology
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "FAIL: leaked goroutines: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }

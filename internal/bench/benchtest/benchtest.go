@@ -10,25 +10,20 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/internal/testenv"
-	"github.com/ubkit-io/ubkit/shm"
 )
 
 // Main is TestMain for suites whose cases listen on transport addresses:
 // it serves as a peer when re-executed as one, gives the run a private
-// registry directory, and removes what the run left in /dev/shm (its
-// simulated super nodes' fabrics, its killed peers' segments).
+// registry directory, and runs the tests with testenv.Main.
 func Main(m *testing.M) {
 	bench.RunPeerIfChild()
+	testenv.RunChildIfAsked()
 	dir, err := os.MkdirTemp("", "ubkit-benchtest-")
 	if err != nil {
 		panic(err)
 	}
 	os.Setenv("UBKIT_RUNTIME_DIR", dir)
-	code := m.Run()
-	os.RemoveAll(dir)
-	testenv.RemoveOwnSimFabrics()
-	shm.Sweep()
-	os.Exit(code)
+	testenv.Main(m, func() { os.RemoveAll(dir) })
 }
 
 // CasesRun runs every contender of every case for d, as a subtest, so a

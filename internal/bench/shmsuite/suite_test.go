@@ -1,17 +1,17 @@
 package shmsuite
 
 import (
-	"os"
 	"testing"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/internal/bench/benchtest"
+	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
 	bench.RunPeerIfChild()
-	os.Exit(m.Run())
+	testenv.Main(m)
 }
 
 // TestCasesRun runs every contender of every case briefly, across

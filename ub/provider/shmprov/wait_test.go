@@ -5,8 +5,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/ub"
 )
+
+// ringSleep is where a CQ's wait sleeps on its one ring, as goroutine
+// dumps name it.
+const ringSleep = "shmprov.(*cq).waitRing("
 
 // openContext opens a shm context that the test closes at its end.
 func openContext(t *testing.T) ub.Context {
@@ -39,7 +44,7 @@ func TestCloseDuringWait(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	waited := make(chan error, 1)
 	go func() { waited <- q.Wait(ctx) }()
-	time.Sleep(20 * time.Millisecond) // let it fall asleep on the ring
+	testenv.WaitParked(t, 1, "IO wait", ringSleep)
 	closed := make(chan error, 1)
 	go func() { closed <- other.Close() }()
 	select {
@@ -47,13 +52,15 @@ func TestCloseDuringWait(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(10 * time.Second): // a hang guard
 		t.Fatal("closing a segment hung behind a sleeping wait")
 	}
+	// The wait sleeps on the ring again.
+	testenv.WaitParked(t, 1, "IO wait", ringSleep)
 	select {
 	case err := <-waited:
 		t.Fatalf("the wait returned (%v) with nothing to poll", err)
-	case <-time.After(20 * time.Millisecond):
+	default:
 	}
 	// Closing the jetty flushes its receives (none) and detaches the ring;
 	// cancelling ends the wait.
@@ -82,7 +89,7 @@ func TestWaitSeesRingAttachedLater(t *testing.T) {
 	defer cancel()
 	waited := make(chan error, 1)
 	go func() { waited <- q.Wait(ctx) }()
-	time.Sleep(20 * time.Millisecond) // asleep on the first jetty's ring
+	testenv.WaitParked(t, 1, "IO wait", ringSleep) // on the first jetty's ring
 
 	j2, err := c.NewJetty(ub.JettyConfig{SendCQ: q, RecvCQ: q, Token: 2})
 	if err != nil {

@@ -34,12 +34,10 @@ func TestMain(m *testing.M) {
 	ubtest.RunPeerIfChild(open)
 	os.Setenv("UB_NODE", "n0")
 	os.Setenv(ubtest.EnvPeerEnv, "UB_NODE=n1")
-	code := m.Run()
-	// The fabric outlives its processes by design; the tests remove the
-	// ones this process made (another package's tests may share dev4's).
-	testenv.RemoveOwnSimFabrics()
-	shm.Sweep()
-	os.Exit(code)
+	// The suite kills a peer on purpose (peer death), which leaves its
+	// segments behind as a crashed process does: shm.Sweep must take
+	// them, and Main fails the run on any that remain.
+	testenv.Main(m, func() { shm.Sweep() })
 }
 
 func TestConformance(t *testing.T) { ubtest.Run(t, open) }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
 	"github.com/ubkit-io/ubkit/ub/topology"
@@ -216,7 +217,7 @@ func TestOwnCompletionEndsEveryWait(t *testing.T) {
 			for range 3 {
 				go func() { errs <- n0.cq.Wait(ctx) }()
 			}
-			time.Sleep(20 * time.Millisecond) // let them fall asleep
+			testenv.WaitParked(t, 3, "", "simprov.(*cq).WaitKick(")
 			if _, err := n0.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: n0.seg, Len: 64}, Remote: ub.Remote{Seg: to1}}}); err != nil {
 				t.Fatal(err)
 			}

@@ -2,9 +2,9 @@ package tcpprov_test
 
 import (
 	"context"
-	"os"
 	"testing"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/tcpprov"
 	"github.com/ubkit-io/ubkit/ub/ubtest"
@@ -14,7 +14,7 @@ func open() (ub.Context, error) { return ub.Open(context.Background(), tcpprov.N
 
 func TestMain(m *testing.M) {
 	ubtest.RunPeerIfChild(open)
-	os.Exit(m.Run())
+	testenv.Main(m)
 }
 
 // TestConformance runs the suite over loopback; TestAcrossNetns runs it
