@@ -206,3 +206,6 @@ func NewPipeWriter(f *os.File) (*PipeWriter, error) { return nil, errUnsupported
 
 // TryWrite fails: writes that never wait need Linux's build.
 func (w *PipeWriter) TryWrite(b []byte) (int, error) { return 0, errUnsupported }
+
+// AllowedCPU is not supported on this system.
+func AllowedCPU(n int) (int, error) { return 0, errUnsupported }

@@ -3,12 +3,12 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -147,7 +147,7 @@ func startable(t testing.TB, path string, args, env []string) *exec.Cmd {
 	ctx, cancel := context.WithTimeout(context.Background(), ChildHangGuard)
 	cmd := exec.CommandContext(ctx, path, args...)
 	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	osproc.DieWithParent(cmd)
 	t.Cleanup(func() {
 		reap(cmd)
 		cancel()

@@ -3,12 +3,12 @@ package testenv
 import (
 	"bufio"
 	"fmt"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -80,7 +80,7 @@ func noteKilled(cmd *exec.Cmd) {
 	if cmd.ProcessState == nil {
 		return
 	}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+	if osproc.Signaled(cmd.ProcessState) {
 		killedChildren.Lock()
 		killedChildren.pids[cmd.Process.Pid] = true
 		killedChildren.Unlock()

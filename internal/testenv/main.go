@@ -4,13 +4,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -411,17 +411,8 @@ const (
 // mapping the file or taking its lock: either would make the segment in
 // use for a Sweep of another process meanwhile.
 func fileCreator(path string) (shm.Process, bool) {
-	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return shm.Process{}, false
-	}
-	defer syscall.Close(fd)
-	var st syscall.Stat_t
-	if syscall.Fstat(fd, &st) != nil || st.Mode&syscall.S_IFMT != syscall.S_IFREG || int(st.Uid) != os.Geteuid() {
-		return shm.Process{}, false
-	}
 	var h [32]byte
-	if n, _ := syscall.Pread(fd, h[:], 0); n < len(h) || binary.LittleEndian.Uint64(h[segOffMagic:]) != segMagic {
+	if !osproc.ReadOwnHeader(path, h[:]) || binary.LittleEndian.Uint64(h[segOffMagic:]) != segMagic {
 		return shm.Process{}, false
 	}
 	w := binary.LittleEndian.Uint64(h[segOffCreator:])

@@ -4,12 +4,12 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -183,7 +183,7 @@ func leak(t *testing.T, mode, name string) {
 	case "child-process":
 		// Started, never waited for; killed when the child exits.
 		cmd := exec.Command("sleep", "3600")
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		osproc.DieWithParent(cmd)
 		err = cmd.Start()
 	case "mapping":
 		leakedSeg, err = shm.CreateSegment(name, 4096, nil)
@@ -192,7 +192,7 @@ func leak(t *testing.T, mode, name string) {
 	case "bell":
 		// A ring's bell beside its kept segment.
 		if err = keepSegment(name); err == nil {
-			err = syscall.Mkfifo(filepath.Join(shm.ShmDir, shmPrefix()+name+".bell-0"), 0o600)
+			err = osproc.Mkfifo(filepath.Join(shm.ShmDir, shmPrefix()+name+".bell-0"), 0o600)
 		}
 	case "child-segment":
 		cmd := Child(t, "keep-segment", leakNameEnv+"="+name)
