@@ -217,7 +217,7 @@ func TestOwnCompletionEndsEveryWait(t *testing.T) {
 			for range 3 {
 				go func() { errs <- n0.cq.Wait(ctx) }()
 			}
-			testenv.WaitParked(t, 3, "", "simprov.(*cq).WaitKick(")
+			testenv.WaitParked(t, 3, "", "simprov.(*cq).WaitInterrupt(")
 			if _, err := n0.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: n0.seg, Len: 64}, Remote: ub.Remote{Seg: to1}}}); err != nil {
 				t.Fatal(err)
 			}
