@@ -37,7 +37,8 @@ import (
 // the next Lock the same way, with ErrCorrupt as well. Begin, which holds
 // nothing, reports both with ErrOwnerDied, for its caller to Lock and repair.
 //
-// Every wait climbs the Backoff ladder, then sleeps on the wake word's futex
+// Every wait climbs the Backoff ladder (letting this process's other
+// goroutines run at each checkpoint), then sleeps on the wake word's futex
 // for at most 20 ms at a time, looking at the holder's liveness when its
 // spin ends and between sleeps, and ends with ErrHeld once the caller's
 // patience has passed with a live holder. No wait hangs on a dead or
@@ -177,6 +178,7 @@ func (l SeqLock) beginSlow(patience time.Duration) (uint64, error) {
 		},
 		peerEarly: true,
 		deadline:  time.Now().Add(patience),
+		gosched:   seqLockGosched,
 	})
 	switch err {
 	case nil:
@@ -188,6 +190,13 @@ func (l SeqLock) beginSlow(patience time.Duration) (uint64, error) {
 	}
 	return 0, err
 }
+
+// seqLockGosched makes a SeqLock's waits let this process's other
+// goroutines run at every checkpoint of the ladder (Backoff.Gosched), with
+// any number of Ps: a lock's holder is as often a goroutine of this
+// process as another process, one that holds for a microsecond once it
+// runs but may be waiting for a P that the waiters' spinning keeps.
+const seqLockGosched = time.Nanosecond
 
 // errPeerGone is a SeqLock wait's peer check finding the holder dead.
 var errPeerGone = errorf("lock holder dead")
@@ -246,6 +255,7 @@ func (l SeqLock) lockSlow(me uint64, patience time.Duration) error {
 			},
 			peerEarly: true,
 			deadline:  deadline,
+			gosched:   seqLockGosched,
 		})
 		switch err {
 		case nil:

@@ -189,7 +189,7 @@ func (s Wait) backoff() Backoff {
 // holder, which holds for a microsecond when alive) and whose patience may
 // be shorter than livenessInterval.
 // deadline, if set, ends the wait with errPatience (after a last look at
-// the peer).
+// the peer). gosched is the ladder's Backoff.Gosched.
 type waiter struct {
 	ready     func() (bool, error)
 	seq       *atomic.Uint32
@@ -198,6 +198,7 @@ type waiter struct {
 	peer      func() error
 	peerEarly bool
 	deadline  time.Time
+	gosched   time.Duration
 }
 
 // errPatience ends a wait whose waiter.deadline passed.
@@ -228,6 +229,7 @@ var errReadyNow = errors.New("shm: ready")
 
 func (s Wait) waitLoop(ctx context.Context, w waiter) error {
 	b := s.backoff()
+	b.Gosched = w.gosched
 	var lastCheck time.Time
 	done := ctx.Done()
 	// peerGone is the peer check's error, unless the peer published what
