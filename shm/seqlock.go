@@ -179,6 +179,7 @@ func (l SeqLock) beginSlow(patience time.Duration) (uint64, error) {
 		peerEarly: true,
 		deadline:  time.Now().Add(patience),
 		gosched:   seqLockGosched,
+		parkHere:  l.heldHere,
 	})
 	switch err {
 	case nil:
@@ -256,6 +257,7 @@ func (l SeqLock) lockSlow(me uint64, patience time.Duration) error {
 			peerEarly: true,
 			deadline:  deadline,
 			gosched:   seqLockGosched,
+			parkHere:  l.heldHere,
 		})
 		switch err {
 		case nil:
@@ -302,5 +304,24 @@ func (l SeqLock) Unlock() {
 	}
 }
 
-// wake wakes the lock's sleepers, readers and lockers alike.
-func (l SeqLock) wake() { wake(&l.w.wake, &l.w.sleepers, &l.w.fruitless, true) }
+// heldHere reports whether a goroutine of this process holds the lock: its
+// waiters then sleep in Go's scheduler (see waiter.parkHere), and its
+// EndWrite or Unlock, in this process too, wakes them.
+func (l SeqLock) heldHere() bool { return l.w.owner.Load() == Self().word() }
+
+// wake wakes the lock's sleepers, readers and lockers alike: those of this
+// process asleep in Go's scheduler, and those of any process asleep on the
+// futex. As wake does, it skips the system call when every sleeper counted
+// is known dead (fruitless), but never for a wake-up that woke a sleeper
+// of this process.
+func (l SeqLock) wake() {
+	here := localWake()
+	w := l.w.sleepers.Load()
+	if w&sleeperCount == 0 || w == l.w.fruitless.Load() {
+		return
+	}
+	l.w.wake.Add(1)
+	if futexWake(&l.w.wake, 1<<30) == 0 && !here {
+		l.w.fruitless.Store(w)
+	}
+}
