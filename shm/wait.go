@@ -199,7 +199,7 @@ func (s Wait) backoff() Backoff {
 // the runtime's monitor takes the P back, while a peer goroutine that the
 // scheduler preempted needs a P to go on: the in-process waiters of a
 // lock whose holder had been preempted slept for milliseconds each on the
-// futex (7 ms on average, in cache's BenchmarkPoolMixed).
+// futex (about 5 ms on average, in cache's BenchmarkPoolMixed).
 type waiter struct {
 	ready     func() (bool, error)
 	seq       *atomic.Uint32
