@@ -3,12 +3,13 @@
 // with drop-ins for go-redis and memcached clients built on it.
 //
 // A Pool lives in one named shared-memory segment: a hash table of buckets
-// (14 entries each) and an shm.Pool of records. Readers take no lock: each
-// bucket has a sequence number that writers make odd while they change it,
-// and a reader that saw it change, or saw the record it read returned to
-// the pool, reads again. Writers lock one bucket at a time with a word that
-// names the holding process; a lock whose holder died is taken over and the
-// bucket repaired (every entry's record is checked against its checksum),
+// (14 entries each) and an shm.Pool of records. Each bucket has an
+// shm.SeqLock. Readers take no lock: a writer makes the lock's sequence
+// number odd while it changes the bucket, and a reader that saw it change,
+// or saw the record it read returned to the pool, reads again. Writers lock
+// one bucket at a time; the lock names the holding process, and a lock
+// whose holder died is taken over and the bucket repaired (every entry's
+// record is checked against its checksum),
 // so a writer killed in the middle of a write leaves neither a torn value
 // nor a stuck lock. Values expire by TTL, are replaced by compare-and-swap
 // on their version, and are evicted by CLOCK beyond a byte limit.

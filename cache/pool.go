@@ -2,13 +2,13 @@ package cache
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
 	"os"
-	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -49,8 +49,9 @@ var (
 //	      2816: 128 process words of the attached processes (0: free), so
 //	            that a process that died is noticed and what it held taken
 //	            back
-//	buckets 4096: 512 bytes each: lock u64 (holder's process word), seq
-//	            u64 (odd while written), CLOCK hand u64, 40 bytes pad, 14 slots of 32
+//	buckets 4096: 512 bytes each: an shm.SeqLock (32 bytes: the holder's
+//	            process word, the sequence, odd while written, and its
+//	            sleepers), CLOCK hand u64, 24 bytes pad, 14 slots of 32
 //	            bytes: hash u64 (0: empty), handle u64 (gen<<32|segment),
 //	            offset u64, size u64 (bit 63: referenced, for CLOCK)
 //	pool:       an shm.Pool holding the records
@@ -62,8 +63,10 @@ var (
 const (
 	magic = 0x3148_4341_434b_4255 // "UBKCACH1"
 	// layoutVer 2: attached processes and the recount flag in the header
-	// (what dead writers held is taken back).
-	layoutVer  = 2
+	// (what dead writers held is taken back). 3: a bucket's lock is an
+	// shm.SeqLock, which counts its sleepers where the CLOCK hand was (the
+	// hand moved from 16 to 32), so that waiters sleep on a futex.
+	layoutVer  = 3
 	headerSize = 4096
 
 	hOffMagic    = 0
@@ -85,9 +88,8 @@ const (
 	maxProcs     = 128
 
 	bucketSize  = 512
-	bOffLock    = 0
-	bOffSeq     = 8
-	bOffHand    = 16 // where the bucket's CLOCK resumes
+	bOffLock    = 0  // the bucket's shm.SeqLock
+	bOffHand    = 32 // where the bucket's CLOCK resumes
 	bOffSlots   = 64
 	slotSize    = 32
 	slotsPerBkt = (bucketSize - bOffSlots) / slotSize
@@ -136,10 +138,10 @@ type Options struct {
 }
 
 // Pool is a key-value store in shared memory that every process on the
-// host opens by name. Reads take no lock (a sequence number per bucket
-// tells a reader to retry); writers lock one bucket at a time, and a lock
-// whose holder died is taken over and the bucket repaired. Values live in
-// an shm.Pool in the same segment.
+// host opens by name. Each bucket has an shm.SeqLock: reads take no lock
+// (the lock's sequence tells a reader to retry); writers lock one bucket
+// at a time, and a lock whose holder died is taken over and the bucket
+// repaired. Values live in an shm.Pool in the same segment.
 type Pool struct {
 	seg      *shm.Segment
 	mem      []byte
@@ -149,6 +151,7 @@ type Pool struct {
 	maxRec   int
 	me       uint64
 	words    []atomic.Uint64 // the header and the buckets
+	locks    *shm.SeqTable   // the buckets' locks
 
 	verCtr, hand, used, items *atomic.Uint64
 	lastSweep                 atomic.Int64 // unix ns of this attachment's last look for dead processes
@@ -251,6 +254,7 @@ func create(name string, opts Options) (*Pool, error) {
 	binary.LittleEndian.PutUint64(d[hOffMaxRec:], uint64(recHeader+o.MaxValue))
 	ready, _ := seg.Uint32At(hOffReady)
 	ready.Store(1)
+	shm.Wake(ready)
 	p, err := attach(seg)
 	if err != nil {
 		return fail(err)
@@ -265,11 +269,10 @@ func attach(seg *shm.Segment) (*Pool, error) {
 		return nil, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(d))
 	}
 	ready, _ := seg.Uint32At(hOffReady)
-	for start := time.Now(); ready.Load() != 1; {
-		if time.Since(start) > 2*time.Second {
-			return nil, fmt.Errorf("%w: its creator never finished it (remove it with cache.Remove)", ErrCorrupt)
-		}
-		time.Sleep(time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	if err := (shm.Wait{}).Until(ctx, ready, func(v uint32) bool { return v == 1 }); err != nil {
+		return nil, fmt.Errorf("%w: its creator did not finish it within %v (remove it with cache.Remove)", ErrCorrupt, readyTimeout)
 	}
 	if binary.LittleEndian.Uint64(d[hOffMagic:]) != magic {
 		return nil, fmt.Errorf("%w: not a cache pool (bad magic)", ErrCorrupt)
@@ -295,9 +298,13 @@ func attach(seg *shm.Segment) (*Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	locks, err := shm.NewSeqTable(seg, headerSize+bOffLock, int(nb), bucketSize)
+	if err != nil {
+		return nil, err
+	}
 	me := shm.Self()
 	p := &Pool{seg: seg, mem: d, pool: pool, nbuckets: nb, maxBytes: int64(maxBytes), maxRec: int(maxRec),
-		me: me.Word(), words: words}
+		me: me.Word(), words: words, locks: locks}
 	p.verCtr = p.word(hOffVerCtr)
 	p.hand = p.word(hOffHand)
 	p.used = p.word(hOffBytes)
@@ -322,6 +329,9 @@ func (p *Pool) Close() error {
 func hashKey(key []byte) uint64 { return xxhash.Sum64(key) | 1 }
 
 func (p *Pool) bucketOff(h uint64) int { return headerSize + int(h&(p.nbuckets-1))*bucketSize }
+
+// lockOf is the lock of the bucket at offset bk.
+func (p *Pool) lockOf(bk int) shm.SeqLock { return p.locks.At((bk - headerSize) / bucketSize) }
 
 func slotOff(b, i int) int { return b + bOffSlots + i*slotSize }
 
@@ -452,20 +462,26 @@ func (p *Pool) read(key []byte, fn func(val []byte, in Info)) (bool, error) {
 func (p *Pool) readCounted(key []byte, fn func(val []byte, in Info), count bool) (bool, error) {
 	h := hashKey(key)
 	b := p.bucketOff(h)
-	seq := p.word(b + bOffSeq)
-	for attempt := 0; ; attempt++ {
-		s1 := seq.Load()
-		if s1&1 != 0 {
-			if err := p.waitWriter(b, attempt); err != nil {
+	l := p.lockOf(b)
+	for {
+		s1, err := l.Begin(lockTimeout)
+		if err != nil {
+			if !errors.Is(err, shm.ErrOwnerDied) {
+				return false, fmt.Errorf("%w: %w", ErrBusy, err)
+			}
+			// The bucket's writer died in the middle of a write: take
+			// it over (which repairs it) and read again.
+			if err := p.lock(b); err != nil {
 				return false, err
 			}
+			p.unlock(b)
 			continue
 		}
 		r, i, ok := p.lookup(b, h, key, 0)
 		if ok {
 			_, v, _ := r.parse()
 			fn(v, r.info())
-			if !p.stillLoaned(r) || seq.Load() != s1 {
+			if !p.stillLoaned(r) || !l.Validate(s1) {
 				continue
 			}
 			if sz := p.word(slotOff(b, i) + sOffSize); sz.Load()&refBit == 0 {
@@ -476,7 +492,7 @@ func (p *Pool) readCounted(key []byte, fn func(val []byte, in Info), count bool)
 			}
 			return true, nil
 		}
-		if seq.Load() != s1 {
+		if !l.Validate(s1) {
 			continue
 		}
 		if count {
@@ -484,28 +500,6 @@ func (p *Pool) readCounted(key []byte, fn func(val []byte, in Info), count bool)
 		}
 		return false, nil
 	}
-}
-
-// waitWriter waits out a bucket being written; a writer that died leaves
-// the sequence odd, and the bucket is then repaired.
-func (p *Pool) waitWriter(b int, attempt int) error {
-	switch {
-	case attempt < 100:
-		return nil
-	case attempt < 1000:
-		runtime.Gosched()
-		return nil
-	}
-	if w := p.word(b + bOffLock).Load(); w == 0 || !shm.AliveWord(w) {
-		// No live writer, yet the sequence is odd: repair under the lock.
-		if err := p.lock(b); err != nil {
-			return err
-		}
-		p.unlock(b)
-		return nil
-	}
-	time.Sleep(50 * time.Microsecond)
-	return nil
 }
 
 // Version returns key's version without reading its value (nor counting a
@@ -525,15 +519,15 @@ func (p *Pool) Version(key []byte) (uint64, bool) {
 // stamp it read before and after, and trust that memory while the stamp
 // has not moved. Writes to other keys of the bucket move it too: a moved
 // stamp says "look again", not "changed".
-type Stamp struct{ w *atomic.Uint64 }
+type Stamp struct{ l shm.SeqLock }
 
 // StampOf returns key's stamp.
 func (p *Pool) StampOf(key []byte) Stamp {
-	return Stamp{p.word(p.bucketOff(hashKey(key)) + bOffSeq)}
+	return Stamp{p.lockOf(p.bucketOff(hashKey(key)))}
 }
 
 // Load reads the stamp; an odd value means a change is under way.
-func (s Stamp) Load() uint64 { return s.w.Load() }
+func (s Stamp) Load() uint64 { return s.l.Seq() }
 
 // Get copies key's value into dst (grown as needed) and returns it.
 func (p *Pool) Get(key, dst []byte) ([]byte, Info, error) {
@@ -622,8 +616,8 @@ func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
 		buf.Return()
 		return 0, err
 	}
-	seq := p.word(bk + bOffSeq)
-	seq.Add(1)
+	l := p.lockOf(bk)
+	l.BeginWrite()
 	var freed []record
 	now := time.Now().UnixNano()
 	freed = p.dropExpired(bk, now, freed)
@@ -663,7 +657,7 @@ func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
 		p.used.Add(size)
 		buf.Share()
 	}
-	seq.Add(1)
+	l.EndWrite()
 	p.unlock(bk)
 	p.release(freed)
 	if err != nil {
@@ -726,8 +720,8 @@ func (p *Pool) evict() int {
 		if p.lock(bk) != nil {
 			continue
 		}
-		seq := p.word(bk + bOffSeq)
-		seq.Add(1)
+		l := p.lockOf(bk)
+		l.BeginWrite()
 		var freed []record
 		for i := range slotsPerBkt {
 			s := slotOff(bk, i)
@@ -741,7 +735,7 @@ func (p *Pool) evict() int {
 			}
 			freed = append(freed, p.clearSlot(s))
 		}
-		seq.Add(1)
+		l.EndWrite()
 		p.unlock(bk)
 		p.release(freed)
 		if n := len(freed); n > 0 {
@@ -855,8 +849,8 @@ func (p *Pool) deleteIf(key []byte, version uint64, cond bool) (bool, error) {
 	if err := p.lock(bk); err != nil {
 		return false, err
 	}
-	seq := p.word(bk + bOffSeq)
-	seq.Add(1)
+	l := p.lockOf(bk)
+	l.BeginWrite()
 	cur, i, found := p.lookup(bk, h, key, time.Now().UnixNano())
 	var freed []record
 	var err error
@@ -866,7 +860,7 @@ func (p *Pool) deleteIf(key []byte, version uint64, cond bool) (bool, error) {
 	case found:
 		freed = append(freed, p.clearSlot(slotOff(bk, i)))
 	}
-	seq.Add(1)
+	l.EndWrite()
 	p.unlock(bk)
 	if err != nil {
 		return true, err
@@ -909,8 +903,8 @@ func (p *Pool) Flush() error {
 		if err := p.lock(bk); err != nil {
 			return err
 		}
-		seq := p.word(bk + bOffSeq)
-		seq.Add(1)
+		l := p.lockOf(bk)
+		l.BeginWrite()
 		var freed []record
 		for j := range slotsPerBkt {
 			s := slotOff(bk, j)
@@ -918,7 +912,7 @@ func (p *Pool) Flush() error {
 				freed = append(freed, p.clearSlot(s))
 			}
 		}
-		seq.Add(1)
+		l.EndWrite()
 		p.unlock(bk)
 		p.release(freed)
 	}
@@ -929,9 +923,12 @@ func (p *Pool) Flush() error {
 // crash tests can kill a writer there.
 var testHookMidWrite func()
 
-// lockTimeout bounds the wait for a live writer's bucket lock (tests
-// shorten it).
+// lockTimeout bounds the wait for a live writer's bucket lock, or for its
+// write to end (tests shorten it).
 var lockTimeout = 5 * time.Second
+
+// readyTimeout bounds Open's wait for the pool's creator to finish it.
+const readyTimeout = 2 * time.Second
 
 // lock takes a bucket's lock. A lock whose holder died is taken over, and
 // the bucket repaired, since its writer may have stopped half-way.
@@ -940,59 +937,38 @@ func (p *Pool) lock(bk int) error {
 	return err
 }
 
-// lockWithin is lock waiting at most patience for a live holder; repaired
-// says it took the lock over from a dead one.
-func (p *Pool) lockWithin(bk int, patience time.Duration) (repaired bool, err error) {
-	l := p.word(bk + bOffLock)
-	var start time.Time
-	for i := 0; ; i++ {
-		if l.CompareAndSwap(0, p.me) {
-			return false, nil
-		}
-		if i < 64 {
-			continue
-		}
-		if i < 256 {
-			runtime.Gosched()
-			continue
-		}
-		w := l.Load()
-		if w == p.me {
-			// A lock this process holds is held by one of its goroutines.
-			time.Sleep(10 * time.Microsecond)
-		} else if w != 0 && !shm.AliveWord(w) {
-			if l.CompareAndSwap(w, p.me) {
-				p.repair(bk)
-				return true, nil
-			}
-			continue
-		}
-		if start.IsZero() {
-			start = time.Now()
-		} else if time.Since(start) > patience {
-			return false, fmt.Errorf("%w: bucket lock held by live process %d for over %v (a stopped or stuck writer; its lock is taken over once it exits)",
-				ErrBusy, w>>32, patience)
-		}
-		time.Sleep(20 * time.Microsecond)
+// lockWithin is lock waiting at most patience for a live holder. If it
+// took the lock over, from a writer that died or from a write left open
+// with nobody holding the lock (then wrapping shm.ErrCorrupt), it repairs
+// the bucket and says why in repaired.
+func (p *Pool) lockWithin(bk int, patience time.Duration) (repaired, err error) {
+	err = p.lockOf(bk).Lock(patience)
+	switch {
+	case err == nil:
+		return nil, nil
+	case errors.Is(err, shm.ErrOwnerDied):
+		p.repair(bk)
+		return err, nil
+	case errors.Is(err, shm.ErrHeld):
+		return nil, fmt.Errorf("%w: bucket %d: %w (a stopped or stuck writer; its lock is taken over once it exits)",
+			ErrBusy, (bk-headerSize)/bucketSize, err)
 	}
+	return nil, err
 }
 
-func (p *Pool) unlock(bk int) { p.word(bk + bOffLock).Store(0) }
+func (p *Pool) unlock(bk int) { p.lockOf(bk).Unlock() }
 
-// repair checks every entry of a bucket whose writer died (lock held).
-// An entry whose record does not verify is dropped; the others' records
-// are handed to the table again, since the writer may have died after
-// linking its new record and before sharing it, or after taking an old
-// one back and before unlinking it. Then the sequence is made even. The
-// writer may also have left the counters half changed: repair asks for a
-// recount (maintain and Repair do it, with every bucket locked).
+// repair checks every entry of a bucket that Lock took over with its
+// write open (lock held). An entry whose record does not verify is
+// dropped; the others' records are handed to the table again, since the
+// writer may have died after linking its new record and before sharing
+// it, or after taking an old one back and before unlinking it. Then the
+// write is closed. The writer may also have left the counters half
+// changed: repair asks for a recount (maintain and Repair do it, with
+// every bucket locked).
 func (p *Pool) repair(bk int) {
 	p.stat(stRepairs).Add(1)
 	p.word(hOffRecount).Store(1)
-	seq := p.word(bk + bOffSeq)
-	if seq.Load()&1 == 0 {
-		seq.Add(1)
-	}
 	var freed []record
 	for i := range slotsPerBkt {
 		s := slotOff(bk, i)
@@ -1004,7 +980,7 @@ func (p *Pool) repair(bk int) {
 			freed = append(freed, p.clearSlot(s))
 		}
 	}
-	seq.Add(1)
+	p.lockOf(bk).EndWrite()
 	p.release(freed)
 }
 

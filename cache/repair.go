@@ -87,13 +87,11 @@ func (p *Pool) check() (rep RepairReport, corrupt, busy error) {
 			busyErrs = append(busyErrs, fmt.Errorf("cache: bucket %d not checked: %w", i, err))
 			continue
 		}
-		if repaired {
+		switch {
+		case errors.Is(repaired, shm.ErrCorrupt):
+			errs = append(errs, fmt.Errorf("%w: bucket %d: %v", ErrCorrupt, i, repaired))
+		case repaired != nil:
 			rep.Buckets++
-		}
-		seq := p.word(bk + bOffSeq)
-		if seq.Load()&1 != 0 {
-			errs = append(errs, fmt.Errorf("%w: bucket %d has an odd sequence and no writer", ErrCorrupt, i))
-			seq.Add(1)
 		}
 		var bad []int
 		for j := range slotsPerBkt {
@@ -114,11 +112,12 @@ func (p *Pool) check() (rep RepairReport, corrupt, busy error) {
 		}
 		var freed []record
 		if len(bad) > 0 {
-			seq.Add(1)
+			l := p.lockOf(bk)
+			l.BeginWrite()
 			for _, s := range bad {
 				freed = append(freed, p.clearSlot(s))
 			}
-			seq.Add(1)
+			l.EndWrite()
 			rep.Entries += len(bad)
 		}
 		p.unlock(bk)
@@ -291,19 +290,9 @@ func (p *Pool) sweepDead() RepairReport {
 // back the buffers of dead processes and recounts if a repair asks.
 func (p *Pool) reclaimDead() RepairReport {
 	var rep RepairReport
-	alive := map[uint64]bool{}
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
-		w := p.word(bk + bOffLock).Load()
-		if w == 0 || w == p.me {
-			continue
-		}
-		a, seen := alive[w]
-		if !seen {
-			a = shm.AliveWord(w)
-			alive[w] = a
-		}
-		if a {
+		if !p.lockOf(bk).OwnerDead() {
 			continue
 		}
 		repaired, err := p.lockWithin(bk, recountPatience)
@@ -311,7 +300,7 @@ func (p *Pool) reclaimDead() RepairReport {
 			continue // a live writer has it now, and the repair was done
 		}
 		p.unlock(bk)
-		if repaired {
+		if repaired != nil {
 			rep.Buckets++
 		}
 	}

@@ -169,7 +169,7 @@ func TestRepairReports(t *testing.T) {
 	// time: a reused pid), whose writer stopped with the sequence odd.
 	bk := p.bucketOff(hashKey([]byte("7")))
 	p.word(bk + bOffLock).Store(deadWord(t))
-	p.word(bk + bOffSeq).Add(1)
+	p.lockOf(bk).BeginWrite()
 	// An entry (of another bucket) whose record no longer verifies.
 	spoiled := -1
 	for i := range 100 {
@@ -254,5 +254,62 @@ func TestRepairBusyIsNotCorrupt(t *testing.T) {
 	l.CompareAndSwap(writer.Word(), 0)
 	if rep, err := p.Repair(); err != nil {
 		t.Errorf("Repair once the writer let go: %+v, %v", rep, err)
+	}
+}
+
+// A bucket whose write was left open with nobody holding its lock (which
+// no writer's death explains) does not hang its readers: the first one
+// takes the bucket over and repairs it, and Repair reports the corruption.
+// The reader used to wait for it for good.
+func TestOpenWriteWithoutWriter(t *testing.T) {
+	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	key := []byte("k")
+	if _, err := p.Set(key, value(1, 50), SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bk := p.bucketOff(hashKey(key))
+	p.lockOf(bk).BeginWrite()
+	if v, _, err := p.Get(key, nil); err != nil || !intact(v) {
+		t.Fatalf("Get from a bucket left open: %v", err)
+	}
+	p.lockOf(bk).BeginWrite()
+	if _, err := p.Repair(); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("Repair of a bucket left open with no writer: %v, want ErrCorrupt", err)
+	}
+	if rep, err := p.Repair(); err != nil || rep != (RepairReport{}) {
+		t.Errorf("a second Repair: %+v, %v; want nothing left", rep, err)
+	}
+}
+
+// A live writer stopped in the middle of a write (SIGSTOP, a debugger)
+// makes reads of its bucket fail with ErrBusy once they have waited
+// lockTimeout, instead of waiting for good; once it goes on, they succeed.
+func TestReadStoppedWriter(t *testing.T) {
+	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	key := []byte("k")
+	if _, err := p.Set(key, value(1, 50), SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The go command that runs this test runs as long as it does.
+	writer, err := shm.LookupProcess(os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := lockTimeout
+	lockTimeout = 50 * time.Millisecond
+	defer func() { lockTimeout = saved }()
+	bk := p.bucketOff(hashKey(key))
+	l := p.word(bk + bOffLock)
+	if !l.CompareAndSwap(0, writer.Word()) {
+		t.Fatal("the bucket is locked")
+	}
+	p.lockOf(bk).BeginWrite()
+	if _, _, err := p.Get(key, nil); !errors.Is(err, ErrBusy) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Get while a live writer has the bucket open: %v, want ErrBusy", err)
+	}
+	p.lockOf(bk).EndWrite()
+	l.CompareAndSwap(writer.Word(), 0)
+	if v, _, err := p.Get(key, nil); err != nil || !intact(v) {
+		t.Fatalf("Get once the writer went on: %v", err)
 	}
 }

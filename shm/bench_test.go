@@ -68,7 +68,11 @@ func BenchmarkSPSCPingPong(b *testing.B) {
 			respP, _ := resp.Producer(w)
 			respC, _ := resp.Consumer(w)
 			ctx := context.Background()
+			// The echo ends before the cleanup unmaps the segment it reads.
+			echoed := make(chan struct{})
+			defer func() { <-echoed }()
 			go func() {
+				defer close(echoed)
 				for {
 					in, err := reqC.NextWait(ctx)
 					if err != nil {

@@ -37,8 +37,13 @@
 //     thread in a system call. [Sweep] removes bells nobody listens on.
 //   - [Pool]: a slab allocator of buffers inside a segment, named across
 //     processes by a [Handle], with reclamation of buffers whose owner died.
+//   - [SeqLock]: a record that processes read without a lock (a sequence
+//     number tells a reader to retry) and write under a lock whose holder is
+//     a process; the successor of a holder that died repairs the record
+//     ([ErrOwnerDied]). [SeqTable] is a lock per bucket of a table.
 //   - [Wait]: how a blocked call waits: spin, spin then yield, or spin then
-//     sleep on a futex.
+//     sleep on a futex. The spin is [Backoff], ubkit's one waiting ladder,
+//     which waiters that park elsewhere use too.
 //
 // shm is not a message protocol: framing, sessions and flow control live in
 // ubkit's transport package.

@@ -35,6 +35,16 @@ var (
 	ErrInvalidHandle = errors.New("shm: invalid handle")
 	// ErrBusy reports an end of a ring that another live process already holds.
 	ErrBusy = errors.New("shm: ring end already attached by a live process")
+	// ErrOwnerDied reports that the holder of a SeqLock died, or that a
+	// write was left open with no holder, so the record it guards may be
+	// half written. From Lock the caller holds the lock with the write
+	// open and must repair the record; from Begin, nothing is held: Lock,
+	// to repair.
+	ErrOwnerDied = errors.New("shm: lock holder gone, its write may be half done")
+	// ErrHeld reports that a live process held a SeqLock, or kept a write
+	// open, for longer than the caller's patience. Nothing is corrupt: the
+	// holder is stopped or slow. Try again later.
+	ErrHeld = errors.New("shm: held by a live process")
 	// ErrBadDescriptor reports descriptors received from another process
 	// that are not what was expected: the wrong number of them, or one of
 	// the wrong kind, access mode, seals or size. The sender is buggy or

@@ -74,7 +74,9 @@ func aliveWord(w uint64) bool {
 // accepts. This process answers at once; another is watched through a
 // pidfd once seen (watchAlive), else read from /proc.
 func alive(pid uint32, match func(start uint64) bool) bool {
-	if pid == 0 {
+	if pid == 0 || pid >= pidMaxLimit {
+		// No such process: a word from corrupt memory (the pid, made an
+		// int, could even name a process group for kill).
 		return false
 	}
 	if me := Self(); pid == me.PID && me.Start != 0 && match(me.Start) {
@@ -99,6 +101,10 @@ func alive(pid uint32, match func(start uint64) bool) bool {
 	}
 	return match(start)
 }
+
+// pidMaxLimit bounds the pids Linux hands out: PID_MAX_LIMIT on 64-bit
+// systems, the ceiling of /proc/sys/kernel/pid_max (pids stay below it).
+const pidMaxLimit = 1 << 22
 
 // procRoot is where /proc is mounted (tests point it elsewhere).
 var procRoot = "/proc"

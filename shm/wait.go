@@ -2,7 +2,10 @@ package shm
 
 import (
 	"context"
+	"errors"
+	"math"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -23,18 +26,13 @@ const (
 	WaitYield
 )
 
-// DefaultSpin is how long WaitBlock and WaitYield spin before they sleep or
-// yield when Wait.Spin is zero. Waking a thread sleeping on another CPU costs
-// tens of microseconds on virtual machines, so a short spin catches a reply
-// that is about to arrive far more cheaply.
-const DefaultSpin = 50 * time.Microsecond
-
 // Wait says how a blocked call waits. The zero value is WaitBlock with
 // DefaultSpin.
 type Wait struct {
 	Mode WaitMode
-	// Spin is how long to spin before yielding or sleeping. Zero means
-	// DefaultSpin; a negative value means do not spin at all.
+	// Spin is how long to spin (climbing the Backoff ladder) before
+	// yielding or sleeping. Zero means DefaultSpin; a negative value means
+	// park at the ladder's first checkpoint (64 looks).
 	Spin time.Duration
 	// Room applies to an SPSC producer waiting for room: once it sleeps,
 	// the consumer wakes it only when at least Room bytes are free (or
@@ -44,14 +42,131 @@ type Wait struct {
 	Room int
 }
 
-func (w Wait) spin() time.Duration {
-	switch {
-	case w.Spin == 0:
-		return DefaultSpin
-	case w.Spin < 0:
-		return 0
+// The ladder a waiting goroutine climbs (see Backoff).
+const (
+	// DefaultSpin is how long a wait looks before it parks (Backoff.Spin,
+	// Wait.Spin) when none is given. Waking a thread that sleeps on
+	// another CPU costs tens of microseconds on a virtual machine (a futex
+	// ping-pong between two vCPUs: about 70 µs a round trip, so 35 µs a
+	// wake-up), so a wait that ends within 50 µs costs less spent looking
+	// than asleep; one that lasts longer is better off giving the CPU away.
+	DefaultSpin = 50 * time.Microsecond
+	// DefaultYield is from when on a wait also gives its thread's CPU to
+	// other threads (Backoff.Yield) when none is given. A peer that runs
+	// answers within a few microseconds (a cache line crosses between
+	// vCPUs in about 150 ns), so a wait that lasts longer probably waits
+	// for a peer that does not run, perhaps because it shares this CPU
+	// (an oversubscribed machine), and spinning would burn the time it
+	// needs. With nothing else runnable, sched_yield returns at once.
+	DefaultYield = 10 * time.Microsecond
+	// backoffEvery is how many looks a Backoff lets pass between two
+	// checkpoints, where it reads the clock and yields: a look costs a few
+	// nanoseconds (a load of a line the peer will write), a clock read
+	// about 25 ns and a yield more, so at every look they would slow the
+	// looking down several times; every 64 looks (about 1 µs) they cost
+	// a few percent, and a checkpoint still comes within a microsecond.
+	backoffEvery = 64
+)
+
+// Backoff paces a goroutine that waits for another thread or process by
+// looking at a condition again and again: it is ubkit's one waiting
+// ladder, the spin phase of every Wait and of SeqLock, for callers that
+// park in a place of their own (Go's netpoller, a timer) as well. The
+// caller looks, and calls Pause each time the look found nothing; Pause
+// reports false once the caller should stop looking and block. The rungs,
+// counted from the first Pause:
+//
+//  1. Every look but each 64th: look again at once (see backoffEvery).
+//  2. Every 64th look, a checkpoint: with GOMAXPROCS 1, runtime.Gosched,
+//     because a peer goroutine of this process runs only when the one P
+//     is handed over (else it waits up to 10 ms for the scheduler to
+//     preempt the looker). From Gosched on (if set), runtime.Gosched with
+//     more Ps too, for a caller whose peer may need goroutines of its own
+//     process to run first (a reader whose write readied the goroutine
+//     that answers).
+//  3. From Yield (DefaultYield) on, each checkpoint also calls sched_yield
+//     (except with GOMAXPROCS 1, where runtime.Gosched already hands the P
+//     over and yielding the thread would not run the peer goroutine).
+//  4. From Spin (DefaultSpin) on, Pause reports false: the caller parks.
+//     ubkit's parked waits (the futex sleeps of Wait and SeqLock) sleep at
+//     most 20 ms at a time and look at their peer's liveness between
+//     sleeps, so a dead peer is noticed within about two sleeps (the
+//     package promises 100 ms) and no wait hangs on one.
+//
+// The zero value is the default ladder. A Backoff is not safe for
+// concurrent use: each waiting goroutine has its own.
+type Backoff struct {
+	// Spin is how long to look before parking. Zero means DefaultSpin; a
+	// negative value parks at the first checkpoint.
+	Spin time.Duration
+	// Gosched, if positive, is from when on every checkpoint runs
+	// runtime.Gosched even with more than one P. Zero: only with
+	// GOMAXPROCS 1 (then from the start).
+	Gosched time.Duration
+	// Yield is from when on every checkpoint calls sched_yield. Zero means
+	// DefaultYield; a negative value never yields.
+	Yield time.Duration
+
+	looks int
+	start time.Time
+	now   time.Time // the clock at the latest checkpoint
+	onlyP bool
+}
+
+// Pause paces the look that just found nothing and reports whether to look
+// again (true) or to park (false).
+func (b *Backoff) Pause() bool {
+	b.looks++
+	if b.looks&(backoffEvery-1) != 0 && b.looks != 1 {
+		return true
 	}
-	return w.Spin
+	return b.rung()
+}
+
+// Reset starts the ladder again from its first rung at the next Pause.
+func (b *Backoff) Reset() { b.looks = 0 }
+
+// rung is Pause's first look (the ladder's start) or a checkpoint.
+func (b *Backoff) rung() bool {
+	if b.looks == 1 {
+		b.start = time.Now()
+		b.now = b.start
+		b.onlyP = runtime.GOMAXPROCS(0) == 1
+		return true
+	}
+	return b.checkpoint()
+}
+
+// atCheckpoint reports whether the latest Pause was a checkpoint (b.now
+// is then fresh).
+func (b *Backoff) atCheckpoint() bool { return b.looks&(backoffEvery-1) == 0 }
+
+func (b *Backoff) checkpoint() bool {
+	b.now = time.Now()
+	waited := b.now.Sub(b.start)
+	if b.onlyP || (b.Gosched > 0 && waited >= b.Gosched) {
+		runtime.Gosched()
+	}
+	yield := b.Yield
+	if yield == 0 {
+		yield = DefaultYield
+	}
+	if !b.onlyP && yield > 0 && waited >= yield {
+		Yield()
+	}
+	spin := b.Spin
+	if spin == 0 {
+		spin = DefaultSpin
+	}
+	return waited < spin
+}
+
+// backoff is the ladder of w's spin phase.
+func (s Wait) backoff() Backoff {
+	if s.Mode == WaitSpin {
+		return Backoff{Spin: math.MaxInt64, Yield: -1}
+	}
+	return Backoff{Spin: s.Spin}
 }
 
 // waiter is the shared state a blocked call needs: the condition, the futex
@@ -68,13 +183,37 @@ func (w Wait) spin() time.Duration {
 // one loads the sequence before it registers, so that wake-up made its
 // FUTEX_WAIT return at once, and it registers anew (a new word) before it
 // sleeps again. Wakers skip the system call then.
+//
+// peerEarly makes the wait check its peer at its first checkpoint (64
+// looks) and again when its spin ends, before its first sleep, besides
+// every livenessInterval: for waiters whose peer may well be dead (a lock
+// holder, which holds for a microsecond when alive) and whose patience may
+// be shorter than livenessInterval.
+// deadline, if set, ends the wait with errPatience (after a last look at
+// the peer). gosched is the ladder's Backoff.Gosched.
+//
+// parkHere, if set, says before each sleep whether the peer to wait for is
+// a goroutine of this process; the sleep is then on a channel that the
+// peer's wake-up closes (localWake), in Go's scheduler, and not on the
+// futex. A goroutine asleep on a futex holds its thread, and its P until
+// the runtime's monitor takes the P back, while a peer goroutine that the
+// scheduler preempted needs a P to go on: the in-process waiters of a
+// lock whose holder had been preempted slept for milliseconds each on the
+// futex (about 5 ms on average, in cache's BenchmarkPoolMixed).
 type waiter struct {
 	ready     func() (bool, error)
 	seq       *atomic.Uint32
 	waiters   *atomic.Uint32
 	fruitless *atomic.Uint32
 	peer      func() error
+	peerEarly bool
+	deadline  time.Time
+	gosched   time.Duration
+	parkHere  func() bool
 }
+
+// errPatience ends a wait whose waiter.deadline passed.
+var errPatience = errors.New("shm: waited past the deadline")
 
 const (
 	// sleeperCount masks the sleepers in a waiters word with a generation.
@@ -84,14 +223,42 @@ const (
 	sleeperGen = 1<<16 | 1
 )
 
-// wait blocks until w.ready reports true or an error, ctx ends, or the peer
-// check fails. It never sleeps longer than livenessInterval at a time.
+// wait blocks until w.ready reports true or an error, ctx ends, the peer
+// check fails or w.deadline passes. It spins on the Backoff ladder, then
+// yields (WaitYield) or sleeps on the futex (WaitBlock), never longer than
+// livenessInterval at a time.
 func (s Wait) wait(ctx context.Context, w waiter) error {
-	start := time.Now()
-	spinFor := s.spin()
-	onlyP := runtime.GOMAXPROCS(0) == 1
-	lastCheck := start
+	if err := s.waitLoop(ctx, w); err != errReadyNow {
+		return err
+	}
+	return nil
+}
+
+// errReadyNow ends a waitLoop whose condition held at a look made while
+// checking the peer.
+var errReadyNow = errors.New("shm: ready")
+
+func (s Wait) waitLoop(ctx context.Context, w waiter) error {
+	b := s.backoff()
+	b.Gosched = w.gosched
+	var lastCheck time.Time
 	done := ctx.Done()
+	// peerGone is the peer check's error, unless the peer published what
+	// the caller waits for before it died or closed: then the condition
+	// holds, and the wait ends with errReadyNow (a ready that succeeded
+	// may have taken something, a lock or a buffer: it must not run
+	// again).
+	peerGone := func() error {
+		if err := w.peer(); err != nil {
+			if ok, rerr := w.ready(); ok {
+				return errReadyNow
+			} else if rerr != nil {
+				return rerr
+			}
+			return err
+		}
+		return nil
+	}
 	check := func(now time.Time) error {
 		if done != nil {
 			select {
@@ -100,46 +267,49 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 			default:
 			}
 		}
+		if lastCheck.IsZero() {
+			lastCheck = b.start
+		}
 		if now.Sub(lastCheck) >= livenessInterval {
 			lastCheck = now
-			if err := w.peer(); err != nil {
-				// The peer may have published its last records before it
-				// died or closed: report them first.
-				if ok, rerr := w.ready(); ok || rerr != nil {
-					return rerr
-				}
+			if err := peerGone(); err != nil {
 				return err
 			}
 		}
+		if !w.deadline.IsZero() && !now.Before(w.deadline) {
+			// Before giving up on a peer, make sure it still lives.
+			if err := peerGone(); err != nil {
+				return err
+			}
+			return errPatience
+		}
 		return nil
 	}
-	for i := 1; ; i++ {
+	for {
 		ok, err := w.ready()
 		if ok || err != nil {
 			return err
 		}
-		if i&63 != 0 {
-			continue
+		again := b.Pause()
+		if b.atCheckpoint() {
+			if w.peerEarly && b.looks == backoffEvery {
+				lastCheck = b.now
+				if err := peerGone(); err != nil {
+					return err
+				}
+			}
+			if err := check(b.now); err != nil {
+				return err
+			}
 		}
-		if onlyP {
-			// With one P (GOMAXPROCS=1, as in a pod with a 1-CPU limit) a
-			// peer in this process runs only when we let it: every mode,
-			// WaitSpin too, gives it the P now and then, or it would wait
-			// for the scheduler to preempt us (10 ms).
-			runtime.Gosched()
-		} else if i >= 1024 && s.Mode != WaitSpin {
-			// Past the first microseconds, give the CPU away now and then:
-			// when the peer shares our CPU (an oversubscribed machine), a
-			// pure spin would burn the time it needs to make progress.
-			// With nothing else runnable, sched_yield returns at once.
-			Yield()
-		}
-		now := time.Now()
-		if err := check(now); err != nil {
-			return err
-		}
-		if s.Mode != WaitSpin && now.Sub(start) >= spinFor {
+		if !again {
 			break
+		}
+	}
+	if w.peerEarly {
+		lastCheck = b.now
+		if err := peerGone(); err != nil {
+			return err
 		}
 	}
 	if s.Mode == WaitYield {
@@ -148,7 +318,7 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 			if ok || err != nil {
 				return err
 			}
-			if onlyP {
+			if b.onlyP {
 				runtime.Gosched()
 			} else {
 				Yield()
@@ -164,8 +334,14 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 	}
 	for {
 		// The sequence before the registration: a wake-up that follows
-		// the registration then always makes the FUTEX_WAIT return.
+		// the registration then always makes the FUTEX_WAIT return. A
+		// sleeper in this process takes its channel before it registers,
+		// so that a wake-up after the registration closes that channel.
 		v := w.seq.Load()
+		var here chan struct{}
+		if w.parkHere != nil && w.parkHere() {
+			here = localChan()
+		}
 		w.waiters.Add(register)
 		ok, err := w.ready()
 		if ok || err != nil {
@@ -178,12 +354,82 @@ func (s Wait) wait(ctx context.Context, w waiter) error {
 				d = max(r, time.Microsecond)
 			}
 		}
-		futexWait(w.seq, v, d)
+		if !w.deadline.IsZero() {
+			if r := time.Until(w.deadline); r < d {
+				d = max(r, time.Microsecond)
+			}
+		}
+		if here != nil {
+			t := time.NewTimer(d)
+			select {
+			case <-here:
+			case <-t.C:
+			}
+			t.Stop()
+		} else {
+			futexWait(w.seq, v, d)
+		}
 		w.waiters.Add(^uint32(0))
 		if err := check(time.Now()); err != nil {
 			return err
 		}
 	}
+}
+
+// Until waits, with w's strategy, until cond reports true for word's value
+// or ctx ends (then it returns ctx.Err()). word is normally in a segment,
+// where another process changes it and then calls Wake; asleep, Until
+// also looks again at least every 20 ms, so a change made without Wake is
+// seen too, only later. For rare events (a structure made ready): Wake
+// makes a system call each time, where the rings and SeqLock count their
+// sleepers and make one only when somebody sleeps.
+func (s Wait) Until(ctx context.Context, word *atomic.Uint32, cond func(uint32) bool) error {
+	var sleepers atomic.Uint32 // nobody else reads it: Wake always wakes
+	return s.wait(ctx, waiter{
+		ready:   func() (bool, error) { return cond(word.Load()), nil },
+		seq:     word,
+		waiters: &sleepers,
+		peer:    func() error { return nil },
+	})
+}
+
+// Wake wakes every goroutine, of any process, that sleeps in Wait.Until
+// on word. Call it after changing word.
+func Wake(word *atomic.Uint32) { futexWake(word, 1<<30) }
+
+// localWaits is the channel that the next localWake closes, for the
+// goroutines of this process asleep in Go's scheduler (waiter.parkHere).
+// There is one for the process, not one per word: two mappings of a
+// segment put one word at two addresses, and a waker must wake a sleeper
+// that came through the other. Such sleeps are rare (a holder of this
+// process that has not run for a whole spin), and a sleeper woken for
+// another word looks again and sleeps again.
+var localWaits struct {
+	sync.Mutex
+	ch chan struct{}
+}
+
+// localChan is the channel the next localWake closes.
+func localChan() chan struct{} {
+	localWaits.Lock()
+	defer localWaits.Unlock()
+	if localWaits.ch == nil {
+		localWaits.ch = make(chan struct{})
+	}
+	return localWaits.ch
+}
+
+// localWake wakes the goroutines of this process asleep in Go's scheduler,
+// and reports whether there were any.
+func localWake() bool {
+	localWaits.Lock()
+	defer localWaits.Unlock()
+	if localWaits.ch == nil {
+		return false
+	}
+	close(localWaits.ch)
+	localWaits.ch = nil
+	return true
 }
 
 // wake wakes sleepers on seq if there are any. Callers publish their progress
