@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"runtime"
 	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
@@ -115,18 +114,14 @@ func (p *poller) missed() {
 	p.skip = p.backoff
 }
 
-// pollAgain says whether a polling wait that has lasted waited should look
-// again, after letting other goroutines run, and past readSpinShare, if
-// share, other threads.
-func pollAgain(waited time.Duration, share bool) bool {
-	if waited >= readSpinMax {
-		return false
+// pollLadder is the shm.Backoff a polling reader climbs: it looks for
+// readSpinMax, lets other goroutines run from readSpinBusy on (at every
+// checkpoint of the ladder, about each microsecond), and, if share, yields
+// its thread's CPU from readSpinShare on.
+func pollLadder(share bool) shm.Backoff {
+	b := shm.Backoff{Spin: readSpinMax, Gosched: readSpinBusy, Yield: -1}
+	if share {
+		b.Yield = readSpinShare
 	}
-	if waited >= readSpinBusy {
-		runtime.Gosched()
-	}
-	if share && waited >= readSpinShare {
-		shm.Yield()
-	}
-	return true
+	return b
 }

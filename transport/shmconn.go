@@ -177,14 +177,16 @@ func (c *shmConn) Read(b []byte) (int, error) {
 		return 0, nil
 	}
 	var waitStart time.Time
-	polling, share, excused := false, false, false
+	var ladder shm.Backoff
+	polling, excused := false, false
 	for len(c.rec) == 0 {
 		rec, err := c.cons.Next()
 		if err == shm.ErrRingEmpty {
-			now := time.Now()
 			if waitStart.IsZero() {
-				waitStart = now
+				waitStart = time.Now()
+				var share bool
 				polling, share = c.poll.decide(c.readSince, c.wroteSince.Swap(0))
+				ladder = pollLadder(share)
 				excused = c.wokePeer.Swap(false)
 				if excused && c.samePID && runtime.GOMAXPROCS(0) == 1 {
 					// With one P, a peer goroutine of this process that
@@ -194,7 +196,7 @@ func (c *shmConn) Read(b []byte) (int, error) {
 				}
 				c.readSince = 0
 			}
-			if polling && pollAgain(now.Sub(waitStart), share) {
+			if polling && ladder.Pause() {
 				continue
 			}
 			rec, err = c.park()

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -362,11 +361,18 @@ const (
 	waitDeadline         // and the write deadline (packets of send)
 )
 
-// waitFor polls cond, spinning briefly, then yielding, then sleeping up to
+// waitFor polls cond, climbing shm's Backoff ladder, then sleeping up to
 // a millisecond between looks, until it holds or the link shuts down, is
-// interrupted or its write deadline passes, as until says.
+// interrupted or its write deadline passes, as until says. What it waits
+// for, a send completion or the peer's credit, is written into this side's
+// memory by the provider or one-sided by the peer, with no event to park
+// on; the sleeps, doubling from 20 µs, bound the cost of a long wait (a
+// peer that reads nothing) to a look every millisecond.
 func (l *ubLink) waitFor(until int, cond func() (bool, error)) error {
 	sleep := time.Duration(0)
+	// Other goroutines run between looks from readSpinBusy on: what this
+	// waits for may need one of them (the reader whose credit it is).
+	ladder := shm.Backoff{Gosched: readSpinBusy}
 	var intr <-chan struct{}
 	var wdl chan struct{}
 	if until >= waitInterrupt {
@@ -395,11 +401,7 @@ func (l *ubLink) waitFor(until int, cond func() (bool, error)) error {
 		if l.peerGone.Load() {
 			return errPeerGone
 		}
-		switch {
-		case i < 64:
-		case i < 256:
-			runtime.Gosched()
-		default:
+		if !ladder.Pause() {
 			sleep = min(max(2*sleep, 20*time.Microsecond), time.Millisecond)
 			time.Sleep(sleep)
 		}
@@ -494,7 +496,8 @@ func (l *ubLink) recv() (byte, []byte, error) {
 		l.reposted++
 	}
 	var goneAt, waitStart, pollBegan time.Time
-	polling, share := false, false
+	var ladder shm.Backoff
+	polling := false
 	kickable := true // at most one send wakes this call's wait to poll
 	readBefore := -1 // bytes read before this call's first decision
 	var seenSeq uint64
@@ -567,7 +570,9 @@ func (l *ubLink) recv() (byte, []byte, error) {
 			if readBefore < 0 {
 				readBefore, l.readSince = l.readSince, 0
 			}
+			var share bool
 			polling, share = l.poll.decide(readBefore, l.wroteSince.Swap(0))
+			ladder = pollLadder(share)
 			if polling && pollBegan.IsZero() {
 				pollBegan, seenSeq = now, l.sendSeq.Load()
 			}
@@ -581,9 +586,10 @@ func (l *ubLink) recv() (byte, []byte, error) {
 				seenSeq = seq
 				if now.Sub(pollBegan) < readSpinExtend {
 					waitStart = now
+					ladder.Reset()
 				}
 			}
-			if pollAgain(now.Sub(waitStart), share) {
+			if ladder.Pause() {
 				continue
 			}
 		}

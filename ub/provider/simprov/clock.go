@@ -81,7 +81,10 @@ const spinFinal = 2 * time.Microsecond
 // spins on the clock for the rest, unless stop reports true first (checked
 // between yields; a nil stop never does). It returns the time it saw the
 // deadline pass (a post made at once can use it rather than read the clock
-// again), or zero if it stopped first.
+// again), or zero if it stopped first. It is not shm.Backoff, the ladder
+// of waits for a peer: what it waits for is a time it knows, which no
+// peer brings sooner, so it has no spin to give up and nowhere to park
+// (the timer before it did the parking).
 func yieldUntil(deadline time.Time, stop func() bool) time.Time {
 	for {
 		now := time.Now()

@@ -1,6 +1,7 @@
 package simprov
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -77,16 +78,26 @@ func OpenFabricNamed(t *topology.Topology, ns string) (*Fabric, error) {
 		seg.Close()
 		return nil, fmt.Errorf("simprov: fabric %s has the wrong size for this topology", name)
 	}
+	// The magic's low half is the word a process that opens the fabric
+	// while its creator is still setting it up sleeps on.
+	ready, err := seg.Uint32At(0)
+	if err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("simprov: fabric %s: %w", name, err)
+	}
 	if created {
 		magic.Store(fabricMagic)
+		shm.Wake(ready)
 	} else {
-		// Another process is creating it: wait briefly for the magic.
-		for i := 0; magic.Load() != fabricMagic; i++ {
-			if i > 1000 {
-				seg.Close()
-				return nil, fmt.Errorf("simprov: fabric %s is not initialized", name)
-			}
-			time.Sleep(time.Millisecond)
+		// Another process is creating it: wait a second at most for the
+		// magic (a creator that died before writing it leaves the
+		// fabric unusable until it is removed).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := shm.Wait{}.Until(ctx, ready, func(uint32) bool { return magic.Load() == fabricMagic })
+		cancel()
+		if err != nil {
+			seg.Close()
+			return nil, fmt.Errorf("simprov: fabric %s is not initialized (its creator did not finish; remove it): %w", name, err)
 		}
 	}
 	f := &Fabric{t: t, seg: seg, links: map[[2]int]int{}}
