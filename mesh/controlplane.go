@@ -308,8 +308,8 @@ func edsCluster(name string) *cluster.Cluster {
 // locality's weight is its endpoint count. Endpoints on nodes the topology
 // does not know come last.
 func (cp *ControlPlane) assignment(from string, s Service) *endpoint.ClusterLoadAssignment {
-	byNode := map[string][]Endpoint{}
-	for _, e := range s.Endpoints {
+	byNode := map[string][]Instance{}
+	for _, e := range s.Instances {
 		byNode[e.Node] = append(byNode[e.Node], e)
 	}
 	type loc struct {

@@ -218,21 +218,21 @@ func (p *NodeProxy) serve(c net.Conn, f func()) {
 	}()
 }
 
-// pick chooses service's endpoint: one on this node if there is one, else
+// pick chooses an instance of service: one on this node if there is one, else
 // one on the node the topology reaches most cheaply.
-func (p *NodeProxy) pick(service string) (Endpoint, error) {
+func (p *NodeProxy) pick(service string) (Instance, error) {
 	services, err := p.cfg.Registry.Services(context.Background())
 	if err != nil {
-		return Endpoint{}, err
+		return Instance{}, err
 	}
 	self, topo := p.cfg.Endpoint.Node(), p.cfg.Endpoint.Topology()
-	var best Endpoint
+	var best Instance
 	bestCost := time.Duration(-1)
 	for _, s := range services {
 		if s.Name != service {
 			continue
 		}
-		for _, e := range s.Endpoints {
+		for _, e := range s.Instances {
 			cost := time.Duration(0)
 			if e.Node != self {
 				c, err := topo.PathCost(self, e.Node, 1024)
@@ -247,7 +247,7 @@ func (p *NodeProxy) pick(service string) (Endpoint, error) {
 		}
 	}
 	if bestCost < 0 {
-		return Endpoint{}, fmt.Errorf("mesh: no endpoint of %s in super node %s", service, p.cfg.SuperNode)
+		return Instance{}, fmt.Errorf("mesh: no instance of %s in super node %s", service, p.cfg.SuperNode)
 	}
 	return best, nil
 }
@@ -391,7 +391,7 @@ func (p *NodeProxy) inbound(tc *tls.Conn) {
 	splice(tc, be)
 }
 
-// local says whether addr is an endpoint of service on this node: a proxy
+// local says whether addr is an instance of service on this node: a proxy
 // only hands hops to its own node's backends.
 func (p *NodeProxy) local(service, addr string) bool {
 	services, err := p.cfg.Registry.Services(context.Background())
@@ -400,7 +400,7 @@ func (p *NodeProxy) local(service, addr string) bool {
 	}
 	for _, s := range services {
 		if s.Name == service {
-			for _, e := range s.Endpoints {
+			for _, e := range s.Instances {
 				if e.Address == addr && e.Node == p.cfg.Endpoint.Node() {
 					return true
 				}

@@ -37,7 +37,7 @@ func proxies(t *testing.T, allow map[string][]string) (web map[string]string, ep
 	}
 	go backend.Serve(bl)
 	t.Cleanup(func() { backend.Close() })
-	reg, err := NewStaticRegistry([]Service{{Name: "web", Endpoints: []Endpoint{{Node: "n1", Address: bl.Addr().String()}}}})
+	reg, err := NewStaticRegistry([]Service{{Name: "web", Instances: []Instance{{Node: "n1", Address: bl.Addr().String()}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +208,7 @@ func TestNodeProxyFromXDS(t *testing.T) {
 	free, _ := net.Listen("tcp", "127.0.0.1:0")
 	port := free.Addr().(*net.TCPAddr).Port
 	free.Close()
-	reg, _ := NewStaticRegistry([]Service{{Name: "hello", ProxyPort: port, Endpoints: []Endpoint{{Node: "n2", Address: bl.Addr().String()}}}})
+	reg, _ := NewStaticRegistry([]Service{{Name: "hello", ProxyPort: port, Instances: []Instance{{Node: "n2", Address: bl.Addr().String()}}}})
 	cp := NewControlPlane(topo, reg)
 	cl, _ := net.Listen("tcp", "127.0.0.1:0")
 	go cp.Serve(cl)

@@ -65,7 +65,7 @@ func StartAt(topo string, nodes []string, service, backendNode, backend string) 
 		m.Close()
 		return nil, err
 	}
-	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Endpoints: []mesh.Endpoint{{Node: backendNode, Address: m.Backend}}}})
+	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Instances: []mesh.Instance{{Node: backendNode, Address: m.Backend}}}})
 	if err != nil {
 		return fail(err)
 	}
