@@ -279,7 +279,13 @@ func (p *NodeProxy) outbound(app net.Conn, service string) {
 		return
 	}
 	fail := func(err error) {
-		p.log.Warn("mesh: could not carry a connection", "node", p.cfg.Endpoint.Node(), "service", service,
+		level := slog.LevelWarn
+		select {
+		case <-p.stop:
+			level = slog.LevelDebug // cut short by Close
+		default:
+		}
+		p.log.Log(context.Background(), level, "mesh: could not carry a connection", "node", p.cfg.Endpoint.Node(), "service", service,
 			"instance", e.Address, "instance_node", e.Node, "err", err)
 	}
 	if e.Node == p.cfg.Endpoint.Node() {
