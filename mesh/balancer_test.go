@@ -79,11 +79,11 @@ func TestTopologyBalancer(t *testing.T) {
 		defer srv.Stop()
 		stops[n] = append(stops[n], srv.GracefulStop)
 		addrs = append(addrs, WithNode(resolver.Address{Addr: tl.Addr().String()}, n))
-		services = append(services, Service{Name: "lb", Endpoints: []Endpoint{{Node: n, Address: tl.Addr().String(), Bus: bus}}})
+		services = append(services, Service{Name: "lb", Instances: []Instance{{Node: n, Address: tl.Addr().String(), Bus: bus}}})
 	}
 	all := Service{Name: "lb"}
 	for _, s := range services {
-		all.Endpoints = append(all.Endpoints, s.Endpoints...)
+		all.Instances = append(all.Instances, s.Instances...)
 	}
 	reg, err := NewStaticRegistry([]Service{all})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -42,6 +43,13 @@ import (
 // services, v3) for the services of a Registry, with a view per node of
 // the topology.
 type ControlPlane struct {
+	// Logger gets what the control plane has to say that no call
+	// returns: views it could not build and configurations a client
+	// refused (at Warn), streams opening and closing and the snapshot
+	// cache's own messages (at Debug). Set it before Serve. Default:
+	// nothing is logged.
+	Logger *slog.Logger
+
 	topo  *topology.Topology
 	reg   Registry
 	cache cachev3.SnapshotCache
@@ -76,17 +84,53 @@ func NewControlPlane(t *topology.Topology, reg Registry) *ControlPlane {
 	cp := &ControlPlane{topo: t, reg: reg, nodes: map[string]bool{}, stop: make(chan struct{})}
 	// Every snapshot is complete and consistent, so requests are answered
 	// as they come, on ADS and on the separate services alike.
-	cp.cache = cachev3.NewSnapshotCache(false, nodeView{}, nil)
+	cp.cache = cachev3.NewSnapshotCache(false, nodeView{}, cacheLog{cp})
 	return cp
 }
+
+var discard = slog.New(slog.DiscardHandler)
+
+func (cp *ControlPlane) log() *slog.Logger {
+	if cp.Logger == nil {
+		return discard
+	}
+	return cp.Logger
+}
+
+// cacheLog gives go-control-plane's snapshot cache the control plane's
+// Logger. Its Infof reports every watch, which is Debug for us.
+type cacheLog struct{ cp *ControlPlane }
+
+func (l cacheLog) logf(level slog.Level, format string, args []any) {
+	if lg := l.cp.log(); lg.Enabled(context.Background(), level) {
+		lg.Log(context.Background(), level, "mesh: xDS cache: "+fmt.Sprintf(format, args...))
+	}
+}
+
+func (l cacheLog) Debugf(format string, args ...any) { l.logf(slog.LevelDebug, format, args) }
+func (l cacheLog) Infof(format string, args ...any)  { l.logf(slog.LevelDebug, format, args) }
+func (l cacheLog) Warnf(format string, args ...any)  { l.logf(slog.LevelWarn, format, args) }
+func (l cacheLog) Errorf(format string, args ...any) { l.logf(slog.LevelError, format, args) }
 
 // Serve answers xDS on l until Close.
 func (cp *ControlPlane) Serve(l net.Listener) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cb := serverv3.CallbackFuncs{
+		StreamOpenFunc: func(_ context.Context, id int64, typeURL string) error {
+			cp.log().Debug("mesh: an xDS stream opened", "stream", id, "type", typeURL)
+			return nil
+		},
+		StreamClosedFunc: func(id int64, n *core.Node) {
+			cp.log().Debug("mesh: an xDS stream closed", "stream", id, "node", nodeView{}.ID(n))
+		},
 		StreamRequestFunc: func(_ int64, req *discovery.DiscoveryRequest) error {
-			cp.ensure(nodeView{}.ID(req.GetNode()))
+			node := nodeView{}.ID(req.GetNode())
+			if d := req.GetErrorDetail(); d != nil {
+				cp.log().Warn("mesh: a client refused a configuration", "node", node, "type", req.GetTypeUrl(),
+					"version_kept", req.GetVersionInfo(), "err", d.GetMessage())
+			}
+			cp.ensure(node)
 			return nil
 		},
 	}
@@ -135,7 +179,7 @@ func (cp *ControlPlane) watch() {
 			}
 			cp.mu.Unlock()
 			for _, n := range nodes {
-				cp.update(n)
+				cp.updateOrLog(n)
 			}
 		}
 	}
@@ -148,7 +192,15 @@ func (cp *ControlPlane) ensure(node string) {
 	cp.nodes[node] = true
 	cp.mu.Unlock()
 	if !known {
-		cp.update(node)
+		cp.updateOrLog(node)
+	}
+}
+
+// updateOrLog updates node's view; the node keeps the view it had if that
+// fails, and the log says why.
+func (cp *ControlPlane) updateOrLog(node string) {
+	if err := cp.update(node); err != nil {
+		cp.log().Warn("mesh: could not update a node's view", "node", node, "err", err)
 	}
 }
 
@@ -308,8 +360,8 @@ func edsCluster(name string) *cluster.Cluster {
 // locality's weight is its endpoint count. Endpoints on nodes the topology
 // does not know come last.
 func (cp *ControlPlane) assignment(from string, s Service) *endpoint.ClusterLoadAssignment {
-	byNode := map[string][]Endpoint{}
-	for _, e := range s.Endpoints {
+	byNode := map[string][]Instance{}
+	for _, e := range s.Instances {
 		byNode[e.Node] = append(byNode[e.Node], e)
 	}
 	type loc struct {

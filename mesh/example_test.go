@@ -25,7 +25,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: "greeter", Endpoints: []mesh.Endpoint{
+	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: "greeter", Instances: []mesh.Instance{
 		{Node: "n0", Address: "127.0.0.1:50051"},
 		{Node: "n2", Address: "127.0.0.1:50052"},
 	}}})
@@ -54,7 +54,7 @@ func Example() {
 	printServices(ctx, xr)
 
 	// A third instance starts, on n1 itself.
-	err = reg.Set([]mesh.Service{{Name: "greeter", Endpoints: []mesh.Endpoint{
+	err = reg.Set([]mesh.Service{{Name: "greeter", Instances: []mesh.Instance{
 		{Node: "n0", Address: "127.0.0.1:50051"},
 		{Node: "n1", Address: "127.0.0.1:50053"},
 		{Node: "n2", Address: "127.0.0.1:50052"},
@@ -88,8 +88,8 @@ func printServices(ctx context.Context, reg mesh.Registry) {
 	}
 	slices.SortFunc(services, func(a, b mesh.Service) int { return strings.Compare(a.Name, b.Name) })
 	for _, s := range services {
-		eps := slices.Clone(s.Endpoints)
-		slices.SortFunc(eps, func(a, b mesh.Endpoint) int { return strings.Compare(a.Node, b.Node) })
+		eps := slices.Clone(s.Instances)
+		slices.SortFunc(eps, func(a, b mesh.Instance) int { return strings.Compare(a.Node, b.Node) })
 		for _, ep := range eps {
 			fmt.Printf("%s: %s at %s\n", s.Name, ep.Node, ep.Address)
 		}
@@ -101,7 +101,7 @@ func endpoints(ctx context.Context, reg mesh.Registry) int {
 	services, _ := reg.Services(ctx)
 	n := 0
 	for _, s := range services {
-		n += len(s.Endpoints)
+		n += len(s.Instances)
 	}
 	return n
 }

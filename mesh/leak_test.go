@@ -19,7 +19,7 @@ import (
 // the fixes of issue 15 each one left two descriptors and two 2 MiB
 // mappings, and the proxies' memory grew by about 1 MiB).
 func TestNodeProxyConnectCloseReturnsEverything(t *testing.T) {
-	web, _, _, _ := proxies(t, nil)
+	web, _, _, _ := proxies(t, nil, nil)
 	once := func(i int) {
 		t.Helper()
 		c, err := net.DialTimeout("tcp", web["n0"], 10*time.Second)

@@ -44,7 +44,7 @@ func TestSnapshotView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := NewStaticRegistry([]Service{{Name: "svc", Endpoints: []Endpoint{
+	reg, err := NewStaticRegistry([]Service{{Name: "svc", Instances: []Instance{
 		{Node: "n0", Address: "10.0.0.1:80"}, {Node: "n1", Address: "10.0.0.2:80"}, {Node: "n1", Address: "10.0.0.3:80"},
 		{Node: "elsewhere", Address: "10.9.9.9:80"},
 	}}})
@@ -75,13 +75,13 @@ func TestSnapshotView(t *testing.T) {
 	if v, _ := view("n1"); v != v1 {
 		t.Error("the same content got another version")
 	}
-	reg.Set(append(services, Service{Name: "other", Endpoints: []Endpoint{{Node: "n2", Address: "10.0.0.4:81"}}}))
+	reg.Set(append(services, Service{Name: "other", Instances: []Instance{{Node: "n2", Address: "10.0.0.4:81"}}}))
 	services2, _ := reg.Services(context.Background())
 	snap, _ := cp.Snapshot("n1", services2)
 	if snap.GetVersion(resource.EndpointType) == v1 {
 		t.Error("new content kept the version")
 	}
-	if _, err := NewStaticRegistry([]Service{{Name: "bad", Endpoints: []Endpoint{{Node: "n0", Address: "nope"}}}}); err == nil {
+	if _, err := NewStaticRegistry([]Service{{Name: "bad", Instances: []Instance{{Node: "n0", Address: "nope"}}}}); err == nil {
 		t.Error("accepted an address that is not host:port")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
@@ -35,6 +36,10 @@ type ProxyConfig struct {
 	// Allow lists, per service, the nodes whose proxies may reach it; a
 	// service not listed may be reached from any node of the super node.
 	Allow map[string][]string
+	// Logger gets what the proxy has to say that no call returns:
+	// connections it could not carry and hops it refused (at Warn), hops
+	// whose handshake failed (at Debug). Default: nothing is logged.
+	Logger *slog.Logger
 }
 
 // NodeProxy is the one proxy of a node (ambient style: per node, not per
@@ -44,6 +49,7 @@ type ProxyConfig struct {
 type NodeProxy struct {
 	cfg  ProxyConfig
 	hops net.Listener
+	log  *slog.Logger
 
 	mu     sync.Mutex
 	ls     []net.Listener
@@ -63,7 +69,11 @@ func NewNodeProxy(ctx context.Context, cfg ProxyConfig) (*NodeProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &NodeProxy{cfg: cfg, hops: l, conns: map[net.Conn]struct{}{}, open: map[string]net.Listener{}, stop: make(chan struct{})}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &NodeProxy{cfg: cfg, hops: l, log: log, conns: map[net.Conn]struct{}{}, open: map[string]net.Listener{}, stop: make(chan struct{})}
 	p.wg.Add(1)
 	go p.acceptHops()
 	if src, ok := cfg.Registry.(listenerSource); ok {
@@ -114,11 +124,16 @@ func (p *NodeProxy) sync(src listenerSource) {
 		l.Close()
 	}
 	for _, svc := range add {
-		if l, err := p.ListenService(svc, want[svc]); err == nil {
-			p.mu.Lock()
-			p.open[svc] = l
-			p.mu.Unlock()
+		l, err := p.ListenService(svc, want[svc])
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.log.Warn("mesh: could not open the listener the control plane asked for", "node", p.cfg.Endpoint.Node(), "service", svc, "addr", want[svc], "err", err)
+			}
+			continue
 		}
+		p.mu.Lock()
+		p.open[svc] = l
+		p.mu.Unlock()
 	}
 }
 
@@ -155,6 +170,9 @@ func (p *NodeProxy) ListenService(service, addr string) (net.Listener, error) {
 		for {
 			c, err := l.Accept()
 			if err != nil {
+				if !errors.Is(err, net.ErrClosed) {
+					p.log.Warn("mesh: a service listener stopped accepting", "node", p.cfg.Endpoint.Node(), "service", service, "addr", l.Addr().String(), "err", err)
+				}
 				return
 			}
 			p.serve(c, func() { p.outbound(c, service) })
@@ -218,21 +236,21 @@ func (p *NodeProxy) serve(c net.Conn, f func()) {
 	}()
 }
 
-// pick chooses service's endpoint: one on this node if there is one, else
+// pick chooses an instance of service: one on this node if there is one, else
 // one on the node the topology reaches most cheaply.
-func (p *NodeProxy) pick(service string) (Endpoint, error) {
+func (p *NodeProxy) pick(service string) (Instance, error) {
 	services, err := p.cfg.Registry.Services(context.Background())
 	if err != nil {
-		return Endpoint{}, err
+		return Instance{}, err
 	}
 	self, topo := p.cfg.Endpoint.Node(), p.cfg.Endpoint.Topology()
-	var best Endpoint
+	var best Instance
 	bestCost := time.Duration(-1)
 	for _, s := range services {
 		if s.Name != service {
 			continue
 		}
-		for _, e := range s.Endpoints {
+		for _, e := range s.Instances {
 			cost := time.Duration(0)
 			if e.Node != self {
 				c, err := topo.PathCost(self, e.Node, 1024)
@@ -247,19 +265,33 @@ func (p *NodeProxy) pick(service string) (Endpoint, error) {
 		}
 	}
 	if bestCost < 0 {
-		return Endpoint{}, fmt.Errorf("mesh: no endpoint of %s in super node %s", service, p.cfg.SuperNode)
+		return Instance{}, fmt.Errorf("mesh: no instance of %s in super node %s", service, p.cfg.SuperNode)
 	}
 	return best, nil
 }
 
+// outbound carries an application's connection to service; when it
+// cannot, the application's connection closes and the log says why.
 func (p *NodeProxy) outbound(app net.Conn, service string) {
 	e, err := p.pick(service)
 	if err != nil {
+		p.log.Warn("mesh: could not carry a connection", "node", p.cfg.Endpoint.Node(), "service", service, "err", err)
 		return
+	}
+	fail := func(err error) {
+		level := slog.LevelWarn
+		select {
+		case <-p.stop:
+			level = slog.LevelDebug // cut short by Close
+		default:
+		}
+		p.log.Log(context.Background(), level, "mesh: could not carry a connection", "node", p.cfg.Endpoint.Node(), "service", service,
+			"instance", e.Address, "instance_node", e.Node, "err", err)
 	}
 	if e.Node == p.cfg.Endpoint.Node() {
 		be, err := net.DialTimeout("tcp", e.Address, 5*time.Second)
 		if err != nil {
+			fail(err)
 			return
 		}
 		defer be.Close()
@@ -271,16 +303,23 @@ func (p *NodeProxy) outbound(app net.Conn, service string) {
 	hop, err := p.dialHop(ctx, e.Node)
 	cancel()
 	if err != nil {
+		fail(fmt.Errorf("hop to node %s's proxy: %w", e.Node, err))
 		return
 	}
 	defer hop.Close()
 	defer p.track(hop)()
 	hop.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.WriteString(hop, formatHopRequest(service, e.Address)); err != nil {
+		fail(fmt.Errorf("hop to node %s's proxy: %w", e.Node, err))
 		return
 	}
 	line, err := readLine(hop)
-	if err != nil || line != "ok" {
+	if err != nil {
+		fail(fmt.Errorf("hop to node %s's proxy: %w", e.Node, err))
+		return
+	}
+	if line != "ok" {
+		fail(fmt.Errorf("node %s's proxy answered %q", e.Node, line))
 		return
 	}
 	hop.SetDeadline(time.Time{})
@@ -342,6 +381,9 @@ func (p *NodeProxy) acceptHops() {
 	for {
 		c, err := p.hops.Accept()
 		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				p.log.Warn("mesh: the proxy stopped accepting hops", "node", p.cfg.Endpoint.Node(), "err", err)
+			}
 			return
 		}
 		p.serve(c, func() { p.inbound(tls.Server(c, cfg)) })
@@ -353,33 +395,41 @@ func (p *NodeProxy) acceptHops() {
 func (p *NodeProxy) inbound(tc *tls.Conn) {
 	tc.SetDeadline(time.Now().Add(5 * time.Second))
 	if err := tc.Handshake(); err != nil {
-		return // no valid credentials: refused
+		// No valid credentials: refused.
+		p.log.Debug("mesh: a hop's handshake failed", "node", p.cfg.Endpoint.Node(), "err", err)
+		return
+	}
+	// refuse answers the hop with why it is refused, and logs it.
+	refuse := func(from, answer string) {
+		p.log.Warn("mesh: refused a hop", "node", p.cfg.Endpoint.Node(), "from", from, "answer", answer)
+		io.WriteString(tc, answer+"\n")
 	}
 	from, err := peerNode(tc.ConnectionState(), p.cfg.SuperNode)
 	if err != nil {
-		fmt.Fprintf(tc, "denied: %v\n", err)
+		refuse("", fmt.Sprintf("denied: %v", err))
 		return
 	}
 	line, err := readLine(tc)
 	if err != nil {
+		p.log.Debug("mesh: a hop sent no request", "node", p.cfg.Endpoint.Node(), "from", from, "err", err)
 		return
 	}
 	service, addr, err := parseHopRequest(line)
 	if err != nil {
-		fmt.Fprintf(tc, "denied: %v\n", err)
+		refuse(from, fmt.Sprintf("denied: %v", err))
 		return
 	}
 	if allowed, listed := p.cfg.Allow[service]; listed && !slices.Contains(allowed, from) {
-		fmt.Fprintf(tc, "denied: node %s may not reach %s\n", from, service)
+		refuse(from, fmt.Sprintf("denied: node %s may not reach %s", from, service))
 		return
 	}
 	if !p.local(service, addr) {
-		fmt.Fprintf(tc, "denied: %s is no endpoint of %s on node %s\n", addr, service, p.cfg.Endpoint.Node())
+		refuse(from, fmt.Sprintf("denied: %s is no endpoint of %s on node %s", addr, service, p.cfg.Endpoint.Node()))
 		return
 	}
 	be, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
-		fmt.Fprintf(tc, "unavailable: %v\n", err)
+		refuse(from, fmt.Sprintf("unavailable: %v", err))
 		return
 	}
 	defer be.Close()
@@ -391,7 +441,7 @@ func (p *NodeProxy) inbound(tc *tls.Conn) {
 	splice(tc, be)
 }
 
-// local says whether addr is an endpoint of service on this node: a proxy
+// local says whether addr is an instance of service on this node: a proxy
 // only hands hops to its own node's backends.
 func (p *NodeProxy) local(service, addr string) bool {
 	services, err := p.cfg.Registry.Services(context.Background())
@@ -400,7 +450,7 @@ func (p *NodeProxy) local(service, addr string) bool {
 	}
 	for _, s := range services {
 		if s.Name == service {
-			for _, e := range s.Endpoints {
+			for _, e := range s.Instances {
 				if e.Address == addr && e.Node == p.cfg.Endpoint.Node() {
 					return true
 				}

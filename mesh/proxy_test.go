@@ -6,20 +6,23 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/transport"
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 // proxies starts node proxies on n0, n1 and n2 of the simulated dev4 with
 // an HTTP service "web" on n1, and returns each node's local listener for
-// it, the nodes' endpoints, the mesh's CA and the backend's address.
-func proxies(t *testing.T, allow map[string][]string) (web map[string]string, eps map[string]*transport.Endpoint, ca *CA, backendAddr string) {
+// it, the nodes' endpoints, the mesh's CA and the backend's address. The
+// proxies log to log, if it is not nil.
+func proxies(t *testing.T, allow map[string][]string, log *slog.Logger) (web map[string]string, eps map[string]*transport.Endpoint, ca *CA, backendAddr string) {
 	t.Helper()
 	topo, _ := topology.Example("dev4")
 	dir := t.TempDir()
@@ -37,7 +40,7 @@ func proxies(t *testing.T, allow map[string][]string) (web map[string]string, ep
 	}
 	go backend.Serve(bl)
 	t.Cleanup(func() { backend.Close() })
-	reg, err := NewStaticRegistry([]Service{{Name: "web", Endpoints: []Endpoint{{Node: "n1", Address: bl.Addr().String()}}}})
+	reg, err := NewStaticRegistry([]Service{{Name: "web", Instances: []Instance{{Node: "n1", Address: bl.Addr().String()}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +56,7 @@ func proxies(t *testing.T, allow map[string][]string) (web map[string]string, ep
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := NewNodeProxy(context.Background(), ProxyConfig{Endpoint: ep, SuperNode: "dev4", Cert: cert, Roots: ca.Roots(), Registry: reg, Allow: allow})
+		p, err := NewNodeProxy(context.Background(), ProxyConfig{Endpoint: ep, SuperNode: "dev4", Cert: cert, Roots: ca.Roots(), Registry: reg, Allow: allow, Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +74,7 @@ func proxies(t *testing.T, allow map[string][]string) (web map[string]string, ep
 // proxy; the request crosses to n1's proxy over the bus (mutual TLS) and
 // reaches the backend there.
 func TestNodeProxyHTTP(t *testing.T) {
-	web, _, _, _ := proxies(t, nil)
+	web, _, _, _ := proxies(t, nil, nil)
 	client := &http.Client{Timeout: 10 * time.Second}
 	defer client.CloseIdleConnections()
 	for i := range 3 {
@@ -91,7 +94,8 @@ func TestNodeProxyHTTP(t *testing.T) {
 // refused at the handshake, and a node not on a service's allow list is
 // turned away.
 func TestNodeProxyRefusals(t *testing.T) {
-	web, eps, _, _ := proxies(t, map[string][]string{"web": {"n2"}})
+	log, rec := testenv.NewLogRecorder()
+	web, eps, _, _ := proxies(t, map[string][]string{"web": {"n2"}}, log)
 	// n2 is allowed to reach web...
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + web["n2"] + "/")
 	if err != nil {
@@ -110,6 +114,10 @@ func TestNodeProxyRefusals(t *testing.T) {
 	if len(b) != 0 {
 		t.Fatalf("a node off the allow list got an answer: %q", b)
 	}
+	// Both proxies say why in their logs, which are the only place that
+	// can: the application's connection just closes.
+	rec.WaitFor(t, "level=WARN", "mesh: refused a hop", "node=n1", "from=n0", "node n0 may not reach web")
+	rec.WaitFor(t, "level=WARN", "mesh: could not carry a connection", "node=n0", "service=web", "instance_node=n1")
 	// A rogue with a certificate from another CA, straight at n1's proxy.
 	rogueCA, _ := NewCA("dev4", time.Hour)
 	cert, _ := rogueCA.Issue("n2", time.Hour)
@@ -132,6 +140,7 @@ func TestNodeProxyRefusals(t *testing.T) {
 		t.Fatal("a peer with a certificate from another CA was let in")
 	}
 	t.Logf("rogue refused: %v", err)
+	rec.WaitFor(t, "level=DEBUG", "mesh: a hop's handshake failed", "node=n1")
 }
 
 // TestNodeProxyHostileHops: a peer with a valid certificate of the mesh
@@ -142,7 +151,7 @@ func TestNodeProxyRefusals(t *testing.T) {
 // hop, never a connection, a crash or a hang; a well-formed request on the
 // same kind of hop is served, so the refusals are the requests'.
 func TestNodeProxyHostileHops(t *testing.T) {
-	_, eps, ca, backendAddr := proxies(t, nil)
+	_, eps, ca, backendAddr := proxies(t, nil, nil)
 	cert, err := ca.Issue("n2", time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -208,7 +217,7 @@ func TestNodeProxyFromXDS(t *testing.T) {
 	free, _ := net.Listen("tcp", "127.0.0.1:0")
 	port := free.Addr().(*net.TCPAddr).Port
 	free.Close()
-	reg, _ := NewStaticRegistry([]Service{{Name: "hello", ProxyPort: port, Endpoints: []Endpoint{{Node: "n2", Address: bl.Addr().String()}}}})
+	reg, _ := NewStaticRegistry([]Service{{Name: "hello", ProxyPort: port, Instances: []Instance{{Node: "n2", Address: bl.Addr().String()}}}})
 	cp := NewControlPlane(topo, reg)
 	cl, _ := net.Listen("tcp", "127.0.0.1:0")
 	go cp.Serve(cl)

@@ -40,7 +40,7 @@ func Bootstrap(superNode, node, server string) ([]byte, error) {
 	})
 }
 
-// Dialer returns a dialer for grpc.WithContextDialer: an endpoint the
+// Dialer returns a dialer for grpc.WithContextDialer: an instance the
 // registry says also listens on the bus is dialed there with ep (the ub
 // path to another node, shm on this one); any other address over TCP.
 func Dialer(ep *transport.Endpoint, reg Registry) func(ctx context.Context, addr string) (net.Conn, error) {

@@ -29,16 +29,18 @@ import (
 
 // Service is a named service and where it runs.
 type Service struct {
-	Name      string     `yaml:"name" json:"name"`
-	Endpoints []Endpoint `yaml:"endpoints" json:"endpoints"`
+	Name string `yaml:"name" json:"name"`
+	// Instances are where the service runs. In registry files their key
+	// is "endpoints", xDS's name for them.
+	Instances []Instance `yaml:"endpoints" json:"endpoints"`
 	// ProxyPort, if set, is the loopback port every node proxy listens on
 	// for this service, for the applications of its node (published over
 	// LDS as "proxy:<name>").
 	ProxyPort int `yaml:"proxy_port,omitempty" json:"proxy_port,omitempty"`
 }
 
-// Endpoint is one instance of a service.
-type Endpoint struct {
+// Instance is one instance of a service: what xDS calls an endpoint.
+type Instance struct {
 	// Node is the super node's node the instance runs on.
 	Node string `yaml:"node" json:"node"`
 	// Address is its TCP host:port, reachable by any client.
@@ -47,6 +49,12 @@ type Endpoint struct {
 	// where the instance also listens: ubkit clients dial it instead.
 	Bus string `yaml:"bus,omitempty" json:"bus,omitempty"`
 }
+
+// Endpoint is the old name of Instance, which said the same as
+// transport.Endpoint in programs that import both.
+//
+// Deprecated: use Instance.
+type Endpoint = Instance
 
 // Registry is where the control plane learns services.
 type Registry interface {
@@ -113,16 +121,16 @@ func (r *StaticRegistry) Set(services []Service) error {
 		if s.ProxyPort < 0 || s.ProxyPort > 65535 {
 			return fmt.Errorf("mesh: service %s: proxy port %d", s.Name, s.ProxyPort)
 		}
-		for j, e := range s.Endpoints {
+		for j, e := range s.Instances {
 			if err := checkHostPort(e.Address); err != nil {
-				return fmt.Errorf("mesh: service %s endpoint %d: %w", s.Name, j, err)
+				return fmt.Errorf("mesh: service %s instance %d: %w", s.Name, j, err)
 			}
 			if e.Node == "" || strings.IndexFunc(e.Node, notPrintable) >= 0 {
-				return fmt.Errorf("mesh: service %s endpoint %d: node %q", s.Name, j, e.Node)
+				return fmt.Errorf("mesh: service %s instance %d: node %q", s.Name, j, e.Node)
 			}
 			if e.Bus != "" {
 				if _, err := transport.ParseAddr(e.Bus); err != nil {
-					return fmt.Errorf("mesh: service %s endpoint %d: %w", s.Name, j, err)
+					return fmt.Errorf("mesh: service %s instance %d: %w", s.Name, j, err)
 				}
 			}
 		}
@@ -160,10 +168,10 @@ func (r *StaticRegistry) Services(context.Context) ([]Service, error) {
 // Changed is signalled by Set.
 func (r *StaticRegistry) Changed() <-chan struct{} { return r.changed }
 
-// busAddress returns the bus address of the endpoint at a TCP address.
+// busAddress returns the bus address of the instance at a TCP address.
 func busAddress(services []Service, addr string) (string, bool) {
 	for _, s := range services {
-		for _, e := range s.Endpoints {
+		for _, e := range s.Instances {
 			if e.Address == addr && e.Bus != "" {
 				return e.Bus, true
 			}

@@ -30,7 +30,7 @@ func TestParseRegistryErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, _ := r.Services(context.Background()); len(s) != 1 || s[0].Endpoints[0].Bus != "ub://n1/web" || s[0].ProxyPort != 8080 {
+	if s, _ := r.Services(context.Background()); len(s) != 1 || s[0].Instances[0].Bus != "ub://n1/web" || s[0].ProxyPort != 8080 {
 		t.Errorf("read %+v", s)
 	}
 	if r, err := parseRegistry(nil); err != nil {

@@ -32,7 +32,7 @@ func TestRegressDialHopVerifiesServer(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			topo, _ := topology.Example("dev4")
 			dir := t.TempDir()
-			reg, _ := NewStaticRegistry([]Service{{Name: "web", Endpoints: []Endpoint{{Node: "n1", Address: bl.Addr().String()}}}})
+			reg, _ := NewStaticRegistry([]Service{{Name: "web", Instances: []Instance{{Node: "n1", Address: bl.Addr().String()}}}})
 			var l0 net.Listener
 			for _, n := range []string{"n0", "n1"} {
 				ep, _ := transport.NewEndpoint(transport.Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})

@@ -99,7 +99,7 @@ func TestRegressXDSReadyBeforeEndpoints(t *testing.T) {
 		t.Fatal("Ready never closed after the endpoints came")
 	}
 	s, err := xr.Services(t.Context())
-	if err != nil || len(s) != 1 || s[0].Name != "echo" || len(s[0].Endpoints) != 1 {
+	if err != nil || len(s) != 1 || s[0].Name != "echo" || len(s[0].Instances) != 1 {
 		t.Fatalf("services after Ready: %v, %v", s, err)
 	}
 }

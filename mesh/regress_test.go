@@ -67,7 +67,7 @@ func twoProxies(t *testing.T, backendNode string, bl net.Listener) map[string]*N
 	topo, _ := topology.Example("dev4")
 	dir := t.TempDir()
 	ca, _ := NewCA("dev4", time.Hour)
-	reg, _ := NewStaticRegistry([]Service{{Name: "web", Endpoints: []Endpoint{{Node: backendNode, Address: bl.Addr().String()}}}})
+	reg, _ := NewStaticRegistry([]Service{{Name: "web", Instances: []Instance{{Node: backendNode, Address: bl.Addr().String()}}}})
 	ps := map[string]*NodeProxy{}
 	for _, n := range []string{"n0", "n1"} {
 		ep, err := transport.NewEndpoint(transport.Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})
@@ -143,8 +143,8 @@ func TestRegressListenAfterClose(t *testing.T) {
 func TestRegressXDSRemoval(t *testing.T) {
 	topo, _ := topology.Example("dev4")
 	two := []Service{
-		{Name: "a", Endpoints: []Endpoint{{Node: "n0", Address: "10.0.0.1:80"}}},
-		{Name: "b", Endpoints: []Endpoint{{Node: "n1", Address: "10.0.0.2:80"}}},
+		{Name: "a", Instances: []Instance{{Node: "n0", Address: "10.0.0.1:80"}}},
+		{Name: "b", Instances: []Instance{{Node: "n1", Address: "10.0.0.2:80"}}},
 	}
 	one := two[:1]
 	for i := range 8 {

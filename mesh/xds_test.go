@@ -23,7 +23,7 @@ import (
 // client that reconnects gets the current state.
 func TestXDSServices(t *testing.T) {
 	topo, _ := topology.Example("dev4")
-	reg, err := NewStaticRegistry([]Service{{Name: "a", Endpoints: []Endpoint{
+	reg, err := NewStaticRegistry([]Service{{Name: "a", Instances: []Instance{
 		{Node: "n0", Address: "10.0.0.1:80"}, {Node: "n1", Address: "10.0.0.2:80"}}}})
 	if err != nil {
 		t.Fatal(err)
@@ -69,8 +69,8 @@ func TestXDSServices(t *testing.T) {
 		t.Fatalf("first answer: %d clusters", len(r1.Resources))
 	}
 	reg.Set([]Service{
-		{Name: "a", Endpoints: []Endpoint{{Node: "n0", Address: "10.0.0.1:80"}, {Node: "n1", Address: "10.0.0.2:80"}}},
-		{Name: "b", Endpoints: []Endpoint{{Node: "n2", Address: "10.0.0.3:80"}}},
+		{Name: "a", Instances: []Instance{{Node: "n0", Address: "10.0.0.1:80"}, {Node: "n1", Address: "10.0.0.2:80"}}},
+		{Name: "b", Instances: []Instance{{Node: "n2", Address: "10.0.0.3:80"}}},
 	})
 	r2 := clusters(s1, r1) // the ACK, then the push
 	if len(r2.Resources) != 2 || r2.VersionInfo == r1.VersionInfo {

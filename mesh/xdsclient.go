@@ -300,7 +300,7 @@ func (r *XDSRegistry) publish(assignments map[string]*endpoint.ClusterLoadAssign
 				if sa == nil {
 					continue
 				}
-				s.Endpoints = append(s.Endpoints, Endpoint{Node: loc.GetLocality().GetZone(),
+				s.Instances = append(s.Instances, Instance{Node: loc.GetLocality().GetZone(),
 					Address: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue())))})
 			}
 		}

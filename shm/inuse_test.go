@@ -30,7 +30,7 @@ func init() {
 		name := args[0]
 		switch args[1] {
 		case "create":
-			if _, err := CreateSegment(name, 4096, &SegmentOptions{Keep: true}); err != nil {
+			if _, err := CreateSegment(name, 4096, &SegmentConfig{Keep: true}); err != nil {
 				return err
 			}
 		case "segment", "map":
@@ -165,7 +165,7 @@ func TestSweepRacesOpenSegment(t *testing.T) {
 		name := testName(t)
 		path := filepath.Join(ShmDir, userPrefix()+name)
 		t.Cleanup(func() { os.Remove(path) })
-		s, err := CreateSegment(name, 4096, &SegmentOptions{Keep: true})
+		s, err := CreateSegment(name, 4096, &SegmentConfig{Keep: true})
 		if err != nil {
 			t.Fatal(err)
 		}

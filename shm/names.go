@@ -52,7 +52,7 @@ var altHook, createHook func(step string)
 
 // createAlt creates segment name in an alternative file because another
 // user's file holds the predictable one (why says whose), and records it.
-func createAlt(name string, total int, opts *SegmentOptions, why string) (*Segment, error) {
+func createAlt(name string, total int, opts *SegmentConfig, why string) (*Segment, error) {
 	fail := func(err error) (*Segment, error) {
 		return nil, fmt.Errorf("shm: create segment %s: %s, and its record cannot be kept: %w", name, why, err)
 	}

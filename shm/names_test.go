@@ -51,7 +51,7 @@ func plantForeign(t *testing.T, name string) string {
 func createAltSegment(t *testing.T, name string) *Segment {
 	t.Helper()
 	squat := plantForeign(t, name)
-	s, err := CreateSegment(name, 4096, &SegmentOptions{Keep: true})
+	s, err := CreateSegment(name, 4096, &SegmentConfig{Keep: true})
 	if err != nil {
 		t.Fatalf("CreateSegment(%q) with another user's file at %s: %v", name, squat, err)
 	}
@@ -354,7 +354,7 @@ func TestOpenSegmentRefusesForeignSegment(t *testing.T) {
 	privateRundir(t)
 	name := testName(t)
 	// A valid segment, given to another user: never ours to open.
-	lure, err := CreateSegment(name+"-lure", 4096, &SegmentOptions{Keep: true})
+	lure, err := CreateSegment(name+"-lure", 4096, &SegmentConfig{Keep: true})
 	if err != nil {
 		t.Fatal(err)
 	}

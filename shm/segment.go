@@ -52,8 +52,9 @@ const (
 // leaks.
 var openSegments atomic.Int64
 
-// SegmentOptions configures a new segment. The zero value is valid.
-type SegmentOptions struct {
+// SegmentConfig is the settings of a new segment (CreateSegment,
+// CreateMemfd). The zero value is valid.
+type SegmentConfig struct {
 	// HugePages backs the segment with huge pages: MFD_HUGETLB for memfd
 	// segments (needs pages reserved in /proc/sys/vm/nr_hugepages) and
 	// transparent huge pages (madvise) for named segments.
@@ -67,11 +68,16 @@ type SegmentOptions struct {
 	Keep bool
 }
 
+// SegmentOptions is the old name of SegmentConfig.
+//
+// Deprecated: use SegmentConfig.
+type SegmentOptions = SegmentConfig
+
 // Segment is a mapped shared-memory segment: named (in /dev/shm) or anonymous
 // (a memfd). The data area, Data, excludes the segment's own header.
 //
 // Ownership: the process that creates a named segment owns its name. Its
-// Close unmaps the segment and unlinks the name (unless SegmentOptions.Keep),
+// Close unmaps the segment and unlinks the name (unless SegmentConfig.Keep),
 // so peers that already mapped it keep working but nobody new can open it.
 // A process that opened a segment by name, or received one over a unix
 // socket, owns only its mapping: Close unmaps and closes the descriptor.
@@ -98,9 +104,9 @@ type Segment struct {
 // makes the segment under a file name nobody can predict (the name, "~" and
 // 16 random hex digits) and records it in this user's runtime directory,
 // where OpenSegment finds it (see names.go). Either way Name returns name.
-func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error) {
+func CreateSegment(name string, size int, opts *SegmentConfig) (*Segment, error) {
 	if opts == nil {
-		opts = &SegmentOptions{}
+		opts = &SegmentConfig{}
 	}
 	if err := checkName(name); err != nil {
 		return nil, err
@@ -171,7 +177,7 @@ func holdLock(s *Segment) error {
 
 // newNamed sizes and maps a new named segment's file, path, open as fd;
 // on failure it removes the file.
-func newNamed(fd int, path string, total int, opts *SegmentOptions) (*Segment, error) {
+func newNamed(fd int, path string, total int, opts *SegmentConfig) (*Segment, error) {
 	if err := unix.Ftruncate(fd, int64(total)); err != nil {
 		unix.Close(fd)
 		unix.Unlink(path)
@@ -293,9 +299,9 @@ func openNamedOnce(path string) (*Segment, error) {
 // CreateMemfd creates an anonymous segment backed by a memfd. name is only a
 // label shown in /proc/<pid>/fd. Pass it to another process with
 // SendSegment after Seal.
-func CreateMemfd(name string, size int, opts *SegmentOptions) (*Segment, error) {
+func CreateMemfd(name string, size int, opts *SegmentConfig) (*Segment, error) {
 	if opts == nil {
-		opts = &SegmentOptions{}
+		opts = &SegmentConfig{}
 	}
 	if size <= 0 {
 		return nil, fmt.Errorf("shm: segment size %d must be positive", size)

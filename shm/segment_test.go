@@ -94,7 +94,7 @@ func TestOpenCorruptSegment(t *testing.T) {
 		"empty":     func(p string) error { return os.WriteFile(p, nil, 0o600) },
 		"bad magic": func(p string) error { return os.WriteFile(p, make([]byte, 8192), 0o600) },
 		"wrong size": func(p string) error {
-			s, err := CreateSegment(filepath.Base(p)[len(userPrefix()):], 100, &SegmentOptions{Keep: true})
+			s, err := CreateSegment(filepath.Base(p)[len(userPrefix()):], 100, &SegmentConfig{Keep: true})
 			if err != nil {
 				return err
 			}
@@ -231,7 +231,7 @@ func init() {
 		return nil
 	}
 	children["keep-segment"] = func(args []string) error {
-		s, err := CreateSegment(args[0], 4096, &SegmentOptions{Keep: true})
+		s, err := CreateSegment(args[0], 4096, &SegmentConfig{Keep: true})
 		if err != nil {
 			return err
 		}
@@ -431,7 +431,7 @@ func TestLivenessWithoutProc(t *testing.T) {
 
 func TestHugePages(t *testing.T) {
 	// Named segments ask for transparent huge pages (best effort).
-	s, err := CreateSegment(testName(t), 4<<20, &SegmentOptions{HugePages: true})
+	s, err := CreateSegment(testName(t), 4<<20, &SegmentConfig{HugePages: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +439,7 @@ func TestHugePages(t *testing.T) {
 	s.Close()
 	// memfd segments need reserved huge pages, which `make prereqs`
 	// reserves as root.
-	m, err := CreateMemfd("huge", 4<<20, &SegmentOptions{HugePages: true})
+	m, err := CreateMemfd("huge", 4<<20, &SegmentConfig{HugePages: true})
 	if err != nil {
 		t.Fatalf("this test needs huge pages reserved for memfd segments (prerequisite: 3 free pages of 2 MiB in "+
 			"/proc/sys/vm/nr_hugepages, which `make prereqs` run as root reserves): %v", err)
@@ -452,7 +452,7 @@ func TestHugePages(t *testing.T) {
 	// More than the kernel could ever give: the error says how to reserve
 	// huge pages.
 	pages := hugePagesLimit(t)
-	if _, err := CreateMemfd("huge", (pages+1)*hugePageSize, &SegmentOptions{HugePages: true}); err == nil ||
+	if _, err := CreateMemfd("huge", (pages+1)*hugePageSize, &SegmentConfig{HugePages: true}); err == nil ||
 		!strings.Contains(err.Error(), "nr_hugepages") {
 		t.Fatalf("a memfd of %d huge pages, with at most %d to be had: %v, want an error that says how to reserve them", pages+1, pages, err)
 	}

@@ -41,7 +41,7 @@ func init() {
 			switch how {
 			case "lure": // a valid segment of the squatter's, under the victim's name
 				var s *shm.Segment
-				if s, err = shm.CreateSegment(base+"-lure", 4096, &shm.SegmentOptions{Keep: true}); err == nil {
+				if s, err = shm.CreateSegment(base+"-lure", 4096, &shm.SegmentConfig{Keep: true}); err == nil {
 					copy(s.Data(), "lure")
 					own := filepath.Join(shm.ShmDir, s.File())
 					s.Close()
@@ -116,7 +116,7 @@ func TestCreateSegmentSquattedByAnotherUser(t *testing.T) {
 				}
 				t.Fatalf("OpenSegment(%q) before it was created: %v, want an error wrapping os.ErrNotExist", name, err)
 			}
-			s, err := shm.CreateSegment(name, 4096, &shm.SegmentOptions{Keep: true})
+			s, err := shm.CreateSegment(name, 4096, &shm.SegmentConfig{Keep: true})
 			if err != nil {
 				t.Fatalf("CreateSegment(%q) beside the squatter's file: %v", name, err)
 			}

@@ -33,19 +33,24 @@ var ShmDir = "/dev/shm"
 // HeaderSize is the size of the header at the start of every segment.
 const HeaderSize = 4096
 
-// SegmentOptions configures a new segment (see the Linux build).
-type SegmentOptions struct {
+// SegmentConfig configures a new segment (see the Linux build).
+type SegmentConfig struct {
 	HugePages bool
 	Populate  bool
 	Keep      bool
 }
+
+// SegmentOptions is the old name of SegmentConfig.
+//
+// Deprecated: use SegmentConfig.
+type SegmentOptions = SegmentConfig
 
 // Segment is a mapped shared-memory segment; on this system none can be
 // made, and every method reports an empty segment or errUnsupported.
 type Segment struct{}
 
 // CreateSegment fails: shared memory needs Linux.
-func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error) {
+func CreateSegment(name string, size int, opts *SegmentConfig) (*Segment, error) {
 	return nil, errUnsupported
 }
 
@@ -53,7 +58,7 @@ func CreateSegment(name string, size int, opts *SegmentOptions) (*Segment, error
 func OpenSegment(name string) (*Segment, error) { return nil, errUnsupported }
 
 // CreateMemfd fails: shared memory needs Linux.
-func CreateMemfd(name string, size int, opts *SegmentOptions) (*Segment, error) {
+func CreateMemfd(name string, size int, opts *SegmentConfig) (*Segment, error) {
 	return nil, errUnsupported
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"os"
@@ -96,6 +97,14 @@ type Config struct {
 	// this endpoint's connections together (default
 	// DefaultReceiveMemory).
 	StreamWindow, MessageWindow, ReceiveMemory int64
+
+	// Logger gets what the endpoint has to say that no call returns: the
+	// dialers its listeners accepted, with the peer node they proved (at
+	// Debug), refused (at Warn) or whose handshake failed (at Debug),
+	// errors accepting connections, its registry's trouble, and (through
+	// ub.Config.Logger) what the ub provider has to say. Default:
+	// nothing is logged.
+	Logger *slog.Logger
 }
 
 // Endpoint is a process's place on the super node: the node it plays, the
@@ -115,6 +124,7 @@ type Endpoint struct {
 
 	identity  *Identity // nil: no dialers from other hosts
 	listenTCP bool
+	log       *slog.Logger
 
 	mu        sync.Mutex
 	ubctx     ub.Context
@@ -187,7 +197,10 @@ func NewEndpoint(cfg Config) (*Endpoint, error) {
 	}
 	e := &Endpoint{node: node, topo: t, prov: prov, opts: maps.Clone(cfg.ProviderOptions), path: path, dir: dir,
 		allow: slices.Clone(cfg.AllowUIDs), identity: id, listenTCP: cfg.ListenTCP || path == PathTCP,
-		flow: newFlowConfig(cfg.StreamWindow, cfg.MessageWindow, cfg.ReceiveMemory)}
+		flow: newFlowConfig(cfg.StreamWindow, cfg.MessageWindow, cfg.ReceiveMemory), log: cfg.Logger}
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
+	}
 	if i, ok := t.NodeIndex(node); ok {
 		e.regAddr = t.Nodes[i].Labels[LabelRegistry]
 	}
@@ -265,7 +278,7 @@ func (e *Endpoint) ubContext(ctx context.Context) (ub.Context, error) {
 	if e.ubctx != nil {
 		return e.ubctx, nil
 	}
-	c, err := ub.OpenNode(ctx, e.prov, e.topo, e.node, ub.Config{Options: e.opts})
+	c, err := ub.OpenNode(ctx, e.prov, e.topo, e.node, ub.Config{Options: e.opts, Logger: e.log})
 	if err != nil {
 		return nil, fmt.Errorf("transport: ub path of node %s: %w", e.node, err)
 	}
@@ -386,6 +399,9 @@ func (e *Endpoint) startRegistry() {
 				e.reg = l
 				e.mu.Unlock()
 				e.serveRegistry(l, stop)
+			} else {
+				// Usually another process of this host serves it.
+				e.log.Debug("transport: the registry's address is taken; retrying", "node", e.node, "addr", e.regAddr, "err", err)
 			}
 			select {
 			case <-stop:
@@ -431,6 +447,11 @@ func (e *Endpoint) serveRegistry(l net.Listener, stop <-chan struct{}) {
 	for {
 		c, err := l.Accept()
 		if err != nil {
+			select {
+			case <-stop:
+			default:
+				e.log.Warn("transport: the registry stopped accepting; listening again", "node", e.node, "addr", e.regAddr, "err", err)
+			}
 			return
 		}
 		src := c.RemoteAddr().String()

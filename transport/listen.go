@@ -170,6 +170,7 @@ func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 			}
 			// Out of descriptors, an aborted connection...: the listener
 			// stays, as net/http's does, and tries again.
+			l.ep.log.Warn("transport: accept failed; retrying", "addr", l.addr.String(), "retry", backoff, "err", err)
 			select {
 			case <-l.done:
 				return
@@ -182,6 +183,7 @@ func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 		src, err := l.source(nc)
 		if err != nil {
 			l.refusedUser.Add(1)
+			l.ep.log.Warn("transport: refused a dialer", "addr", l.addr.String(), "err", err)
 			nc.Close()
 			continue
 		}
@@ -209,14 +211,18 @@ func (l *Listener) acceptLoop(accept func() (net.Conn, error)) {
 				switch {
 				case !errors.As(err, &re):
 					l.failed.Add(1)
+					l.ep.log.Debug("transport: a dialer's handshake failed", "addr", l.addr.String(), "from", src, "err", err)
 				case re.user:
 					l.refusedUser.Add(1)
+					l.ep.log.Warn("transport: refused a dialer", "addr", l.addr.String(), "from", src, "err", err)
 				default:
 					l.refusedAuth.Add(1)
+					l.ep.log.Warn("transport: refused a dialer", "addr", l.addr.String(), "from", src, "err", err)
 				}
 				return // a bad dialer does not stop the listener
 			}
 			l.accepted.Add(1)
+			l.ep.log.Debug("transport: accepted", "addr", l.addr.String(), "peer", c.RemoteAddr().String(), "path", string(c.Path()), "from", src)
 			select {
 			case l.conns <- c:
 			case <-l.done:

@@ -29,8 +29,11 @@
 // without a completion.
 //
 // Providers register by name with [Register], like database/sql drivers,
-// and are opened with [Open]; a program chooses them by importing their
-// packages, and library code opens them by name. ubkit ships "shm"
+// and are opened with [Open] ([ErrUnknownProvider], naming the import, for
+// a name nobody registered; [Providers] lists those registered); a program
+// chooses them by importing their packages, and library code opens them
+// by name. [Config] carries a provider's own options and a Logger for what
+// it has to say that no call returns. ubkit ships "shm"
 // (processes on one host, real zero copy through shared memory) in package
 // ub/provider/shmprov, "tcp" (verbs over TCP) in ub/provider/tcpprov and
 // "sim" (a simulated super node) in ub/provider/simprov. A process that
@@ -38,7 +41,10 @@
 // tells a provider that can play any node ([NodeProvider], such as sim)
 // which one, and checks a context that knows where it is ([NodeInfo]).
 // "Writing a provider" in docs/ub.md states the whole contract a provider
-// keeps, and ub/ubtest checks it.
+// keeps, and ub/ubtest checks it; ub/internal/refprov, a provider written
+// from that text and this package's documentation alone, passes it in
+// ubkit's own tests. The super node's topology (nodes, links, path costs)
+// is package ub/topology.
 //
 // ub is not a message protocol: connections, streams and flow control live
 // in ubkit's transport package.

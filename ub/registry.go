@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -23,6 +24,9 @@ type Config struct {
 	Name string
 	// Options are provider-specific settings.
 	Options map[string]string
+	// Logger gets what the provider has to say that no call returns (a
+	// peer it hung up on, and why). Default: nothing is logged.
+	Logger *slog.Logger
 }
 
 var registry = struct {

@@ -61,7 +61,7 @@ func run() error {
 
 	// The control plane publishes the registry's services to every node,
 	// each with its own view of where the endpoints are.
-	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Endpoints: []mesh.Endpoint{
+	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Instances: []mesh.Instance{
 		{Node: "n2", Address: backend.Addr().String()},
 	}}})
 	if err != nil {

@@ -1,7 +1,7 @@
 // Package meshsim starts a mesh on a simulated super node inside one
 // process: the control plane, a node proxy per node configured from it over
-// xDS, and HTTP backends. The mesh example, `ubctl demo` and `ubctl bench
-// mesh` use it.
+// xDS, and HTTP backends. `ubctl demo` and `ubctl bench mesh` use it;
+// examples/mesh-proxy does the same with public packages only.
 package meshsim
 
 import (
@@ -65,7 +65,7 @@ func StartAt(topo string, nodes []string, service, backendNode, backend string) 
 		m.Close()
 		return nil, err
 	}
-	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Endpoints: []mesh.Endpoint{{Node: backendNode, Address: m.Backend}}}})
+	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Instances: []mesh.Instance{{Node: backendNode, Address: m.Backend}}}})
 	if err != nil {
 		return fail(err)
 	}

@@ -13,7 +13,9 @@
 // descriptors, shared memory). Child, ChildTest and their namespace and
 // user variants run the test binary again as a child process, in a role
 // its package registered (RegisterChild) or running one test; WaitParked
-// waits until goroutines sleep, for tests that act on sleepers.
+// waits until goroutines sleep, for tests that act on sleepers;
+// NewLogRecorder gives a component a logger whose lines a test can wait
+// for (LogRecorder.WaitFor).
 //
 // Every helper takes the test's testing.TB and registers t.Cleanup for what it
 // makes, so a test leaves nothing behind; leftovers of a test process that was

@@ -53,7 +53,7 @@ func init() {
 }
 
 func keepSegment(name string) error {
-	s, err := shm.CreateSegment(name, 4096, &shm.SegmentOptions{Keep: true})
+	s, err := shm.CreateSegment(name, 4096, &shm.SegmentConfig{Keep: true})
 	if err != nil {
 		return err
 	}

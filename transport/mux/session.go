@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -33,6 +34,10 @@ type Config struct {
 	// with a reset, so a peer that opens streams and never ends them
 	// cannot grow the session without bound.
 	MaxStreams int
+	// Logger gets what the session has to say that no call returns: why
+	// it ended, and the streams of the peer's it refused (at Debug; a
+	// peer breaking the protocol at Warn). Default: nothing is logged.
+	Logger *slog.Logger
 }
 
 // DefaultMaxStreams is the default of Config.MaxStreams.
@@ -118,6 +123,9 @@ func newSession(conn net.Conn, cfg *Config, client bool) *Session {
 	if c.MaxStreams <= 0 {
 		c.MaxStreams = DefaultMaxStreams
 	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
 	c.SessionWindow = min(max(c.SessionWindow, initialWindow), maxSessionWindow)
 	s := &Session{conn: conn, cfg: c, client: client, streams: map[uint32]*Stream{},
 		accept: make(chan *Stream, c.AcceptBacklog), done: make(chan struct{}),
@@ -157,6 +165,13 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 
 func (s *Session) shutdown(err error) {
 	s.closeOne.Do(func() {
+		switch {
+		case errors.Is(err, ErrSessionClosed):
+		case errors.Is(err, ErrProtocol):
+			s.cfg.Logger.Warn("mux: the peer broke the protocol; session closed", "remote", s.remote(), "err", err)
+		default:
+			s.cfg.Logger.Debug("mux: session ended", "remote", s.remote(), "err", err)
+		}
 		s.mu.Lock()
 		s.err = err
 		streams := s.streams
@@ -555,6 +570,7 @@ func (s *Session) stream(h header) (*Stream, error) {
 		s.peerMax = h.stream
 		if s.peerOpen >= s.cfg.MaxStreams {
 			s.mu.Unlock()
+			s.cfg.Logger.Debug("mux: refused a stream: the peer has MaxStreams open", "remote", s.remote(), "stream", h.stream, "max", s.cfg.MaxStreams)
 			return nil, s.control(header{typ: typeWindow, flags: flagRST, stream: h.stream})
 		}
 		st = newStream(s, h.stream)
@@ -564,6 +580,7 @@ func (s *Session) stream(h header) (*Stream, error) {
 			s.peerOpen++
 		default:
 			s.mu.Unlock()
+			s.cfg.Logger.Debug("mux: refused a stream: the accept backlog is full", "remote", s.remote(), "stream", h.stream, "backlog", s.cfg.AcceptBacklog)
 			return nil, s.control(header{typ: typeWindow, flags: flagRST, stream: h.stream})
 		}
 	}
@@ -597,3 +614,11 @@ func (l sessionListener) Accept() (net.Conn, error) {
 
 func (l sessionListener) Close() error   { return l.s.Close() }
 func (l sessionListener) Addr() net.Addr { return l.s.conn.LocalAddr() }
+
+// remote names the peer for the log.
+func (s *Session) remote() string {
+	if a := s.conn.RemoteAddr(); a != nil {
+		return a.String()
+	}
+	return ""
+}

@@ -276,7 +276,7 @@ func nodeProxies(t *topology.Topology, backend string, closers *[]func()) (strin
 		return "", err
 	}
 	*closers = append(*closers, func() { os.RemoveAll(dir) })
-	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Endpoints: []mesh.Endpoint{{Node: serverNode, Address: backend}}}})
+	reg, err := mesh.NewStaticRegistry([]mesh.Service{{Name: service, Instances: []mesh.Instance{{Node: serverNode, Address: backend}}}})
 	if err != nil {
 		return "", err
 	}

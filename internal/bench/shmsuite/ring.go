@@ -51,7 +51,7 @@ func layout(capA, capB int, withPool bool) (offA, offB, offPool, size int) {
 func startRing(caseName string, capA, capB int, withPool bool, wait shm.WaitMode, d time.Duration) (*ringSetup, error) {
 	offA, offB, offPool, size := layout(capA, capB, withPool)
 	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), segCounter.Add(1))
-	seg, err := shm.CreateSegment(name, size, &shm.SegmentOptions{Populate: true})
+	seg, err := shm.CreateSegment(name, size, &shm.SegmentConfig{Populate: true})
 	if err != nil {
 		return nil, err
 	}

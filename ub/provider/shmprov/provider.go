@@ -200,7 +200,7 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 		return nil, fmt.Errorf("shmprov: %w: segment size %d must be positive", ub.ErrInvalidArgument, size)
 	}
 	name := c.name("s")
-	s, err := shm.CreateSegment(name, segHeader+size, &shm.SegmentOptions{})
+	s, err := shm.CreateSegment(name, segHeader+size, &shm.SegmentConfig{})
 	if err != nil {
 		return nil, fmt.Errorf("shmprov: allocate segment: %w", fdlimit.Hint(err))
 	}

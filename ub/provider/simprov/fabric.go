@@ -65,7 +65,7 @@ func OpenFabricNamed(t *topology.Topology, ns string) (*Fabric, error) {
 		}
 		name += "-" + ns
 	}
-	seg, err := shm.CreateSegment(name, size, &shm.SegmentOptions{Keep: true})
+	seg, err := shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true})
 	created := err == nil
 	if errors.Is(err, os.ErrExist) {
 		seg, err = shm.OpenSegment(name)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -70,7 +71,11 @@ func open(cfg ub.Config, opt options) (*Context, error) {
 			}
 		}
 	}
-	c := &Context{l: l, addr: advertise, opt: opt, done: make(chan struct{}),
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	c := &Context{l: l, addr: advertise, opt: opt, log: log, done: make(chan struct{}),
 		segs: map[uint32]*segment{}, jetties: map[uint32]*jetty{}, conns: map[string]*conn{},
 		served: map[net.Conn]struct{}{}, sources: map[netip.Prefix]int{}}
 	if _, err := io.ReadFull(rand.Reader, c.eid[:]); err != nil {
@@ -88,6 +93,7 @@ type Context struct {
 	l    net.Listener
 	addr string
 	opt  options
+	log  *slog.Logger
 	wg   sync.WaitGroup
 	done chan struct{} // closed by Close
 	// fails is what requests failing authorization cost their sources.
@@ -305,6 +311,9 @@ func (c *Context) accept() {
 	for {
 		nc, err := c.l.Accept()
 		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				c.log.Warn("tcpprov: stopped accepting peers", "addr", c.addr, "err", err)
+			}
 			return
 		}
 		src := sourceOf(nc.RemoteAddr())
@@ -317,6 +326,7 @@ func (c *Context) accept() {
 		if len(c.served) >= c.opt.conns || c.sources[src] >= c.opt.connsPerSource {
 			// Beyond a cap: hang up at once.
 			c.mu.Unlock()
+			c.log.Warn("tcpprov: hung up on a peer: too many connections", "addr", c.addr, "from", nc.RemoteAddr().String())
 			nc.Close()
 			continue
 		}
@@ -354,11 +364,16 @@ func (c *Context) serve(nc net.Conn, src netip.Prefix) {
 	for {
 		frame, err := readFrame(r, buf, reqHeader)
 		if err != nil {
-			return // EOF, reset, or a malformed frame: drop the peer
+			// EOF, reset, or a malformed frame: drop the peer.
+			if !errors.Is(err, io.EOF) {
+				c.log.Debug("tcpprov: dropped a peer", "addr", c.addr, "from", nc.RemoteAddr().String(), "err", err)
+			}
+			return
 		}
 		buf = frame
 		req, err := decodeRequest(frame)
 		if err != nil {
+			c.log.Warn("tcpprov: dropped a peer: a request that does not decode", "addr", c.addr, "from", nc.RemoteAddr().String(), "err", err)
 			return
 		}
 		c.mem.RLock()
@@ -366,6 +381,7 @@ func (c *Context) serve(nc net.Conn, src netip.Prefix) {
 		out = appendResponse(out[:0], uint8(status), value, payload)
 		c.mem.RUnlock()
 		if denied {
+			c.log.Debug("tcpprov: denied a request", "addr", c.addr, "from", nc.RemoteAddr().String(), "status", status.String())
 			if d := c.fails.fail(src, time.Now()); d > 0 {
 				// The answers made so far go out before the wait.
 				if err := w.Flush(); err != nil || !c.tarpit(d) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/ub"
 )
 
@@ -39,9 +40,10 @@ func FuzzFrames(f *testing.F) {
 
 // TestHostilePeer sends malformed and out-of-range requests to a context's
 // listener: the context drops that peer or answers with error statuses, and
-// keeps serving others.
+// keeps serving others. Its Logger says which peers it dropped and why.
 func TestHostilePeer(t *testing.T) {
-	c, err := ub.Open(context.Background(), Name, ub.Config{})
+	log, rec := testenv.NewLogRecorder()
+	c, err := ub.Open(context.Background(), Name, ub.Config{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +79,7 @@ func TestHostilePeer(t *testing.T) {
 	if _, err := exchange(unknown.appendHeader(nil)); err == nil {
 		t.Error("an unknown op got an answer")
 	}
+	rec.WaitFor(t, "level=WARN", "tcpprov: dropped a peer: a request that does not decode")
 	// Well-formed requests that ask for the impossible get statuses.
 	for _, tc := range []struct {
 		req  request
@@ -97,6 +100,7 @@ func TestHostilePeer(t *testing.T) {
 			t.Errorf("%+v: status %v, want %v", tc.req, ub.Status(resp.status), tc.want)
 		}
 	}
+	rec.WaitFor(t, "level=DEBUG", "tcpprov: denied a request", "status=")
 	// And the context still serves a normal read.
 	copy(seg.Bytes(), "still here")
 	resp, err := exchange((&request{op: opRead, token: 9, object: id, n: 10}).appendHeader(nil))
