@@ -10,7 +10,7 @@ import (
 // of 64-byte values (what `ubctl bench cache` measures across processes,
 // against baselines).
 
-func benchKeys(b *testing.B, p *Pool, fill bool) [][]byte {
+func benchKeys(b *testing.B, p *Store, fill bool) [][]byte {
 	keys := make([][]byte, 10000)
 	for i := range keys {
 		keys[i] = []byte("key:" + strconv.Itoa(i))
@@ -24,7 +24,7 @@ func benchKeys(b *testing.B, p *Pool, fill bool) [][]byte {
 }
 
 func BenchmarkPoolGet(b *testing.B) {
-	p, _ := newPool(b, Options{MaxBytes: 16 << 20})
+	p, _ := newStore(b, Config{MaxBytes: 16 << 20})
 	keys := benchKeys(b, p, true)
 	buf := make([]byte, 0, 128)
 	i := 0
@@ -38,7 +38,7 @@ func BenchmarkPoolGet(b *testing.B) {
 }
 
 func BenchmarkPoolSet(b *testing.B) {
-	p, _ := newPool(b, Options{MaxBytes: 16 << 20})
+	p, _ := newStore(b, Config{MaxBytes: 16 << 20})
 	keys := benchKeys(b, p, false)
 	v := value(1, 56)
 	i := 0
@@ -53,7 +53,7 @@ func BenchmarkPoolSet(b *testing.B) {
 // BenchmarkPoolMixed: 4 goroutines per P (8 with GOMAXPROCS 2), 99% Get
 // and 1% Set, the pool's part of redis-read-heavy.
 func BenchmarkPoolMixed(b *testing.B) {
-	p, _ := newPool(b, Options{MaxBytes: 16 << 20})
+	p, _ := newStore(b, Config{MaxBytes: 16 << 20})
 	keys := benchKeys(b, p, true)
 	v := value(1, 56)
 	var seed atomic.Uint64

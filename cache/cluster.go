@@ -24,8 +24,12 @@ type ClusterConfig struct {
 	// Endpoint is this node's transport endpoint: its node name and the
 	// super node's topology. Required.
 	Endpoint *transport.Endpoint
-	// Pool is this node's shard. Required.
-	Pool *Pool
+	// Store is this node's shard. Required.
+	Store *Store
+	// Pool is the old name of Store, used when Store is nil.
+	//
+	// Deprecated: use Store.
+	Pool *Store
 	// Service names the shard servers (default "ubkit-cache").
 	Service string
 	// Nodes are the members, each running a Cluster with the same
@@ -34,7 +38,7 @@ type ClusterConfig struct {
 	// VirtualNodes per member on the hash ring (default 64).
 	VirtualNodes int
 	// NearTTL, when positive, keeps a copy of values read from other
-	// nodes in the local pool for that long, so repeated reads stay on
+	// nodes in the local store for that long, so repeated reads stay on
 	// this node; a copy may be that much older than its shard's value.
 	// Sets and deletes through this node drop its copy. Default 0: off.
 	NearTTL time.Duration
@@ -42,7 +46,7 @@ type ClusterConfig struct {
 	ConnsPerNode int
 }
 
-// Cluster is a Pool sharded across the nodes of a super node by consistent
+// Cluster is a Store sharded across the nodes of a super node by consistent
 // hashing over the node list: each key lives on one node, reads and writes
 // of other nodes' keys go there over transport (the ub path inside the
 // super node), so capacity grows with the nodes.
@@ -65,8 +69,11 @@ type vnode struct {
 
 // NewCluster starts this node's shard server and returns the cluster.
 func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
-	if cfg.Endpoint == nil || cfg.Pool == nil {
-		return nil, errors.New("cache: a cluster member needs an Endpoint and a Pool")
+	if cfg.Store == nil {
+		cfg.Store = cfg.Pool
+	}
+	if cfg.Endpoint == nil || cfg.Store == nil {
+		return nil, errors.New("cache: a cluster member needs an Endpoint and a Store")
 	}
 	if cfg.Service == "" {
 		cfg.Service = "ubkit-cache"
@@ -140,10 +147,10 @@ func nearKey(key []byte) []byte { return append([]byte("\x00near\x00"), key...) 
 func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Pool.Get(key, dst)
+		return c.cfg.Store.Get(key, dst)
 	}
 	if c.cfg.NearTTL > 0 {
-		if v, in, err := c.cfg.Pool.Get(nearKey(key), dst); err == nil {
+		if v, in, err := c.cfg.Store.Get(nearKey(key), dst); err == nil {
 			return v, in, nil
 		}
 	}
@@ -155,7 +162,7 @@ func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error
 		return nil, Info{}, r.err
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Pool.Set(nearKey(key), r.val, SetOptions{TTL: c.cfg.NearTTL, Flags: r.info.Flags})
+		c.cfg.Store.Set(nearKey(key), r.val, SetOptions{TTL: c.cfg.NearTTL, Flags: r.info.Flags})
 	}
 	return append(dst[:0], r.val...), r.info, nil
 }
@@ -164,10 +171,10 @@ func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error
 func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uint64, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Pool.Set(key, value, o)
+		return c.cfg.Store.Set(key, value, o)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Pool.Delete(nearKey(key))
+		c.cfg.Store.Delete(nearKey(key))
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opSet, key: key, val: value, opts: o})
 	if err != nil {
@@ -180,10 +187,10 @@ func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uin
 func (c *Cluster) Delete(ctx context.Context, key []byte) (bool, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Pool.Delete(key)
+		return c.cfg.Store.Delete(key)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Pool.Delete(nearKey(key))
+		c.cfg.Store.Delete(nearKey(key))
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opDelete, key: key})
 	if err != nil {
@@ -379,13 +386,13 @@ func (c *Cluster) serve() {
 				var val []byte
 				switch req.op {
 				case opGet:
-					val, in, err = c.cfg.Pool.Get(req.key, buf)
+					val, in, err = c.cfg.Store.Get(req.key, buf)
 					buf = val
 				case opSet:
-					in.Version, err = c.cfg.Pool.Set(req.key, req.val, req.opts)
+					in.Version, err = c.cfg.Store.Set(req.key, req.val, req.opts)
 				case opDelete:
 					var found bool
-					found, err = c.cfg.Pool.Delete(req.key)
+					found, err = c.cfg.Store.Delete(req.key)
 					if err == nil && !found {
 						err = ErrNotFound
 					}

@@ -7,9 +7,9 @@ import (
 	"github.com/ubkit-io/ubkit/cache"
 )
 
-func ExamplePool_Repair() {
+func ExampleStore_Repair() {
 	name := fmt.Sprintf("example-repair-%d", os.Getpid())
-	p, err := cache.Open(name, cache.Options{MaxBytes: 1 << 20})
+	p, err := cache.Open(name, cache.Config{MaxBytes: 1 << 20})
 	if err != nil {
 		panic(err)
 	}
@@ -17,7 +17,7 @@ func ExamplePool_Repair() {
 	defer p.Close()
 	p.Set([]byte("k"), []byte("v"), cache.SetOptions{})
 
-	// What writers that died left behind is taken back as the pool is
+	// What writers that died left behind is taken back as the store is
 	// written to; Repair checks everything now, while others go on, and
 	// says what it set right.
 	rep, err := p.Repair()

@@ -14,12 +14,12 @@ import (
 // record it had loaned and not yet linked or one it had unlinked and not
 // yet returned (both its own buffers, which shm.Pool.Reclaim takes back),
 // and counters it may have changed half-way (recounted). Every attached
-// process is noted in a table in the header; the pool's writes look at the
+// process is noted in a table in the header; the store's writes look at the
 // table now and then (maintain) and take back what a dead process held,
 // while the others go on writing.
 
 const (
-	// maintainEvery: the pool's every maintainEvery-th write (by the
+	// maintainEvery: the store's every maintainEvery-th write (by the
 	// version counter, whichever process makes it) runs maintain.
 	maintainEvery = 256
 	// sweepInterval is how often, at most, an attachment looks for
@@ -51,13 +51,13 @@ type RepairReport struct {
 // Verify is Repair without the report: it returns the error for what is
 // corrupt (ErrCorrupt), or nil. What a live writer held too long to be
 // checked (Repair's ErrBusy) is not corruption, and is not reported.
-func (p *Pool) Verify() error {
+func (p *Store) Verify() error {
 	_, corrupt, _ := p.check()
 	return corrupt
 }
 
 // Repair checks the table's invariants and sets right what it finds wrong,
-// while other processes go on using the pool. Every bucket's lock is taken
+// while other processes go on using the store. Every bucket's lock is taken
 // in turn (a dead holder's is taken over and its bucket repaired, as any
 // writer would); every entry must name a loaned record whose checksum, key
 // hash, bucket and size agree, or it is dropped. Buffers handed to the
@@ -70,14 +70,14 @@ func (p *Pool) Verify() error {
 // for longer than Repair waits (ErrBusy: a bucket, or the recount), which
 // is not corruption and is left for the next Repair. errors.Is tells them
 // apart.
-func (p *Pool) Repair() (RepairReport, error) {
+func (p *Store) Repair() (RepairReport, error) {
 	rep, corrupt, busy := p.check()
 	return rep, errors.Join(corrupt, busy)
 }
 
 // check is Repair, with the errors for what is corrupt and for what was
 // busy apart.
-func (p *Pool) check() (rep RepairReport, corrupt, busy error) {
+func (p *Store) check() (rep RepairReport, corrupt, busy error) {
 	var errs, busyErrs []error
 	live := map[shm.Handle]bool{}
 	for i := range p.nbuckets {
@@ -149,7 +149,7 @@ func (p *Pool) check() (rep RepairReport, corrupt, busy error) {
 // writer links a record there before it shares it, and takes a record
 // back before it unlinks it, so a shared record that its bucket does not
 // name while the lock is held is named by nobody.
-func (p *Pool) returnOrphan(h shm.Handle) bool {
+func (p *Store) returnOrphan(h shm.Handle) bool {
 	buf, err := p.pool.Resolve(h)
 	if err != nil {
 		return false
@@ -173,7 +173,7 @@ func (p *Pool) returnOrphan(h shm.Handle) bool {
 }
 
 // reclaim takes back the buffers of processes that died, and counts them.
-func (p *Pool) reclaim() int {
+func (p *Store) reclaim() int {
 	n := p.pool.Reclaim()
 	if n > 0 {
 		p.stat(stReclaimed).Add(uint64(n))
@@ -187,7 +187,7 @@ func (p *Pool) reclaim() int {
 // time, so this cannot deadlock), so that no write is counted half. It
 // gives up, changing nothing, if a live writer holds a bucket for over
 // patience.
-func (p *Pool) recount(patience time.Duration) (items, bytes int64, err error) {
+func (p *Store) recount(patience time.Duration) (items, bytes int64, err error) {
 	held := 0
 	defer func() {
 		for i := range held {
@@ -217,10 +217,10 @@ func (p *Pool) recount(patience time.Duration) (items, bytes int64, err error) {
 	return items, bytes, nil
 }
 
-// maintain keeps the pool's bookkeeping true as processes come and go: at
+// maintain keeps the store's bookkeeping true as processes come and go: at
 // most every sweepInterval it looks for attached processes that died, and
 // recounts the counters if a repair asked.
-func (p *Pool) maintain() {
+func (p *Store) maintain() {
 	now := time.Now().UnixNano()
 	last := p.lastSweep.Load()
 	if now-last < int64(sweepInterval) || !p.lastSweep.CompareAndSwap(last, now) {
@@ -233,13 +233,13 @@ func (p *Pool) maintain() {
 }
 
 // procWord is entry i of the table of attached processes.
-func (p *Pool) procWord(i int) *atomic.Uint64 { return p.word(hOffProcs + 8*i) }
+func (p *Store) procWord(i int) *atomic.Uint64 { return p.word(hOffProcs + 8*i) }
 
 // register notes this process in the table of attached processes, so that
 // the others take back what it holds should it die. With the table full of
 // live processes it stays out: what it holds when it dies is then taken
 // back only when a size class runs out, or by Repair.
-func (p *Pool) register() {
+func (p *Store) register() {
 	for attempt := range 3 {
 		free := -1
 		for i := range maxProcs {
@@ -267,7 +267,7 @@ func (p *Pool) register() {
 
 // sweepDead takes back what the attached processes that died held, then
 // frees their entries of the table.
-func (p *Pool) sweepDead() RepairReport {
+func (p *Store) sweepDead() RepairReport {
 	var dead []int
 	var words []uint64
 	for i := range maxProcs {
@@ -288,7 +288,7 @@ func (p *Pool) sweepDead() RepairReport {
 
 // reclaimDead repairs the buckets whose lock a dead process holds, takes
 // back the buffers of dead processes and recounts if a repair asks.
-func (p *Pool) reclaimDead() RepairReport {
+func (p *Store) reclaimDead() RepairReport {
 	var rep RepairReport
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize

@@ -29,7 +29,7 @@ func (t tally) true() bool {
 		t.counted == t.entries && t.countedBytes == t.bytes
 }
 
-func audit(p *Pool) tally {
+func audit(p *Store) tally {
 	var t tally
 	for i := range maxProcs {
 		if w := p.procWord(i).Load(); w != 0 && !shm.AliveWord(w) {
@@ -69,7 +69,7 @@ func audit(p *Pool) tally {
 // the live entries, and the item and byte counters are exactly what the
 // entries hold. Repair afterwards finds nothing left to do.
 func TestKilledWritersGiveCapacityBack(t *testing.T) {
-	p, name := newPool(t, Options{MaxBytes: 2 << 20, Buckets: 256})
+	p, name := newStore(t, Config{MaxBytes: 2 << 20, Buckets: 256})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -151,7 +151,7 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 
 // TestRepairReports: Repair says what it set right, and sets it right.
 func TestRepairReports(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	for i := range 100 {
 		if _, err := p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{}); err != nil {
 			t.Fatal(err)
@@ -226,7 +226,7 @@ func deadWord(t *testing.T) uint64 {
 // not ErrCorrupt, Verify finds nothing, and once the writer lets go Repair
 // checks everything.
 func TestRepairBusyIsNotCorrupt(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	for i := range 100 {
 		if _, err := p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{}); err != nil {
 			t.Fatal(err)
@@ -262,7 +262,7 @@ func TestRepairBusyIsNotCorrupt(t *testing.T) {
 // takes the bucket over and repairs it, and Repair reports the corruption.
 // The reader used to wait for it for good.
 func TestOpenWriteWithoutWriter(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	key := []byte("k")
 	if _, err := p.Set(key, value(1, 50), SetOptions{}); err != nil {
 		t.Fatal(err)
@@ -285,7 +285,7 @@ func TestOpenWriteWithoutWriter(t *testing.T) {
 // makes reads of its bucket fail with ErrBusy once they have waited
 // lockTimeout, instead of waiting for good; once it goes on, they succeed.
 func TestReadStoppedWriter(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	key := []byte("k")
 	if _, err := p.Set(key, value(1, 50), SetOptions{}); err != nil {
 		t.Fatal(err)

@@ -1,11 +1,11 @@
 // Package memcache is a drop-in for github.com/bradfitz/gomemcache's
 // client: the same methods and types (*memcache.Item, memcache.ErrCacheMiss
 // and the other errors), but keys that belong to a memcached server on
-// this host backed by a cache.Pool (package cache/memcached) are read and
+// this host backed by a cache.Store (package cache/memcached) are read and
 // written in the pool directly, with no network round trip. Keys of other
 // servers go over the network as usual.
 //
-//	pool, _ := cache.Open("sessions", cache.Options{})
+//	pool, _ := cache.Open("sessions", cache.Config{})
 //	mc, _ := memcache.New(pool, "10.0.0.5:11211", "10.0.0.5:11211", "10.0.0.6:11211")
 //	item, err := mc.Get("user:42") // served from shared memory if 10.0.0.5 is this host's server
 //
@@ -30,12 +30,12 @@ type Client struct {
 	Net   *memcache.Client
 	sl    *memcache.ServerList
 	local string
-	pool  *cache.Pool
+	pool  *cache.Store
 }
 
 // New returns a client for servers; local, one of them, is the memcached
 // server on this host that serves pool.
-func New(pool *cache.Pool, local string, servers ...string) (*Client, error) {
+func New(pool *cache.Store, local string, servers ...string) (*Client, error) {
 	sl := new(memcache.ServerList)
 	if err := sl.SetServers(servers...); err != nil {
 		return nil, err

@@ -16,7 +16,7 @@ import (
 
 func TestClient(t *testing.T) {
 	name := fmt.Sprintf("mcclient-%d", os.Getpid())
-	pool, err := cache.Open(name, cache.Options{MaxBytes: 16 << 20})
+	pool, err := cache.Open(name, cache.Config{MaxBytes: 16 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -257,7 +257,7 @@ func (cn *conn) metaGet(f [][]byte) {
 		cn.outErr("CLIENT_ERROR opaque token too long")
 		return
 	}
-	p, st, key := cn.s.Pool, &cn.s.st, m.key
+	p, st, key := cn.s.store(), &cn.s.st, m.key
 	v, in, err := p.Get(key, cn.scratch)
 	if m.newTTL {
 		st.cmdTouch.Add(1)
@@ -368,7 +368,7 @@ func (cn *conn) metaSet(f [][]byte) bool {
 	if cn.s.tooLarge(len(m.key), m.clientFlags, n) {
 		st.storeTooLarge.Add(1)
 		// Whatever the mode, memcached drops the old value.
-		cn.s.Pool.Delete(m.key)
+		cn.s.store().Delete(m.key)
 		return swallow(errTooLarge)
 	}
 	// The flags point into the read buffer, which the data will reuse.
@@ -430,7 +430,7 @@ func (cn *conn) metaDelete(f [][]byte) {
 		cn.outErr("CLIENT_ERROR opaque token too long")
 		return
 	}
-	p, st := cn.s.Pool, &cn.s.st
+	p, st := cn.s.store(), &cn.s.st
 	code := "HD"
 	if m.hasCAS {
 		// Compare and delete under one lock: a write landing between a
@@ -481,7 +481,7 @@ func (cn *conn) metaArith(f [][]byte) {
 		cn.outErr("CLIENT_ERROR opaque token too long")
 		return
 	}
-	p, st, key := cn.s.Pool, &cn.s.st, m.key
+	p, st, key := cn.s.store(), &cn.s.st, m.key
 	// T is applied in the same write as the delta, and c and t describe
 	// that write's item (or, for a t before T, the item before it).
 	var ttl *time.Duration

@@ -1,6 +1,6 @@
-// Package memcached serves a cache.Pool over the memcached text protocol,
+// Package memcached serves a cache.Store over the memcached text protocol,
 // meta commands included (mg, ms, md, ma, mn), so any memcached client can
-// use the shared pool over TCP or a unix socket.
+// use the shared store over TCP or a unix socket.
 //
 // Classic commands: get, gets, gat, gats, bget, set, add, replace, append,
 // prepend, cas, delete, incr, decr, touch, flush_all, version, verbosity,
@@ -48,9 +48,14 @@ const Version = "1.6.18-ubkit"
 // DefaultMaxConns is memcached's default connection limit (-c 1024).
 const DefaultMaxConns = 1024
 
-// Server serves a pool.
+// Server serves a store. Set its fields before Serve.
 type Server struct {
-	Pool *cache.Pool
+	// Store holds the entries served. Required.
+	Store *cache.Store
+	// Pool is the old name of Store, used when Store is nil.
+	//
+	// Deprecated: use Store.
+	Pool *cache.Store
 	// MaxConns bounds the open connections (0: DefaultMaxConns). One more
 	// is answered "ERROR Too many open connections" and closed, as
 	// memcached does, and counted in rejected_connections.
@@ -68,9 +73,9 @@ type Server struct {
 	st        counters
 }
 
-// NewServer returns a server for p.
-func NewServer(p *cache.Pool) *Server {
-	return &Server{Pool: p, ls: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}, start: time.Now()}
+// NewServer returns a server for st.
+func NewServer(st *cache.Store) *Server {
+	return &Server{Store: st, ls: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}, start: time.Now()}
 }
 
 // Serve accepts connections on l until Close.
@@ -532,7 +537,7 @@ func eachKey(tokens [][]byte, rest []byte, fn func(k []byte) bool) {
 
 // fetch looks one key up for a get or gat and, if write, answers it.
 func (cn *conn) fetch(k []byte, withCAS, touch bool, ttl time.Duration, write bool) {
-	p, st := cn.s.Pool, &cn.s.st
+	p, st := cn.s.store(), &cn.s.st
 	if touch {
 		st.cmdTouch.Add(1)
 		if ttl >= 0 && p.Touch(k, ttl) != nil {
@@ -758,4 +763,12 @@ func (cn *conn) readData(n int) (data []byte, ok, closed bool) {
 func (cn *conn) discard(n int64) bool {
 	_, err := io.CopyN(io.Discard, cn.r, n)
 	return err == nil
+}
+
+// store is the store served: Store, or the deprecated Pool.
+func (s *Server) store() *cache.Store {
+	if s.Store != nil {
+		return s.Store
+	}
+	return s.Pool
 }

@@ -35,7 +35,7 @@ func itemSize(nkey int, flags uint32, n int) int {
 // tooLarge says whether memcached would refuse the item, or the pool
 // cannot hold it.
 func (s *Server) tooLarge(nkey int, flags uint32, n int) bool {
-	return itemSize(nkey, flags, n) > itemSizeMax || nkey+n > s.Pool.MaxValue()
+	return itemSize(nkey, flags, n) > itemSizeMax || nkey+n > s.store().MaxValue()
 }
 
 // ttlOf turns a parsed exptime into a TTL for the pool. An item stored
@@ -97,7 +97,7 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 		cn.out(errTooLarge)
 		if cmd == "set" {
 			// memcached drops the old value rather than leave it stale.
-			cn.s.Pool.Delete(key)
+			cn.s.store().Delete(key)
 		}
 		return !cn.discard(int64(n) + 2)
 	}
@@ -121,7 +121,7 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 // and, when stored, the entry's version. buf is scratch space for append
 // and prepend.
 func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.Duration, casv uint64, buf *[]byte) (string, uint64) {
-	p, st := s.Pool, &s.st
+	p, st := s.store(), &s.st
 	o := cache.SetOptions{TTL: ttl, Flags: flags}
 	switch cmd {
 	case "add":
@@ -178,7 +178,7 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 // value left as it was (memcached's allocation of the joined item fails).
 // casv, from meta set, must match the old value's version unless 0.
 func (s *Server) appendItem(key, data []byte, prepend bool, casv uint64, buf *[]byte) (string, uint64) {
-	p := s.Pool
+	p := s.store()
 	for {
 		old, in, err := p.Get(key, (*buf)[:0])
 		if err != nil {
@@ -234,7 +234,7 @@ func (s *Server) addDelta(key []byte, incr bool, delta, casv uint64, buf *[]byte
 // the same write (ttl non-nil), and returns the entry as it was before
 // and as it is after, so that ma's c and t flags describe its own item.
 func (s *Server) addDeltaTTL(key []byte, incr bool, delta, casv uint64, buf *[]byte, ttl *time.Duration) (uint64, cache.Info, cache.Info, string) {
-	p := s.Pool
+	p := s.store()
 	for {
 		old, in, err := p.Get(key, (*buf)[:0])
 		if err != nil {
@@ -332,7 +332,7 @@ func (cn *conn) delete(tokens [][]byte) {
 		cn.out(errBadFormat)
 		return
 	}
-	if found, _ := cn.s.Pool.Delete(key); found {
+	if found, _ := cn.s.store().Delete(key); found {
 		cn.s.st.deleteHits.Add(1)
 		cn.out("DELETED")
 	} else {
@@ -355,7 +355,7 @@ func (cn *conn) touch(tokens [][]byte) {
 	}
 	st := &cn.s.st
 	st.cmdTouch.Add(1)
-	if cn.s.Pool.Touch(key, ttlOf(exptime)) != nil {
+	if cn.s.store().Touch(key, ttlOf(exptime)) != nil {
 		st.touchMisses.Add(1)
 		cn.out("NOT_FOUND")
 		return
@@ -392,11 +392,11 @@ func (cn *conn) flush(tokens [][]byte) {
 		d = cache.ExpTime(int64(delay))
 	}
 	if d > 0 {
-		s.flushTimer = time.AfterFunc(d, func() { s.Pool.Flush() })
+		s.flushTimer = time.AfterFunc(d, func() { s.store().Flush() })
 	}
 	s.mu.Unlock()
 	if d <= 0 {
-		s.Pool.Flush()
+		s.store().Flush()
 	}
 	cn.out("OK")
 }

@@ -1,11 +1,11 @@
 // Package rediscache is a drop-in for github.com/redis/go-redis/v9: one
 // constructor change gives a *redis.Client (embedded, so every go-redis
 // method is there) whose reads of common read commands are served from a
-// near cache in a shared cache.Pool, one near cache for every process on
+// near cache in a shared cache.Store, one near cache for every process on
 // the host. Writes, and everything else, go to Redis as usual.
 //
-//	pool, _ := cache.Open("redis-near", cache.Options{})
-//	rdb := rediscache.NewClient(&redis.Options{Addr: "10.0.0.5:6379"}, rediscache.Config{Pool: pool})
+//	store, _ := cache.Open("redis-near", cache.Config{})
+//	rdb := rediscache.NewClient(&redis.Options{Addr: "10.0.0.5:6379"}, rediscache.Config{Store: store})
 //	defer rdb.Close()
 //	v, err := rdb.Get(ctx, "user:42").Result() // from shared memory once cached
 //
@@ -108,9 +108,13 @@ import (
 
 // Config configures the near cache.
 type Config struct {
-	// Pool holds the near cache; every process that opens the same pool
-	// shares it. Required.
-	Pool *cache.Pool
+	// Store holds the near cache; every process that opens the same
+	// store shares it. Required.
+	Store *cache.Store
+	// Pool is the old name of Store, used when Store is nil.
+	//
+	// Deprecated: use Store.
+	Pool *cache.Store
 	// Prefixes limits caching, and the invalidations this process
 	// receives, to keys starting with one of them. Empty: every key.
 	Prefixes []string
@@ -141,7 +145,7 @@ type Client struct {
 }
 
 // NewClient returns a go-redis client for opt whose cacheable reads go
-// through the near cache in cfg.Pool.
+// through the near cache in cfg.Store.
 func NewClient(opt *redis.Options, cfg Config) *Client {
 	rdb := redis.NewClient(opt)
 	addr := opt.Addr
@@ -262,7 +266,7 @@ func (c *Client) WaitTracking(ctx context.Context) error { return c.nc.waitTrack
 // database as one user sees it, or a ClusterClient's cluster. Its keys'
 // generations are shared by all its nodes.
 type nearCache struct {
-	pool      *cache.Pool
+	pool      *cache.Store
 	ns        string // the prefix of every pool key of the keyspace
 	genPrefix []byte // the prefix of the keys' generations
 	prefixes  []string
@@ -289,13 +293,16 @@ type nearCache struct {
 }
 
 func newNearCache(cfg Config, ns string, cluster bool) *nearCache {
-	if cfg.Pool == nil {
-		panic("rediscache: Config.Pool is required")
+	if cfg.Store == nil {
+		cfg.Store = cfg.Pool
+	}
+	if cfg.Store == nil {
+		panic("rediscache: Config.Store is required")
 	}
 	if cfg.MaxStaleness <= 0 {
 		cfg.MaxStaleness = defaultMaxStaleness
 	}
-	return &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness,
+	return &nearCache{pool: cfg.Store, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness,
 		ns: ns, genPrefix: []byte(ns + "g\x00"), cluster: cluster}
 }
 

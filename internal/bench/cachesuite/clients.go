@@ -36,7 +36,7 @@ var bg = context.Background()
 func newGetter(kind, addr string) (*getter, error) {
 	switch kind {
 	case "ubkit":
-		p, err := cache.Open(addr, cache.Options{MaxBytes: poolBytes})
+		p, err := cache.Open(addr, cache.Config{MaxBytes: poolBytes})
 		if err != nil {
 			return nil, err
 		}

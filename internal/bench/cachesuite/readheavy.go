@@ -32,7 +32,7 @@ func readHeavy(e *Env, kind string, d time.Duration) (bench.Measurement, error) 
 	var w watcher
 	if kind == "ubkit" {
 		name := poolName()
-		pool, err := cache.Open(name, cache.Options{MaxBytes: poolBytes})
+		pool, err := cache.Open(name, cache.Config{MaxBytes: poolBytes})
 		if err != nil {
 			return bench.Measurement{}, err
 		}

@@ -21,7 +21,7 @@ import (
 
 var poolSeq atomic.Int64
 
-func newPool(t testing.TB, o Options) (*Pool, string) {
+func newStore(t testing.TB, o Config) (*Store, string) {
 	t.Helper()
 	name := fmt.Sprintf("test-%d-%d", os.Getpid(), poolSeq.Add(1))
 	p, err := Open(name, o)
@@ -60,7 +60,7 @@ func intact(v []byte) bool {
 }
 
 func TestBasics(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20})
 	if _, _, err := p.Get([]byte("k"), nil); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("get of a missing key: %v", err)
 	}
@@ -114,7 +114,7 @@ func TestBasics(t *testing.T) {
 }
 
 func TestTTLAndTouch(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20})
 	p.Set([]byte("short"), []byte("v"), SetOptions{TTL: 30 * time.Millisecond})
 	p.Set([]byte("kept"), []byte("v"), SetOptions{TTL: 30 * time.Millisecond})
 	if err := p.Touch([]byte("kept"), 0); err != nil {
@@ -150,7 +150,7 @@ func TestTTLAndTouch(t *testing.T) {
 // value read is whole.
 func TestEvictionKeepsTheLimit(t *testing.T) {
 	const limit = 1 << 20
-	p, _ := newPool(t, Options{MaxBytes: limit, Buckets: 64})
+	p, _ := newStore(t, Config{MaxBytes: limit, Buckets: 64})
 	hot := []byte("hot")
 	p.Set(hot, value(1, 100), SetOptions{})
 	for i := range 20000 {
@@ -187,7 +187,7 @@ func TestEvictionKeepsTheLimit(t *testing.T) {
 // TestConcurrent: goroutines writing and reading the same keys never see a
 // torn value.
 func TestConcurrent(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 4 << 20})
+	p, _ := newStore(t, Config{MaxBytes: 4 << 20})
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	var torn atomic.Int64
@@ -233,7 +233,7 @@ func TestConcurrent(t *testing.T) {
 
 // child runs a writer process for the crash tests.
 func child(mode string) int {
-	p, err := Open(os.Getenv("CACHE_TEST_POOL"), Options{})
+	p, err := Open(os.Getenv("CACHE_TEST_POOL"), Config{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -340,7 +340,7 @@ func startChild(t *testing.T, name, mode string) (*exec.Cmd, *lockedBuffer) {
 // a torn value, no lock stays stuck (writes go on), and Verify passes after
 // every kill.
 func TestWriterKilled(t *testing.T) {
-	p, name := newPool(t, Options{MaxBytes: 8 << 20})
+	p, name := newStore(t, Config{MaxBytes: 8 << 20})
 	var torn, reads atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -404,7 +404,7 @@ func TestWriterKilled(t *testing.T) {
 
 // TestReaderInAnotherProcess: another process reads what this one wrote.
 func TestReaderInAnotherProcess(t *testing.T) {
-	p, name := newPool(t, Options{MaxBytes: 8 << 20})
+	p, name := newStore(t, Config{MaxBytes: 8 << 20})
 	for i := range 500 {
 		p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 100), SetOptions{})
 	}
@@ -420,7 +420,7 @@ func TestReaderInAnotherProcess(t *testing.T) {
 // TestScribbledSlots: garbage written over the table makes entries miss or
 // get dropped, never crash a reader or hand out bytes of another key.
 func TestScribbledSlots(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	for i := range 100 {
 		p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{})
 	}
@@ -446,18 +446,18 @@ func TestScribbledSlots(t *testing.T) {
 // A pool of another layout (another ubkit's) is refused with an error that
 // names both layouts, and is not taken for corruption.
 func TestOpenOtherLayout(t *testing.T) {
-	p, name := newPool(t, Options{MaxBytes: 1 << 20})
+	p, name := newStore(t, Config{MaxBytes: 1 << 20})
 	binary.LittleEndian.PutUint32(p.mem[hOffVersion:], layoutVer+1)
-	_, err := Open(name, Options{})
+	_, err := Open(name, Config{})
 	if err == nil || errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), fmt.Sprintf("layout %d", layoutVer+1)) {
 		t.Fatalf("open of a pool of layout %d: %v; want an error naming the layout, not ErrCorrupt", layoutVer+1, err)
 	}
 }
 
 func TestOpenBadSegment(t *testing.T) {
-	p, name := newPool(t, Options{MaxBytes: 1 << 20})
+	p, name := newStore(t, Config{MaxBytes: 1 << 20})
 	binary.LittleEndian.PutUint64(p.mem[hOffBuckets:], 3)
-	if _, err := Open(name, Options{}); !errors.Is(err, ErrCorrupt) {
+	if _, err := Open(name, Config{}); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("open of a pool with 3 buckets: %v", err)
 	}
 }
@@ -467,14 +467,14 @@ func TestOpenBadSegment(t *testing.T) {
 func FuzzAttach(f *testing.F) {
 	f.Add(make([]byte, 64))
 	f.Add(binary.LittleEndian.AppendUint64(nil, magic))
-	p, name := newPool(f, Options{MaxBytes: 1 << 20})
+	p, name := newStore(f, Config{MaxBytes: 1 << 20})
 	orig := append([]byte(nil), p.mem[:headerSize]...)
 	f.Fuzz(func(t *testing.T, hdr []byte) {
 		copy(p.mem[:headerSize], orig)
 		copy(p.mem[:min(len(hdr), hOffVerCtr)], hdr)
 		ready, _ := p.seg.Uint32At(hOffReady)
 		ready.Store(1)
-		if q, err := Open(name, Options{}); err == nil {
+		if q, err := Open(name, Config{}); err == nil {
 			q.Get([]byte("k"), nil)
 			q.Close()
 		}
@@ -485,8 +485,8 @@ func FuzzAttach(f *testing.F) {
 // it, the others still share one pool with whoever opens the name next
 // (the name used to go with the creator, and the pool split in two).
 func TestCreatorCloseKeepsName(t *testing.T) {
-	creator, name := newPool(t, Options{MaxBytes: 1 << 20})
-	user, err := Open(name, Options{})
+	creator, name := newStore(t, Config{MaxBytes: 1 << 20})
+	user, err := Open(name, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,7 +498,7 @@ func TestCreatorCloseKeepsName(t *testing.T) {
 	if _, err := user.Set([]byte("after"), []byte("2"), SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	next, err := Open(name, Options{})
+	next, err := Open(name, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
