@@ -5,10 +5,10 @@ import (
 	"net"
 	"os"
 
-	gomemcache "github.com/bradfitz/gomemcache/memcache"
+	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/ubkit-io/ubkit/cache"
-	"github.com/ubkit-io/ubkit/cache/memcache"
+	"github.com/ubkit-io/ubkit/cache/gomemcache"
 	"github.com/ubkit-io/ubkit/cache/memcached"
 )
 
@@ -31,9 +31,9 @@ func Example() {
 	go srv.Serve(l)
 	defer srv.Close()
 
-	mc := gomemcache.New(l.Addr().String())
+	mc := memcache.New(l.Addr().String())
 	defer mc.Close()
-	if err := mc.Set(&gomemcache.Item{Key: "greeting", Value: []byte("hello"), Flags: 42}); err != nil {
+	if err := mc.Set(&memcache.Item{Key: "greeting", Value: []byte("hello"), Flags: 42}); err != nil {
 		panic(err)
 	}
 	it, err := mc.Get("greeting")
@@ -45,9 +45,9 @@ func Example() {
 	fmt.Println("a missing key:", err)
 
 	// The entry lives in the store, where every process on the host that
-	// opens it can read it: ubkit's memcache client does so for the keys
+	// opens it can read it: ubkit's gomemcache client does so for the keys
 	// of this host's server, with no round trip.
-	local, err := memcache.New(store, l.Addr().String(), l.Addr().String())
+	local, err := gomemcache.New(store, l.Addr().String(), l.Addr().String())
 	if err != nil {
 		panic(err)
 	}

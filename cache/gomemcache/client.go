@@ -1,17 +1,17 @@
-// Package memcache is a drop-in for github.com/bradfitz/gomemcache's
+// Package gomemcache is a drop-in for github.com/bradfitz/gomemcache's
 // client: the same methods and types (*memcache.Item, memcache.ErrCacheMiss
 // and the other errors), but keys that belong to a memcached server on
 // this host backed by a cache.Store (package cache/memcached) are read and
-// written in the pool directly, with no network round trip. Keys of other
+// written in the store directly, with no network round trip. Keys of other
 // servers go over the network as usual.
 //
-//	pool, _ := cache.Open("sessions", cache.Config{})
-//	mc, _ := memcache.New(pool, "10.0.0.5:11211", "10.0.0.5:11211", "10.0.0.6:11211")
+//	store, _ := cache.Open("sessions", cache.Config{})
+//	mc, _ := gomemcache.New(store, "10.0.0.5:11211", "10.0.0.5:11211", "10.0.0.6:11211")
 //	item, err := mc.Get("user:42") // served from shared memory if 10.0.0.5 is this host's server
 //
-// Because the server answers from the same pool, both paths see the same
+// Because the server answers from the same store, both paths see the same
 // entries, CAS tokens included.
-package memcache
+package gomemcache
 
 import (
 	"errors"
@@ -27,15 +27,15 @@ import (
 type Client struct {
 	// Net is the network client for the other servers (and for the
 	// settings gomemcache users tune: Timeout, MaxIdleConns).
-	Net   *memcache.Client
-	sl    *memcache.ServerList
-	local string
-	pool  *cache.Store
+	Net    *memcache.Client
+	sl     *memcache.ServerList
+	local  string
+	shared *cache.Store
 }
 
 // New returns a client for servers; local, one of them, is the memcached
-// server on this host that serves pool.
-func New(pool *cache.Store, local string, servers ...string) (*Client, error) {
+// server on this host that serves store.
+func New(store *cache.Store, local string, servers ...string) (*Client, error) {
 	sl := new(memcache.ServerList)
 	if err := sl.SetServers(servers...); err != nil {
 		return nil, err
@@ -44,7 +44,7 @@ func New(pool *cache.Store, local string, servers ...string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Net: memcache.NewFromSelector(sl), sl: sl, local: la, pool: pool}, nil
+	return &Client{Net: memcache.NewFromSelector(sl), sl: sl, local: la, shared: store}, nil
 }
 
 func resolve(addr string) (string, error) {
@@ -92,7 +92,7 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 	if !legalKey(key) {
 		return nil, memcache.ErrMalformedKey
 	}
-	v, in, err := c.pool.Get([]byte(key), nil)
+	v, in, err := c.shared.Get([]byte(key), nil)
 	if errors.Is(err, cache.ErrNotFound) {
 		return nil, memcache.ErrCacheMiss
 	}
@@ -132,7 +132,7 @@ func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
 	return out, nil
 }
 
-// store runs a storage operation on the pool, with gomemcache's errors.
+// store runs a storage operation on the store, with gomemcache's errors.
 func (c *Client) store(it *memcache.Item, mode cache.Mode, version uint64) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
@@ -140,15 +140,15 @@ func (c *Client) store(it *memcache.Item, mode cache.Mode, version uint64) error
 	d := ttl(it.Expiration)
 	if d < 0 {
 		if mode == cache.Always {
-			c.pool.Delete([]byte(it.Key))
+			c.shared.Delete([]byte(it.Key))
 		}
 		return nil
 	}
-	_, err := c.pool.Set([]byte(it.Key), it.Value, cache.SetOptions{Mode: mode, Version: version, TTL: d, Flags: it.Flags})
-	return poolErr(err, mode)
+	_, err := c.shared.Set([]byte(it.Key), it.Value, cache.SetOptions{Mode: mode, Version: version, TTL: d, Flags: it.Flags})
+	return storeErr(err, mode)
 }
 
-func poolErr(err error, mode cache.Mode) error {
+func storeErr(err error, mode cache.Mode) error {
 	switch {
 	case err == nil:
 		return nil
@@ -218,11 +218,11 @@ func (c *Client) appendLocal(it *memcache.Item, prepend bool) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
 	}
-	err := c.pool.Append([]byte(it.Key), it.Value, prepend)
+	err := c.shared.Append([]byte(it.Key), it.Value, prepend)
 	if errors.Is(err, cache.ErrNotFound) {
 		return memcache.ErrNotStored
 	}
-	return poolErr(err, cache.Always)
+	return storeErr(err, cache.Always)
 }
 
 // Delete removes key (ErrCacheMiss if it was not there).
@@ -233,7 +233,7 @@ func (c *Client) Delete(key string) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
-	found, err := c.pool.Delete([]byte(key))
+	found, err := c.shared.Delete([]byte(key))
 	if err == nil && !found {
 		return memcache.ErrCacheMiss
 	}
@@ -260,7 +260,7 @@ func (c *Client) incr(key string, delta uint64, decr bool) (uint64, error) {
 	if !legalKey(key) {
 		return 0, memcache.ErrMalformedKey
 	}
-	v, err := c.pool.Incr([]byte(key), delta, decr)
+	v, err := c.shared.Incr([]byte(key), delta, decr)
 	switch {
 	case errors.Is(err, cache.ErrNotFound):
 		return 0, memcache.ErrCacheMiss
@@ -282,11 +282,11 @@ func (c *Client) Touch(key string, seconds int32) error {
 	var err error
 	if d < 0 {
 		var found bool
-		if found, err = c.pool.Delete([]byte(key)); err == nil && !found {
+		if found, err = c.shared.Delete([]byte(key)); err == nil && !found {
 			err = cache.ErrNotFound
 		}
 	} else {
-		err = c.pool.Touch([]byte(key), d)
+		err = c.shared.Touch([]byte(key), d)
 	}
 	if errors.Is(err, cache.ErrNotFound) {
 		return memcache.ErrCacheMiss
@@ -305,9 +305,9 @@ func (c *Client) GetAndTouch(key string, seconds int32) (*memcache.Item, error) 
 	return c.Get(key)
 }
 
-// FlushAll empties every server, the local pool included.
+// FlushAll empties every server, the local store included.
 func (c *Client) FlushAll() error {
-	c.pool.Flush()
+	c.shared.Flush()
 	return c.Net.FlushAll()
 }
 

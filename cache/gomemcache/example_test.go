@@ -1,14 +1,14 @@
-package memcache_test
+package gomemcache_test
 
 import (
 	"fmt"
 	"net"
 	"os"
 
-	gomemcache "github.com/bradfitz/gomemcache/memcache"
+	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/ubkit-io/ubkit/cache"
-	"github.com/ubkit-io/ubkit/cache/memcache"
+	"github.com/ubkit-io/ubkit/cache/gomemcache"
 	"github.com/ubkit-io/ubkit/cache/memcached"
 )
 
@@ -36,16 +36,16 @@ func Example() {
 	// The drop-in: addr is this host's server (it serves store), and the
 	// only server here. Keys gomemcache would send to another server go
 	// there over the network.
-	mc, err := memcache.New(store, addr, addr)
+	mc, err := gomemcache.New(store, addr, addr)
 	if err != nil {
 		panic(err)
 	}
 	defer mc.Close()
 	// A plain client, as another host would have.
-	remote := gomemcache.New(addr)
+	remote := memcache.New(addr)
 	defer remote.Close()
 
-	if err := remote.Set(&gomemcache.Item{Key: "session:42", Value: []byte("alice")}); err != nil {
+	if err := remote.Set(&memcache.Item{Key: "session:42", Value: []byte("alice")}); err != nil {
 		panic(err)
 	}
 	it, err := mc.Get("session:42") // from shared memory, no round trip
@@ -62,7 +62,7 @@ func Example() {
 		panic(err)
 	}
 	fmt.Printf("network client reads: %s\n", got.Value)
-	stale := &gomemcache.Item{Key: "session:42", Value: []byte("carol"), CasID: it.CasID} // the token before the swap
+	stale := &memcache.Item{Key: "session:42", Value: []byte("carol"), CasID: it.CasID} // the token before the swap
 	fmt.Println("network compare-and-swap with a stale token:", remote.CompareAndSwap(stale))
 
 	// With the server stopped, the drop-in still reads the store.
