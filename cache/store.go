@@ -1049,14 +1049,25 @@ func (p *Store) Stats() Stats {
 	return s
 }
 
-// ErrNotNumber: Incr found a value that is not a decimal number.
+// ErrNotNumber: Incr or Decr found a value that is not a decimal number.
 var ErrNotNumber = errors.New("cache: cannot increment or decrement non-numeric value")
 
-// Incr adds delta to key's decimal value (decr: subtracts, stopping at 0)
-// and returns the result, as memcached's incr and decr do: the number
-// wraps at 64 bits, and a result shorter than the old value is padded
-// with spaces to its length.
-func (p *Store) Incr(key []byte, delta uint64, decr bool) (uint64, error) {
+// Incr adds delta to key's decimal value and returns the result, as
+// memcached's incr does: the number wraps at 64 bits, and a result shorter
+// than the old value is padded with spaces to its length.
+func (p *Store) Incr(key []byte, delta uint64) (uint64, error) {
+	return p.addNumber(key, func(cur uint64) uint64 { return cur + delta })
+}
+
+// Decr subtracts delta from key's decimal value, stopping at 0, and
+// returns the result, as memcached's decr does (padded as Incr pads).
+func (p *Store) Decr(key []byte, delta uint64) (uint64, error) {
+	return p.addNumber(key, func(cur uint64) uint64 { return cur - min(delta, cur) })
+}
+
+// addNumber replaces key's decimal value cur with next(cur), by
+// compare-and-swap, retrying while other writers intervene.
+func (p *Store) addNumber(key []byte, next func(cur uint64) uint64) (uint64, error) {
 	for {
 		old, in, err := p.Get(key, nil)
 		if err != nil {
@@ -1066,14 +1077,7 @@ func (p *Store) Incr(key []byte, delta uint64, decr bool) (uint64, error) {
 		if perr != nil || len(old) == 0 {
 			return 0, ErrNotNumber
 		}
-		switch {
-		case !decr:
-			cur += delta
-		case delta > cur:
-			cur = 0
-		default:
-			cur -= delta
-		}
+		cur = next(cur)
 		nv := strconv.AppendUint(nil, cur, 10)
 		for len(nv) < len(old) {
 			nv = append(nv, ' ')
@@ -1087,21 +1091,27 @@ func (p *Store) Incr(key []byte, delta uint64, decr bool) (uint64, error) {
 	}
 }
 
-// Append adds data after key's value (prepend: before it), keeping its
-// flags and expiry.
-func (p *Store) Append(key, data []byte, prepend bool) error {
+// Append adds data after key's value, keeping its flags and expiry.
+func (p *Store) Append(key, data []byte) error {
+	return p.edit(key, func(old []byte) []byte { return append(old, data...) })
+}
+
+// Prepend adds data before key's value, keeping its flags and expiry.
+func (p *Store) Prepend(key, data []byte) error {
+	return p.edit(key, func(old []byte) []byte {
+		return append(append(make([]byte, 0, len(old)+len(data)), data...), old...)
+	})
+}
+
+// edit replaces key's value old with change(old), by compare-and-swap,
+// retrying while other writers intervene.
+func (p *Store) edit(key []byte, change func(old []byte) []byte) error {
 	for {
 		old, in, err := p.Get(key, nil)
 		if err != nil {
 			return err
 		}
-		var v []byte
-		if prepend {
-			v = append(append(make([]byte, 0, len(old)+len(data)), data...), old...)
-		} else {
-			v = append(old, data...)
-		}
-		_, err = p.Set(key, v, p.sameAs(in))
+		_, err = p.Set(key, change(old), p.sameAs(in))
 		if err == nil || (!errors.Is(err, ErrExists) && !errors.Is(err, ErrNotFound)) {
 			return err
 		}

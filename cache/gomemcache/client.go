@@ -203,7 +203,7 @@ func (c *Client) Append(it *memcache.Item) error {
 	if !c.isLocal(it.Key) {
 		return c.Net.Append(it)
 	}
-	return c.appendLocal(it, false)
+	return c.editLocal(it, c.shared.Append)
 }
 
 // Prepend adds the item's value before the stored one.
@@ -211,14 +211,15 @@ func (c *Client) Prepend(it *memcache.Item) error {
 	if !c.isLocal(it.Key) {
 		return c.Net.Prepend(it)
 	}
-	return c.appendLocal(it, true)
+	return c.editLocal(it, c.shared.Prepend)
 }
 
-func (c *Client) appendLocal(it *memcache.Item, prepend bool) error {
+// editLocal runs Append or Prepend on the store, with gomemcache's errors.
+func (c *Client) editLocal(it *memcache.Item, edit func(key, data []byte) error) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
 	}
-	err := c.shared.Append([]byte(it.Key), it.Value, prepend)
+	err := edit([]byte(it.Key), it.Value)
 	if errors.Is(err, cache.ErrNotFound) {
 		return memcache.ErrNotStored
 	}
@@ -245,7 +246,7 @@ func (c *Client) Increment(key string, delta uint64) (uint64, error) {
 	if !c.isLocal(key) {
 		return c.Net.Increment(key, delta)
 	}
-	return c.incr(key, delta, false)
+	return c.addLocal(key, delta, c.shared.Incr)
 }
 
 // Decrement subtracts delta, stopping at 0.
@@ -253,14 +254,15 @@ func (c *Client) Decrement(key string, delta uint64) (uint64, error) {
 	if !c.isLocal(key) {
 		return c.Net.Decrement(key, delta)
 	}
-	return c.incr(key, delta, true)
+	return c.addLocal(key, delta, c.shared.Decr)
 }
 
-func (c *Client) incr(key string, delta uint64, decr bool) (uint64, error) {
+// addLocal runs Incr or Decr on the store, with gomemcache's errors.
+func (c *Client) addLocal(key string, delta uint64, add func(key []byte, delta uint64) (uint64, error)) (uint64, error) {
 	if !legalKey(key) {
 		return 0, memcache.ErrMalformedKey
 	}
-	v, err := c.shared.Incr([]byte(key), delta, decr)
+	v, err := add([]byte(key), delta)
 	switch {
 	case errors.Is(err, cache.ErrNotFound):
 		return 0, memcache.ErrCacheMiss
