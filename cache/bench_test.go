@@ -15,7 +15,7 @@ func benchKeys(b *testing.B, p *Store, fill bool) [][]byte {
 	for i := range keys {
 		keys[i] = []byte("key:" + strconv.Itoa(i))
 		if fill {
-			if _, err := p.Set(keys[i], value(uint64(i), 56), SetOptions{}); err != nil {
+			if _, err := p.Set(ctx, keys[i], value(uint64(i), 56), SetOptions{}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -29,7 +29,7 @@ func BenchmarkPoolGet(b *testing.B) {
 	buf := make([]byte, 0, 128)
 	i := 0
 	for b.Loop() {
-		v, _, err := p.Get(keys[i%len(keys)], buf)
+		v, _, err := p.Get(ctx, keys[i%len(keys)], buf)
 		if err != nil || len(v) != 64 {
 			b.Fatalf("get: %d bytes, %v", len(v), err)
 		}
@@ -43,7 +43,7 @@ func BenchmarkPoolSet(b *testing.B) {
 	v := value(1, 56)
 	i := 0
 	for b.Loop() {
-		if _, err := p.Set(keys[i%len(keys)], v, SetOptions{}); err != nil {
+		if _, err := p.Set(ctx, keys[i%len(keys)], v, SetOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		i++
@@ -65,11 +65,11 @@ func BenchmarkPoolMixed(b *testing.B) {
 		for pb.Next() {
 			k := keys[i%len(keys)]
 			if i%100 == 0 {
-				if _, err := p.Set(k, v, SetOptions{}); err != nil {
+				if _, err := p.Set(ctx, k, v, SetOptions{}); err != nil {
 					b.Error(err)
 					return
 				}
-			} else if _, _, err := p.Get(k, buf); err != nil {
+			} else if _, _, err := p.Get(ctx, k, buf); err != nil {
 				b.Error(err)
 				return
 			}

@@ -60,6 +60,8 @@ type Cluster struct {
 	mu    sync.Mutex
 	srvc  map[net.Conn]struct{}
 	done  bool
+	// stop ends the contexts of the shard server's requests: Close.
+	stop context.CancelFunc
 }
 
 type vnode struct {
@@ -110,8 +112,10 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		return nil, err
 	}
 	c.l = l
+	serving, stop := context.WithCancel(context.Background())
+	c.stop = stop
 	c.wg.Add(1)
-	go c.serve()
+	go c.serve(serving)
 	return c, nil
 }
 
@@ -129,6 +133,7 @@ func (c *Cluster) Owner(key []byte) string {
 func (c *Cluster) Close() error {
 	c.mu.Lock()
 	c.done = true
+	c.stop()
 	for conn := range c.srvc {
 		conn.Close()
 	}
@@ -147,10 +152,10 @@ func nearKey(key []byte) []byte { return append([]byte("\x00near\x00"), key...) 
 func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Store.Get(key, dst)
+		return c.cfg.Store.Get(ctx, key, dst)
 	}
 	if c.cfg.NearTTL > 0 {
-		if v, in, err := c.cfg.Store.Get(nearKey(key), dst); err == nil {
+		if v, in, err := c.cfg.Store.Get(ctx, nearKey(key), dst); err == nil {
 			return v, in, nil
 		}
 	}
@@ -162,7 +167,7 @@ func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error
 		return nil, Info{}, r.err
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Store.Set(nearKey(key), r.val, SetOptions{TTL: c.cfg.NearTTL, Flags: r.info.Flags})
+		c.cfg.Store.Set(ctx, nearKey(key), r.val, SetOptions{TTL: c.cfg.NearTTL, Flags: r.info.Flags})
 	}
 	return append(dst[:0], r.val...), r.info, nil
 }
@@ -171,10 +176,10 @@ func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error
 func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uint64, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Store.Set(key, value, o)
+		return c.cfg.Store.Set(ctx, key, value, o)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Store.Delete(nearKey(key))
+		c.cfg.Store.Delete(ctx, nearKey(key))
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opSet, key: key, val: value, opts: o})
 	if err != nil {
@@ -187,10 +192,10 @@ func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uin
 func (c *Cluster) Delete(ctx context.Context, key []byte) (bool, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Store.Delete(key)
+		return c.cfg.Store.Delete(ctx, key)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Store.Delete(nearKey(key))
+		c.cfg.Store.Delete(ctx, nearKey(key))
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opDelete, key: key})
 	if err != nil {
@@ -350,8 +355,9 @@ func readN(r io.Reader, n int) ([]byte, error) {
 	return b, nil
 }
 
-// serve answers other nodes' requests from this node's shard.
-func (c *Cluster) serve() {
+// serve answers other nodes' requests from this node's shard. Close ends
+// ctx, and with it the requests' waits for a bucket's lock.
+func (c *Cluster) serve(ctx context.Context) {
 	defer c.wg.Done()
 	for {
 		conn, err := c.l.Accept()
@@ -386,13 +392,13 @@ func (c *Cluster) serve() {
 				var val []byte
 				switch req.op {
 				case opGet:
-					val, in, err = c.cfg.Store.Get(req.key, buf)
+					val, in, err = c.cfg.Store.Get(ctx, req.key, buf)
 					buf = val
 				case opSet:
-					in.Version, err = c.cfg.Store.Set(req.key, req.val, req.opts)
+					in.Version, err = c.cfg.Store.Set(ctx, req.key, req.val, req.opts)
 				case opDelete:
 					var found bool
-					found, err = c.cfg.Store.Delete(req.key)
+					found, err = c.cfg.Store.Delete(ctx, req.key)
 					if err == nil && !found {
 						err = ErrNotFound
 					}

@@ -1,6 +1,7 @@
 package cache_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -15,12 +16,13 @@ func ExampleStore_Repair() {
 	}
 	defer cache.Remove(name)
 	defer p.Close()
-	p.Set([]byte("k"), []byte("v"), cache.SetOptions{})
+	ctx := context.Background()
+	p.Set(ctx, []byte("k"), []byte("v"), cache.SetOptions{})
 
 	// What writers that died left behind is taken back as the store is
 	// written to; Repair checks everything now, while others go on, and
 	// says what it set right.
-	rep, err := p.Repair()
+	rep, err := p.Repair(ctx)
 	fmt.Printf("%+v %v\n", rep, err)
 	// Output: {Buckets:0 Entries:0 Buffers:0 Items:0 Bytes:0} <nil>
 }

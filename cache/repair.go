@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -51,8 +52,8 @@ type RepairReport struct {
 // Verify is Repair without the report: it returns the error for what is
 // corrupt (ErrCorrupt), or nil. What a live writer held too long to be
 // checked (Repair's ErrBusy) is not corruption, and is not reported.
-func (p *Store) Verify() error {
-	_, corrupt, _ := p.check()
+func (p *Store) Verify(ctx context.Context) error {
+	_, corrupt, _ := p.check(ctx)
 	return corrupt
 }
 
@@ -70,19 +71,19 @@ func (p *Store) Verify() error {
 // for longer than Repair waits (ErrBusy: a bucket, or the recount), which
 // is not corruption and is left for the next Repair. errors.Is tells them
 // apart.
-func (p *Store) Repair() (RepairReport, error) {
-	rep, corrupt, busy := p.check()
+func (p *Store) Repair(ctx context.Context) (RepairReport, error) {
+	rep, corrupt, busy := p.check(ctx)
 	return rep, errors.Join(corrupt, busy)
 }
 
 // check is Repair, with the errors for what is corrupt and for what was
 // busy apart.
-func (p *Store) check() (rep RepairReport, corrupt, busy error) {
+func (p *Store) check(ctx context.Context) (rep RepairReport, corrupt, busy error) {
 	var errs, busyErrs []error
 	live := map[shm.Handle]bool{}
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
-		repaired, err := p.lockWithin(bk, lockTimeout)
+		repaired, err := p.lockWithin(ctx, bk, lockTimeout)
 		if err != nil {
 			busyErrs = append(busyErrs, fmt.Errorf("cache: bucket %d not checked: %w", i, err))
 			continue
@@ -130,12 +131,12 @@ func (p *Store) check() (rep RepairReport, corrupt, busy error) {
 		}
 	})
 	for _, h := range orphans {
-		if p.returnOrphan(h) {
+		if p.returnOrphan(ctx, h) {
 			rep.Buffers++
 		}
 	}
 	rep.Buffers += p.reclaim()
-	items, bytes, err := p.recount(repairPatience)
+	items, bytes, err := p.recount(ctx, repairPatience)
 	if err != nil {
 		busyErrs = append(busyErrs, err)
 	}
@@ -149,14 +150,14 @@ func (p *Store) check() (rep RepairReport, corrupt, busy error) {
 // writer links a record there before it shares it, and takes a record
 // back before it unlinks it, so a shared record that its bucket does not
 // name while the lock is held is named by nobody.
-func (p *Store) returnOrphan(h shm.Handle) bool {
+func (p *Store) returnOrphan(ctx context.Context, h shm.Handle) bool {
 	buf, err := p.pool.Resolve(h)
 	if err != nil {
 		return false
 	}
 	if k, _, ok := (record{buf: buf, handle: h}).parse(); ok {
 		bk := p.bucketOff(hashKey(k))
-		if p.lock(bk) != nil {
+		if p.lock(ctx, bk) != nil {
 			return false
 		}
 		defer p.unlock(bk)
@@ -187,7 +188,7 @@ func (p *Store) reclaim() int {
 // time, so this cannot deadlock), so that no write is counted half. It
 // gives up, changing nothing, if a live writer holds a bucket for over
 // patience.
-func (p *Store) recount(patience time.Duration) (items, bytes int64, err error) {
+func (p *Store) recount(ctx context.Context, patience time.Duration) (items, bytes int64, err error) {
 	held := 0
 	defer func() {
 		for i := range held {
@@ -195,7 +196,7 @@ func (p *Store) recount(patience time.Duration) (items, bytes int64, err error) 
 		}
 	}()
 	for ; held < int(p.nbuckets); held++ {
-		if _, err := p.lockWithin(headerSize+held*bucketSize, patience); err != nil {
+		if _, err := p.lockWithin(ctx, headerSize+held*bucketSize, patience); err != nil {
 			return 0, 0, fmt.Errorf("cache: counters not recounted (the next repair or sweep tries again): %w", err)
 		}
 	}
@@ -220,15 +221,15 @@ func (p *Store) recount(patience time.Duration) (items, bytes int64, err error) 
 // maintain keeps the store's bookkeeping true as processes come and go: at
 // most every sweepInterval it looks for attached processes that died, and
 // recounts the counters if a repair asked.
-func (p *Store) maintain() {
+func (p *Store) maintain(ctx context.Context) {
 	now := time.Now().UnixNano()
 	last := p.lastSweep.Load()
 	if now-last < int64(sweepInterval) || !p.lastSweep.CompareAndSwap(last, now) {
 		return
 	}
-	p.sweepDead()
+	p.sweepDead(ctx)
 	if p.word(hOffRecount).Load() != 0 {
-		p.recount(recountPatience)
+		p.recount(ctx, recountPatience)
 	}
 }
 
@@ -240,6 +241,7 @@ func (p *Store) procWord(i int) *atomic.Uint64 { return p.word(hOffProcs + 8*i) 
 // live processes it stays out: what it holds when it dies is then taken
 // back only when a size class runs out, or by Repair.
 func (p *Store) register() {
+	ctx := context.Background() // Open's: the sweep's waits are short
 	for attempt := range 3 {
 		free := -1
 		for i := range maxProcs {
@@ -256,7 +258,7 @@ func (p *Store) register() {
 			if attempt > 0 {
 				return
 			}
-			p.sweepDead() // the entries of dead processes free up
+			p.sweepDead(ctx) // the entries of dead processes free up
 			continue
 		}
 		if p.procWord(free).CompareAndSwap(0, p.me) {
@@ -267,7 +269,7 @@ func (p *Store) register() {
 
 // sweepDead takes back what the attached processes that died held, then
 // frees their entries of the table.
-func (p *Store) sweepDead() RepairReport {
+func (p *Store) sweepDead(ctx context.Context) RepairReport {
 	var dead []int
 	var words []uint64
 	for i := range maxProcs {
@@ -279,7 +281,7 @@ func (p *Store) sweepDead() RepairReport {
 	if len(dead) == 0 {
 		return RepairReport{}
 	}
-	rep := p.reclaimDead()
+	rep := p.reclaimDead(ctx)
 	for k, i := range dead {
 		p.procWord(i).CompareAndSwap(words[k], 0)
 	}
@@ -288,14 +290,14 @@ func (p *Store) sweepDead() RepairReport {
 
 // reclaimDead repairs the buckets whose lock a dead process holds, takes
 // back the buffers of dead processes and recounts if a repair asks.
-func (p *Store) reclaimDead() RepairReport {
+func (p *Store) reclaimDead(ctx context.Context) RepairReport {
 	var rep RepairReport
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
 		if !p.lockOf(bk).OwnerDead() {
 			continue
 		}
-		repaired, err := p.lockWithin(bk, recountPatience)
+		repaired, err := p.lockWithin(ctx, bk, recountPatience)
 		if err != nil {
 			continue // a live writer has it now, and the repair was done
 		}
@@ -306,7 +308,7 @@ func (p *Store) reclaimDead() RepairReport {
 	}
 	rep.Buffers = p.reclaim()
 	if p.word(hOffRecount).Load() != 0 {
-		rep.Items, rep.Bytes, _ = p.recount(recountPatience)
+		rep.Items, rep.Bytes, _ = p.recount(ctx, recountPatience)
 	}
 	return rep
 }

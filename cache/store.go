@@ -147,6 +147,14 @@ type Options = Config
 // (the lock's sequence tells a reader to retry); writers lock one bucket
 // at a time, and a lock whose holder died is taken over and the bucket
 // repaired. Values live in an shm.Pool in the same segment.
+//
+// A call that takes a context may wait for a bucket whose lock a live
+// writer holds (a write takes microseconds; a writer that is stopped, or
+// descheduled under load, holds it longer): it waits at most 5 s, then
+// returns an error wrapping ErrBusy, and ends sooner, with an error
+// matching ctx.Err() (errors.Is(err, context.Canceled) or
+// context.DeadlineExceeded), when ctx does. A call that need not wait
+// succeeds whatever ctx.
 type Store struct {
 	seg      *shm.Segment
 	mem      []byte
@@ -465,23 +473,26 @@ func (p *Store) lookup(b int, h uint64, key []byte, now int64) (record, int, boo
 
 // read runs fn on key's value under the bucket's sequence number, retrying
 // while writers intervene; fn may run more than once.
-func (p *Store) read(key []byte, fn func(val []byte, in Info)) (bool, error) {
-	return p.readCounted(key, fn, true)
+func (p *Store) read(ctx context.Context, key []byte, fn func(val []byte, in Info)) (bool, error) {
+	return p.readCounted(ctx, key, fn, true)
 }
 
-func (p *Store) readCounted(key []byte, fn func(val []byte, in Info), count bool) (bool, error) {
+func (p *Store) readCounted(ctx context.Context, key []byte, fn func(val []byte, in Info), count bool) (bool, error) {
 	h := hashKey(key)
 	b := p.bucketOff(h)
 	l := p.lockOf(b)
 	for {
-		s1, err := l.Begin(lockTimeout)
+		s1, err := l.BeginContext(ctx, lockTimeout)
 		if err != nil {
+			if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+				return false, fmt.Errorf("cache: waiting for bucket %d: %w", (b-headerSize)/bucketSize, err)
+			}
 			if !errors.Is(err, shm.ErrOwnerDied) {
 				return false, fmt.Errorf("%w: %w", ErrBusy, err)
 			}
 			// The bucket's writer died in the middle of a write: take
 			// it over (which repairs it) and read again.
-			if err := p.lock(b); err != nil {
+			if err := p.lock(ctx, b); err != nil {
 				return false, err
 			}
 			p.unlock(b)
@@ -514,9 +525,9 @@ func (p *Store) readCounted(key []byte, fn func(val []byte, in Info), count bool
 
 // Version returns key's version without reading its value (nor counting a
 // hit or a miss: it is for bookkeeping entries).
-func (p *Store) Version(key []byte) (uint64, bool) {
+func (p *Store) Version(ctx context.Context, key []byte) (uint64, bool) {
 	var v uint64
-	found, err := p.readCounted(key, func(_ []byte, in Info) { v = in.Version }, false)
+	found, err := p.readCounted(ctx, key, func(_ []byte, in Info) { v = in.Version }, false)
 	return v, found && err == nil
 }
 
@@ -540,9 +551,9 @@ func (p *Store) StampOf(key []byte) Stamp {
 func (s Stamp) Load() uint64 { return s.l.Seq() }
 
 // Get copies key's value into dst (grown as needed) and returns it.
-func (p *Store) Get(key, dst []byte) ([]byte, Info, error) {
+func (p *Store) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error) {
 	var out Info
-	found, err := p.read(key, func(v []byte, in Info) {
+	found, err := p.read(ctx, key, func(v []byte, in Info) {
 		dst = append(dst[:0], v...)
 		out = in
 	})
@@ -559,8 +570,8 @@ func (p *Store) Get(key, dst []byte) ([]byte, Info, error) {
 // must not keep the slice or modify it, and may be called more than once
 // (when a writer replaced the value meanwhile, the last call saw the
 // current one). It reports whether the key was found.
-func (p *Store) View(key []byte, fn func(val []byte, in Info)) (bool, error) {
-	return p.read(key, fn)
+func (p *Store) View(ctx context.Context, key []byte, fn func(val []byte, in Info)) (bool, error) {
+	return p.read(ctx, key, fn)
 }
 
 // Mode says when Set stores.
@@ -588,19 +599,19 @@ type SetOptions struct {
 }
 
 // Set stores value under key and returns the entry's new version.
-func (p *Store) Set(key, value []byte, o SetOptions) (uint64, error) {
+func (p *Store) Set(ctx context.Context, key, value []byte, o SetOptions) (uint64, error) {
 	n := recHeader + len(key) + len(value)
 	if n > p.maxRec || len(key) > 1<<20 {
 		return 0, ErrTooLarge
 	}
-	buf, err := p.loan(n)
+	buf, err := p.loan(ctx, n)
 	if err != nil {
 		return 0, err
 	}
 	b := buf.Bytes()
 	ver := p.verCtr.Add(1)
 	if ver%maintainEvery == 0 {
-		defer p.maintain()
+		defer p.maintain(ctx)
 	}
 	binary.LittleEndian.PutUint32(b[rOffKeyLen:], uint32(len(key)))
 	binary.LittleEndian.PutUint32(b[rOffValLen:], uint32(len(value)))
@@ -616,13 +627,13 @@ func (p *Store) Set(key, value []byte, o SetOptions) (uint64, error) {
 	copy(b[recHeader+len(key):], value)
 	binary.LittleEndian.PutUint64(b[rOffSum:], checksum(b, len(key), len(value)))
 	size := uint64(len(b))
-	if err := p.makeRoom(size); err != nil {
+	if err := p.makeRoom(ctx, size); err != nil {
 		buf.Return()
 		return 0, err
 	}
 	h := hashKey(key)
 	bk := p.bucketOff(h)
-	if err := p.lock(bk); err != nil {
+	if err := p.lock(ctx, bk); err != nil {
 		buf.Return()
 		return 0, err
 	}
@@ -675,14 +686,14 @@ func (p *Store) Set(key, value []byte, o SetOptions) (uint64, error) {
 		return 0, err
 	}
 	if p.used.Load() > uint64(p.maxBytes) {
-		p.makeRoom(0) // writers at the same time went over together
+		p.makeRoom(ctx, 0) // writers at the same time went over together
 	}
 	p.stat(stSets).Add(1)
 	return ver, nil
 }
 
 // loan takes a buffer, evicting when its class has none left.
-func (p *Store) loan(n int) (shm.Buffer, error) {
+func (p *Store) loan(ctx context.Context, n int) (shm.Buffer, error) {
 	for attempt := 0; ; attempt++ {
 		buf, err := p.pool.Loan(n)
 		if err == nil {
@@ -695,7 +706,7 @@ func (p *Store) loan(n int) (shm.Buffer, error) {
 		if attempt == 0 && p.reclaim() > 0 {
 			continue
 		}
-		if attempt > 64 || p.evict() == 0 {
+		if attempt > 64 || p.evict(ctx) == 0 {
 			return shm.Buffer{}, fmt.Errorf("%w: no buffer of %d bytes: %v", ErrFull, n, err)
 		}
 	}
@@ -706,12 +717,12 @@ func (p *Store) loan(n int) (shm.Buffer, error) {
 // under the lock, so that one killed before leaves nothing counted):
 // writers at the same time may together go over by what they write, and
 // each evicts back under the limit after its write.
-func (p *Store) makeRoom(size uint64) error {
+func (p *Store) makeRoom(ctx context.Context, size uint64) error {
 	for range 1 << 16 {
 		if p.used.Load()+size <= uint64(p.maxBytes) {
 			return nil
 		}
-		if p.evict() == 0 {
+		if p.evict(ctx) == 0 {
 			break
 		}
 	}
@@ -724,10 +735,10 @@ func (p *Store) makeRoom(size uint64) error {
 // evict advances the CLOCK hand one bucket: referenced entries lose their
 // bit, the others go. It returns how many it removed (it gives up, with 0,
 // after a full turn found nothing).
-func (p *Store) evict() int {
+func (p *Store) evict(ctx context.Context) int {
 	for range p.nbuckets * 2 {
 		bk := headerSize + int(p.hand.Add(1)&(p.nbuckets-1))*bucketSize
-		if p.lock(bk) != nil {
+		if p.lock(ctx, bk) != nil {
 			continue
 		}
 		l := p.lockOf(bk)
@@ -839,13 +850,15 @@ func (p *Store) dropExpired(bk int, now int64, freed []record) []record {
 }
 
 // Delete removes key and reports whether it was there.
-func (p *Store) Delete(key []byte) (bool, error) { return p.deleteIf(key, 0, false) }
+func (p *Store) Delete(ctx context.Context, key []byte) (bool, error) {
+	return p.deleteIf(ctx, key, 0, false)
+}
 
 // DeleteIfVersion removes key's entry only if its version is version
 // (compare-and-delete, under the bucket lock): ErrNotFound without a live
 // entry, ErrExists if the version differs.
-func (p *Store) DeleteIfVersion(key []byte, version uint64) error {
-	found, err := p.deleteIf(key, version, true)
+func (p *Store) DeleteIfVersion(ctx context.Context, key []byte, version uint64) error {
+	found, err := p.deleteIf(ctx, key, version, true)
 	if err == nil && !found {
 		return ErrNotFound
 	}
@@ -853,10 +866,10 @@ func (p *Store) DeleteIfVersion(key []byte, version uint64) error {
 }
 
 // deleteIf removes key's entry, if cond only when version is the entry's.
-func (p *Store) deleteIf(key []byte, version uint64, cond bool) (bool, error) {
+func (p *Store) deleteIf(ctx context.Context, key []byte, version uint64, cond bool) (bool, error) {
 	h := hashKey(key)
 	bk := p.bucketOff(h)
-	if err := p.lock(bk); err != nil {
+	if err := p.lock(ctx, bk); err != nil {
 		return false, err
 	}
 	l := p.lockOf(bk)
@@ -883,10 +896,10 @@ func (p *Store) deleteIf(key []byte, version uint64, cond bool) (bool, error) {
 }
 
 // Touch sets a live entry's time to live (0: never expires).
-func (p *Store) Touch(key []byte, ttl time.Duration) error {
+func (p *Store) Touch(ctx context.Context, key []byte, ttl time.Duration) error {
 	h := hashKey(key)
 	bk := p.bucketOff(h)
-	if err := p.lock(bk); err != nil {
+	if err := p.lock(ctx, bk); err != nil {
 		return err
 	}
 	defer p.unlock(bk)
@@ -907,10 +920,10 @@ func (p *Store) Touch(key []byte, ttl time.Duration) error {
 }
 
 // Flush removes every entry.
-func (p *Store) Flush() error {
+func (p *Store) Flush(ctx context.Context) error {
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
-		if err := p.lock(bk); err != nil {
+		if err := p.lock(ctx, bk); err != nil {
 			return err
 		}
 		l := p.lockOf(bk)
@@ -942,8 +955,8 @@ const readyTimeout = 2 * time.Second
 
 // lock takes a bucket's lock. A lock whose holder died is taken over, and
 // the bucket repaired, since its writer may have stopped half-way.
-func (p *Store) lock(bk int) error {
-	_, err := p.lockWithin(bk, lockTimeout)
+func (p *Store) lock(ctx context.Context, bk int) error {
+	_, err := p.lockWithin(ctx, bk, lockTimeout)
 	return err
 }
 
@@ -951,11 +964,13 @@ func (p *Store) lock(bk int) error {
 // took the lock over, from a writer that died or from a write left open
 // with nobody holding the lock (then wrapping shm.ErrCorrupt), it repairs
 // the bucket and says why in repaired.
-func (p *Store) lockWithin(bk int, patience time.Duration) (repaired, err error) {
-	err = p.lockOf(bk).Lock(patience)
+func (p *Store) lockWithin(ctx context.Context, bk int, patience time.Duration) (repaired, err error) {
+	err = p.lockOf(bk).LockContext(ctx, patience)
 	switch {
 	case err == nil:
 		return nil, nil
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return nil, fmt.Errorf("cache: waiting for bucket %d: %w", (bk-headerSize)/bucketSize, err)
 	case errors.Is(err, shm.ErrOwnerDied):
 		p.repair(bk)
 		return err, nil
@@ -1055,21 +1070,21 @@ var ErrNotNumber = errors.New("cache: cannot increment or decrement non-numeric 
 // Incr adds delta to key's decimal value and returns the result, as
 // memcached's incr does: the number wraps at 64 bits, and a result shorter
 // than the old value is padded with spaces to its length.
-func (p *Store) Incr(key []byte, delta uint64) (uint64, error) {
-	return p.addNumber(key, func(cur uint64) uint64 { return cur + delta })
+func (p *Store) Incr(ctx context.Context, key []byte, delta uint64) (uint64, error) {
+	return p.addNumber(ctx, key, func(cur uint64) uint64 { return cur + delta })
 }
 
 // Decr subtracts delta from key's decimal value, stopping at 0, and
 // returns the result, as memcached's decr does (padded as Incr pads).
-func (p *Store) Decr(key []byte, delta uint64) (uint64, error) {
-	return p.addNumber(key, func(cur uint64) uint64 { return cur - min(delta, cur) })
+func (p *Store) Decr(ctx context.Context, key []byte, delta uint64) (uint64, error) {
+	return p.addNumber(ctx, key, func(cur uint64) uint64 { return cur - min(delta, cur) })
 }
 
 // addNumber replaces key's decimal value cur with next(cur), by
 // compare-and-swap, retrying while other writers intervene.
-func (p *Store) addNumber(key []byte, next func(cur uint64) uint64) (uint64, error) {
+func (p *Store) addNumber(ctx context.Context, key []byte, next func(cur uint64) uint64) (uint64, error) {
 	for {
-		old, in, err := p.Get(key, nil)
+		old, in, err := p.Get(ctx, key, nil)
 		if err != nil {
 			return 0, err
 		}
@@ -1082,7 +1097,7 @@ func (p *Store) addNumber(key []byte, next func(cur uint64) uint64) (uint64, err
 		for len(nv) < len(old) {
 			nv = append(nv, ' ')
 		}
-		if _, err = p.Set(key, nv, p.sameAs(in)); err == nil {
+		if _, err = p.Set(ctx, key, nv, p.sameAs(in)); err == nil {
 			return cur, nil
 		}
 		if !errors.Is(err, ErrExists) && !errors.Is(err, ErrNotFound) {
@@ -1092,26 +1107,26 @@ func (p *Store) addNumber(key []byte, next func(cur uint64) uint64) (uint64, err
 }
 
 // Append adds data after key's value, keeping its flags and expiry.
-func (p *Store) Append(key, data []byte) error {
-	return p.edit(key, func(old []byte) []byte { return append(old, data...) })
+func (p *Store) Append(ctx context.Context, key, data []byte) error {
+	return p.edit(ctx, key, func(old []byte) []byte { return append(old, data...) })
 }
 
 // Prepend adds data before key's value, keeping its flags and expiry.
-func (p *Store) Prepend(key, data []byte) error {
-	return p.edit(key, func(old []byte) []byte {
+func (p *Store) Prepend(ctx context.Context, key, data []byte) error {
+	return p.edit(ctx, key, func(old []byte) []byte {
 		return append(append(make([]byte, 0, len(old)+len(data)), data...), old...)
 	})
 }
 
 // edit replaces key's value old with change(old), by compare-and-swap,
 // retrying while other writers intervene.
-func (p *Store) edit(key []byte, change func(old []byte) []byte) error {
+func (p *Store) edit(ctx context.Context, key []byte, change func(old []byte) []byte) error {
 	for {
-		old, in, err := p.Get(key, nil)
+		old, in, err := p.Get(ctx, key, nil)
 		if err != nil {
 			return err
 		}
-		_, err = p.Set(key, change(old), p.sameAs(in))
+		_, err = p.Set(ctx, key, change(old), p.sameAs(in))
 		if err == nil || (!errors.Is(err, ErrExists) && !errors.Is(err, ErrNotFound)) {
 			return err
 		}

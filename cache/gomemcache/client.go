@@ -14,6 +14,7 @@
 package gomemcache
 
 import (
+	"context"
 	"errors"
 	"net"
 	"time"
@@ -24,6 +25,10 @@ import (
 )
 
 // Client is a gomemcache client that short-circuits the local server.
+//
+// gomemcache's methods take no context: a local one waits for a bucket of
+// the store that a stopped writer holds at most the store's limit (5 s),
+// then fails with an error wrapping cache.ErrBusy.
 type Client struct {
 	// Net is the network client for the other servers (and for the
 	// settings gomemcache users tune: Timeout, MaxIdleConns).
@@ -92,7 +97,7 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 	if !legalKey(key) {
 		return nil, memcache.ErrMalformedKey
 	}
-	v, in, err := c.shared.Get([]byte(key), nil)
+	v, in, err := c.shared.Get(context.Background(), []byte(key), nil)
 	if errors.Is(err, cache.ErrNotFound) {
 		return nil, memcache.ErrCacheMiss
 	}
@@ -140,11 +145,13 @@ func (c *Client) store(it *memcache.Item, mode cache.Mode, version uint64) error
 	d := ttl(it.Expiration)
 	if d < 0 {
 		if mode == cache.Always {
-			c.shared.Delete([]byte(it.Key))
+			// A set that expires at once deletes, as memcached's does.
+			_, err := c.shared.Delete(context.Background(), []byte(it.Key))
+			return err
 		}
 		return nil
 	}
-	_, err := c.shared.Set([]byte(it.Key), it.Value, cache.SetOptions{Mode: mode, Version: version, TTL: d, Flags: it.Flags})
+	_, err := c.shared.Set(context.Background(), []byte(it.Key), it.Value, cache.SetOptions{Mode: mode, Version: version, TTL: d, Flags: it.Flags})
 	return storeErr(err, mode)
 }
 
@@ -215,11 +222,11 @@ func (c *Client) Prepend(it *memcache.Item) error {
 }
 
 // editLocal runs Append or Prepend on the store, with gomemcache's errors.
-func (c *Client) editLocal(it *memcache.Item, edit func(key, data []byte) error) error {
+func (c *Client) editLocal(it *memcache.Item, edit func(ctx context.Context, key, data []byte) error) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
 	}
-	err := edit([]byte(it.Key), it.Value)
+	err := edit(context.Background(), []byte(it.Key), it.Value)
 	if errors.Is(err, cache.ErrNotFound) {
 		return memcache.ErrNotStored
 	}
@@ -234,7 +241,7 @@ func (c *Client) Delete(key string) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
-	found, err := c.shared.Delete([]byte(key))
+	found, err := c.shared.Delete(context.Background(), []byte(key))
 	if err == nil && !found {
 		return memcache.ErrCacheMiss
 	}
@@ -258,11 +265,11 @@ func (c *Client) Decrement(key string, delta uint64) (uint64, error) {
 }
 
 // addLocal runs Incr or Decr on the store, with gomemcache's errors.
-func (c *Client) addLocal(key string, delta uint64, add func(key []byte, delta uint64) (uint64, error)) (uint64, error) {
+func (c *Client) addLocal(key string, delta uint64, add func(ctx context.Context, key []byte, delta uint64) (uint64, error)) (uint64, error) {
 	if !legalKey(key) {
 		return 0, memcache.ErrMalformedKey
 	}
-	v, err := add([]byte(key), delta)
+	v, err := add(context.Background(), []byte(key), delta)
 	switch {
 	case errors.Is(err, cache.ErrNotFound):
 		return 0, memcache.ErrCacheMiss
@@ -284,11 +291,11 @@ func (c *Client) Touch(key string, seconds int32) error {
 	var err error
 	if d < 0 {
 		var found bool
-		if found, err = c.shared.Delete([]byte(key)); err == nil && !found {
+		if found, err = c.shared.Delete(context.Background(), []byte(key)); err == nil && !found {
 			err = cache.ErrNotFound
 		}
 	} else {
-		err = c.shared.Touch([]byte(key), d)
+		err = c.shared.Touch(context.Background(), []byte(key), d)
 	}
 	if errors.Is(err, cache.ErrNotFound) {
 		return memcache.ErrCacheMiss
@@ -309,8 +316,7 @@ func (c *Client) GetAndTouch(key string, seconds int32) (*memcache.Item, error) 
 
 // FlushAll empties every server, the local store included.
 func (c *Client) FlushAll() error {
-	c.shared.Flush()
-	return c.Net.FlushAll()
+	return errors.Join(c.shared.Flush(context.Background()), c.Net.FlushAll())
 }
 
 // DeleteAll is FlushAll.

@@ -61,7 +61,7 @@ func TestClient(t *testing.T) {
 	// Local keys landed in the store (and the local server serves them to
 	// anyone); remote keys in the remote server.
 	for _, k := range localKeys {
-		if v, _, err := store.Get([]byte(k), nil); err != nil || string(v) != "v-"+k {
+		if v, _, err := store.Get(t.Context(), []byte(k), nil); err != nil || string(v) != "v-"+k {
 			t.Fatalf("%s not in the store: %v", k, err)
 		}
 		if it, err := plain.Get(k); err != nil || string(it.Value) != "v-"+k || it.Flags != 3 {

@@ -258,7 +258,7 @@ func (cn *conn) metaGet(f [][]byte) {
 		return
 	}
 	p, st, key := cn.s.store(), &cn.s.st, m.key
-	v, in, err := p.Get(key, cn.scratch)
+	v, in, err := p.Get(cn.ctx, key, cn.scratch)
 	if m.newTTL {
 		st.cmdTouch.Add(1)
 	} else {
@@ -281,7 +281,7 @@ func (cn *conn) metaGet(f [][]byte) {
 	cn.scratch = v
 	if m.newTTL {
 		st.touchHits.Add(1)
-		p.Touch(key, ttlOf(m.exptime))
+		p.Touch(cn.ctx, key, ttlOf(m.exptime))
 	} else {
 		st.getHits.Add(1)
 	}
@@ -368,7 +368,7 @@ func (cn *conn) metaSet(f [][]byte) bool {
 	if cn.s.tooLarge(len(m.key), m.clientFlags, n) {
 		st.storeTooLarge.Add(1)
 		// Whatever the mode, memcached drops the old value.
-		cn.s.store().Delete(m.key)
+		cn.s.store().Delete(cn.ctx, m.key)
 		return swallow(errTooLarge)
 	}
 	// The flags point into the read buffer, which the data will reuse.
@@ -395,7 +395,7 @@ func (cn *conn) metaSet(f [][]byte) bool {
 	if cmd == "add" {
 		casv = 0
 	}
-	res, ver := cn.s.storeItem(cmd, key, data, m.clientFlags, ttlOf(m.exptime), casv, &cn.old)
+	res, ver := cn.s.storeItem(cn.ctx, cmd, key, data, m.clientFlags, ttlOf(m.exptime), casv, &cn.old)
 	code := map[string]string{"STORED": "HD", "NOT_STORED": "NS", "EXISTS": "EX", "NOT_FOUND": "NF"}[res]
 	if code == "" {
 		cn.outErr(res)
@@ -435,7 +435,7 @@ func (cn *conn) metaDelete(f [][]byte) {
 	if m.hasCAS {
 		// Compare and delete under one lock: a write landing between a
 		// check and a delete would be lost.
-		switch err := p.DeleteIfVersion(m.key, m.casv); {
+		switch err := p.DeleteIfVersion(cn.ctx, m.key, m.casv); {
 		case errors.Is(err, cache.ErrNotFound):
 			code = "NF"
 		case errors.Is(err, cache.ErrExists):
@@ -443,7 +443,7 @@ func (cn *conn) metaDelete(f [][]byte) {
 		case err != nil:
 			code = "NF"
 		}
-	} else if found, _ := p.Delete(m.key); !found {
+	} else if found, _ := p.Delete(cn.ctx, m.key); !found {
 		code = "NF"
 	}
 	if code == "HD" {
@@ -489,7 +489,7 @@ func (cn *conn) metaArith(f [][]byte) {
 		d := ttlOf(m.exptime)
 		ttl = &d
 	}
-	v, before, after, fail := cn.s.addDeltaTTL(key, incr, m.delta, m.casv, &cn.old, ttl)
+	v, before, after, fail := cn.s.addDeltaTTL(cn.ctx, key, incr, m.delta, m.casv, &cn.old, ttl)
 	created := false
 	if fail == deltaNotFound && m.has['N'] {
 		// Autovivify with J (default 0) and N's TTL, or T's if T comes
@@ -498,14 +498,14 @@ func (cn *conn) metaArith(f [][]byte) {
 		if m.newTTL && flagAfter(m.order, 'T', 'N') {
 			life = ttlOf(m.exptime)
 		}
-		ver, err := p.Set(key, strconv.AppendUint(nil, m.initial, 10), cache.SetOptions{Mode: cache.IfAbsent, TTL: life})
+		ver, err := p.Set(cn.ctx, key, strconv.AppendUint(nil, m.initial, 10), cache.SetOptions{Mode: cache.IfAbsent, TTL: life})
 		if err == nil {
 			st.totalItems.Add(1)
 			v, fail, created = m.initial, "", true
 			after = cache.Info{Version: ver}
 			before = after
 		} else {
-			v, before, after, fail = cn.s.addDeltaTTL(key, incr, m.delta, m.casv, &cn.old, ttl)
+			v, before, after, fail = cn.s.addDeltaTTL(cn.ctx, key, incr, m.delta, m.casv, &cn.old, ttl)
 		}
 	}
 	switch {

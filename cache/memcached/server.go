@@ -15,6 +15,7 @@ package memcached
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -71,11 +72,18 @@ type Server struct {
 
 	verbosity atomic.Uint32
 	st        counters
+
+	// ctx ends with Close, and with it every command's wait for a
+	// bucket's lock (a connection's own ends when it does too).
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // NewServer returns a server for st.
 func NewServer(st *cache.Store) *Server {
-	return &Server{Store: st, ls: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}, start: time.Now()}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Server{Store: st, ls: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}, start: time.Now(),
+		ctx: ctx, cancel: cancel}
 }
 
 // Serve accepts connections on l until Close.
@@ -146,6 +154,7 @@ func (s *Server) Serve(l net.Listener) error {
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
+	s.cancel()
 	for l := range s.ls {
 		l.Close()
 	}
@@ -162,7 +171,10 @@ func (s *Server) Close() error {
 
 // conn is one client connection.
 type conn struct {
-	s       *Server
+	s *Server
+	// ctx bounds the commands' waits for a bucket's lock: it ends when
+	// the connection does, or the server closes.
+	ctx     context.Context
 	r       *bufio.Reader
 	w       *respWriter
 	nreqs   int    // commands memcached runs before it sends answers
@@ -202,8 +214,10 @@ func (s *Server) ServeConn(c net.Conn) {
 	s.st.currConns.Add(1)
 	s.st.totalConns.Add(1)
 	defer s.st.currConns.Add(-1)
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
 	cc := countingConn{Conn: c, st: &s.st}
-	cn := &conn{s: s, r: bufio.NewReaderSize(cc, readBufSize), w: &respWriter{w: cc}, nreqs: reqsPerEvent}
+	cn := &conn{s: s, ctx: ctx, r: bufio.NewReaderSize(cc, readBufSize), w: &respWriter{w: cc}, nreqs: reqsPerEvent}
 	for {
 		line, err := cn.r.ReadSlice('\n')
 		var quit bool
@@ -540,14 +554,14 @@ func (cn *conn) fetch(k []byte, withCAS, touch bool, ttl time.Duration, write bo
 	p, st := cn.s.store(), &cn.s.st
 	if touch {
 		st.cmdTouch.Add(1)
-		if ttl >= 0 && p.Touch(k, ttl) != nil {
+		if ttl >= 0 && p.Touch(cn.ctx, k, ttl) != nil {
 			st.touchMisses.Add(1)
 			return
 		}
 	} else {
 		st.cmdGet.Add(1)
 	}
-	v, in, err := p.Get(k, cn.scratch)
+	v, in, err := p.Get(cn.ctx, k, cn.scratch)
 	if err != nil {
 		if touch {
 			st.touchMisses.Add(1)
@@ -561,7 +575,7 @@ func (cn *conn) fetch(k []byte, withCAS, touch bool, ttl time.Duration, write bo
 		st.touchHits.Add(1)
 		if ttl < 0 {
 			// memcached answers the value, then it has expired.
-			p.Touch(k, time.Nanosecond)
+			p.Touch(cn.ctx, k, time.Nanosecond)
 		}
 	} else {
 		st.getHits.Add(1)

@@ -1,6 +1,7 @@
 package memcached
 
 import (
+	"context"
 	"errors"
 	"math"
 	"time"
@@ -97,7 +98,7 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 		cn.out(errTooLarge)
 		if cmd == "set" {
 			// memcached drops the old value rather than leave it stale.
-			cn.s.store().Delete(key)
+			cn.s.store().Delete(cn.ctx, key)
 		}
 		return !cn.discard(int64(n) + 2)
 	}
@@ -112,7 +113,7 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 		cn.out("CLIENT_ERROR bad data chunk")
 		return false
 	}
-	res, _ := cn.s.storeItem(cmd, key, data, flags, ttlOf(exptime), casv, &cn.old)
+	res, _ := cn.s.storeItem(cn.ctx, cmd, key, data, flags, ttlOf(exptime), casv, &cn.old)
 	cn.out(res)
 	return false
 }
@@ -120,7 +121,7 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 // storeItem stores as memcached's do_store_item and returns its answer
 // and, when stored, the entry's version. buf is scratch space for append
 // and prepend.
-func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.Duration, casv uint64, buf *[]byte) (string, uint64) {
+func (s *Server) storeItem(ctx context.Context, cmd string, key, data []byte, flags uint32, ttl time.Duration, casv uint64, buf *[]byte) (string, uint64) {
 	p, st := s.store(), &s.st
 	o := cache.SetOptions{TTL: ttl, Flags: flags}
 	switch cmd {
@@ -129,11 +130,11 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 	case "replace":
 		o.Mode = cache.IfPresent
 	case "append", "prepend":
-		return s.appendItem(key, data, cmd == "prepend", casv, buf)
+		return s.appendItem(ctx, key, data, cmd == "prepend", casv, buf)
 	case "cas":
 		if casv == 0 {
 			// memcached has no item of CAS 0 to match.
-			if _, found := p.Version(key); found {
+			if _, found := p.Version(ctx, key); found {
 				st.casBadval.Add(1)
 				return "EXISTS", 0
 			}
@@ -142,7 +143,7 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 		}
 		o.Mode, o.Version = cache.IfVersion, casv
 	}
-	ver, err := p.Set(key, data, o)
+	ver, err := p.Set(ctx, key, data, o)
 	switch {
 	case err == nil:
 		st.totalItems.Add(1)
@@ -168,7 +169,7 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 	}
 	st.storeNoMemory.Add(1)
 	if cmd == "set" {
-		p.Delete(key)
+		p.Delete(ctx, key)
 	}
 	return errOutOfMemory, 0
 }
@@ -177,10 +178,10 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 // stay, and a result past the item size limit is NOT_STORED with the old
 // value left as it was (memcached's allocation of the joined item fails).
 // casv, from meta set, must match the old value's version unless 0.
-func (s *Server) appendItem(key, data []byte, prepend bool, casv uint64, buf *[]byte) (string, uint64) {
+func (s *Server) appendItem(ctx context.Context, key, data []byte, prepend bool, casv uint64, buf *[]byte) (string, uint64) {
 	p := s.store()
 	for {
-		old, in, err := p.Get(key, (*buf)[:0])
+		old, in, err := p.Get(ctx, key, (*buf)[:0])
 		if err != nil {
 			return "NOT_STORED", 0
 		}
@@ -198,7 +199,7 @@ func (s *Server) appendItem(key, data []byte, prepend bool, casv uint64, buf *[]
 			v = append(old, data...)
 		}
 		*buf = v
-		ver, err := p.Set(key, v, keep(in))
+		ver, err := p.Set(ctx, key, v, keep(in))
 		switch {
 		case err == nil:
 			s.st.totalItems.Add(1)
@@ -225,18 +226,18 @@ const (
 // value is padded with spaces to its length. It returns the new value,
 // or the failure's answer.
 // casv, from meta arithmetic, must match the value's version unless 0.
-func (s *Server) addDelta(key []byte, incr bool, delta, casv uint64, buf *[]byte) (uint64, string) {
-	v, _, _, fail := s.addDeltaTTL(key, incr, delta, casv, buf, nil)
+func (s *Server) addDelta(ctx context.Context, key []byte, incr bool, delta, casv uint64, buf *[]byte) (uint64, string) {
+	v, _, _, fail := s.addDeltaTTL(ctx, key, incr, delta, casv, buf, nil)
 	return v, fail
 }
 
 // addDeltaTTL is addDelta that can also set the entry's time to live in
 // the same write (ttl non-nil), and returns the entry as it was before
 // and as it is after, so that ma's c and t flags describe its own item.
-func (s *Server) addDeltaTTL(key []byte, incr bool, delta, casv uint64, buf *[]byte, ttl *time.Duration) (uint64, cache.Info, cache.Info, string) {
+func (s *Server) addDeltaTTL(ctx context.Context, key []byte, incr bool, delta, casv uint64, buf *[]byte, ttl *time.Duration) (uint64, cache.Info, cache.Info, string) {
 	p := s.store()
 	for {
-		old, in, err := p.Get(key, (*buf)[:0])
+		old, in, err := p.Get(ctx, key, (*buf)[:0])
 		if err != nil {
 			return 0, in, in, deltaNotFound
 		}
@@ -267,7 +268,7 @@ func (s *Server) addDeltaTTL(key []byte, incr bool, delta, casv uint64, buf *[]b
 		if ttl != nil {
 			o.TTL = *ttl
 		}
-		ver, err := p.Set(key, nv, o)
+		ver, err := p.Set(ctx, key, nv, o)
 		switch {
 		case err == nil:
 			after := cache.Info{Version: ver, Flags: in.Flags}
@@ -294,7 +295,7 @@ func (cn *conn) arith(tokens [][]byte, incr bool) {
 		cn.out("CLIENT_ERROR invalid numeric delta argument")
 		return
 	}
-	v, fail := cn.s.addDelta(key, incr, delta, 0, &cn.old)
+	v, fail := cn.s.addDelta(cn.ctx, key, incr, delta, 0, &cn.old)
 	st := &cn.s.st
 	switch {
 	case fail == deltaNotFound && incr:
@@ -332,7 +333,7 @@ func (cn *conn) delete(tokens [][]byte) {
 		cn.out(errBadFormat)
 		return
 	}
-	if found, _ := cn.s.store().Delete(key); found {
+	if found, _ := cn.s.store().Delete(cn.ctx, key); found {
 		cn.s.st.deleteHits.Add(1)
 		cn.out("DELETED")
 	} else {
@@ -355,7 +356,7 @@ func (cn *conn) touch(tokens [][]byte) {
 	}
 	st := &cn.s.st
 	st.cmdTouch.Add(1)
-	if cn.s.store().Touch(key, ttlOf(exptime)) != nil {
+	if cn.s.store().Touch(cn.ctx, key, ttlOf(exptime)) != nil {
 		st.touchMisses.Add(1)
 		cn.out("NOT_FOUND")
 		return
@@ -392,11 +393,11 @@ func (cn *conn) flush(tokens [][]byte) {
 		d = cache.ExpTime(int64(delay))
 	}
 	if d > 0 {
-		s.flushTimer = time.AfterFunc(d, func() { s.store().Flush() })
+		s.flushTimer = time.AfterFunc(d, func() { s.store().Flush(s.ctx) })
 	}
 	s.mu.Unlock()
 	if d <= 0 {
-		s.store().Flush()
+		s.store().Flush(cn.ctx)
 	}
 	cn.out("OK")
 }

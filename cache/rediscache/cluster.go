@@ -126,7 +126,7 @@ func (h clusterHook) DialHook(next redis.DialHook) redis.DialHook { return next 
 
 func (h clusterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if ctx.Err() == nil && h.nc.lookupAny(cmd) {
+		if ctx.Err() == nil && h.nc.lookupAny(ctx, cmd) {
 			h.nc.hits.add()
 			return cmd.Err()
 		}
@@ -145,7 +145,7 @@ func (h clusterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		}
 		var missed []redis.Cmder
 		for _, c := range cmds {
-			if h.nc.lookupAny(c) {
+			if h.nc.lookupAny(ctx, c) {
 				h.nc.hits.add()
 			} else {
 				missed = append(missed, c)

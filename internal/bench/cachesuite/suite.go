@@ -185,7 +185,7 @@ func filledPool(name string) (*cache.Store, error) {
 	v := make([]byte, ValueSize)
 	for k := range Keys {
 		fillValue(v, k, 0)
-		if _, err := p.Set(keyBytes[k], v, cache.SetOptions{}); err != nil {
+		if _, err := p.Set(bg, keyBytes[k], v, cache.SetOptions{}); err != nil {
 			p.Close()
 			cache.Remove(name)
 			return nil, err
