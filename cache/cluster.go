@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -44,6 +45,11 @@ type ClusterConfig struct {
 	NearTTL time.Duration
 	// ConnsPerNode bounds the connections to each other node (default 4).
 	ConnsPerNode int
+	// Logger receives, at Warn, a near copy that could not be dropped (it
+	// may be served, stale, for up to NearTTL), and at Debug, near copies
+	// not kept and connections of other nodes that broke. Nil: nothing
+	// is logged.
+	Logger *slog.Logger
 }
 
 // Cluster is a Store sharded across the nodes of a super node by consistent
@@ -97,6 +103,7 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if !slices.Contains(cfg.Nodes, self) {
 		return nil, fmt.Errorf("cache: node %s is not one of the cluster's nodes %v", self, cfg.Nodes)
 	}
+	cfg.Logger = orDiscard(cfg.Logger)
 	c := &Cluster{cfg: cfg, self: self, peers: map[string]*peer{}, srvc: map[net.Conn]struct{}{}}
 	for _, n := range cfg.Nodes {
 		for i := range cfg.VirtualNodes {
@@ -167,7 +174,9 @@ func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error
 		return nil, Info{}, r.err
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Store.Set(ctx, nearKey(key), r.val, SetOptions{TTL: c.cfg.NearTTL, Flags: r.info.Flags})
+		if _, err := c.cfg.Store.Set(ctx, nearKey(key), r.val, SetOptions{TTL: c.cfg.NearTTL, Flags: r.info.Flags}); err != nil {
+			c.cfg.Logger.Debug("cache: near copy not kept", "owner", owner, "err", err)
+		}
 	}
 	return append(dst[:0], r.val...), r.info, nil
 }
@@ -179,13 +188,20 @@ func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uin
 		return c.cfg.Store.Set(ctx, key, value, o)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Store.Delete(ctx, nearKey(key))
+		c.dropNear(ctx, key)
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opSet, key: key, val: value, opts: o})
 	if err != nil {
 		return 0, err
 	}
 	return r.info.Version, r.err
+}
+
+// dropNear drops this node's near copy of key before a write to it.
+func (c *Cluster) dropNear(ctx context.Context, key []byte) {
+	if _, err := c.cfg.Store.Delete(ctx, nearKey(key)); err != nil {
+		c.cfg.Logger.Warn("cache: near copy not dropped: it may be read for up to NearTTL", "node", c.self, "err", err)
+	}
 }
 
 // Delete removes key from its node.
@@ -195,7 +211,7 @@ func (c *Cluster) Delete(ctx context.Context, key []byte) (bool, error) {
 		return c.cfg.Store.Delete(ctx, key)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Store.Delete(ctx, nearKey(key))
+		c.dropNear(ctx, key)
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opDelete, key: key})
 	if err != nil {
@@ -362,6 +378,12 @@ func (c *Cluster) serve(ctx context.Context) {
 	for {
 		conn, err := c.l.Accept()
 		if err != nil {
+			c.mu.Lock()
+			closed := c.done
+			c.mu.Unlock()
+			if !closed {
+				c.cfg.Logger.Warn("cache: the shard server stopped accepting", "node", c.self, "err", err)
+			}
 			return
 		}
 		c.mu.Lock()
@@ -386,7 +408,11 @@ func (c *Cluster) serve(ctx context.Context) {
 			for {
 				req, err := readRequest(r)
 				if err != nil {
-					return // a broken or hostile peer loses its connection
+					// A broken or hostile peer loses its connection.
+					if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+						c.cfg.Logger.Debug("cache: a connection from another node broke", "node", c.self, "err", err)
+					}
+					return
 				}
 				var in Info
 				var val []byte

@@ -178,6 +178,7 @@ func (p *Store) reclaim() int {
 	n := p.pool.Reclaim()
 	if n > 0 {
 		p.stat(stReclaimed).Add(uint64(n))
+		p.log.Debug("cache: took back buffers of processes that died", "buffers", n)
 	}
 	return n
 }
@@ -229,7 +230,9 @@ func (p *Store) maintain(ctx context.Context) {
 	}
 	p.sweepDead(ctx)
 	if p.word(hOffRecount).Load() != 0 {
-		p.recount(ctx, recountPatience)
+		if _, _, err := p.recount(ctx, recountPatience); err != nil {
+			p.log.Debug("cache: recount left for later", "err", err)
+		}
 	}
 }
 
@@ -308,7 +311,10 @@ func (p *Store) reclaimDead(ctx context.Context) RepairReport {
 	}
 	rep.Buffers = p.reclaim()
 	if p.word(hOffRecount).Load() != 0 {
-		rep.Items, rep.Bytes, _ = p.recount(ctx, recountPatience)
+		var err error
+		if rep.Items, rep.Bytes, err = p.recount(ctx, recountPatience); err != nil {
+			p.log.Debug("cache: recount left for later", "err", err)
+		}
 	}
 	return rep
 }

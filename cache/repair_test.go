@@ -1,12 +1,15 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -384,5 +387,23 @@ func TestContextEndsWaitForStoppedWriter(t *testing.T) {
 		if err := c.call(ctx); err != nil {
 			t.Errorf("%s once the writer went on: %v", c.name, err)
 		}
+	}
+}
+
+// A Store with a Logger says at Warn that it took a bucket over from a
+// writer that died holding it.
+func TestLoggerReportsTakeover(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16, Logger: log})
+	key := []byte("k")
+	bk := p.bucketOff(hashKey(key))
+	p.word(bk + bOffLock).Store(deadWord(t))
+	p.lockOf(bk).BeginWrite()
+	if _, err := p.Set(ctx, key, []byte("v"), SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "writer died") {
+		t.Errorf("log after a takeover: %q, want a warning", out)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"math/rand/v2"
 	"os"
@@ -135,6 +136,12 @@ type Config struct {
 	// Buckets of 14 entries each (rounded up to a power of two). Default:
 	// enough for MaxBytes of 256-byte records.
 	Buckets int
+	// Logger receives what this process's Store noticed and set right:
+	// at Warn, a bucket taken over from a writer that died holding it;
+	// at Debug, buffers taken back from dead processes and bookkeeping
+	// left for later. It is this process's own (the geometry above is
+	// the creator's). Nil: nothing is logged.
+	Logger *slog.Logger
 }
 
 // Options is the old name of Config.
@@ -163,6 +170,7 @@ type Store struct {
 	maxBytes int64
 	maxRec   int
 	me       uint64
+	log      *slog.Logger
 	words    []atomic.Uint64 // the header and the buckets
 	locks    *shm.SeqTable   // the buckets' locks
 
@@ -189,7 +197,7 @@ func Open(name string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: open %s: %w", name, err)
 	}
-	p, err := attach(seg)
+	p, err := attach(seg, cfg.Logger)
 	if err != nil {
 		seg.Close()
 		return nil, fmt.Errorf("cache: open %s: %w", name, err)
@@ -273,7 +281,7 @@ func create(name string, opts Config) (*Store, error) {
 	ready, _ := seg.Uint32At(hOffReady)
 	ready.Store(1)
 	shm.Wake(ready)
-	p, err := attach(seg)
+	p, err := attach(seg, opts.Logger)
 	if err != nil {
 		return fail(err)
 	}
@@ -281,7 +289,7 @@ func create(name string, opts Config) (*Store, error) {
 }
 
 // attach validates the header once; the hot paths use the checked copy.
-func attach(seg *shm.Segment) (*Store, error) {
+func attach(seg *shm.Segment, log *slog.Logger) (*Store, error) {
 	d := seg.Data()
 	if len(d) < headerSize {
 		return nil, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(d))
@@ -322,13 +330,21 @@ func attach(seg *shm.Segment) (*Store, error) {
 	}
 	me := shm.Self()
 	p := &Store{seg: seg, mem: d, pool: pool, nbuckets: nb, maxBytes: int64(maxBytes), maxRec: int(maxRec),
-		me: me.Word(), words: words, locks: locks}
+		me: me.Word(), log: orDiscard(log), words: words, locks: locks}
 	p.verCtr = p.word(hOffVerCtr)
 	p.hand = p.word(hOffHand)
 	p.used = p.word(hOffBytes)
 	p.items = p.word(hOffItems)
 	p.register()
 	return p, nil
+}
+
+// orDiscard is l, or a logger that logs nothing.
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
 }
 
 // word is an atomic view of a validated, aligned offset of the header or
@@ -686,7 +702,11 @@ func (p *Store) Set(ctx context.Context, key, value []byte, o SetOptions) (uint6
 		return 0, err
 	}
 	if p.used.Load() > uint64(p.maxBytes) {
-		p.makeRoom(ctx, 0) // writers at the same time went over together
+		// Writers at the same time went over together. The write is
+		// done: what could not be evicted now is evicted by the next.
+		if err := p.makeRoom(ctx, 0); err != nil {
+			p.log.Debug("cache: over the byte limit after a write", "err", err)
+		}
 	}
 	p.stat(stSets).Add(1)
 	return ver, nil
@@ -973,6 +993,8 @@ func (p *Store) lockWithin(ctx context.Context, bk int, patience time.Duration) 
 		return nil, fmt.Errorf("cache: waiting for bucket %d: %w", (bk-headerSize)/bucketSize, err)
 	case errors.Is(err, shm.ErrOwnerDied):
 		p.repair(bk)
+		p.log.Warn("cache: took over a bucket whose writer died holding it, and repaired it",
+			"bucket", (bk-headerSize)/bucketSize, "err", err)
 		return err, nil
 	case errors.Is(err, shm.ErrHeld):
 		return nil, fmt.Errorf("%w: bucket %d: %w (a stopped or stuck writer; its lock is taken over once it exits)",

@@ -259,6 +259,7 @@ func (cn *conn) metaGet(f [][]byte) {
 	}
 	p, st, key := cn.s.store(), &cn.s.st, m.key
 	v, in, err := p.Get(cn.ctx, key, cn.scratch)
+	cn.s.failed("mg", err)
 	if m.newTTL {
 		st.cmdTouch.Add(1)
 	} else {
@@ -281,7 +282,7 @@ func (cn *conn) metaGet(f [][]byte) {
 	cn.scratch = v
 	if m.newTTL {
 		st.touchHits.Add(1)
-		p.Touch(cn.ctx, key, ttlOf(m.exptime))
+		cn.s.failed("mg", p.Touch(cn.ctx, key, ttlOf(m.exptime)))
 	} else {
 		st.getHits.Add(1)
 	}
@@ -368,7 +369,8 @@ func (cn *conn) metaSet(f [][]byte) bool {
 	if cn.s.tooLarge(len(m.key), m.clientFlags, n) {
 		st.storeTooLarge.Add(1)
 		// Whatever the mode, memcached drops the old value.
-		cn.s.store().Delete(cn.ctx, m.key)
+		_, err := cn.s.store().Delete(cn.ctx, m.key)
+		cn.s.failed("ms", err)
 		return swallow(errTooLarge)
 	}
 	// The flags point into the read buffer, which the data will reuse.
@@ -443,8 +445,12 @@ func (cn *conn) metaDelete(f [][]byte) {
 		case err != nil:
 			code = "NF"
 		}
-	} else if found, _ := p.Delete(cn.ctx, m.key); !found {
-		code = "NF"
+	} else {
+		found, err := p.Delete(cn.ctx, m.key)
+		cn.s.failed("md", err)
+		if !found {
+			code = "NF"
+		}
 	}
 	if code == "HD" {
 		st.deleteHits.Add(1)

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,11 @@ type Server struct {
 	// is answered "ERROR Too many open connections" and closed, as
 	// memcached does, and counted in rejected_connections.
 	MaxConns int
+	// Logger receives, at Warn, failures of the store that an answer
+	// does not tell (a bucket a stopped writer held, say, answered as a
+	// miss) and errors accepting connections; at Debug, commands cut
+	// short by Close. Nil: nothing is logged.
+	Logger *slog.Logger
 
 	mu         sync.Mutex
 	ls         map[net.Listener]struct{}
@@ -115,6 +121,7 @@ func (s *Server) Serve(l net.Listener) error {
 			// leaving the listener open and unserved.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			s.st.acceptErrors.Add(1)
+			s.log().Warn("memcached: accept failed; retrying", "err", err, "retry_in", backoff)
 			time.Sleep(backoff)
 			continue
 		}
@@ -554,15 +561,19 @@ func (cn *conn) fetch(k []byte, withCAS, touch bool, ttl time.Duration, write bo
 	p, st := cn.s.store(), &cn.s.st
 	if touch {
 		st.cmdTouch.Add(1)
-		if ttl >= 0 && p.Touch(cn.ctx, k, ttl) != nil {
-			st.touchMisses.Add(1)
-			return
+		if ttl >= 0 {
+			if err := p.Touch(cn.ctx, k, ttl); err != nil {
+				cn.s.failed("touch", err)
+				st.touchMisses.Add(1)
+				return
+			}
 		}
 	} else {
 		st.cmdGet.Add(1)
 	}
 	v, in, err := p.Get(cn.ctx, k, cn.scratch)
 	if err != nil {
+		cn.s.failed("get", err)
 		if touch {
 			st.touchMisses.Add(1)
 		} else {
@@ -777,6 +788,30 @@ func (cn *conn) readData(n int) (data []byte, ok, closed bool) {
 func (cn *conn) discard(n int64) bool {
 	_, err := io.CopyN(io.Discard, cn.r, n)
 	return err == nil
+}
+
+// log is Logger, or a logger that logs nothing.
+func (s *Server) log() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return discard
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// failed logs an error of the store that the protocol's answer does not
+// tell: a miss, a lost compare-and-swap or a full store is an answer,
+// not a failure.
+func (s *Server) failed(op string, err error) {
+	switch {
+	case err == nil, errors.Is(err, cache.ErrNotFound), errors.Is(err, cache.ErrExists),
+		errors.Is(err, cache.ErrFull), errors.Is(err, cache.ErrTooLarge):
+	case errors.Is(err, context.Canceled):
+		s.log().Debug("memcached: command cut short by Close", "op", op, "err", err)
+	default:
+		s.log().Warn("memcached: store failed", "op", op, "err", err)
+	}
 }
 
 // store is the store served: Store, or the deprecated Pool.

@@ -98,7 +98,8 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 		cn.out(errTooLarge)
 		if cmd == "set" {
 			// memcached drops the old value rather than leave it stale.
-			cn.s.store().Delete(cn.ctx, key)
+			_, err := cn.s.store().Delete(cn.ctx, key)
+			cn.s.failed("set", err)
 		}
 		return !cn.discard(int64(n) + 2)
 	}
@@ -167,9 +168,11 @@ func (s *Server) storeItem(ctx context.Context, cmd string, key, data []byte, fl
 		st.storeTooLarge.Add(1)
 		return errTooLarge, 0
 	}
+	s.failed(cmd, err)
 	st.storeNoMemory.Add(1)
 	if cmd == "set" {
-		p.Delete(ctx, key)
+		_, err := p.Delete(ctx, key)
+		s.failed(cmd, err)
 	}
 	return errOutOfMemory, 0
 }
@@ -183,6 +186,7 @@ func (s *Server) appendItem(ctx context.Context, key, data []byte, prepend bool,
 	for {
 		old, in, err := p.Get(ctx, key, (*buf)[:0])
 		if err != nil {
+			s.failed("append", err)
 			return "NOT_STORED", 0
 		}
 		*buf = old
@@ -207,6 +211,7 @@ func (s *Server) appendItem(ctx context.Context, key, data []byte, prepend bool,
 		case errors.Is(err, cache.ErrExists), errors.Is(err, cache.ErrNotFound):
 			continue // changed meanwhile: again
 		}
+		s.failed("append", err)
 		return "NOT_STORED", 0
 	}
 }
@@ -239,6 +244,7 @@ func (s *Server) addDeltaTTL(ctx context.Context, key []byte, incr bool, delta, 
 	for {
 		old, in, err := p.Get(ctx, key, (*buf)[:0])
 		if err != nil {
+			s.failed("incr", err)
 			return 0, in, in, deltaNotFound
 		}
 		*buf = old
@@ -279,6 +285,7 @@ func (s *Server) addDeltaTTL(ctx context.Context, key []byte, incr bool, delta, 
 		case errors.Is(err, cache.ErrExists), errors.Is(err, cache.ErrNotFound):
 			continue
 		}
+		s.failed("incr", err)
 		return 0, in, in, deltaNoMemory
 	}
 }
@@ -333,7 +340,9 @@ func (cn *conn) delete(tokens [][]byte) {
 		cn.out(errBadFormat)
 		return
 	}
-	if found, _ := cn.s.store().Delete(cn.ctx, key); found {
+	found, err := cn.s.store().Delete(cn.ctx, key)
+	cn.s.failed("delete", err)
+	if found {
 		cn.s.st.deleteHits.Add(1)
 		cn.out("DELETED")
 	} else {
@@ -393,11 +402,11 @@ func (cn *conn) flush(tokens [][]byte) {
 		d = cache.ExpTime(int64(delay))
 	}
 	if d > 0 {
-		s.flushTimer = time.AfterFunc(d, func() { s.store().Flush(s.ctx) })
+		s.flushTimer = time.AfterFunc(d, func() { s.failed("flush_all", s.store().Flush(s.ctx)) })
 	}
 	s.mu.Unlock()
 	if d <= 0 {
-		s.store().Flush(cn.ctx)
+		s.failed("flush_all", s.store().Flush(cn.ctx))
 	}
 	cn.out("OK")
 }

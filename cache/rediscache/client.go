@@ -92,6 +92,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -129,6 +130,10 @@ type Config struct {
 	// that it had heard every write completed by then (a PING every
 	// MaxStaleness/5). Otherwise reads go to Redis. Default 500ms.
 	MaxStaleness time.Duration
+	// Logger receives, at Warn, what makes the near cache serve less
+	// (a flush of it that failed, a server that refused COMMAND). Nil:
+	// nothing is logged.
+	Logger *slog.Logger
 }
 
 // Client is a go-redis client with a shared near cache.
@@ -267,6 +272,7 @@ func (c *Client) WaitTracking(ctx context.Context) error { return c.nc.waitTrack
 // generations are shared by all its nodes.
 type nearCache struct {
 	pool      *cache.Store
+	log       *slog.Logger
 	ns        string // the prefix of every pool key of the keyspace
 	genPrefix []byte // the prefix of the keys' generations
 	prefixes  []string
@@ -302,7 +308,11 @@ func newNearCache(cfg Config, ns string, cluster bool) *nearCache {
 	if cfg.MaxStaleness <= 0 {
 		cfg.MaxStaleness = defaultMaxStaleness
 	}
-	return &nearCache{pool: cfg.Store, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness,
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &nearCache{pool: cfg.Store, log: log, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness,
 		ns: ns, genPrefix: []byte(ns + "g\x00"), cluster: cluster}
 }
 
@@ -485,6 +495,11 @@ func (nd *node) flushIn(nsKey []byte) error {
 		// old generation servable: serve nothing until one goes through.
 		// (Another database's namespace is its clients' own.)
 		nd.poisoned.Store(err != nil)
+		if err != nil {
+			nd.nc.log.Warn("rediscache: near cache flush failed: nothing is served from it until one succeeds", "addr", nd.addr, "err", err)
+		}
+	} else if err != nil {
+		nd.nc.log.Warn("rediscache: flush of another database's near cache failed: its clients may read stale entries", "addr", nd.addr, "err", err)
 	}
 	return err
 }
