@@ -38,7 +38,7 @@ func readHeavy(e *Env, kind string, d time.Duration) (bench.Measurement, error) 
 		}
 		defer cache.Remove(name)
 		defer pool.Close()
-		rc := rediscache.NewClient(opt, rediscache.Config{Pool: pool})
+		rc := rediscache.NewClient(opt, rediscache.Config{Store: pool})
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = rc.WaitTracking(ctx)
 		cancel()
