@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -24,8 +25,12 @@ type ClusterConfig struct {
 	// Endpoint is this node's transport endpoint: its node name and the
 	// super node's topology. Required.
 	Endpoint *transport.Endpoint
-	// Pool is this node's shard. Required.
-	Pool *Pool
+	// Store is this node's shard. Required.
+	Store *Store
+	// Pool is the old name of Store, used when Store is nil.
+	//
+	// Deprecated: use Store.
+	Pool *Store
 	// Service names the shard servers (default "ubkit-cache").
 	Service string
 	// Nodes are the members, each running a Cluster with the same
@@ -34,15 +39,20 @@ type ClusterConfig struct {
 	// VirtualNodes per member on the hash ring (default 64).
 	VirtualNodes int
 	// NearTTL, when positive, keeps a copy of values read from other
-	// nodes in the local pool for that long, so repeated reads stay on
+	// nodes in the local store for that long, so repeated reads stay on
 	// this node; a copy may be that much older than its shard's value.
 	// Sets and deletes through this node drop its copy. Default 0: off.
 	NearTTL time.Duration
 	// ConnsPerNode bounds the connections to each other node (default 4).
 	ConnsPerNode int
+	// Logger receives, at Warn, a near copy that could not be dropped (it
+	// may be served, stale, for up to NearTTL), and at Debug, near copies
+	// not kept and connections of other nodes that broke. Nil: nothing
+	// is logged.
+	Logger *slog.Logger
 }
 
-// Cluster is a Pool sharded across the nodes of a super node by consistent
+// Cluster is a Store sharded across the nodes of a super node by consistent
 // hashing over the node list: each key lives on one node, reads and writes
 // of other nodes' keys go there over transport (the ub path inside the
 // super node), so capacity grows with the nodes.
@@ -56,6 +66,8 @@ type Cluster struct {
 	mu    sync.Mutex
 	srvc  map[net.Conn]struct{}
 	done  bool
+	// stop ends the contexts of the shard server's requests: Close.
+	stop context.CancelFunc
 }
 
 type vnode struct {
@@ -65,8 +77,11 @@ type vnode struct {
 
 // NewCluster starts this node's shard server and returns the cluster.
 func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
-	if cfg.Endpoint == nil || cfg.Pool == nil {
-		return nil, errors.New("cache: a cluster member needs an Endpoint and a Pool")
+	if cfg.Store == nil {
+		cfg.Store = cfg.Pool
+	}
+	if cfg.Endpoint == nil || cfg.Store == nil {
+		return nil, errors.New("cache: a cluster member needs an Endpoint and a Store")
 	}
 	if cfg.Service == "" {
 		cfg.Service = "ubkit-cache"
@@ -88,6 +103,7 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if !slices.Contains(cfg.Nodes, self) {
 		return nil, fmt.Errorf("cache: node %s is not one of the cluster's nodes %v", self, cfg.Nodes)
 	}
+	cfg.Logger = orDiscard(cfg.Logger)
 	c := &Cluster{cfg: cfg, self: self, peers: map[string]*peer{}, srvc: map[net.Conn]struct{}{}}
 	for _, n := range cfg.Nodes {
 		for i := range cfg.VirtualNodes {
@@ -103,8 +119,10 @@ func NewCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		return nil, err
 	}
 	c.l = l
+	serving, stop := context.WithCancel(context.Background())
+	c.stop = stop
 	c.wg.Add(1)
-	go c.serve()
+	go c.serve(serving)
 	return c, nil
 }
 
@@ -122,6 +140,7 @@ func (c *Cluster) Owner(key []byte) string {
 func (c *Cluster) Close() error {
 	c.mu.Lock()
 	c.done = true
+	c.stop()
 	for conn := range c.srvc {
 		conn.Close()
 	}
@@ -140,10 +159,10 @@ func nearKey(key []byte) []byte { return append([]byte("\x00near\x00"), key...) 
 func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Pool.Get(key, dst)
+		return c.cfg.Store.Get(ctx, key, dst)
 	}
 	if c.cfg.NearTTL > 0 {
-		if v, in, err := c.cfg.Pool.Get(nearKey(key), dst); err == nil {
+		if v, in, err := c.cfg.Store.Get(ctx, nearKey(key), dst); err == nil {
 			return v, in, nil
 		}
 	}
@@ -155,7 +174,9 @@ func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error
 		return nil, Info{}, r.err
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Pool.Set(nearKey(key), r.val, SetOptions{TTL: c.cfg.NearTTL, Flags: r.info.Flags})
+		if _, err := c.cfg.Store.Set(ctx, nearKey(key), r.val, SetOptions{TTL: c.cfg.NearTTL, Flags: r.info.Flags}); err != nil {
+			c.cfg.Logger.Debug("cache: near copy not kept", "owner", owner, "err", err)
+		}
 	}
 	return append(dst[:0], r.val...), r.info, nil
 }
@@ -164,10 +185,10 @@ func (c *Cluster) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error
 func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uint64, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Pool.Set(key, value, o)
+		return c.cfg.Store.Set(ctx, key, value, o)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Pool.Delete(nearKey(key))
+		c.dropNear(ctx, key)
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opSet, key: key, val: value, opts: o})
 	if err != nil {
@@ -176,14 +197,21 @@ func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uin
 	return r.info.Version, r.err
 }
 
+// dropNear drops this node's near copy of key before a write to it.
+func (c *Cluster) dropNear(ctx context.Context, key []byte) {
+	if _, err := c.cfg.Store.Delete(ctx, nearKey(key)); err != nil {
+		c.cfg.Logger.Warn("cache: near copy not dropped: it may be read for up to NearTTL", "node", c.self, "err", err)
+	}
+}
+
 // Delete removes key from its node.
 func (c *Cluster) Delete(ctx context.Context, key []byte) (bool, error) {
 	owner := c.Owner(key)
 	if owner == c.self {
-		return c.cfg.Pool.Delete(key)
+		return c.cfg.Store.Delete(ctx, key)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.cfg.Pool.Delete(nearKey(key))
+		c.dropNear(ctx, key)
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opDelete, key: key})
 	if err != nil {
@@ -343,12 +371,19 @@ func readN(r io.Reader, n int) ([]byte, error) {
 	return b, nil
 }
 
-// serve answers other nodes' requests from this node's shard.
-func (c *Cluster) serve() {
+// serve answers other nodes' requests from this node's shard. Close ends
+// ctx, and with it the requests' waits for a bucket's lock.
+func (c *Cluster) serve(ctx context.Context) {
 	defer c.wg.Done()
 	for {
 		conn, err := c.l.Accept()
 		if err != nil {
+			c.mu.Lock()
+			closed := c.done
+			c.mu.Unlock()
+			if !closed {
+				c.cfg.Logger.Warn("cache: the shard server stopped accepting", "node", c.self, "err", err)
+			}
 			return
 		}
 		c.mu.Lock()
@@ -373,19 +408,23 @@ func (c *Cluster) serve() {
 			for {
 				req, err := readRequest(r)
 				if err != nil {
-					return // a broken or hostile peer loses its connection
+					// A broken or hostile peer loses its connection.
+					if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+						c.cfg.Logger.Debug("cache: a connection from another node broke", "node", c.self, "err", err)
+					}
+					return
 				}
 				var in Info
 				var val []byte
 				switch req.op {
 				case opGet:
-					val, in, err = c.cfg.Pool.Get(req.key, buf)
+					val, in, err = c.cfg.Store.Get(ctx, req.key, buf)
 					buf = val
 				case opSet:
-					in.Version, err = c.cfg.Pool.Set(req.key, req.val, req.opts)
+					in.Version, err = c.cfg.Store.Set(ctx, req.key, req.val, req.opts)
 				case opDelete:
 					var found bool
-					found, err = c.cfg.Pool.Delete(req.key)
+					found, err = c.cfg.Store.Delete(ctx, req.key)
 					if err == nil && !found {
 						err = ErrNotFound
 					}

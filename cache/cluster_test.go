@@ -15,22 +15,22 @@ import (
 
 // dev4Cluster starts a member on each node of the simulated dev4 super
 // node, in this process.
-func dev4Cluster(t *testing.T, near time.Duration) (map[string]*Cluster, map[string]*Pool) {
+func dev4Cluster(t *testing.T, near time.Duration) (map[string]*Cluster, map[string]*Store) {
 	t.Helper()
 	topo, err := topology.Example("dev4")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	members, pools := map[string]*Cluster{}, map[string]*Pool{}
+	members, pools := map[string]*Cluster{}, map[string]*Store{}
 	svc := fmt.Sprintf("cache-%d-%d", os.Getpid(), poolSeq.Add(1))
 	for _, n := range []string{"n0", "n1", "n2", "n3"} {
 		ep, err := transport.NewEndpoint(transport.Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, _ := newPool(t, Options{MaxBytes: 8 << 20})
-		c, err := NewCluster(context.Background(), ClusterConfig{Endpoint: ep, Pool: p, Service: svc, NearTTL: near})
+		p, _ := newStore(t, Config{MaxBytes: 8 << 20})
+		c, err := NewCluster(context.Background(), ClusterConfig{Endpoint: ep, Store: p, Service: svc, NearTTL: near})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,8 +1,8 @@
 // Package cache is a key-value cache in shared memory that every process on
-// a host shares (Pool), sharded across the nodes of a super node (Cluster),
+// a host shares (Store), sharded across the nodes of a super node (Cluster),
 // with drop-ins for go-redis and memcached clients built on it.
 //
-// A Pool lives in one named shared-memory segment: a hash table of buckets
+// A Store lives in one named shared-memory segment: a hash table of buckets
 // (14 entries each) and an shm.Pool of records. Each bucket has an
 // shm.SeqLock. Readers take no lock: a writer makes the lock's sequence
 // number odd while it changes the bucket, and a reader that saw it change,

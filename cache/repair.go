@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -14,12 +15,12 @@ import (
 // record it had loaned and not yet linked or one it had unlinked and not
 // yet returned (both its own buffers, which shm.Pool.Reclaim takes back),
 // and counters it may have changed half-way (recounted). Every attached
-// process is noted in a table in the header; the pool's writes look at the
+// process is noted in a table in the header; the store's writes look at the
 // table now and then (maintain) and take back what a dead process held,
 // while the others go on writing.
 
 const (
-	// maintainEvery: the pool's every maintainEvery-th write (by the
+	// maintainEvery: the store's every maintainEvery-th write (by the
 	// version counter, whichever process makes it) runs maintain.
 	maintainEvery = 256
 	// sweepInterval is how often, at most, an attachment looks for
@@ -51,13 +52,13 @@ type RepairReport struct {
 // Verify is Repair without the report: it returns the error for what is
 // corrupt (ErrCorrupt), or nil. What a live writer held too long to be
 // checked (Repair's ErrBusy) is not corruption, and is not reported.
-func (p *Pool) Verify() error {
-	_, corrupt, _ := p.check()
+func (p *Store) Verify(ctx context.Context) error {
+	_, corrupt, _ := p.check(ctx)
 	return corrupt
 }
 
 // Repair checks the table's invariants and sets right what it finds wrong,
-// while other processes go on using the pool. Every bucket's lock is taken
+// while other processes go on using the store. Every bucket's lock is taken
 // in turn (a dead holder's is taken over and its bucket repaired, as any
 // writer would); every entry must name a loaned record whose checksum, key
 // hash, bucket and size agree, or it is dropped. Buffers handed to the
@@ -70,19 +71,19 @@ func (p *Pool) Verify() error {
 // for longer than Repair waits (ErrBusy: a bucket, or the recount), which
 // is not corruption and is left for the next Repair. errors.Is tells them
 // apart.
-func (p *Pool) Repair() (RepairReport, error) {
-	rep, corrupt, busy := p.check()
+func (p *Store) Repair(ctx context.Context) (RepairReport, error) {
+	rep, corrupt, busy := p.check(ctx)
 	return rep, errors.Join(corrupt, busy)
 }
 
 // check is Repair, with the errors for what is corrupt and for what was
 // busy apart.
-func (p *Pool) check() (rep RepairReport, corrupt, busy error) {
+func (p *Store) check(ctx context.Context) (rep RepairReport, corrupt, busy error) {
 	var errs, busyErrs []error
 	live := map[shm.Handle]bool{}
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
-		repaired, err := p.lockWithin(bk, lockTimeout)
+		repaired, err := p.lockWithin(ctx, bk, lockTimeout)
 		if err != nil {
 			busyErrs = append(busyErrs, fmt.Errorf("cache: bucket %d not checked: %w", i, err))
 			continue
@@ -130,12 +131,12 @@ func (p *Pool) check() (rep RepairReport, corrupt, busy error) {
 		}
 	})
 	for _, h := range orphans {
-		if p.returnOrphan(h) {
+		if p.returnOrphan(ctx, h) {
 			rep.Buffers++
 		}
 	}
 	rep.Buffers += p.reclaim()
-	items, bytes, err := p.recount(repairPatience)
+	items, bytes, err := p.recount(ctx, repairPatience)
 	if err != nil {
 		busyErrs = append(busyErrs, err)
 	}
@@ -149,14 +150,14 @@ func (p *Pool) check() (rep RepairReport, corrupt, busy error) {
 // writer links a record there before it shares it, and takes a record
 // back before it unlinks it, so a shared record that its bucket does not
 // name while the lock is held is named by nobody.
-func (p *Pool) returnOrphan(h shm.Handle) bool {
+func (p *Store) returnOrphan(ctx context.Context, h shm.Handle) bool {
 	buf, err := p.pool.Resolve(h)
 	if err != nil {
 		return false
 	}
 	if k, _, ok := (record{buf: buf, handle: h}).parse(); ok {
 		bk := p.bucketOff(hashKey(k))
-		if p.lock(bk) != nil {
+		if p.lock(ctx, bk) != nil {
 			return false
 		}
 		defer p.unlock(bk)
@@ -173,10 +174,11 @@ func (p *Pool) returnOrphan(h shm.Handle) bool {
 }
 
 // reclaim takes back the buffers of processes that died, and counts them.
-func (p *Pool) reclaim() int {
+func (p *Store) reclaim() int {
 	n := p.pool.Reclaim()
 	if n > 0 {
 		p.stat(stReclaimed).Add(uint64(n))
+		p.log.Debug("cache: took back buffers of processes that died", "buffers", n)
 	}
 	return n
 }
@@ -187,7 +189,7 @@ func (p *Pool) reclaim() int {
 // time, so this cannot deadlock), so that no write is counted half. It
 // gives up, changing nothing, if a live writer holds a bucket for over
 // patience.
-func (p *Pool) recount(patience time.Duration) (items, bytes int64, err error) {
+func (p *Store) recount(ctx context.Context, patience time.Duration) (items, bytes int64, err error) {
 	held := 0
 	defer func() {
 		for i := range held {
@@ -195,7 +197,7 @@ func (p *Pool) recount(patience time.Duration) (items, bytes int64, err error) {
 		}
 	}()
 	for ; held < int(p.nbuckets); held++ {
-		if _, err := p.lockWithin(headerSize+held*bucketSize, patience); err != nil {
+		if _, err := p.lockWithin(ctx, headerSize+held*bucketSize, patience); err != nil {
 			return 0, 0, fmt.Errorf("cache: counters not recounted (the next repair or sweep tries again): %w", err)
 		}
 	}
@@ -217,29 +219,32 @@ func (p *Pool) recount(patience time.Duration) (items, bytes int64, err error) {
 	return items, bytes, nil
 }
 
-// maintain keeps the pool's bookkeeping true as processes come and go: at
+// maintain keeps the store's bookkeeping true as processes come and go: at
 // most every sweepInterval it looks for attached processes that died, and
 // recounts the counters if a repair asked.
-func (p *Pool) maintain() {
+func (p *Store) maintain(ctx context.Context) {
 	now := time.Now().UnixNano()
 	last := p.lastSweep.Load()
 	if now-last < int64(sweepInterval) || !p.lastSweep.CompareAndSwap(last, now) {
 		return
 	}
-	p.sweepDead()
+	p.sweepDead(ctx)
 	if p.word(hOffRecount).Load() != 0 {
-		p.recount(recountPatience)
+		if _, _, err := p.recount(ctx, recountPatience); err != nil {
+			p.log.Debug("cache: recount left for later", "err", err)
+		}
 	}
 }
 
 // procWord is entry i of the table of attached processes.
-func (p *Pool) procWord(i int) *atomic.Uint64 { return p.word(hOffProcs + 8*i) }
+func (p *Store) procWord(i int) *atomic.Uint64 { return p.word(hOffProcs + 8*i) }
 
 // register notes this process in the table of attached processes, so that
 // the others take back what it holds should it die. With the table full of
 // live processes it stays out: what it holds when it dies is then taken
 // back only when a size class runs out, or by Repair.
-func (p *Pool) register() {
+func (p *Store) register() {
+	ctx := context.Background() // Open's: the sweep's waits are short
 	for attempt := range 3 {
 		free := -1
 		for i := range maxProcs {
@@ -256,7 +261,7 @@ func (p *Pool) register() {
 			if attempt > 0 {
 				return
 			}
-			p.sweepDead() // the entries of dead processes free up
+			p.sweepDead(ctx) // the entries of dead processes free up
 			continue
 		}
 		if p.procWord(free).CompareAndSwap(0, p.me) {
@@ -267,7 +272,7 @@ func (p *Pool) register() {
 
 // sweepDead takes back what the attached processes that died held, then
 // frees their entries of the table.
-func (p *Pool) sweepDead() RepairReport {
+func (p *Store) sweepDead(ctx context.Context) RepairReport {
 	var dead []int
 	var words []uint64
 	for i := range maxProcs {
@@ -279,7 +284,7 @@ func (p *Pool) sweepDead() RepairReport {
 	if len(dead) == 0 {
 		return RepairReport{}
 	}
-	rep := p.reclaimDead()
+	rep := p.reclaimDead(ctx)
 	for k, i := range dead {
 		p.procWord(i).CompareAndSwap(words[k], 0)
 	}
@@ -288,14 +293,14 @@ func (p *Pool) sweepDead() RepairReport {
 
 // reclaimDead repairs the buckets whose lock a dead process holds, takes
 // back the buffers of dead processes and recounts if a repair asks.
-func (p *Pool) reclaimDead() RepairReport {
+func (p *Store) reclaimDead(ctx context.Context) RepairReport {
 	var rep RepairReport
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
 		if !p.lockOf(bk).OwnerDead() {
 			continue
 		}
-		repaired, err := p.lockWithin(bk, recountPatience)
+		repaired, err := p.lockWithin(ctx, bk, recountPatience)
 		if err != nil {
 			continue // a live writer has it now, and the repair was done
 		}
@@ -306,7 +311,10 @@ func (p *Pool) reclaimDead() RepairReport {
 	}
 	rep.Buffers = p.reclaim()
 	if p.word(hOffRecount).Load() != 0 {
-		rep.Items, rep.Bytes, _ = p.recount(recountPatience)
+		var err error
+		if rep.Items, rep.Bytes, err = p.recount(ctx, recountPatience); err != nil {
+			p.log.Debug("cache: recount left for later", "err", err)
+		}
 	}
 	return rep
 }

@@ -1,11 +1,15 @@
 package cache
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -29,7 +33,7 @@ func (t tally) true() bool {
 		t.counted == t.entries && t.countedBytes == t.bytes
 }
 
-func audit(p *Pool) tally {
+func audit(p *Store) tally {
 	var t tally
 	for i := range maxProcs {
 		if w := p.procWord(i).Load(); w != 0 && !shm.AliveWord(w) {
@@ -69,7 +73,7 @@ func audit(p *Pool) tally {
 // the live entries, and the item and byte counters are exactly what the
 // entries hold. Repair afterwards finds nothing left to do.
 func TestKilledWritersGiveCapacityBack(t *testing.T) {
-	p, name := newPool(t, Options{MaxBytes: 2 << 20, Buckets: 256})
+	p, name := newStore(t, Config{MaxBytes: 2 << 20, Buckets: 256})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -81,7 +85,7 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 			default:
 			}
 			k := []byte(strconv.Itoa(r.IntN(500)))
-			if _, err := p.Set(k, value(r.Uint64(), r.IntN(2000)), SetOptions{}); err != nil {
+			if _, err := p.Set(ctx, k, value(r.Uint64(), r.IntN(2000)), SetOptions{}); err != nil {
 				t.Errorf("set while writers die: %v", err)
 				return
 			}
@@ -124,7 +128,7 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 	var after tally
 	for {
 		for i := range maintainEvery {
-			if _, err := p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 100), SetOptions{}); err != nil {
+			if _, err := p.Set(ctx, []byte(strconv.Itoa(i)), value(uint64(i), 100), SetOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -143,7 +147,7 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 	if st.Reclaimed == 0 || st.Repairs == 0 {
 		t.Errorf("no kill left a buffer or a bucket to take back (stats %+v): the test proved nothing", st)
 	}
-	rep, err := p.Repair()
+	rep, err := p.Repair(ctx)
 	if err != nil || rep != (RepairReport{}) {
 		t.Errorf("Repair after the online reclaim: %+v, %v; want nothing left to do", rep, err)
 	}
@@ -151,9 +155,9 @@ func TestKilledWritersGiveCapacityBack(t *testing.T) {
 
 // TestRepairReports: Repair says what it set right, and sets it right.
 func TestRepairReports(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	for i := range 100 {
-		if _, err := p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{}); err != nil {
+		if _, err := p.Set(ctx, []byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -191,7 +195,7 @@ func TestRepairReports(t *testing.T) {
 	p.used.Add(1000)
 	p.items.Add(3)
 
-	rep, err := p.Repair()
+	rep, err := p.Repair(ctx)
 	if !errors.Is(err, ErrCorrupt) {
 		t.Errorf("Repair of a spoiled entry: %v, want ErrCorrupt", err)
 	}
@@ -201,7 +205,7 @@ func TestRepairReports(t *testing.T) {
 	if a := audit(p); !a.true() {
 		t.Errorf("after Repair: %+v", a)
 	}
-	if rep, err := p.Repair(); err != nil || rep != (RepairReport{}) {
+	if rep, err := p.Repair(ctx); err != nil || rep != (RepairReport{}) {
 		t.Errorf("a second Repair: %+v, %v; want nothing left", rep, err)
 	}
 }
@@ -226,9 +230,9 @@ func deadWord(t *testing.T) uint64 {
 // not ErrCorrupt, Verify finds nothing, and once the writer lets go Repair
 // checks everything.
 func TestRepairBusyIsNotCorrupt(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	for i := range 100 {
-		if _, err := p.Set([]byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{}); err != nil {
+		if _, err := p.Set(ctx, []byte(strconv.Itoa(i)), value(uint64(i), 50), SetOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -245,14 +249,14 @@ func TestRepairBusyIsNotCorrupt(t *testing.T) {
 		t.Fatal("bucket 0 is locked")
 	}
 	defer l.CompareAndSwap(writer.Word(), 0)
-	if _, err := p.Repair(); !errors.Is(err, ErrBusy) || errors.Is(err, ErrCorrupt) {
+	if _, err := p.Repair(ctx); !errors.Is(err, ErrBusy) || errors.Is(err, ErrCorrupt) {
 		t.Errorf("Repair with a bucket a live writer holds: %v; want ErrBusy, not ErrCorrupt", err)
 	}
-	if err := p.Verify(); err != nil {
+	if err := p.Verify(ctx); err != nil {
 		t.Errorf("Verify with a bucket a live writer holds: %v; want nil, nothing is corrupt", err)
 	}
 	l.CompareAndSwap(writer.Word(), 0)
-	if rep, err := p.Repair(); err != nil {
+	if rep, err := p.Repair(ctx); err != nil {
 		t.Errorf("Repair once the writer let go: %+v, %v", rep, err)
 	}
 }
@@ -262,21 +266,21 @@ func TestRepairBusyIsNotCorrupt(t *testing.T) {
 // takes the bucket over and repairs it, and Repair reports the corruption.
 // The reader used to wait for it for good.
 func TestOpenWriteWithoutWriter(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	key := []byte("k")
-	if _, err := p.Set(key, value(1, 50), SetOptions{}); err != nil {
+	if _, err := p.Set(ctx, key, value(1, 50), SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	bk := p.bucketOff(hashKey(key))
 	p.lockOf(bk).BeginWrite()
-	if v, _, err := p.Get(key, nil); err != nil || !intact(v) {
+	if v, _, err := p.Get(ctx, key, nil); err != nil || !intact(v) {
 		t.Fatalf("Get from a bucket left open: %v", err)
 	}
 	p.lockOf(bk).BeginWrite()
-	if _, err := p.Repair(); !errors.Is(err, ErrCorrupt) {
+	if _, err := p.Repair(ctx); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("Repair of a bucket left open with no writer: %v, want ErrCorrupt", err)
 	}
-	if rep, err := p.Repair(); err != nil || rep != (RepairReport{}) {
+	if rep, err := p.Repair(ctx); err != nil || rep != (RepairReport{}) {
 		t.Errorf("a second Repair: %+v, %v; want nothing left", rep, err)
 	}
 }
@@ -285,9 +289,9 @@ func TestOpenWriteWithoutWriter(t *testing.T) {
 // makes reads of its bucket fail with ErrBusy once they have waited
 // lockTimeout, instead of waiting for good; once it goes on, they succeed.
 func TestReadStoppedWriter(t *testing.T) {
-	p, _ := newPool(t, Options{MaxBytes: 1 << 20, Buckets: 16})
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
 	key := []byte("k")
-	if _, err := p.Set(key, value(1, 50), SetOptions{}); err != nil {
+	if _, err := p.Set(ctx, key, value(1, 50), SetOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The go command that runs this test runs as long as it does.
@@ -304,12 +308,102 @@ func TestReadStoppedWriter(t *testing.T) {
 		t.Fatal("the bucket is locked")
 	}
 	p.lockOf(bk).BeginWrite()
-	if _, _, err := p.Get(key, nil); !errors.Is(err, ErrBusy) || errors.Is(err, ErrCorrupt) {
+	if _, _, err := p.Get(ctx, key, nil); !errors.Is(err, ErrBusy) || errors.Is(err, ErrCorrupt) {
 		t.Fatalf("Get while a live writer has the bucket open: %v, want ErrBusy", err)
 	}
 	p.lockOf(bk).EndWrite()
 	l.CompareAndSwap(writer.Word(), 0)
-	if v, _, err := p.Get(key, nil); err != nil || !intact(v) {
+	if v, _, err := p.Get(ctx, key, nil); err != nil || !intact(v) {
 		t.Fatalf("Get once the writer went on: %v", err)
+	}
+}
+
+// A context ends a wait for a bucket that a stopped writer holds, with
+// the context's error and not ErrBusy, well before lockTimeout: cancelled
+// before the call or while it waits, or past its deadline; reads (a write
+// left open) and writes (the lock held) alike. Once the writer goes on,
+// the same calls succeed.
+func TestContextEndsWaitForStoppedWriter(t *testing.T) {
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16})
+	key := []byte("k")
+	ver, err := p.Set(ctx, key, []byte("1"), SetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The go command that runs this test runs as long as it does.
+	writer, err := shm.LookupProcess(os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bk := p.bucketOff(hashKey(key))
+	l := p.word(bk + bOffLock)
+	if !l.CompareAndSwap(0, writer.Word()) {
+		t.Fatal("the bucket is locked")
+	}
+	p.lockOf(bk).BeginWrite()
+	calls := []struct {
+		name string
+		call func(context.Context) error
+	}{
+		{"Get", func(ctx context.Context) error { _, _, err := p.Get(ctx, key, nil); return err }},
+		{"View", func(ctx context.Context) error { _, err := p.View(ctx, key, func([]byte, Info) {}); return err }},
+		{"Set", func(ctx context.Context) error { _, err := p.Set(ctx, key, []byte("2"), SetOptions{}); return err }},
+		{"Delete", func(ctx context.Context) error { _, err := p.Delete(ctx, key); return err }},
+		{"DeleteIfVersion", func(ctx context.Context) error { return p.DeleteIfVersion(ctx, key, ver) }},
+		{"Touch", func(ctx context.Context) error { return p.Touch(ctx, key, time.Hour) }},
+		{"Append", func(ctx context.Context) error { return p.Append(ctx, key, []byte("0")) }},
+		{"Incr", func(ctx context.Context) error { _, err := p.Incr(ctx, key, 1); return err }},
+		{"Flush", func(ctx context.Context) error { return p.Flush(ctx) }},
+		{"Repair", func(ctx context.Context) error { _, err := p.Repair(ctx); return err }},
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, c := range calls {
+		if err := c.call(cancelled); !errors.Is(err, context.Canceled) || errors.Is(err, ErrBusy) {
+			t.Errorf("%s with a cancelled context: %v, want context.Canceled", c.name, err)
+		}
+		waiting, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- c.call(waiting) }()
+		cancel() // while the call waits, or before: either way it ends
+		if err := <-done; !errors.Is(err, context.Canceled) || errors.Is(err, ErrBusy) {
+			t.Errorf("%s cancelled while it waits: %v, want context.Canceled", c.name, err)
+		}
+	}
+	short, stop := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer stop()
+	if _, _, err := p.Get(short, key, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Get past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+	if o := p.lockOf(bk).Owner(); o != writer.Word() {
+		t.Fatalf("a cancelled call took the stopped writer's lock: owner %#x", o)
+	}
+	p.lockOf(bk).EndWrite()
+	l.CompareAndSwap(writer.Word(), 0)
+	for _, c := range calls {
+		if ver, err = p.Set(ctx, key, []byte("1"), SetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.call(ctx); err != nil {
+			t.Errorf("%s once the writer went on: %v", c.name, err)
+		}
+	}
+}
+
+// A Store with a Logger says at Warn that it took a bucket over from a
+// writer that died holding it.
+func TestLoggerReportsTakeover(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p, _ := newStore(t, Config{MaxBytes: 1 << 20, Buckets: 16, Logger: log})
+	key := []byte("k")
+	bk := p.bucketOff(hashKey(key))
+	p.word(bk + bOffLock).Store(deadWord(t))
+	p.lockOf(bk).BeginWrite()
+	if _, err := p.Set(ctx, key, []byte("v"), SetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, "writer died") {
+		t.Errorf("log after a takeover: %q, want a warning", out)
 	}
 }

@@ -141,8 +141,14 @@ func (l SeqLock) OwnerDead() bool {
 // write open, or an open write with no holder, gives an error wrapping
 // ErrOwnerDied: Lock (which repairs) and read again.
 func (l SeqLock) Begin(patience time.Duration) (seq uint64, err error) {
+	return l.BeginContext(context.Background(), patience)
+}
+
+// BeginContext is Begin whose wait for an open write also ends when ctx
+// does, with ctx.Err(). A read that need not wait succeeds whatever ctx.
+func (l SeqLock) BeginContext(ctx context.Context, patience time.Duration) (seq uint64, err error) {
 	if seq = l.w.seq.Load(); seq&1 != 0 {
-		seq, err = l.beginSlow(patience)
+		seq, err = l.beginSlow(ctx, patience)
 	}
 	return seq, err
 }
@@ -151,9 +157,9 @@ func (l SeqLock) Begin(patience time.Duration) (seq uint64, err error) {
 // was read in between is whole.
 func (l SeqLock) Validate(seq uint64) bool { return l.w.seq.Load() == seq }
 
-func (l SeqLock) beginSlow(patience time.Duration) (uint64, error) {
+func (l SeqLock) beginSlow(ctx context.Context, patience time.Duration) (uint64, error) {
 	var s, dead uint64
-	err := Wait{}.wait(context.Background(), waiter{
+	err := Wait{}.wait(ctx, waiter{
 		ready: func() (bool, error) {
 			if s = l.w.seq.Load(); s&1 == 0 {
 				return true, nil
@@ -214,11 +220,18 @@ func openWithoutOwner(seq uint64) error {
 // the lock is then held and the write open, as after BeginWrite, and the
 // caller must repair the record, then call EndWrite and Unlock.
 func (l SeqLock) Lock(patience time.Duration) error {
+	return l.LockContext(context.Background(), patience)
+}
+
+// LockContext is Lock whose wait for a live holder also ends when ctx
+// does, with ctx.Err() and the lock not taken. A free lock is taken
+// whatever ctx.
+func (l SeqLock) LockContext(ctx context.Context, patience time.Duration) error {
 	me := Self().word()
 	if l.w.owner.Load() == 0 && l.w.owner.CompareAndSwap(0, me) {
 		return l.acquired()
 	}
-	return l.lockSlow(me, patience)
+	return l.lockSlow(ctx, me, patience)
 }
 
 // acquired checks a lock just taken from nobody for a write left open.
@@ -229,12 +242,12 @@ func (l SeqLock) acquired() error {
 	return nil
 }
 
-func (l SeqLock) lockSlow(me uint64, patience time.Duration) error {
+func (l SeqLock) lockSlow(ctx context.Context, me uint64, patience time.Duration) error {
 	deadline := time.Now().Add(patience)
 	var dead uint64
 	var result error
 	for {
-		err := Wait{}.wait(context.Background(), waiter{
+		err := Wait{}.wait(ctx, waiter{
 			ready: func() (bool, error) {
 				// Look before the compare-and-swap: a failing one
 				// still takes the line from the holder.

@@ -513,6 +513,61 @@ func TestSeqLockCorruptWords(t *testing.T) {
 	}
 }
 
+// LockContext and BeginContext waiting for a live holder (another
+// process, or this one, whose waiters sleep in Go's scheduler) end when
+// their context does, the lock not taken; a wait that need not happen
+// succeeds whatever the context.
+func TestSeqLockContext(t *testing.T) {
+	parent, err := LookupProcess(os.Getppid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, holder := range []struct {
+		name string
+		word uint64
+	}{{"another process", parent.Word()}, {"this process", Self().Word()}} {
+		t.Run(holder.name, func(t *testing.T) {
+			r := openRecord(t, newSegment(t, recSegSize))
+			if _, err := r.l.BeginContext(cancelled, patience); err != nil {
+				t.Errorf("BeginContext with no write open: %v", err)
+			}
+			if err := r.l.LockContext(cancelled, patience); err != nil {
+				t.Fatalf("LockContext of a free lock: %v", err)
+			}
+			r.l.Unlock()
+			r.l.w.owner.Store(holder.word)
+			r.l.BeginWrite()
+			if _, err := r.l.BeginContext(cancelled, patience); !errors.Is(err, context.Canceled) {
+				t.Errorf("BeginContext cancelled, a write open: %v, want context.Canceled", err)
+			}
+			if err := r.l.LockContext(cancelled, patience); !errors.Is(err, context.Canceled) {
+				t.Errorf("LockContext cancelled: %v, want context.Canceled", err)
+			}
+			short, stop := context.WithTimeout(context.Background(), 10*time.Millisecond)
+			defer stop()
+			if err := r.l.LockContext(short, patience); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("LockContext past its deadline: %v, want context.DeadlineExceeded", err)
+			}
+			// Cancelled while it waits (or before: either way it ends).
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() {
+				_, err := r.l.BeginContext(ctx, patience)
+				done <- err
+			}()
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Errorf("BeginContext cancelled while waiting: %v, want context.Canceled", err)
+			}
+			if o := r.l.Owner(); o != holder.word {
+				t.Errorf("the holder lost its lock: owner %#x", o)
+			}
+		})
+	}
+}
+
 // A lock this process leaked (its word, nobody holding it) is a live
 // holder: Lock waits for it until its patience ends, and says so.
 func TestSeqLockOwnWordIsLive(t *testing.T) {

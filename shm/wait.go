@@ -364,6 +364,7 @@ func (s Wait) waitLoop(ctx context.Context, w waiter) error {
 			select {
 			case <-here:
 			case <-t.C:
+			case <-done:
 			}
 			t.Stop()
 		} else {

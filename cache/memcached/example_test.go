@@ -5,35 +5,35 @@ import (
 	"net"
 	"os"
 
-	gomemcache "github.com/bradfitz/gomemcache/memcache"
+	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/ubkit-io/ubkit/cache"
-	"github.com/ubkit-io/ubkit/cache/memcache"
+	"github.com/ubkit-io/ubkit/cache/gomemcache"
 	"github.com/ubkit-io/ubkit/cache/memcached"
 )
 
-// A memcached server on a shared pool, on a free loopback port, and an
+// A memcached server on a shared store, on a free loopback port, and an
 // ordinary memcached client (gomemcache) talking to it over TCP.
 func Example() {
 	name := fmt.Sprintf("example-memcached-%d", os.Getpid())
-	pool, err := cache.Open(name, cache.Options{MaxBytes: 8 << 20})
+	store, err := cache.Open(name, cache.Config{MaxBytes: 8 << 20})
 	if err != nil {
 		panic(err)
 	}
-	defer cache.Remove(name) // a pool's name lives until removed
-	defer pool.Close()
+	defer cache.Remove(name) // a store's name lives until removed
+	defer store.Close()
 
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)
 	}
-	srv := memcached.NewServer(pool)
+	srv := memcached.NewServer(store)
 	go srv.Serve(l)
 	defer srv.Close()
 
-	mc := gomemcache.New(l.Addr().String())
+	mc := memcache.New(l.Addr().String())
 	defer mc.Close()
-	if err := mc.Set(&gomemcache.Item{Key: "greeting", Value: []byte("hello"), Flags: 42}); err != nil {
+	if err := mc.Set(&memcache.Item{Key: "greeting", Value: []byte("hello"), Flags: 42}); err != nil {
 		panic(err)
 	}
 	it, err := mc.Get("greeting")
@@ -44,10 +44,10 @@ func Example() {
 	_, err = mc.Get("nobody")
 	fmt.Println("a missing key:", err)
 
-	// The entry lives in the pool, where every process on the host that
-	// opens it can read it: ubkit's memcache client does so for the keys
+	// The entry lives in the store, where every process on the host that
+	// opens it can read it: ubkit's gomemcache client does so for the keys
 	// of this host's server, with no round trip.
-	local, err := memcache.New(pool, l.Addr().String(), l.Addr().String())
+	local, err := gomemcache.New(store, l.Addr().String(), l.Addr().String())
 	if err != nil {
 		panic(err)
 	}
@@ -56,9 +56,9 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("from the pool: %s (flags %d)\n", it.Value, it.Flags)
+	fmt.Printf("from the store: %s (flags %d)\n", it.Value, it.Flags)
 	// Output:
 	// over TCP: hello (flags 42)
 	// a missing key: memcache: cache miss
-	// from the pool: hello (flags 42)
+	// from the store: hello (flags 42)
 }

@@ -257,8 +257,9 @@ func (cn *conn) metaGet(f [][]byte) {
 		cn.outErr("CLIENT_ERROR opaque token too long")
 		return
 	}
-	p, st, key := cn.s.Pool, &cn.s.st, m.key
-	v, in, err := p.Get(key, cn.scratch)
+	p, st, key := cn.s.store(), &cn.s.st, m.key
+	v, in, err := p.Get(cn.ctx, key, cn.scratch)
+	cn.s.failed("mg", err)
 	if m.newTTL {
 		st.cmdTouch.Add(1)
 	} else {
@@ -281,7 +282,7 @@ func (cn *conn) metaGet(f [][]byte) {
 	cn.scratch = v
 	if m.newTTL {
 		st.touchHits.Add(1)
-		p.Touch(key, ttlOf(m.exptime))
+		cn.s.failed("mg", p.Touch(cn.ctx, key, ttlOf(m.exptime)))
 	} else {
 		st.getHits.Add(1)
 	}
@@ -368,7 +369,8 @@ func (cn *conn) metaSet(f [][]byte) bool {
 	if cn.s.tooLarge(len(m.key), m.clientFlags, n) {
 		st.storeTooLarge.Add(1)
 		// Whatever the mode, memcached drops the old value.
-		cn.s.Pool.Delete(m.key)
+		_, err := cn.s.store().Delete(cn.ctx, m.key)
+		cn.s.failed("ms", err)
 		return swallow(errTooLarge)
 	}
 	// The flags point into the read buffer, which the data will reuse.
@@ -395,7 +397,7 @@ func (cn *conn) metaSet(f [][]byte) bool {
 	if cmd == "add" {
 		casv = 0
 	}
-	res, ver := cn.s.storeItem(cmd, key, data, m.clientFlags, ttlOf(m.exptime), casv, &cn.old)
+	res, ver := cn.s.storeItem(cn.ctx, cmd, key, data, m.clientFlags, ttlOf(m.exptime), casv, &cn.old)
 	code := map[string]string{"STORED": "HD", "NOT_STORED": "NS", "EXISTS": "EX", "NOT_FOUND": "NF"}[res]
 	if code == "" {
 		cn.outErr(res)
@@ -430,12 +432,12 @@ func (cn *conn) metaDelete(f [][]byte) {
 		cn.outErr("CLIENT_ERROR opaque token too long")
 		return
 	}
-	p, st := cn.s.Pool, &cn.s.st
+	p, st := cn.s.store(), &cn.s.st
 	code := "HD"
 	if m.hasCAS {
 		// Compare and delete under one lock: a write landing between a
 		// check and a delete would be lost.
-		switch err := p.DeleteIfVersion(m.key, m.casv); {
+		switch err := p.DeleteIfVersion(cn.ctx, m.key, m.casv); {
 		case errors.Is(err, cache.ErrNotFound):
 			code = "NF"
 		case errors.Is(err, cache.ErrExists):
@@ -443,8 +445,12 @@ func (cn *conn) metaDelete(f [][]byte) {
 		case err != nil:
 			code = "NF"
 		}
-	} else if found, _ := p.Delete(m.key); !found {
-		code = "NF"
+	} else {
+		found, err := p.Delete(cn.ctx, m.key)
+		cn.s.failed("md", err)
+		if !found {
+			code = "NF"
+		}
 	}
 	if code == "HD" {
 		st.deleteHits.Add(1)
@@ -481,7 +487,7 @@ func (cn *conn) metaArith(f [][]byte) {
 		cn.outErr("CLIENT_ERROR opaque token too long")
 		return
 	}
-	p, st, key := cn.s.Pool, &cn.s.st, m.key
+	p, st, key := cn.s.store(), &cn.s.st, m.key
 	// T is applied in the same write as the delta, and c and t describe
 	// that write's item (or, for a t before T, the item before it).
 	var ttl *time.Duration
@@ -489,7 +495,7 @@ func (cn *conn) metaArith(f [][]byte) {
 		d := ttlOf(m.exptime)
 		ttl = &d
 	}
-	v, before, after, fail := cn.s.addDeltaTTL(key, incr, m.delta, m.casv, &cn.old, ttl)
+	v, before, after, fail := cn.s.addDeltaTTL(cn.ctx, key, incr, m.delta, m.casv, &cn.old, ttl)
 	created := false
 	if fail == deltaNotFound && m.has['N'] {
 		// Autovivify with J (default 0) and N's TTL, or T's if T comes
@@ -498,14 +504,14 @@ func (cn *conn) metaArith(f [][]byte) {
 		if m.newTTL && flagAfter(m.order, 'T', 'N') {
 			life = ttlOf(m.exptime)
 		}
-		ver, err := p.Set(key, strconv.AppendUint(nil, m.initial, 10), cache.SetOptions{Mode: cache.IfAbsent, TTL: life})
+		ver, err := p.Set(cn.ctx, key, strconv.AppendUint(nil, m.initial, 10), cache.SetOptions{Mode: cache.IfAbsent, TTL: life})
 		if err == nil {
 			st.totalItems.Add(1)
 			v, fail, created = m.initial, "", true
 			after = cache.Info{Version: ver}
 			before = after
 		} else {
-			v, before, after, fail = cn.s.addDeltaTTL(key, incr, m.delta, m.casv, &cn.old, ttl)
+			v, before, after, fail = cn.s.addDeltaTTL(cn.ctx, key, incr, m.delta, m.casv, &cn.old, ttl)
 		}
 	}
 	switch {

@@ -1,6 +1,6 @@
-// Package memcached serves a cache.Pool over the memcached text protocol,
+// Package memcached serves a cache.Store over the memcached text protocol,
 // meta commands included (mg, ms, md, ma, mn), so any memcached client can
-// use the shared pool over TCP or a unix socket.
+// use the shared store over TCP or a unix socket.
 //
 // Classic commands: get, gets, gat, gats, bget, set, add, replace, append,
 // prepend, cas, delete, incr, decr, touch, flush_all, version, verbosity,
@@ -15,8 +15,10 @@ package memcached
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -48,13 +50,23 @@ const Version = "1.6.18-ubkit"
 // DefaultMaxConns is memcached's default connection limit (-c 1024).
 const DefaultMaxConns = 1024
 
-// Server serves a pool.
+// Server serves a store. Set its fields before Serve.
 type Server struct {
-	Pool *cache.Pool
+	// Store holds the entries served. Required.
+	Store *cache.Store
+	// Pool is the old name of Store, used when Store is nil.
+	//
+	// Deprecated: use Store.
+	Pool *cache.Store
 	// MaxConns bounds the open connections (0: DefaultMaxConns). One more
 	// is answered "ERROR Too many open connections" and closed, as
 	// memcached does, and counted in rejected_connections.
 	MaxConns int
+	// Logger receives, at Warn, failures of the store that an answer
+	// does not tell (a bucket a stopped writer held, say, answered as a
+	// miss) and errors accepting connections; at Debug, commands cut
+	// short by Close. Nil: nothing is logged.
+	Logger *slog.Logger
 
 	mu         sync.Mutex
 	ls         map[net.Listener]struct{}
@@ -66,11 +78,18 @@ type Server struct {
 
 	verbosity atomic.Uint32
 	st        counters
+
+	// ctx ends with Close, and with it every command's wait for a
+	// bucket's lock (a connection's own ends when it does too).
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
-// NewServer returns a server for p.
-func NewServer(p *cache.Pool) *Server {
-	return &Server{Pool: p, ls: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}, start: time.Now()}
+// NewServer returns a server for st.
+func NewServer(st *cache.Store) *Server {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Server{Store: st, ls: map[net.Listener]struct{}{}, conns: map[net.Conn]struct{}{}, start: time.Now(),
+		ctx: ctx, cancel: cancel}
 }
 
 // Serve accepts connections on l until Close.
@@ -102,6 +121,7 @@ func (s *Server) Serve(l net.Listener) error {
 			// leaving the listener open and unserved.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
 			s.st.acceptErrors.Add(1)
+			s.log().Warn("memcached: accept failed; retrying", "err", err, "retry_in", backoff)
 			time.Sleep(backoff)
 			continue
 		}
@@ -141,6 +161,7 @@ func (s *Server) Serve(l net.Listener) error {
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
+	s.cancel()
 	for l := range s.ls {
 		l.Close()
 	}
@@ -157,7 +178,10 @@ func (s *Server) Close() error {
 
 // conn is one client connection.
 type conn struct {
-	s       *Server
+	s *Server
+	// ctx bounds the commands' waits for a bucket's lock: it ends when
+	// the connection does, or the server closes.
+	ctx     context.Context
 	r       *bufio.Reader
 	w       *respWriter
 	nreqs   int    // commands memcached runs before it sends answers
@@ -197,8 +221,10 @@ func (s *Server) ServeConn(c net.Conn) {
 	s.st.currConns.Add(1)
 	s.st.totalConns.Add(1)
 	defer s.st.currConns.Add(-1)
+	ctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
 	cc := countingConn{Conn: c, st: &s.st}
-	cn := &conn{s: s, r: bufio.NewReaderSize(cc, readBufSize), w: &respWriter{w: cc}, nreqs: reqsPerEvent}
+	cn := &conn{s: s, ctx: ctx, r: bufio.NewReaderSize(cc, readBufSize), w: &respWriter{w: cc}, nreqs: reqsPerEvent}
 	for {
 		line, err := cn.r.ReadSlice('\n')
 		var quit bool
@@ -532,18 +558,22 @@ func eachKey(tokens [][]byte, rest []byte, fn func(k []byte) bool) {
 
 // fetch looks one key up for a get or gat and, if write, answers it.
 func (cn *conn) fetch(k []byte, withCAS, touch bool, ttl time.Duration, write bool) {
-	p, st := cn.s.Pool, &cn.s.st
+	p, st := cn.s.store(), &cn.s.st
 	if touch {
 		st.cmdTouch.Add(1)
-		if ttl >= 0 && p.Touch(k, ttl) != nil {
-			st.touchMisses.Add(1)
-			return
+		if ttl >= 0 {
+			if err := p.Touch(cn.ctx, k, ttl); err != nil {
+				cn.s.failed("touch", err)
+				st.touchMisses.Add(1)
+				return
+			}
 		}
 	} else {
 		st.cmdGet.Add(1)
 	}
-	v, in, err := p.Get(k, cn.scratch)
+	v, in, err := p.Get(cn.ctx, k, cn.scratch)
 	if err != nil {
+		cn.s.failed("get", err)
 		if touch {
 			st.touchMisses.Add(1)
 		} else {
@@ -556,7 +586,7 @@ func (cn *conn) fetch(k []byte, withCAS, touch bool, ttl time.Duration, write bo
 		st.touchHits.Add(1)
 		if ttl < 0 {
 			// memcached answers the value, then it has expired.
-			p.Touch(k, time.Nanosecond)
+			p.Touch(cn.ctx, k, time.Nanosecond)
 		}
 	} else {
 		st.getHits.Add(1)
@@ -758,4 +788,36 @@ func (cn *conn) readData(n int) (data []byte, ok, closed bool) {
 func (cn *conn) discard(n int64) bool {
 	_, err := io.CopyN(io.Discard, cn.r, n)
 	return err == nil
+}
+
+// log is Logger, or a logger that logs nothing.
+func (s *Server) log() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return discard
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// failed logs an error of the store that the protocol's answer does not
+// tell: a miss, a lost compare-and-swap or a full store is an answer,
+// not a failure.
+func (s *Server) failed(op string, err error) {
+	switch {
+	case err == nil, errors.Is(err, cache.ErrNotFound), errors.Is(err, cache.ErrExists),
+		errors.Is(err, cache.ErrFull), errors.Is(err, cache.ErrTooLarge):
+	case errors.Is(err, context.Canceled):
+		s.log().Debug("memcached: command cut short by Close", "op", op, "err", err)
+	default:
+		s.log().Warn("memcached: store failed", "op", op, "err", err)
+	}
+}
+
+// store is the store served: Store, or the deprecated Pool.
+func (s *Server) store() *cache.Store {
+	if s.Store != nil {
+		return s.Store
+	}
+	return s.Pool
 }

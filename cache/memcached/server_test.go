@@ -23,17 +23,17 @@ import (
 var seq atomic.Int64
 
 // serve starts a server on a fresh pool and returns its address.
-func serve(t testing.TB) (string, *cache.Pool) {
+func serve(t testing.TB) (string, *cache.Store) {
 	t.Helper()
 	return serveWith(t, 16<<20, nil, nil)
 }
 
 // serveWith starts a server on a fresh pool of maxBytes, configured by
 // cfg and listening through wrap (either may be nil).
-func serveWith(t testing.TB, maxBytes int64, cfg func(*Server), wrap func(net.Listener) net.Listener) (string, *cache.Pool) {
+func serveWith(t testing.TB, maxBytes int64, cfg func(*Server), wrap func(net.Listener) net.Listener) (string, *cache.Store) {
 	t.Helper()
 	name := fmt.Sprintf("mc-test-%d-%d", os.Getpid(), seq.Add(1))
-	p, err := cache.Open(name, cache.Options{MaxBytes: maxBytes})
+	p, err := cache.Open(name, cache.Config{MaxBytes: maxBytes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,7 +556,7 @@ func FuzzServer(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	name := fmt.Sprintf("mc-fuzz-%d", os.Getpid())
-	p, err := cache.Open(name, cache.Options{MaxBytes: 4 << 20})
+	p, err := cache.Open(name, cache.Config{MaxBytes: 4 << 20})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -584,7 +584,7 @@ func FuzzServer(f *testing.F) {
 // TestUnixSocket: the server speaks the protocol on a unix socket too.
 func TestUnixSocket(t *testing.T) {
 	name := fmt.Sprintf("mc-unix-%d", os.Getpid())
-	p, err := cache.Open(name, cache.Options{MaxBytes: 4 << 20})
+	p, err := cache.Open(name, cache.Config{MaxBytes: 4 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func (cn *conn) statUint(name string, v uint64) { cn.stat(name, strconv.FormatUi
 // server has; docs/cache.md lists the ones left out.
 func (cn *conn) generalStats() {
 	s, st := cn.s, &cn.s.st
-	ps := s.Pool.Stats()
+	ps := s.store().Stats()
 	now := time.Now()
 	s.mu.Lock()
 	accepting := !s.closed
@@ -123,13 +123,13 @@ func (cn *conn) generalStats() {
 // settingsStats writes the settings of memcached's that this server has,
 // with its values.
 func (cn *conn) settingsStats() {
-	cn.statUint("maxbytes", cn.s.Pool.Stats().MaxBytes)
+	cn.statUint("maxbytes", cn.s.store().Stats().MaxBytes)
 	cn.statUint("verbosity", uint64(cn.s.verbosity.Load()))
 	cn.stat("evictions", "on")
 	cn.statUint("num_threads", uint64(runtime.GOMAXPROCS(0)))
 	cn.stat("cas_enabled", "yes")
 	cn.stat("binding_protocol", "ascii")
-	cn.statUint("item_size_max", uint64(min(itemSizeMax, cn.s.Pool.MaxValue())))
+	cn.statUint("item_size_max", uint64(min(itemSizeMax, cn.s.store().MaxValue())))
 	cn.stat("flush_enabled", "yes")
 	cn.w.WriteString("END\r\n")
 }

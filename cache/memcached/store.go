@@ -1,6 +1,7 @@
 package memcached
 
 import (
+	"context"
 	"errors"
 	"math"
 	"time"
@@ -35,7 +36,7 @@ func itemSize(nkey int, flags uint32, n int) int {
 // tooLarge says whether memcached would refuse the item, or the pool
 // cannot hold it.
 func (s *Server) tooLarge(nkey int, flags uint32, n int) bool {
-	return itemSize(nkey, flags, n) > itemSizeMax || nkey+n > s.Pool.MaxValue()
+	return itemSize(nkey, flags, n) > itemSizeMax || nkey+n > s.store().MaxValue()
 }
 
 // ttlOf turns a parsed exptime into a TTL for the pool. An item stored
@@ -97,7 +98,8 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 		cn.out(errTooLarge)
 		if cmd == "set" {
 			// memcached drops the old value rather than leave it stale.
-			cn.s.Pool.Delete(key)
+			_, err := cn.s.store().Delete(cn.ctx, key)
+			cn.s.failed("set", err)
 		}
 		return !cn.discard(int64(n) + 2)
 	}
@@ -112,7 +114,7 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 		cn.out("CLIENT_ERROR bad data chunk")
 		return false
 	}
-	res, _ := cn.s.storeItem(cmd, key, data, flags, ttlOf(exptime), casv, &cn.old)
+	res, _ := cn.s.storeItem(cn.ctx, cmd, key, data, flags, ttlOf(exptime), casv, &cn.old)
 	cn.out(res)
 	return false
 }
@@ -120,8 +122,8 @@ func (cn *conn) store(cmd string, tokens [][]byte) bool {
 // storeItem stores as memcached's do_store_item and returns its answer
 // and, when stored, the entry's version. buf is scratch space for append
 // and prepend.
-func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.Duration, casv uint64, buf *[]byte) (string, uint64) {
-	p, st := s.Pool, &s.st
+func (s *Server) storeItem(ctx context.Context, cmd string, key, data []byte, flags uint32, ttl time.Duration, casv uint64, buf *[]byte) (string, uint64) {
+	p, st := s.store(), &s.st
 	o := cache.SetOptions{TTL: ttl, Flags: flags}
 	switch cmd {
 	case "add":
@@ -129,11 +131,11 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 	case "replace":
 		o.Mode = cache.IfPresent
 	case "append", "prepend":
-		return s.appendItem(key, data, cmd == "prepend", casv, buf)
+		return s.appendItem(ctx, key, data, cmd == "prepend", casv, buf)
 	case "cas":
 		if casv == 0 {
 			// memcached has no item of CAS 0 to match.
-			if _, found := p.Version(key); found {
+			if _, found := p.Version(ctx, key); found {
 				st.casBadval.Add(1)
 				return "EXISTS", 0
 			}
@@ -142,7 +144,7 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 		}
 		o.Mode, o.Version = cache.IfVersion, casv
 	}
-	ver, err := p.Set(key, data, o)
+	ver, err := p.Set(ctx, key, data, o)
 	switch {
 	case err == nil:
 		st.totalItems.Add(1)
@@ -166,9 +168,11 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 		st.storeTooLarge.Add(1)
 		return errTooLarge, 0
 	}
+	s.failed(cmd, err)
 	st.storeNoMemory.Add(1)
 	if cmd == "set" {
-		p.Delete(key)
+		_, err := p.Delete(ctx, key)
+		s.failed(cmd, err)
 	}
 	return errOutOfMemory, 0
 }
@@ -177,11 +181,12 @@ func (s *Server) storeItem(cmd string, key, data []byte, flags uint32, ttl time.
 // stay, and a result past the item size limit is NOT_STORED with the old
 // value left as it was (memcached's allocation of the joined item fails).
 // casv, from meta set, must match the old value's version unless 0.
-func (s *Server) appendItem(key, data []byte, prepend bool, casv uint64, buf *[]byte) (string, uint64) {
-	p := s.Pool
+func (s *Server) appendItem(ctx context.Context, key, data []byte, prepend bool, casv uint64, buf *[]byte) (string, uint64) {
+	p := s.store()
 	for {
-		old, in, err := p.Get(key, (*buf)[:0])
+		old, in, err := p.Get(ctx, key, (*buf)[:0])
 		if err != nil {
+			s.failed("append", err)
 			return "NOT_STORED", 0
 		}
 		*buf = old
@@ -198,7 +203,7 @@ func (s *Server) appendItem(key, data []byte, prepend bool, casv uint64, buf *[]
 			v = append(old, data...)
 		}
 		*buf = v
-		ver, err := p.Set(key, v, keep(in))
+		ver, err := p.Set(ctx, key, v, keep(in))
 		switch {
 		case err == nil:
 			s.st.totalItems.Add(1)
@@ -206,6 +211,7 @@ func (s *Server) appendItem(key, data []byte, prepend bool, casv uint64, buf *[]
 		case errors.Is(err, cache.ErrExists), errors.Is(err, cache.ErrNotFound):
 			continue // changed meanwhile: again
 		}
+		s.failed("append", err)
 		return "NOT_STORED", 0
 	}
 }
@@ -225,19 +231,20 @@ const (
 // value is padded with spaces to its length. It returns the new value,
 // or the failure's answer.
 // casv, from meta arithmetic, must match the value's version unless 0.
-func (s *Server) addDelta(key []byte, incr bool, delta, casv uint64, buf *[]byte) (uint64, string) {
-	v, _, _, fail := s.addDeltaTTL(key, incr, delta, casv, buf, nil)
+func (s *Server) addDelta(ctx context.Context, key []byte, incr bool, delta, casv uint64, buf *[]byte) (uint64, string) {
+	v, _, _, fail := s.addDeltaTTL(ctx, key, incr, delta, casv, buf, nil)
 	return v, fail
 }
 
 // addDeltaTTL is addDelta that can also set the entry's time to live in
 // the same write (ttl non-nil), and returns the entry as it was before
 // and as it is after, so that ma's c and t flags describe its own item.
-func (s *Server) addDeltaTTL(key []byte, incr bool, delta, casv uint64, buf *[]byte, ttl *time.Duration) (uint64, cache.Info, cache.Info, string) {
-	p := s.Pool
+func (s *Server) addDeltaTTL(ctx context.Context, key []byte, incr bool, delta, casv uint64, buf *[]byte, ttl *time.Duration) (uint64, cache.Info, cache.Info, string) {
+	p := s.store()
 	for {
-		old, in, err := p.Get(key, (*buf)[:0])
+		old, in, err := p.Get(ctx, key, (*buf)[:0])
 		if err != nil {
+			s.failed("incr", err)
 			return 0, in, in, deltaNotFound
 		}
 		*buf = old
@@ -267,7 +274,7 @@ func (s *Server) addDeltaTTL(key []byte, incr bool, delta, casv uint64, buf *[]b
 		if ttl != nil {
 			o.TTL = *ttl
 		}
-		ver, err := p.Set(key, nv, o)
+		ver, err := p.Set(ctx, key, nv, o)
 		switch {
 		case err == nil:
 			after := cache.Info{Version: ver, Flags: in.Flags}
@@ -278,6 +285,7 @@ func (s *Server) addDeltaTTL(key []byte, incr bool, delta, casv uint64, buf *[]b
 		case errors.Is(err, cache.ErrExists), errors.Is(err, cache.ErrNotFound):
 			continue
 		}
+		s.failed("incr", err)
 		return 0, in, in, deltaNoMemory
 	}
 }
@@ -294,7 +302,7 @@ func (cn *conn) arith(tokens [][]byte, incr bool) {
 		cn.out("CLIENT_ERROR invalid numeric delta argument")
 		return
 	}
-	v, fail := cn.s.addDelta(key, incr, delta, 0, &cn.old)
+	v, fail := cn.s.addDelta(cn.ctx, key, incr, delta, 0, &cn.old)
 	st := &cn.s.st
 	switch {
 	case fail == deltaNotFound && incr:
@@ -332,7 +340,9 @@ func (cn *conn) delete(tokens [][]byte) {
 		cn.out(errBadFormat)
 		return
 	}
-	if found, _ := cn.s.Pool.Delete(key); found {
+	found, err := cn.s.store().Delete(cn.ctx, key)
+	cn.s.failed("delete", err)
+	if found {
 		cn.s.st.deleteHits.Add(1)
 		cn.out("DELETED")
 	} else {
@@ -355,7 +365,7 @@ func (cn *conn) touch(tokens [][]byte) {
 	}
 	st := &cn.s.st
 	st.cmdTouch.Add(1)
-	if cn.s.Pool.Touch(key, ttlOf(exptime)) != nil {
+	if cn.s.store().Touch(cn.ctx, key, ttlOf(exptime)) != nil {
 		st.touchMisses.Add(1)
 		cn.out("NOT_FOUND")
 		return
@@ -392,11 +402,11 @@ func (cn *conn) flush(tokens [][]byte) {
 		d = cache.ExpTime(int64(delay))
 	}
 	if d > 0 {
-		s.flushTimer = time.AfterFunc(d, func() { s.Pool.Flush() })
+		s.flushTimer = time.AfterFunc(d, func() { s.failed("flush_all", s.store().Flush(s.ctx)) })
 	}
 	s.mu.Unlock()
 	if d <= 0 {
-		s.Pool.Flush()
+		s.failed("flush_all", s.store().Flush(cn.ctx))
 	}
 	cn.out("OK")
 }

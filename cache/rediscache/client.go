@@ -1,11 +1,11 @@
 // Package rediscache is a drop-in for github.com/redis/go-redis/v9: one
 // constructor change gives a *redis.Client (embedded, so every go-redis
 // method is there) whose reads of common read commands are served from a
-// near cache in a shared cache.Pool, one near cache for every process on
+// near cache in a shared cache.Store, one near cache for every process on
 // the host. Writes, and everything else, go to Redis as usual.
 //
-//	pool, _ := cache.Open("redis-near", cache.Options{})
-//	rdb := rediscache.NewClient(&redis.Options{Addr: "10.0.0.5:6379"}, rediscache.Config{Pool: pool})
+//	store, _ := cache.Open("redis-near", cache.Config{})
+//	rdb := rediscache.NewClient(&redis.Options{Addr: "10.0.0.5:6379"}, rediscache.Config{Store: store})
 //	defer rdb.Close()
 //	v, err := rdb.Get(ctx, "user:42").Result() // from shared memory once cached
 //
@@ -92,6 +92,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -108,9 +109,13 @@ import (
 
 // Config configures the near cache.
 type Config struct {
-	// Pool holds the near cache; every process that opens the same pool
-	// shares it. Required.
-	Pool *cache.Pool
+	// Store holds the near cache; every process that opens the same
+	// store shares it. Required.
+	Store *cache.Store
+	// Pool is the old name of Store, used when Store is nil.
+	//
+	// Deprecated: use Store.
+	Pool *cache.Store
 	// Prefixes limits caching, and the invalidations this process
 	// receives, to keys starting with one of them. Empty: every key.
 	Prefixes []string
@@ -125,6 +130,10 @@ type Config struct {
 	// that it had heard every write completed by then (a PING every
 	// MaxStaleness/5). Otherwise reads go to Redis. Default 500ms.
 	MaxStaleness time.Duration
+	// Logger receives, at Warn, what makes the near cache serve less
+	// (a flush of it that failed, a server that refused COMMAND). Nil:
+	// nothing is logged.
+	Logger *slog.Logger
 }
 
 // Client is a go-redis client with a shared near cache.
@@ -141,7 +150,7 @@ type Client struct {
 }
 
 // NewClient returns a go-redis client for opt whose cacheable reads go
-// through the near cache in cfg.Pool.
+// through the near cache in cfg.Store.
 func NewClient(opt *redis.Options, cfg Config) *Client {
 	rdb := redis.NewClient(opt)
 	addr := opt.Addr
@@ -262,7 +271,8 @@ func (c *Client) WaitTracking(ctx context.Context) error { return c.nc.waitTrack
 // database as one user sees it, or a ClusterClient's cluster. Its keys'
 // generations are shared by all its nodes.
 type nearCache struct {
-	pool      *cache.Pool
+	pool      *cache.Store
+	log       *slog.Logger
 	ns        string // the prefix of every pool key of the keyspace
 	genPrefix []byte // the prefix of the keys' generations
 	prefixes  []string
@@ -289,13 +299,20 @@ type nearCache struct {
 }
 
 func newNearCache(cfg Config, ns string, cluster bool) *nearCache {
-	if cfg.Pool == nil {
-		panic("rediscache: Config.Pool is required")
+	if cfg.Store == nil {
+		cfg.Store = cfg.Pool
+	}
+	if cfg.Store == nil {
+		panic("rediscache: Config.Store is required")
 	}
 	if cfg.MaxStaleness <= 0 {
 		cfg.MaxStaleness = defaultMaxStaleness
 	}
-	return &nearCache{pool: cfg.Pool, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness,
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &nearCache{pool: cfg.Store, log: log, prefixes: cfg.Prefixes, ttl: cfg.TTL, maxStale: cfg.MaxStaleness,
 		ns: ns, genPrefix: []byte(ns + "g\x00"), cluster: cluster}
 }
 
@@ -435,18 +452,26 @@ func (n *nearCache) forget(redisKey string) {
 	}
 }
 
-// forgetIn moves a key's generation under genPrefix; false: the pool
+// forgetIn moves a key's generation under genPrefix; false: the store
 // could not, and the caller must flush.
+//
+// Invalidations run on a context of their own (invalidating), not the
+// caller's: one abandoned because a caller gave up would leave a stale
+// entry servable. They wait for a stopped writer's bucket at most the
+// store's limit, then fail, and the caller flushes.
 func (n *nearCache) forgetIn(genPrefix []byte, redisKey string) bool {
 	var kb [256]byte
 	gk := append(append(kb[:0], genPrefix...), redisKey...)
-	_, err := n.pool.Set(gk, nil, cache.SetOptions{Mode: cache.IfPresent})
+	_, err := n.pool.Set(invalidating, gk, nil, cache.SetOptions{Mode: cache.IfPresent})
 	if err == nil || errors.Is(err, cache.ErrNotFound) || errors.Is(err, cache.ErrTooLarge) {
 		return true // a key too long for the pool is never cached
 	}
-	_, err = n.pool.Delete(gk)
+	_, err = n.pool.Delete(invalidating, gk)
 	return err == nil
 }
+
+// invalidating is the context of invalidations (see forgetIn).
+var invalidating = context.Background()
 
 // flushAll drops the entries of every node of the keyspace.
 func (n *nearCache) flushAll() error {
@@ -464,12 +489,17 @@ func (n *nearCache) flushAll() error {
 func (nd *node) flush() error { return nd.flushIn(nd.nsKeyB) }
 
 func (nd *node) flushIn(nsKey []byte) error {
-	_, err := nd.nc.pool.Set(nsKey, nil, cache.SetOptions{})
+	_, err := nd.nc.pool.Set(invalidating, nsKey, nil, cache.SetOptions{})
 	if bytes.Equal(nsKey, nd.nsKeyB) {
 		// A failed flush of this node's namespace may leave entries of the
 		// old generation servable: serve nothing until one goes through.
 		// (Another database's namespace is its clients' own.)
 		nd.poisoned.Store(err != nil)
+		if err != nil {
+			nd.nc.log.Warn("rediscache: near cache flush failed: nothing is served from it until one succeeds", "addr", nd.addr, "err", err)
+		}
+	} else if err != nil {
+		nd.nc.log.Warn("rediscache: flush of another database's near cache failed: its clients may read stale entries", "addr", nd.addr, "err", err)
 	}
 	return err
 }
@@ -629,12 +659,12 @@ func argAt(cmd redis.Cmder, i int) any {
 // back, or a write whose keys could not be told) must void every entry at
 // once, so the generation is the pool's; it is remembered with the stamp
 // of its bucket, and read again only when that stamp moves.
-func (nd *node) nsCurrent(g uint64) bool {
+func (nd *node) nsCurrent(ctx context.Context, g uint64) bool {
 	s := nd.nsStamp.Load()
 	if k := nd.nsKnown.Load(); k != nil && k.stamp == s {
 		return g == k.version
 	}
-	cur, ok := nd.nc.pool.Version(nd.nsKeyB)
+	cur, ok := nd.nc.pool.Version(ctx, nd.nsKeyB)
 	if s&1 == 0 && nd.nsStamp.Load() == s {
 		if !ok {
 			cur = 0 // no generation: nothing is current
@@ -649,12 +679,12 @@ func (nd *node) nsCurrent(g uint64) bool {
 type nsState struct{ stamp, version uint64 }
 
 // generation reads key's generation, creating it if needed.
-func (n *nearCache) generation(key []byte) (uint64, bool) {
+func (n *nearCache) generation(ctx context.Context, key []byte) (uint64, bool) {
 	for range 4 {
-		if _, in, err := n.pool.Get(key, nil); err == nil {
+		if _, in, err := n.pool.Get(ctx, key, nil); err == nil {
 			return in.Version, true
 		}
-		if v, err := n.pool.Set(key, nil, cache.SetOptions{Mode: cache.IfAbsent}); err == nil {
+		if v, err := n.pool.Set(ctx, key, nil, cache.SetOptions{Mode: cache.IfAbsent}); err == nil {
 			return v, true
 		}
 	}
@@ -738,16 +768,16 @@ type snapshot struct {
 	gens  []uint64 // namespace, then each key
 }
 
-func (nd *node) snap(keys []string) (snapshot, bool) {
+func (nd *node) snap(ctx context.Context, keys []string) (snapshot, bool) {
 	n := nd.nc
 	s := snapshot{epoch: nd.t.epoch.Load(), gens: make([]uint64, 0, 1+len(keys))}
-	g, ok := n.generation(nd.nsKeyB)
+	g, ok := n.generation(ctx, nd.nsKeyB)
 	if !ok {
 		return s, false
 	}
 	s.gens = append(s.gens, g)
 	for _, k := range keys {
-		g, ok := n.generation(n.genKey(k))
+		g, ok := n.generation(ctx, n.genKey(k))
 		if !ok {
 			return s, false
 		}
@@ -760,10 +790,10 @@ func (nd *node) snap(keys []string) (snapshot, bool) {
 // generations are all current. Entry layout: generation count u32,
 // generations u64..., payload. The entry is read in place (no copy);
 // decode copies out what the command keeps.
-func (n *nearCache) lookup(o *node, ck []byte, keys []string, cmd redis.Cmder) bool {
+func (n *nearCache) lookup(ctx context.Context, o *node, ck []byte, keys []string, cmd redis.Cmder) bool {
 	served := false
 	var kb [256]byte
-	found, err := n.pool.View(ck, func(v []byte, _ cache.Info) {
+	found, err := n.pool.View(ctx, ck, func(v []byte, _ cache.Info) {
 		served = false
 		if len(v) < 4 {
 			return
@@ -772,11 +802,11 @@ func (n *nearCache) lookup(o *node, ck []byte, keys []string, cmd redis.Cmder) b
 		if cnt != 1+len(keys) || len(v) < 4+8*cnt {
 			return
 		}
-		if !o.nsCurrent(binary.LittleEndian.Uint64(v[4:])) {
+		if !o.nsCurrent(ctx, binary.LittleEndian.Uint64(v[4:])) {
 			return
 		}
 		for i := 1; i < cnt; i++ {
-			cur, ok := n.pool.Version(n.genKeyIn(kb[:], keys[i-1]))
+			cur, ok := n.pool.Version(ctx, n.genKeyIn(kb[:], keys[i-1]))
 			if !ok || cur != binary.LittleEndian.Uint64(v[4+8*i:]) {
 				return
 			}
@@ -793,11 +823,11 @@ func (n *nearCache) lookup(o *node, ck []byte, keys []string, cmd redis.Cmder) b
 // still the one noted before asking Redis (compare-and-swap), so a fill
 // that raced a write is refused rather than voided later.
 
-func (n *nearCache) getLookup(o *node, cmd redis.Cmder, key string) bool {
+func (n *nearCache) getLookup(ctx context.Context, o *node, cmd redis.Cmder, key string) bool {
 	var kb [256]byte
 	served := false
-	found, err := n.pool.View(n.genKeyIn(kb[:], key), func(v []byte, _ cache.Info) {
-		served = len(v) > 8 && o.nsCurrent(binary.LittleEndian.Uint64(v)) && decode(cmd, v[8:])
+	found, err := n.pool.View(ctx, n.genKeyIn(kb[:], key), func(v []byte, _ cache.Info) {
+		served = len(v) > 8 && o.nsCurrent(ctx, binary.LittleEndian.Uint64(v)) && decode(cmd, v[8:])
 	})
 	return found && err == nil && served
 }
@@ -805,7 +835,7 @@ func (n *nearCache) getLookup(o *node, cmd redis.Cmder, key string) bool {
 // lookupAny serves cmd from the near cache if it is a cached read with a
 // servable entry. The ClusterClient's own hook calls it before go-redis
 // routes the command, and counts only the hits.
-func (n *nearCache) lookupAny(cmd redis.Cmder) bool {
+func (n *nearCache) lookupAny(ctx context.Context, cmd redis.Cmder) bool {
 	if args := cmd.Args(); len(args) == 2 {
 		if name, _ := args[0].(string); name == "get" || name == "GET" {
 			key, ok := args[1].(string)
@@ -813,7 +843,7 @@ func (n *nearCache) lookupAny(cmd redis.Cmder) bool {
 				return false
 			}
 			o := n.owner1(key)
-			return n.servable(o, false) && n.getLookup(o, cmd, key)
+			return n.servable(o, false) && n.getLookup(ctx, o, cmd, key)
 		}
 	}
 	name, keys, ok := cacheable(cmd)
@@ -825,10 +855,10 @@ func (n *nearCache) lookupAny(cmd redis.Cmder) bool {
 		return false
 	}
 	if name == "get" {
-		return n.getLookup(o, cmd, keys[0])
+		return n.getLookup(ctx, o, cmd, keys[0])
 	}
 	ck, ok := entryKey(n.ns, cmd)
-	return ok && n.lookup(o, ck, keys, cmd)
+	return ok && n.lookup(ctx, o, ck, keys, cmd)
 }
 
 // getSnap notes what a GET fill must find unchanged.
@@ -837,12 +867,12 @@ type getSnap struct {
 	ok             bool
 }
 
-func (nd *node) getSnapshot(key string) getSnap {
+func (nd *node) getSnapshot(ctx context.Context, key string) getSnap {
 	n := nd.nc
 	s := getSnap{epoch: nd.t.epoch.Load()}
 	var okNs, okGen bool
-	s.ns, okNs = n.generation(nd.nsKeyB)
-	s.gen, okGen = n.generation(n.genKey(key))
+	s.ns, okNs = n.generation(ctx, nd.nsKeyB)
+	s.gen, okGen = n.generation(ctx, n.genKey(key))
 	s.ok = okNs && okGen
 	return s
 }
@@ -854,7 +884,7 @@ func (nd *node) fillable(epoch uint64, rerr error, ttl time.Duration, owner *nod
 	return (rerr == nil || rerr == redis.Nil) && nd.t.up.Load() && nd.t.epoch.Load() == epoch && ttl >= 0 && owner == nd
 }
 
-func (nd *node) getFill(cmd redis.Cmder, key string, s getSnap, rerr error, ttl time.Duration) {
+func (nd *node) getFill(ctx context.Context, cmd redis.Cmder, key string, s getSnap, rerr error, ttl time.Duration) {
 	n := nd.nc
 	if !s.ok || !nd.fillable(s.epoch, rerr, ttl, n.owner1(key)) {
 		return
@@ -864,12 +894,12 @@ func (nd *node) getFill(cmd redis.Cmder, key string, s getSnap, rerr error, ttl 
 		return
 	}
 	v := append(binary.LittleEndian.AppendUint64(make([]byte, 0, 8+len(payload)), s.ns), payload...)
-	if _, err := n.pool.Set(n.genKey(key), v, cache.SetOptions{Mode: cache.IfVersion, Version: s.gen, TTL: ttl}); err == nil {
+	if _, err := n.pool.Set(ctx, n.genKey(key), v, cache.SetOptions{Mode: cache.IfVersion, Version: s.gen, TTL: ttl}); err == nil {
 		n.fills.Add(1)
 	}
 }
 
-func (nd *node) fill(ck []byte, keys []string, s snapshot, cmd redis.Cmder, rerr error, ttl time.Duration) {
+func (nd *node) fill(ctx context.Context, ck []byte, keys []string, s snapshot, cmd redis.Cmder, rerr error, ttl time.Duration) {
 	n := nd.nc
 	// Tracking lost (and maybe regained) since the snapshot: invalidations
 	// may have been missed.
@@ -885,7 +915,7 @@ func (nd *node) fill(ck []byte, keys []string, s snapshot, cmd redis.Cmder, rerr
 		v = binary.LittleEndian.AppendUint64(v, g)
 	}
 	v = append(v, payload...)
-	if _, err := n.pool.Set(ck, v, cache.SetOptions{TTL: ttl}); err == nil {
+	if _, err := n.pool.Set(ctx, ck, v, cache.SetOptions{TTL: ttl}); err == nil {
 		n.fills.Add(1)
 	}
 }
@@ -959,14 +989,14 @@ func (nd *node) fetch(ctx context.Context, cmd redis.Cmder, keys []string) (time
 
 func (nd *node) get(ctx context.Context, cmd redis.Cmder, key string) error {
 	n := nd.nc
-	if o := n.owner1(key); n.servable(o, true) && n.getLookup(o, cmd, key) {
+	if o := n.owner1(key); n.servable(o, true) && n.getLookup(ctx, o, cmd, key) {
 		n.hits.add()
 		return cmd.Err()
 	}
 	n.misses.add()
-	s := nd.getSnapshot(key)
+	s := nd.getSnapshot(ctx, key)
 	ttl, err := nd.fetch(ctx, cmd, []string{key})
-	nd.getFill(cmd, key, s, err, ttl)
+	nd.getFill(ctx, cmd, key, s, err, ttl)
 	return err
 }
 
@@ -1050,15 +1080,15 @@ func (nd *node) process(ctx context.Context, cmd redis.Cmder, next redis.Process
 	if name == "get" {
 		return nd.get(ctx, cmd, keys[0])
 	}
-	if o := n.owner(keys); n.servable(o, true) && n.lookup(o, ck, keys, cmd) {
+	if o := n.owner(keys); n.servable(o, true) && n.lookup(ctx, o, ck, keys, cmd) {
 		n.hits.add()
 		return cmd.Err()
 	}
 	n.misses.add()
-	s, ok := nd.snap(keys)
+	s, ok := nd.snap(ctx, keys)
 	ttl, err := nd.fetch(ctx, cmd, keys)
 	if ok {
-		nd.fill(ck, keys, s, cmd, err, ttl)
+		nd.fill(ctx, ck, keys, s, cmd, err, ttl)
 	}
 	return err
 }
@@ -1133,19 +1163,19 @@ func (nd *node) pipeline(ctx context.Context, cmds []redis.Cmder, next redis.Pro
 		o := n.owner(m.keys)
 		serve := n.servable(o, true)
 		if m.isGet {
-			if serve && n.getLookup(o, cmd, m.keys[0]) {
+			if serve && n.getLookup(ctx, o, cmd, m.keys[0]) {
 				n.hits.add()
 				continue
 			}
 			n.misses.add()
-			m.gs = nd.getSnapshot(m.keys[0])
+			m.gs = nd.getSnapshot(ctx, m.keys[0])
 		} else {
-			if serve && n.lookup(o, m.ck, m.keys, cmd) {
+			if serve && n.lookup(ctx, o, m.ck, m.keys, cmd) {
 				n.hits.add()
 				continue
 			}
 			n.misses.add()
-			m.s, m.snaps = nd.snap(m.keys)
+			m.s, m.snaps = nd.snap(ctx, m.keys)
 		}
 		m.exp = newExpiry(ctx, m.keys)
 		sent = m.exp.queue(sent)
@@ -1165,9 +1195,9 @@ func (nd *node) pipeline(ctx context.Context, cmds []redis.Cmder, next redis.Pro
 	for _, m := range misses {
 		e, ttl := m.cmd.Err(), m.exp.ttl(n.ttl)
 		if m.isGet {
-			nd.getFill(m.cmd, m.keys[0], m.gs, e, ttl)
+			nd.getFill(ctx, m.cmd, m.keys[0], m.gs, e, ttl)
 		} else if m.snaps {
-			nd.fill(m.ck, m.keys, m.s, m.cmd, e, ttl)
+			nd.fill(ctx, m.ck, m.keys, m.s, m.cmd, e, ttl)
 		}
 	}
 	var re redis.Error

@@ -40,12 +40,12 @@ func TestMain(m *testing.M) {
 
 var (
 	poolSeq   atomic.Int64
-	poolNames sync.Map // *cache.Pool → its name, for child processes
+	poolNames sync.Map // *cache.Store → its name, for child processes
 )
 
-func newPool(t testing.TB) *cache.Pool {
+func newPool(t testing.TB) *cache.Store {
 	name := fmt.Sprintf("rc-test-%d-%d", os.Getpid(), poolSeq.Add(1))
-	p, err := cache.Open(name, cache.Options{MaxBytes: 32 << 20})
+	p, err := cache.Open(name, cache.Config{MaxBytes: 32 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func newPool(t testing.TB) *cache.Pool {
 	return p
 }
 
-func poolName(t testing.TB, p *cache.Pool) string {
+func poolName(t testing.TB, p *cache.Store) string {
 	name, ok := poolNames.Load(p)
 	if !ok {
 		t.Fatal("a pool not made by newPool")
@@ -66,10 +66,10 @@ func poolName(t testing.TB, p *cache.Pool) string {
 }
 
 // openPool attaches a child process to its parent's pool.
-func openPool(name string) (*cache.Pool, error) { return cache.Open(name, cache.Options{}) }
+func openPool(name string) (*cache.Store, error) { return cache.Open(name, cache.Config{}) }
 
-func newClient(t testing.TB, p *cache.Pool, cfg Config) *Client {
-	cfg.Pool = p
+func newClient(t testing.TB, p *cache.Store, cfg Config) *Client {
+	cfg.Store = p
 	c := NewClient(&redis.Options{Addr: redisAddr}, cfg)
 	t.Cleanup(func() { c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

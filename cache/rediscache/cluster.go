@@ -25,7 +25,7 @@ type ClusterClient struct {
 }
 
 // NewClusterClient returns a go-redis cluster client for opt whose
-// cacheable reads go through the near cache in cfg.Pool.
+// cacheable reads go through the near cache in cfg.Store.
 func NewClusterClient(opt *redis.ClusterOptions, cfg Config) *ClusterClient {
 	rdb := redis.NewClusterClient(opt)
 	nc := newNearCache(cfg, clusterNamespace(opt.Username), true)
@@ -102,8 +102,8 @@ func NewUniversalClient(opt *redis.UniversalOptions, cfg Config) (UniversalClien
 	switch {
 	case opt == nil:
 		return nil, errors.New("rediscache: NewUniversalClient needs options")
-	case cfg.Pool == nil:
-		return nil, errors.New("rediscache: Config.Pool is required: open one with cache.Open")
+	case cfg.Store == nil && cfg.Pool == nil:
+		return nil, errors.New("rediscache: Config.Store is required: open one with cache.Open")
 	case opt.MasterName != "":
 		return nil, fmt.Errorf("rediscache: Redis Sentinel (MasterName %q) is not supported: use NewClient on the master's address, or plain go-redis", opt.MasterName)
 	case len(opt.Addrs) > 1 || opt.IsClusterMode:
@@ -126,7 +126,7 @@ func (h clusterHook) DialHook(next redis.DialHook) redis.DialHook { return next 
 
 func (h clusterHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if ctx.Err() == nil && h.nc.lookupAny(cmd) {
+		if ctx.Err() == nil && h.nc.lookupAny(ctx, cmd) {
 			h.nc.hits.add()
 			return cmd.Err()
 		}
@@ -145,7 +145,7 @@ func (h clusterHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		}
 		var missed []redis.Cmder
 		for _, c := range cmds {
-			if h.nc.lookupAny(c) {
+			if h.nc.lookupAny(ctx, c) {
 				h.nc.hits.add()
 			} else {
 				missed = append(missed, c)

@@ -212,7 +212,7 @@ func FuzzClusterNodes(f *testing.F) {
 func TestClusterBasic(t *testing.T) {
 	ctx := context.Background()
 	addrs := redisCluster(t).Addrs
-	rdb := newClusterClient(t, addrs, Config{Pool: newPool(t), MaxStaleness: 10 * time.Second})
+	rdb := newClusterClient(t, addrs, Config{Store: newPool(t), MaxStaleness: 10 * time.Second})
 	direct := plainCluster(t, addrs)
 	same := func(what string, got, want redis.Cmder) {
 		t.Helper()
@@ -338,7 +338,7 @@ func TestClusterDifferential(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make([]error, workers)
 		for w := range workers {
-			rdb := newClusterClient(t, addrs, Config{Pool: p})
+			rdb := newClusterClient(t, addrs, Config{Store: p})
 			wg.Go(func() {
 				errs[w] = runClusterModel(ctx, rdb, fmt.Sprintf("w%d", w), seed+uint64(w)*1000003, ops)
 			})
@@ -374,7 +374,7 @@ func clusterChildMain() {
 		os.Exit(2)
 	}
 	defer p.Close()
-	rdb := NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(os.Getenv("RC_CLUSTER"), ",")}, Config{Pool: p})
+	rdb := NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(os.Getenv("RC_CLUSTER"), ",")}, Config{Store: p})
 	defer rdb.Close()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -464,7 +464,7 @@ func TestClusterTrackingLost(t *testing.T) {
 	addrs := redisCluster(t).Addrs
 	// A long MaxStaleness: a hit below must not depend on how soon the
 	// loaded machine runs the tracker's next PING.
-	rdb := newClusterClient(t, addrs, Config{Pool: newPool(t), MaxStaleness: 10 * time.Second})
+	rdb := newClusterClient(t, addrs, Config{Store: newPool(t), MaxStaleness: 10 * time.Second})
 	direct := plainCluster(t, addrs)
 	byMaster := keysByMaster(t, direct, "lost:", 1)
 	for _, keys := range byMaster {
@@ -551,7 +551,7 @@ func killTracking(t *testing.T, c *redis.Client) int {
 func TestClusterWatchNoLostUpdates(t *testing.T) {
 	ctx := context.Background()
 	addrs := redisCluster(t).Addrs
-	rdb := newClusterClient(t, addrs, Config{Pool: newPool(t)})
+	rdb := newClusterClient(t, addrs, Config{Store: newPool(t)})
 	direct := plainCluster(t, addrs)
 	const key, n = "cwatch:counter", 300
 	direct.Set(ctx, key, 0, 0)
@@ -609,12 +609,12 @@ func TestNewUniversalClient(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{&redis.UniversalOptions{Addrs: addrs}, Config{Pool: p}, "*rediscache.ClusterClient"},
-		{&redis.UniversalOptions{Addrs: addrs[:1], IsClusterMode: true}, Config{Pool: p}, "*rediscache.ClusterClient"},
-		{&redis.UniversalOptions{Addrs: []string{redisAddr}}, Config{Pool: p}, "*rediscache.Client"},
-		{&redis.UniversalOptions{Addrs: addrs, MasterName: "mymaster"}, Config{Pool: p}, "error: Sentinel"},
-		{&redis.UniversalOptions{Addrs: addrs}, Config{}, "error: Config.Pool is required"},
-		{nil, Config{Pool: p}, "error: needs options"},
+		{&redis.UniversalOptions{Addrs: addrs}, Config{Store: p}, "*rediscache.ClusterClient"},
+		{&redis.UniversalOptions{Addrs: addrs[:1], IsClusterMode: true}, Config{Store: p}, "*rediscache.ClusterClient"},
+		{&redis.UniversalOptions{Addrs: []string{redisAddr}}, Config{Store: p}, "*rediscache.Client"},
+		{&redis.UniversalOptions{Addrs: addrs, MasterName: "mymaster"}, Config{Store: p}, "error: Sentinel"},
+		{&redis.UniversalOptions{Addrs: addrs}, Config{}, "error: Config.Store is required"},
+		{nil, Config{Store: p}, "error: needs options"},
 	} {
 		c, err := NewUniversalClient(tc.opt, tc.cfg)
 		got := fmt.Sprintf("%T", c)
@@ -674,7 +674,7 @@ func TestClusterResharding(t *testing.T) {
 	const maxStale = 100 * time.Millisecond
 	gate := newTrackingGate()
 	t.Cleanup(gate.releaseAll)
-	cfg := Config{Pool: newPool(t), Prefixes: []string{"rs:"}, MaxStaleness: maxStale}
+	cfg := Config{Store: newPool(t), Prefixes: []string{"rs:"}, MaxStaleness: maxStale}
 	opt := func() *redis.ClusterOptions { return &redis.ClusterOptions{Addrs: addrs, Dialer: gate.dial} }
 	a, b := newClusterClientOpt(t, opt(), cfg), newClusterClientOpt(t, opt(), cfg)
 	remote := plainCluster(t, addrs)
@@ -1102,7 +1102,7 @@ func (c *gatedConn) Close() error {
 func BenchmarkClusterHit(b *testing.B) {
 	ctx := context.Background()
 	addrs := redisCluster(b).Addrs
-	rdb := newClusterClient(b, addrs, Config{Pool: newPool(b)})
+	rdb := newClusterClient(b, addrs, Config{Store: newPool(b)})
 	plainCluster(b, addrs).Set(ctx, "bench:hit", "0123456789012345678901234567890123456789012345678901234567890123", 0)
 	syncCluster(b, rdb)
 	rdb.Get(ctx, "bench:hit")
@@ -1127,7 +1127,7 @@ func BenchmarkClusterHit(b *testing.B) {
 func TestClusterNodeClientClosed(t *testing.T) {
 	ctx := context.Background()
 	addrs := redisCluster(t).Addrs
-	rdb := newClusterClient(t, addrs, Config{Pool: newPool(t)})
+	rdb := newClusterClient(t, addrs, Config{Store: newPool(t)})
 	node, err := rdb.MasterForKey(ctx, "gone:k")
 	if err != nil {
 		t.Fatal(err)

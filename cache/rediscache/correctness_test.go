@@ -393,7 +393,7 @@ func TestSilentTracking(t *testing.T) {
 	ctx := context.Background()
 	px := newSilencer(t)
 	const maxStale = 200 * time.Millisecond
-	rdb := NewClient(&redis.Options{Addr: px.l.Addr().String()}, Config{Pool: newPool(t), MaxStaleness: maxStale})
+	rdb := NewClient(&redis.Options{Addr: px.l.Addr().String()}, Config{Store: newPool(t), MaxStaleness: maxStale})
 	t.Cleanup(func() { rdb.Close() })
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -495,7 +495,7 @@ func childMain(mode string) int {
 		return 2
 	}
 	defer p.Close()
-	rdb := NewClient(&redis.Options{Addr: addr}, Config{Pool: p})
+	rdb := NewClient(&redis.Options{Addr: addr}, Config{Store: p})
 	defer rdb.Close()
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -587,7 +587,7 @@ func TestReviewRegressions(t *testing.T) {
 		}
 	})
 	t.Run("writes into another database", func(t *testing.T) {
-		db1 := NewClient(&redis.Options{Addr: redisAddr, DB: 1}, Config{Pool: p})
+		db1 := NewClient(&redis.Options{Addr: redisAddr, DB: 1}, Config{Store: p})
 		defer db1.Close()
 		direct1 := redis.NewClient(&redis.Options{Addr: redisAddr, DB: 1})
 		defer direct1.Close()
@@ -655,7 +655,7 @@ func TestCloseWhileDialling(t *testing.T) {
 		<-ctx.Done() // a black hole, but one that honours its context
 		ended <- ctx.Err()
 		return nil, ctx.Err()
-	}}, Config{Pool: newPool(t)})
+	}}, Config{Store: newPool(t)})
 	<-dialing
 	done := make(chan struct{})
 	go func() { rdb.Close(); close(done) }()

@@ -19,14 +19,14 @@ func ExampleNewClusterClient() {
 		return
 	}
 	ctx := context.Background()
-	pool, err := cache.Open("example-cluster-near", cache.Options{MaxBytes: 16 << 20})
+	store, err := cache.Open("example-cluster-near", cache.Config{MaxBytes: 16 << 20})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer cache.Remove("example-cluster-near")
-	defer pool.Close()
-	rdb := rediscache.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}, rediscache.Config{Pool: pool})
+	defer store.Close()
+	rdb := rediscache.NewClusterClient(&redis.ClusterOptions{Addrs: addrs}, rediscache.Config{Store: store})
 	defer rdb.Close()
 	if err := rdb.WaitTracking(ctx); err != nil {
 		fmt.Println(err)
@@ -51,21 +51,21 @@ func ExampleNewUniversalClient() {
 		fmt.Println(err)
 		return
 	}
-	pool, err := cache.Open("example-universal-near", cache.Options{MaxBytes: 16 << 20})
+	store, err := cache.Open("example-universal-near", cache.Config{MaxBytes: 16 << 20})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer cache.Remove("example-universal-near")
-	defer pool.Close()
-	rdb, err := rediscache.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs}, rediscache.Config{Pool: pool})
+	defer store.Close()
+	rdb, err := rediscache.NewUniversalClient(&redis.UniversalOptions{Addrs: addrs}, rediscache.Config{Store: store})
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer rdb.Close()
 	fmt.Printf("%T\n", rdb)
-	_, err = rediscache.NewUniversalClient(&redis.UniversalOptions{MasterName: "mymaster"}, rediscache.Config{Pool: pool})
+	_, err = rediscache.NewUniversalClient(&redis.UniversalOptions{MasterName: "mymaster"}, rediscache.Config{Store: store})
 	fmt.Println(err != nil)
 	// Output:
 	// *rediscache.ClusterClient

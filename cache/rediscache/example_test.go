@@ -19,7 +19,7 @@ import (
 
 // The drop-in in front of a real Redis: a second GET is served from the
 // near cache in shared memory, and a write by a client that does not share
-// the pool (another host's, say) reaches the near cache by Redis client
+// the store (another host's, say) reaches the near cache by Redis client
 // tracking. The example starts its own redis-server from PATH.
 func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -28,21 +28,21 @@ func Example() {
 	defer stop()
 
 	name := fmt.Sprintf("example-rediscache-%d", os.Getpid())
-	pool, err := cache.Open(name, cache.Options{MaxBytes: 8 << 20})
+	store, err := cache.Open(name, cache.Config{MaxBytes: 8 << 20})
 	if err != nil {
 		panic(err)
 	}
-	defer cache.Remove(name) // a pool's name lives until removed
-	defer pool.Close()
+	defer cache.Remove(name) // a store's name lives until removed
+	defer store.Close()
 
 	// The one change from go-redis: this constructor. MaxStaleness bounds
 	// how late another client's write may be seen (default 500 ms).
-	rdb := rediscache.NewClient(&redis.Options{Addr: addr}, rediscache.Config{Pool: pool, MaxStaleness: 2 * time.Second})
+	rdb := rediscache.NewClient(&redis.Options{Addr: addr}, rediscache.Config{Store: store, MaxStaleness: 2 * time.Second})
 	defer rdb.Close()
 	if err := rdb.WaitTracking(ctx); err != nil {
 		panic(err)
 	}
-	other := redis.NewClient(&redis.Options{Addr: addr}) // a plain client, not sharing the pool
+	other := redis.NewClient(&redis.Options{Addr: addr}) // a plain client, not sharing the store
 	defer other.Close()
 
 	get := func() {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
-	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -219,7 +218,7 @@ func (t *tracker) session() error {
 		tbl := parseCommandTable(v)
 		t.nd.nc.cmds.Store(&tbl)
 	} else if t.nd.nc.cmds.Load() == nil {
-		slog.Warn("rediscache: COMMAND refused: every write will flush the near cache", "err", err)
+		t.nd.nc.log.Warn("rediscache: COMMAND refused: every write will flush the near cache", "err", err)
 	}
 	if t.nd.nc.cluster {
 		v, err := call("CLUSTER", "NODES")

@@ -23,9 +23,9 @@ import (
 	"github.com/ubkit-io/ubkit/cache/rediscache"
 )
 
-// poolName is the shared near cache: every process on the host that opens
+// storeName is the shared near cache: every process on the host that opens
 // it shares its entries.
-const poolName = "example-near-cache"
+const storeName = "example-near-cache"
 
 func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -42,14 +42,14 @@ func main() {
 		defer stop()
 	}
 	err := run(ctx, addr)
-	cache.Remove(poolName) // a pool's name lives until removed; this one was only for the example
+	cache.Remove(storeName) // a store's name lives until removed; this one was only for the example
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "redis-near-cache:", err)
 		os.Exit(1)
 	}
 }
 
-// run is the whole change a go-redis user makes: open the shared pool and
+// run is the whole change a go-redis user makes: open the shared store and
 // call rediscache.NewClient where redis.NewClient was.
 func run(ctx context.Context, addr string) error {
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -57,12 +57,12 @@ func run(ctx context.Context, addr string) error {
 		return fmt.Errorf("cannot reach Redis at %s (REDIS_ADDR names a Redis 6 or newer): %w", addr, err)
 	}
 	c.Close()
-	pool, err := cache.Open(poolName, cache.Options{MaxBytes: 16 << 20})
+	store, err := cache.Open(storeName, cache.Config{MaxBytes: 16 << 20})
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	rdb := rediscache.NewClient(&redis.Options{Addr: addr}, rediscache.Config{Pool: pool})
+	defer store.Close()
+	rdb := rediscache.NewClient(&redis.Options{Addr: addr}, rediscache.Config{Store: store})
 	defer rdb.Close()
 	if err := rdb.WaitTracking(ctx); err != nil {
 		return err
@@ -86,7 +86,7 @@ func run(ctx context.Context, addr string) error {
 
 	// Writes go to Redis; the near cache forgets what they touch before
 	// they return, so this process (and every other one sharing the
-	// pool) reads its own writes.
+	// store) reads its own writes.
 	if err := rdb.Set(ctx, "greeting", "hello from Redis", 0).Err(); err != nil {
 		return err
 	}
@@ -96,7 +96,7 @@ func run(ctx context.Context, addr string) error {
 		}
 	}
 
-	// A client that does not share the pool (another host's, a plain
+	// A client that does not share the store (another host's, a plain
 	// go-redis client) writes: Redis tells the near cache, by client
 	// tracking, within Config.MaxStaleness (500 ms by default; in practice
 	// a round trip). Sync waits for that, to make the next read certain.

@@ -36,17 +36,17 @@ var bg = context.Background()
 func newGetter(kind, addr string) (*getter, error) {
 	switch kind {
 	case "ubkit":
-		p, err := cache.Open(addr, cache.Options{MaxBytes: poolBytes})
+		p, err := cache.Open(addr, cache.Config{MaxBytes: poolBytes})
 		if err != nil {
 			return nil, err
 		}
 		return &getter{
 			get: func(k int, dst []byte) ([]byte, error) {
-				v, _, err := p.Get(keyBytes[k], dst)
+				v, _, err := p.Get(bg, keyBytes[k], dst)
 				return v, err
 			},
 			set: func(k int, val []byte) error {
-				_, err := p.Set(keyBytes[k], val, cache.SetOptions{})
+				_, err := p.Set(bg, keyBytes[k], val, cache.SetOptions{})
 				return err
 			},
 			close: func() { p.Close() },

@@ -60,7 +60,7 @@ func mcServer(e *Env, kind string, d time.Duration) (bench.Measurement, error) {
 // mcServerPeer serves the pool named a.Addr with cache/memcached on a
 // loopback port, which it prints.
 func mcServerPeer(a peerArgs) error {
-	p, err := cache.Open(a.Addr, cache.Options{MaxBytes: poolBytes})
+	p, err := cache.Open(a.Addr, cache.Config{MaxBytes: poolBytes})
 	if err != nil {
 		return err
 	}

@@ -32,13 +32,13 @@ func readHeavy(e *Env, kind string, d time.Duration) (bench.Measurement, error) 
 	var w watcher
 	if kind == "ubkit" {
 		name := poolName()
-		pool, err := cache.Open(name, cache.Options{MaxBytes: poolBytes})
+		pool, err := cache.Open(name, cache.Config{MaxBytes: poolBytes})
 		if err != nil {
 			return bench.Measurement{}, err
 		}
 		defer cache.Remove(name)
 		defer pool.Close()
-		rc := rediscache.NewClient(opt, rediscache.Config{Pool: pool})
+		rc := rediscache.NewClient(opt, rediscache.Config{Store: pool})
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = rc.WaitTracking(ctx)
 		cancel()

@@ -1,4 +1,4 @@
-// Package cachesuite is the `ubctl bench cache` suite: cache.Pool and the
+// Package cachesuite is the `ubctl bench cache` suite: cache.Store and the
 // go-redis and memcached drop-ins built on it, against real redis-server
 // and memcached on the same machine, with the same keys, values and load
 // for every contender.
@@ -11,7 +11,7 @@
 // Cases:
 //
 //   - pool-get-64B (ns/op): one GET of a 64-byte value by a client in
-//     another process than the one that filled the data: cache.Pool.Get on
+//     another process than the one that filled the data: cache.Store.Get on
 //     a pool the bench process filled, go-redis over TCP and over a unix
 //     socket, gomemcache to memcached. One client goroutine, one GET at a
 //     time, each timed; p50 and p99 come from a histogram in the client.
@@ -177,15 +177,15 @@ func poolName() string {
 var poolSeq atomic.Uint64
 
 // filledPool creates pool name holding every key's initial value.
-func filledPool(name string) (*cache.Pool, error) {
-	p, err := cache.Open(name, cache.Options{MaxBytes: poolBytes})
+func filledPool(name string) (*cache.Store, error) {
+	p, err := cache.Open(name, cache.Config{MaxBytes: poolBytes})
 	if err != nil {
 		return nil, err
 	}
 	v := make([]byte, ValueSize)
 	for k := range Keys {
 		fillValue(v, k, 0)
-		if _, err := p.Set(keyBytes[k], v, cache.SetOptions{}); err != nil {
+		if _, err := p.Set(bg, keyBytes[k], v, cache.SetOptions{}); err != nil {
 			p.Close()
 			cache.Remove(name)
 			return nil, err

@@ -1,19 +1,20 @@
-// Package memcache is a drop-in for github.com/bradfitz/gomemcache's
+// Package gomemcache is a drop-in for github.com/bradfitz/gomemcache's
 // client: the same methods and types (*memcache.Item, memcache.ErrCacheMiss
 // and the other errors), but keys that belong to a memcached server on
-// this host backed by a cache.Pool (package cache/memcached) are read and
-// written in the pool directly, with no network round trip. Keys of other
+// this host backed by a cache.Store (package cache/memcached) are read and
+// written in the store directly, with no network round trip. Keys of other
 // servers go over the network as usual.
 //
-//	pool, _ := cache.Open("sessions", cache.Options{})
-//	mc, _ := memcache.New(pool, "10.0.0.5:11211", "10.0.0.5:11211", "10.0.0.6:11211")
+//	store, _ := cache.Open("sessions", cache.Config{})
+//	mc, _ := gomemcache.New(store, "10.0.0.5:11211", "10.0.0.5:11211", "10.0.0.6:11211")
 //	item, err := mc.Get("user:42") // served from shared memory if 10.0.0.5 is this host's server
 //
-// Because the server answers from the same pool, both paths see the same
+// Because the server answers from the same store, both paths see the same
 // entries, CAS tokens included.
-package memcache
+package gomemcache
 
 import (
+	"context"
 	"errors"
 	"net"
 	"time"
@@ -24,18 +25,22 @@ import (
 )
 
 // Client is a gomemcache client that short-circuits the local server.
+//
+// gomemcache's methods take no context: a local one waits for a bucket of
+// the store that a stopped writer holds at most the store's limit (5 s),
+// then fails with an error wrapping cache.ErrBusy.
 type Client struct {
 	// Net is the network client for the other servers (and for the
 	// settings gomemcache users tune: Timeout, MaxIdleConns).
-	Net   *memcache.Client
-	sl    *memcache.ServerList
-	local string
-	pool  *cache.Pool
+	Net    *memcache.Client
+	sl     *memcache.ServerList
+	local  string
+	shared *cache.Store
 }
 
 // New returns a client for servers; local, one of them, is the memcached
-// server on this host that serves pool.
-func New(pool *cache.Pool, local string, servers ...string) (*Client, error) {
+// server on this host that serves store.
+func New(store *cache.Store, local string, servers ...string) (*Client, error) {
 	sl := new(memcache.ServerList)
 	if err := sl.SetServers(servers...); err != nil {
 		return nil, err
@@ -44,7 +49,7 @@ func New(pool *cache.Pool, local string, servers ...string) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Net: memcache.NewFromSelector(sl), sl: sl, local: la, pool: pool}, nil
+	return &Client{Net: memcache.NewFromSelector(sl), sl: sl, local: la, shared: store}, nil
 }
 
 func resolve(addr string) (string, error) {
@@ -92,7 +97,7 @@ func (c *Client) Get(key string) (*memcache.Item, error) {
 	if !legalKey(key) {
 		return nil, memcache.ErrMalformedKey
 	}
-	v, in, err := c.pool.Get([]byte(key), nil)
+	v, in, err := c.shared.Get(context.Background(), []byte(key), nil)
 	if errors.Is(err, cache.ErrNotFound) {
 		return nil, memcache.ErrCacheMiss
 	}
@@ -132,7 +137,7 @@ func (c *Client) GetMulti(keys []string) (map[string]*memcache.Item, error) {
 	return out, nil
 }
 
-// store runs a storage operation on the pool, with gomemcache's errors.
+// store runs a storage operation on the store, with gomemcache's errors.
 func (c *Client) store(it *memcache.Item, mode cache.Mode, version uint64) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
@@ -140,15 +145,17 @@ func (c *Client) store(it *memcache.Item, mode cache.Mode, version uint64) error
 	d := ttl(it.Expiration)
 	if d < 0 {
 		if mode == cache.Always {
-			c.pool.Delete([]byte(it.Key))
+			// A set that expires at once deletes, as memcached's does.
+			_, err := c.shared.Delete(context.Background(), []byte(it.Key))
+			return err
 		}
 		return nil
 	}
-	_, err := c.pool.Set([]byte(it.Key), it.Value, cache.SetOptions{Mode: mode, Version: version, TTL: d, Flags: it.Flags})
-	return poolErr(err, mode)
+	_, err := c.shared.Set(context.Background(), []byte(it.Key), it.Value, cache.SetOptions{Mode: mode, Version: version, TTL: d, Flags: it.Flags})
+	return storeErr(err, mode)
 }
 
-func poolErr(err error, mode cache.Mode) error {
+func storeErr(err error, mode cache.Mode) error {
 	switch {
 	case err == nil:
 		return nil
@@ -203,7 +210,7 @@ func (c *Client) Append(it *memcache.Item) error {
 	if !c.isLocal(it.Key) {
 		return c.Net.Append(it)
 	}
-	return c.appendLocal(it, false)
+	return c.editLocal(it, c.shared.Append)
 }
 
 // Prepend adds the item's value before the stored one.
@@ -211,18 +218,19 @@ func (c *Client) Prepend(it *memcache.Item) error {
 	if !c.isLocal(it.Key) {
 		return c.Net.Prepend(it)
 	}
-	return c.appendLocal(it, true)
+	return c.editLocal(it, c.shared.Prepend)
 }
 
-func (c *Client) appendLocal(it *memcache.Item, prepend bool) error {
+// editLocal runs Append or Prepend on the store, with gomemcache's errors.
+func (c *Client) editLocal(it *memcache.Item, edit func(ctx context.Context, key, data []byte) error) error {
 	if !legalKey(it.Key) {
 		return memcache.ErrMalformedKey
 	}
-	err := c.pool.Append([]byte(it.Key), it.Value, prepend)
+	err := edit(context.Background(), []byte(it.Key), it.Value)
 	if errors.Is(err, cache.ErrNotFound) {
 		return memcache.ErrNotStored
 	}
-	return poolErr(err, cache.Always)
+	return storeErr(err, cache.Always)
 }
 
 // Delete removes key (ErrCacheMiss if it was not there).
@@ -233,7 +241,7 @@ func (c *Client) Delete(key string) error {
 	if !legalKey(key) {
 		return memcache.ErrMalformedKey
 	}
-	found, err := c.pool.Delete([]byte(key))
+	found, err := c.shared.Delete(context.Background(), []byte(key))
 	if err == nil && !found {
 		return memcache.ErrCacheMiss
 	}
@@ -245,7 +253,7 @@ func (c *Client) Increment(key string, delta uint64) (uint64, error) {
 	if !c.isLocal(key) {
 		return c.Net.Increment(key, delta)
 	}
-	return c.incr(key, delta, false)
+	return c.addLocal(key, delta, c.shared.Incr)
 }
 
 // Decrement subtracts delta, stopping at 0.
@@ -253,14 +261,15 @@ func (c *Client) Decrement(key string, delta uint64) (uint64, error) {
 	if !c.isLocal(key) {
 		return c.Net.Decrement(key, delta)
 	}
-	return c.incr(key, delta, true)
+	return c.addLocal(key, delta, c.shared.Decr)
 }
 
-func (c *Client) incr(key string, delta uint64, decr bool) (uint64, error) {
+// addLocal runs Incr or Decr on the store, with gomemcache's errors.
+func (c *Client) addLocal(key string, delta uint64, add func(ctx context.Context, key []byte, delta uint64) (uint64, error)) (uint64, error) {
 	if !legalKey(key) {
 		return 0, memcache.ErrMalformedKey
 	}
-	v, err := c.pool.Incr([]byte(key), delta, decr)
+	v, err := add(context.Background(), []byte(key), delta)
 	switch {
 	case errors.Is(err, cache.ErrNotFound):
 		return 0, memcache.ErrCacheMiss
@@ -282,11 +291,11 @@ func (c *Client) Touch(key string, seconds int32) error {
 	var err error
 	if d < 0 {
 		var found bool
-		if found, err = c.pool.Delete([]byte(key)); err == nil && !found {
+		if found, err = c.shared.Delete(context.Background(), []byte(key)); err == nil && !found {
 			err = cache.ErrNotFound
 		}
 	} else {
-		err = c.pool.Touch([]byte(key), d)
+		err = c.shared.Touch(context.Background(), []byte(key), d)
 	}
 	if errors.Is(err, cache.ErrNotFound) {
 		return memcache.ErrCacheMiss
@@ -305,10 +314,9 @@ func (c *Client) GetAndTouch(key string, seconds int32) (*memcache.Item, error) 
 	return c.Get(key)
 }
 
-// FlushAll empties every server, the local pool included.
+// FlushAll empties every server, the local store included.
 func (c *Client) FlushAll() error {
-	c.pool.Flush()
-	return c.Net.FlushAll()
+	return errors.Join(c.shared.Flush(context.Background()), c.Net.FlushAll())
 }
 
 // DeleteAll is FlushAll.

@@ -1,4 +1,4 @@
-package memcache
+package gomemcache
 
 import (
 	"errors"
@@ -16,17 +16,17 @@ import (
 
 func TestClient(t *testing.T) {
 	name := fmt.Sprintf("mcclient-%d", os.Getpid())
-	pool, err := cache.Open(name, cache.Options{MaxBytes: 16 << 20})
+	store, err := cache.Open(name, cache.Config{MaxBytes: 16 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cache.Remove(name)
-	defer pool.Close()
+	defer store.Close()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := memcached.NewServer(pool)
+	srv := memcached.NewServer(store)
 	go srv.Serve(l)
 	defer srv.Close()
 	remote, err := testenv.StartMemcached()
@@ -36,7 +36,7 @@ func TestClient(t *testing.T) {
 	defer remote.Close()
 
 	local := l.Addr().String()
-	mc, err := New(pool, local, local, remote.Addr)
+	mc, err := New(store, local, local, remote.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,11 +58,11 @@ func TestClient(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Local keys landed in the pool (and the local server serves them to
+	// Local keys landed in the store (and the local server serves them to
 	// anyone); remote keys in the remote server.
 	for _, k := range localKeys {
-		if v, _, err := pool.Get([]byte(k), nil); err != nil || string(v) != "v-"+k {
-			t.Fatalf("%s not in the pool: %v", k, err)
+		if v, _, err := store.Get(t.Context(), []byte(k), nil); err != nil || string(v) != "v-"+k {
+			t.Fatalf("%s not in the store: %v", k, err)
 		}
 		if it, err := plain.Get(k); err != nil || string(it.Value) != "v-"+k || it.Flags != 3 {
 			t.Fatalf("%s through the local server: %+v %v", k, it, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"math/rand/v2"
 	"os"
@@ -36,7 +37,7 @@ var (
 	ErrBusy = errors.New("cache: bucket held by a live writer")
 )
 
-// Layout of a pool's segment.
+// Layout of a store's segment.
 //
 //	header   0: magic u64, version u32, ready u32, buckets u64, max bytes
 //	            u64, pool offset u64, max record u64
@@ -123,9 +124,9 @@ const (
 	nStats
 )
 
-// Options size a pool when it is created; attaching processes take the
+// Config sizes a store when it is created; attaching processes take the
 // creator's geometry.
-type Options struct {
+type Config struct {
 	// MaxBytes bounds the bytes of live records (keys, values and a 40-byte
 	// header each, rounded up to a size class); beyond it, CLOCK evicts.
 	// Default 64 MiB.
@@ -135,14 +136,33 @@ type Options struct {
 	// Buckets of 14 entries each (rounded up to a power of two). Default:
 	// enough for MaxBytes of 256-byte records.
 	Buckets int
+	// Logger receives what this process's Store noticed and set right:
+	// at Warn, a bucket taken over from a writer that died holding it;
+	// at Debug, buffers taken back from dead processes and bookkeeping
+	// left for later. It is this process's own (the geometry above is
+	// the creator's). Nil: nothing is logged.
+	Logger *slog.Logger
 }
 
-// Pool is a key-value store in shared memory that every process on the
+// Options is the old name of Config.
+//
+// Deprecated: use Config.
+type Options = Config
+
+// Store is a key-value store in shared memory that every process on the
 // host opens by name. Each bucket has an shm.SeqLock: reads take no lock
 // (the lock's sequence tells a reader to retry); writers lock one bucket
 // at a time, and a lock whose holder died is taken over and the bucket
 // repaired. Values live in an shm.Pool in the same segment.
-type Pool struct {
+//
+// A call that takes a context may wait for a bucket whose lock a live
+// writer holds (a write takes microseconds; a writer that is stopped, or
+// descheduled under load, holds it longer): it waits at most 5 s, then
+// returns an error wrapping ErrBusy, and ends sooner, with an error
+// matching ctx.Err() (errors.Is(err, context.Canceled) or
+// context.DeadlineExceeded), when ctx does. A call that need not wait
+// succeeds whatever ctx.
+type Store struct {
 	seg      *shm.Segment
 	mem      []byte
 	pool     *shm.Pool
@@ -150,6 +170,7 @@ type Pool struct {
 	maxBytes int64
 	maxRec   int
 	me       uint64
+	log      *slog.Logger
 	words    []atomic.Uint64 // the header and the buckets
 	locks    *shm.SeqTable   // the buckets' locks
 
@@ -157,12 +178,17 @@ type Pool struct {
 	lastSweep                 atomic.Int64 // unix ns of this attachment's last look for dead processes
 }
 
-// Open attaches to the pool named name, creating it with opts if it does
+// Pool is the old name of Store.
+//
+// Deprecated: use Store.
+type Pool = Store
+
+// Open attaches to the store named name, creating it with cfg if it does
 // not exist. Every process that opens the same name shares the entries.
-func Open(name string, opts Options) (*Pool, error) {
+func Open(name string, cfg Config) (*Store, error) {
 	seg, err := shm.OpenSegment(segName(name))
 	if errors.Is(err, os.ErrNotExist) {
-		p, cerr := create(name, opts)
+		p, cerr := create(name, cfg)
 		if !errors.Is(cerr, os.ErrExist) {
 			return p, cerr
 		}
@@ -171,7 +197,7 @@ func Open(name string, opts Options) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: open %s: %w", name, err)
 	}
-	p, err := attach(seg)
+	p, err := attach(seg, cfg.Logger)
 	if err != nil {
 		seg.Close()
 		return nil, fmt.Errorf("cache: open %s: %w", name, err)
@@ -179,9 +205,9 @@ func Open(name string, opts Options) (*Pool, error) {
 	return p, nil
 }
 
-// Remove unlinks the pool's segment: processes attached keep their
-// mapping, and the next Open of the name creates a new, empty pool. Close
-// never removes the name (not even the creator's), so that a pool does
+// Remove unlinks the store's segment: processes attached keep their
+// mapping, and the next Open of the name creates a new, empty store. Close
+// never removes the name (not even the creator's), so that a store does
 // not split in two when its creator exits while others use it; Remove is
 // the only way to delete it.
 func Remove(name string) error {
@@ -195,7 +221,7 @@ func Remove(name string) error {
 
 func segName(name string) string { return "cache-" + name }
 
-func (o Options) withDefaults() Options {
+func (o Config) withDefaults() Config {
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = 64 << 20
 	}
@@ -212,7 +238,7 @@ func (o Options) withDefaults() Options {
 // poolConfig has power-of-two classes from 128 bytes to the largest
 // record; each could hold MaxBytes alone (memory is committed only as
 // buffers are touched), so any mix of sizes fits the byte limit.
-func poolConfig(o Options) shm.PoolConfig {
+func poolConfig(o Config) shm.PoolConfig {
 	var c shm.PoolConfig
 	top := 1 << bits.Len(uint(recHeader+o.MaxValue-1))
 	for size := minClass; size <= top; size *= 2 {
@@ -221,7 +247,7 @@ func poolConfig(o Options) shm.PoolConfig {
 	return c
 }
 
-func create(name string, opts Options) (*Pool, error) {
+func create(name string, opts Config) (*Store, error) {
 	o := opts.withDefaults()
 	cfg := poolConfig(o)
 	psize, err := shm.PoolSize(cfg)
@@ -231,13 +257,13 @@ func create(name string, opts Options) (*Pool, error) {
 	poolOff := headerSize + o.Buckets*bucketSize
 	poolOff = (poolOff + 4095) &^ 4095
 	// Keep: the name outlives its creator's Close. Every process on the
-	// host finds the same pool by it for as long as the pool is used;
+	// host finds the same store by it for as long as the store is used;
 	// only Remove deletes it.
-	seg, err := shm.CreateSegment(segName(name), poolOff+psize, &shm.SegmentOptions{Keep: true})
+	seg, err := shm.CreateSegment(segName(name), poolOff+psize, &shm.SegmentConfig{Keep: true})
 	if err != nil {
 		return nil, err
 	}
-	fail := func(err error) (*Pool, error) {
+	fail := func(err error) (*Store, error) {
 		seg.Unlink()
 		seg.Close()
 		return nil, fmt.Errorf("cache: create %s: %w", name, err)
@@ -255,7 +281,7 @@ func create(name string, opts Options) (*Pool, error) {
 	ready, _ := seg.Uint32At(hOffReady)
 	ready.Store(1)
 	shm.Wake(ready)
-	p, err := attach(seg)
+	p, err := attach(seg, opts.Logger)
 	if err != nil {
 		return fail(err)
 	}
@@ -263,7 +289,7 @@ func create(name string, opts Options) (*Pool, error) {
 }
 
 // attach validates the header once; the hot paths use the checked copy.
-func attach(seg *shm.Segment) (*Pool, error) {
+func attach(seg *shm.Segment, log *slog.Logger) (*Store, error) {
 	d := seg.Data()
 	if len(d) < headerSize {
 		return nil, fmt.Errorf("%w: %d bytes", ErrCorrupt, len(d))
@@ -275,11 +301,11 @@ func attach(seg *shm.Segment) (*Pool, error) {
 		return nil, fmt.Errorf("%w: its creator did not finish it within %v (remove it with cache.Remove)", ErrCorrupt, readyTimeout)
 	}
 	if binary.LittleEndian.Uint64(d[hOffMagic:]) != magic {
-		return nil, fmt.Errorf("%w: not a cache pool (bad magic)", ErrCorrupt)
+		return nil, fmt.Errorf("%w: not a cache store (bad magic)", ErrCorrupt)
 	}
 	if v := binary.LittleEndian.Uint32(d[hOffVersion:]); v != layoutVer {
 		// A different ubkit, not corruption.
-		return nil, fmt.Errorf("cache: a pool of layout %d, and this ubkit speaks layout %d: open it with the ubkit that made it, "+
+		return nil, fmt.Errorf("cache: a store of layout %d, and this ubkit speaks layout %d: open it with the ubkit that made it, "+
 			"or cache.Remove it once no process uses it", v, layoutVer)
 	}
 	nb := binary.LittleEndian.Uint64(d[hOffBuckets:])
@@ -303,8 +329,8 @@ func attach(seg *shm.Segment) (*Pool, error) {
 		return nil, err
 	}
 	me := shm.Self()
-	p := &Pool{seg: seg, mem: d, pool: pool, nbuckets: nb, maxBytes: int64(maxBytes), maxRec: int(maxRec),
-		me: me.Word(), words: words, locks: locks}
+	p := &Store{seg: seg, mem: d, pool: pool, nbuckets: nb, maxBytes: int64(maxBytes), maxRec: int(maxRec),
+		me: me.Word(), log: orDiscard(log), words: words, locks: locks}
 	p.verCtr = p.word(hOffVerCtr)
 	p.hand = p.word(hOffHand)
 	p.used = p.word(hOffBytes)
@@ -313,31 +339,39 @@ func attach(seg *shm.Segment) (*Pool, error) {
 	return p, nil
 }
 
+// orDiscard is l, or a logger that logs nothing.
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
+
 // word is an atomic view of a validated, aligned offset of the header or
 // the buckets.
-func (p *Pool) word(off int) *atomic.Uint64 { return &p.words[off>>3] }
+func (p *Store) word(off int) *atomic.Uint64 { return &p.words[off>>3] }
 
 // MaxValue is the largest key plus value an entry can hold.
-func (p *Pool) MaxValue() int { return p.maxRec - recHeader }
+func (p *Store) MaxValue() int { return p.maxRec - recHeader }
 
 // Close detaches; entries stay for other processes.
-func (p *Pool) Close() error {
+func (p *Store) Close() error {
 	p.pool.Close()
 	return p.seg.Close()
 }
 
 func hashKey(key []byte) uint64 { return xxhash.Sum64(key) | 1 }
 
-func (p *Pool) bucketOff(h uint64) int { return headerSize + int(h&(p.nbuckets-1))*bucketSize }
+func (p *Store) bucketOff(h uint64) int { return headerSize + int(h&(p.nbuckets-1))*bucketSize }
 
 // lockOf is the lock of the bucket at offset bk.
-func (p *Pool) lockOf(bk int) shm.SeqLock { return p.locks.At((bk - headerSize) / bucketSize) }
+func (p *Store) lockOf(bk int) shm.SeqLock { return p.locks.At((bk - headerSize) / bucketSize) }
 
 func slotOff(b, i int) int { return b + bOffSlots + i*slotSize }
 
 // stat is a counter in a stripe picked at random per call, so that
 // goroutines and processes counting at once rarely share a cache line.
-func (p *Pool) stat(i int) *atomic.Uint64 {
+func (p *Store) stat(i int) *atomic.Uint64 {
 	return p.word(hOffStats + int(rand.Uint32()%statStripes)*stripeSize + i*8)
 }
 
@@ -396,7 +430,7 @@ func checksum(b []byte, kl, vl int) uint64 {
 }
 
 // resolve turns a slot's handle words into a record, or reports it stale.
-func (p *Pool) resolve(hw, off uint64) (record, bool) {
+func (p *Store) resolve(hw, off uint64) (record, bool) {
 	h := handleOf(hw, off)
 	buf, err := p.pool.Resolve(h)
 	if err != nil {
@@ -410,13 +444,13 @@ func handleOf(hw, off uint64) shm.Handle {
 }
 
 // slotHandle is the handle slot s names.
-func (p *Pool) slotHandle(s int) shm.Handle {
+func (p *Store) slotHandle(s int) shm.Handle {
 	return handleOf(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
 }
 
 // stillLoaned checks, after reading a record, that it was not returned and
 // reused meanwhile.
-func (p *Pool) stillLoaned(r record) bool {
+func (p *Store) stillLoaned(r record) bool {
 	_, err := p.pool.Resolve(r.handle)
 	return err == nil
 }
@@ -426,7 +460,7 @@ func (p *Pool) stillLoaned(r record) bool {
 //
 // now is the time in unix ns, or 0 to read the clock only if the entry
 // expires (most do not, and the clock costs a quarter of a read).
-func (p *Pool) lookup(b int, h uint64, key []byte, now int64) (record, int, bool) {
+func (p *Store) lookup(b int, h uint64, key []byte, now int64) (record, int, bool) {
 	for i := range slotsPerBkt {
 		s := slotOff(b, i)
 		if p.word(s+sOffHash).Load() != h {
@@ -455,23 +489,26 @@ func (p *Pool) lookup(b int, h uint64, key []byte, now int64) (record, int, bool
 
 // read runs fn on key's value under the bucket's sequence number, retrying
 // while writers intervene; fn may run more than once.
-func (p *Pool) read(key []byte, fn func(val []byte, in Info)) (bool, error) {
-	return p.readCounted(key, fn, true)
+func (p *Store) read(ctx context.Context, key []byte, fn func(val []byte, in Info)) (bool, error) {
+	return p.readCounted(ctx, key, fn, true)
 }
 
-func (p *Pool) readCounted(key []byte, fn func(val []byte, in Info), count bool) (bool, error) {
+func (p *Store) readCounted(ctx context.Context, key []byte, fn func(val []byte, in Info), count bool) (bool, error) {
 	h := hashKey(key)
 	b := p.bucketOff(h)
 	l := p.lockOf(b)
 	for {
-		s1, err := l.Begin(lockTimeout)
+		s1, err := l.BeginContext(ctx, lockTimeout)
 		if err != nil {
+			if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) {
+				return false, fmt.Errorf("cache: waiting for bucket %d: %w", (b-headerSize)/bucketSize, err)
+			}
 			if !errors.Is(err, shm.ErrOwnerDied) {
 				return false, fmt.Errorf("%w: %w", ErrBusy, err)
 			}
 			// The bucket's writer died in the middle of a write: take
 			// it over (which repairs it) and read again.
-			if err := p.lock(b); err != nil {
+			if err := p.lock(ctx, b); err != nil {
 				return false, err
 			}
 			p.unlock(b)
@@ -504,9 +541,9 @@ func (p *Pool) readCounted(key []byte, fn func(val []byte, in Info), count bool)
 
 // Version returns key's version without reading its value (nor counting a
 // hit or a miss: it is for bookkeeping entries).
-func (p *Pool) Version(key []byte) (uint64, bool) {
+func (p *Store) Version(ctx context.Context, key []byte) (uint64, bool) {
 	var v uint64
-	found, err := p.readCounted(key, func(_ []byte, in Info) { v = in.Version }, false)
+	found, err := p.readCounted(ctx, key, func(_ []byte, in Info) { v = in.Version }, false)
 	return v, found && err == nil
 }
 
@@ -514,7 +551,7 @@ func (p *Pool) Version(key []byte) (uint64, bool) {
 // changed: it is the sequence number of the key's bucket, which every
 // change to the bucket (a write, a delete, an eviction, a repair) moves
 // by two, and which is odd while one is under way. Reading it is one
-// atomic load, and it is the same word for every process on the pool, so
+// atomic load, and it is the same word for every process on the store, so
 // a reader can remember what it last found for a key together with the
 // stamp it read before and after, and trust that memory while the stamp
 // has not moved. Writes to other keys of the bucket move it too: a moved
@@ -522,7 +559,7 @@ func (p *Pool) Version(key []byte) (uint64, bool) {
 type Stamp struct{ l shm.SeqLock }
 
 // StampOf returns key's stamp.
-func (p *Pool) StampOf(key []byte) Stamp {
+func (p *Store) StampOf(key []byte) Stamp {
 	return Stamp{p.lockOf(p.bucketOff(hashKey(key)))}
 }
 
@@ -530,9 +567,9 @@ func (p *Pool) StampOf(key []byte) Stamp {
 func (s Stamp) Load() uint64 { return s.l.Seq() }
 
 // Get copies key's value into dst (grown as needed) and returns it.
-func (p *Pool) Get(key, dst []byte) ([]byte, Info, error) {
+func (p *Store) Get(ctx context.Context, key, dst []byte) ([]byte, Info, error) {
 	var out Info
-	found, err := p.read(key, func(v []byte, in Info) {
+	found, err := p.read(ctx, key, func(v []byte, in Info) {
 		dst = append(dst[:0], v...)
 		out = in
 	})
@@ -549,8 +586,8 @@ func (p *Pool) Get(key, dst []byte) ([]byte, Info, error) {
 // must not keep the slice or modify it, and may be called more than once
 // (when a writer replaced the value meanwhile, the last call saw the
 // current one). It reports whether the key was found.
-func (p *Pool) View(key []byte, fn func(val []byte, in Info)) (bool, error) {
-	return p.read(key, fn)
+func (p *Store) View(ctx context.Context, key []byte, fn func(val []byte, in Info)) (bool, error) {
+	return p.read(ctx, key, fn)
 }
 
 // Mode says when Set stores.
@@ -578,19 +615,19 @@ type SetOptions struct {
 }
 
 // Set stores value under key and returns the entry's new version.
-func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
+func (p *Store) Set(ctx context.Context, key, value []byte, o SetOptions) (uint64, error) {
 	n := recHeader + len(key) + len(value)
 	if n > p.maxRec || len(key) > 1<<20 {
 		return 0, ErrTooLarge
 	}
-	buf, err := p.loan(n)
+	buf, err := p.loan(ctx, n)
 	if err != nil {
 		return 0, err
 	}
 	b := buf.Bytes()
 	ver := p.verCtr.Add(1)
 	if ver%maintainEvery == 0 {
-		defer p.maintain()
+		defer p.maintain(ctx)
 	}
 	binary.LittleEndian.PutUint32(b[rOffKeyLen:], uint32(len(key)))
 	binary.LittleEndian.PutUint32(b[rOffValLen:], uint32(len(value)))
@@ -606,13 +643,13 @@ func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
 	copy(b[recHeader+len(key):], value)
 	binary.LittleEndian.PutUint64(b[rOffSum:], checksum(b, len(key), len(value)))
 	size := uint64(len(b))
-	if err := p.makeRoom(size); err != nil {
+	if err := p.makeRoom(ctx, size); err != nil {
 		buf.Return()
 		return 0, err
 	}
 	h := hashKey(key)
 	bk := p.bucketOff(h)
-	if err := p.lock(bk); err != nil {
+	if err := p.lock(ctx, bk); err != nil {
 		buf.Return()
 		return 0, err
 	}
@@ -665,14 +702,18 @@ func (p *Pool) Set(key, value []byte, o SetOptions) (uint64, error) {
 		return 0, err
 	}
 	if p.used.Load() > uint64(p.maxBytes) {
-		p.makeRoom(0) // writers at the same time went over together
+		// Writers at the same time went over together. The write is
+		// done: what could not be evicted now is evicted by the next.
+		if err := p.makeRoom(ctx, 0); err != nil {
+			p.log.Debug("cache: over the byte limit after a write", "err", err)
+		}
 	}
 	p.stat(stSets).Add(1)
 	return ver, nil
 }
 
 // loan takes a buffer, evicting when its class has none left.
-func (p *Pool) loan(n int) (shm.Buffer, error) {
+func (p *Store) loan(ctx context.Context, n int) (shm.Buffer, error) {
 	for attempt := 0; ; attempt++ {
 		buf, err := p.pool.Loan(n)
 		if err == nil {
@@ -685,7 +726,7 @@ func (p *Pool) loan(n int) (shm.Buffer, error) {
 		if attempt == 0 && p.reclaim() > 0 {
 			continue
 		}
-		if attempt > 64 || p.evict() == 0 {
+		if attempt > 64 || p.evict(ctx) == 0 {
 			return shm.Buffer{}, fmt.Errorf("%w: no buffer of %d bytes: %v", ErrFull, n, err)
 		}
 	}
@@ -696,12 +737,12 @@ func (p *Pool) loan(n int) (shm.Buffer, error) {
 // under the lock, so that one killed before leaves nothing counted):
 // writers at the same time may together go over by what they write, and
 // each evicts back under the limit after its write.
-func (p *Pool) makeRoom(size uint64) error {
+func (p *Store) makeRoom(ctx context.Context, size uint64) error {
 	for range 1 << 16 {
 		if p.used.Load()+size <= uint64(p.maxBytes) {
 			return nil
 		}
-		if p.evict() == 0 {
+		if p.evict(ctx) == 0 {
 			break
 		}
 	}
@@ -714,10 +755,10 @@ func (p *Pool) makeRoom(size uint64) error {
 // evict advances the CLOCK hand one bucket: referenced entries lose their
 // bit, the others go. It returns how many it removed (it gives up, with 0,
 // after a full turn found nothing).
-func (p *Pool) evict() int {
+func (p *Store) evict(ctx context.Context) int {
 	for range p.nbuckets * 2 {
 		bk := headerSize + int(p.hand.Add(1)&(p.nbuckets-1))*bucketSize
-		if p.lock(bk) != nil {
+		if p.lock(ctx, bk) != nil {
 			continue
 		}
 		l := p.lockOf(bk)
@@ -750,7 +791,7 @@ func (p *Pool) evict() int {
 // held) before the slot lets go of it. A shared record that no slot names
 // would be nobody's; one of this process's is taken back by Reclaim should
 // the process die before it returns the record.
-func (p *Pool) take(s int) record {
+func (p *Store) take(s int) record {
 	h := p.slotHandle(s)
 	if _, err := p.pool.Adopt(h); err != nil {
 		return record{} // stale: already taken back
@@ -760,7 +801,7 @@ func (p *Pool) take(s int) record {
 
 // clearSlot empties slot s (lock held) and returns what it held, for
 // release after the unlock.
-func (p *Pool) clearSlot(s int) record {
+func (p *Store) clearSlot(s int) record {
 	r := p.take(s)
 	size := p.word(s+sOffSize).Load() &^ refBit
 	p.word(s + sOffHash).Store(0)
@@ -771,7 +812,7 @@ func (p *Pool) clearSlot(s int) record {
 }
 
 // release gives removed records' buffers back.
-func (p *Pool) release(rs []record) {
+func (p *Store) release(rs []record) {
 	for _, r := range rs {
 		if r.handle != (shm.Handle{}) {
 			p.pool.Return(r.handle) // a stale handle was already taken back
@@ -779,7 +820,7 @@ func (p *Pool) release(rs []record) {
 	}
 }
 
-func (p *Pool) freeSlot(bk int) int {
+func (p *Store) freeSlot(bk int) int {
 	for i := range slotsPerBkt {
 		if p.word(slotOff(bk, i)+sOffHash).Load() == 0 {
 			return i
@@ -792,7 +833,7 @@ func (p *Pool) freeSlot(bk int) int {
 // bucket's hand, referenced entries lose their bit and the first entry
 // without one goes; the hand moves past it, so an entry whose bit was
 // cleared gets a full turn to be read again.
-func (p *Pool) victim(bk int) (int, record) {
+func (p *Store) victim(bk int) (int, record) {
 	hand := p.word(bk + bOffHand)
 	start := int(hand.Load() % slotsPerBkt)
 	for k := 0; ; k++ {
@@ -810,7 +851,7 @@ func (p *Pool) victim(bk int) (int, record) {
 }
 
 // dropExpired removes expired entries of a locked bucket.
-func (p *Pool) dropExpired(bk int, now int64, freed []record) []record {
+func (p *Store) dropExpired(bk int, now int64, freed []record) []record {
 	for i := range slotsPerBkt {
 		s := slotOff(bk, i)
 		if p.word(s+sOffHash).Load() == 0 {
@@ -829,13 +870,15 @@ func (p *Pool) dropExpired(bk int, now int64, freed []record) []record {
 }
 
 // Delete removes key and reports whether it was there.
-func (p *Pool) Delete(key []byte) (bool, error) { return p.deleteIf(key, 0, false) }
+func (p *Store) Delete(ctx context.Context, key []byte) (bool, error) {
+	return p.deleteIf(ctx, key, 0, false)
+}
 
 // DeleteIfVersion removes key's entry only if its version is version
 // (compare-and-delete, under the bucket lock): ErrNotFound without a live
 // entry, ErrExists if the version differs.
-func (p *Pool) DeleteIfVersion(key []byte, version uint64) error {
-	found, err := p.deleteIf(key, version, true)
+func (p *Store) DeleteIfVersion(ctx context.Context, key []byte, version uint64) error {
+	found, err := p.deleteIf(ctx, key, version, true)
 	if err == nil && !found {
 		return ErrNotFound
 	}
@@ -843,10 +886,10 @@ func (p *Pool) DeleteIfVersion(key []byte, version uint64) error {
 }
 
 // deleteIf removes key's entry, if cond only when version is the entry's.
-func (p *Pool) deleteIf(key []byte, version uint64, cond bool) (bool, error) {
+func (p *Store) deleteIf(ctx context.Context, key []byte, version uint64, cond bool) (bool, error) {
 	h := hashKey(key)
 	bk := p.bucketOff(h)
-	if err := p.lock(bk); err != nil {
+	if err := p.lock(ctx, bk); err != nil {
 		return false, err
 	}
 	l := p.lockOf(bk)
@@ -873,10 +916,10 @@ func (p *Pool) deleteIf(key []byte, version uint64, cond bool) (bool, error) {
 }
 
 // Touch sets a live entry's time to live (0: never expires).
-func (p *Pool) Touch(key []byte, ttl time.Duration) error {
+func (p *Store) Touch(ctx context.Context, key []byte, ttl time.Duration) error {
 	h := hashKey(key)
 	bk := p.bucketOff(h)
-	if err := p.lock(bk); err != nil {
+	if err := p.lock(ctx, bk); err != nil {
 		return err
 	}
 	defer p.unlock(bk)
@@ -897,10 +940,10 @@ func (p *Pool) Touch(key []byte, ttl time.Duration) error {
 }
 
 // Flush removes every entry.
-func (p *Pool) Flush() error {
+func (p *Store) Flush(ctx context.Context) error {
 	for i := range p.nbuckets {
 		bk := headerSize + int(i)*bucketSize
-		if err := p.lock(bk); err != nil {
+		if err := p.lock(ctx, bk); err != nil {
 			return err
 		}
 		l := p.lockOf(bk)
@@ -927,13 +970,13 @@ var testHookMidWrite func()
 // write to end (tests shorten it).
 var lockTimeout = 5 * time.Second
 
-// readyTimeout bounds Open's wait for the pool's creator to finish it.
+// readyTimeout bounds Open's wait for the store's creator to finish it.
 const readyTimeout = 2 * time.Second
 
 // lock takes a bucket's lock. A lock whose holder died is taken over, and
 // the bucket repaired, since its writer may have stopped half-way.
-func (p *Pool) lock(bk int) error {
-	_, err := p.lockWithin(bk, lockTimeout)
+func (p *Store) lock(ctx context.Context, bk int) error {
+	_, err := p.lockWithin(ctx, bk, lockTimeout)
 	return err
 }
 
@@ -941,13 +984,17 @@ func (p *Pool) lock(bk int) error {
 // took the lock over, from a writer that died or from a write left open
 // with nobody holding the lock (then wrapping shm.ErrCorrupt), it repairs
 // the bucket and says why in repaired.
-func (p *Pool) lockWithin(bk int, patience time.Duration) (repaired, err error) {
-	err = p.lockOf(bk).Lock(patience)
+func (p *Store) lockWithin(ctx context.Context, bk int, patience time.Duration) (repaired, err error) {
+	err = p.lockOf(bk).LockContext(ctx, patience)
 	switch {
 	case err == nil:
 		return nil, nil
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return nil, fmt.Errorf("cache: waiting for bucket %d: %w", (bk-headerSize)/bucketSize, err)
 	case errors.Is(err, shm.ErrOwnerDied):
 		p.repair(bk)
+		p.log.Warn("cache: took over a bucket whose writer died holding it, and repaired it",
+			"bucket", (bk-headerSize)/bucketSize, "err", err)
 		return err, nil
 	case errors.Is(err, shm.ErrHeld):
 		return nil, fmt.Errorf("%w: bucket %d: %w (a stopped or stuck writer; its lock is taken over once it exits)",
@@ -956,7 +1003,7 @@ func (p *Pool) lockWithin(bk int, patience time.Duration) (repaired, err error) 
 	return nil, err
 }
 
-func (p *Pool) unlock(bk int) { p.lockOf(bk).Unlock() }
+func (p *Store) unlock(bk int) { p.lockOf(bk).Unlock() }
 
 // repair checks every entry of a bucket that Lock took over with its
 // write open (lock held). An entry whose record does not verify is
@@ -966,7 +1013,7 @@ func (p *Pool) unlock(bk int) { p.lockOf(bk).Unlock() }
 // write is closed. The writer may also have left the counters half
 // changed: repair asks for a recount (maintain and Repair do it, with
 // every bucket locked).
-func (p *Pool) repair(bk int) {
+func (p *Store) repair(bk int) {
 	p.stat(stRepairs).Add(1)
 	p.word(hOffRecount).Store(1)
 	var freed []record
@@ -986,14 +1033,14 @@ func (p *Pool) repair(bk int) {
 
 // reshare hands the record slot s names to the table (lock held), from
 // whichever process held it; false if it is gone.
-func (p *Pool) reshare(s int) bool {
+func (p *Store) reshare(s int) bool {
 	b, err := p.pool.Adopt(p.slotHandle(s))
 	return err == nil && b.Share() == nil
 }
 
 // validSlot checks that a slot names a loaned record whose checksum, key
 // hash and size agree with it.
-func (p *Pool) validSlot(s int, h uint64) bool {
+func (p *Store) validSlot(s int, h uint64) bool {
 	r, ok := p.resolve(p.word(s+sOffHandle).Load(), p.word(s+sOffOffset).Load())
 	if !ok {
 		return false
@@ -1007,7 +1054,7 @@ func (p *Pool) validSlot(s int, h uint64) bool {
 		p.word(s+sOffSize).Load()&^refBit == uint64(len(b))
 }
 
-// Stats are a pool's counters, summed over every process.
+// Stats are a store's counters, summed over every process.
 type Stats struct {
 	Hits, Misses, Sets, Deletes, Evictions, Expired uint64
 	// Repairs counts buckets taken over from a writer that died holding
@@ -1022,7 +1069,7 @@ type Stats struct {
 }
 
 // Stats reads the counters.
-func (p *Pool) Stats() Stats {
+func (p *Store) Stats() Stats {
 	var s Stats
 	for i := range statStripes {
 		base := hOffStats + i*stripeSize
@@ -1039,16 +1086,27 @@ func (p *Pool) Stats() Stats {
 	return s
 }
 
-// ErrNotNumber: Incr found a value that is not a decimal number.
+// ErrNotNumber: Incr or Decr found a value that is not a decimal number.
 var ErrNotNumber = errors.New("cache: cannot increment or decrement non-numeric value")
 
-// Incr adds delta to key's decimal value (decr: subtracts, stopping at 0)
-// and returns the result, as memcached's incr and decr do: the number
-// wraps at 64 bits, and a result shorter than the old value is padded
-// with spaces to its length.
-func (p *Pool) Incr(key []byte, delta uint64, decr bool) (uint64, error) {
+// Incr adds delta to key's decimal value and returns the result, as
+// memcached's incr does: the number wraps at 64 bits, and a result shorter
+// than the old value is padded with spaces to its length.
+func (p *Store) Incr(ctx context.Context, key []byte, delta uint64) (uint64, error) {
+	return p.addNumber(ctx, key, func(cur uint64) uint64 { return cur + delta })
+}
+
+// Decr subtracts delta from key's decimal value, stopping at 0, and
+// returns the result, as memcached's decr does (padded as Incr pads).
+func (p *Store) Decr(ctx context.Context, key []byte, delta uint64) (uint64, error) {
+	return p.addNumber(ctx, key, func(cur uint64) uint64 { return cur - min(delta, cur) })
+}
+
+// addNumber replaces key's decimal value cur with next(cur), by
+// compare-and-swap, retrying while other writers intervene.
+func (p *Store) addNumber(ctx context.Context, key []byte, next func(cur uint64) uint64) (uint64, error) {
 	for {
-		old, in, err := p.Get(key, nil)
+		old, in, err := p.Get(ctx, key, nil)
 		if err != nil {
 			return 0, err
 		}
@@ -1056,19 +1114,12 @@ func (p *Pool) Incr(key []byte, delta uint64, decr bool) (uint64, error) {
 		if perr != nil || len(old) == 0 {
 			return 0, ErrNotNumber
 		}
-		switch {
-		case !decr:
-			cur += delta
-		case delta > cur:
-			cur = 0
-		default:
-			cur -= delta
-		}
+		cur = next(cur)
 		nv := strconv.AppendUint(nil, cur, 10)
 		for len(nv) < len(old) {
 			nv = append(nv, ' ')
 		}
-		if _, err = p.Set(key, nv, p.sameAs(in)); err == nil {
+		if _, err = p.Set(ctx, key, nv, p.sameAs(in)); err == nil {
 			return cur, nil
 		}
 		if !errors.Is(err, ErrExists) && !errors.Is(err, ErrNotFound) {
@@ -1077,21 +1128,27 @@ func (p *Pool) Incr(key []byte, delta uint64, decr bool) (uint64, error) {
 	}
 }
 
-// Append adds data after key's value (prepend: before it), keeping its
-// flags and expiry.
-func (p *Pool) Append(key, data []byte, prepend bool) error {
+// Append adds data after key's value, keeping its flags and expiry.
+func (p *Store) Append(ctx context.Context, key, data []byte) error {
+	return p.edit(ctx, key, func(old []byte) []byte { return append(old, data...) })
+}
+
+// Prepend adds data before key's value, keeping its flags and expiry.
+func (p *Store) Prepend(ctx context.Context, key, data []byte) error {
+	return p.edit(ctx, key, func(old []byte) []byte {
+		return append(append(make([]byte, 0, len(old)+len(data)), data...), old...)
+	})
+}
+
+// edit replaces key's value old with change(old), by compare-and-swap,
+// retrying while other writers intervene.
+func (p *Store) edit(ctx context.Context, key []byte, change func(old []byte) []byte) error {
 	for {
-		old, in, err := p.Get(key, nil)
+		old, in, err := p.Get(ctx, key, nil)
 		if err != nil {
 			return err
 		}
-		var v []byte
-		if prepend {
-			v = append(append(make([]byte, 0, len(old)+len(data)), data...), old...)
-		} else {
-			v = append(old, data...)
-		}
-		_, err = p.Set(key, v, p.sameAs(in))
+		_, err = p.Set(ctx, key, change(old), p.sameAs(in))
 		if err == nil || (!errors.Is(err, ErrExists) && !errors.Is(err, ErrNotFound)) {
 			return err
 		}
@@ -1100,7 +1157,7 @@ func (p *Pool) Append(key, data []byte, prepend bool) error {
 
 // sameAs is a compare-and-swap on in's version that keeps its flags and
 // expiry.
-func (p *Pool) sameAs(in Info) SetOptions {
+func (p *Store) sameAs(in Info) SetOptions {
 	o := SetOptions{Mode: IfVersion, Version: in.Version, Flags: in.Flags}
 	if !in.Expires.IsZero() {
 		o.TTL = max(time.Until(in.Expires), time.Nanosecond)

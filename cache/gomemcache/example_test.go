@@ -1,51 +1,51 @@
-package memcache_test
+package gomemcache_test
 
 import (
 	"fmt"
 	"net"
 	"os"
 
-	gomemcache "github.com/bradfitz/gomemcache/memcache"
+	"github.com/bradfitz/gomemcache/memcache"
 
 	"github.com/ubkit-io/ubkit/cache"
-	"github.com/ubkit-io/ubkit/cache/memcache"
+	"github.com/ubkit-io/ubkit/cache/gomemcache"
 	"github.com/ubkit-io/ubkit/cache/memcached"
 )
 
-// This host's memcached server serves a shared pool (package
+// This host's memcached server serves a shared store (package
 // cache/memcached); the drop-in client reads and writes that server's keys
-// in the pool directly, while other clients reach the same entries over
+// in the store directly, while other clients reach the same entries over
 // the network. gomemcache's API is unchanged: only the constructor is
 // ubkit's.
 func Example() {
 	name := fmt.Sprintf("example-memcache-%d", os.Getpid())
-	pool, err := cache.Open(name, cache.Options{MaxBytes: 8 << 20})
+	store, err := cache.Open(name, cache.Config{MaxBytes: 8 << 20})
 	if err != nil {
 		panic(err)
 	}
-	defer cache.Remove(name) // a pool's name lives until removed
-	defer pool.Close()
+	defer cache.Remove(name) // a store's name lives until removed
+	defer store.Close()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)
 	}
-	srv := memcached.NewServer(pool)
+	srv := memcached.NewServer(store)
 	go srv.Serve(l)
 	addr := l.Addr().String()
 
-	// The drop-in: addr is this host's server (it serves pool), and the
+	// The drop-in: addr is this host's server (it serves store), and the
 	// only server here. Keys gomemcache would send to another server go
 	// there over the network.
-	mc, err := memcache.New(pool, addr, addr)
+	mc, err := gomemcache.New(store, addr, addr)
 	if err != nil {
 		panic(err)
 	}
 	defer mc.Close()
 	// A plain client, as another host would have.
-	remote := gomemcache.New(addr)
+	remote := memcache.New(addr)
 	defer remote.Close()
 
-	if err := remote.Set(&gomemcache.Item{Key: "session:42", Value: []byte("alice")}); err != nil {
+	if err := remote.Set(&memcache.Item{Key: "session:42", Value: []byte("alice")}); err != nil {
 		panic(err)
 	}
 	it, err := mc.Get("session:42") // from shared memory, no round trip
@@ -54,7 +54,7 @@ func Example() {
 	}
 	fmt.Printf("drop-in reads what the network client set: %s\n", it.Value)
 
-	// CAS tokens are the pool's versions, the same on both paths.
+	// CAS tokens are the store's versions, the same on both paths.
 	it.Value = []byte("bob")
 	fmt.Println("drop-in compare-and-swap:", mc.CompareAndSwap(it))
 	got, err := remote.Get("session:42")
@@ -62,10 +62,10 @@ func Example() {
 		panic(err)
 	}
 	fmt.Printf("network client reads: %s\n", got.Value)
-	stale := &gomemcache.Item{Key: "session:42", Value: []byte("carol"), CasID: it.CasID} // the token before the swap
+	stale := &memcache.Item{Key: "session:42", Value: []byte("carol"), CasID: it.CasID} // the token before the swap
 	fmt.Println("network compare-and-swap with a stale token:", remote.CompareAndSwap(stale))
 
-	// With the server stopped, the drop-in still reads the pool.
+	// With the server stopped, the drop-in still reads the store.
 	srv.Close()
 	_, err = remote.Get("session:42")
 	fmt.Println("network client, server stopped: fails:", err != nil)
