@@ -103,6 +103,60 @@ func TestSPSCOrderAndWrap(t *testing.T) {
 	}
 }
 
+// TestSPSCCloseDuringWait closes the producer while the consumer waits,
+// between the wait's last look at the ring and its look at the peer: the
+// peer check sees the ring closed and the wait looks once more. What the
+// producer committed before Close must still come out, once, and then
+// ErrClosed (before, a last look that found the final record was followed
+// by another, which reported ErrClosed: the record was lost; and a last
+// look that found ErrClosed made NextWait return no record and no error).
+// The wrapped peer check makes the interleaving certain.
+func TestSPSCCloseDuringWait(t *testing.T) {
+	for _, mode := range []WaitMode{WaitBlock, WaitSpin, WaitYield} {
+		for _, last := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%d/record=%v", mode, last), func(t *testing.T) {
+				_, r := newRing(t, 4096)
+				p, err := r.Producer(Wait{Mode: mode})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.Close()
+				c, err := r.Consumer(Wait{Mode: mode})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				peer := c.peer
+				closed := false
+				c.peer = func() error {
+					if !closed {
+						// The wait's look found the ring empty; now the
+						// producer commits its last record and closes.
+						closed = true
+						if last {
+							if err := p.Send(context.Background(), []byte("last")); err != nil {
+								t.Error(err)
+							}
+						}
+						p.Close()
+					}
+					return peer()
+				}
+				b, err := c.NextWait(context.Background())
+				if last {
+					if err != nil || string(b) != "last" {
+						t.Fatalf("NextWait: %q, %v; want the last record", b, err)
+					}
+					b, err = c.NextWait(context.Background())
+				}
+				if !errors.Is(err, ErrClosed) {
+					t.Fatalf("NextWait after the last record: %q, %v; want ErrClosed", b, err)
+				}
+			})
+		}
+	}
+}
+
 func TestSPSCFullEmptyTooLarge(t *testing.T) {
 	_, r := newRing(t, 256)
 	p, _ := r.Producer(Wait{})

@@ -247,13 +247,16 @@ func (s Wait) waitLoop(ctx context.Context, w waiter) error {
 	// the caller waits for before it died or closed: then the condition
 	// holds, and the wait ends with errReadyNow (a ready that succeeded
 	// may have taken something, a lock or a buffer: it must not run
-	// again).
+	// again). A look that ends the wait with an error (the ring is closed
+	// and empty) ends it with that error, as any other look does: the
+	// callers return what wait returns, so errReadyNow would turn it into
+	// success with nothing taken.
 	peerGone := func() error {
 		if err := w.peer(); err != nil {
-			if ok, rerr := w.ready(); ok {
-				return errReadyNow
-			} else if rerr != nil {
+			if ok, rerr := w.ready(); rerr != nil {
 				return rerr
+			} else if ok {
+				return errReadyNow
 			}
 			return err
 		}

@@ -880,6 +880,11 @@ func (c *pktConn) Close() error {
 	err := c.l.goodbye(closeLinger)
 	c.smu.Unlock()
 	c.wmu.Unlock()
+	// Whether the link broke, read before the shutdown, after which the
+	// reader always ends with an error (net.ErrClosed).
+	c.mu.Lock()
+	broken := c.err != nil && c.err != errPeerClosed
+	c.mu.Unlock()
 	c.l.shutdown()
 	<-c.readerDone
 	<-c.creditDone
@@ -887,7 +892,6 @@ func (c *pktConn) Close() error {
 	// What was not read is dropped, and the windows' memory goes back to
 	// the endpoint.
 	c.mu.Lock()
-	broken := c.err != nil && c.err != errPeerClosed
 	c.in, c.msgs = streamBuf{}, nil
 	for k := range c.recvWin {
 		c.recvWin[k].close(c.flow.budget, c.remote.Node)

@@ -428,6 +428,43 @@ func TestLinkDownEndsBothSides(t *testing.T) {
 	}
 }
 
+// TestCloseReportsUndelivered: a packet that cannot arrive within Close's
+// linger is lost when Close releases the link, and Close says so. Before,
+// the Write and the Close both succeeded and only the reader learnt of the
+// loss ("the peer closed with 1 packets still undelivered", seen in
+// TestSlowAcceptKeepsConnections on a loaded machine). The slowed link
+// makes the packet take 20 s, which no wait of closeLinger outlasts.
+func TestCloseReportsUndelivered(t *testing.T) {
+	topo, err := topology.Example("dev4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A fabric of this test's own: the slow link must not reach other tests.
+	fabric := fmt.Sprintf("slowclose-%d", os.Getpid())
+	cfg := Config{ProviderOptions: map[string]string{"fabric": fabric}}
+	a, b := connect(t, dev4(t, "n0", cfg), dev4(t, "n1", cfg), "n0", "", PathUB)
+	defer b.Close()
+	f, err := simprov.OpenFabricNamed(topo, fabric)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	defer f.Remove()
+	// dev4's links take 20 µs; a million times slower, 20 s.
+	if err := f.SetLinkSlow("n0", "n1", 1e6); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("Close with its packet undelivered: %v, want an error matching os.ErrDeadlineExceeded", err)
+	}
+	if got, err := io.ReadAll(b); !errors.Is(err, shm.ErrConnReset) {
+		t.Errorf("the reader got %q, then %v; want a connection reset", got, err)
+	}
+}
+
 // TestGracefulCloseThenExit: the writer writes more than the reader holds,
 // closes, and its ub context goes (its process ends after Close). The
 // reader's credit returns then fail, which is not a fault of the path: it

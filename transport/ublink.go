@@ -332,22 +332,29 @@ func (l *ubLink) watch() {
 func (l *ubLink) interrupt() { l.intrOnce.Do(func() { close(l.intr) }) }
 
 // goodbye waits (at most timeout) for the packets posted to complete, then
-// tells the peer on the socket how many there were.
+// tells the peer on the socket how many there were. Packets still in
+// flight when the wait ends are lost when the link is released: it says
+// so. A peer that went, or a goodbye the socket does not take, is no loss
+// to report: the peer closed its end and reads no more.
 func (l *ubLink) goodbye(timeout time.Duration) error {
 	l.smu.Lock()
 	end := time.Now().Add(timeout)
-	l.waitFor(waitShutdown, func() (bool, error) {
+	werr := l.waitFor(waitShutdown, func() (bool, error) {
 		err := l.reap()
 		return l.reaped == l.sent || time.Now().After(end), err
 	})
 	sent := l.sent
+	var lost error
+	if werr == nil && l.reaped < l.sent {
+		lost = fmt.Errorf("transport: ub path: %d packets not delivered within %v: %w", l.sent-l.reaped, timeout, os.ErrDeadlineExceeded)
+	}
 	l.smu.Unlock()
 	var b [9]byte
 	b[0] = 'C'
 	binary.LittleEndian.PutUint64(b[1:], sent)
 	l.ctl.SetWriteDeadline(time.Now().Add(timeout))
-	_, err := l.ctl.Write(b[:])
-	return err
+	l.ctl.Write(b[:])
+	return lost
 }
 
 func (l *ubLink) mtu() int { return ubSize }
