@@ -188,7 +188,9 @@ func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uin
 		return c.cfg.Store.Set(ctx, key, value, o)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.dropNear(ctx, key)
+		if err := c.dropNear(ctx, key); err != nil {
+			return 0, err
+		}
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opSet, key: key, val: value, opts: o})
 	if err != nil {
@@ -197,11 +199,15 @@ func (c *Cluster) Set(ctx context.Context, key, value []byte, o SetOptions) (uin
 	return r.info.Version, r.err
 }
 
-// dropNear drops this node's near copy of key before a write to it.
-func (c *Cluster) dropNear(ctx context.Context, key []byte) {
+// dropNear drops this node's near copy of key before a write to it. A
+// copy it could not drop (ctx ended, or its bucket held by a stopped
+// writer) fails the write, which is then not made: made, it would leave
+// this node serving the old value for up to NearTTL.
+func (c *Cluster) dropNear(ctx context.Context, key []byte) error {
 	if _, err := c.cfg.Store.Delete(ctx, nearKey(key)); err != nil {
-		c.cfg.Logger.Warn("cache: near copy not dropped: it may be read for up to NearTTL", "node", c.self, "err", err)
+		return fmt.Errorf("cache: the near copy could not be dropped, so the write was not made: %w", err)
 	}
+	return nil
 }
 
 // Delete removes key from its node.
@@ -211,7 +217,9 @@ func (c *Cluster) Delete(ctx context.Context, key []byte) (bool, error) {
 		return c.cfg.Store.Delete(ctx, key)
 	}
 	if c.cfg.NearTTL > 0 {
-		c.dropNear(ctx, key)
+		if err := c.dropNear(ctx, key); err != nil {
+			return false, err
+		}
 	}
 	r, err := c.peers[owner].call(ctx, request{op: opDelete, key: key})
 	if err != nil {

@@ -51,9 +51,14 @@ type RepairReport struct {
 
 // Verify is Repair without the report: it returns the error for what is
 // corrupt (ErrCorrupt), or nil. What a live writer held too long to be
-// checked (Repair's ErrBusy) is not corruption, and is not reported.
+// checked (Repair's ErrBusy) is not corruption, and is not reported; a
+// check that ctx's end cut short is (errors.Is ctx.Err()), since nil
+// would say the whole table verified.
 func (p *Store) Verify(ctx context.Context) error {
-	_, corrupt, _ := p.check(ctx)
+	_, corrupt, busy := p.check(ctx)
+	if err := ctx.Err(); err != nil && errors.Is(busy, err) {
+		return errors.Join(corrupt, busy)
+	}
 	return corrupt
 }
 

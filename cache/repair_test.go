@@ -355,6 +355,10 @@ func TestContextEndsWaitForStoppedWriter(t *testing.T) {
 		{"Incr", func(ctx context.Context) error { _, err := p.Incr(ctx, key, 1); return err }},
 		{"Flush", func(ctx context.Context) error { return p.Flush(ctx) }},
 		{"Repair", func(ctx context.Context) error { _, err := p.Repair(ctx); return err }},
+		// Verify said nil (the whole table verified) and Version "not
+		// there" when their context ended before they could read.
+		{"Verify", func(ctx context.Context) error { return p.Verify(ctx) }},
+		{"Version", func(ctx context.Context) error { _, _, err := p.Version(ctx, key); return err }},
 	}
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()

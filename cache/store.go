@@ -539,12 +539,17 @@ func (p *Store) readCounted(ctx context.Context, key []byte, fn func(val []byte,
 	}
 }
 
-// Version returns key's version without reading its value (nor counting a
-// hit or a miss: it is for bookkeeping entries).
-func (p *Store) Version(ctx context.Context, key []byte) (uint64, bool) {
+// Version returns key's version and whether it is there, without reading
+// its value (nor counting a hit or a miss: it is for bookkeeping entries).
+// Like Get, it fails when it cannot read the key's bucket: ctx ended
+// (errors.Is ctx.Err()) or a live writer held it too long (ErrBusy).
+func (p *Store) Version(ctx context.Context, key []byte) (uint64, bool, error) {
 	var v uint64
 	found, err := p.readCounted(ctx, key, func(_ []byte, in Info) { v = in.Version }, false)
-	return v, found && err == nil
+	if err != nil {
+		return 0, false, err
+	}
+	return v, found, nil
 }
 
 // A Stamp moves whenever the entry of the key it was made for may have

@@ -305,7 +305,8 @@ func TestBackoffOneP(t *testing.T) {
 }
 
 // Pause asks to park only at a checkpoint, once Spin has passed (at the
-// first one for a negative Spin), and Reset starts the ladder again.
+// first one for a negative Spin), goes on asking until Reset, and Reset
+// starts the ladder again.
 func TestBackoffRungs(t *testing.T) {
 	b := Backoff{Spin: -1}
 	for round := range 2 {
@@ -316,6 +317,12 @@ func TestBackoffRungs(t *testing.T) {
 		}
 		if b.Pause() {
 			t.Fatalf("round %d: a Backoff with a negative Spin did not park at its first checkpoint", round)
+		}
+		// Woken without what it waited for, the caller parks again.
+		for i := range 2 * backoffEvery {
+			if b.Pause() {
+				t.Fatalf("round %d: a Backoff that said park said look again %d looks later", round, i+1)
+			}
 		}
 		b.Reset()
 	}

@@ -87,7 +87,9 @@ const (
 //  3. From Yield (DefaultYield) on, each checkpoint also calls sched_yield
 //     (except with GOMAXPROCS 1, where runtime.Gosched already hands the P
 //     over and yielding the thread would not run the peer goroutine).
-//  4. From Spin (DefaultSpin) on, Pause reports false: the caller parks.
+//  4. From Spin (DefaultSpin) on, Pause reports false, and goes on
+//     reporting false until Reset: the caller parks, and parks again if
+//     it wakes without what it waited for.
 //     ubkit's parked waits (the futex sleeps of Wait and SeqLock) sleep at
 //     most 20 ms at a time and look at their peer's liveness between
 //     sleeps, so a dead peer is noticed within about two sleeps (the
@@ -107,15 +109,19 @@ type Backoff struct {
 	// DefaultYield; a negative value never yields.
 	Yield time.Duration
 
-	looks int
-	start time.Time
-	now   time.Time // the clock at the latest checkpoint
-	onlyP bool
+	looks  int
+	start  time.Time
+	now    time.Time // the clock at the latest checkpoint
+	onlyP  bool
+	parked bool // the spin is over: Pause reports false until Reset
 }
 
 // Pause paces the look that just found nothing and reports whether to look
 // again (true) or to park (false).
 func (b *Backoff) Pause() bool {
+	if b.parked {
+		return false
+	}
 	b.looks++
 	if b.looks&(backoffEvery-1) != 0 && b.looks != 1 {
 		return true
@@ -124,7 +130,7 @@ func (b *Backoff) Pause() bool {
 }
 
 // Reset starts the ladder again from its first rung at the next Pause.
-func (b *Backoff) Reset() { b.looks = 0 }
+func (b *Backoff) Reset() { b.looks, b.parked = 0, false }
 
 // rung is Pause's first look (the ladder's start) or a checkpoint.
 func (b *Backoff) rung() bool {
@@ -158,7 +164,8 @@ func (b *Backoff) checkpoint() bool {
 	if spin == 0 {
 		spin = DefaultSpin
 	}
-	return waited < spin
+	b.parked = waited >= spin
+	return !b.parked
 }
 
 // backoff is the ladder of w's spin phase.
@@ -350,6 +357,13 @@ func (s Wait) waitLoop(ctx context.Context, w waiter) error {
 		if ok || err != nil {
 			w.waiters.Add(^uint32(0))
 			return err
+		}
+		if here != nil && !w.parkHere() {
+			// The holder changed to another process since the channel
+			// was taken (ours let go before we registered, and theirs
+			// took over before the look): its wake-up goes to the futex,
+			// so sleep there, on the sequence read before registering.
+			here = nil
 		}
 		d := livenessInterval
 		if dl, has := ctx.Deadline(); has {

@@ -21,6 +21,7 @@ const (
 	slabChunkMax   = itemSizeMax / 2 // larger items are chunked
 	errTooLarge    = "SERVER_ERROR object too large for cache"
 	errOutOfMemory = "SERVER_ERROR out of memory storing object"
+	errUnreadable  = "SERVER_ERROR the item could not be read, try again"
 )
 
 // itemSize is the bytes memcached's item for key, flags and a value of n
@@ -135,7 +136,14 @@ func (s *Server) storeItem(ctx context.Context, cmd string, key, data []byte, fl
 	case "cas":
 		if casv == 0 {
 			// memcached has no item of CAS 0 to match.
-			if _, found := p.Version(ctx, key); found {
+			_, found, err := p.Version(ctx, key)
+			if err != nil {
+				// A bucket a stopped writer holds, or the connection
+				// closing: memcached has neither, and no answer for it.
+				s.failed(cmd, err)
+				return errUnreadable, 0
+			}
+			if found {
 				st.casBadval.Add(1)
 				return "EXISTS", 0
 			}

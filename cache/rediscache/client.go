@@ -664,7 +664,10 @@ func (nd *node) nsCurrent(ctx context.Context, g uint64) bool {
 	if k := nd.nsKnown.Load(); k != nil && k.stamp == s {
 		return g == k.version
 	}
-	cur, ok := nd.nc.pool.Version(ctx, nd.nsKeyB)
+	cur, ok, err := nd.nc.pool.Version(ctx, nd.nsKeyB)
+	if err != nil {
+		return false // unread: not current, and nothing learnt
+	}
 	if s&1 == 0 && nd.nsStamp.Load() == s {
 		if !ok {
 			cur = 0 // no generation: nothing is current
@@ -806,8 +809,8 @@ func (n *nearCache) lookup(ctx context.Context, o *node, ck []byte, keys []strin
 			return
 		}
 		for i := 1; i < cnt; i++ {
-			cur, ok := n.pool.Version(ctx, n.genKeyIn(kb[:], keys[i-1]))
-			if !ok || cur != binary.LittleEndian.Uint64(v[4+8*i:]) {
+			cur, ok, err := n.pool.Version(ctx, n.genKeyIn(kb[:], keys[i-1]))
+			if err != nil || !ok || cur != binary.LittleEndian.Uint64(v[4+8*i:]) {
 				return
 			}
 		}
