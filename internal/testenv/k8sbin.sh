@@ -128,7 +128,12 @@ build_kubernetes() {
 	rm -rf "$tmp"
 }
 
-build_etcd
-build_kwok
-build_kubernetes
+# k8sbin.sh [etcd|kwok|kubernetes]...: those only (all by default); two
+# runs may build different ones at once.
+for what in ${@:-etcd kwok kubernetes}; do
+	case $what in
+	etcd | kwok | kubernetes) "build_$what" ;;
+	*) echo "prereqs: k8sbin.sh: unknown binaries $what (etcd, kwok or kubernetes)" >&2; exit 2 ;;
+	esac
+done
 echo "prereqs: Kubernetes test binaries ok ($root)"
