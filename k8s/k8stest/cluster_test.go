@@ -60,10 +60,18 @@ func TestStartRBAC(t *testing.T) {
 		t.Fatalf("SubjectAccessReview allows alice to create ConfigMaps before any binding: %+v", sar.Status)
 	}
 
-	// The group, not the user, gets the namespace's edit role.
+	// The group, not the user, gets a role in the namespace. (Not the
+	// built-in edit: its rules are aggregated by the controller-manager,
+	// which does not run here.)
+	if _, err := admin.RbacV1().Roles(ns.Name).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "configmaps"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "get", "list"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := admin.RbacV1().RoleBindings(ns.Name).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "developers-edit"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
+		ObjectMeta: metav1.ObjectMeta{Name: "developers-configmaps"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "configmaps"},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "developers"}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
