@@ -86,3 +86,11 @@ func TestMissingBinary(t *testing.T) {
 		t.Fatalf("err %v, want one naming etcd and make prereqs", err)
 	}
 }
+
+// A process that exits at once fails Start with the end of its log.
+func TestStartFailureShowsLog(t *testing.T) {
+	_, err := start(t, Config{APIServerArgs: []string{"--no-such-flag"}})
+	if err == nil || !strings.Contains(err.Error(), "kube-apiserver did not start") || !strings.Contains(err.Error(), "no-such-flag") {
+		t.Fatalf("err %v, want kube-apiserver's failure and its log naming the flag", err)
+	}
+}
