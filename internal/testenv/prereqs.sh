@@ -95,4 +95,11 @@ go mod download
 # The shmipc-go benchmark baseline is a nested module (so ubkit's users do not
 # inherit its dependencies); its test builds it.
 (cd bench/shmipc && go mod download)
+# The real control plane of k8s/k8stest (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kwok), built from their Go
+# modules when missing. They live in a user-level cache
+# (${UBKIT_K8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/ubkit/k8s}), not in
+# $cache, so that a fresh clone (CI's) reuses them: the first build takes
+# about 15 minutes.
+bash internal/testenv/k8sbin.sh
 echo "prereqs: ok (cache $cache)"

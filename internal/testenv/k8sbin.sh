@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Builds, when missing, the binaries of the real Kubernetes control plane
+# that k8s/k8stest starts: kube-apiserver, kube-controller-manager and
+# kube-scheduler from the k8s.io/kubernetes module, etcd from
+# go.etcd.io/etcd/server/v3, kwok and its stage files from sigs.k8s.io/kwok.
+# Only the Go module proxy is used (shared/K8S.md has the recipe).
+#
+# They go into a user-level cache, not the clone's .cache, so a fresh clone
+# (CI) does not rebuild Kubernetes: $UBKIT_K8S_BIN, by default
+# ${XDG_CACHE_HOME:-$HOME/.cache}/ubkit/k8s, holds
+#   kubernetes-<version>/{kube-apiserver,kube-controller-manager,kube-scheduler}
+#   etcd-<version>/etcd
+#   kwok-<version>/kwok and kwok-<version>/stages/*.yaml
+# k8s/k8stest looks in the same place (k8stest.DefaultBinDir). Each directory
+# is built in a temporary directory beside it and renamed into place only
+# when complete, so an interrupted build leaves nothing half-made.
+set -euo pipefail
+
+# Keep these in step with k8s/k8stest/bin.go and go.mod (client-go v0.37.x).
+k8s_version=v1.37.2
+k8s_staging_version=v0.37.2
+etcd_version=v3.7.0
+kwok_version=v0.8.0
+
+root=${UBKIT_K8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/ubkit/k8s}
+mkdir -p "$root"
+
+# Two shared cores: build at low priority and at most two packages at once.
+export GOFLAGS="${GOFLAGS:-} -p=2"
+export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0
+nice=(nice -n 10)
+
+# Temporary build directories, removed however the script ends.
+tmps=()
+trap 'for d in "${tmps[@]}"; do rm -rf "$d"; done' EXIT
+
+# newmod <dir>: an empty throwaway module in dir.
+newmod() {
+	mkdir -p "$1"
+	(cd "$1" && go mod init ubkit.invalid/k8sbin >/dev/null 2>&1)
+}
+
+# finish <tmp> <dest>: moves a completed build into place.
+finish() {
+	rm -rf "$2" # a broken earlier build: mv would nest inside it
+	mv "$1" "$2"
+}
+
+build_etcd() {
+	local dest="$root/etcd-$etcd_version"
+	[ -x "$dest/etcd" ] && return 0
+	echo "prereqs: building etcd $etcd_version into $dest (about 1 minute)"
+	local tmp
+	tmp=$(mktemp -d "$root/.etcd-build.XXXXXX")
+	tmps+=("$tmp")
+	newmod "$tmp/mod"
+	(cd "$tmp/mod" &&
+		go get "go.etcd.io/etcd/server/v3@$etcd_version" &&
+		"${nice[@]}" go build -trimpath -ldflags "-s -w" -o "$tmp/out/etcd" go.etcd.io/etcd/server/v3) ||
+		{ echo "prereqs: could not build etcd $etcd_version (log above)" >&2; return 1; }
+	finish "$tmp/out" "$dest"
+	rm -rf "$tmp"
+}
+
+build_kwok() {
+	local dest="$root/kwok-$kwok_version"
+	# kwok's standard stages for nodes and pods, and its chaos stage
+	# that makes a labelled node NotReady (k8stest's CrashNode).
+	local stages=(node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease node/chaos/node-not-ready
+		pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete) stage ok=1
+	[ -x "$dest/kwok" ] || ok=0
+	for stage in "${stages[@]}"; do [ -f "$dest/stages/${stage##*/}.yaml" ] || ok=0; done
+	[ "$ok" = 1 ] && return 0
+	echo "prereqs: building kwok $kwok_version into $dest (about 2 minutes)"
+	local tmp
+	tmp=$(mktemp -d "$root/.kwok-build.XXXXXX")
+	tmps+=("$tmp")
+	newmod "$tmp/mod"
+	(cd "$tmp/mod" &&
+		go get "sigs.k8s.io/kwok/cmd/kwok@$kwok_version" &&
+		"${nice[@]}" go build -trimpath -ldflags "-s -w" -o "$tmp/out/kwok" sigs.k8s.io/kwok/cmd/kwok) ||
+		{ echo "prereqs: could not build kwok $kwok_version (log above)" >&2; return 1; }
+	# kwok exits with "no stages found" unless given stages; the module ships
+	# them under kustomize/stage/ (the pods' fast ones need no pod-create
+	# stage, unlike those in general/).
+	local src
+	src=$(cd "$tmp/mod" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+	mkdir -p "$tmp/out/stages"
+	for stage in "${stages[@]}"; do
+		cp "$src/kustomize/stage/$stage.yaml" "$tmp/out/stages/" ||
+			{ echo "prereqs: kwok $kwok_version has no stage $stage.yaml under $src/kustomize/stage" >&2; return 1; }
+	done
+	chmod -R u+w "$tmp/out/stages"
+	finish "$tmp/out" "$dest"
+	rm -rf "$tmp"
+}
+
+build_kubernetes() {
+	local dest="$root/kubernetes-$k8s_version"
+	local cmds=(kube-apiserver kube-controller-manager kube-scheduler) c missing=0
+	for c in "${cmds[@]}"; do [ -x "$dest/$c" ] || missing=1; done
+	[ "$missing" = 0 ] && return 0
+	echo "prereqs: building Kubernetes $k8s_version (${cmds[*]}) into $dest: the first build takes about 15 minutes"
+	local tmp
+	tmp=$(mktemp -d "$root/.kubernetes-build.XXXXXX")
+	tmps+=("$tmp")
+	newmod "$tmp/mod"
+	(
+		cd "$tmp/mod"
+		gomod=$(go mod download -json "k8s.io/kubernetes@$k8s_version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
+		[ -f "$gomod" ] || { echo "prereqs: no go.mod for k8s.io/kubernetes@$k8s_version" >&2; exit 1; }
+		# k8s.io/kubernetes replaces its staging modules with ./staging/...;
+		# replaces in a dependency are ignored, so replace each with its
+		# published release here.
+		staging=$(awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$gomod")
+		[ -n "$staging" ] || { echo "prereqs: no staging modules found in $gomod" >&2; exit 1; }
+		for m in $staging; do go mod edit -replace="$m=$m@$k8s_staging_version"; done
+		for c in "${cmds[@]}"; do go get "k8s.io/kubernetes/cmd/$c@$k8s_version"; done
+		minor=${k8s_version#v1.}
+		minor=${minor%%.*}
+		ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+		for c in "${cmds[@]}"; do
+			echo "prereqs: building $c $k8s_version"
+			"${nice[@]}" go build -trimpath -ldflags "$ldflags" -o "$tmp/out/$c" "k8s.io/kubernetes/cmd/$c"
+		done
+	) || { echo "prereqs: could not build Kubernetes $k8s_version (log above)" >&2; return 1; }
+	finish "$tmp/out" "$dest"
+	rm -rf "$tmp"
+}
+
+# k8sbin.sh [etcd|kwok|kubernetes]...: those only (all by default); two
+# runs may build different ones at once.
+for what in ${@:-etcd kwok kubernetes}; do
+	case $what in
+	etcd | kwok | kubernetes) "build_$what" ;;
+	*) echo "prereqs: k8sbin.sh: unknown binaries $what (etcd, kwok or kubernetes)" >&2; exit 2 ;;
+	esac
+done
+echo "prereqs: Kubernetes test binaries ok ($root)"
