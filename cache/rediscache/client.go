@@ -794,7 +794,7 @@ func (nd *node) snap(ctx context.Context, keys []string) (snapshot, bool) {
 // generations u64..., payload. The entry is read in place (no copy);
 // decode copies out what the command keeps.
 func (n *nearCache) lookup(ctx context.Context, o *node, ck []byte, keys []string, cmd redis.Cmder) bool {
-	served := false
+	served, decoded := false, false
 	var kb [256]byte
 	found, err := n.pool.View(ctx, ck, func(v []byte, _ cache.Info) {
 		served = false
@@ -814,10 +814,25 @@ func (n *nearCache) lookup(ctx context.Context, o *node, ck []byte, keys []strin
 				return
 			}
 		}
+		decoded = true
 		served = decode(cmd, v[4+8*cnt:])
+		if testHookDecoded != nil {
+			testHookDecoded()
+		}
 	})
-	return found && err == nil && served
+	if found && err == nil && served {
+		return true
+	}
+	if decoded {
+		clearResult(cmd) // a look whose answer was not kept
+	}
+	return false
 }
+
+// testHookDecoded runs in a lookup's View callback after the entry was
+// decoded, before the store has validated what it read (so a write made
+// there makes the store call the callback again).
+var testHookDecoded func()
 
 // GET, the commonest read, is served with one read of the pool: its
 // answer lives in the key's generation entry itself, as the namespace
@@ -828,11 +843,25 @@ func (n *nearCache) lookup(ctx context.Context, o *node, ck []byte, keys []strin
 
 func (n *nearCache) getLookup(ctx context.Context, o *node, cmd redis.Cmder, key string) bool {
 	var kb [256]byte
-	served := false
+	served, decoded := false, false
 	found, err := n.pool.View(ctx, n.genKeyIn(kb[:], key), func(v []byte, _ cache.Info) {
-		served = len(v) > 8 && o.nsCurrent(ctx, binary.LittleEndian.Uint64(v)) && decode(cmd, v[8:])
+		served = false
+		if len(v) <= 8 || !o.nsCurrent(ctx, binary.LittleEndian.Uint64(v)) {
+			return
+		}
+		decoded = true
+		served = decode(cmd, v[8:])
+		if testHookDecoded != nil {
+			testHookDecoded()
+		}
 	})
-	return found && err == nil && served
+	if found && err == nil && served {
+		return true
+	}
+	if decoded {
+		clearResult(cmd) // a look whose answer was not kept
+	}
+	return false
 }
 
 // lookupAny serves cmd from the near cache if it is a cached read with a
@@ -1345,7 +1374,15 @@ func encode(cmd redis.Cmder, err error) ([]byte, bool) {
 }
 
 // decode sets cmd's result from a payload; false if it does not fit.
+//
+// The store may call a View's callback again when a write changed the
+// bucket meanwhile (the first look may even have seen a record being
+// rewritten), so decode first clears what an earlier look set: a miss
+// decoded after a value must not keep that value (go-redis gives none
+// with redis.Nil), and a look that ends unserved leaves the command as
+// it found it, for Redis to answer.
 func decode(cmd redis.Cmder, p []byte) bool {
+	clearResult(cmd)
 	if len(p) == 0 {
 		return false
 	}
@@ -1442,6 +1479,30 @@ func decode(cmd redis.Cmder, p []byte) bool {
 	}
 	cmd.SetErr(nil)
 	return true
+}
+
+// clearResult gives cmd, of a type decode sets, its zero value and no
+// error, as a command not yet run has.
+func clearResult(cmd redis.Cmder) {
+	switch c := cmd.(type) {
+	case *redis.StringCmd:
+		c.SetVal("")
+	case *redis.IntCmd:
+		c.SetVal(0)
+	case *redis.BoolCmd:
+		c.SetVal(false)
+	case *redis.FloatCmd:
+		c.SetVal(0)
+	case *redis.SliceCmd:
+		c.SetVal(nil)
+	case *redis.StringSliceCmd:
+		c.SetVal(nil)
+	case *redis.MapStringStringCmd:
+		c.SetVal(nil)
+	default:
+		return
+	}
+	cmd.SetErr(nil)
 }
 
 // stripedCounter is a counter that goroutines on different CPUs bump

@@ -707,3 +707,86 @@ func TestHostileServer(t *testing.T) {
 		}
 	}
 }
+
+// TestHitReadAgainKeepsNoOldAnswer: a hit decodes its entry inside the
+// store's View, which calls it again when a write changed the bucket
+// meanwhile. When the second look finds a cached miss, the answer is
+// go-redis's for a miss (no value, redis.Nil), not the value the first
+// look decoded. (Under load a reader preempted in the middle of View
+// returned a refused fill's stale value with redis.Nil this way, which
+// TestSharedKeysLinearizable reported as an impossible read.) The hook
+// deletes the key through the drop-in, waits for its invalidation and
+// reads it, caching the miss, between the first look and its validation.
+func TestHitReadAgainKeepsNoOldAnswer(t *testing.T) {
+	ctx := context.Background()
+	p := newPool(t)
+	rdb := newClient(t, p, Config{})
+	direct := plain(t)
+	cases := []struct {
+		name  string
+		write func(k string) // makes the key hold what the read first finds
+		read  func(c redis.Cmdable, k string) redis.Cmder
+		del   func(k string) error // through the drop-in: the read then misses
+	}{
+		{"get",
+			func(k string) { direct.Set(ctx, k, "old", 0) },
+			func(c redis.Cmdable, k string) redis.Cmder { return c.Get(ctx, k) },
+			func(k string) error { return rdb.Del(ctx, k).Err() }},
+		{"pipelined get",
+			func(k string) { direct.Set(ctx, k, "old", 0) },
+			func(c redis.Cmdable, k string) redis.Cmder {
+				var cmd redis.Cmder
+				_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error { cmd = p.Get(ctx, k); return nil })
+				return cmd
+			},
+			func(k string) error { return rdb.Del(ctx, k).Err() }},
+		{"hget",
+			func(k string) { direct.HSet(ctx, k, "f", "old") },
+			func(c redis.Cmdable, k string) redis.Cmder { return c.HGet(ctx, k, "f") },
+			func(k string) error { return rdb.HDel(ctx, k, "f").Err() }},
+		{"zscore",
+			func(k string) { direct.ZAdd(ctx, k, redis.Z{Score: 1.5, Member: "x"}) },
+			func(c redis.Cmdable, k string) redis.Cmder { return c.ZScore(ctx, k, "x") },
+			func(k string) error { return rdb.ZRem(ctx, k, "x").Err() }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			k := "reread:" + strings.ReplaceAll(tc.name, " ", "-")
+			direct.Del(ctx, k)
+			tc.write(k)
+			marker(t, rdb, direct)
+			tc.read(rdb, k) // fills
+			looks, changed := 0, false
+			testHookDecoded = func() {
+				looks++
+				if changed {
+					return
+				}
+				changed = true
+				if err := tc.del(k); err != nil {
+					t.Errorf("delete: %v", err)
+				}
+				// Its invalidation applied first, so none voids the miss
+				// cached next.
+				if err := rdb.Sync(ctx); err != nil {
+					t.Errorf("Sync: %v", err)
+				}
+				if err := tc.read(rdb, k).Err(); !errors.Is(err, redis.Nil) { // caches the miss
+					t.Errorf("the read after the delete: %v, want redis.Nil", err)
+				}
+			}
+			defer func() { testHookDecoded = nil }()
+			hits := rdb.Stats().Hits
+			got := answer(tc.read(rdb, k))
+			testHookDecoded = nil
+			if want := answer(tc.read(direct, k)); got != want {
+				t.Errorf("drop-in: %s, plain go-redis: %s", got, want)
+			}
+			// The hook's own read missed (its entry was forgotten); the
+			// outer one must have hit, on its second look.
+			if st := rdb.Stats(); st.Hits != hits+1 || looks < 2 {
+				t.Errorf("the read was not served from the cache on a second look (%d looks, %d hits): the test no longer tests anything", looks, st.Hits-hits)
+			}
+		})
+	}
+}
