@@ -9,7 +9,7 @@ FUZZTIME ?= 10s
 
 export UBKIT_CACHE := $(CACHE)
 
-.PHONY: demo test prereqs vet cross race examples bench fuzz lint clean
+.PHONY: demo test prereqs vet cross race examples bench fuzz lint clean generate
 
 demo:
 	$(GO) run ./cmd/ubctl demo
@@ -45,6 +45,11 @@ examples:
 
 bench:
 	$(GO) run ./cmd/ubctl bench all
+
+# controller-gen (pinned in the script): deepcopy, CRDs and RBAC of k8s/.
+# Check the output in; k8s/api/v1alpha1's tests fail when it is stale.
+generate:
+	@bash k8s/config/generate.sh
 
 # A short run of every fuzz target.
 fuzz:

@@ -1,0 +1,9 @@
+package v1alpha1
+
+import (
+	"testing"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }

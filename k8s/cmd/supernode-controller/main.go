@@ -1,0 +1,54 @@
+// Command supernode-controller runs ubkit's SuperNode controller
+// (k8s/supernode): one SuperNode per value of the Nodes'
+// supernode.ubkit.io/id label, its status the super node in one view.
+// Install k8s/config/crd and bind k8s/config/rbac's ClusterRole to its
+// service account first (docs/k8s.md).
+//
+//	supernode-controller [-kubeconfig FILE] [-leader-elect] [-metrics-bind-address :8080]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/ubkit-io/ubkit/k8s/supernode"
+)
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `file`; empty means in-cluster")
+	leaderElect := flag.Bool("leader-elect", false, "elect a leader, so that only one of several replicas reconciles")
+	leaderNS := flag.String("leader-elect-namespace", "kube-system", "`namespace` of the leader election Lease")
+	metricsAddr := flag.String("metrics-bind-address", ":8080", "`address` of the Prometheus metrics endpoint; 0 turns it off")
+	healthAddr := flag.String("health-probe-bind-address", ":8081", "`address` of /healthz and /readyz; 0 turns them off")
+	noHyper := flag.Bool("no-hypernodes", false, "do not export Volcano HyperNodes even where their CRD is installed")
+	debug := flag.Bool("debug", false, "log at Debug level")
+	flag.Parse()
+
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "supernode-controller:", err)
+		os.Exit(2)
+	}
+	ctx := ctrl.SetupSignalHandler() // SIGINT or SIGTERM: stop, releasing the lease
+	err = supernode.Run(ctx, cfg, supernode.Config{
+		Options:                 supernode.Options{Logger: log, NoHyperNodes: *noHyper},
+		LeaderElection:          *leaderElect,
+		LeaderElectionNamespace: *leaderNS,
+		MetricsAddr:             *metricsAddr,
+		HealthAddr:              *healthAddr,
+	})
+	if err != nil {
+		log.Error("supernode-controller: " + err.Error())
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,340 @@
+package supernode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/discovery"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
+)
+
+// managerName names the controller: in Events, as the field manager and
+// in the managed-by label of the HyperNodes it makes.
+const managerName = "ubkit-supernode-controller"
+
+// Event reasons, on the SuperNode.
+const (
+	EventDegraded  = "Degraded"
+	EventRecovered = "Recovered"
+)
+
+// Options configure a Reconciler. The zero value is usable.
+type Options struct {
+	// Logger receives the controller's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// NoHyperNodes turns the export of Volcano HyperNodes off even where
+	// their CRD is installed.
+	NoHyperNodes bool
+}
+
+// Reconciler keeps one SuperNode per super node of the cluster's Nodes.
+// Its Reconcile is level-triggered and idempotent: from the Nodes as they
+// are, it writes the SuperNode's status, the members' annotations and
+// the HyperNodes only where they differ from what they should be.
+type Reconciler struct {
+	client   client.Client
+	reader   client.Reader // uncached: HyperNodes are not watched, their CRD may be absent
+	recorder events.EventRecorder
+	log      *slog.Logger
+	hyper    *hyperNodeProbe
+	noHyper  bool
+}
+
+// New returns a Reconciler that works through mgr's client, cache and
+// event recorder. Register it with SetupWithManager.
+func New(mgr manager.Manager, opts Options) (*Reconciler, error) {
+	disco, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
+	if err != nil {
+		return nil, fmt.Errorf("supernode: discovery client: %w", err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Reconciler{
+		client:   mgr.GetClient(),
+		reader:   mgr.GetAPIReader(),
+		recorder: mgr.GetEventRecorder(managerName),
+		log:      log,
+		hyper:    &hyperNodeProbe{disco: disco, now: time.Now},
+		noHyper:  opts.NoHyperNodes,
+	}, nil
+}
+
+// SetupWithManager registers the controller: it watches SuperNodes and
+// Nodes, a Node's change queuing the super node it belongs (or belonged)
+// to.
+func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
+	skip := true // more than one manager per process (tests, the bench) runs this controller
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("supernode").
+		For(&v1alpha1.SuperNode{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(nodeToSuperNode), builder.WithPredicates(nodeChanged)).
+		WithOptions(controller.Options{SkipNameValidation: &skip}).
+		Complete(r)
+}
+
+// nodeToSuperNode maps a Node to the SuperNode its label names.
+func nodeToSuperNode(_ context.Context, o client.Object) []reconcile.Request {
+	id := o.GetLabels()[v1alpha1.LabelSuperNode]
+	if !validID(id) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: id}}}
+}
+
+func validID(id string) bool {
+	return id != "" && len(validation.IsDNS1123Subdomain(id)) == 0 && len(id) <= 63
+}
+
+// nodeChanged lets through the Node updates that can change a SuperNode:
+// labels, readiness, capacity and the bandwidth annotation; not
+// heartbeats, nor the controller's own annotations.
+var nodeChanged = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+	a, okA := e.ObjectOld.(*corev1.Node)
+	b, okB := e.ObjectNew.(*corev1.Node)
+	if !okA || !okB {
+		return true
+	}
+	ha, ra := nodeHealth(a)
+	hb, rb := nodeHealth(b)
+	return ha != hb || ra != rb ||
+		!equality.Semantic.DeepEqual(a.Labels, b.Labels) ||
+		!equality.Semantic.DeepEqual(a.Status.Capacity, b.Status.Capacity) ||
+		a.Annotations[v1alpha1.LabelUBBandwidth] != b.Annotations[v1alpha1.LabelUBBandwidth] ||
+		annotationsDiffer(a, ourAnnotations(b))
+}}
+
+func ourAnnotations(n *corev1.Node) map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth} {
+		if v, ok := n.Annotations[k]; ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// Reconcile brings the SuperNode named req.Name in line with its member
+// Nodes, creating it if Nodes name it and it does not exist.
+func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ reconcile.Result, err error) {
+	start := time.Now()
+	defer func() {
+		result := "success"
+		if err != nil {
+			result = "error"
+		}
+		reconcilesTotal.WithLabelValues(result).Inc()
+		reconcileSeconds.Observe(time.Since(start).Seconds())
+	}()
+
+	var nodes corev1.NodeList
+	if err := r.client.List(ctx, &nodes, client.MatchingLabels{v1alpha1.LabelSuperNode: req.Name}); err != nil {
+		return reconcile.Result{}, fmt.Errorf("supernode: list nodes of %s: %w", req.Name, err)
+	}
+	sn := &v1alpha1.SuperNode{}
+	switch err := r.client.Get(ctx, req.NamespacedName, sn); {
+	case apierrors.IsNotFound(err):
+		if len(nodes.Items) == 0 {
+			membersByHealth.DeletePartialMatch(map[string]string{"supernode": req.Name})
+			return reconcile.Result{}, nil
+		}
+		sn = &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: req.Name}, Spec: v1alpha1.SuperNodeSpec{ID: req.Name}}
+		if err := r.client.Create(ctx, sn, client.FieldOwner(managerName)); err != nil {
+			return reconcile.Result{}, fmt.Errorf("supernode: create SuperNode %s: %w", req.Name, err)
+		}
+		r.log.InfoContext(ctx, "supernode: created SuperNode", "supernode", req.Name, "members", len(nodes.Items))
+	case err != nil:
+		return reconcile.Result{}, fmt.Errorf("supernode: get SuperNode %s: %w", req.Name, err)
+	}
+	if !sn.DeletionTimestamp.IsZero() {
+		return reconcile.Result{}, nil
+	}
+
+	st := computeStatus(sn, nodes.Items)
+
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		want := memberAnnotations(sn.Name, &st, n)
+		if !annotationsDiffer(n, want) {
+			continue
+		}
+		patch := client.MergeFrom(n.DeepCopy())
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		for _, k := range []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth} {
+			if v, ok := want[k]; ok {
+				n.Annotations[k] = v
+			} else {
+				delete(n.Annotations, k)
+			}
+		}
+		if err := r.client.Patch(ctx, n, patch, client.FieldOwner(managerName)); err != nil && !apierrors.IsNotFound(err) {
+			return reconcile.Result{}, fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
+		}
+	}
+
+	if err := r.exportHyperNodes(ctx, sn, nodes.Items); err != nil {
+		return reconcile.Result{}, err
+	}
+
+	r.recordTransition(sn, &st)
+	setMemberGauge(sn.Name, &st)
+	if equality.Semantic.DeepEqual(sn.Status, st) {
+		return reconcile.Result{}, nil
+	}
+	sn.Status = st
+	if err := r.client.Status().Update(ctx, sn, client.FieldOwner(managerName)); err != nil {
+		return reconcile.Result{}, fmt.Errorf("supernode: update status of %s: %w", sn.Name, err)
+	}
+	return reconcile.Result{}, nil
+}
+
+func (r *Reconciler) exportHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) error {
+	if r.noHyper {
+		return nil
+	}
+	served, err := r.hyper.Served()
+	if err != nil {
+		return err
+	}
+	if !served {
+		r.log.DebugContext(ctx, "supernode: Volcano's HyperNode CRD is not installed; not exporting HyperNodes", "supernode", sn.Name)
+		return nil
+	}
+	_, err = r.syncHyperNodes(ctx, sn, nodes)
+	return err
+}
+
+// recordTransition records an Event when the super node degrades or
+// recovers.
+func (r *Reconciler) recordTransition(sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus) {
+	was := meta.IsStatusConditionTrue(sn.Status.Conditions, v1alpha1.ConditionDegraded)
+	now := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDegraded)
+	if now == nil {
+		return
+	}
+	switch {
+	case !was && now.Status == metav1.ConditionTrue:
+		r.recorder.Eventf(sn, nil, corev1.EventTypeWarning, EventDegraded, "Reconcile", "%s", now.Message)
+		r.log.Warn("supernode: degraded", "supernode", sn.Name, "message", now.Message)
+	case was && now.Status == metav1.ConditionFalse:
+		r.recorder.Eventf(sn, nil, corev1.EventTypeNormal, EventRecovered, "Reconcile", "%s", now.Message)
+		r.log.Info("supernode: recovered", "supernode", sn.Name, "message", now.Message)
+	}
+}
+
+// Scheme is the scheme the controller's clients use: Kubernetes' own
+// types and v1alpha1.
+func Scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Config configures Run.
+type Config struct {
+	Options
+	// LeaderElection makes only one of several running controllers
+	// reconcile, by a Lease in LeaderElectionNamespace.
+	LeaderElection bool
+	// LeaderElectionNamespace holds the Lease; "" means kube-system.
+	LeaderElectionNamespace string
+	// MetricsAddr is where Prometheus metrics are served (controller-
+	// runtime's registry, ours included); "" or "0" serves none.
+	MetricsAddr string
+	// HealthAddr serves /healthz and /readyz; "" or "0" serves none.
+	HealthAddr string
+}
+
+// NewManager returns a manager with the controller registered, for cfg's
+// cluster; start it with its Start.
+func NewManager(cfg *rest.Config, c Config) (manager.Manager, error) {
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, err
+	}
+	log := c.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	metrics := c.MetricsAddr
+	if metrics == "" {
+		metrics = "0"
+	}
+	health := c.HealthAddr
+	if health == "" {
+		health = "0"
+	}
+	ns := c.LeaderElectionNamespace
+	if ns == "" {
+		ns = "kube-system"
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                  scheme,
+		Logger:                  logr.FromSlogHandler(log.Handler()),
+		Metrics:                 metricsserver.Options{BindAddress: metrics},
+		HealthProbeBindAddress:  health,
+		LeaderElection:          c.LeaderElection,
+		LeaderElectionID:        managerName,
+		LeaderElectionNamespace: ns,
+		// A controller that stops (a new version rolling out) hands over at once.
+		LeaderElectionReleaseOnCancel: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("supernode: manager: %w", err)
+	}
+	if health != "0" {
+		if err := errors.Join(mgr.AddHealthzCheck("ping", pingCheck), mgr.AddReadyzCheck("ping", pingCheck)); err != nil {
+			return nil, err
+		}
+	}
+	r, err := New(mgr, c.Options)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return nil, fmt.Errorf("supernode: set up controller: %w", err)
+	}
+	return mgr, nil
+}
+
+// Run runs the controller against cfg's cluster until ctx is done.
+func Run(ctx context.Context, cfg *rest.Config, c Config) error {
+	mgr, err := NewManager(cfg, c)
+	if err != nil {
+		return err
+	}
+	return mgr.Start(ctx)
+}

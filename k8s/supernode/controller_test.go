@@ -1,0 +1,156 @@
+package supernode
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
+	"github.com/ubkit-io/ubkit/k8s/k8stest"
+	"github.com/ubkit-io/ubkit/ub/topology"
+)
+
+func addExample(t *testing.T, c *k8stest.Cluster, name string, labels map[string]string) *topology.Topology {
+	t.Helper()
+	topo, err := topology.Example(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddNodes(t.Context(), topo, k8stest.NodeOptions{Labels: labels}); err != nil {
+		t.Fatal(err)
+	}
+	return topo
+}
+
+func wantFigures(t *testing.T, sn *v1alpha1.SuperNode, members, ready int32, memory string, npus, gpus, kaes int64) {
+	t.Helper()
+	st := sn.Status
+	if st.MemberCount != members || st.ReadyCount != ready || st.NPUs != npus || st.GPUs != gpus || st.KAEs != kaes {
+		t.Errorf("%s: members %d ready %d npus %d gpus %d kaes %d, want %d %d %d %d %d",
+			sn.Name, st.MemberCount, st.ReadyCount, st.NPUs, st.GPUs, st.KAEs, members, ready, npus, gpus, kaes)
+	}
+	if want := resource.MustParse(memory); st.Memory.Cmp(want) != 0 {
+		t.Errorf("%s: memory %s, want %s", sn.Name, st.Memory.String(), memory)
+	}
+}
+
+// hasEvent reports whether an Event with reason was recorded about
+// SuperNode name.
+func hasEvent(ctx context.Context, c *k8stest.Cluster, name, reason string) (bool, error) {
+	evs, err := c.Client().EventsV1().Events("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(evs.Items, func(e eventsv1.Event) bool {
+		return e.Regarding.Kind == "SuperNode" && e.Regarding.Name == name && e.Reason == reason
+	}), nil
+}
+
+// TestSuperNodeLifecycle: from the generated CRD, dev4 and cm384 (48 nodes)
+// reconcile to correct statuses; a crashed member degrades its super node,
+// named, and recovery clears it, with Events; a deleted member degrades it
+// too; a second controller after the first changes nothing.
+func TestSuperNodeLifecycle(t *testing.T) {
+	c := k8stest.Start(t, k8stest.Config{Kwok: true})
+	installCRD(t, c.RESTConfig(), superNodeCRD)
+	addExample(t, c, "dev4", nil)
+	addExample(t, c, "cm384", map[string]string{v1alpha1.LabelUBBandwidth: "392000000000"})
+	cl := newClient(t, c.RESTConfig())
+
+	log, rec := testenv.NewLogRecorder()
+	stop := startController(t, c.RESTConfig(), Config{Options: Options{Logger: log}})
+
+	dev4 := waitSuperNode(t, cl, "dev4", "Ready", isReady)
+	wantFigures(t, dev4, 4, 4, "64Gi", 4, 1, 1)
+	if want := []v1alpha1.Tier{{Tier: 1, Key: v1alpha1.LabelRack, Groups: 2}, {Tier: 2, Key: "supernode", Groups: 1}}; !slices.Equal(dev4.Status.Tiers, want) {
+		t.Errorf("dev4 tiers %v, want %v", dev4.Status.Tiers, want)
+	}
+	if dev4.Status.Phase != v1alpha1.PhaseReady || dev4.Status.InterconnectBandwidth != "" {
+		t.Errorf("dev4: phase %q bandwidth %q", dev4.Status.Phase, dev4.Status.InterconnectBandwidth)
+	}
+	cm := waitSuperNode(t, cl, "cm384", "Ready", isReady)
+	wantFigures(t, cm, 48, 48, "72Ti", 384, 0, 0)
+	if want := topology.FormatBandwidth(392e9); cm.Status.InterconnectBandwidth != want {
+		t.Errorf("cm384 bandwidth %q, want %q", cm.Status.InterconnectBandwidth, want)
+	}
+	if len(cm.Status.Tiers) != 2 || cm.Status.Tiers[0].Groups != 12 {
+		t.Errorf("cm384 tiers %v, want 12 racks under the super node", cm.Status.Tiers)
+	}
+	// The Volcano CRD is absent: nothing exported, said at Debug.
+	rec.WaitFor(t, "level=DEBUG", "HyperNode CRD is not installed")
+
+	// Member annotations: which pools, not the pools again.
+	poll(t, "member annotations", func(ctx context.Context) (bool, error) {
+		n := &corev1.Node{}
+		if err := cl.Get(ctx, client.ObjectKey{Name: "cm384-node07"}, n); err != nil {
+			return false, err
+		}
+		a := n.Annotations
+		return a[v1alpha1.AnnotationMemory] == "cm384" && a[v1alpha1.AnnotationGPUPool] == "cm384" &&
+			a[v1alpha1.AnnotationInterconnectBandwidth] == cm.Status.InterconnectBandwidth, nil
+	})
+
+	// Crash and recovery.
+	if _, err := c.CrashNode(t.Context(), "dev4-n1"); err != nil {
+		t.Fatal(err)
+	}
+	dev4 = waitSuperNode(t, cl, "dev4", "Degraded naming dev4-n1", degradedNaming("dev4-n1"))
+	wantFigures(t, dev4, 4, 3, "56Gi", 2, 1, 1)
+	if d := condition(dev4, v1alpha1.ConditionDegraded); d.Reason != v1alpha1.ReasonMembersNotReady {
+		t.Errorf("Degraded reason %q, want %q", d.Reason, v1alpha1.ReasonMembersNotReady)
+	}
+	poll(t, "a Degraded Event", func(ctx context.Context) (bool, error) { return hasEvent(ctx, c, "dev4", EventDegraded) })
+	if _, err := c.RecoverNode(t.Context(), "dev4-n1"); err != nil {
+		t.Fatal(err)
+	}
+	dev4 = waitSuperNode(t, cl, "dev4", "Ready again", isReady)
+	wantFigures(t, dev4, 4, 4, "64Gi", 4, 1, 1)
+	poll(t, "a Recovered Event", func(ctx context.Context) (bool, error) { return hasEvent(ctx, c, "dev4", EventRecovered) })
+
+	// Deletion.
+	if err := c.Client().CoreV1().Nodes().Delete(t.Context(), "dev4-n3", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dev4 = waitSuperNode(t, cl, "dev4", "Degraded naming the deleted dev4-n3", degradedNaming("dev4-n3"))
+	wantFigures(t, dev4, 4, 3, "32Gi", 4, 1, 0)
+	if d := condition(dev4, v1alpha1.ConditionDegraded); d.Reason != v1alpha1.ReasonMembersMissing {
+		t.Errorf("Degraded reason %q, want %q", d.Reason, v1alpha1.ReasonMembersMissing)
+	}
+	if got := testutil.ToFloat64(membersByHealth.WithLabelValues("dev4", string(v1alpha1.MemberMissing))); got != 1 {
+		t.Errorf("ubkit_supernode_members{supernode=dev4,health=Missing} = %v, want 1", got)
+	}
+
+	// Restart: a new controller reconciles both and writes nothing.
+	stop()
+	before := resourceVersions(t, cl)
+	reconciled := testutil.ToFloat64(reconcilesTotal.WithLabelValues("success"))
+	startController(t, c.RESTConfig(), Config{})
+	poll(t, "the second controller's reconciles", func(context.Context) (bool, error) {
+		return testutil.ToFloat64(reconcilesTotal.WithLabelValues("success")) >= reconciled+2, nil
+	})
+	if after := resourceVersions(t, cl); !maps.Equal(before, after) {
+		t.Errorf("SuperNodes changed by a restart: resourceVersions %v, then %v", before, after)
+	}
+}
+
+func resourceVersions(t *testing.T, cl client.Client) map[string]string {
+	t.Helper()
+	var list v1alpha1.SuperNodeList
+	if err := cl.List(t.Context(), &list); err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, sn := range list.Items {
+		m[sn.Name] = sn.ResourceVersion
+	}
+	return m
+}

@@ -1,0 +1,156 @@
+package supernode
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
+)
+
+// HyperNodeGVK is Volcano's HyperNode (cluster-scoped; spec.tier and
+// spec.members), which the controller exports when its CRD is installed.
+var HyperNodeGVK = schema.GroupVersionKind{Group: "topology.volcano.sh", Version: "v1alpha1", Kind: "HyperNode"}
+
+// hyperNodeRecheck is how long an answer of discovery about the HyperNode
+// CRD is trusted: a CRD installed later is found within this time.
+const hyperNodeRecheck = 30 * time.Second
+
+// hyperNodeProbe says, through discovery, whether the HyperNode kind is
+// served, and remembers the answer for a while.
+type hyperNodeProbe struct {
+	disco discovery.DiscoveryInterface
+	now   func() time.Time
+
+	mu      sync.Mutex
+	checked time.Time
+	served  bool
+}
+
+func (p *hyperNodeProbe) Served() (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.checked.IsZero() && p.now().Sub(p.checked) < hyperNodeRecheck {
+		return p.served, nil
+	}
+	list, err := p.disco.ServerResourcesForGroupVersion(HyperNodeGVK.GroupVersion().String())
+	switch {
+	case apierrors.IsNotFound(err):
+		p.served = false
+	case err != nil:
+		return false, fmt.Errorf("supernode: discovery of %s: %w", HyperNodeGVK.GroupVersion(), err)
+	default:
+		p.served = slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == HyperNodeGVK.Kind })
+	}
+	p.checked = p.now()
+	return p.served, nil
+}
+
+// desiredHyperNodes are the HyperNodes that stand for super node sn with
+// member Nodes nodes: with every member in a rack, one tier-1 HyperNode
+// per rack (<sn>-<rack>, its Nodes) under a tier-2 one (<sn>, the racks);
+// otherwise one tier-1 HyperNode <sn> of all the Nodes.
+func desiredHyperNodes(sn *v1alpha1.SuperNode, nodes []corev1.Node) []*unstructured.Unstructured {
+	if len(nodes) == 0 {
+		return nil
+	}
+	byRack := map[string][]string{}
+	racked := true
+	var all []string
+	for _, n := range nodes {
+		all = append(all, n.Name)
+		r := n.Labels[v1alpha1.LabelRack]
+		if r == "" {
+			racked = false
+		}
+		byRack[r] = append(byRack[r], n.Name)
+	}
+	if !racked {
+		return []*unstructured.Unstructured{hyperNode(sn, sn.Name, 1, "Node", all)}
+	}
+	var rackNames []string
+	var hns []*unstructured.Unstructured
+	for _, r := range slices.Sorted(maps.Keys(byRack)) {
+		name := strings.ToLower(sn.Name + "-" + r)
+		rackNames = append(rackNames, name)
+		hns = append(hns, hyperNode(sn, name, 1, "Node", byRack[r]))
+	}
+	return append(hns, hyperNode(sn, sn.Name, 2, "HyperNode", rackNames))
+}
+
+func hyperNode(sn *v1alpha1.SuperNode, name string, tier int64, memberType string, members []string) *unstructured.Unstructured {
+	slices.Sort(members)
+	ms := make([]any, 0, len(members))
+	for _, m := range members {
+		ms = append(ms, map[string]any{
+			"type":     memberType,
+			"selector": map[string]any{"exactMatch": map[string]any{"name": m}},
+		})
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(HyperNodeGVK)
+	u.SetName(name)
+	u.SetLabels(map[string]string{v1alpha1.LabelSuperNode: sn.Name, labelManagedBy: managerName})
+	u.SetOwnerReferences([]metav1.OwnerReference{*metav1.NewControllerRef(sn, v1alpha1.GroupVersion.WithKind("SuperNode"))})
+	u.Object["spec"] = map[string]any{"tier": tier, "members": ms}
+	return u
+}
+
+const labelManagedBy = "app.kubernetes.io/managed-by"
+
+// syncHyperNodes makes the HyperNodes of sn what desiredHyperNodes says,
+// touching only those that differ, and removes ours that are not wanted.
+// It returns how many it wrote.
+func (r *Reconciler) syncHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) (int, error) {
+	have := &unstructured.UnstructuredList{}
+	have.SetGroupVersionKind(HyperNodeGVK.GroupVersion().WithKind("HyperNodeList"))
+	if err := r.reader.List(ctx, have, client.MatchingLabels{v1alpha1.LabelSuperNode: sn.Name, labelManagedBy: managerName}); err != nil {
+		return 0, fmt.Errorf("supernode: list HyperNodes of %s: %w", sn.Name, err)
+	}
+	existing := map[string]*unstructured.Unstructured{}
+	for i := range have.Items {
+		existing[have.Items[i].GetName()] = &have.Items[i]
+	}
+	writes := 0
+	for _, want := range desiredHyperNodes(sn, nodes) {
+		cur, ok := existing[want.GetName()]
+		delete(existing, want.GetName())
+		if !ok {
+			if err := r.client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+				return writes, fmt.Errorf("supernode: create HyperNode %s: %w", want.GetName(), err)
+			}
+			writes++
+			continue
+		}
+		if equality.Semantic.DeepEqual(cur.Object["spec"], want.Object["spec"]) &&
+			equality.Semantic.DeepEqual(cur.GetLabels(), want.GetLabels()) {
+			continue
+		}
+		cur.Object["spec"] = want.Object["spec"]
+		cur.SetLabels(want.GetLabels())
+		if err := r.client.Update(ctx, cur); err != nil {
+			return writes, fmt.Errorf("supernode: update HyperNode %s: %w", cur.GetName(), err)
+		}
+		writes++
+	}
+	for _, stale := range existing {
+		if err := r.client.Delete(ctx, stale); err != nil && !apierrors.IsNotFound(err) {
+			return writes, fmt.Errorf("supernode: delete HyperNode %s: %w", stale.GetName(), err)
+		}
+		writes++
+	}
+	return writes, nil
+}
