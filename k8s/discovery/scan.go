@@ -48,11 +48,11 @@ type Report struct {
 	// (the topology's name and the node's name in it); both are "" if
 	// the identity could not be read (see the Identity condition).
 	SuperNode, Node string
-	GPUs       []GPUDevice
-	NPUs       []NPUDevice
-	KAE        []KAEEngine
-	HugePages  []HugePagePool
-	NUMA       []NUMANode
+	GPUs            []GPUDevice
+	NPUs            []NPUDevice
+	KAE             []KAEEngine
+	HugePages       []HugePagePool
+	NUMA            []NUMANode
 	// Drivers holds the driver version found per device kind ("" if
 	// none is exposed).
 	Drivers map[DeviceKind]string
@@ -109,8 +109,8 @@ type HugePagePool struct {
 
 // NUMANode is one NUMA node.
 type NUMANode struct {
-	ID                 int
-	CPUs               []int
+	ID                int
+	CPUs              []int
 	MemTotal, MemFree int64
 }
 
