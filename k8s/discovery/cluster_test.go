@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"gopkg.in/yaml.v3"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
-	"sigs.k8s.io/yaml"
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/k8s/k8stest"
@@ -194,12 +194,8 @@ func installCRD(t *testing.T, ctx context.Context, c *k8stest.Cluster, dyn dynam
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := yaml.YAMLToJSON(data)
-	if err != nil {
-		t.Fatal(err)
-	}
 	crd := &unstructured.Unstructured{}
-	if err := crd.UnmarshalJSON(js); err != nil {
+	if err := yaml.Unmarshal(data, &crd.Object); err != nil {
 		t.Fatal(err)
 	}
 	crdGVR := schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
