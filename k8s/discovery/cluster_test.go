@@ -3,6 +3,7 @@ package discovery
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,11 +12,13 @@ import (
 
 	"gopkg.in/yaml.v3"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/k8s/k8stest"
@@ -184,6 +187,86 @@ func TestPublishCluster(t *testing.T) {
 			t.Errorf("node labels changed: %v -> %v", before, after)
 		}
 	})
+
+	t.Run("RBAC", func(t *testing.T) {
+		// The shipped role is enough for both ways of publishing.
+		if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ubkit-system"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		applyYAML(t, ctx, dyn, "../config/discovery/rbac.yaml")
+		rc, err := c.UserConfig("system:serviceaccount:ubkit-system:ubkit-discovery", "system:serviceaccounts", "system:serviceaccounts:ubkit-system")
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sdyn, err := dynamic.NewForConfig(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scfg := cfg
+		scfg.Client, scfg.Dynamic, scfg.DirectLabels = client, sdyn, true
+		if err := os.Remove(filepath.Join(root, "dev/davinci2")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := New(scfg).Refresh(ctx); err != nil {
+			t.Fatalf("as the service account: %v", err)
+		}
+		if n := node(); n.Labels[LabelPrefix+"npu.count"] != "6" {
+			t.Errorf("labels %v", n.Labels)
+		}
+		// And no more: not another namespace's NodeFeatures, not pods.
+		other := NodeFeatureObject("default", nodeName, &Report{})
+		if _, err := sdyn.Resource(NodeFeatureGVR).Namespace("default").Create(ctx, other, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("NodeFeature in default: %v, want forbidden", err)
+		}
+		if _, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("listing pods: %v, want forbidden", err)
+		}
+		if err := client.CoreV1().Nodes().Delete(ctx, nodeName, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("deleting the node: %v, want forbidden", err)
+		}
+	})
+}
+
+// applyYAML creates every object of a multi-document YAML file.
+func applyYAML(t *testing.T, ctx context.Context, dyn dynamic.Interface, file string) {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	resources := map[string]string{
+		"ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
+		"Role": "roles", "RoleBinding": "rolebindings",
+	}
+	dec := yaml.NewDecoder(f)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+			return
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		gv, err := schema.ParseGroupVersion(u.GetAPIVersion())
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, ok := resources[u.GetKind()]
+		if !ok {
+			t.Fatalf("%s: kind %s", file, u.GetKind())
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(gv.WithResource(res))
+		if ns := u.GetNamespace(); ns != "" {
+			ri = dyn.Resource(gv.WithResource(res)).Namespace(ns)
+		}
+		if _, err := ri.Create(ctx, u, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("%s %s: %v", u.GetKind(), u.GetName(), err)
+		}
+	}
 }
 
 // installCRD creates the CustomResourceDefinition in file and waits until

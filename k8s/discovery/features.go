@@ -142,7 +142,7 @@ func pageSizeName(b int64) string {
 func labelValue(s string) string {
 	b := []byte(strings.TrimSpace(s))
 	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+		if !isAlnum(rune(c)) && c != '-' && c != '_' && c != '.' {
 			b[i] = '_'
 		}
 	}
@@ -159,4 +159,8 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+func isAlnum(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
 }

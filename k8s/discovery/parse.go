@@ -221,7 +221,7 @@ func parseAlgorithms(data string) ([]string, error) {
 	var algs []string
 	for f := range strings.FieldsSeq(data) {
 		for _, r := range f {
-			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '(' || r == ')') {
+			if !isAlnum(r) && !strings.ContainsRune("-_()", r) {
 				return nil, fmt.Errorf("bad algorithm name %q", clip(f))
 			}
 		}
