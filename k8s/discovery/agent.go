@@ -101,7 +101,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // Refresh scans once, logs what changed since the last scan and, if the
 // features changed (or the last publication failed), publishes them:
 // the feature file, the NodeFeature object if the cluster has NFD, and the
-// Node's labels with DirectLabels. It returns the report and every
+// Node's labels with DirectLabels. The Node's labels are checked at every
+// refresh, and put back if someone changed them. It returns the report and every
 // publishing error, joined; one that fails does not stop the others. With
 // a cluster, no NFD and no DirectLabels, the error is
 // ErrNoNodeFeatureCRD.
@@ -116,7 +117,10 @@ func (a *Agent) Refresh(ctx context.Context) (*Report, error) {
 	a.last = r
 	features := r.Features()
 	if a.published != nil && maps.Equal(features, a.published) {
-		return r, nil
+		// Nothing new to publish, but the Node's labels are someone
+		// else's object too: put back what was changed under us (one
+		// read; a patch only if they drifted).
+		return r, a.labelNode(ctx, r)
 	}
 	err = a.publish(ctx, r)
 	if err == nil {
@@ -154,17 +158,23 @@ func (a *Agent) publish(ctx context.Context, r *Report) error {
 		case !nfd && !a.cfg.DirectLabels:
 			errs = append(errs, ErrNoNodeFeatureCRD)
 		}
-		if a.cfg.DirectLabels {
-			removed, err := ApplyNodeLabels(ctx, a.cfg.Client, a.cfg.NodeName, labels)
-			if err != nil {
-				errs = append(errs, err)
-			}
-			for _, k := range removed {
-				a.log.Info("label removed", "node", a.cfg.NodeName, "label", k)
-			}
+		if err := a.labelNode(ctx, r); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// labelNode applies r's labels to the Node with DirectLabels.
+func (a *Agent) labelNode(ctx context.Context, r *Report) error {
+	if !a.cfg.DirectLabels || a.cfg.Client == nil || a.cfg.NodeName == "" {
+		return nil
+	}
+	removed, err := ApplyNodeLabels(ctx, a.cfg.Client, a.cfg.NodeName, r.Labels())
+	for _, k := range removed {
+		a.log.Info("label removed", "node", a.cfg.NodeName, "label", k)
+	}
+	return err
 }
 
 // logChanges logs devices that appeared or disappeared since the last

@@ -129,6 +129,24 @@ func TestPublishCluster(t *testing.T) {
 		if !strings.Contains(n.Annotations[LabelsAnnotation], LabelPrefix+"kae.hpre") || strings.Contains(n.Annotations[LabelsAnnotation], "kae.zip") {
 			t.Errorf("annotation %q", n.Annotations[LabelsAnnotation])
 		}
+		// Someone removes one of the agent's labels: the next refresh,
+		// with no new devices, puts it back.
+		a = New(dcfg)
+		if _, err := a.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		n = node()
+		delete(n.Labels, LabelPrefix+"npu.count")
+		if _, err := c.Client().CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n = node(); n.Labels[LabelPrefix+"npu.count"] != "8" {
+			t.Errorf("npu.count not restored: %v", n.Labels)
+		}
+		keepsOthers(n)
 		// Labels that are not ubkit's are refused.
 		if _, err := ApplyNodeLabels(ctx, c.Client(), nodeName, map[string]string{"team": "b"}); err == nil {
 			t.Error("ApplyNodeLabels took a label outside supernode.ubkit.io/")
