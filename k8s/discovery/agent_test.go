@@ -1,6 +1,8 @@
 package discovery
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,5 +109,22 @@ func TestAgentFeatureFileRefresh(t *testing.T) {
 	rec.WaitFor(t, "check failed", "NPUDriverVersion", "VersionTooOld")
 	if !strings.Contains(read(), "supernode.ubkit.io/npu.driver-match=false\n") {
 		t.Errorf("no driver-match=false in\n%s", read())
+	}
+}
+
+// Run refreshes at once, and returns when its context ends.
+func TestAgentRun(t *testing.T) {
+	log, rec := testenv.NewLogRecorder()
+	a := New(Config{Scan: ScanOptions{Root: fixture(t, "gpu-a100"), Topology: dev4(t), TopologyNode: "n0"}, FeatureDir: t.TempDir(), Logger: log})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	rec.WaitFor(t, "devices found", "GPU 0000:07:00.0")
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run: %v, want context.Canceled", err)
+	}
+	if r := a.Last(); r == nil || len(r.GPUs) != 2 {
+		t.Errorf("last report %+v", r)
 	}
 }
