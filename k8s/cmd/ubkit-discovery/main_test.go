@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/k8s/discovery"
+	"github.com/ubkit-io/ubkit/k8s/k8stest"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// npuRoot is a small node: two Ascend NPUs and their driver.
+func npuRoot(t *testing.T) string {
+	root := t.TempDir()
+	for p, content := range map[string]string{
+		"dev/davinci0": "", "dev/davinci1": "", "dev/davinci_manager": "",
+		"usr/local/Ascend/driver/version.info": "Version=24.1.rc2\npackage_version=24.1.rc2\n",
+	} {
+		p = filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func TestOnce(t *testing.T) {
+	t.Setenv("UB_TOPOLOGY", "example:dev4")
+	t.Setenv("UB_NODE", "n2")
+	t.Setenv("NODE_NAME", "")
+	dir := t.TempDir()
+	var out, errs bytes.Buffer
+	err := run([]string{"-root", npuRoot(t), "-features-dir", dir, "-npu-driver", ">=25", "-once"}, &out, &errs)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errs.String())
+	}
+	var got struct {
+		Report *discovery.Report
+		Labels map[string]string
+	}
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	if got.Labels["supernode.ubkit.io/npu.count"] != "2" || got.Labels["supernode.ubkit.io/node"] != "n2" || got.Labels["supernode.ubkit.io/npu.driver-match"] != "false" {
+		t.Errorf("labels %v", got.Labels)
+	}
+	if !strings.Contains(errs.String(), "VersionTooOld") {
+		t.Errorf("the failed check is not logged:\n%s", errs.String())
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, discovery.DefaultFeatureFile)); err != nil || !strings.Contains(string(b), "supernode.ubkit.io/npu.count=2\n") {
+		t.Errorf("feature file %q, %v", b, err)
+	}
+}
+
+func TestUsage(t *testing.T) {
+	var out, errs bytes.Buffer
+	if err := run([]string{"-bogus"}, &out, &errs); !errors.Is(err, errUsage) {
+		t.Errorf("bad flag: %v", err)
+	}
+	if err := run([]string{"extra"}, &out, &errs); !errors.Is(err, errUsage) {
+		t.Errorf("argument: %v", err)
+	}
+}
+
+// The command against a real apiserver without NFD: -direct-labels labels
+// the Node.
+func TestDirectLabels(t *testing.T) {
+	t.Setenv("UB_TOPOLOGY", "example:dev4")
+	t.Setenv("UB_NODE", "n0")
+	c := k8stest.Start(t, k8stest.Config{})
+	ctx := t.Context()
+	if _, err := c.Client().CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dev4-n0", Labels: map[string]string{"team": "a"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	args := []string{"-root", npuRoot(t), "-features-dir", "", "-kubeconfig", c.Kubeconfig(), "-node-name", "dev4-n0", "-once"}
+	if err := run(args, &out, &errs); !errors.Is(err, discovery.ErrNoNodeFeatureCRD) {
+		t.Errorf("without NFD or -direct-labels: %v, want ErrNoNodeFeatureCRD", err)
+	}
+	if err := run(append(args, "-direct-labels"), &out, &errs); err != nil {
+		t.Fatalf("%v\n%s", err, errs.String())
+	}
+	n, err := c.Client().CoreV1().Nodes().Get(ctx, "dev4-n0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Labels["supernode.ubkit.io/id"] != "dev4" || n.Labels["supernode.ubkit.io/npu.count"] != "2" || n.Labels["team"] != "a" {
+		t.Errorf("labels %v", n.Labels)
+	}
+}

@@ -1,0 +1,218 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+)
+
+// DefaultInterval is how often an Agent scans when Config.Interval is 0.
+const DefaultInterval = time.Minute
+
+// Config configures an Agent. The zero Config scans "/" every minute and
+// publishes nothing but log lines.
+type Config struct {
+	// Scan says where to look and what versions to expect.
+	Scan ScanOptions
+	// Interval is the time between scans; 0 means DefaultInterval.
+	// There is no file-system notification: sysfs and procfs do not
+	// report most changes through inotify anyway, and ubkit keeps raw
+	// system calls out of its adapters. A scan reads a few hundred small
+	// files, so a short interval is cheap.
+	Interval time.Duration
+	// FeatureDir is the NFD features.d directory to write the local
+	// feature file into ("" writes none; DefaultFeatureDir is NFD's),
+	// and FeatureFile its name ("" means DefaultFeatureFile).
+	FeatureDir, FeatureFile string
+	// NodeName is this host's Kubernetes Node; the cluster is not
+	// touched without it.
+	NodeName string
+	// Client and Dynamic reach the cluster; nil publishes nothing there.
+	// With Dynamic, a NodeFeature object is published whenever the
+	// cluster has NFD's CRD.
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Namespace holds the NodeFeature objects; "" means DefaultNamespace.
+	Namespace string
+	// DirectLabels labels the Node itself (ApplyNodeLabels), for clusters
+	// without NFD.
+	DirectLabels bool
+	// Logger gets a line per device that appears or disappears, per
+	// device error and per failing check; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Agent scans and publishes. Its methods are safe for concurrent use,
+// though Refresh calls run one at a time.
+type Agent struct {
+	cfg Config
+	log *slog.Logger
+
+	mu        sync.Mutex
+	last      *Report
+	published map[string]string // the features last published, nil if the last publication failed
+	errs      map[string]bool   // device errors and failing conditions already logged
+}
+
+// New returns an Agent for cfg.
+func New(cfg Config) *Agent {
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.FeatureFile == "" {
+		cfg.FeatureFile = DefaultFeatureFile
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Agent{cfg: cfg, log: log.With("component", "ubkit-discovery")}
+}
+
+// Run refreshes at once and then every interval until ctx ends, and
+// returns ctx's error. A failed refresh is logged and retried at the next
+// tick.
+func (a *Agent) Run(ctx context.Context) error {
+	tick := time.NewTicker(a.cfg.Interval)
+	defer tick.Stop()
+	for {
+		if _, err := a.Refresh(ctx); err != nil && ctx.Err() == nil {
+			a.log.Error("refresh failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// Refresh scans once, logs what changed since the last scan and, if the
+// features changed (or the last publication failed), publishes them:
+// the feature file, the NodeFeature object if the cluster has NFD, and the
+// Node's labels with DirectLabels. The Node's labels are checked at every
+// refresh, and put back if someone changed them. It returns the report and every
+// publishing error, joined; one that fails does not stop the others. With
+// a cluster, no NFD and no DirectLabels, the error is
+// ErrNoNodeFeatureCRD.
+func (a *Agent) Refresh(ctx context.Context) (*Report, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, err := Scan(a.cfg.Scan)
+	if err != nil {
+		return nil, err
+	}
+	a.logChanges(r)
+	a.last = r
+	features := r.Features()
+	if a.published != nil && maps.Equal(features, a.published) {
+		// Nothing new to publish, but the Node's labels are someone
+		// else's object too: put back what was changed under us (one
+		// read; a patch only if they drifted).
+		return r, a.labelNode(ctx, r)
+	}
+	err = a.publish(ctx, r)
+	if err == nil {
+		a.published = features
+	} else {
+		a.published = nil
+	}
+	return r, err
+}
+
+// Last returns the report of the latest scan, nil before the first.
+func (a *Agent) Last() *Report {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.last
+}
+
+func (a *Agent) publish(ctx context.Context, r *Report) error {
+	labels := r.Labels()
+	var errs []error
+	if a.cfg.FeatureDir != "" {
+		if err := WriteFeatureFile(a.cfg.FeatureDir, a.cfg.FeatureFile, labels); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if a.cfg.Client != nil && a.cfg.NodeName != "" {
+		nfd, err := HasNodeFeatureCRD(a.cfg.Client.Discovery())
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case nfd && a.cfg.Dynamic != nil:
+			if err := PublishNodeFeature(ctx, a.cfg.Dynamic, a.cfg.Namespace, a.cfg.NodeName, r); err != nil {
+				errs = append(errs, err)
+			}
+		case !nfd && !a.cfg.DirectLabels:
+			errs = append(errs, ErrNoNodeFeatureCRD)
+		}
+		if err := a.labelNode(ctx, r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// labelNode applies r's labels to the Node with DirectLabels.
+func (a *Agent) labelNode(ctx context.Context, r *Report) error {
+	if !a.cfg.DirectLabels || a.cfg.Client == nil || a.cfg.NodeName == "" {
+		return nil
+	}
+	removed, err := ApplyNodeLabels(ctx, a.cfg.Client, a.cfg.NodeName, r.Labels())
+	for _, k := range removed {
+		a.log.Info("label removed", "node", a.cfg.NodeName, "label", k)
+	}
+	return err
+}
+
+// logChanges logs devices that appeared or disappeared since the last
+// scan, and device errors and failing checks the first time they are seen.
+func (a *Agent) logChanges(r *Report) {
+	now := r.Devices()
+	if a.last != nil {
+		before := a.last.Devices()
+		for _, d := range before {
+			if !slices.Contains(now, d) {
+				a.log.Warn("device disappeared", "device", d)
+			}
+		}
+		for _, d := range now {
+			if !slices.Contains(before, d) {
+				a.log.Info("device appeared", "device", d)
+			}
+		}
+	} else {
+		a.log.Info("devices found", "devices", now, "supernode", r.SuperNode, "node", r.Node)
+	}
+	seen := map[string]bool{}
+	for _, e := range r.Errors {
+		msg := e.Error()
+		seen[msg] = true
+		if !a.errs[msg] {
+			a.log.Warn("device unreadable", "err", msg)
+		}
+	}
+	for _, c := range r.Conditions {
+		if c.Status == ConditionTrue {
+			continue
+		}
+		msg := fmt.Sprintf("%s %s %s: %s", c.Type, c.Status, c.Reason, c.Message)
+		seen[msg] = true
+		if !a.errs[msg] {
+			a.log.Warn("check failed", "type", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
+		}
+	}
+	a.errs = seen
+}

@@ -1,0 +1,130 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+)
+
+func TestFeatureFile(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "features.d")
+	labels := map[string]string{LabelSuperNode: "dev4", LabelPrefix + "npu.count": "8", LabelPrefix + "kae.hpre": "true"}
+	if err := WriteFeatureFile(dir, DefaultFeatureFile, labels); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, DefaultFeatureFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "# Written by ubkit-discovery; rewritten on every change. Do not edit.\n" +
+		"supernode.ubkit.io/id=dev4\nsupernode.ubkit.io/kae.hpre=true\nsupernode.ubkit.io/npu.count=8\n"
+	if string(got) != want {
+		t.Errorf("feature file\n%s\nwant\n%s", got, want)
+	}
+	// Rewriting leaves no temporary file behind for nfd-worker to read.
+	if err := WriteFeatureFile(dir, DefaultFeatureFile, map[string]string{LabelSuperNode: "dev4"}); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil || len(ents) != 1 {
+		t.Errorf("directory holds %v (%v), want the one file", ents, err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, DefaultFeatureFile)); err != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("mode %v, %v", st.Mode(), err)
+	}
+}
+
+// An agent writes the features.d file; a device that disappears is logged
+// and its labels leave the file.
+func TestAgentFeatureFileRefresh(t *testing.T) {
+	root := fixture(t, "ascend-910b-kunpeng")
+	dir := t.TempDir()
+	log, rec := testenv.NewLogRecorder()
+	a := New(Config{Scan: ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n1"}, FeatureDir: dir, Logger: log})
+	if _, err := a.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, DefaultFeatureFile)
+	read := func() string {
+		t.Helper()
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	first := read()
+	for _, line := range []string{"supernode.ubkit.io/id=dev4\n", "supernode.ubkit.io/node=n1\n", "supernode.ubkit.io/npu.count=8\n", "supernode.ubkit.io/kae.zip=true\n"} {
+		if !strings.Contains(first, line) {
+			t.Errorf("no %q in\n%s", line, first)
+		}
+	}
+	rec.WaitFor(t, "devices found", "NPU davinci7")
+
+	// Nothing changed: the file is not rewritten.
+	st, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, 0o600); err != nil { // a rewrite would make it 0644 again
+		t.Fatal(err)
+	}
+	if _, err := a.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if st2, err := os.Stat(file); err != nil || st2.Mode().Perm() != 0o600 || !st2.ModTime().Equal(st.ModTime()) {
+		t.Errorf("unchanged scan rewrote the file")
+	}
+
+	// An NPU and both ZIP engines go away.
+	for _, p := range []string{"dev/davinci7", "sys/class/uacce/hisi_zip-4", "sys/class/uacce/hisi_zip-5"} {
+		if err := os.RemoveAll(filepath.Join(root, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := a.Refresh(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.NPUs) != 7 || a.Last() != r {
+		t.Errorf("%d NPUs", len(r.NPUs))
+	}
+	rec.WaitFor(t, "device disappeared", "NPU davinci7")
+	rec.WaitFor(t, "device disappeared", "KAE hisi_zip-5")
+	second := read()
+	if !strings.Contains(second, "supernode.ubkit.io/npu.count=7\n") || strings.Contains(second, "kae.zip") || !strings.Contains(second, "kae.sec=true") {
+		t.Errorf("after the loss:\n%s", second)
+	}
+
+	// A driver that does not match is logged once, as a failed check.
+	a.cfg.Scan.Versions = map[DeviceKind]VersionPolicy{NPU: {Minimum: "25.0"}}
+	if _, err := a.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rec.WaitFor(t, "check failed", "NPUDriverVersion", "VersionTooOld")
+	if !strings.Contains(read(), "supernode.ubkit.io/npu.driver-match=false\n") {
+		t.Errorf("no driver-match=false in\n%s", read())
+	}
+}
+
+// Run refreshes at once, and returns when its context ends.
+func TestAgentRun(t *testing.T) {
+	log, rec := testenv.NewLogRecorder()
+	a := New(Config{Scan: ScanOptions{Root: fixture(t, "gpu-a100"), Topology: dev4(t), TopologyNode: "n0"}, FeatureDir: t.TempDir(), Logger: log})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	rec.WaitFor(t, "devices found", "GPU 0000:07:00.0")
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run: %v, want context.Canceled", err)
+	}
+	if r := a.Last(); r == nil || len(r.GPUs) != 2 {
+		t.Errorf("last report %+v", r)
+	}
+}

@@ -1,0 +1,166 @@
+package discovery
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// LabelPrefix is the prefix of every label discovery publishes. The
+// SuperNode controller and k8stest use the same prefix for the identity
+// labels (LabelSuperNode, LabelNode), so that Nodes read the same whichever
+// made them.
+const LabelPrefix = "supernode.ubkit.io/"
+
+// Identity labels.
+const (
+	LabelSuperNode = LabelPrefix + "id"
+	LabelNode      = LabelPrefix + "node"
+)
+
+// Labels returns the Node labels a report stands for: the identity, the
+// count and driver version of each kind of device found, whether its
+// version check passed (".driver-match", only with a policy), a
+// "kae.<class>=true" per KAE engine class (hpre, sec, zip), the huge page
+// pools' sizes and the NUMA node count. Every key starts with LabelPrefix;
+// values are valid label values.
+func (r *Report) Labels() map[string]string {
+	l := map[string]string{}
+	set := func(k, v string) {
+		if v = labelValue(v); v != "" {
+			l[LabelPrefix+k] = v
+		}
+	}
+	set("id", r.SuperNode)
+	set("node", r.Node)
+	for _, kind := range []DeviceKind{GPU, NPU, KAE} {
+		n := r.count(kind)
+		if n == 0 {
+			continue
+		}
+		k := strings.ToLower(string(kind))
+		set(k+".count", strconv.Itoa(n))
+		set(k+".driver", r.Drivers[kind])
+		set(k+".firmware", r.Firmware[kind])
+		for _, c := range r.Conditions {
+			if c.Type == string(kind)+"DriverVersion" && c.Reason != "NoPolicy" {
+				set(k+".driver-match", strconv.FormatBool(c.Status == ConditionTrue))
+			}
+		}
+	}
+	if len(r.GPUs) > 0 && r.GPUs[0].Model != "" {
+		set("gpu.model", r.GPUs[0].Model)
+	}
+	for _, e := range r.KAE {
+		set("kae."+e.Class, "true")
+	}
+	for _, p := range r.HugePages {
+		if p.Total > 0 {
+			set("hugepages-"+pageSizeName(p.PageSize), strconv.FormatInt(p.Total, 10))
+		}
+	}
+	if len(r.NUMA) > 0 {
+		set("numa.count", strconv.Itoa(len(r.NUMA)))
+	}
+	return l
+}
+
+// Features returns the report as NFD attribute features: every label
+// (by its key without LabelPrefix) and what changes too often or is too
+// long to be a label (free huge pages, KAE queues and algorithms, each
+// NUMA node's CPUs and memory, the number of scan errors).
+func (r *Report) Features() map[string]string {
+	f := map[string]string{}
+	for k, v := range r.Labels() {
+		f[strings.TrimPrefix(k, LabelPrefix)] = v
+	}
+	for _, p := range r.HugePages {
+		name := "hugepages-" + pageSizeName(p.PageSize)
+		f[name+".total"] = strconv.FormatInt(p.Total, 10)
+		f[name+".free"] = strconv.FormatInt(p.Free, 10)
+	}
+	instances := map[string]int64{}
+	algorithms := map[string]map[string]bool{}
+	for _, e := range r.KAE {
+		instances[e.Class] += e.AvailableInstances
+		if algorithms[e.Class] == nil {
+			algorithms[e.Class] = map[string]bool{}
+		}
+		for _, a := range e.Algorithms {
+			algorithms[e.Class][a] = true
+		}
+	}
+	for class, n := range instances {
+		f["kae."+class+".instances"] = strconv.FormatInt(n, 10)
+		f["kae."+class+".algorithms"] = strings.Join(sortedKeys(algorithms[class]), ",")
+	}
+	for _, n := range r.NUMA {
+		f[fmt.Sprintf("numa.node%d.cpus", n.ID)] = strconv.Itoa(len(n.CPUs))
+		f[fmt.Sprintf("numa.node%d.memory", n.ID)] = strconv.FormatInt(n.MemTotal, 10)
+	}
+	if len(r.Errors) > 0 {
+		f["scan.errors"] = strconv.Itoa(len(r.Errors))
+	}
+	return f
+}
+
+// Devices returns an identifier for every device of the report ("GPU
+// 0000:07:00.0", "NPU davinci3", "KAE hisi_zip-0"), sorted, so that two
+// scans can be compared.
+func (r *Report) Devices() []string {
+	var ids []string
+	for _, g := range r.GPUs {
+		ids = append(ids, "GPU "+g.Address)
+	}
+	for _, n := range r.NPUs {
+		ids = append(ids, fmt.Sprintf("NPU davinci%d", n.Index))
+	}
+	for _, k := range r.KAE {
+		ids = append(ids, "KAE "+k.Name)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// pageSizeName names a huge page size as Kubernetes' resources do: "2Mi",
+// "1Gi", "64Ki".
+func pageSizeName(b int64) string {
+	switch {
+	case b >= 1<<30 && b%(1<<30) == 0:
+		return strconv.FormatInt(b>>30, 10) + "Gi"
+	case b >= 1<<20 && b%(1<<20) == 0:
+		return strconv.FormatInt(b>>20, 10) + "Mi"
+	default:
+		return strconv.FormatInt(b>>10, 10) + "Ki"
+	}
+}
+
+// labelValue makes s a valid label value: at most 63 characters of
+// letters, digits, '-', '_' and '.', starting and ending with a letter or
+// digit; anything else becomes '_'.
+func labelValue(s string) string {
+	b := []byte(strings.TrimSpace(s))
+	for i, c := range b {
+		if !isAlnum(rune(c)) && c != '-' && c != '_' && c != '.' {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 63 {
+		b = b[:63]
+	}
+	return strings.Trim(string(b), "-_.")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func isAlnum(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+}

@@ -1,0 +1,207 @@
+package discovery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+)
+
+// NodeFeatureGVR is NFD's NodeFeature resource.
+var NodeFeatureGVR = schema.GroupVersionResource{Group: "nfd.k8s-sigs.io", Version: "v1alpha1", Resource: "nodefeatures"}
+
+const (
+	// NodeNameLabel marks the node a NodeFeature object is for; nfd-master
+	// reads it.
+	NodeNameLabel = "nfd.node.kubernetes.io/node-name"
+	// DefaultNamespace is NFD's namespace, where nfd-master looks for
+	// NodeFeature objects.
+	DefaultNamespace = "node-feature-discovery"
+	// LabelsAnnotation lists the labels discovery put on a Node directly
+	// (comma-separated keys), so that a later run, even of a restarted
+	// agent, removes those whose device went away and no other. NFD keeps
+	// its own labels the same way (nfd.node.kubernetes.io/feature-labels).
+	LabelsAnnotation = "supernode.ubkit.io/discovery-labels"
+)
+
+// ErrNoNodeFeatureCRD is returned when the cluster has no NodeFeature
+// resource: NFD is not installed.
+var ErrNoNodeFeatureCRD = errors.New("discovery: the cluster has no nodefeatures.nfd.k8s-sigs.io/v1alpha1 (NFD is not installed): install NFD, or label the Node directly (--direct-labels)")
+
+// HasNodeFeatureCRD asks the apiserver's discovery whether NodeFeature
+// objects exist.
+func HasNodeFeatureCRD(dc discovery.DiscoveryInterface) (bool, error) {
+	list, err := dc.ServerResourcesForGroupVersion(NodeFeatureGVR.GroupVersion().String())
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("discovery: looking for NodeFeature: %w", err)
+	}
+	for _, r := range list.APIResources {
+		if r.Name == NodeFeatureGVR.Resource {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// NodeFeatureName is the name of discovery's NodeFeature object for a
+// node: "<node>-ubkit" (nfd-worker's own is named after the node).
+func NodeFeatureName(node string) string { return node + "-ubkit" }
+
+// NodeFeatureObject returns the NodeFeature object for node: spec.labels
+// holds r.Labels(); spec.features has the attribute feature
+// "ubkit.discovery" (r.Features()) and the instance features
+// "ubkit.gpu", "ubkit.npu", "ubkit.kae" and "ubkit.numa", one instance
+// per device, for NodeFeatureRules to match.
+func NodeFeatureObject(namespace, node string, r *Report) *unstructured.Unstructured {
+	attrs := map[string]any{}
+	for k, v := range r.Features() {
+		attrs[k] = v
+	}
+	var gpus, npus, kae, numa []any
+	inst := func(kv ...string) any {
+		a := map[string]any{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			if kv[i+1] != "" {
+				a[kv[i]] = kv[i+1]
+			}
+		}
+		return map[string]any{"attributes": a}
+	}
+	for _, g := range r.GPUs {
+		gpus = append(gpus, inst("address", g.Address, "device", g.DeviceID, "model", g.Model, "uuid", g.UUID, "vbios", g.VBIOS))
+	}
+	for _, n := range r.NPUs {
+		npus = append(npus, inst("index", strconv.Itoa(n.Index), "device", fmt.Sprintf("/dev/davinci%d", n.Index)))
+	}
+	for _, k := range r.KAE {
+		kae = append(kae, inst("name", k.Name, "class", k.Class, "api", k.API,
+			"algorithms", strings.Join(k.Algorithms, ","), "available_instances", strconv.FormatInt(k.AvailableInstances, 10),
+			"flags", strconv.FormatInt(k.Flags, 10)))
+	}
+	for _, n := range r.NUMA {
+		numa = append(numa, inst("id", strconv.Itoa(n.ID), "cpus", strconv.Itoa(len(n.CPUs)), "memory", strconv.FormatInt(n.MemTotal, 10)))
+	}
+	instances := map[string]any{}
+	for name, elems := range map[string][]any{"ubkit.gpu": gpus, "ubkit.npu": npus, "ubkit.kae": kae, "ubkit.numa": numa} {
+		if elems == nil {
+			elems = []any{}
+		}
+		instances[name] = map[string]any{"elements": elems}
+	}
+	labels := map[string]any{}
+	for k, v := range r.Labels() {
+		labels[k] = v
+	}
+	o := &unstructured.Unstructured{Object: map[string]any{
+		"spec": map[string]any{
+			"labels": labels,
+			"features": map[string]any{
+				"attributes": map[string]any{"ubkit.discovery": map[string]any{"elements": attrs}},
+				"instances":  instances,
+			},
+		},
+	}}
+	o.SetAPIVersion(NodeFeatureGVR.GroupVersion().String())
+	o.SetKind("NodeFeature")
+	o.SetNamespace(namespace)
+	o.SetName(NodeFeatureName(node))
+	o.SetLabels(map[string]string{NodeNameLabel: node})
+	return o
+}
+
+// PublishNodeFeature creates or replaces node's NodeFeature object in
+// namespace, so that what a scan no longer finds leaves it.
+func PublishNodeFeature(ctx context.Context, dc dynamic.Interface, namespace, node string, r *Report) error {
+	want := NodeFeatureObject(namespace, node, r)
+	res := dc.Resource(NodeFeatureGVR).Namespace(namespace)
+	cur, err := res.Get(ctx, want.GetName(), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = res.Create(ctx, want, metav1.CreateOptions{FieldManager: fieldManager})
+	case err == nil:
+		want.SetResourceVersion(cur.GetResourceVersion())
+		_, err = res.Update(ctx, want, metav1.UpdateOptions{FieldManager: fieldManager})
+	}
+	if err != nil {
+		return fmt.Errorf("discovery: NodeFeature %s/%s: %w", namespace, want.GetName(), err)
+	}
+	return nil
+}
+
+const fieldManager = "ubkit-discovery"
+
+// ApplyNodeLabels sets labels on the Node called node and removes the labels
+// that an earlier call set (listed in LabelsAnnotation) and labels no
+// longer has. It changes no other label: one JSON merge patch carries only
+// ubkit's keys (removed ones as null), guarded by the Node's
+// resourceVersion so that a concurrent change of the annotation is not
+// lost (on a conflict it reads the Node again). Every key must start with
+// LabelPrefix.
+func ApplyNodeLabels(ctx context.Context, c kubernetes.Interface, node string, labels map[string]string) (removed []string, err error) {
+	for k := range labels {
+		if !strings.HasPrefix(k, LabelPrefix) {
+			return nil, fmt.Errorf("discovery: label %q is not ubkit's (%s...)", k, LabelPrefix)
+		}
+	}
+	for range 5 {
+		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("discovery: labelling node %s: %w", node, err)
+		}
+		patchLabels := map[string]any{}
+		removed = removed[:0]
+		for _, k := range strings.Split(n.Annotations[LabelsAnnotation], ",") {
+			if _, keep := labels[k]; !keep && strings.HasPrefix(k, LabelPrefix) {
+				if _, has := n.Labels[k]; has {
+					patchLabels[k] = nil
+					removed = append(removed, k)
+				}
+			}
+		}
+		changed := len(removed) > 0
+		for k, v := range labels {
+			if n.Labels[k] != v {
+				patchLabels[k] = v
+				changed = true
+			}
+		}
+		keys := strings.Join(sortedKeys(labels), ",")
+		if !changed && n.Annotations[LabelsAnnotation] == keys {
+			return nil, nil
+		}
+		sort.Strings(removed)
+		patch := map[string]any{"metadata": map[string]any{
+			"resourceVersion": n.ResourceVersion,
+			"labels":          patchLabels,
+			"annotations":     map[string]any{LabelsAnnotation: keys},
+		}}
+		body, err := json.Marshal(patch)
+		if err != nil {
+			return nil, err
+		}
+		_, err = c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, body, metav1.PatchOptions{FieldManager: fieldManager})
+		if apierrors.IsConflict(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("discovery: labelling node %s: %w", node, err)
+		}
+		return removed, nil
+	}
+	return nil, fmt.Errorf("discovery: labelling node %s: the Node kept changing (5 conflicts)", node)
+}
