@@ -305,13 +305,18 @@ func TestCloseEndsTarpits(t *testing.T) {
 		}
 	}
 	// The bucket is empty: each of these connections' failures waits for
-	// its own unit, the last about conns/failRate.
-	const conns = 250
+	// its own unit, the last about conns*each/failRate (10 s). Several
+	// guesses per connection keep the waits long even when dialing is
+	// slower than the bucket refills (a loaded machine: one guess each
+	// made the longest wait 0.7 s).
+	const conns, each = 250, 4
 	guessers := []*rawConn{rc}
 	for i := range conns {
 		gc := dialRaw(t, g.c.Addr())
-		req, _ := g.guess(i)
-		gc.write(req)
+		for j := range each {
+			req, _ := g.guess(i*each + j)
+			gc.write(req)
+		}
 		gc.w.Flush()
 		guessers = append(guessers, gc)
 	}
