@@ -33,7 +33,12 @@ usage:
   ubctl demo
         two processes exchanging messages through shared memory, next to a
         unix socket and TCP loopback, unchanged gRPC over ubkit, then
-        verbs, gRPC and the mesh across a simulated 4-node super node
+        verbs, gRPC and the mesh across a simulated 4-node super node,
+        then (if its binaries are cached) the k8s part
+  ubctl demo k8s
+        a real Kubernetes control plane with kwok and the SuperNode
+        controller: a simulated cm384 as SuperNodes, a node lost and found
+        (needs the binaries of make prereqs)
 `
 
 func main() {
