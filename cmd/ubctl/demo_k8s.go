@@ -12,14 +12,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
+	"github.com/ubkit-io/ubkit/internal/bench/k8ssuite"
 	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
 	"github.com/ubkit-io/ubkit/k8s/config"
 	"github.com/ubkit-io/ubkit/k8s/k8stest"
@@ -53,10 +51,12 @@ func k8sBinaries() (dir string, missing []string, err error) {
 // errK8sNotCached is the error of a Kubernetes step whose binaries are
 // not cached: what is missing and the command that builds them.
 func errK8sNotCached(dir string, missing []string) error {
-	return fmt.Errorf("the Kubernetes binaries are not cached in %s (missing %s); build them once with `make prereqs` "+
+	return fmt.Errorf("%w in %s (missing %s); build them once with `make prereqs` "+
 		"(it compiles Kubernetes %s, etcd %s and kwok %s from their Go modules: about 15 minutes the first time)",
-		dir, strings.Join(missing, ", "), k8stest.KubernetesVersion, k8stest.EtcdVersion, k8stest.KwokVersion)
+		errK8sBinaries, dir, strings.Join(missing, ", "), k8stest.KubernetesVersion, k8stest.EtcdVersion, k8stest.KwokVersion)
 }
+
+var errK8sBinaries = errors.New("the Kubernetes binaries are not cached")
 
 // demoK8s shows a simulated cm384 super node as Kubernetes sees it: a
 // real control plane with kwok, the SuperNode CRD and controller, 48
@@ -80,7 +80,7 @@ func demoK8s(w io.Writer) error {
 	}
 	defer c.Close()
 	cfg := c.RESTConfig()
-	if err := installCRD(ctx, cfg, config.SuperNodeCRD); err != nil {
+	if err := k8ssuite.InstallCRD(ctx, cfg, config.SuperNodeCRD); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "  control plane up, SuperNode CRD installed in %s\n", time.Since(began).Round(100*time.Millisecond))
@@ -147,37 +147,6 @@ func demoK8s(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "  SuperNode Ready again after %s\n\n$ kubectl get supernodes\n", time.Since(began).Round(10*time.Millisecond))
 	return printSuperNodes(ctx, w, cl)
-}
-
-// installCRD creates the CRD in crdYAML and waits until it is Established.
-func installCRD(ctx context.Context, cfg *rest.Config, crdYAML []byte) error {
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := yaml.UnmarshalStrict(crdYAML, crd); err != nil {
-		return err
-	}
-	cs, err := apiextensionsclient.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("install CRD %s: %w", crd.Name, err)
-	}
-	err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		got, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, c := range got.Status.Conditions {
-			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		return fmt.Errorf("CRD %s not Established: %w", crd.Name, err)
-	}
-	return nil
 }
 
 // runController runs the SuperNode controller in this process until
