@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/internal/bench/cachesuite"
+	"github.com/ubkit-io/ubkit/internal/bench/k8ssuite"
 	"github.com/ubkit-io/ubkit/internal/bench/meshsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
@@ -29,6 +31,24 @@ var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 	"cache": func(o *benchOpts) ([]bench.Case, error) {
 		// Real redis-server and memcached, started as the cases need them.
 		e := cachesuite.NewEnv()
+		o.addCleanup(e.Close)
+		return e.Cases(), nil
+	},
+	"k8s": func(o *benchOpts) ([]bench.Case, error) {
+		// A real control plane (k8stest's binaries) and kwok, started per
+		// scale; the controller in a process of its own.
+		dir, missing, err := k8sBinaries()
+		if err != nil {
+			return nil, err
+		}
+		if len(missing) > 0 {
+			return nil, errK8sNotCached(dir, missing)
+		}
+		bin, err := k8ssuite.BuildController(filepath.Join(cacheDir(), "k8s-bench"))
+		if err != nil {
+			return nil, err
+		}
+		e := &k8ssuite.Env{ControllerBin: bin}
 		o.addCleanup(e.Close)
 		return e.Cases(), nil
 	},
@@ -116,7 +136,7 @@ func benchCmd(args []string, out io.Writer) error {
 		}
 		slices.Sort(names)
 	} else if _, ok := suites[suite]; !ok || suite == "" {
-		return fmt.Errorf("unknown suite %q (have: cache, mesh, shm, ub, transport, all)", suite)
+		return fmt.Errorf("unknown suite %q (have: cache, k8s, mesh, shm, ub, transport, all)", suite)
 	}
 	opts := bench.Options{Rounds: 5, Duration: time.Second, Warmup: 200 * time.Millisecond}
 	if o.quick {
@@ -148,6 +168,10 @@ func benchCmd(args []string, out io.Writer) error {
 	}
 	for _, n := range names {
 		cases, err := suites[n](&o)
+		if suite == "all" && errors.Is(err, errK8sBinaries) {
+			fmt.Fprintf(os.Stderr, "warning: suite %s skipped: %v\n", n, err)
+			continue
+		}
 		if err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
@@ -15,7 +16,18 @@ import (
 // demoOptions are the demo's run lengths; tests shorten them.
 var demoOptions = bench.Options{Rounds: 3, Duration: 300 * time.Millisecond, Warmup: 50 * time.Millisecond}
 
+// demoWithK8s makes the whole demo end with the Kubernetes part when
+// its binaries are cached; TestDemo turns it off (TestDemoK8s runs that
+// part).
+var demoWithK8s = true
+
 func demoCmd(args []string, w io.Writer) error {
+	switch {
+	case len(args) == 1 && args[0] == "k8s":
+		return demoK8s(w)
+	case len(args) > 0:
+		return fmt.Errorf("demo: unknown part %q (the parts: k8s; none runs them all)", strings.Join(args, " "))
+	}
 	fmt.Fprintln(w, "ubkit demo: two processes exchanging messages through shared memory")
 	fmt.Fprintln(w, "(this process and a peer it starts; the same work over a unix socket and TCP loopback)")
 	fmt.Fprintln(w)
@@ -54,8 +66,28 @@ func demoCmd(args []string, w io.Writer) error {
 	if err := demoMesh(w); err != nil {
 		return err
 	}
+	if demoWithK8s {
+		if err := demoK8sIfCached(w); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(os.Stderr, "\nfull comparisons: go run ./cmd/ubctl bench shm (shmipc-go included), bench ub, bench transport")
 	return nil
+}
+
+// demoK8sIfCached runs the Kubernetes part when its binaries are cached,
+// and otherwise says in one line how to get it: building them takes
+// minutes, too long for a first demo.
+func demoK8sIfCached(w io.Writer) error {
+	dir, missing, err := k8sBinaries()
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		fmt.Fprintf(w, "\nKubernetes (a cm384 super node as a SuperNode): skipped, its binaries are not cached in %s; `make prereqs` builds them once (about 15 min), then `ubctl demo k8s`\n", dir)
+		return nil
+	}
+	return demoK8s(w)
 }
 
 func dur(ns float64) string { return time.Duration(ns).Round(10 * time.Nanosecond).String() }

@@ -23,7 +23,7 @@ const usage = `ubctl: ubkit's command-line tool
 
 usage:
   ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D] [-case C]
-        run a benchmark suite against its baselines, side by side (suites: cache, mesh, shm, transport, ub);
+        run a benchmark suite against its baselines, side by side (suites: cache, k8s, mesh, shm, transport, ub);
         -case runs one case, or the cases under it (transport -case connect-close-1000)
   ubctl topology show|validate|render ...
         show a super node topology, check topology files, draw one (DOT, SVG)
@@ -33,7 +33,12 @@ usage:
   ubctl demo
         two processes exchanging messages through shared memory, next to a
         unix socket and TCP loopback, unchanged gRPC over ubkit, then
-        verbs, gRPC and the mesh across a simulated 4-node super node
+        verbs, gRPC and the mesh across a simulated 4-node super node,
+        then (if its binaries are cached) the k8s part
+  ubctl demo k8s
+        a real Kubernetes control plane with kwok and the SuperNode
+        controller: a simulated cm384 as SuperNodes, a node lost and found
+        (needs the binaries of make prereqs)
 `
 
 func main() {

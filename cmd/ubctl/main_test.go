@@ -81,6 +81,7 @@ func TestBenchBadArgs(t *testing.T) {
 func TestDemo(t *testing.T) {
 	demoOptions = bench.Options{Rounds: 1, Duration: 30 * time.Millisecond}
 	demoCalls = 20
+	demoWithK8s = false // TestDemoK8s runs it
 	var out bytes.Buffer
 	if err := demoCmd(nil, &out); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,6 +54,12 @@ type Cluster struct {
 	kubeconfig string
 	// What runs besides etcd and the apiserver.
 	controllerManager, kwok bool
+
+	// stops stop the processes, in the order of starting; removeDir
+	// says whether Close removes dir (Start's test does it itself).
+	mu        sync.Mutex
+	stops     []func()
+	removeDir bool
 }
 
 // The service range of the cluster, and the pod range kwok assigns from
@@ -68,19 +75,57 @@ const (
 // healthy (printing the end of its log).
 func Start(t testing.TB, cfg Config) *Cluster {
 	t.Helper()
-	c, err := start(t, cfg)
-	if err != nil {
+	c := &Cluster{dir: t.TempDir()}
+	t.Cleanup(func() { c.Close() })
+	if err := c.start(t.Context(), cfg); err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-func start(t testing.TB, cfg Config) (*Cluster, error) {
+// StartControlPlane is [Start] for programs, such as a demo or a
+// benchmark, that are not tests: it starts a control plane as cfg says,
+// its files in a new temporary directory, and returns it. The caller
+// stops it with [Cluster.Close]. If it fails, whatever it started is
+// stopped and removed.
+func StartControlPlane(ctx context.Context, cfg Config) (*Cluster, error) {
+	dir, err := os.MkdirTemp("", "k8stest-")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{dir: dir, removeDir: true}
+	if err := c.start(ctx, cfg); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close stops every process of the cluster, last started first, and
+// removes its files ([StartControlPlane]'s; [Start]'s test removes its
+// own). It is safe to call more than once; Start's cleanup calls it.
+func (c *Cluster) Close() error {
+	c.mu.Lock()
+	stops := c.stops
+	c.stops = nil
+	c.mu.Unlock()
+	// The reverse of the order of starting, as the apiserver hangs
+	// without its etcd.
+	for i := len(stops) - 1; i >= 0; i-- {
+		stops[i]()
+	}
+	if c.removeDir {
+		return os.RemoveAll(c.dir)
+	}
+	return nil
+}
+
+func (c *Cluster) start(ctx context.Context, cfg Config) error {
 	root := cfg.BinDir
 	if root == "" {
 		var err error
 		if root, err = DefaultBinDir(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	bins := findBinaries(root)
@@ -96,35 +141,33 @@ func start(t testing.TB, cfg Config) (*Cluster, error) {
 	}
 	for _, n := range needed {
 		if err := need(n.what, n.path); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	timeout := cfg.StartTimeout
 	if timeout <= 0 {
 		timeout = 2 * time.Minute
 	}
-	ctx := context.Background()
-
-	dir := t.TempDir()
+	dir := c.dir
 	p, err := newPKI(dir)
 	if err != nil {
-		return nil, fmt.Errorf("k8stest: make the test certificates: %w", err)
+		return fmt.Errorf("k8stest: make the test certificates: %w", err)
 	}
 	ports, err := freePorts(6)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	etcdPort, peerPort, apiPort, cmPort, schedPort, kwokPort := ports[0], ports[1], ports[2], ports[3], ports[4], ports[5]
-	c := &Cluster{dir: dir, host: "https://" + hostPort(apiPort), pki: p, controllerManager: cfg.ControllerManager, kwok: cfg.Kwok}
+	c.host, c.pki, c.controllerManager, c.kwok = "https://"+hostPort(apiPort), p, cfg.ControllerManager, cfg.Kwok
 
 	run := func(name, bin string, args []string) (*process, error) {
 		proc, err := startProcess(name, bin, dir, args)
 		if err != nil {
 			return nil, err
 		}
-		// Cleanups run last registered first: the reverse of the
-		// order of starting, as the apiserver hangs without its etcd.
-		t.Cleanup(proc.stop)
+		c.mu.Lock()
+		c.stops = append(c.stops, proc.stop)
+		c.mu.Unlock()
 		return proc, nil
 	}
 
@@ -141,19 +184,19 @@ func start(t testing.TB, cfg Config) (*Cluster, error) {
 		"--unsafe-no-fsync=true",
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := etcd.waitHealthy(ctx, healthClient(nil, nil, false), etcdURL+"/health", timeout); err != nil {
-		return nil, err
+		return err
 	}
 
 	admin, err := p.client("k8stest-admin", "system:masters")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	adminTLS, err := tls.X509KeyPair(admin.certPEM, admin.keyPEM)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	apiArgs := []string{
 		"--etcd-servers=" + etcdURL,
@@ -174,23 +217,23 @@ func start(t testing.TB, cfg Config) (*Cluster, error) {
 	}
 	apiserver, err := run("kube-apiserver", bins.apiserver, append(apiArgs, cfg.APIServerArgs...))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := apiserver.waitHealthy(ctx, healthClient(p.caPEM(), &adminTLS, false), c.host+"/readyz", timeout); err != nil {
-		return nil, err
+		return err
 	}
 	c.admin = c.config(admin)
 	if c.client, err = kubernetes.NewForConfig(c.admin); err != nil {
-		return nil, err
+		return err
 	}
 	if c.kubeconfig, err = c.writeKubeconfig("admin", admin); err != nil {
-		return nil, err
+		return err
 	}
 
 	if cfg.ControllerManager {
 		kc, err := c.componentKubeconfig("system:kube-controller-manager")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		cm, err := run("kube-controller-manager", bins.controllerManager, []string{
 			"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
@@ -206,17 +249,17 @@ func start(t testing.TB, cfg Config) (*Cluster, error) {
 			"--kube-api-qps=200", "--kube-api-burst=400",
 		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		// kube-controller-manager has /healthz, not /readyz.
 		if err := cm.waitHealthy(ctx, healthClient(nil, nil, true), "https://"+hostPort(cmPort)+"/healthz", timeout); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if cfg.Scheduler {
 		kc, err := c.componentKubeconfig("system:kube-scheduler")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		sched, err := run("kube-scheduler", bins.scheduler, []string{
 			"--kubeconfig=" + kc, "--authentication-kubeconfig=" + kc, "--authorization-kubeconfig=" + kc,
@@ -225,16 +268,16 @@ func start(t testing.TB, cfg Config) (*Cluster, error) {
 			"--leader-elect=false",
 		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := sched.waitHealthy(ctx, healthClient(nil, nil, true), "https://"+hostPort(schedPort)+"/healthz", timeout); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if cfg.Kwok {
 		stages, err := filepath.Glob(filepath.Join(bins.stages, "*.yaml"))
 		if err != nil || len(stages) == 0 {
-			return nil, errMissing("kwok's stages", filepath.Join(bins.stages, "*.yaml"), fs.ErrNotExist)
+			return errMissing("kwok's stages", filepath.Join(bins.stages, "*.yaml"), fs.ErrNotExist)
 		}
 		kwok, err := run("kwok", bins.kwok, []string{
 			"--kubeconfig=" + c.kubeconfig,
@@ -247,13 +290,13 @@ func start(t testing.TB, cfg Config) (*Cluster, error) {
 			"--server-address=" + hostPort(kwokPort),
 		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := kwok.waitHealthy(ctx, healthClient(nil, nil, false), "http://"+hostPort(kwokPort)+"/healthz", timeout); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return c, nil
+	return nil
 }
 
 // RESTConfig returns a configuration of a client that the apiserver

@@ -19,6 +19,9 @@
 // test's temporary directory while the test runs, and its tail is printed
 // when the process fails to start.
 //
+// Programs that are not tests (a demo, a benchmark) use
+// [StartControlPlane] instead, and stop the cluster with [Cluster.Close].
+//
 // It is for tests, not for running clusters: there are no kubelets, no
 // containers and no network; pods on kwok's nodes only look Running. The
 // processes use Linux's parent-death signal; elsewhere they compile but a

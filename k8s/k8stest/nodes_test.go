@@ -79,17 +79,17 @@ func TestNodeObjects(t *testing.T) {
 	}
 }
 
-// A missing binary fails Start, naming it and what builds it.
+// A missing binary fails Start (and StartControlPlane), naming it and what builds it.
 func TestMissingBinary(t *testing.T) {
-	_, err := start(t, Config{BinDir: t.TempDir()})
+	_, err := StartControlPlane(t.Context(), Config{BinDir: t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "etcd "+EtcdVersion) || !strings.Contains(err.Error(), "make prereqs") {
 		t.Fatalf("err %v, want one naming etcd and make prereqs", err)
 	}
 }
 
-// A process that exits at once fails Start with the end of its log.
+// A process that exits at once fails StartControlPlane (and Start) with the end of its log.
 func TestStartFailureShowsLog(t *testing.T) {
-	_, err := start(t, Config{APIServerArgs: []string{"--no-such-flag"}})
+	_, err := StartControlPlane(t.Context(), Config{APIServerArgs: []string{"--no-such-flag"}})
 	if err == nil || !strings.Contains(err.Error(), "kube-apiserver did not start") || !strings.Contains(err.Error(), "no-such-flag") {
 		t.Fatalf("err %v, want kube-apiserver's failure and its log naming the flag", err)
 	}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/ubkit-io/ubkit/internal/bench/k8ssuite"
+	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
+	"github.com/ubkit-io/ubkit/k8s/config"
+	"github.com/ubkit-io/ubkit/k8s/k8stest"
+	"github.com/ubkit-io/ubkit/k8s/supernode"
+	"github.com/ubkit-io/ubkit/ub/topology"
+)
+
+// demoK8sTimeout bounds the whole Kubernetes demo; a loaded machine
+// takes most of a minute to start the control plane.
+const demoK8sTimeout = 5 * time.Minute
+
+// k8sBinaries says whether the binaries the Kubernetes demo and bench
+// run (etcd, kube-apiserver, kwok) are cached in k8stest.DefaultBinDir,
+// and if not, what is missing and where.
+func k8sBinaries() (dir string, missing []string, err error) {
+	if dir, err = k8stest.DefaultBinDir(); err != nil {
+		return "", nil, err
+	}
+	for _, f := range []string{
+		filepath.Join("etcd-"+k8stest.EtcdVersion, "etcd"),
+		filepath.Join("kubernetes-"+k8stest.KubernetesVersion, "kube-apiserver"),
+		filepath.Join("kwok-"+k8stest.KwokVersion, "kwok"),
+	} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			missing = append(missing, f)
+		}
+	}
+	return dir, missing, nil
+}
+
+// errK8sNotCached is the error of a Kubernetes step whose binaries are
+// not cached: what is missing and the command that builds them.
+func errK8sNotCached(dir string, missing []string) error {
+	return fmt.Errorf("%w in %s (missing %s); build them once with `make prereqs` "+
+		"(it compiles Kubernetes %s, etcd %s and kwok %s from their Go modules: about 15 minutes the first time)",
+		errK8sBinaries, dir, strings.Join(missing, ", "), k8stest.KubernetesVersion, k8stest.EtcdVersion, k8stest.KwokVersion)
+}
+
+var errK8sBinaries = errors.New("the Kubernetes binaries are not cached")
+
+// demoK8s shows a simulated cm384 super node as Kubernetes sees it: a
+// real control plane with kwok, the SuperNode CRD and controller, 48
+// simulated Nodes, then one lost and found again.
+func demoK8s(w io.Writer) error {
+	dir, missing, err := k8sBinaries()
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return errK8sNotCached(dir, missing)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), demoK8sTimeout)
+	defer cancel()
+
+	fmt.Fprintf(w, "\nKubernetes %s (etcd, kube-apiserver and kwok, real processes on loopback), the SuperNode controller, a simulated cm384:\n", k8stest.KubernetesVersion)
+	began := time.Now()
+	c, err := k8stest.StartControlPlane(ctx, k8stest.Config{Kwok: true})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	cfg := c.RESTConfig()
+	if err := k8ssuite.InstallCRD(ctx, cfg, config.SuperNodeCRD); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "  control plane up, SuperNode CRD installed in %s\n", time.Since(began).Round(100*time.Millisecond))
+
+	stop, err := runController(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer stop()
+
+	topo, err := topology.Example("cm384")
+	if err != nil {
+		return err
+	}
+	began = time.Now()
+	nodes, err := c.AddNodes(ctx, topo, k8stest.NodeOptions{})
+	if err != nil {
+		return err
+	}
+	cl, err := superNodeClient(cfg)
+	if err != nil {
+		return err
+	}
+	if _, err := waitSuperNode(ctx, cl, topo.Name, superNodeReady); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "  %d kwok nodes Ready and SuperNode %s reconciled in %s\n\n$ kubectl get supernodes\n", len(nodes), topo.Name, time.Since(began).Round(10*time.Millisecond))
+	if err := printSuperNodes(ctx, w, cl); err != nil {
+		return err
+	}
+
+	lost := nodes[len(nodes)/2].Name
+	fmt.Fprintf(w, "\nnode %s fails (kwok reports it NotReady)\n", lost)
+	began = time.Now()
+	if _, err := c.CrashNode(ctx, lost); err != nil {
+		return err
+	}
+	sn, err := waitSuperNode(ctx, cl, topo.Name, func(sn *v1alpha1.SuperNode) bool {
+		d := condition(sn, v1alpha1.ConditionDegraded)
+		return d.Status == metav1.ConditionTrue && strings.Contains(d.Message, lost)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "  SuperNode Degraded after %s\n\n$ kubectl get supernodes\n", time.Since(began).Round(10*time.Millisecond))
+	if err := printSuperNodes(ctx, w, cl); err != nil {
+		return err
+	}
+	d := condition(sn, v1alpha1.ConditionDegraded)
+	fmt.Fprintf(w, "  Degraded: %s (%s)\n", d.Message, d.Reason)
+	for _, m := range sn.Status.Members {
+		if m.Health != v1alpha1.MemberReady {
+			fmt.Fprintf(w, "  member %s: %s %s\n", m.Name, m.Health, m.Reason)
+		}
+	}
+
+	fmt.Fprintf(w, "\nnode %s recovers\n", lost)
+	began = time.Now()
+	if _, err := c.RecoverNode(ctx, lost); err != nil {
+		return err
+	}
+	if _, err := waitSuperNode(ctx, cl, topo.Name, superNodeReady); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "  SuperNode Ready again after %s\n\n$ kubectl get supernodes\n", time.Since(began).Round(10*time.Millisecond))
+	return printSuperNodes(ctx, w, cl)
+}
+
+// runController runs the SuperNode controller in this process until
+// stop, which waits until it has stopped.
+func runController(ctx context.Context, cfg *rest.Config) (stop func(), err error) {
+	mgr, err := supernode.NewManager(cfg, supernode.Config{Options: supernode.Options{Logger: slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	return func() {
+		cancel()
+		<-done
+	}, nil
+}
+
+func superNodeClient(cfg *rest.Config) (client.Client, error) {
+	s, err := supernode.Scheme()
+	if err != nil {
+		return nil, err
+	}
+	return client.New(cfg, client.Options{Scheme: s})
+}
+
+// waitSuperNode waits until SuperNode name exists and ok says its status
+// is as wanted, and returns it.
+func waitSuperNode(ctx context.Context, cl client.Client, name string, ok func(*v1alpha1.SuperNode) bool) (*v1alpha1.SuperNode, error) {
+	sn := &v1alpha1.SuperNode{}
+	var last error
+	err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if last = cl.Get(ctx, client.ObjectKey{Name: name}, sn); last != nil {
+			return false, nil
+		}
+		return ok(sn), nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("waiting for SuperNode %s (phase %q, %d/%d ready): %w", name, sn.Status.Phase, sn.Status.ReadyCount, sn.Status.MemberCount, errors.Join(err, last))
+	}
+	return sn, nil
+}
+
+// superNodeReady: the controller has seen every member Ready.
+func superNodeReady(sn *v1alpha1.SuperNode) bool {
+	return sn.Status.ObservedGeneration == sn.Generation && sn.Status.Phase == v1alpha1.PhaseReady &&
+		sn.Status.MemberCount > 0 && sn.Status.ReadyCount == sn.Status.MemberCount &&
+		condition(sn, v1alpha1.ConditionReady).Status == metav1.ConditionTrue
+}
+
+func condition(sn *v1alpha1.SuperNode, typ string) metav1.Condition {
+	for _, c := range sn.Status.Conditions {
+		if c.Type == typ {
+			return c
+		}
+	}
+	return metav1.Condition{}
+}
+
+// printSuperNodes lists the SuperNodes from the apiserver as
+// `kubectl get supernodes` does (the CRD's printer columns).
+func printSuperNodes(ctx context.Context, w io.Writer, cl client.Client) error {
+	var list v1alpha1.SuperNodeList
+	if err := cl.List(ctx, &list); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tMEMBERS\tREADY\tSTATUS\tMEMORY\tNPUS")
+	for _, sn := range list.Items {
+		st := sn.Status
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\n", sn.Name, st.MemberCount, st.ReadyCount, st.Phase, st.Memory.String(), st.NPUs)
+	}
+	return tw.Flush()
+}
