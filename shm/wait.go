@@ -348,7 +348,7 @@ func (s Wait) waitLoop(ctx context.Context, w waiter) error {
 		// sleeper in this process takes its channel before it registers,
 		// so that a wake-up after the registration closes that channel.
 		v := w.seq.Load()
-		var here chan struct{}
+		var here *localSleep
 		if w.parkHere != nil && w.parkHere() {
 			here = localChan()
 		}
@@ -356,6 +356,9 @@ func (s Wait) waitLoop(ctx context.Context, w waiter) error {
 		ok, err := w.ready()
 		if ok || err != nil {
 			w.waiters.Add(^uint32(0))
+			if here != nil {
+				here.done()
+			}
 			return err
 		}
 		if here != nil && !w.parkHere() {
@@ -363,6 +366,7 @@ func (s Wait) waitLoop(ctx context.Context, w waiter) error {
 			// was taken (ours let go before we registered, and theirs
 			// took over before the look): its wake-up goes to the futex,
 			// so sleep there, on the sequence read before registering.
+			here.done()
 			here = nil
 		}
 		d := livenessInterval
@@ -379,11 +383,12 @@ func (s Wait) waitLoop(ctx context.Context, w waiter) error {
 		if here != nil {
 			t := time.NewTimer(d)
 			select {
-			case <-here:
+			case <-here.ch:
 			case <-t.C:
 			case <-done:
 			}
 			t.Stop()
+			here.done()
 		} else {
 			futexWait(w.seq, v, d)
 		}
@@ -424,17 +429,35 @@ func Wake(word *atomic.Uint32) { futexWake(word, 1<<30) }
 // another word looks again and sleeps again.
 var localWaits struct {
 	sync.Mutex
-	ch chan struct{}
+	cur *localSleep
 }
 
-// localChan is the channel the next localWake closes.
-func localChan() chan struct{} {
+// localSleep is one channel of localWaits and how many goroutines hold it
+// to sleep on: a goroutine that took it and then did not sleep (its last
+// look found what it waited for, or the holder moved to another process)
+// lets it go, so that a wake-up then reports that it woke nobody.
+type localSleep struct {
+	ch      chan struct{}
+	holders int
+}
+
+// localChan is the channel the next localWake closes. The caller sleeps
+// on s.ch and then calls s.done, or calls s.done without sleeping.
+func localChan() *localSleep {
 	localWaits.Lock()
 	defer localWaits.Unlock()
-	if localWaits.ch == nil {
-		localWaits.ch = make(chan struct{})
+	if localWaits.cur == nil {
+		localWaits.cur = &localSleep{ch: make(chan struct{})}
 	}
-	return localWaits.ch
+	localWaits.cur.holders++
+	return localWaits.cur
+}
+
+// done says that the caller no longer sleeps on s.
+func (s *localSleep) done() {
+	localWaits.Lock()
+	s.holders--
+	localWaits.Unlock()
 }
 
 // localWake wakes the goroutines of this process asleep in Go's scheduler,
@@ -442,12 +465,13 @@ func localChan() chan struct{} {
 func localWake() bool {
 	localWaits.Lock()
 	defer localWaits.Unlock()
-	if localWaits.ch == nil {
+	s := localWaits.cur
+	if s == nil {
 		return false
 	}
-	close(localWaits.ch)
-	localWaits.ch = nil
-	return true
+	close(s.ch)
+	localWaits.cur = nil
+	return s.holders > 0
 }
 
 // wake wakes sleepers on seq if there are any. Callers publish their progress
