@@ -365,26 +365,37 @@ func TestPeerCredentials(t *testing.T) {
 	}
 }
 
-// TestLinkDownEndsBothSides: a simulated link that goes down in the middle
-// of a stream loses packets and credits; both ends then fail with an error
-// instead of waiting for them forever.
-func TestLinkDownEndsBothSides(t *testing.T) {
+// ownFabricPair connects n0 to n1 of dev4 over the ub path on a simulated
+// fabric of the test's own, so that the faults it sets reach no other
+// test, and returns the connection's ends and the fabric (closed and
+// removed by the test's cleanup).
+func ownFabricPair(t *testing.T, name string) (a, b *Conn, f *simprov.Fabric) {
+	t.Helper()
 	topo, err := topology.Example("dev4")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A fabric of this test's own: the fault must not reach other tests.
-	fabric := fmt.Sprintf("linkdown-%d", os.Getpid())
+	fabric := fmt.Sprintf("%s-%d", name, os.Getpid())
 	cfg := Config{ProviderOptions: map[string]string{"fabric": fabric}}
-	a, b := connect(t, dev4(t, "n0", cfg), dev4(t, "n1", cfg), "n0", "", PathUB)
-	defer a.Close()
-	defer b.Close()
-	f, err := simprov.OpenFabricNamed(topo, fabric)
+	a, b = connect(t, dev4(t, "n0", cfg), dev4(t, "n1", cfg), "n0", "", PathUB)
+	f, err = simprov.OpenFabricNamed(topo, fabric)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	defer f.Remove()
+	t.Cleanup(func() {
+		f.Remove()
+		f.Close()
+	})
+	return a, b, f
+}
+
+// TestLinkDownEndsBothSides: a simulated link that goes down in the middle
+// of a stream loses packets and credits; both ends then fail with an error
+// instead of waiting for them forever.
+func TestLinkDownEndsBothSides(t *testing.T) {
+	a, b, f := ownFabricPair(t, "linkdown")
+	defer a.Close()
+	defer b.Close()
 	readErr := make(chan error, 1)
 	reading := make(chan struct{})
 	go func() {
@@ -435,21 +446,8 @@ func TestLinkDownEndsBothSides(t *testing.T) {
 // TestSlowAcceptKeepsConnections on a loaded machine). The slowed link
 // makes the packet take 20 s, which no wait of closeLinger outlasts.
 func TestCloseReportsUndelivered(t *testing.T) {
-	topo, err := topology.Example("dev4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A fabric of this test's own: the slow link must not reach other tests.
-	fabric := fmt.Sprintf("slowclose-%d", os.Getpid())
-	cfg := Config{ProviderOptions: map[string]string{"fabric": fabric}}
-	a, b := connect(t, dev4(t, "n0", cfg), dev4(t, "n1", cfg), "n0", "", PathUB)
+	a, b, f := ownFabricPair(t, "slowclose")
 	defer b.Close()
-	f, err := simprov.OpenFabricNamed(topo, fabric)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	defer f.Remove()
 	// dev4's links take 20 µs; a million times slower, 20 s.
 	if err := f.SetLinkSlow("n0", "n1", 1e6); err != nil {
 		t.Fatal(err)
