@@ -84,7 +84,7 @@ func demoK8sIfCached(w io.Writer) error {
 		return err
 	}
 	if len(missing) > 0 {
-		fmt.Fprintf(w, "\nKubernetes (a cm384 super node as a SuperNode): skipped, its binaries are not cached in %s; `make prereqs` builds them once (about 15 min), then `ubctl demo k8s`\n", dir)
+		fmt.Fprintf(w, "\nKubernetes (a cm384 super node as a SuperNode): skipped, its binaries are not cached in %s; `ubctl demo k8s` builds them once (about 15 minutes) and runs it\n", dir)
 		return nil
 	}
 	return demoK8s(w)

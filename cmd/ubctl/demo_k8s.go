@@ -7,15 +7,17 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
+	"os/signal"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/ubkit-io/ubkit/internal/bench/k8ssuite"
 	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
@@ -29,46 +31,80 @@ import (
 // takes most of a minute to start the control plane.
 const demoK8sTimeout = 5 * time.Minute
 
-// k8sBinaries says whether the binaries the Kubernetes demo and bench
-// run (etcd, kube-apiserver, kwok) are cached in k8stest.DefaultBinDir,
-// and if not, what is missing and where.
+// k8sBinaries returns the directory of the binaries the Kubernetes demo
+// and bench run (k8stest.DefaultBinDir) and those missing from it.
 func k8sBinaries() (dir string, missing []string, err error) {
 	if dir, err = k8stest.DefaultBinDir(); err != nil {
 		return "", nil, err
 	}
-	for _, f := range []string{
-		filepath.Join("etcd-"+k8stest.EtcdVersion, "etcd"),
-		filepath.Join("kubernetes-"+k8stest.KubernetesVersion, "kube-apiserver"),
-		filepath.Join("kwok-"+k8stest.KwokVersion, "kwok"),
-	} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			missing = append(missing, f)
-		}
-	}
-	return dir, missing, nil
+	missing, err = k8stest.Missing(dir)
+	return dir, missing, err
 }
 
-// errK8sNotCached is the error of a Kubernetes step whose binaries are
-// not cached: what is missing and the command that builds them.
+// errK8sNotCached is the error of a Kubernetes step that does not build
+// the binaries: what is missing and the commands that build them.
 func errK8sNotCached(dir string, missing []string) error {
-	return fmt.Errorf("%w in %s (missing %s); build them once with `make prereqs` "+
+	return fmt.Errorf("%w in %s (missing %s); build them once with `ubctl demo k8s` or `make prereqs` "+
 		"(it compiles Kubernetes %s, etcd %s and kwok %s from their Go modules: about 15 minutes the first time)",
 		errK8sBinaries, dir, strings.Join(missing, ", "), k8stest.KubernetesVersion, k8stest.EtcdVersion, k8stest.KwokVersion)
 }
 
 var errK8sBinaries = errors.New("the Kubernetes binaries are not cached")
 
-// demoK8s shows a simulated cm384 super node as Kubernetes sees it: a
-// real control plane with kwok, the SuperNode CRD and controller, 48
-// simulated Nodes, then one lost and found again.
-func demoK8s(w io.Writer) error {
+// ensureK8sBinaries builds the binaries that are missing, once, saying
+// on w what it builds and how long it took. An interrupt stops the build
+// (what was complete stays).
+func ensureK8sBinaries(w io.Writer) error {
 	dir, missing, err := k8sBinaries()
-	if err != nil {
+	if err != nil || len(missing) == 0 {
 		return err
 	}
-	if len(missing) > 0 {
-		return errK8sNotCached(dir, missing)
+	fmt.Fprintf(w, "\nThe Kubernetes binaries are not cached in %s (missing %s).\n"+
+		"Building them once from their Go modules (Kubernetes %s, etcd %s, kwok %s): about 15 minutes the first time; later runs reuse them.\n",
+		dir, strings.Join(missing, ", "), k8stest.KubernetesVersion, k8stest.EtcdVersion, k8stest.KwokVersion)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	began := time.Now()
+	if err := k8stest.Build(ctx, dir, &indent{w: w, prefix: "  "}); err != nil {
+		return err
 	}
+	fmt.Fprintf(w, "  built in %s\n", time.Since(began).Round(time.Second))
+	return nil
+}
+
+// indent writes each line with a prefix.
+type indent struct {
+	w      io.Writer
+	prefix string
+	mid    bool // within a line
+}
+
+func (d *indent) Write(p []byte) (int, error) {
+	var b []byte
+	for _, c := range p {
+		if !d.mid {
+			b = append(b, d.prefix...)
+		}
+		b = append(b, c)
+		d.mid = c != '\n'
+	}
+	if _, err := d.w.Write(b); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// demoK8s shows a simulated cm384 super node as Kubernetes sees it: a
+// real control plane with kwok, the SuperNode CRD and controller, 48
+// simulated Nodes, then one lost and found again. It builds the binaries
+// first if they are not cached.
+func demoK8s(w io.Writer) error {
+	if err := ensureK8sBinaries(w); err != nil {
+		return err
+	}
+	// controller-runtime's clients log through its global logger, which
+	// complains at length on stderr if nothing set it.
+	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), demoK8sTimeout)
 	defer cancel()
 

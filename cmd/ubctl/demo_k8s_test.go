@@ -2,22 +2,42 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ubkit-io/ubkit/k8s/k8stest"
 )
 
-// TestDemoK8s runs `ubctl demo k8s` on the real binaries: the SuperNode
-// table from the apiserver, Ready, then Degraded naming the lost node,
-// then Ready again.
+// TestDemoK8s runs `ubctl demo k8s` on the real binaries, etcd missing
+// from its cache: it builds etcd (seconds with the Go caches warm from
+// `make prereqs`) saying so, then shows the SuperNode table from the
+// apiserver, Ready, then Degraded naming the lost node, then Ready again.
 func TestDemoK8s(t *testing.T) {
-	if _, missing, err := k8sBinaries(); err != nil || len(missing) > 0 {
+	real, missing, err := k8sBinaries()
+	if err != nil || len(missing) > 0 {
 		t.Fatalf("the Kubernetes binaries (make prereqs builds them): missing %v, %v", missing, err)
 	}
+	dir := t.TempDir()
+	for _, d := range []string{"kubernetes-" + k8stest.KubernetesVersion, "kwok-" + k8stest.KwokVersion} {
+		if err := os.Symlink(filepath.Join(real, d), filepath.Join(dir, d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv(k8stest.EnvBinDir, dir)
 	var out bytes.Buffer
 	if err := demoCmd([]string{"k8s"}, &out); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	text := out.String()
+	for _, want := range []string{"not cached in " + dir + " (missing etcd-" + k8stest.EtcdVersion + "/etcd)",
+		"  k8stest: building etcd " + k8stest.EtcdVersion, "  built in "} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q:\n%s", want, text)
+		}
+	}
 	tables := strings.Split(text, "$ kubectl get supernodes\n")
 	if len(tables) != 4 {
 		t.Fatalf("want 3 tables:\n%s", text)
@@ -36,15 +56,16 @@ func TestDemoK8s(t *testing.T) {
 	}
 }
 
+// Without the binaries, the whole demo says in one line how to get its
+// Kubernetes part, and the benchmark names what builds them.
 func TestDemoK8sNotCached(t *testing.T) {
-	t.Setenv("UBKIT_K8S_BIN", t.TempDir())
-	err := demoCmd([]string{"k8s"}, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), "make prereqs") || !strings.Contains(err.Error(), "not cached") {
-		t.Fatalf("err %v, want one saying the binaries are not cached and naming make prereqs", err)
-	}
+	t.Setenv(k8stest.EnvBinDir, t.TempDir())
 	var out bytes.Buffer
-	if err := demoK8sIfCached(&out); err != nil || strings.Count(out.String(), "\n") != 2 || !strings.Contains(out.String(), "make prereqs") {
+	if err := demoK8sIfCached(&out); err != nil || strings.Count(out.String(), "\n") != 2 || !strings.Contains(out.String(), "`ubctl demo k8s` builds them") {
 		t.Errorf("the whole demo's k8s line: %q, %v", out.String(), err)
+	}
+	if _, err := suites["k8s"](&benchOpts{}); !errors.Is(err, errK8sBinaries) || !strings.Contains(err.Error(), "ubctl demo k8s") {
+		t.Errorf("bench k8s without the binaries: err %v, want one naming ubctl demo k8s", err)
 	}
 	if err := demoCmd([]string{"nosuch"}, &bytes.Buffer{}); err == nil {
 		t.Error("demo nosuch succeeded")

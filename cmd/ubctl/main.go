@@ -38,7 +38,7 @@ usage:
   ubctl demo k8s
         a real Kubernetes control plane with kwok and the SuperNode
         controller: a simulated cm384 as SuperNodes, a node lost and found
-        (needs the binaries of make prereqs)
+        (builds its binaries once if they are not cached: about 15 minutes)
 `
 
 func main() {

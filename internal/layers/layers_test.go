@@ -68,6 +68,7 @@ var layers = []struct {
 	{"k8s/...", layerAdapter},
 
 	{"internal/testenv", layerTestSupport},         // real servers, other users, network namespaces
+	{"internal/testenv/k8sbin", layerProgram},      // make prereqs's build of the Kubernetes test binaries
 	{"internal/bench", layerTestSupport},           // measurements, reports, benchmark peer processes
 	{"internal/bench/benchtest", layerTestSupport}, // the suites' shared test helpers
 
@@ -96,7 +97,7 @@ var rawAllowed = []struct{ pattern, why string }{
 	{"ub/provider/...", "a provider binds the verbs to its medium"},
 	{"internal/fdlimit", "it reads RLIMIT_NOFILE and tells EMFILE and ENFILE apart"},
 	{"internal/rundir", "it checks the owner and mode of runtime directories (Stat_t) and locks files in them (flock)"},
-	{"internal/osproc", "it sets child processes' system attributes (parent-death signal, credentials) and names signals"},
+	{"internal/osproc", "it sets child processes' system attributes (parent-death signal, process group, credentials) and names signals"},
 }
 
 // rawFiles are test files outside rawAllowed that may import rawImports

@@ -101,5 +101,5 @@ go mod download
 # (${UBKIT_K8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/ubkit/k8s}), not in
 # $cache, so that a fresh clone (CI's) reuses them: the first build takes
 # about 15 minutes.
-bash internal/testenv/k8sbin.sh
+go run ./internal/testenv/k8sbin
 echo "prereqs: ok (cache $cache)"

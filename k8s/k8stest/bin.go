@@ -10,7 +10,7 @@ import (
 
 // The versions k8stest runs: Kubernetes matches the client-go that ubkit
 // requires (v0.37.x), and etcd is the one Kubernetes 1.37 pins.
-// internal/testenv/k8sbin.sh builds the same.
+// [Build] builds these.
 const (
 	KubernetesVersion = "v1.37.2"
 	EtcdVersion       = "v3.7.0"
@@ -59,7 +59,7 @@ func findBinaries(root string) binaries {
 // errMissing says how to get a missing binary.
 func errMissing(what, path string, err error) error {
 	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("k8stest: %s is missing (%s): `make prereqs` in ubkit's module builds it (internal/testenv/k8sbin.sh; the first build takes about 15 minutes), or set %s to a directory that has it", what, path, EnvBinDir)
+		return fmt.Errorf("k8stest: %s is missing (%s): k8stest.Build builds it (`make prereqs` in ubkit's module and `ubctl demo k8s` call it; the first build takes about 15 minutes), or set %s to a directory that has it", what, path, EnvBinDir)
 	}
 	return fmt.Errorf("k8stest: %s (%s): %w", what, path, err)
 }
@@ -71,7 +71,7 @@ func need(what, path string) error {
 		return errMissing(what, path, err)
 	}
 	if !info.Mode().IsRegular() || info.Mode()&0o111 == 0 {
-		return fmt.Errorf("k8stest: %s (%s) is not an executable file: remove it and run `make prereqs`", what, path)
+		return fmt.Errorf("k8stest: %s (%s) is not an executable file: remove it and build it again (k8stest.Build or `make prereqs`)", what, path)
 	}
 	return nil
 }

@@ -13,8 +13,10 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/go-logr/logr"
 	"k8s.io/client-go/tools/clientcmd"
 	ctrl "sigs.k8s.io/controller-runtime"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/ubkit-io/ubkit/k8s/supernode"
 )
@@ -41,6 +43,9 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// What controller-runtime logs through its global logger goes to the
+	// same place (unset, it complains on stderr).
+	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "supernode-controller:", err)

@@ -4,10 +4,11 @@
 # kube-scheduler from the k8s.io/kubernetes module, etcd from
 # go.etcd.io/etcd/server/v3, kwok and its stage files from sigs.k8s.io/kwok.
 # Only the Go module proxy is used (shared/K8S.md has the recipe).
+# k8stest.Build runs this script (embedded in the package) with the
+# versions of its constants; `make prereqs` and `ubctl demo k8s` call Build.
 #
 # They go into a user-level cache, not the clone's .cache, so a fresh clone
-# (CI) does not rebuild Kubernetes: $UBKIT_K8S_BIN, by default
-# ${XDG_CACHE_HOME:-$HOME/.cache}/ubkit/k8s, holds
+# (CI) does not rebuild Kubernetes: $UBKIT_K8S_BIN (Build sets it), holds
 #   kubernetes-<version>/{kube-apiserver,kube-controller-manager,kube-scheduler}
 #   etcd-<version>/etcd
 #   kwok-<version>/kwok and kwok-<version>/stages/*.yaml
@@ -16,11 +17,12 @@
 # when complete, so an interrupted build leaves nothing half-made.
 set -euo pipefail
 
-# Keep these in step with k8s/k8stest/bin.go and go.mod (client-go v0.37.x).
-k8s_version=v1.37.2
-k8s_staging_version=v0.37.2
-etcd_version=v3.7.0
-kwok_version=v0.8.0
+# The versions come from k8stest's constants (bin.go), through Build.
+k8s_version=${K8STEST_KUBERNETES_VERSION:?set by k8stest.Build}
+etcd_version=${K8STEST_ETCD_VERSION:?set by k8stest.Build}
+kwok_version=${K8STEST_KWOK_VERSION:?set by k8stest.Build}
+# The staging modules (client-go and the rest) are released as v0.<minor>.<patch>.
+k8s_staging_version=v0.${k8s_version#v1.}
 
 root=${UBKIT_K8S_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/ubkit/k8s}
 mkdir -p "$root"
@@ -49,7 +51,7 @@ finish() {
 build_etcd() {
 	local dest="$root/etcd-$etcd_version"
 	[ -x "$dest/etcd" ] && return 0
-	echo "prereqs: building etcd $etcd_version into $dest (about 1 minute)"
+	echo "k8stest: building etcd $etcd_version into $dest (about 1 minute)"
 	local tmp
 	tmp=$(mktemp -d "$root/.etcd-build.XXXXXX")
 	tmps+=("$tmp")
@@ -57,7 +59,7 @@ build_etcd() {
 	(cd "$tmp/mod" &&
 		go get "go.etcd.io/etcd/server/v3@$etcd_version" &&
 		"${nice[@]}" go build -trimpath -ldflags "-s -w" -o "$tmp/out/etcd" go.etcd.io/etcd/server/v3) ||
-		{ echo "prereqs: could not build etcd $etcd_version (log above)" >&2; return 1; }
+		{ echo "k8stest: could not build etcd $etcd_version" >&2; return 1; }
 	finish "$tmp/out" "$dest"
 	rm -rf "$tmp"
 }
@@ -71,7 +73,7 @@ build_kwok() {
 	[ -x "$dest/kwok" ] || ok=0
 	for stage in "${stages[@]}"; do [ -f "$dest/stages/${stage##*/}.yaml" ] || ok=0; done
 	[ "$ok" = 1 ] && return 0
-	echo "prereqs: building kwok $kwok_version into $dest (about 2 minutes)"
+	echo "k8stest: building kwok $kwok_version into $dest (about 2 minutes)"
 	local tmp
 	tmp=$(mktemp -d "$root/.kwok-build.XXXXXX")
 	tmps+=("$tmp")
@@ -79,7 +81,7 @@ build_kwok() {
 	(cd "$tmp/mod" &&
 		go get "sigs.k8s.io/kwok/cmd/kwok@$kwok_version" &&
 		"${nice[@]}" go build -trimpath -ldflags "-s -w" -o "$tmp/out/kwok" sigs.k8s.io/kwok/cmd/kwok) ||
-		{ echo "prereqs: could not build kwok $kwok_version (log above)" >&2; return 1; }
+		{ echo "k8stest: could not build kwok $kwok_version" >&2; return 1; }
 	# kwok exits with "no stages found" unless given stages; the module ships
 	# them under kustomize/stage/ (the pods' fast ones need no pod-create
 	# stage, unlike those in general/).
@@ -88,7 +90,7 @@ build_kwok() {
 	mkdir -p "$tmp/out/stages"
 	for stage in "${stages[@]}"; do
 		cp "$src/kustomize/stage/$stage.yaml" "$tmp/out/stages/" ||
-			{ echo "prereqs: kwok $kwok_version has no stage $stage.yaml under $src/kustomize/stage" >&2; return 1; }
+			{ echo "k8stest: kwok $kwok_version has no stage $stage.yaml under $src/kustomize/stage" >&2; return 1; }
 	done
 	chmod -R u+w "$tmp/out/stages"
 	finish "$tmp/out" "$dest"
@@ -100,7 +102,7 @@ build_kubernetes() {
 	local cmds=(kube-apiserver kube-controller-manager kube-scheduler) c missing=0
 	for c in "${cmds[@]}"; do [ -x "$dest/$c" ] || missing=1; done
 	[ "$missing" = 0 ] && return 0
-	echo "prereqs: building Kubernetes $k8s_version (${cmds[*]}) into $dest: the first build takes about 15 minutes"
+	echo "k8stest: building Kubernetes $k8s_version (${cmds[*]}) into $dest: the first build takes about 15 minutes"
 	local tmp
 	tmp=$(mktemp -d "$root/.kubernetes-build.XXXXXX")
 	tmps+=("$tmp")
@@ -108,32 +110,32 @@ build_kubernetes() {
 	(
 		cd "$tmp/mod"
 		gomod=$(go mod download -json "k8s.io/kubernetes@$k8s_version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
-		[ -f "$gomod" ] || { echo "prereqs: no go.mod for k8s.io/kubernetes@$k8s_version" >&2; exit 1; }
+		[ -f "$gomod" ] || { echo "k8stest: no go.mod for k8s.io/kubernetes@$k8s_version" >&2; exit 1; }
 		# k8s.io/kubernetes replaces its staging modules with ./staging/...;
 		# replaces in a dependency are ignored, so replace each with its
 		# published release here.
 		staging=$(awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$gomod")
-		[ -n "$staging" ] || { echo "prereqs: no staging modules found in $gomod" >&2; exit 1; }
+		[ -n "$staging" ] || { echo "k8stest: no staging modules found in $gomod" >&2; exit 1; }
 		for m in $staging; do go mod edit -replace="$m=$m@$k8s_staging_version"; done
 		for c in "${cmds[@]}"; do go get "k8s.io/kubernetes/cmd/$c@$k8s_version"; done
 		minor=${k8s_version#v1.}
 		minor=${minor%%.*}
 		ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 		for c in "${cmds[@]}"; do
-			echo "prereqs: building $c $k8s_version"
+			echo "k8stest: building $c $k8s_version"
 			"${nice[@]}" go build -trimpath -ldflags "$ldflags" -o "$tmp/out/$c" "k8s.io/kubernetes/cmd/$c"
 		done
-	) || { echo "prereqs: could not build Kubernetes $k8s_version (log above)" >&2; return 1; }
+	) || { echo "k8stest: could not build Kubernetes $k8s_version" >&2; return 1; }
 	finish "$tmp/out" "$dest"
 	rm -rf "$tmp"
 }
 
-# k8sbin.sh [etcd|kwok|kubernetes]...: those only (all by default); two
+# build.sh [etcd|kwok|kubernetes]...: those only (all by default); two
 # runs may build different ones at once.
 for what in ${@:-etcd kwok kubernetes}; do
 	case $what in
 	etcd | kwok | kubernetes) "build_$what" ;;
-	*) echo "prereqs: k8sbin.sh: unknown binaries $what (etcd, kwok or kubernetes)" >&2; exit 2 ;;
+	*) echo "k8stest: unknown binaries $what (want etcd, kwok or kubernetes)" >&2; exit 2 ;;
 	esac
 done
-echo "prereqs: Kubernetes test binaries ok ($root)"
+echo "k8stest: Kubernetes test binaries ok ($root)"

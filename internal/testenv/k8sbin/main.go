@@ -1,0 +1,23 @@
+// Command k8sbin builds the Kubernetes test binaries that are missing
+// (k8stest.Build into k8stest.DefaultBinDir); `make prereqs` runs it.
+// Arguments name the sets to build (etcd, kwok, kubernetes), all by
+// default.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+
+	"github.com/ubkit-io/ubkit/k8s/k8stest"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := k8stest.Build(ctx, "", os.Stdout, os.Args[1:]...); err != nil {
+		fmt.Fprintln(os.Stderr, "prereqs:", err)
+		os.Exit(1)
+	}
+}
