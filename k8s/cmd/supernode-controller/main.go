@@ -8,8 +8,11 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 
@@ -22,9 +25,18 @@ import (
 )
 
 func main() {
+	ctx := ctrl.SetupSignalHandler() // SIGINT or SIGTERM: stop, releasing the lease
+	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+}
+
+// run runs the controller with the command's arguments until ctx ends,
+// logging to stderr, and returns the exit status: 0 when stopped, 1 when
+// the controller failed, 2 for a bad flag or kubeconfig.
+func run(ctx context.Context, args []string, stderr io.Writer) int {
 	// A flag set of its own: controller-runtime's client/config package
 	// registers -kubeconfig on flag.CommandLine when it is imported.
-	fs := flag.NewFlagSet(os.Args[0], flag.ExitOnError)
+	fs := flag.NewFlagSet("supernode-controller", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `file`; empty means in-cluster")
 	leaderElect := fs.Bool("leader-elect", false, "elect a leader, so that only one of several replicas reconciles")
 	leaderNS := fs.String("leader-elect-namespace", "kube-system", "`namespace` of the leader election Lease")
@@ -36,23 +48,31 @@ func main() {
 	// 50 members and most of an hour for a cluster of 5,000 nodes.
 	qps := fs.Float64("kube-api-qps", 200, "`requests` per second to the apiserver, on average")
 	burst := fs.Int("kube-api-burst", 400, "`requests` to the apiserver in a burst")
-	_ = fs.Parse(os.Args[1:]) // ExitOnError: it exits on a bad flag
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2 // the flag package said why
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "supernode-controller: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
 
 	level := slog.LevelInfo
 	if *debug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	// What controller-runtime logs through its global logger goes to the
 	// same place (unset, it complains on stderr).
 	ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
 	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "supernode-controller:", err)
-		os.Exit(2)
+		fmt.Fprintln(stderr, "supernode-controller:", err)
+		return 2
 	}
 	cfg.QPS, cfg.Burst = float32(*qps), *burst
-	ctx := ctrl.SetupSignalHandler() // SIGINT or SIGTERM: stop, releasing the lease
 	err = supernode.Run(ctx, cfg, supernode.Config{
 		Options:                 supernode.Options{Logger: log, NoHyperNodes: *noHyper},
 		LeaderElection:          *leaderElect,
@@ -60,8 +80,10 @@ func main() {
 		MetricsAddr:             *metricsAddr,
 		HealthAddr:              *healthAddr,
 	})
-	if err != nil {
+	if err != nil && !(ctx.Err() != nil && errors.Is(err, context.Canceled)) {
 		log.Error("supernode-controller: " + err.Error())
-		os.Exit(1)
+		return 1
 	}
+	log.Info("supernode-controller: stopped")
+	return 0
 }
