@@ -2,24 +2,26 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/ubkit-io/ubkit/internal/bench/k8ssuite"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
 	"github.com/ubkit-io/ubkit/k8s/config"
 	"github.com/ubkit-io/ubkit/k8s/k8stest"
@@ -62,7 +64,7 @@ func ensureK8sBinaries(w io.Writer) error {
 	fmt.Fprintf(w, "\nThe Kubernetes binaries are not cached in %s (missing %s).\n"+
 		"Building them once from their Go modules (Kubernetes %s, etcd %s, kwok %s): about 15 minutes the first time; later runs reuse them.\n",
 		dir, strings.Join(missing, ", "), k8stest.KubernetesVersion, k8stest.EtcdVersion, k8stest.KwokVersion)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := osproc.StopContext(context.Background())
 	defer stop()
 	began := time.Now()
 	if err := k8stest.Build(ctx, dir, &indent{w: w, prefix: "  "}); err != nil {
@@ -105,7 +107,11 @@ func demoK8s(w io.Writer) error {
 	// controller-runtime's clients log through its global logger, which
 	// complains at length on stderr if nothing set it.
 	ctrllog.SetLogger(logr.Discard())
-	ctx, cancel := context.WithTimeout(context.Background(), demoK8sTimeout)
+	// An interrupt ends the demo through ctx, so that the deferred Close
+	// stops the control plane and removes its files.
+	sigCtx, stopSignals := osproc.StopContext(context.Background())
+	defer stopSignals()
+	ctx, cancel := context.WithTimeout(sigCtx, demoK8sTimeout)
 	defer cancel()
 
 	fmt.Fprintf(w, "\nKubernetes %s (etcd, kube-apiserver and kwok, real processes on loopback), the SuperNode controller, a simulated cm384:\n", k8stest.KubernetesVersion)
@@ -144,7 +150,7 @@ func demoK8s(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(w, "  %d kwok nodes Ready and SuperNode %s reconciled in %s\n\n$ kubectl get supernodes\n", len(nodes), topo.Name, time.Since(began).Round(10*time.Millisecond))
-	if err := printSuperNodes(ctx, w, cl); err != nil {
+	if err := printSuperNodes(ctx, w, c.Client()); err != nil {
 		return err
 	}
 
@@ -162,7 +168,7 @@ func demoK8s(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(w, "  SuperNode Degraded after %s\n\n$ kubectl get supernodes\n", time.Since(began).Round(10*time.Millisecond))
-	if err := printSuperNodes(ctx, w, cl); err != nil {
+	if err := printSuperNodes(ctx, w, c.Client()); err != nil {
 		return err
 	}
 	d := condition(sn, v1alpha1.ConditionDegraded)
@@ -182,7 +188,7 @@ func demoK8s(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(w, "  SuperNode Ready again after %s\n\n$ kubectl get supernodes\n", time.Since(began).Round(10*time.Millisecond))
-	return printSuperNodes(ctx, w, cl)
+	return printSuperNodes(ctx, w, c.Client())
 }
 
 // runController runs the SuperNode controller in this process until
@@ -242,18 +248,58 @@ func condition(sn *v1alpha1.SuperNode, typ string) metav1.Condition {
 	return metav1.Condition{}
 }
 
-// printSuperNodes lists the SuperNodes from the apiserver as
-// `kubectl get supernodes` does (the CRD's printer columns).
-func printSuperNodes(ctx context.Context, w io.Writer, cl client.Client) error {
-	var list v1alpha1.SuperNodeList
-	if err := cl.List(ctx, &list); err != nil {
-		return err
+// printSuperNodes prints the SuperNodes as kubectl get supernodes does:
+// the apiserver's own table of them (the CRD's printer columns, those of
+// priority 0), the creation time as an age.
+func printSuperNodes(ctx context.Context, w io.Writer, kc kubernetes.Interface) error {
+	raw, err := kc.Discovery().RESTClient().Get().
+		AbsPath("/apis", v1alpha1.GroupVersion.Group, v1alpha1.GroupVersion.Version, "supernodes").
+		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").
+		Do(ctx).Raw()
+	if err != nil {
+		return fmt.Errorf("get supernodes: %w", err)
+	}
+	var table metav1.Table
+	if err := json.Unmarshal(raw, &table); err != nil {
+		return fmt.Errorf("get supernodes: the apiserver's table: %w", err)
+	}
+	if table.Kind != "Table" {
+		return fmt.Errorf("get supernodes: the apiserver answered a %q, not a Table", table.Kind)
 	}
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tMEMBERS\tREADY\tSTATUS\tMEMORY\tNPUS")
-	for _, sn := range list.Items {
-		st := sn.Status
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%d\n", sn.Name, st.MemberCount, st.ReadyCount, st.Phase, st.Memory.String(), st.NPUs)
+	var shown []int
+	var head []string
+	for i, col := range table.ColumnDefinitions {
+		if col.Priority == 0 {
+			shown = append(shown, i)
+			head = append(head, strings.ToUpper(col.Name))
+		}
+	}
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
+	for _, row := range table.Rows {
+		var cells []string
+		for _, i := range shown {
+			if i >= len(row.Cells) {
+				cells = append(cells, "")
+				continue
+			}
+			cells = append(cells, tableCell(table.ColumnDefinitions[i], row.Cells[i]))
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	return tw.Flush()
+}
+
+// tableCell is a cell as kubectl prints it: a date as the time since, an
+// absent value as <none>.
+func tableCell(col metav1.TableColumnDefinition, v any) string {
+	if v == nil {
+		return "<none>"
+	}
+	if s, ok := v.(string); ok && col.Type == "date" {
+		if t, err := time.Parse(time.RFC3339, s); err == nil {
+			return duration.HumanDuration(time.Since(t))
+		}
+	}
+	return fmt.Sprint(v)
 }

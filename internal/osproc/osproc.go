@@ -8,6 +8,7 @@
 package osproc
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -17,6 +18,12 @@ import (
 // NotifyStop relays to c the signals that ask a command to stop: an
 // interrupt (Ctrl-C) and SIGTERM. Undo it with signal.Stop(c).
 func NotifyStop(c chan<- os.Signal) { signal.Notify(c, os.Interrupt, syscall.SIGTERM) }
+
+// StopContext is a context of parent that ends when the command is asked
+// to stop (the signals of NotifyStop); stop undoes the relay.
+func StopContext(parent context.Context) (ctx context.Context, stop context.CancelFunc) {
+	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+}
 
 // attrs returns cmd's system attributes, made if it has none.
 func attrs(cmd *exec.Cmd) *syscall.SysProcAttr {
