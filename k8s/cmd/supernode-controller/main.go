@@ -80,7 +80,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		MetricsAddr:             *metricsAddr,
 		HealthAddr:              *healthAddr,
 	})
-	if err != nil && !(ctx.Err() != nil && errors.Is(err, context.Canceled)) {
+	stopped := ctx.Err() != nil && errors.Is(err, context.Canceled)
+	if err != nil && !stopped {
 		log.Error("supernode-controller: " + err.Error())
 		return 1
 	}
