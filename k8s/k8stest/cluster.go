@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +61,7 @@ type Cluster struct {
 	// says whether Close removes dir (Start's test does it itself).
 	mu        sync.Mutex
 	stops     []func()
+	procs     []*process
 	removeDir bool
 }
 
@@ -75,12 +78,49 @@ const (
 // healthy (printing the end of its log).
 func Start(t testing.TB, cfg Config) *Cluster {
 	t.Helper()
-	c := &Cluster{dir: t.TempDir()}
-	t.Cleanup(func() { c.Close() })
-	if err := c.start(t.Context(), cfg); err != nil {
+	var c *Cluster
+	t.Cleanup(func() {
+		if c != nil {
+			c.Close()
+		}
+	})
+	err := startRetrying(t.Context(), cfg, func() (*Cluster, error) {
+		c = &Cluster{dir: t.TempDir()}
+		return c, nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// choosePorts chooses a cluster's ports; a test replaces it.
+var choosePorts = freePorts
+
+// startTries bounds the attempts to start a control plane whose ports
+// another process took between freePorts and the bind.
+const startTries = 3
+
+// startRetrying starts a cluster that next makes (each attempt in a
+// directory of its own), and again, on new ports, when a process could
+// not bind its port: ports are free when chosen, and another test or
+// program may take one before the process binds it. A failed attempt is
+// stopped (and its files removed where next made them so).
+func startRetrying(ctx context.Context, cfg Config, next func() (*Cluster, error)) error {
+	for try := 1; ; try++ {
+		c, err := next()
+		if err != nil {
+			return err
+		}
+		err = c.start(ctx, cfg)
+		if err == nil {
+			return nil
+		}
+		c.Close()
+		if try == startTries || !errors.Is(err, errPortTaken) || ctx.Err() != nil {
+			return err
+		}
+	}
 }
 
 // StartControlPlane is [Start] for programs, such as a demo or a
@@ -89,13 +129,16 @@ func Start(t testing.TB, cfg Config) *Cluster {
 // stops it with [Cluster.Close]. If it fails, whatever it started is
 // stopped and removed.
 func StartControlPlane(ctx context.Context, cfg Config) (*Cluster, error) {
-	dir, err := os.MkdirTemp("", "k8stest-")
+	var c *Cluster
+	err := startRetrying(ctx, cfg, func() (*Cluster, error) {
+		dir, err := os.MkdirTemp("", "k8stest-")
+		if err != nil {
+			return nil, err
+		}
+		c = &Cluster{dir: dir, removeDir: true}
+		return c, nil
+	})
 	if err != nil {
-		return nil, err
-	}
-	c := &Cluster{dir: dir, removeDir: true}
-	if err := c.start(ctx, cfg); err != nil {
-		c.Close()
 		return nil, err
 	}
 	return c, nil
@@ -153,7 +196,7 @@ func (c *Cluster) start(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("k8stest: make the test certificates: %w", err)
 	}
-	ports, err := freePorts(6)
+	ports, err := choosePorts(6)
 	if err != nil {
 		return err
 	}
@@ -167,18 +210,22 @@ func (c *Cluster) start(ctx context.Context, cfg Config) error {
 		}
 		c.mu.Lock()
 		c.stops = append(c.stops, proc.stop)
+		c.procs = append(c.procs, proc)
 		c.mu.Unlock()
 		return proc, nil
 	}
 
 	etcdURL := "http://" + hostPort(etcdPort)
 	peerURL := "http://" + hostPort(peerPort)
+	// A name of this cluster's own: the etcd that answers on etcdPort
+	// must be this one, not another test's that took the port.
+	etcdName := "k8stest-" + strings.TrimPrefix(filepath.Base(dir), "k8stest-") + "-" + strconv.Itoa(etcdPort)
 	etcd, err := run("etcd", bins.etcd, []string{
-		"--name=k8stest",
+		"--name=" + etcdName,
 		"--data-dir=" + filepath.Join(dir, "etcd"),
 		"--listen-client-urls=" + etcdURL, "--advertise-client-urls=" + etcdURL,
 		"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
-		"--initial-cluster=k8stest=" + peerURL,
+		"--initial-cluster=" + etcdName + "=" + peerURL,
 		"--listen-metrics-urls=http://127.0.0.1:0",
 		// A test's data need not survive a crash of the machine.
 		"--unsafe-no-fsync=true",
@@ -187,6 +234,9 @@ func (c *Cluster) start(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if err := etcd.waitHealthy(ctx, healthClient(nil, nil, false), etcdURL+"/health", timeout); err != nil {
+		return err
+	}
+	if err := etcd.checkEtcdName(ctx, etcdURL, etcdName); err != nil {
 		return err
 	}
 
@@ -293,6 +343,16 @@ func (c *Cluster) start(ctx context.Context, cfg Config) error {
 			return err
 		}
 		if err := kwok.waitHealthy(ctx, healthClient(nil, nil, false), "http://"+hostPort(kwokPort)+"/healthz", timeout); err != nil {
+			return err
+		}
+	}
+	// A process that could not bind its port may have exited after
+	// another program's server answered its health check.
+	c.mu.Lock()
+	procs := slices.Clone(c.procs)
+	c.mu.Unlock()
+	for _, p := range procs {
+		if err := p.running(); err != nil {
 			return err
 		}
 	}

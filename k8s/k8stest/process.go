@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/osproc"
@@ -82,7 +85,62 @@ func (p *process) logTail() string {
 
 // failed describes why the process did not become healthy.
 func (p *process) failed(err error) error {
-	return fmt.Errorf("k8stest: %s did not start: %w\n--- last lines of %s:\n%s", p.name, err, p.logPath, p.logTail())
+	tail := p.logTail()
+	if strings.Contains(tail, "address already in use") {
+		err = fmt.Errorf("%w (%w)", err, errPortTaken)
+	}
+	return fmt.Errorf("k8stest: %s did not start: %w\n--- last lines of %s:\n%s", p.name, err, p.logPath, tail)
+}
+
+// errPortTaken marks a start that failed because a process could not
+// bind its port: another program took it after freePorts chose it.
+var errPortTaken = errors.New("its port was taken")
+
+// running returns nil if the process has not exited, and its failure
+// with its log if it has.
+func (p *process) running() error {
+	select {
+	case <-p.exited:
+		return p.failed(fmt.Errorf("it exited (%v)", p.waitErr))
+	default:
+		return nil
+	}
+}
+
+// checkEtcdName checks that the etcd answering at url is this process,
+// by its member name: another program may hold the port (then this etcd
+// could not bind it). Any failure here counts as that, so that the start
+// is tried again on other ports.
+func (p *process) checkEtcdName(ctx context.Context, url, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	taken := func(err error) error {
+		if exited := p.running(); exited != nil {
+			return fmt.Errorf("%w (%w)", exited, errPortTaken)
+		}
+		return p.failed(fmt.Errorf("%w: the etcd at %s: %w", errPortTaken, url, err))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v3/cluster/member/list", strings.NewReader("{}"))
+	if err != nil {
+		return p.failed(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return taken(fmt.Errorf("its member list: %w", err))
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Members []struct {
+			Name string `json:"name"`
+		} `json:"members"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list); err != nil {
+		return taken(fmt.Errorf("its member list (%s): %w", resp.Status, err))
+	}
+	if len(list.Members) != 1 || list.Members[0].Name != name {
+		return taken(fmt.Errorf("its members are %+v, not %s alone", list.Members, name))
+	}
+	return nil
 }
 
 // waitHealthy polls url (a health endpoint: nothing else tells when a
