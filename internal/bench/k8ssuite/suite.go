@@ -181,12 +181,18 @@ func (e *Env) topologies(scale string) ([]*topology.Topology, error) {
 }
 
 // setup makes the control plane of scale, with its Nodes Ready, unless
-// it is the current one; it replaces that of another scale.
-func (e *Env) setup(ctx context.Context, scale string) error {
+// it is the current one; it replaces that of another scale. A set-up
+// that fails is undone, so that the next run starts again.
+func (e *Env) setup(ctx context.Context, scale string) (err error) {
 	if e.scale == scale {
 		return nil
 	}
 	e.closeLocked()
+	defer func() {
+		if err != nil {
+			e.closeLocked()
+		}
+	}()
 	topos, err := e.topologies(scale)
 	if err != nil {
 		return err
@@ -195,7 +201,7 @@ func (e *Env) setup(ctx context.Context, scale string) error {
 	if err != nil {
 		return err
 	}
-	e.cluster, e.scale = c, scale
+	e.cluster = c
 	if err := InstallCRD(ctx, c.RESTConfig(), config.SuperNodeCRD); err != nil {
 		return err
 	}
@@ -232,7 +238,11 @@ func (e *Env) setup(ctx context.Context, scale string) error {
 	for range topos {
 		all = append(all, <-errs)
 	}
-	return errors.Join(all...)
+	if err := errors.Join(all...); err != nil {
+		return err
+	}
+	e.scale = scale
+	return nil
 }
 
 // run makes the scale's Nodes if they are not there, deletes the
