@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -58,7 +58,7 @@ type Agent struct {
 
 	mu        sync.Mutex
 	last      *Report
-	published map[string]string // the features last published, nil if the last publication failed
+	published any // the publication last made (publicationOf), nil if it failed
 	errs      map[string]bool   // device errors and failing conditions already logged
 }
 
@@ -98,8 +98,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// Refresh scans once, logs what changed since the last scan and, if the
-// features changed (or the last publication failed), publishes them:
+// Refresh scans once, logs what changed since the last scan and, if what
+// it publishes changed (or the last publication failed), publishes it:
 // the feature file, the NodeFeature object if the cluster has NFD, and the
 // Node's labels with DirectLabels. The Node's labels are checked at every
 // refresh, and put back if someone changed them. It returns the report and every
@@ -115,8 +115,8 @@ func (a *Agent) Refresh(ctx context.Context) (*Report, error) {
 	}
 	a.logChanges(r)
 	a.last = r
-	features := r.Features()
-	if a.published != nil && maps.Equal(features, a.published) {
+	pub := publicationOf(r)
+	if a.published != nil && reflect.DeepEqual(pub, a.published) {
 		// Nothing new to publish, but the Node's labels are someone
 		// else's object too: put back what was changed under us (one
 		// read; a patch only if they drifted).
@@ -124,7 +124,7 @@ func (a *Agent) Refresh(ctx context.Context) (*Report, error) {
 	}
 	err = a.publish(ctx, r)
 	if err == nil {
-		a.published = features
+		a.published = pub
 	} else {
 		a.published = nil
 	}

@@ -176,7 +176,7 @@ func TestPublishCluster(t *testing.T) {
 			t.Errorf("spec.labels %v", labels)
 		}
 		attrs, _, _ := unstructured.NestedStringMap(nf.Object, "spec", "features", "attributes", "ubkit.discovery", "elements")
-		if attrs["kae.hpre.instances"] != "2048" || attrs["hugepages-2Mi.free"] != "4096" {
+		if attrs["kae.hpre.algorithms"] != "dh,ecdh,ecdsa,rsa,sm2,x25519,x448" || attrs["hugepages-2Mi.total"] != "4096" {
 			t.Errorf("attributes %v", attrs)
 		}
 		npus, _, _ := unstructured.NestedSlice(nf.Object, "spec", "features", "instances", "ubkit.npu", "elements")

@@ -67,23 +67,25 @@ func (r *Report) Labels() map[string]string {
 }
 
 // Features returns the report as NFD attribute features: every label
-// (by its key without LabelPrefix) and what changes too often or is too
-// long to be a label (free huge pages, KAE queues and algorithms, each
+// (by its key without LabelPrefix) and what is too long or too detailed to
+// be a label (each huge page pool's size, KAE algorithms per class, each
 // NUMA node's CPUs and memory, the number of scan errors).
+//
+// Features describe what the node is, not how busy it is: free huge pages
+// and free KAE queues (HugePagePool.Free, KAEEngine.AvailableInstances)
+// are in the Report but not here, so that a counter that moves with the
+// workload neither republishes the features nor leaves a stale figure in
+// the cluster.
 func (r *Report) Features() map[string]string {
 	f := map[string]string{}
 	for k, v := range r.Labels() {
 		f[strings.TrimPrefix(k, LabelPrefix)] = v
 	}
 	for _, p := range r.HugePages {
-		name := "hugepages-" + pageSizeName(p.PageSize)
-		f[name+".total"] = strconv.FormatInt(p.Total, 10)
-		f[name+".free"] = strconv.FormatInt(p.Free, 10)
+		f["hugepages-"+pageSizeName(p.PageSize)+".total"] = strconv.FormatInt(p.Total, 10)
 	}
-	instances := map[string]int64{}
 	algorithms := map[string]map[string]bool{}
 	for _, e := range r.KAE {
-		instances[e.Class] += e.AvailableInstances
 		if algorithms[e.Class] == nil {
 			algorithms[e.Class] = map[string]bool{}
 		}
@@ -91,9 +93,8 @@ func (r *Report) Features() map[string]string {
 			algorithms[e.Class][a] = true
 		}
 	}
-	for class, n := range instances {
-		f["kae."+class+".instances"] = strconv.FormatInt(n, 10)
-		f["kae."+class+".algorithms"] = strings.Join(sortedKeys(algorithms[class]), ",")
+	for class, algs := range algorithms {
+		f["kae."+class+".algorithms"] = strings.Join(sortedKeys(algs), ",")
 	}
 	for _, n := range r.NUMA {
 		f[fmt.Sprintf("numa.node%d.cpus", n.ID)] = strconv.Itoa(len(n.CPUs))

@@ -66,7 +66,8 @@ func NodeFeatureName(node string) string { return node + "-ubkit" }
 // holds r.Labels(); spec.features has the attribute feature
 // "ubkit.discovery" (r.Features()) and the instance features
 // "ubkit.gpu", "ubkit.npu", "ubkit.kae" and "ubkit.numa", one instance
-// per device, for NodeFeatureRules to match.
+// per device, for NodeFeatureRules to match. Like the features, the
+// instances hold what a device is, not its free queues.
 func NodeFeatureObject(namespace, node string, r *Report) *unstructured.Unstructured {
 	attrs := map[string]any{}
 	for k, v := range r.Features() {
@@ -90,8 +91,7 @@ func NodeFeatureObject(namespace, node string, r *Report) *unstructured.Unstruct
 	}
 	for _, k := range r.KAE {
 		kae = append(kae, inst("name", k.Name, "class", k.Class, "api", k.API,
-			"algorithms", strings.Join(k.Algorithms, ","), "available_instances", strconv.FormatInt(k.AvailableInstances, 10),
-			"flags", strconv.FormatInt(k.Flags, 10)))
+			"algorithms", strings.Join(k.Algorithms, ","), "flags", strconv.FormatInt(k.Flags, 10)))
 	}
 	for _, n := range r.NUMA {
 		numa = append(numa, inst("id", strconv.Itoa(n.ID), "cpus", strconv.Itoa(len(n.CPUs)), "memory", strconv.FormatInt(n.MemTotal, 10)))
@@ -122,6 +122,15 @@ func NodeFeatureObject(namespace, node string, r *Report) *unstructured.Unstruct
 	o.SetName(NodeFeatureName(node))
 	o.SetLabels(map[string]string{NodeNameLabel: node})
 	return o
+}
+
+// publicationOf is everything a refresh publishes for r: the NodeFeature
+// object's spec, whose labels are also the feature file's lines and the
+// Node's direct labels. Two reports with equal publications (by
+// reflect.DeepEqual) publish the same, so the agent compares these, and
+// nothing that is not published can make it publish again.
+func publicationOf(r *Report) any {
+	return NodeFeatureObject("", "", r).Object["spec"]
 }
 
 // PublishNodeFeature creates or replaces node's NodeFeature object in

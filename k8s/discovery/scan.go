@@ -95,7 +95,8 @@ type KAEEngine struct {
 	API string
 	// Algorithms it offers: "rsa", "sm2", "zlib", ...
 	Algorithms []string
-	// AvailableInstances is how many queues are free.
+	// AvailableInstances is how many queues are free. It moves with the
+	// workload, so it is not published (see [Report.Features]).
 	AvailableInstances int64
 	// Flags are uacce's device flags (1: SVA).
 	Flags int64
@@ -103,7 +104,10 @@ type KAEEngine struct {
 
 // HugePagePool is one huge page size of the system pool.
 type HugePagePool struct {
-	PageSize    int64
+	PageSize int64
+	// Total is the pool's size in pages (nr_hugepages), Free how many
+	// of them are free. Free moves with the workload, so it is not
+	// published (see [Report.Features]).
 	Total, Free int64
 }
 
