@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"reflect"
 	"slices"
 	"sync"
@@ -17,17 +18,29 @@ import (
 // DefaultInterval is how often an Agent scans when Config.Interval is 0.
 const DefaultInterval = time.Minute
 
+// DefaultCheckInterval is how often an Agent checks for devices that came
+// or went when Config.CheckInterval is 0.
+const DefaultCheckInterval = 2 * time.Second
+
 // Config configures an Agent. The zero Config scans "/" every minute and
-// publishes nothing but log lines.
+// whenever a check (every 2 seconds) finds a device that came or went,
+// and publishes nothing but log lines.
 type Config struct {
 	// Scan says where to look and what versions to expect.
 	Scan ScanOptions
-	// Interval is the time between scans; 0 means DefaultInterval.
-	// There is no file-system notification: sysfs and procfs do not
-	// report most changes through inotify anyway, and ubkit keeps raw
-	// system calls out of its adapters. A scan reads a few hundred small
-	// files, so a short interval is cheap.
+	// Interval is the time between full scans; 0 means DefaultInterval.
 	Interval time.Duration
+	// CheckInterval is the time between checks for devices that came or
+	// went (0 means DefaultCheckInterval, a negative one checks never):
+	// a check lists the directories the scan finds devices in (/dev's
+	// davinci* and nvidia*, /sys/class/uacce, /sys/bus/pci/devices, the
+	// NVIDIA driver's /proc/driver/nvidia/gpus, the huge page pools and
+	// their sizes) and scans at once if their names changed, so a lost
+	// device is published within a check interval rather than a scan
+	// interval. It polls, as nothing else can: sysfs and procfs report
+	// most changes through no inotify event, and ubkit keeps raw system
+	// calls out of its adapters.
+	CheckInterval time.Duration
 	// FeatureDir is the NFD features.d directory to write the local
 	// feature file into ("" writes none; DefaultFeatureDir is NFD's),
 	// and FeatureFile its name ("" means DefaultFeatureFile).
@@ -58,14 +71,17 @@ type Agent struct {
 
 	mu        sync.Mutex
 	last      *Report
-	published any // the publication last made (publicationOf), nil if it failed
-	errs      map[string]bool   // device errors and failing conditions already logged
+	published any             // the publication last made (publicationOf), nil if it failed
+	errs      map[string]bool // device errors and failing conditions already logged
 }
 
 // New returns an Agent for cfg.
 func New(cfg Config) *Agent {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
+	}
+	if cfg.CheckInterval == 0 {
+		cfg.CheckInterval = DefaultCheckInterval
 	}
 	if cfg.FeatureFile == "" {
 		cfg.FeatureFile = DefaultFeatureFile
@@ -80,22 +96,61 @@ func New(cfg Config) *Agent {
 	return &Agent{cfg: cfg, log: log.With("component", "ubkit-discovery")}
 }
 
-// Run refreshes at once and then every interval until ctx ends, and
-// returns ctx's error. A failed refresh is logged and retried at the next
-// tick.
+// Run refreshes at once, then every interval, and also as soon as a check
+// (every check interval) finds that a device came or went; it returns
+// ctx's error when ctx ends. A failed refresh is logged and retried at the
+// next interval.
 func (a *Agent) Run(ctx context.Context) error {
 	tick := time.NewTicker(a.cfg.Interval)
 	defer tick.Stop()
+	var check <-chan time.Time
+	if a.cfg.CheckInterval > 0 {
+		t := time.NewTicker(a.cfg.CheckInterval)
+		defer t.Stop()
+		check = t.C
+	}
+	// The state is taken before the scan it stands for, so that a change
+	// between the two shows at the next check instead of being missed.
+	state := a.deviceState()
 	for {
 		if _, err := a.Refresh(ctx); err != nil && ctx.Err() == nil {
 			a.log.Error("refresh failed", "err", err)
 		}
+		if err := a.waitForScan(ctx, tick.C, check, &state); err != nil {
+			return err
+		}
+	}
+}
+
+// waitForScan returns when the next scan is due: at the next tick, or at
+// the first check whose device state differs from *state, which it then
+// updates; or with ctx's error when ctx ends.
+func (a *Agent) waitForScan(ctx context.Context, tick, check <-chan time.Time, state *string) error {
+	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-tick.C:
+		case <-tick:
+			*state = a.deviceState()
+			return nil
+		case <-check:
+			if now := a.deviceState(); now != *state {
+				a.log.Debug("device files changed: scanning")
+				*state = now
+				return nil
+			}
 		}
 	}
+}
+
+// deviceState summarises the devices under the scan's root (deviceState),
+// "" if the root cannot be read.
+func (a *Agent) deviceState() string {
+	root := a.cfg.Scan.Root
+	if root == "" {
+		root = "/"
+	}
+	return deviceState(os.DirFS(root))
 }
 
 // Refresh scans once, logs what changed since the last scan and, if what
@@ -125,6 +180,7 @@ func (a *Agent) Refresh(ctx context.Context) (*Report, error) {
 	err = a.publish(ctx, r)
 	if err == nil {
 		a.published = pub
+		a.log.Info("published", "devices", len(r.Devices()), "labels", len(r.Labels()))
 	} else {
 		a.published = nil
 	}

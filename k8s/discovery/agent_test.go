@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -214,5 +215,82 @@ func TestAgentIgnoresCounters(t *testing.T) {
 	}
 	if n := writes(); n != 2 || !rewritten() {
 		t.Errorf("a lost NPU: %d NodeFeature writes, feature file rewritten %v; want 2, true", n, rewritten())
+	}
+}
+
+// A device that disappears is published at the next check, without
+// waiting for the scan interval (an hour here): the test waits for the
+// publication, not for a time.
+func TestAgentRunCheck(t *testing.T) {
+	root := fixture(t, "ascend-910b-kunpeng")
+	dir := t.TempDir()
+	log, rec := testenv.NewLogRecorder()
+	a := New(Config{Scan: ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n1"}, FeatureDir: dir, Logger: log,
+		Interval: time.Hour, CheckInterval: time.Millisecond})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run: %v, want context.Canceled", err)
+		}
+	}()
+	rec.WaitFor(t, "msg=published", "devices=14")
+	if err := os.Remove(filepath.Join(root, "dev/davinci7")); err != nil {
+		t.Fatal(err)
+	}
+	rec.WaitFor(t, "device disappeared", "NPU davinci7")
+	rec.WaitFor(t, "msg=published", "devices=13")
+	b, err := os.ReadFile(filepath.Join(dir, DefaultFeatureFile))
+	if err != nil || !strings.Contains(string(b), "supernode.ubkit.io/npu.count=7\n") {
+		t.Errorf("feature file after the loss: %q, %v", b, err)
+	}
+}
+
+// The check's state changes when a device comes or goes or a huge page
+// pool is resized, and not when counters move or other /dev nodes come.
+func TestDeviceState(t *testing.T) {
+	root := fixture(t, "ascend-910b-kunpeng")
+	fsys := os.DirFS(root)
+	base := deviceState(fsys)
+	if !strings.Contains(base, "dev/davinci7\n") || !strings.Contains(base, "sys/class/uacce/hisi_zip-5\n") || !strings.Contains(base, "hugepages-2048kB/nr_hugepages=4096\n") {
+		t.Fatalf("state:\n%s", base)
+	}
+	write := func(p, v string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, p), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages", "1\n")
+	write("sys/class/uacce/hisi_hpre-0/available_instances", "2\n")
+	write("dev/tty7", "")
+	if got := deviceState(fsys); got != base {
+		t.Errorf("counters and a tty changed the state:\n%s\nwas\n%s", got, base)
+	}
+	for _, change := range []func(){
+		func() { write("sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages", "2048\n") },
+		func() { write("dev/nvidia0", "") },
+		func() { write("sys/class/uacce/hisi_zip-6/api", "hisi_qm_v2\n") },
+		func() {
+			if err := os.RemoveAll(filepath.Join(root, "sys/class/uacce/hisi_zip-4")); err != nil {
+				t.Fatal(err)
+			}
+		},
+		func() {
+			if err := os.Remove(filepath.Join(root, "dev/davinci0")); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		before := deviceState(fsys)
+		change()
+		if deviceState(fsys) == before {
+			t.Errorf("a change left the state as it was:\n%s", before)
+		}
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -99,5 +101,27 @@ func TestDirectLabels(t *testing.T) {
 	}
 	if n.Labels["supernode.ubkit.io/id"] != "dev4" || n.Labels["supernode.ubkit.io/npu.count"] != "2" || n.Labels["team"] != "a" {
 		t.Errorf("labels %v", n.Labels)
+	}
+}
+
+// The check for devices that came or went: on by default, off with
+// -check-interval=0; intervals that cannot be are usage errors.
+func TestIntervalFlags(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil || o.cfg.Interval != discovery.DefaultInterval || o.cfg.CheckInterval != discovery.DefaultCheckInterval {
+		t.Errorf("defaults: %+v, %v", o, err)
+	}
+	if o, err := parseFlags([]string{"-check-interval", "250ms", "-interval", "10m"}, io.Discard); err != nil || o.cfg.CheckInterval != 250*time.Millisecond || o.cfg.Interval != 10*time.Minute {
+		t.Errorf("-check-interval 250ms: %+v, %v", o, err)
+	}
+	// 0 in a discovery.Config means the default: the flag's 0 must reach
+	// the agent as "never".
+	if o, err := parseFlags([]string{"-check-interval", "0"}, io.Discard); err != nil || o.cfg.CheckInterval >= 0 {
+		t.Errorf("-check-interval 0: %+v, %v", o, err)
+	}
+	for _, bad := range [][]string{{"-check-interval", "-1s"}, {"-interval", "0"}, {"-interval", "-1m"}} {
+		if _, err := parseFlags(bad, io.Discard); !errors.Is(err, errUsage) {
+			t.Errorf("%q: %v, want a usage error", bad, err)
+		}
 	}
 }
