@@ -19,9 +19,24 @@ const (
 	LabelNode      = LabelPrefix + "node"
 )
 
+// matchLabels are the labels of the version checks, by condition type:
+// "true" or "false" whether the check passed (Unknown is "false"). A check
+// without a policy (NoPolicy) has none.
+var matchLabels = map[string]string{
+	"GPUDriverVersion":      "gpu.driver-match",
+	"NPUDriverVersion":      "npu.driver-match",
+	"KAEDriverVersion":      "kae.driver-match",
+	"GPUFirmwareVersion":    "gpu.firmware-match",
+	"NPUFirmwareVersion":    "npu.firmware-match",
+	"NPUFirmwareCompatible": "npu.firmware-compatible",
+	"KernelVersion":         "kernel.version-match",
+}
+
 // Labels returns the Node labels a report stands for: the identity, the
-// count and driver version of each kind of device found, whether its
-// version check passed (".driver-match", only with a policy), a
+// count, driver and firmware version of each kind of device found, the
+// outcome of each version check that has a policy (".driver-match",
+// ".firmware-match", "kernel.version-match", see matchLabels) and of the
+// Ascend driver's firmware list ("npu.firmware-compatible"), a
 // "kae.<class>=true" per KAE engine class (hpre, sec, zip), the huge page
 // pools' sizes and the NUMA node count. Every key starts with LabelPrefix;
 // values are valid label values.
@@ -43,10 +58,10 @@ func (r *Report) Labels() map[string]string {
 		set(k+".count", strconv.Itoa(n))
 		set(k+".driver", r.Drivers[kind])
 		set(k+".firmware", r.Firmware[kind])
-		for _, c := range r.Conditions {
-			if c.Type == string(kind)+"DriverVersion" && c.Reason != "NoPolicy" {
-				set(k+".driver-match", strconv.FormatBool(c.Status == ConditionTrue))
-			}
+	}
+	for _, c := range r.Conditions {
+		if k, ok := matchLabels[c.Type]; ok && c.Reason != "NoPolicy" {
+			set(k, strconv.FormatBool(c.Status == ConditionTrue))
 		}
 	}
 	if len(r.GPUs) > 0 && r.GPUs[0].Model != "" {
@@ -69,7 +84,8 @@ func (r *Report) Labels() map[string]string {
 // Features returns the report as NFD attribute features: every label
 // (by its key without LabelPrefix) and what is too long or too detailed to
 // be a label (each huge page pool's size, KAE algorithms per class, each
-// NUMA node's CPUs and memory, the number of scan errors).
+// NUMA node's CPUs and memory, the kernel release, the number of scan
+// errors).
 //
 // Features describe what the node is, not how busy it is: free huge pages
 // and free KAE queues (HugePagePool.Free, KAEEngine.AvailableInstances)
@@ -99,6 +115,9 @@ func (r *Report) Features() map[string]string {
 	for _, n := range r.NUMA {
 		f[fmt.Sprintf("numa.node%d.cpus", n.ID)] = strconv.Itoa(len(n.CPUs))
 		f[fmt.Sprintf("numa.node%d.memory", n.ID)] = strconv.FormatInt(n.MemTotal, 10)
+	}
+	if r.Kernel != "" {
+		f["kernel.version"] = r.Kernel
 	}
 	if len(r.Errors) > 0 {
 		f["scan.errors"] = strconv.Itoa(len(r.Errors))

@@ -78,6 +78,54 @@ func parseSingleVersion(data string) (string, error) {
 	return v, nil
 }
 
+// maxVersionRanges bounds a list of version ranges.
+const maxVersionRanges = 64
+
+// parseVersionRanges parses a list of inclusive version ranges, as the
+// Ascend driver's version.info gives the firmware it works with:
+//
+//	compatible_version_fw=[6.4.0,6.4.99],[7.0.0,7.7.99]
+//
+// Each range is "[low,high]", both versions (parseSingleVersion) with low
+// not above high; ranges are separated by commas.
+func parseVersionRanges(data string) ([]versionRange, error) {
+	s := strings.TrimSpace(data)
+	var ranges []versionRange
+	for s != "" {
+		if len(ranges) == maxVersionRanges {
+			return nil, fmt.Errorf("more than %d version ranges in %q", maxVersionRanges, clip(data))
+		}
+		rest, ok := strings.CutPrefix(s, "[")
+		inner, after, closed := strings.Cut(rest, "]")
+		low, high, pair := strings.Cut(inner, ",")
+		if !ok || !closed || !pair {
+			return nil, fmt.Errorf("not a list of [low,high] version ranges: %q", clip(data))
+		}
+		lo, err := parseSingleVersion(low)
+		if err != nil {
+			return nil, err
+		}
+		hi, err := parseSingleVersion(high)
+		if err != nil {
+			return nil, err
+		}
+		if compareVersions(lo, hi) > 0 {
+			return nil, fmt.Errorf("version range [%s,%s] is reversed", clip(lo), clip(hi))
+		}
+		ranges = append(ranges, versionRange{lo, hi})
+		if s, ok = strings.CutPrefix(after, ","); !ok && after != "" {
+			return nil, fmt.Errorf("not a list of [low,high] version ranges: %q", clip(data))
+		}
+		if ok && s == "" {
+			return nil, fmt.Errorf("a comma ends the version ranges %q", clip(data))
+		}
+	}
+	if len(ranges) == 0 {
+		return nil, errors.New("no version ranges")
+	}
+	return ranges, nil
+}
+
 // parseHex parses a sysfs hexadecimal attribute such as a PCI vendor
 // ("0x10de\n") or class ("0x030200\n").
 func parseHex(data string) (uint64, error) {

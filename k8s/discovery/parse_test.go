@@ -122,6 +122,22 @@ func TestParseSmall(t *testing.T) {
 	}
 }
 
+func TestParseVersionRanges(t *testing.T) {
+	got, err := parseVersionRanges("[6.4.0,6.4.99],[7.0.0,7.7.99]\n")
+	if want := []versionRange{{"6.4.0", "6.4.99"}, {"7.0.0", "7.7.99"}}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+	if !got[1].contains("7.5.0.1.129") || got[0].contains("7.5.0.1.129") || !got[0].contains("6.4.99") || got[0].contains("6.5") {
+		t.Errorf("contains: %v", got)
+	}
+	for _, bad := range []string{"", "[]", "[7.0.0]", "[7.0.0,7.5.99", "7.0.0,7.5.99", "[7.0.0,7.5.99],", "[7.0.0,7.5.99];[8,9]",
+		"[7.5.99,7.0.0]", "[a,b]", "[7 0,8]", strings.Repeat("[1,2],", maxVersionRanges) + "[1,2]"} {
+		if r, err := parseVersionRanges(bad); err == nil {
+			t.Errorf("parseVersionRanges(%.40q) = %v", bad, r)
+		}
+	}
+}
+
 func TestCompareVersions(t *testing.T) {
 	for _, tc := range []struct {
 		a, b string
@@ -215,7 +231,7 @@ func FuzzParseNodeMeminfo(f *testing.F) {
 }
 
 func FuzzParseSysfsValues(f *testing.F) {
-	for _, s := range []string{"0x10de\n", "1024\n", "-3", "hugepages-2048kB", "hisi_sec2-3", "rsa\ndh\necdh\n", "550.54.15\n", ""} {
+	for _, s := range []string{"0x10de\n", "1024\n", "-3", "hugepages-2048kB", "hisi_sec2-3", "rsa\ndh\necdh\n", "550.54.15\n", "", "[7.0.0,7.5.99]", "[6.4.0,6.4.99],[7.0.0,7.7.99]", "[7.5.99,7.0.0]", "[,]"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -241,5 +257,15 @@ func FuzzParseSysfsValues(f *testing.F) {
 			t.Errorf("label value %q", v)
 		}
 		_ = compareVersions(in, "24.1.0")
+		if ranges, err := parseVersionRanges(in); err == nil {
+			if len(ranges) == 0 || len(ranges) > maxVersionRanges {
+				t.Errorf("%d ranges", len(ranges))
+			}
+			for _, r := range ranges {
+				if compareVersions(r.Low, r.High) > 0 || !r.contains(r.Low) || !r.contains(r.High) {
+					t.Errorf("range %v", r)
+				}
+			}
+		}
 	})
 }

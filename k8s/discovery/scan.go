@@ -40,6 +40,14 @@ type ScanOptions struct {
 	TopologyNode string
 	// Versions are the expected driver versions, per device kind.
 	Versions map[DeviceKind]VersionPolicy
+	// Firmware are the expected firmware versions, per device kind: the
+	// Ascend firmware package's for NPUs, every GPU's VBIOS for GPUs
+	// (KAE engines expose none).
+	Firmware map[DeviceKind]VersionPolicy
+	// Kernel is the expected kernel release (proc/sys/kernel/osrelease,
+	// as uname -r prints it: "5.10.0-182.0.0.95.oe2203sp3.aarch64"
+	// compares as 5.10.0.182...).
+	Kernel VersionPolicy
 }
 
 // Report is what one scan found.
@@ -56,9 +64,13 @@ type Report struct {
 	// Drivers holds the driver version found per device kind ("" if
 	// none is exposed).
 	Drivers map[DeviceKind]string
-	// Firmware holds the firmware version per device kind, where one is
-	// exposed for the node as a whole (Ascend's firmware package).
+	// Firmware holds the firmware version per device kind, where the
+	// devices expose one: Ascend's firmware package for the NPUs, the
+	// oldest VBIOS of the GPUs.
 	Firmware map[DeviceKind]string
+	// Kernel is the kernel release (proc/sys/kernel/osrelease), "" if
+	// unreadable.
+	Kernel string
 	// Conditions are the results of the identity and version checks.
 	Conditions []Condition
 	// Errors are the devices and files that could not be read; the rest
@@ -120,7 +132,7 @@ type NUMANode struct {
 
 // DeviceError says which device or file could not be read, and why.
 type DeviceError struct {
-	// Kind is GPU, NPU or KAE, or "hugepages", "numa".
+	// Kind is GPU, NPU or KAE, or "hugepages", "numa", "kernel".
 	Kind string
 	// Device names the device ("0000:07:00.0", "hisi_zip-0"), "" for the
 	// kind as a whole.
@@ -159,23 +171,57 @@ func Scan(opts ScanOptions) (*Report, error) {
 type scanner struct {
 	fsys fs.FS
 	r    *Report
+	// firmware holds the distinct firmware versions per kind, for the
+	// checks (the GPUs' VBIOS versions may differ).
+	firmware map[DeviceKind][]string
+	// npuFirmwareRanges are the firmware versions the Ascend driver says
+	// it works with (its compatible_version_fw), nil if it says none.
+	npuFirmwareRanges []versionRange
 }
 
 func scanFS(fsys fs.FS, opts ScanOptions) *Report {
-	s := &scanner{fsys: fsys, r: &Report{Drivers: map[DeviceKind]string{}, Firmware: map[DeviceKind]string{}}}
+	s := &scanner{fsys: fsys, r: &Report{Drivers: map[DeviceKind]string{}, Firmware: map[DeviceKind]string{}}, firmware: map[DeviceKind][]string{}}
 	s.identity(opts)
 	s.gpus()
 	s.npus()
 	s.kae()
 	s.hugePages()
 	s.numa()
+	s.kernel()
+	s.checks(opts)
+	return s.r
+}
+
+// checks adds the conditions of the version checks: every kind of device
+// found has its driver checked (NoPolicy without a policy) and, when it
+// exposes a firmware version or there is a policy, its firmware; the
+// Ascend driver's firmware list, when it has one; the kernel, with a
+// policy.
+func (s *scanner) checks(opts ScanOptions) {
+	r := s.r
 	for _, kind := range []DeviceKind{GPU, NPU, KAE} {
-		if s.r.count(kind) == 0 {
+		if r.count(kind) == 0 {
 			continue
 		}
-		s.r.Conditions = append(s.r.Conditions, checkVersion(kind, s.r.Drivers[kind], opts.Versions[kind]))
+		var drivers []string
+		if v := r.Drivers[kind]; v != "" {
+			drivers = []string{v}
+		}
+		r.Conditions = append(r.Conditions, checkVersion(string(kind)+"DriverVersion", string(kind)+" driver", "driver", drivers, opts.Versions[kind]))
+		if fw, p := s.firmware[kind], opts.Firmware[kind]; len(fw) > 0 || p != (VersionPolicy{}) {
+			r.Conditions = append(r.Conditions, checkVersion(string(kind)+"FirmwareVersion", string(kind)+" firmware", "firmware", fw, p))
+		}
 	}
-	return s.r
+	if len(r.NPUs) > 0 && s.npuFirmwareRanges != nil && r.Firmware[NPU] != "" {
+		r.Conditions = append(r.Conditions, checkCompatible(r.Firmware[NPU], r.Drivers[NPU], s.npuFirmwareRanges))
+	}
+	if opts.Kernel != (VersionPolicy{}) {
+		var found []string
+		if r.Kernel != "" {
+			found = []string{r.Kernel}
+		}
+		r.Conditions = append(r.Conditions, checkVersion("KernelVersion", "kernel", "kernel", found, opts.Kernel))
+	}
 }
 
 func (r *Report) count(kind DeviceKind) int {
@@ -348,6 +394,16 @@ func (s *scanner) gpus() {
 	if len(s.r.GPUs) == 0 {
 		return
 	}
+	// A GPU's firmware is its VBIOS; the report's is the oldest.
+	for _, g := range s.r.GPUs {
+		if g.VBIOS != "" && !slices.Contains(s.firmware[GPU], g.VBIOS) {
+			s.firmware[GPU] = append(s.firmware[GPU], g.VBIOS)
+		}
+	}
+	slices.SortFunc(s.firmware[GPU], compareVersions)
+	if fw := s.firmware[GPU]; len(fw) > 0 {
+		s.r.Firmware[GPU] = fw[0]
+	}
 	if data, ok, err := s.read("proc/driver/nvidia/version"); ok {
 		v, perr := parseNvidiaVersion(data)
 		if err == nil {
@@ -414,18 +470,32 @@ func (s *scanner) npus() {
 	if !manager {
 		s.fail(kind, "", "dev/davinci_manager", errors.New("missing: the Ascend driver is not (fully) loaded, and containers cannot use the NPUs"))
 	}
-	s.r.Drivers[NPU] = s.ascendVersion(ascendDriverVersion)
-	s.r.Firmware[NPU] = s.ascendVersion(ascendFirmwareVersion)
+	var driver map[string]string
+	s.r.Drivers[NPU], driver = s.ascendVersion(ascendDriverVersion)
+	s.r.Firmware[NPU], _ = s.ascendVersion(ascendFirmwareVersion)
+	if fw := s.r.Firmware[NPU]; fw != "" {
+		s.firmware[NPU] = []string{fw}
+	}
+	if list, ok := driver["compatible_version_fw"]; ok {
+		ranges, err := parseVersionRanges(list)
+		if err != nil {
+			s.fail(kind, "", ascendDriverVersion, fmt.Errorf("compatible_version_fw: %w", err))
+		} else {
+			s.npuFirmwareRanges = ranges
+		}
+	}
 }
 
-func (s *scanner) ascendVersion(p string) string {
+// ascendVersion returns the version in an Ascend version.info file ("" if
+// there is none, or it is not one) and all of the file's keys.
+func (s *scanner) ascendVersion(p string) (string, map[string]string) {
 	data, ok, err := s.read(p)
 	if !ok && err == nil {
-		return ""
+		return "", nil
 	}
 	if err != nil {
 		s.fail(string(NPU), "", p, err)
-		return ""
+		return "", nil
 	}
 	kv := parseKeyValues(data, '=')
 	v := kv["Version"]
@@ -434,13 +504,32 @@ func (s *scanner) ascendVersion(p string) string {
 	}
 	if v == "" {
 		s.fail(string(NPU), "", p, errors.New("no Version= line"))
-		return ""
+		return "", kv
 	}
 	if _, err := parseSingleVersion(v); err != nil {
 		s.fail(string(NPU), "", p, err)
-		return ""
+		return "", kv
 	}
-	return v
+	return v, kv
+}
+
+// kernel reads the kernel release. A root without one (a fixture, a
+// container without the host's /proc) has none, which is no error.
+func (s *scanner) kernel() {
+	const p = "proc/sys/kernel/osrelease"
+	data, ok, err := s.read(p)
+	if !ok && err == nil {
+		return
+	}
+	v, perr := parseSingleVersion(data)
+	if err == nil {
+		err = perr
+	}
+	if err != nil {
+		s.fail("kernel", "", p, err)
+		return
+	}
+	s.r.Kernel = v
 }
 
 // kaeModules are the kernel modules of the engine classes, whose version

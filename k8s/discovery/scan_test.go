@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -42,7 +43,8 @@ func TestScanGPU(t *testing.T) {
 	wantLabels := map[string]string{
 		LabelSuperNode: "dev4", LabelNode: "n1",
 		LabelPrefix + "gpu.count": "2", LabelPrefix + "gpu.driver": "550.54.15", LabelPrefix + "gpu.driver-match": "true",
-		LabelPrefix + "gpu.model": "NVIDIA_A100-SXM4-80GB", LabelPrefix + "hugepages-2Mi": "1024", LabelPrefix + "numa.count": "2",
+		LabelPrefix + "gpu.firmware": "92.00.45.00.06",
+		LabelPrefix + "gpu.model":    "NVIDIA_A100-SXM4-80GB", LabelPrefix + "hugepages-2Mi": "1024", LabelPrefix + "numa.count": "2",
 	}
 	if got := r.Labels(); !maps.Equal(got, wantLabels) {
 		t.Errorf("labels\n got %v\nwant %v", got, wantLabels)
@@ -277,5 +279,189 @@ func TestScanRoot(t *testing.T) {
 	r, err := Scan(ScanOptions{Root: t.TempDir(), Topology: dev4(t), TopologyNode: "n0"})
 	if err != nil || len(r.Errors) != 0 || len(r.Devices()) != 0 {
 		t.Errorf("empty root: %v, %+v", err, r)
+	}
+}
+
+// condition returns r's condition of type typ, failing the test if there
+// is none.
+func condition(t *testing.T, r *Report, typ string) Condition {
+	t.Helper()
+	i := slices.IndexFunc(r.Conditions, func(c Condition) bool { return c.Type == typ })
+	if i < 0 {
+		t.Fatalf("no %s in %+v", typ, r.Conditions)
+	}
+	return r.Conditions[i]
+}
+
+// Firmware is checked like drivers: the NPUs' firmware package and every
+// GPU's VBIOS, against a policy per kind, reported as a condition and a
+// firmware-match label.
+func TestScanFirmwareConditions(t *testing.T) {
+	npuRoot := fixture(t, "ascend-910b-kunpeng")
+	for _, tc := range []struct {
+		name           string
+		policy         VersionPolicy
+		status, reason string
+		message        string
+	}{
+		{"none", VersionPolicy{}, ConditionTrue, "NoPolicy", "NPU firmware 7.5.0.1.129; no version expected"},
+		{"exact", VersionPolicy{Exact: "7.5.0.1.129"}, ConditionTrue, "VersionMatches", "NPU firmware 7.5.0.1.129 as expected"},
+		{"mismatch", VersionPolicy{Exact: "7.5.0.1.130"}, ConditionFalse, "VersionMismatch", "NPU firmware 7.5.0.1.129, expected 7.5.0.1.130: install the expected firmware or change the policy"},
+		{"minimum", VersionPolicy{Minimum: "7.1"}, ConditionTrue, "VersionMatches", "NPU firmware 7.5.0.1.129, at least 7.1 as expected"},
+		{"too old", VersionPolicy{Minimum: "7.7.0"}, ConditionFalse, "VersionTooOld", "NPU firmware 7.5.0.1.129 is older than the minimum 7.7.0: upgrade the firmware"},
+	} {
+		t.Run("NPU "+tc.name, func(t *testing.T) {
+			r, err := Scan(ScanOptions{Root: npuRoot, Topology: dev4(t), TopologyNode: "n0", Firmware: map[DeviceKind]VersionPolicy{NPU: tc.policy}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Condition{Type: "NPUFirmwareVersion", Status: tc.status, Reason: tc.reason, Message: tc.message}
+			if got := condition(t, r, "NPUFirmwareVersion"); got != want {
+				t.Errorf("got  %+v\nwant %+v", got, want)
+			}
+			label, ok := r.Labels()[LabelPrefix+"npu.firmware-match"]
+			if tc.reason == "NoPolicy" && ok || tc.reason != "NoPolicy" && label != strconv.FormatBool(tc.status == ConditionTrue) {
+				t.Errorf("npu.firmware-match = %q (%v)", label, ok)
+			}
+		})
+	}
+
+	// GPUs: each one's VBIOS; one older than the rest fails the minimum
+	// and is named, and the label shows the oldest.
+	gpuRoot := fixture(t, "gpu-a100")
+	p := filepath.Join(gpuRoot, "proc/driver/nvidia/gpus/0000:0f:00.0/information")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(strings.Replace(string(b), "92.00.45.00.06", "92.00.19.00.01", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Scan(ScanOptions{Root: gpuRoot, Topology: dev4(t), TopologyNode: "n0", Firmware: map[DeviceKind]VersionPolicy{GPU: {Minimum: "92.00.40"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Condition{Type: "GPUFirmwareVersion", Status: ConditionFalse, Reason: "VersionTooOld",
+		Message: "GPU firmware 92.00.19.00.01 is older than the minimum 92.00.40: upgrade the firmware"}
+	if got := condition(t, r, "GPUFirmwareVersion"); got != want {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if l := r.Labels(); l[LabelPrefix+"gpu.firmware-match"] != "false" || l[LabelPrefix+"gpu.firmware"] != "92.00.19.00.01" {
+		t.Errorf("labels %v", l)
+	}
+	r, err = Scan(ScanOptions{Root: gpuRoot, Topology: dev4(t), TopologyNode: "n0", Firmware: map[DeviceKind]VersionPolicy{GPU: {Minimum: "92"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := condition(t, r, "GPUFirmwareVersion"); got.Status != ConditionTrue || got.Message != "GPU firmware 92.00.19.00.01, 92.00.45.00.06, at least 92 as expected" {
+		t.Errorf("%+v", got)
+	}
+
+	// KAE engines expose no firmware: with a policy, Unknown, and the
+	// label says false; without, no condition at all.
+	r, err = Scan(ScanOptions{Root: npuRoot, Topology: dev4(t), TopologyNode: "n0", Firmware: map[DeviceKind]VersionPolicy{KAE: {Minimum: "1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := condition(t, r, "KAEFirmwareVersion"); got.Status != ConditionUnknown || got.Reason != "VersionUnknown" || r.Labels()[LabelPrefix+"kae.firmware-match"] != "" {
+		t.Errorf("%+v, labels %v", got, r.Labels())
+	}
+}
+
+// The Ascend driver lists the firmware it works with
+// (compatible_version_fw); a firmware outside those ranges is reported,
+// not a crash.
+func TestScanNPUFirmwareCompatible(t *testing.T) {
+	root := fixture(t, "ascend-910b-kunpeng")
+	r, err := Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Condition{Type: "NPUFirmwareCompatible", Status: ConditionTrue, Reason: "Compatible",
+		Message: "NPU firmware 7.5.0.1.129 is in the range [7.0.0, 7.5.99] that driver 24.1.rc2 works with"}
+	if got := condition(t, r, "NPUFirmwareCompatible"); got != want {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if l := r.Labels()[LabelPrefix+"npu.firmware-compatible"]; l != "true" {
+		t.Errorf("npu.firmware-compatible = %q", l)
+	}
+	driver := filepath.Join(root, "usr/local/Ascend/driver/version.info")
+	b, err := os.ReadFile(driver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setRanges := func(ranges string) {
+		t.Helper()
+		if err := os.WriteFile(driver, []byte(strings.Replace(string(b), "compatible_version_fw=[7.0.0,7.5.99]", "compatible_version_fw="+ranges, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRanges("[6.4.0,6.4.99],[7.6.0,7.7.99]")
+	if r, err = Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0"}); err != nil {
+		t.Fatal(err)
+	}
+	want = Condition{Type: "NPUFirmwareCompatible", Status: ConditionFalse, Reason: "Incompatible",
+		Message: "NPU firmware 7.5.0.1.129 is not one driver 24.1.rc2 works with ([6.4.0, 6.4.99], [7.6.0, 7.7.99]): install a firmware in those ranges, or a driver that takes this firmware"}
+	if got := condition(t, r, "NPUFirmwareCompatible"); got != want {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if l := r.Labels()[LabelPrefix+"npu.firmware-compatible"]; l != "false" {
+		t.Errorf("npu.firmware-compatible = %q", l)
+	}
+	// A list that cannot be read is the driver file's error, and no check.
+	setRanges("[7.5.99,7.0.0]")
+	if r, err = Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Errors) != 1 || !strings.Contains(r.Errors[0].Error(), "version.info: compatible_version_fw: version range [7.5.99,7.0.0] is reversed") || slices.ContainsFunc(r.Conditions, func(c Condition) bool { return c.Type == "NPUFirmwareCompatible" }) {
+		t.Errorf("errors %v, conditions %+v", r.Errors, r.Conditions)
+	}
+}
+
+// The kernel against a policy: its release compares number by number.
+func TestScanKernelCondition(t *testing.T) {
+	root := fixture(t, "ascend-910b-kunpeng")
+	for _, tc := range []struct {
+		policy         VersionPolicy
+		status, reason string
+	}{
+		{VersionPolicy{Minimum: "5.10"}, ConditionTrue, "VersionMatches"},
+		{VersionPolicy{Minimum: "5.10.0-182"}, ConditionTrue, "VersionMatches"},
+		{VersionPolicy{Minimum: "5.10.0-216"}, ConditionFalse, "VersionTooOld"},
+		{VersionPolicy{Minimum: "6.6"}, ConditionFalse, "VersionTooOld"},
+		{VersionPolicy{Exact: "5.10.0-182.0.0.95.oe2203sp3.aarch64"}, ConditionTrue, "VersionMatches"},
+	} {
+		r, err := Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0", Kernel: tc.policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := condition(t, r, "KernelVersion")
+		if c.Status != tc.status || c.Reason != tc.reason || !strings.Contains(c.Message, "kernel 5.10.0-182.0.0.95.oe2203sp3.aarch64") {
+			t.Errorf("%+v: %+v", tc.policy, c)
+		}
+		if l := r.Labels()[LabelPrefix+"kernel.version-match"]; l != strconv.FormatBool(tc.status == ConditionTrue) {
+			t.Errorf("%+v: kernel.version-match = %q", tc.policy, l)
+		}
+		if r.Kernel != "5.10.0-182.0.0.95.oe2203sp3.aarch64" || r.Features()["kernel.version"] != r.Kernel {
+			t.Errorf("kernel %q, features %v", r.Kernel, r.Features())
+		}
+	}
+	// No policy, no condition; no osrelease, Unknown.
+	r, err := Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(r.Conditions, func(c Condition) bool { return c.Type == "KernelVersion" }) {
+		t.Errorf("a kernel check without a policy: %+v", r.Conditions)
+	}
+	if err := os.Remove(filepath.Join(root, "proc/sys/kernel/osrelease")); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0", Kernel: VersionPolicy{Minimum: "5.10"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := condition(t, r, "KernelVersion"); c.Status != ConditionUnknown || c.Message != "kernel exposes no version; expected >= 5.10" || len(r.Errors) != 0 {
+		t.Errorf("%+v, errors %v", c, r.Errors)
 	}
 }

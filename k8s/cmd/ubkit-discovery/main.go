@@ -6,7 +6,7 @@
 //	ubkit-discovery [-root /host] [-interval 1m] [-check-interval 2s] [-features-dir DIR]
 //	                [-node-name NODE] [-kubeconfig FILE] [-namespace NS]
 //	                [-direct-labels] [-gpu-driver V] [-npu-driver V] [-kae-driver V]
-//	                [-once]
+//	                [-gpu-firmware V] [-npu-firmware V] [-kernel V] [-once]
 //
 // The identity comes from UB_TOPOLOGY and UB_NODE (ub/topology). Without
 // -node-name (or NODE_NAME) it does not touch the cluster.
@@ -58,7 +58,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	o := &options{}
 	cfg := &o.cfg
-	var gpuDriver, npuDriver, kae string
+	var gpuDriver, npuDriver, kae, gpuFirmware, npuFirmware, kernel string
 	fs.StringVar(&cfg.Scan.Root, "root", "/", "the root of the node's file system (the host's / mounted into the container, such as /host)")
 	fs.DurationVar(&cfg.Interval, "interval", discovery.DefaultInterval, "time between full scans")
 	fs.DurationVar(&cfg.CheckInterval, "check-interval", discovery.DefaultCheckInterval, "time between checks for devices that came or went (a listing of the device directories; a scan when they changed); 0 turns the check off")
@@ -71,6 +71,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&gpuDriver, "gpu-driver", "", "expected NVIDIA driver version: V (exactly) or >=V (at least)")
 	fs.StringVar(&npuDriver, "npu-driver", "", "expected Ascend driver version: V or >=V")
 	fs.StringVar(&kae, "kae-driver", "", "expected KAE driver version: V or >=V")
+	fs.StringVar(&gpuFirmware, "gpu-firmware", "", "expected firmware (VBIOS) version of every NVIDIA GPU: V or >=V")
+	fs.StringVar(&npuFirmware, "npu-firmware", "", "expected Ascend firmware version: V or >=V")
+	fs.StringVar(&kernel, "kernel", "", "expected kernel release (uname -r): V or >=V")
 	fs.BoolVar(&o.once, "once", false, "scan and publish once, print the report as JSON and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, errUsage
@@ -89,6 +92,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	cfg.Scan.Versions = map[discovery.DeviceKind]discovery.VersionPolicy{
 		discovery.GPU: policy(gpuDriver), discovery.NPU: policy(npuDriver), discovery.KAE: policy(kae),
 	}
+	cfg.Scan.Firmware = map[discovery.DeviceKind]discovery.VersionPolicy{
+		discovery.GPU: policy(gpuFirmware), discovery.NPU: policy(npuFirmware),
+	}
+	cfg.Scan.Kernel = policy(kernel)
 	return o, nil
 }
 

@@ -21,12 +21,15 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// npuRoot is a small node: two Ascend NPUs and their driver.
+// npuRoot is a small node: two Ascend NPUs, their driver and firmware,
+// and a kernel.
 func npuRoot(t *testing.T) string {
 	root := t.TempDir()
 	for p, content := range map[string]string{
 		"dev/davinci0": "", "dev/davinci1": "", "dev/davinci_manager": "",
-		"usr/local/Ascend/driver/version.info": "Version=24.1.rc2\npackage_version=24.1.rc2\n",
+		"usr/local/Ascend/driver/version.info":   "Version=24.1.rc2\npackage_version=24.1.rc2\n",
+		"usr/local/Ascend/firmware/version.info": "Version=7.5.0.1.129\nfirmware_version=1.0\n",
+		"proc/sys/kernel/osrelease":              "5.10.0-182.0.0.95.oe2203sp3.aarch64\n",
 	} {
 		p = filepath.Join(root, p)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -45,7 +48,7 @@ func TestOnce(t *testing.T) {
 	t.Setenv("NODE_NAME", "")
 	dir := t.TempDir()
 	var out, errs bytes.Buffer
-	err := run([]string{"-root", npuRoot(t), "-features-dir", dir, "-npu-driver", ">=25", "-once"}, &out, &errs)
+	err := run([]string{"-root", npuRoot(t), "-features-dir", dir, "-npu-driver", ">=25", "-npu-firmware", "7.5.0.1.129", "-kernel", ">=6.6", "-once"}, &out, &errs)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errs.String())
 	}
@@ -56,11 +59,15 @@ func TestOnce(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
 		t.Fatalf("%v:\n%s", err, out.String())
 	}
-	if got.Labels["supernode.ubkit.io/npu.count"] != "2" || got.Labels["supernode.ubkit.io/node"] != "n2" || got.Labels["supernode.ubkit.io/npu.driver-match"] != "false" {
-		t.Errorf("labels %v", got.Labels)
+	for k, v := range map[string]string{"npu.count": "2", "node": "n2", "npu.driver-match": "false", "npu.firmware-match": "true", "kernel.version-match": "false"} {
+		if got.Labels["supernode.ubkit.io/"+k] != v {
+			t.Errorf("label %s = %q, want %q", k, got.Labels["supernode.ubkit.io/"+k], v)
+		}
 	}
-	if !strings.Contains(errs.String(), "VersionTooOld") {
-		t.Errorf("the failed check is not logged:\n%s", errs.String())
+	for _, check := range []string{"type=NPUDriverVersion status=False reason=VersionTooOld", "type=KernelVersion status=False reason=VersionTooOld"} {
+		if !strings.Contains(errs.String(), check) {
+			t.Errorf("the failed check %q is not logged:\n%s", check, errs.String())
+		}
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, discovery.DefaultFeatureFile)); err != nil || !strings.Contains(string(b), "supernode.ubkit.io/npu.count=2\n") {
 		t.Errorf("feature file %q, %v", b, err)
