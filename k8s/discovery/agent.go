@@ -72,7 +72,7 @@ type Agent struct {
 	mu        sync.Mutex
 	last      *Report
 	published any             // the publication last made (publicationOf), nil if it failed
-	errs      map[string]bool // device errors and failing conditions already logged
+	errs      map[string]bool // device errors, failing conditions and a changed super node name already logged
 }
 
 // New returns an Agent for cfg.
@@ -253,6 +253,13 @@ func (a *Agent) logChanges(r *Report) {
 		a.log.Info("devices found", "devices", now, "supernode", r.SuperNode, "node", r.Node)
 	}
 	seen := map[string]bool{}
+	if id := r.SuperNodeID(); id != r.SuperNode && id != "" {
+		msg := "id " + r.SuperNode + " " + id
+		seen[msg] = true
+		if !a.errs[msg] {
+			a.log.Warn("super node name changed to name a SuperNode", "supernode", r.SuperNode, "label", LabelSuperNode+"="+id)
+		}
+	}
 	for _, e := range r.Errors {
 		msg := e.Error()
 		seen[msg] = true

@@ -32,7 +32,8 @@ var matchLabels = map[string]string{
 	"KernelVersion":         "kernel.version-match",
 }
 
-// Labels returns the Node labels a report stands for: the identity, the
+// Labels returns the Node labels a report stands for: the identity (the
+// super node as SuperNodeID gives it, the node), the
 // count, driver and firmware version of each kind of device found, the
 // outcome of each version check that has a policy (".driver-match",
 // ".firmware-match", "kernel.version-match", see matchLabels) and of the
@@ -47,7 +48,9 @@ func (r *Report) Labels() map[string]string {
 			l[LabelPrefix+k] = v
 		}
 	}
-	set("id", r.SuperNode)
+	if id := r.SuperNodeID(); id != "" {
+		l[LabelSuperNode] = id
+	}
 	set("node", r.Node)
 	for _, kind := range []DeviceKind{GPU, NPU, KAE} {
 		n := r.count(kind)
@@ -154,6 +157,31 @@ func pageSizeName(b int64) string {
 	default:
 		return strconv.FormatInt(b>>10, 10) + "Ki"
 	}
+}
+
+// SuperNodeID is the value of the LabelSuperNode label: the super node's
+// name as a SuperNode can be called, since the SuperNode controller makes
+// one SuperNode per value and ignores Nodes whose value cannot name one.
+// It is a DNS-1123 label: at most 63 lower-case letters, digits and '-',
+// starting and ending with a letter or digit. Upper case becomes lower
+// case and every other character '-' ("CM384_Rack.A" is "cm384-rack-a");
+// "" if nothing is left. A name that had to change is said in the
+// Identity condition and logged by the agent.
+func (r *Report) SuperNodeID() string { return superNodeID(r.SuperNode) }
+
+func superNodeID(name string) string {
+	b := make([]byte, 0, len(name))
+	for _, c := range strings.ToLower(name) {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+			b = append(b, byte(c))
+		} else {
+			b = append(b, '-')
+		}
+		if len(b) == 63 {
+			break
+		}
+	}
+	return strings.Trim(string(b), "-")
 }
 
 // labelValue makes s a valid label value: at most 63 characters of

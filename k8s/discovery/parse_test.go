@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func TestParseNvidiaVersion(t *testing.T) {
@@ -231,7 +233,7 @@ func FuzzParseNodeMeminfo(f *testing.F) {
 }
 
 func FuzzParseSysfsValues(f *testing.F) {
-	for _, s := range []string{"0x10de\n", "1024\n", "-3", "hugepages-2048kB", "hisi_sec2-3", "rsa\ndh\necdh\n", "550.54.15\n", "", "[7.0.0,7.5.99]", "[6.4.0,6.4.99],[7.0.0,7.7.99]", "[7.5.99,7.0.0]", "[,]"} {
+	for _, s := range []string{"0x10de\n", "1024\n", "-3", "hugepages-2048kB", "hisi_sec2-3", "rsa\ndh\necdh\n", "550.54.15\n", "", "[7.0.0,7.5.99]", "[6.4.0,6.4.99],[7.0.0,7.7.99]", "[7.5.99,7.0.0]", "[,]", "CM384_Rack.A", "ÉÉ-x"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -255,6 +257,9 @@ func FuzzParseSysfsValues(f *testing.F) {
 		}
 		if v := labelValue(in); len(v) > 63 {
 			t.Errorf("label value %q", v)
+		}
+		if id := superNodeID(in); id != "" && len(validation.IsDNS1123Label(id)) > 0 {
+			t.Errorf("super node id %q from %q", id, in)
 		}
 		_ = compareVersions(in, "24.1.0")
 		if ranges, err := parseVersionRanges(in); err == nil {

@@ -54,7 +54,8 @@ type ScanOptions struct {
 type Report struct {
 	// SuperNode and Node are this node's identity in its UB super node
 	// (the topology's name and the node's name in it); both are "" if
-	// the identity could not be read (see the Identity condition).
+	// the identity could not be read (see the Identity condition). The
+	// label carries SuperNode as [Report.SuperNodeID] gives it.
 	SuperNode, Node string
 	GPUs            []GPUDevice
 	NPUs            []NPUDevice
@@ -299,6 +300,13 @@ func (s *scanner) identity(opts ScanOptions) {
 		s.r.SuperNode, s.r.Node = t.Name, n.Name
 		c.Status, c.Reason = ConditionTrue, "Found"
 		c.Message = fmt.Sprintf("node %s of super node %s", n.Name, t.Name)
+		switch id := s.r.SuperNodeID(); {
+		case id == "":
+			c.Status, c.Reason = ConditionFalse, "InvalidName"
+			c.Message += fmt.Sprintf(": no SuperNode can be named after %q (%s is a DNS-1123 label), so %s is not published: rename the super node in its topology", t.Name, LabelSuperNode, LabelSuperNode)
+		case id != t.Name:
+			c.Message += fmt.Sprintf(", published as %s=%s (a SuperNode's name is a DNS-1123 label)", LabelSuperNode, id)
+		}
 	}
 	s.r.Conditions = append(s.r.Conditions, c)
 }

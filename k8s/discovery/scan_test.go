@@ -10,6 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 func TestScanGPU(t *testing.T) {
@@ -463,5 +468,76 @@ func TestScanKernelCondition(t *testing.T) {
 	}
 	if c := condition(t, r, "KernelVersion"); c.Status != ConditionUnknown || c.Message != "kernel exposes no version; expected >= 5.10" || len(r.Errors) != 0 {
 		t.Errorf("%+v, errors %v", c, r.Errors)
+	}
+}
+
+// validSuperNodeID is the SuperNode controller's rule for the id label
+// (k8s/supernode's validID): a DNS-1123 subdomain of at most 63
+// characters.
+func validSuperNodeID(id string) bool {
+	return id != "" && len(validation.IsDNS1123Subdomain(id)) == 0 && len(id) <= 63
+}
+
+func TestSuperNodeID(t *testing.T) {
+	for in, want := range map[string]string{
+		"dev4": "dev4", "cm384": "cm384", "CM384": "cm384", "CM384_Rack.A": "cm384-rack-a", "a__b": "a--b",
+		"-x-": "x", "_Pod 7_": "pod-7", "é1": "1", "___": "", "": "", "ÉÉ": "",
+		strings.Repeat("a", 70): strings.Repeat("a", 63), strings.Repeat("a", 62) + "_b": strings.Repeat("a", 62),
+	} {
+		got := superNodeID(in)
+		if got != want {
+			t.Errorf("superNodeID(%q) = %q, want %q", in, got, want)
+		}
+		if got != "" && (len(validation.IsDNS1123Label(got)) > 0 || !validSuperNodeID(got)) {
+			t.Errorf("superNodeID(%q) = %q, which the SuperNode controller ignores", in, got)
+		}
+	}
+}
+
+// A topology whose name is no SuperNode name is published under one that
+// is, and the Identity condition and the agent's log say so; a name with
+// nothing usable publishes no id.
+func TestScanSuperNodeID(t *testing.T) {
+	root := fixture(t, "gpu-a100")
+	topo := func(name string) *topology.Topology {
+		t.Helper()
+		tp, err := topology.New(name, []topology.Node{{Name: "Node_0"}, {Name: "n1"}}, []topology.Link{{A: "Node_0", B: "n1", Bandwidth: 5e9}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tp
+	}
+	r, err := Scan(ScanOptions{Root: root, Topology: topo("CM384_Rack.A"), TopologyNode: "Node_0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := r.Labels()
+	if id := l[LabelSuperNode]; id != "cm384-rack-a" || !validSuperNodeID(id) {
+		t.Errorf("id label %q", id)
+	}
+	if r.SuperNode != "CM384_Rack.A" || l[LabelNode] != "Node_0" {
+		t.Errorf("identity %q, labels %v", r.SuperNode, l)
+	}
+	want := Condition{Type: "Identity", Status: ConditionTrue, Reason: "Found",
+		Message: "node Node_0 of super node CM384_Rack.A, published as supernode.ubkit.io/id=cm384-rack-a (a SuperNode's name is a DNS-1123 label)"}
+	if c := condition(t, r, "Identity"); c != want {
+		t.Errorf("got  %+v\nwant %+v", c, want)
+	}
+	log, rec := testenv.NewLogRecorder()
+	a := New(Config{Scan: ScanOptions{Root: root, Topology: topo("CM384_Rack.A"), TopologyNode: "n1"}, Logger: log})
+	if _, err := a.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rec.WaitFor(t, "level=WARN", "super node name changed", "supernode=CM384_Rack.A", `label="supernode.ubkit.io/id=cm384-rack-a"`)
+
+	r, err = Scan(ScanOptions{Root: root, Topology: topo("___"), TopologyNode: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.Labels()[LabelSuperNode]; ok {
+		t.Errorf("an id label from %q: %v", r.SuperNode, r.Labels())
+	}
+	if c := condition(t, r, "Identity"); c.Status != ConditionFalse || c.Reason != "InvalidName" || !strings.Contains(c.Message, "rename the super node") {
+		t.Errorf("%+v", c)
 	}
 }
