@@ -55,8 +55,8 @@ type Config struct {
 	Dynamic dynamic.Interface
 	// Namespace holds the NodeFeature objects; "" means DefaultNamespace.
 	Namespace string
-	// DirectLabels labels the Node itself (ApplyNodeLabels), for clusters
-	// without NFD.
+	// DirectLabels labels (and annotates) the Node itself (ApplyNode),
+	// for clusters without NFD.
 	DirectLabels bool
 	// Logger gets a line per device that appears or disappears, per
 	// device error and per failing check; nil means slog.Default().
@@ -221,14 +221,18 @@ func (a *Agent) publish(ctx context.Context, r *Report) error {
 	return errors.Join(errs...)
 }
 
-// labelNode applies r's labels to the Node with DirectLabels.
+// labelNode applies r's labels and annotations to the Node with
+// DirectLabels.
 func (a *Agent) labelNode(ctx context.Context, r *Report) error {
 	if !a.cfg.DirectLabels || a.cfg.Client == nil || a.cfg.NodeName == "" {
 		return nil
 	}
-	removed, err := ApplyNodeLabels(ctx, a.cfg.Client, a.cfg.NodeName, r.Labels())
-	for _, k := range removed {
+	labels, annotations, err := ApplyNode(ctx, a.cfg.Client, a.cfg.NodeName, r.Labels(), r.Annotations())
+	for _, k := range labels {
 		a.log.Info("label removed", "node", a.cfg.NodeName, "label", k)
+	}
+	for _, k := range annotations {
+		a.log.Info("annotation removed", "node", a.cfg.NodeName, "annotation", k)
 	}
 	return err
 }

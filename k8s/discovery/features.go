@@ -2,9 +2,12 @@ package discovery
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 // LabelPrefix is the prefix of every label discovery publishes. The
@@ -18,6 +21,16 @@ const (
 	LabelSuperNode = LabelPrefix + "id"
 	LabelNode      = LabelPrefix + "node"
 )
+
+// LabelUBBandwidth is this node's UB link bandwidth, each way
+// ([Report.UBBandwidth]), by the name the SuperNode controller reads as a
+// label or an annotation (k8s/api/v1alpha1's LabelUBBandwidth) for a
+// super node's interconnect bandwidth, and k8stest's nodes carry. As a
+// label it is a number of bytes per second ("392000000000"), since a label
+// value cannot hold "/"; as an annotation, which only direct labelling
+// sets (NFD publishes labels only), it is written as ub/topology writes
+// bandwidths ("392GB/s").
+const LabelUBBandwidth = LabelPrefix + "ub-bandwidth"
 
 // matchLabels are the labels of the version checks, by condition type:
 // "true" or "false" whether the check passed (Unknown is "false"). A check
@@ -33,7 +46,8 @@ var matchLabels = map[string]string{
 }
 
 // Labels returns the Node labels a report stands for: the identity (the
-// super node as SuperNodeID gives it, the node), the
+// super node as SuperNodeID gives it, the node), the UB bandwidth
+// (LabelUBBandwidth, in bytes per second), the
 // count, driver and firmware version of each kind of device found, the
 // outcome of each version check that has a policy (".driver-match",
 // ".firmware-match", "kernel.version-match", see matchLabels) and of the
@@ -52,6 +66,11 @@ func (r *Report) Labels() map[string]string {
 		l[LabelSuperNode] = id
 	}
 	set("node", r.Node)
+	if r.UBBandwidth >= 1 {
+		if v := strconv.FormatFloat(math.Round(r.UBBandwidth), 'f', -1, 64); len(v) <= 63 {
+			l[LabelUBBandwidth] = v
+		}
+	}
 	for _, kind := range []DeviceKind{GPU, NPU, KAE} {
 		n := r.count(kind)
 		if n == 0 {
@@ -82,6 +101,18 @@ func (r *Report) Labels() map[string]string {
 		set("numa.count", strconv.Itoa(len(r.NUMA)))
 	}
 	return l
+}
+
+// Annotations returns the Node annotations a report stands for: the UB
+// bandwidth (LabelUBBandwidth) as ub/topology writes bandwidths. Only
+// direct labelling sets them: NFD's NodeFeature objects and feature files
+// carry labels only, and the label carries the same figure.
+func (r *Report) Annotations() map[string]string {
+	a := map[string]string{}
+	if r.UBBandwidth >= 1 && !math.IsInf(r.UBBandwidth, 0) {
+		a[LabelUBBandwidth] = topology.FormatBandwidth(r.UBBandwidth)
+	}
+	return a
 }
 
 // Features returns the report as NFD attribute features: every label

@@ -57,11 +57,16 @@ type Report struct {
 	// the identity could not be read (see the Identity condition). The
 	// label carries SuperNode as [Report.SuperNodeID] gives it.
 	SuperNode, Node string
-	GPUs            []GPUDevice
-	NPUs            []NPUDevice
-	KAE             []KAEEngine
-	HugePages       []HugePagePool
-	NUMA            []NUMANode
+	// UBBandwidth is this node's UB link bandwidth in bytes per second,
+	// each way: the widest of its links in the topology (what one
+	// transfer into or out of it can get at most); 0 if the identity is
+	// unknown or the node has no link.
+	UBBandwidth float64
+	GPUs        []GPUDevice
+	NPUs        []NPUDevice
+	KAE         []KAEEngine
+	HugePages   []HugePagePool
+	NUMA        []NUMANode
 	// Drivers holds the driver version found per device kind ("" if
 	// none is exposed).
 	Drivers map[DeviceKind]string
@@ -298,6 +303,7 @@ func (s *scanner) identity(opts ScanOptions) {
 		c.Message = fmt.Sprintf("super-node identity unknown: %v (set %s and %s)", err, topology.EnvTopology, topology.EnvNode)
 	} else {
 		s.r.SuperNode, s.r.Node = t.Name, n.Name
+		s.r.UBBandwidth = linkBandwidth(t, n.Name)
 		c.Status, c.Reason = ConditionTrue, "Found"
 		c.Message = fmt.Sprintf("node %s of super node %s", n.Name, t.Name)
 		switch id := s.r.SuperNodeID(); {
@@ -309,6 +315,18 @@ func (s *scanner) identity(opts ScanOptions) {
 		}
 	}
 	s.r.Conditions = append(s.r.Conditions, c)
+}
+
+// linkBandwidth is node's UB link bandwidth in t: the widest of its links;
+// 0 if it has none. (k8stest gives its simulated Nodes the same figure.)
+func linkBandwidth(t *topology.Topology, node string) float64 {
+	var bw float64
+	for _, l := range t.Links {
+		if (l.A == node || l.B == node) && l.Bandwidth > bw {
+			bw = l.Bandwidth
+		}
+	}
+	return bw
 }
 
 const (

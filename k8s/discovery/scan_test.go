@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
@@ -46,7 +47,7 @@ func TestScanGPU(t *testing.T) {
 		t.Errorf("NUMA %+v", r.NUMA)
 	}
 	wantLabels := map[string]string{
-		LabelSuperNode: "dev4", LabelNode: "n1",
+		LabelSuperNode: "dev4", LabelNode: "n1", LabelUBBandwidth: "5000000000",
 		LabelPrefix + "gpu.count": "2", LabelPrefix + "gpu.driver": "550.54.15", LabelPrefix + "gpu.driver-match": "true",
 		LabelPrefix + "gpu.firmware": "92.00.45.00.06",
 		LabelPrefix + "gpu.model":    "NVIDIA_A100-SXM4-80GB", LabelPrefix + "hugepages-2Mi": "1024", LabelPrefix + "numa.count": "2",
@@ -539,5 +540,53 @@ func TestScanSuperNodeID(t *testing.T) {
 	}
 	if c := condition(t, r, "Identity"); c.Status != ConditionFalse || c.Reason != "InvalidName" || !strings.Contains(c.Message, "rename the super node") {
 		t.Errorf("%+v", c)
+	}
+}
+
+// The node's UB link bandwidth, from the topology, by the name the
+// SuperNode controller reads: a label it parses back to the same figure,
+// and an annotation as ub/topology writes it.
+func TestScanUBBandwidth(t *testing.T) {
+	if LabelUBBandwidth != v1alpha1.LabelUBBandwidth {
+		t.Fatalf("LabelUBBandwidth %q, the controller reads %q", LabelUBBandwidth, v1alpha1.LabelUBBandwidth)
+	}
+	root := t.TempDir()
+	cm384, err := topology.Example("cm384")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		topo              *topology.Topology
+		node              string
+		label, annotation string
+		bw                float64
+	}{
+		{dev4(t), "n1", "5000000000", "5GB/s", 5e9},
+		{cm384, "node17", "392000000000", "392GB/s", 392e9},
+	} {
+		r, err := Scan(ScanOptions{Root: root, Topology: tc.topo, TopologyNode: tc.node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		label, annotation := r.Labels()[LabelUBBandwidth], r.Annotations()[LabelUBBandwidth]
+		if r.UBBandwidth != tc.bw || label != tc.label || annotation != tc.annotation {
+			t.Errorf("%s %s: %g, label %q, annotation %q", tc.topo.Name, tc.node, r.UBBandwidth, label, annotation)
+		}
+		for _, v := range []string{label, annotation} {
+			if bw, err := topology.ParseBandwidth(v); err != nil || bw != tc.bw {
+				t.Errorf("%q parses as %g, %v", v, bw, err)
+			}
+		}
+		if errs := validation.IsValidLabelValue(label); len(errs) > 0 {
+			t.Errorf("label %q: %v", label, errs)
+		}
+	}
+	// Without an identity, no bandwidth.
+	r, err := Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.Labels()[LabelUBBandwidth]; ok || len(r.Annotations()) != 0 {
+		t.Errorf("labels %v, annotations %v", r.Labels(), r.Annotations())
 	}
 }
