@@ -156,7 +156,7 @@ func TestPublishCluster(t *testing.T) {
 		}
 		// An annotation no longer wanted is removed, and only it.
 		n.Annotations["team"] = "a"
-		if n, err = c.Client().CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		if _, err := c.Client().CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		removedLabels, removedAnnotations, err := ApplyNode(ctx, c.Client(), nodeName, r.Labels(), nil)
