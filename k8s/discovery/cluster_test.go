@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,9 +148,36 @@ func TestPublishCluster(t *testing.T) {
 			t.Errorf("npu.count not restored: %v", n.Labels)
 		}
 		keepsOthers(n)
-		// Labels that are not ubkit's are refused.
-		if _, err := ApplyNodeLabels(ctx, c.Client(), nodeName, map[string]string{"team": "b"}); err == nil {
-			t.Error("ApplyNodeLabels took a label outside supernode.ubkit.io/")
+		// The UB bandwidth, for the SuperNode controller: a label in
+		// bytes per second and, set directly, an annotation as
+		// ub/topology writes it.
+		if n.Labels[LabelUBBandwidth] != "5000000000" || n.Annotations[LabelUBBandwidth] != "5GB/s" || n.Annotations[AnnotationsAnnotation] != LabelUBBandwidth {
+			t.Errorf("bandwidth: labels %v, annotations %v", n.Labels, n.Annotations)
+		}
+		// An annotation no longer wanted is removed, and only it.
+		n.Annotations["team"] = "a"
+		if _, err := c.Client().CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		removedLabels, removedAnnotations, err := ApplyNode(ctx, c.Client(), nodeName, r.Labels(), nil)
+		if err != nil || len(removedLabels) != 0 || !slices.Equal(removedAnnotations, []string{LabelUBBandwidth}) {
+			t.Errorf("ApplyNode without annotations: removed %v %v, %v", removedLabels, removedAnnotations, err)
+		}
+		if n = node(); n.Annotations[LabelUBBandwidth] != "" || n.Annotations[AnnotationsAnnotation] != "" || n.Annotations["team"] != "a" || n.Labels[LabelUBBandwidth] != "5000000000" {
+			t.Errorf("after: labels %v, annotations %v", n.Labels, n.Annotations)
+		}
+		if _, err := a.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n = node(); n.Annotations[LabelUBBandwidth] != "5GB/s" {
+			t.Errorf("annotation not restored: %v", n.Annotations)
+		}
+		// Labels and annotations that are not ubkit's are refused.
+		if _, _, err := ApplyNode(ctx, c.Client(), nodeName, map[string]string{"team": "b"}, nil); err == nil {
+			t.Error("ApplyNode took a label outside supernode.ubkit.io/")
+		}
+		if _, _, err := ApplyNode(ctx, c.Client(), nodeName, nil, map[string]string{LabelsAnnotation: "x"}); err == nil {
+			t.Error("ApplyNode took its own list as an annotation")
 		}
 	})
 
@@ -176,7 +204,7 @@ func TestPublishCluster(t *testing.T) {
 			t.Errorf("spec.labels %v", labels)
 		}
 		attrs, _, _ := unstructured.NestedStringMap(nf.Object, "spec", "features", "attributes", "ubkit.discovery", "elements")
-		if attrs["kae.hpre.instances"] != "2048" || attrs["hugepages-2Mi.free"] != "4096" {
+		if attrs["kae.hpre.algorithms"] != "dh,ecdh,ecdsa,rsa,sm2,x25519,x448" || attrs["hugepages-2Mi.total"] != "4096" {
 			t.Errorf("attributes %v", attrs)
 		}
 		npus, _, _ := unstructured.NestedSlice(nf.Object, "spec", "features", "instances", "ubkit.npu", "elements")

@@ -58,4 +58,5 @@ func ExampleScan() {
 	// supernode.ubkit.io/npu.count=2
 	// supernode.ubkit.io/npu.driver=24.1.rc2
 	// supernode.ubkit.io/npu.driver-match=true
+	// supernode.ubkit.io/ub-bandwidth=5000000000
 }

@@ -2,9 +2,12 @@ package discovery
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 // LabelPrefix is the prefix of every label discovery publishes. The
@@ -19,9 +22,36 @@ const (
 	LabelNode      = LabelPrefix + "node"
 )
 
-// Labels returns the Node labels a report stands for: the identity, the
-// count and driver version of each kind of device found, whether its
-// version check passed (".driver-match", only with a policy), a
+// LabelUBBandwidth is this node's UB link bandwidth, each way
+// ([Report.UBBandwidth]), by the name the SuperNode controller reads as a
+// label or an annotation (k8s/api/v1alpha1's LabelUBBandwidth) for a
+// super node's interconnect bandwidth, and k8stest's nodes carry. As a
+// label it is a number of bytes per second ("392000000000"), since a label
+// value cannot hold "/"; as an annotation, which only direct labelling
+// sets (NFD publishes labels only), it is written as ub/topology writes
+// bandwidths ("392GB/s").
+const LabelUBBandwidth = LabelPrefix + "ub-bandwidth"
+
+// matchLabels are the labels of the version checks, by condition type:
+// "true" or "false" whether the check passed (Unknown is "false"). A check
+// without a policy (NoPolicy) has none.
+var matchLabels = map[string]string{
+	"GPUDriverVersion":      "gpu.driver-match",
+	"NPUDriverVersion":      "npu.driver-match",
+	"KAEDriverVersion":      "kae.driver-match",
+	"GPUFirmwareVersion":    "gpu.firmware-match",
+	"NPUFirmwareVersion":    "npu.firmware-match",
+	"NPUFirmwareCompatible": "npu.firmware-compatible",
+	"KernelVersion":         "kernel.version-match",
+}
+
+// Labels returns the Node labels a report stands for: the identity (the
+// super node as SuperNodeID gives it, the node), the UB bandwidth
+// (LabelUBBandwidth, in bytes per second), the
+// count, driver and firmware version of each kind of device found, the
+// outcome of each version check that has a policy (".driver-match",
+// ".firmware-match", "kernel.version-match", see matchLabels) and of the
+// Ascend driver's firmware list ("npu.firmware-compatible"), a
 // "kae.<class>=true" per KAE engine class (hpre, sec, zip), the huge page
 // pools' sizes and the NUMA node count. Every key starts with LabelPrefix;
 // values are valid label values.
@@ -32,8 +62,15 @@ func (r *Report) Labels() map[string]string {
 			l[LabelPrefix+k] = v
 		}
 	}
-	set("id", r.SuperNode)
+	if id := r.SuperNodeID(); id != "" {
+		l[LabelSuperNode] = id
+	}
 	set("node", r.Node)
+	if r.UBBandwidth >= 1 {
+		if v := strconv.FormatFloat(math.Round(r.UBBandwidth), 'f', -1, 64); len(v) <= 63 {
+			l[LabelUBBandwidth] = v
+		}
+	}
 	for _, kind := range []DeviceKind{GPU, NPU, KAE} {
 		n := r.count(kind)
 		if n == 0 {
@@ -43,10 +80,10 @@ func (r *Report) Labels() map[string]string {
 		set(k+".count", strconv.Itoa(n))
 		set(k+".driver", r.Drivers[kind])
 		set(k+".firmware", r.Firmware[kind])
-		for _, c := range r.Conditions {
-			if c.Type == string(kind)+"DriverVersion" && c.Reason != "NoPolicy" {
-				set(k+".driver-match", strconv.FormatBool(c.Status == ConditionTrue))
-			}
+	}
+	for _, c := range r.Conditions {
+		if k, ok := matchLabels[c.Type]; ok && c.Reason != "NoPolicy" {
+			set(k, strconv.FormatBool(c.Status == ConditionTrue))
 		}
 	}
 	if len(r.GPUs) > 0 && r.GPUs[0].Model != "" {
@@ -66,24 +103,39 @@ func (r *Report) Labels() map[string]string {
 	return l
 }
 
+// Annotations returns the Node annotations a report stands for: the UB
+// bandwidth (LabelUBBandwidth) as ub/topology writes bandwidths. Only
+// direct labelling sets them: NFD's NodeFeature objects and feature files
+// carry labels only, and the label carries the same figure.
+func (r *Report) Annotations() map[string]string {
+	a := map[string]string{}
+	if r.UBBandwidth >= 1 && !math.IsInf(r.UBBandwidth, 0) {
+		a[LabelUBBandwidth] = topology.FormatBandwidth(r.UBBandwidth)
+	}
+	return a
+}
+
 // Features returns the report as NFD attribute features: every label
-// (by its key without LabelPrefix) and what changes too often or is too
-// long to be a label (free huge pages, KAE queues and algorithms, each
-// NUMA node's CPUs and memory, the number of scan errors).
+// (by its key without LabelPrefix) and what is too long or too detailed to
+// be a label (each huge page pool's size, KAE algorithms per class, each
+// NUMA node's CPUs and memory, the kernel release, the number of scan
+// errors).
+//
+// Features describe what the node is, not how busy it is: free huge pages
+// and free KAE queues (HugePagePool.Free, KAEEngine.AvailableInstances)
+// are in the Report but not here, so that a counter that moves with the
+// workload neither republishes the features nor leaves a stale figure in
+// the cluster.
 func (r *Report) Features() map[string]string {
 	f := map[string]string{}
 	for k, v := range r.Labels() {
 		f[strings.TrimPrefix(k, LabelPrefix)] = v
 	}
 	for _, p := range r.HugePages {
-		name := "hugepages-" + pageSizeName(p.PageSize)
-		f[name+".total"] = strconv.FormatInt(p.Total, 10)
-		f[name+".free"] = strconv.FormatInt(p.Free, 10)
+		f["hugepages-"+pageSizeName(p.PageSize)+".total"] = strconv.FormatInt(p.Total, 10)
 	}
-	instances := map[string]int64{}
 	algorithms := map[string]map[string]bool{}
 	for _, e := range r.KAE {
-		instances[e.Class] += e.AvailableInstances
 		if algorithms[e.Class] == nil {
 			algorithms[e.Class] = map[string]bool{}
 		}
@@ -91,13 +143,15 @@ func (r *Report) Features() map[string]string {
 			algorithms[e.Class][a] = true
 		}
 	}
-	for class, n := range instances {
-		f["kae."+class+".instances"] = strconv.FormatInt(n, 10)
-		f["kae."+class+".algorithms"] = strings.Join(sortedKeys(algorithms[class]), ",")
+	for class, algs := range algorithms {
+		f["kae."+class+".algorithms"] = strings.Join(sortedKeys(algs), ",")
 	}
 	for _, n := range r.NUMA {
 		f[fmt.Sprintf("numa.node%d.cpus", n.ID)] = strconv.Itoa(len(n.CPUs))
 		f[fmt.Sprintf("numa.node%d.memory", n.ID)] = strconv.FormatInt(n.MemTotal, 10)
+	}
+	if r.Kernel != "" {
+		f["kernel.version"] = r.Kernel
 	}
 	if len(r.Errors) > 0 {
 		f["scan.errors"] = strconv.Itoa(len(r.Errors))
@@ -134,6 +188,31 @@ func pageSizeName(b int64) string {
 	default:
 		return strconv.FormatInt(b>>10, 10) + "Ki"
 	}
+}
+
+// SuperNodeID is the value of the LabelSuperNode label: the super node's
+// name as a SuperNode can be called, since the SuperNode controller makes
+// one SuperNode per value and ignores Nodes whose value cannot name one.
+// It is a DNS-1123 label: at most 63 lower-case letters, digits and '-',
+// starting and ending with a letter or digit. Upper case becomes lower
+// case and every other character '-' ("CM384_Rack.A" is "cm384-rack-a");
+// "" if nothing is left. A name that had to change is said in the
+// Identity condition and logged by the agent.
+func (r *Report) SuperNodeID() string { return superNodeID(r.SuperNode) }
+
+func superNodeID(name string) string {
+	b := make([]byte, 0, len(name))
+	for _, c := range strings.ToLower(name) {
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+			b = append(b, byte(c))
+		} else {
+			b = append(b, '-')
+		}
+		if len(b) == 63 {
+			break
+		}
+	}
+	return strings.Trim(string(b), "-")
 }
 
 // labelValue makes s a valid label value: at most 63 characters of

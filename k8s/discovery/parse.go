@@ -78,6 +78,54 @@ func parseSingleVersion(data string) (string, error) {
 	return v, nil
 }
 
+// maxVersionRanges bounds a list of version ranges.
+const maxVersionRanges = 64
+
+// parseVersionRanges parses a list of inclusive version ranges, as the
+// Ascend driver's version.info gives the firmware it works with:
+//
+//	compatible_version_fw=[6.4.0,6.4.99],[7.0.0,7.7.99]
+//
+// Each range is "[low,high]", both versions (parseSingleVersion) with low
+// not above high; ranges are separated by commas.
+func parseVersionRanges(data string) ([]versionRange, error) {
+	s := strings.TrimSpace(data)
+	var ranges []versionRange
+	for s != "" {
+		if len(ranges) == maxVersionRanges {
+			return nil, fmt.Errorf("more than %d version ranges in %q", maxVersionRanges, clip(data))
+		}
+		rest, ok := strings.CutPrefix(s, "[")
+		inner, after, closed := strings.Cut(rest, "]")
+		low, high, pair := strings.Cut(inner, ",")
+		if !ok || !closed || !pair {
+			return nil, fmt.Errorf("not a list of [low,high] version ranges: %q", clip(data))
+		}
+		lo, err := parseSingleVersion(low)
+		if err != nil {
+			return nil, err
+		}
+		hi, err := parseSingleVersion(high)
+		if err != nil {
+			return nil, err
+		}
+		if compareVersions(lo, hi) > 0 {
+			return nil, fmt.Errorf("version range [%s,%s] is reversed", clip(lo), clip(hi))
+		}
+		ranges = append(ranges, versionRange{lo, hi})
+		if s, ok = strings.CutPrefix(after, ","); !ok && after != "" {
+			return nil, fmt.Errorf("not a list of [low,high] version ranges: %q", clip(data))
+		}
+		if ok && s == "" {
+			return nil, fmt.Errorf("a comma ends the version ranges %q", clip(data))
+		}
+	}
+	if len(ranges) == 0 {
+		return nil, errors.New("no version ranges")
+	}
+	return ranges, nil
+}
+
 // parseHex parses a sysfs hexadecimal attribute such as a PCI vendor
 // ("0x10de\n") or class ("0x030200\n").
 func parseHex(data string) (uint64, error) {
@@ -105,41 +153,66 @@ func parseCount(data string) (int64, error) {
 }
 
 // maxCPUs bounds a CPU list, so that a corrupt "0-4294967295" cannot make
-// the agent allocate without end.
+// the agent allocate without end: a list has at most maxCPUs CPUs, each
+// numbered below maxCPUs (the kernel's NR_CPUS is at most 8192 on the
+// architectures ubkit runs on).
 const maxCPUs = 1 << 16
 
 // parseCPUList parses a kernel CPU list ("0-23,48-71", "" for none) into
-// its CPUs in order.
+// its CPUs in order. As the kernel writes them, the CPUs are decimal
+// numbers without a sign, in ascending order, each once; anything else is
+// an error.
 func parseCPUList(data string) ([]int, error) {
 	s := strings.TrimSpace(data)
 	if s == "" {
 		return nil, nil
 	}
 	var cpus []int
+	next := 0 // the lowest CPU the next part may start at
 	for part := range strings.SplitSeq(s, ",") {
 		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil || a < 0 {
-			return nil, fmt.Errorf("bad CPU list %q: %q is not a CPU", clip(data), part)
+		a, ok := cpuNumber(lo)
+		if !ok {
+			return nil, fmt.Errorf("bad CPU list %q: %q is not a CPU", clip(data), clip(part))
 		}
 		b := a
 		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("bad CPU list %q: %q is not a range", clip(data), part)
+			if b, ok = cpuNumber(hi); !ok || b < a {
+				return nil, fmt.Errorf("bad CPU list %q: %q is not a range", clip(data), clip(part))
 			}
 		}
-		if len(cpus)+(b-a+1) > maxCPUs {
+		if a < next {
+			return nil, fmt.Errorf("bad CPU list %q: %q is out of order", clip(data), clip(part))
+		}
+		// Both ends are below maxCPUs, so neither b-a nor b+1 overflows,
+		// and the range fits only if it leaves the total within bounds.
+		if b-a >= maxCPUs-len(cpus) {
 			return nil, fmt.Errorf("bad CPU list %q: more than %d CPUs", clip(data), maxCPUs)
 		}
 		for c := a; c <= b; c++ {
 			cpus = append(cpus, c)
 		}
+		next = b + 1
 	}
 	return cpus, nil
 }
 
+// cpuNumber parses a CPU's number: decimal digits only (no sign, no
+// space), below maxCPUs.
+func cpuNumber(s string) (int, bool) {
+	if s == "" || len(s) > 5 || strings.Trim(s, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil && n < maxCPUs
+}
+
+// maxMemory bounds a NUMA node's memory in bytes (8 PiB).
+const maxMemory = 1 << 53
+
 // parseNodeMeminfo returns MemTotal and MemFree, in bytes, of a NUMA node's
-// meminfo, whose lines read "Node 0 MemTotal:       263740540 kB".
+// meminfo, whose lines read "Node 0 MemTotal:       263740540 kB". Neither
+// is more than maxMemory, and MemFree is not more than MemTotal.
 func parseNodeMeminfo(data string) (total, free int64, err error) {
 	found := 0
 	sc := bufio.NewScanner(strings.NewReader(data))
@@ -158,19 +231,24 @@ func parseNodeMeminfo(data string) (total, free int64, err error) {
 		default:
 			continue
 		}
-		v, perr := strconv.ParseInt(f[3], 10, 64)
-		if perr != nil || v < 0 || v > 1<<53 {
-			return 0, 0, fmt.Errorf("bad %s %q", strings.TrimSuffix(f[2], ":"), f[3])
-		}
 		unit := int64(1)
 		if len(f) > 4 && f[4] == "kB" {
 			unit = 1024
+		}
+		// The bound applies to bytes, after the unit: 2^53 kB would
+		// overflow int64.
+		v, perr := strconv.ParseInt(f[3], 10, 64)
+		if perr != nil || v < 0 || v > maxMemory/unit {
+			return 0, 0, fmt.Errorf("bad %s %q", strings.TrimSuffix(f[2], ":"), clip(f[3]))
 		}
 		*dst = v * unit
 		found++
 	}
 	if total == 0 && found == 0 {
 		return 0, 0, errors.New("no \"Node N MemTotal:\" line")
+	}
+	if free > total {
+		return 0, 0, fmt.Errorf("MemFree %d is more than MemTotal %d", free, total)
 	}
 	return total, free, nil
 }

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func TestParseNvidiaVersion(t *testing.T) {
@@ -31,17 +33,46 @@ func TestParseCPUList(t *testing.T) {
 		{"0-3,8,10-11\n", []int{0, 1, 2, 3, 8, 10, 11}, true},
 		{"\n", nil, true},
 		{"5", []int{5}, true},
-		{"3-1", nil, false},
-		{"0-x", nil, false},
-		{"-1", nil, false},
-		{"0-4294967295", nil, false},
-		{"1,,2", nil, false},
+		{"65534-65535", []int{65534, 65535}, true},
 	} {
 		got, err := parseCPUList(tc.in)
 		if (err == nil) != tc.ok || !slices.Equal(got, tc.want) {
 			t.Errorf("parseCPUList(%q) = %v, %v", tc.in, got, err)
 		}
 	}
+	if cpus, err := parseCPUList("0-65535"); len(cpus) != maxCPUs || cpus[maxCPUs-1] != maxCPUs-1 { // exactly maxCPUs
+		t.Errorf("0-65535: %d CPUs, %v", len(cpus), err)
+	}
+	// Each of these is refused, promptly and without a large allocation:
+	// a range whose size overflows (b-a+1 wraps to a negative number) or
+	// whose end is the largest int (the loop's c++ would wrap) once looped
+	// for ever, appending.
+	for _, in := range hostileCPULists {
+		if got, err := parseCPUList(in); err == nil {
+			t.Errorf("parseCPUList(%.40q) = %d CPUs, want an error", in, len(got))
+		}
+	}
+}
+
+// hostileCPULists are CPU lists a corrupt or hostile sysfs could hold.
+var hostileCPULists = []string{
+	"3-1", "0-x", "x", "-1", "-", "--", "1-", "-3", "1--2", ",", ",,", "1,,2", "1,", ",1", "1 -2", "1-2 ,3", "+1", "1-+3", "0x10",
+	"0-4294967295",
+	"0-9223372036854775807",
+	"1-9223372036854775807",
+	"9223372036854775806-9223372036854775807",
+	"9223372036854775807",
+	"9223372036854775807-9223372036854775807",
+	"0-99999999999999999999",
+	"-9223372036854775808-0",
+	"65536",
+	"0-65536",
+	"0-32767,32768-65536",
+	"0-65535,0",
+	"4,2", "0-3,2-5", "1,1", // the kernel writes CPUs once each, in order
+	strings.Repeat("0-65535,", 1000),
+	strings.Repeat("1,", maxCPUs),
+	strings.Repeat("9", 1<<16),
 }
 
 func TestParseSmall(t *testing.T) {
@@ -80,9 +111,32 @@ func TestParseSmall(t *testing.T) {
 	if _, _, err := parseNodeMeminfo("MemTotal: 10 kB\n"); err == nil {
 		t.Error("parseNodeMeminfo accepted a system meminfo")
 	}
+	// A count of kB that overflows int64 once in bytes (2^53 kB is 2^63
+	// bytes) is refused, not negative.
+	for _, bad := range []string{"Node 0 MemTotal: 9007199254740992 kB\n", "Node 0 MemTotal: 10 kB\nNode 0 MemFree: 9007199254740991 kB\n", "Node 0 MemTotal: 9223372036854775807 kB\n"} {
+		if total, free, err := parseNodeMeminfo(bad); err == nil {
+			t.Errorf("parseNodeMeminfo(%q) = %d, %d", bad, total, free)
+		}
+	}
 	kv := parseKeyValues("Version=24.1.rc2\n\nbad line\n=x\nVersion=other\n", '=')
 	if len(kv) != 1 || kv["Version"] != "24.1.rc2" {
 		t.Errorf("parseKeyValues: %v", kv)
+	}
+}
+
+func TestParseVersionRanges(t *testing.T) {
+	got, err := parseVersionRanges("[6.4.0,6.4.99],[7.0.0,7.7.99]\n")
+	if want := []versionRange{{"6.4.0", "6.4.99"}, {"7.0.0", "7.7.99"}}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+	if !got[1].contains("7.5.0.1.129") || got[0].contains("7.5.0.1.129") || !got[0].contains("6.4.99") || got[0].contains("6.5") {
+		t.Errorf("contains: %v", got)
+	}
+	for _, bad := range []string{"", "[]", "[7.0.0]", "[7.0.0,7.5.99", "7.0.0,7.5.99", "[7.0.0,7.5.99],", "[7.0.0,7.5.99];[8,9]",
+		"[7.5.99,7.0.0]", "[a,b]", "[7 0,8]", strings.Repeat("[1,2],", maxVersionRanges) + "[1,2]"} {
+		if r, err := parseVersionRanges(bad); err == nil {
+			t.Errorf("parseVersionRanges(%.40q) = %v", bad, r)
+		}
 	}
 }
 
@@ -146,7 +200,7 @@ func FuzzParseKeyValues(f *testing.F) {
 }
 
 func FuzzParseCPUList(f *testing.F) {
-	for _, s := range []string{"0-31,64-95\n", "", "7", "3-1", "0-4294967295", "1,,2"} {
+	for _, s := range append([]string{"0-31,64-95\n", "", "7", "0-65535"}, hostileCPULists...) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -157,9 +211,9 @@ func FuzzParseCPUList(f *testing.F) {
 		if len(cpus) > maxCPUs {
 			t.Errorf("%d CPUs", len(cpus))
 		}
-		for _, c := range cpus {
-			if c < 0 {
-				t.Errorf("CPU %d", c)
+		for i, c := range cpus {
+			if c < 0 || c >= maxCPUs || i > 0 && c <= cpus[i-1] {
+				t.Errorf("CPU %d at %d", c, i)
 			}
 		}
 	})
@@ -168,16 +222,18 @@ func FuzzParseCPUList(f *testing.F) {
 func FuzzParseNodeMeminfo(f *testing.F) {
 	f.Add("Node 0 MemTotal:       263740540 kB\nNode 0 MemFree:        1012345678 kB\n")
 	f.Add("Node 1 MemTotal: 99999999999999999999 kB\n")
+	f.Add("Node 0 MemTotal: 9007199254740992 kB\n")
+	f.Add("Node 0 MemTotal: 9007199254740991 kB\nNode 0 MemFree: -1 kB\n")
 	f.Fuzz(func(t *testing.T, in string) {
 		total, free, err := parseNodeMeminfo(in)
-		if err == nil && (total < 0 || free < 0) {
+		if err == nil && (total < 0 || free < 0 || free > total || total > maxMemory) {
 			t.Errorf("total %d free %d", total, free)
 		}
 	})
 }
 
 func FuzzParseSysfsValues(f *testing.F) {
-	for _, s := range []string{"0x10de\n", "1024\n", "-3", "hugepages-2048kB", "hisi_sec2-3", "rsa\ndh\necdh\n", "550.54.15\n", ""} {
+	for _, s := range []string{"0x10de\n", "1024\n", "-3", "hugepages-2048kB", "hisi_sec2-3", "rsa\ndh\necdh\n", "550.54.15\n", "", "[7.0.0,7.5.99]", "[6.4.0,6.4.99],[7.0.0,7.7.99]", "[7.5.99,7.0.0]", "[,]", "CM384_Rack.A", "ÉÉ-x"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -202,6 +258,19 @@ func FuzzParseSysfsValues(f *testing.F) {
 		if v := labelValue(in); len(v) > 63 {
 			t.Errorf("label value %q", v)
 		}
+		if id := superNodeID(in); id != "" && len(validation.IsDNS1123Label(id)) > 0 {
+			t.Errorf("super node id %q from %q", id, in)
+		}
 		_ = compareVersions(in, "24.1.0")
+		if ranges, err := parseVersionRanges(in); err == nil {
+			if len(ranges) == 0 || len(ranges) > maxVersionRanges {
+				t.Errorf("%d ranges", len(ranges))
+			}
+			for _, r := range ranges {
+				if compareVersions(r.Low, r.High) > 0 || !r.contains(r.Low) || !r.contains(r.High) {
+					t.Errorf("range %v", r)
+				}
+			}
+		}
 	})
 }

@@ -34,6 +34,9 @@ const (
 	// agent, removes those whose device went away and no other. NFD keeps
 	// its own labels the same way (nfd.node.kubernetes.io/feature-labels).
 	LabelsAnnotation = "supernode.ubkit.io/discovery-labels"
+	// AnnotationsAnnotation lists the annotations discovery put on a Node
+	// directly, the same way.
+	AnnotationsAnnotation = "supernode.ubkit.io/discovery-annotations"
 )
 
 // ErrNoNodeFeatureCRD is returned when the cluster has no NodeFeature
@@ -66,7 +69,8 @@ func NodeFeatureName(node string) string { return node + "-ubkit" }
 // holds r.Labels(); spec.features has the attribute feature
 // "ubkit.discovery" (r.Features()) and the instance features
 // "ubkit.gpu", "ubkit.npu", "ubkit.kae" and "ubkit.numa", one instance
-// per device, for NodeFeatureRules to match.
+// per device, for NodeFeatureRules to match. Like the features, the
+// instances hold what a device is, not its free queues.
 func NodeFeatureObject(namespace, node string, r *Report) *unstructured.Unstructured {
 	attrs := map[string]any{}
 	for k, v := range r.Features() {
@@ -90,8 +94,7 @@ func NodeFeatureObject(namespace, node string, r *Report) *unstructured.Unstruct
 	}
 	for _, k := range r.KAE {
 		kae = append(kae, inst("name", k.Name, "class", k.Class, "api", k.API,
-			"algorithms", strings.Join(k.Algorithms, ","), "available_instances", strconv.FormatInt(k.AvailableInstances, 10),
-			"flags", strconv.FormatInt(k.Flags, 10)))
+			"algorithms", strings.Join(k.Algorithms, ","), "flags", strconv.FormatInt(k.Flags, 10)))
 	}
 	for _, n := range r.NUMA {
 		numa = append(numa, inst("id", strconv.Itoa(n.ID), "cpus", strconv.Itoa(len(n.CPUs)), "memory", strconv.FormatInt(n.MemTotal, 10)))
@@ -124,6 +127,15 @@ func NodeFeatureObject(namespace, node string, r *Report) *unstructured.Unstruct
 	return o
 }
 
+// publicationOf is everything a refresh publishes for r: the NodeFeature
+// object's spec, whose labels are also the feature file's lines and the
+// Node's direct labels, and the Node's direct annotations. Two reports with equal publications (by
+// reflect.DeepEqual) publish the same, so the agent compares these, and
+// nothing that is not published can make it publish again.
+func publicationOf(r *Report) any {
+	return []any{NodeFeatureObject("", "", r).Object["spec"], r.Annotations()}
+}
+
 // PublishNodeFeature creates or replaces node's NodeFeature object in
 // namespace, so that what a scan no longer finds leaves it.
 func PublishNodeFeature(ctx context.Context, dc dynamic.Interface, namespace, node string, r *Report) error {
@@ -145,63 +157,79 @@ func PublishNodeFeature(ctx context.Context, dc dynamic.Interface, namespace, no
 
 const fieldManager = "ubkit-discovery"
 
-// ApplyNodeLabels sets labels on the Node called node and removes the labels
-// that an earlier call set (listed in LabelsAnnotation) and labels no
-// longer has. It changes no other label: one JSON merge patch carries only
-// ubkit's keys (removed ones as null), guarded by the Node's
-// resourceVersion so that a concurrent change of the annotation is not
-// lost (on a conflict it reads the Node again). Every key must start with
-// LabelPrefix.
-func ApplyNodeLabels(ctx context.Context, c kubernetes.Interface, node string, labels map[string]string) (removed []string, err error) {
-	for k := range labels {
-		if !strings.HasPrefix(k, LabelPrefix) {
-			return nil, fmt.Errorf("discovery: label %q is not ubkit's (%s...)", k, LabelPrefix)
+// ApplyNode sets labels and annotations on the Node called node, and
+// removes the labels and annotations that an earlier call set (listed in
+// LabelsAnnotation and AnnotationsAnnotation) and these do not have. It
+// changes nothing else: one JSON merge patch carries only ubkit's keys
+// (removed ones as null), guarded by the Node's resourceVersion so that a
+// concurrent change of the lists is not lost (on a conflict it reads the
+// Node again), and none at all if the Node already has them. Every key
+// must start with LabelPrefix. It returns the keys it removed.
+func ApplyNode(ctx context.Context, c kubernetes.Interface, node string, labels, annotations map[string]string) (removedLabels, removedAnnotations []string, err error) {
+	for _, m := range []map[string]string{labels, annotations} {
+		for k := range m {
+			if !strings.HasPrefix(k, LabelPrefix) || k == LabelsAnnotation || k == AnnotationsAnnotation {
+				return nil, nil, fmt.Errorf("discovery: %q is not one of ubkit's labels or annotations (%s...)", k, LabelPrefix)
+			}
 		}
 	}
 	for range 5 {
 		n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("discovery: labelling node %s: %w", node, err)
+			return nil, nil, fmt.Errorf("discovery: labelling node %s: %w", node, err)
 		}
-		patchLabels := map[string]any{}
-		removed = removed[:0]
-		for _, k := range strings.Split(n.Annotations[LabelsAnnotation], ",") {
-			if _, keep := labels[k]; !keep && strings.HasPrefix(k, LabelPrefix) {
-				if _, has := n.Labels[k]; has {
-					patchLabels[k] = nil
-					removed = append(removed, k)
-				}
-			}
+		patchLabels, removedLabels, changedLabels := mergeOwned(n.Labels, n.Annotations[LabelsAnnotation], labels)
+		patchAnnotations, removedAnnotations, changedAnnotations := mergeOwned(n.Annotations, n.Annotations[AnnotationsAnnotation], annotations)
+		labelKeys, annotationKeys := strings.Join(sortedKeys(labels), ","), strings.Join(sortedKeys(annotations), ",")
+		if !changedLabels && !changedAnnotations && n.Annotations[LabelsAnnotation] == labelKeys && n.Annotations[AnnotationsAnnotation] == annotationKeys {
+			return nil, nil, nil
 		}
-		changed := len(removed) > 0
-		for k, v := range labels {
-			if n.Labels[k] != v {
-				patchLabels[k] = v
-				changed = true
-			}
+		patchAnnotations[LabelsAnnotation] = labelKeys
+		patchAnnotations[AnnotationsAnnotation] = annotationKeys
+		if annotationKeys == "" {
+			patchAnnotations[AnnotationsAnnotation] = nil // no list, rather than an empty one
 		}
-		keys := strings.Join(sortedKeys(labels), ",")
-		if !changed && n.Annotations[LabelsAnnotation] == keys {
-			return nil, nil
-		}
-		sort.Strings(removed)
 		patch := map[string]any{"metadata": map[string]any{
 			"resourceVersion": n.ResourceVersion,
 			"labels":          patchLabels,
-			"annotations":     map[string]any{LabelsAnnotation: keys},
+			"annotations":     patchAnnotations,
 		}}
 		body, err := json.Marshal(patch)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		_, err = c.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, body, metav1.PatchOptions{FieldManager: fieldManager})
 		if apierrors.IsConflict(err) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("discovery: labelling node %s: %w", node, err)
+			return nil, nil, fmt.Errorf("discovery: labelling node %s: %w", node, err)
 		}
-		return removed, nil
+		return removedLabels, removedAnnotations, nil
 	}
-	return nil, fmt.Errorf("discovery: labelling node %s: the Node kept changing (5 conflicts)", node)
+	return nil, nil, fmt.Errorf("discovery: labelling node %s: the Node kept changing (5 conflicts)", node)
+}
+
+// mergeOwned is the merge patch that takes a Node's labels or annotations
+// (have) to want: want's keys whose values differ, and null for the keys
+// of the earlier list (owned, comma-separated) that want no longer has
+// and the Node still does. It returns the removed keys, sorted, and
+// whether anything changes.
+func mergeOwned(have map[string]string, owned string, want map[string]string) (patch map[string]any, removed []string, changed bool) {
+	patch = map[string]any{}
+	for _, k := range strings.Split(owned, ",") {
+		if _, keep := want[k]; !keep && strings.HasPrefix(k, LabelPrefix) {
+			if _, has := have[k]; has {
+				patch[k] = nil
+				removed = append(removed, k)
+			}
+		}
+	}
+	for k, v := range want {
+		if cur, ok := have[k]; !ok || cur != v {
+			patch[k] = v
+		}
+	}
+	sort.Strings(removed)
+	return patch, removed, len(patch) > 0
 }

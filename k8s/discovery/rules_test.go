@@ -54,11 +54,18 @@ func TestNodeFeatureRules(t *testing.T) {
 	}
 	for _, fixtureName := range []string{"ascend-910b-kunpeng", "gpu-a100"} {
 		r, err := Scan(ScanOptions{Root: fixture(t, fixtureName), Topology: dev4(t), TopologyNode: "n1",
-			Versions: map[DeviceKind]VersionPolicy{GPU: {Minimum: "550"}}})
+			Versions: map[DeviceKind]VersionPolicy{GPU: {Minimum: "550"}},
+			Firmware: map[DeviceKind]VersionPolicy{GPU: {Minimum: "92"}, NPU: {Exact: "7.5.0.1.129"}},
+			Kernel:   VersionPolicy{Minimum: "5.10"}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		features := r.Features()
+		for _, k := range []string{"kernel.version-match", "firmware-match"} {
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(features)), func(f string) bool { return strings.HasSuffix(f, k) }) {
+				t.Errorf("%s: no %s feature to test the rules on", fixtureName, k)
+			}
+		}
 		got := map[string]string{}
 		for _, ru := range rule.Spec.Rules {
 			mf := ru.MatchFeatures[0]

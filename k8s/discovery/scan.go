@@ -40,25 +40,43 @@ type ScanOptions struct {
 	TopologyNode string
 	// Versions are the expected driver versions, per device kind.
 	Versions map[DeviceKind]VersionPolicy
+	// Firmware are the expected firmware versions, per device kind: the
+	// Ascend firmware package's for NPUs, every GPU's VBIOS for GPUs
+	// (KAE engines expose none).
+	Firmware map[DeviceKind]VersionPolicy
+	// Kernel is the expected kernel release (proc/sys/kernel/osrelease,
+	// as uname -r prints it: "5.10.0-182.0.0.95.oe2203sp3.aarch64"
+	// compares as 5.10.0.182...).
+	Kernel VersionPolicy
 }
 
 // Report is what one scan found.
 type Report struct {
 	// SuperNode and Node are this node's identity in its UB super node
 	// (the topology's name and the node's name in it); both are "" if
-	// the identity could not be read (see the Identity condition).
+	// the identity could not be read (see the Identity condition). The
+	// label carries SuperNode as [Report.SuperNodeID] gives it.
 	SuperNode, Node string
-	GPUs            []GPUDevice
-	NPUs            []NPUDevice
-	KAE             []KAEEngine
-	HugePages       []HugePagePool
-	NUMA            []NUMANode
+	// UBBandwidth is this node's UB link bandwidth in bytes per second,
+	// each way: the widest of its links in the topology (what one
+	// transfer into or out of it can get at most); 0 if the identity is
+	// unknown or the node has no link.
+	UBBandwidth float64
+	GPUs        []GPUDevice
+	NPUs        []NPUDevice
+	KAE         []KAEEngine
+	HugePages   []HugePagePool
+	NUMA        []NUMANode
 	// Drivers holds the driver version found per device kind ("" if
 	// none is exposed).
 	Drivers map[DeviceKind]string
-	// Firmware holds the firmware version per device kind, where one is
-	// exposed for the node as a whole (Ascend's firmware package).
+	// Firmware holds the firmware version per device kind, where the
+	// devices expose one: Ascend's firmware package for the NPUs, the
+	// oldest VBIOS of the GPUs.
 	Firmware map[DeviceKind]string
+	// Kernel is the kernel release (proc/sys/kernel/osrelease), "" if
+	// unreadable.
+	Kernel string
 	// Conditions are the results of the identity and version checks.
 	Conditions []Condition
 	// Errors are the devices and files that could not be read; the rest
@@ -95,7 +113,8 @@ type KAEEngine struct {
 	API string
 	// Algorithms it offers: "rsa", "sm2", "zlib", ...
 	Algorithms []string
-	// AvailableInstances is how many queues are free.
+	// AvailableInstances is how many queues are free. It moves with the
+	// workload, so it is not published (see [Report.Features]).
 	AvailableInstances int64
 	// Flags are uacce's device flags (1: SVA).
 	Flags int64
@@ -103,7 +122,10 @@ type KAEEngine struct {
 
 // HugePagePool is one huge page size of the system pool.
 type HugePagePool struct {
-	PageSize    int64
+	PageSize int64
+	// Total is the pool's size in pages (nr_hugepages), Free how many
+	// of them are free. Free moves with the workload, so it is not
+	// published (see [Report.Features]).
 	Total, Free int64
 }
 
@@ -116,7 +138,7 @@ type NUMANode struct {
 
 // DeviceError says which device or file could not be read, and why.
 type DeviceError struct {
-	// Kind is GPU, NPU or KAE, or "hugepages", "numa".
+	// Kind is GPU, NPU or KAE, or "hugepages", "numa", "kernel".
 	Kind string
 	// Device names the device ("0000:07:00.0", "hisi_zip-0"), "" for the
 	// kind as a whole.
@@ -155,23 +177,57 @@ func Scan(opts ScanOptions) (*Report, error) {
 type scanner struct {
 	fsys fs.FS
 	r    *Report
+	// firmware holds the distinct firmware versions per kind, for the
+	// checks (the GPUs' VBIOS versions may differ).
+	firmware map[DeviceKind][]string
+	// npuFirmwareRanges are the firmware versions the Ascend driver says
+	// it works with (its compatible_version_fw), nil if it says none.
+	npuFirmwareRanges []versionRange
 }
 
 func scanFS(fsys fs.FS, opts ScanOptions) *Report {
-	s := &scanner{fsys: fsys, r: &Report{Drivers: map[DeviceKind]string{}, Firmware: map[DeviceKind]string{}}}
+	s := &scanner{fsys: fsys, r: &Report{Drivers: map[DeviceKind]string{}, Firmware: map[DeviceKind]string{}}, firmware: map[DeviceKind][]string{}}
 	s.identity(opts)
 	s.gpus()
 	s.npus()
 	s.kae()
 	s.hugePages()
 	s.numa()
+	s.kernel()
+	s.checks(opts)
+	return s.r
+}
+
+// checks adds the conditions of the version checks: every kind of device
+// found has its driver checked (NoPolicy without a policy) and, when it
+// exposes a firmware version or there is a policy, its firmware; the
+// Ascend driver's firmware list, when it has one; the kernel, with a
+// policy.
+func (s *scanner) checks(opts ScanOptions) {
+	r := s.r
 	for _, kind := range []DeviceKind{GPU, NPU, KAE} {
-		if s.r.count(kind) == 0 {
+		if r.count(kind) == 0 {
 			continue
 		}
-		s.r.Conditions = append(s.r.Conditions, checkVersion(kind, s.r.Drivers[kind], opts.Versions[kind]))
+		var drivers []string
+		if v := r.Drivers[kind]; v != "" {
+			drivers = []string{v}
+		}
+		r.Conditions = append(r.Conditions, checkVersion(string(kind)+"DriverVersion", string(kind)+" driver", "driver", drivers, opts.Versions[kind]))
+		if fw, p := s.firmware[kind], opts.Firmware[kind]; len(fw) > 0 || p != (VersionPolicy{}) {
+			r.Conditions = append(r.Conditions, checkVersion(string(kind)+"FirmwareVersion", string(kind)+" firmware", "firmware", fw, p))
+		}
 	}
-	return s.r
+	if len(r.NPUs) > 0 && s.npuFirmwareRanges != nil && r.Firmware[NPU] != "" {
+		r.Conditions = append(r.Conditions, checkCompatible(r.Firmware[NPU], r.Drivers[NPU], s.npuFirmwareRanges))
+	}
+	if opts.Kernel != (VersionPolicy{}) {
+		var found []string
+		if r.Kernel != "" {
+			found = []string{r.Kernel}
+		}
+		r.Conditions = append(r.Conditions, checkVersion("KernelVersion", "kernel", "kernel", found, opts.Kernel))
+	}
 }
 
 func (r *Report) count(kind DeviceKind) int {
@@ -247,10 +303,30 @@ func (s *scanner) identity(opts ScanOptions) {
 		c.Message = fmt.Sprintf("super-node identity unknown: %v (set %s and %s)", err, topology.EnvTopology, topology.EnvNode)
 	} else {
 		s.r.SuperNode, s.r.Node = t.Name, n.Name
+		s.r.UBBandwidth = linkBandwidth(t, n.Name)
 		c.Status, c.Reason = ConditionTrue, "Found"
 		c.Message = fmt.Sprintf("node %s of super node %s", n.Name, t.Name)
+		switch id := s.r.SuperNodeID(); {
+		case id == "":
+			c.Status, c.Reason = ConditionFalse, "InvalidName"
+			c.Message += fmt.Sprintf(": no SuperNode can be named after %q (%s is a DNS-1123 label), so %s is not published: rename the super node in its topology", t.Name, LabelSuperNode, LabelSuperNode)
+		case id != t.Name:
+			c.Message += fmt.Sprintf(", published as %s=%s (a SuperNode's name is a DNS-1123 label)", LabelSuperNode, id)
+		}
 	}
 	s.r.Conditions = append(s.r.Conditions, c)
+}
+
+// linkBandwidth is node's UB link bandwidth in t: the widest of its links;
+// 0 if it has none. (k8stest gives its simulated Nodes the same figure.)
+func linkBandwidth(t *topology.Topology, node string) float64 {
+	var bw float64
+	for _, l := range t.Links {
+		if (l.A == node || l.B == node) && l.Bandwidth > bw {
+			bw = l.Bandwidth
+		}
+	}
+	return bw
 }
 
 const (
@@ -344,6 +420,16 @@ func (s *scanner) gpus() {
 	if len(s.r.GPUs) == 0 {
 		return
 	}
+	// A GPU's firmware is its VBIOS; the report's is the oldest.
+	for _, g := range s.r.GPUs {
+		if g.VBIOS != "" && !slices.Contains(s.firmware[GPU], g.VBIOS) {
+			s.firmware[GPU] = append(s.firmware[GPU], g.VBIOS)
+		}
+	}
+	slices.SortFunc(s.firmware[GPU], compareVersions)
+	if fw := s.firmware[GPU]; len(fw) > 0 {
+		s.r.Firmware[GPU] = fw[0]
+	}
 	if data, ok, err := s.read("proc/driver/nvidia/version"); ok {
 		v, perr := parseNvidiaVersion(data)
 		if err == nil {
@@ -410,18 +496,32 @@ func (s *scanner) npus() {
 	if !manager {
 		s.fail(kind, "", "dev/davinci_manager", errors.New("missing: the Ascend driver is not (fully) loaded, and containers cannot use the NPUs"))
 	}
-	s.r.Drivers[NPU] = s.ascendVersion(ascendDriverVersion)
-	s.r.Firmware[NPU] = s.ascendVersion(ascendFirmwareVersion)
+	var driver map[string]string
+	s.r.Drivers[NPU], driver = s.ascendVersion(ascendDriverVersion)
+	s.r.Firmware[NPU], _ = s.ascendVersion(ascendFirmwareVersion)
+	if fw := s.r.Firmware[NPU]; fw != "" {
+		s.firmware[NPU] = []string{fw}
+	}
+	if list, ok := driver["compatible_version_fw"]; ok {
+		ranges, err := parseVersionRanges(list)
+		if err != nil {
+			s.fail(kind, "", ascendDriverVersion, fmt.Errorf("compatible_version_fw: %w", err))
+		} else {
+			s.npuFirmwareRanges = ranges
+		}
+	}
 }
 
-func (s *scanner) ascendVersion(p string) string {
+// ascendVersion returns the version in an Ascend version.info file ("" if
+// there is none, or it is not one) and all of the file's keys.
+func (s *scanner) ascendVersion(p string) (string, map[string]string) {
 	data, ok, err := s.read(p)
 	if !ok && err == nil {
-		return ""
+		return "", nil
 	}
 	if err != nil {
 		s.fail(string(NPU), "", p, err)
-		return ""
+		return "", nil
 	}
 	kv := parseKeyValues(data, '=')
 	v := kv["Version"]
@@ -430,13 +530,32 @@ func (s *scanner) ascendVersion(p string) string {
 	}
 	if v == "" {
 		s.fail(string(NPU), "", p, errors.New("no Version= line"))
-		return ""
+		return "", kv
 	}
 	if _, err := parseSingleVersion(v); err != nil {
 		s.fail(string(NPU), "", p, err)
-		return ""
+		return "", kv
 	}
-	return v
+	return v, kv
+}
+
+// kernel reads the kernel release. A root without one (a fixture, a
+// container without the host's /proc) has none, which is no error.
+func (s *scanner) kernel() {
+	const p = "proc/sys/kernel/osrelease"
+	data, ok, err := s.read(p)
+	if !ok && err == nil {
+		return
+	}
+	v, perr := parseSingleVersion(data)
+	if err == nil {
+		err = perr
+	}
+	if err != nil {
+		s.fail("kernel", "", p, err)
+		return
+	}
+	s.r.Kernel = v
 }
 
 // kaeModules are the kernel modules of the engine classes, whose version

@@ -7,8 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
+	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
 func TestScanGPU(t *testing.T) {
@@ -40,16 +47,20 @@ func TestScanGPU(t *testing.T) {
 		t.Errorf("NUMA %+v", r.NUMA)
 	}
 	wantLabels := map[string]string{
-		LabelSuperNode: "dev4", LabelNode: "n1",
+		LabelSuperNode: "dev4", LabelNode: "n1", LabelUBBandwidth: "5000000000",
 		LabelPrefix + "gpu.count": "2", LabelPrefix + "gpu.driver": "550.54.15", LabelPrefix + "gpu.driver-match": "true",
-		LabelPrefix + "gpu.model": "NVIDIA_A100-SXM4-80GB", LabelPrefix + "hugepages-2Mi": "1024", LabelPrefix + "numa.count": "2",
+		LabelPrefix + "gpu.firmware": "92.00.45.00.06",
+		LabelPrefix + "gpu.model":    "NVIDIA_A100-SXM4-80GB", LabelPrefix + "hugepages-2Mi": "1024", LabelPrefix + "numa.count": "2",
 	}
 	if got := r.Labels(); !maps.Equal(got, wantLabels) {
 		t.Errorf("labels\n got %v\nwant %v", got, wantLabels)
 	}
 	f := r.Features()
-	if f["hugepages-2Mi.free"] != "1000" || f["numa.node1.cpus"] != "64" || f["gpu.count"] != "2" {
+	if f["hugepages-2Mi.total"] != "1024" || f["numa.node1.cpus"] != "64" || f["gpu.count"] != "2" {
 		t.Errorf("features %v", f)
+	}
+	if _, ok := f["hugepages-2Mi.free"]; ok {
+		t.Errorf("free huge pages published: %v", f)
 	}
 }
 
@@ -116,8 +127,11 @@ func TestScanNPUAndKAE(t *testing.T) {
 		t.Errorf("driver-match label without a policy: %v", l)
 	}
 	f := r.Features()
-	if f["kae.zip.instances"] != "511" || f["kae.hpre.algorithms"] != "dh,ecdh,ecdsa,rsa,sm2,x25519,x448" {
+	if f["kae.hpre.algorithms"] != "dh,ecdh,ecdsa,rsa,sm2,x25519,x448" {
 		t.Errorf("features %v", f)
+	}
+	if _, ok := f["kae.zip.instances"]; ok {
+		t.Errorf("free KAE queues published: %v", f)
 	}
 	if got := r.Devices(); len(got) != 14 || got[0] != "KAE hisi_hpre-0" || got[13] != "NPU davinci7" {
 		t.Errorf("devices %v", got)
@@ -271,5 +285,308 @@ func TestScanRoot(t *testing.T) {
 	r, err := Scan(ScanOptions{Root: t.TempDir(), Topology: dev4(t), TopologyNode: "n0"})
 	if err != nil || len(r.Errors) != 0 || len(r.Devices()) != 0 {
 		t.Errorf("empty root: %v, %+v", err, r)
+	}
+}
+
+// condition returns r's condition of type typ, failing the test if there
+// is none.
+func condition(t *testing.T, r *Report, typ string) Condition {
+	t.Helper()
+	i := slices.IndexFunc(r.Conditions, func(c Condition) bool { return c.Type == typ })
+	if i < 0 {
+		t.Fatalf("no %s in %+v", typ, r.Conditions)
+	}
+	return r.Conditions[i]
+}
+
+// Firmware is checked like drivers: the NPUs' firmware package and every
+// GPU's VBIOS, against a policy per kind, reported as a condition and a
+// firmware-match label.
+func TestScanFirmwareConditions(t *testing.T) {
+	npuRoot := fixture(t, "ascend-910b-kunpeng")
+	for _, tc := range []struct {
+		name           string
+		policy         VersionPolicy
+		status, reason string
+		message        string
+	}{
+		{"none", VersionPolicy{}, ConditionTrue, "NoPolicy", "NPU firmware 7.5.0.1.129; no version expected"},
+		{"exact", VersionPolicy{Exact: "7.5.0.1.129"}, ConditionTrue, "VersionMatches", "NPU firmware 7.5.0.1.129 as expected"},
+		{"mismatch", VersionPolicy{Exact: "7.5.0.1.130"}, ConditionFalse, "VersionMismatch", "NPU firmware 7.5.0.1.129, expected 7.5.0.1.130: install the expected firmware or change the policy"},
+		{"minimum", VersionPolicy{Minimum: "7.1"}, ConditionTrue, "VersionMatches", "NPU firmware 7.5.0.1.129, at least 7.1 as expected"},
+		{"too old", VersionPolicy{Minimum: "7.7.0"}, ConditionFalse, "VersionTooOld", "NPU firmware 7.5.0.1.129 is older than the minimum 7.7.0: upgrade the firmware"},
+	} {
+		t.Run("NPU "+tc.name, func(t *testing.T) {
+			r, err := Scan(ScanOptions{Root: npuRoot, Topology: dev4(t), TopologyNode: "n0", Firmware: map[DeviceKind]VersionPolicy{NPU: tc.policy}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Condition{Type: "NPUFirmwareVersion", Status: tc.status, Reason: tc.reason, Message: tc.message}
+			if got := condition(t, r, "NPUFirmwareVersion"); got != want {
+				t.Errorf("got  %+v\nwant %+v", got, want)
+			}
+			label, ok := r.Labels()[LabelPrefix+"npu.firmware-match"]
+			if tc.reason == "NoPolicy" && ok || tc.reason != "NoPolicy" && label != strconv.FormatBool(tc.status == ConditionTrue) {
+				t.Errorf("npu.firmware-match = %q (%v)", label, ok)
+			}
+		})
+	}
+
+	// GPUs: each one's VBIOS; one older than the rest fails the minimum
+	// and is named, and the label shows the oldest.
+	gpuRoot := fixture(t, "gpu-a100")
+	p := filepath.Join(gpuRoot, "proc/driver/nvidia/gpus/0000:0f:00.0/information")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(strings.Replace(string(b), "92.00.45.00.06", "92.00.19.00.01", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Scan(ScanOptions{Root: gpuRoot, Topology: dev4(t), TopologyNode: "n0", Firmware: map[DeviceKind]VersionPolicy{GPU: {Minimum: "92.00.40"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Condition{Type: "GPUFirmwareVersion", Status: ConditionFalse, Reason: "VersionTooOld",
+		Message: "GPU firmware 92.00.19.00.01 is older than the minimum 92.00.40: upgrade the firmware"}
+	if got := condition(t, r, "GPUFirmwareVersion"); got != want {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if l := r.Labels(); l[LabelPrefix+"gpu.firmware-match"] != "false" || l[LabelPrefix+"gpu.firmware"] != "92.00.19.00.01" {
+		t.Errorf("labels %v", l)
+	}
+	r, err = Scan(ScanOptions{Root: gpuRoot, Topology: dev4(t), TopologyNode: "n0", Firmware: map[DeviceKind]VersionPolicy{GPU: {Minimum: "92"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := condition(t, r, "GPUFirmwareVersion"); got.Status != ConditionTrue || got.Message != "GPU firmware 92.00.19.00.01, 92.00.45.00.06, at least 92 as expected" {
+		t.Errorf("%+v", got)
+	}
+
+	// KAE engines expose no firmware: with a policy, Unknown, and the
+	// label says false; without, no condition at all.
+	r, err = Scan(ScanOptions{Root: npuRoot, Topology: dev4(t), TopologyNode: "n0", Firmware: map[DeviceKind]VersionPolicy{KAE: {Minimum: "1"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := condition(t, r, "KAEFirmwareVersion"); got.Status != ConditionUnknown || got.Reason != "VersionUnknown" || r.Labels()[LabelPrefix+"kae.firmware-match"] != "" {
+		t.Errorf("%+v, labels %v", got, r.Labels())
+	}
+}
+
+// The Ascend driver lists the firmware it works with
+// (compatible_version_fw); a firmware outside those ranges is reported,
+// not a crash.
+func TestScanNPUFirmwareCompatible(t *testing.T) {
+	root := fixture(t, "ascend-910b-kunpeng")
+	r, err := Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Condition{Type: "NPUFirmwareCompatible", Status: ConditionTrue, Reason: "Compatible",
+		Message: "NPU firmware 7.5.0.1.129 is in the range [7.0.0, 7.5.99] that driver 24.1.rc2 works with"}
+	if got := condition(t, r, "NPUFirmwareCompatible"); got != want {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if l := r.Labels()[LabelPrefix+"npu.firmware-compatible"]; l != "true" {
+		t.Errorf("npu.firmware-compatible = %q", l)
+	}
+	driver := filepath.Join(root, "usr/local/Ascend/driver/version.info")
+	b, err := os.ReadFile(driver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setRanges := func(ranges string) {
+		t.Helper()
+		if err := os.WriteFile(driver, []byte(strings.Replace(string(b), "compatible_version_fw=[7.0.0,7.5.99]", "compatible_version_fw="+ranges, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRanges("[6.4.0,6.4.99],[7.6.0,7.7.99]")
+	if r, err = Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0"}); err != nil {
+		t.Fatal(err)
+	}
+	want = Condition{Type: "NPUFirmwareCompatible", Status: ConditionFalse, Reason: "Incompatible",
+		Message: "NPU firmware 7.5.0.1.129 is not one driver 24.1.rc2 works with ([6.4.0, 6.4.99], [7.6.0, 7.7.99]): install a firmware in those ranges, or a driver that takes this firmware"}
+	if got := condition(t, r, "NPUFirmwareCompatible"); got != want {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	if l := r.Labels()[LabelPrefix+"npu.firmware-compatible"]; l != "false" {
+		t.Errorf("npu.firmware-compatible = %q", l)
+	}
+	// A list that cannot be read is the driver file's error, and no check.
+	setRanges("[7.5.99,7.0.0]")
+	if r, err = Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Errors) != 1 || !strings.Contains(r.Errors[0].Error(), "version.info: compatible_version_fw: version range [7.5.99,7.0.0] is reversed") || slices.ContainsFunc(r.Conditions, func(c Condition) bool { return c.Type == "NPUFirmwareCompatible" }) {
+		t.Errorf("errors %v, conditions %+v", r.Errors, r.Conditions)
+	}
+}
+
+// The kernel against a policy: its release compares number by number.
+func TestScanKernelCondition(t *testing.T) {
+	root := fixture(t, "ascend-910b-kunpeng")
+	for _, tc := range []struct {
+		policy         VersionPolicy
+		status, reason string
+	}{
+		{VersionPolicy{Minimum: "5.10"}, ConditionTrue, "VersionMatches"},
+		{VersionPolicy{Minimum: "5.10.0-182"}, ConditionTrue, "VersionMatches"},
+		{VersionPolicy{Minimum: "5.10.0-216"}, ConditionFalse, "VersionTooOld"},
+		{VersionPolicy{Minimum: "6.6"}, ConditionFalse, "VersionTooOld"},
+		{VersionPolicy{Exact: "5.10.0-182.0.0.95.oe2203sp3.aarch64"}, ConditionTrue, "VersionMatches"},
+	} {
+		r, err := Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0", Kernel: tc.policy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := condition(t, r, "KernelVersion")
+		if c.Status != tc.status || c.Reason != tc.reason || !strings.Contains(c.Message, "kernel 5.10.0-182.0.0.95.oe2203sp3.aarch64") {
+			t.Errorf("%+v: %+v", tc.policy, c)
+		}
+		if l := r.Labels()[LabelPrefix+"kernel.version-match"]; l != strconv.FormatBool(tc.status == ConditionTrue) {
+			t.Errorf("%+v: kernel.version-match = %q", tc.policy, l)
+		}
+		if r.Kernel != "5.10.0-182.0.0.95.oe2203sp3.aarch64" || r.Features()["kernel.version"] != r.Kernel {
+			t.Errorf("kernel %q, features %v", r.Kernel, r.Features())
+		}
+	}
+	// No policy, no condition; no osrelease, Unknown.
+	r, err := Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(r.Conditions, func(c Condition) bool { return c.Type == "KernelVersion" }) {
+		t.Errorf("a kernel check without a policy: %+v", r.Conditions)
+	}
+	if err := os.Remove(filepath.Join(root, "proc/sys/kernel/osrelease")); err != nil {
+		t.Fatal(err)
+	}
+	r, err = Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n0", Kernel: VersionPolicy{Minimum: "5.10"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := condition(t, r, "KernelVersion"); c.Status != ConditionUnknown || c.Message != "kernel exposes no version; expected >= 5.10" || len(r.Errors) != 0 {
+		t.Errorf("%+v, errors %v", c, r.Errors)
+	}
+}
+
+// validSuperNodeID is the SuperNode controller's rule for the id label
+// (k8s/supernode's validID): a DNS-1123 subdomain of at most 63
+// characters.
+func validSuperNodeID(id string) bool {
+	return id != "" && len(validation.IsDNS1123Subdomain(id)) == 0 && len(id) <= 63
+}
+
+func TestSuperNodeID(t *testing.T) {
+	for in, want := range map[string]string{
+		"dev4": "dev4", "cm384": "cm384", "CM384": "cm384", "CM384_Rack.A": "cm384-rack-a", "a__b": "a--b",
+		"-x-": "x", "_Pod 7_": "pod-7", "é1": "1", "___": "", "": "", "ÉÉ": "",
+		strings.Repeat("a", 70): strings.Repeat("a", 63), strings.Repeat("a", 62) + "_b": strings.Repeat("a", 62),
+	} {
+		got := superNodeID(in)
+		if got != want {
+			t.Errorf("superNodeID(%q) = %q, want %q", in, got, want)
+		}
+		if got != "" && (len(validation.IsDNS1123Label(got)) > 0 || !validSuperNodeID(got)) {
+			t.Errorf("superNodeID(%q) = %q, which the SuperNode controller ignores", in, got)
+		}
+	}
+}
+
+// A topology whose name is no SuperNode name is published under one that
+// is, and the Identity condition and the agent's log say so; a name with
+// nothing usable publishes no id.
+func TestScanSuperNodeID(t *testing.T) {
+	root := fixture(t, "gpu-a100")
+	topo := func(name string) *topology.Topology {
+		t.Helper()
+		tp, err := topology.New(name, []topology.Node{{Name: "Node_0"}, {Name: "n1"}}, []topology.Link{{A: "Node_0", B: "n1", Bandwidth: 5e9}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tp
+	}
+	r, err := Scan(ScanOptions{Root: root, Topology: topo("CM384_Rack.A"), TopologyNode: "Node_0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := r.Labels()
+	if id := l[LabelSuperNode]; id != "cm384-rack-a" || !validSuperNodeID(id) {
+		t.Errorf("id label %q", id)
+	}
+	if r.SuperNode != "CM384_Rack.A" || l[LabelNode] != "Node_0" {
+		t.Errorf("identity %q, labels %v", r.SuperNode, l)
+	}
+	want := Condition{Type: "Identity", Status: ConditionTrue, Reason: "Found",
+		Message: "node Node_0 of super node CM384_Rack.A, published as supernode.ubkit.io/id=cm384-rack-a (a SuperNode's name is a DNS-1123 label)"}
+	if c := condition(t, r, "Identity"); c != want {
+		t.Errorf("got  %+v\nwant %+v", c, want)
+	}
+	log, rec := testenv.NewLogRecorder()
+	a := New(Config{Scan: ScanOptions{Root: root, Topology: topo("CM384_Rack.A"), TopologyNode: "n1"}, Logger: log})
+	if _, err := a.Refresh(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rec.WaitFor(t, "level=WARN", "super node name changed", "supernode=CM384_Rack.A", `label="supernode.ubkit.io/id=cm384-rack-a"`)
+
+	r, err = Scan(ScanOptions{Root: root, Topology: topo("___"), TopologyNode: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.Labels()[LabelSuperNode]; ok {
+		t.Errorf("an id label from %q: %v", r.SuperNode, r.Labels())
+	}
+	if c := condition(t, r, "Identity"); c.Status != ConditionFalse || c.Reason != "InvalidName" || !strings.Contains(c.Message, "rename the super node") {
+		t.Errorf("%+v", c)
+	}
+}
+
+// The node's UB link bandwidth, from the topology, by the name the
+// SuperNode controller reads: a label it parses back to the same figure,
+// and an annotation as ub/topology writes it.
+func TestScanUBBandwidth(t *testing.T) {
+	if LabelUBBandwidth != v1alpha1.LabelUBBandwidth {
+		t.Fatalf("LabelUBBandwidth %q, the controller reads %q", LabelUBBandwidth, v1alpha1.LabelUBBandwidth)
+	}
+	root := t.TempDir()
+	cm384, err := topology.Example("cm384")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		topo              *topology.Topology
+		node              string
+		label, annotation string
+		bw                float64
+	}{
+		{dev4(t), "n1", "5000000000", "5GB/s", 5e9},
+		{cm384, "node17", "392000000000", "392GB/s", 392e9},
+	} {
+		r, err := Scan(ScanOptions{Root: root, Topology: tc.topo, TopologyNode: tc.node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		label, annotation := r.Labels()[LabelUBBandwidth], r.Annotations()[LabelUBBandwidth]
+		if r.UBBandwidth != tc.bw || label != tc.label || annotation != tc.annotation {
+			t.Errorf("%s %s: %g, label %q, annotation %q", tc.topo.Name, tc.node, r.UBBandwidth, label, annotation)
+		}
+		for _, v := range []string{label, annotation} {
+			if bw, err := topology.ParseBandwidth(v); err != nil || bw != tc.bw {
+				t.Errorf("%q parses as %g, %v", v, bw, err)
+			}
+		}
+		if errs := validation.IsValidLabelValue(label); len(errs) > 0 {
+			t.Errorf("label %q: %v", label, errs)
+		}
+	}
+	// Without an identity, no bandwidth.
+	r, err := Scan(ScanOptions{Root: root, Topology: dev4(t), TopologyNode: "n9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.Labels()[LabelUBBandwidth]; ok || len(r.Annotations()) != 0 {
+		t.Errorf("labels %v, annotations %v", r.Labels(), r.Annotations())
 	}
 }

@@ -31,6 +31,12 @@ const (
 	LabelSuperNode = LabelPrefix + "id"
 	// LabelNode is the node's name in the topology.
 	LabelNode = LabelPrefix + "node"
+	// AnnotationUBBandwidth is the node's UB link bandwidth, each way, as
+	// ub/topology writes bandwidths ("392GB/s"): the widest of its links
+	// in the topology. The SuperNode controller reads it (a label or an
+	// annotation of that name) for a super node's interconnect bandwidth,
+	// and discovery publishes it from the same figure.
+	AnnotationUBBandwidth = LabelPrefix + "ub-bandwidth"
 )
 
 // Extended resources of the Nodes, one per device kind of the topology:
@@ -87,9 +93,10 @@ func NodeName(topo *topology.Topology, node string) string {
 // for each of the topology node's labels, kubernetes.io/hostname,
 // topology.kubernetes.io/region (the super node) and
 // topology.kubernetes.io/zone (the node's "zone" label, else its "rack"
-// label, if it has either); and the capacity its topology entry gives:
-// CPUs, memory, huge pages ([NodeOptions]), and its devices as
-// [ResourceNPU], [ResourceGPU] and [ResourceKAE].
+// label, if it has either); the annotation [AnnotationUBBandwidth] if it
+// has a link; and the capacity its topology entry gives: CPUs, memory,
+// huge pages ([NodeOptions]), and its devices as [ResourceNPU],
+// [ResourceGPU] and [ResourceKAE].
 func (c *Cluster) AddNodes(ctx context.Context, topo *topology.Topology, opts NodeOptions) ([]*corev1.Node, error) {
 	if !c.kwok {
 		return nil, errors.New("k8stest: AddNodes needs kwok to run the nodes: start the cluster with Config.Kwok")
@@ -306,6 +313,19 @@ func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, 
 	return context.WithTimeout(ctx, d)
 }
 
+// linkBandwidth is node's UB link bandwidth in topo: the widest of its
+// links, what one transfer into or out of it can get at most; 0 if it has
+// none. (k8s/discovery computes the same figure for a real node.)
+func linkBandwidth(topo *topology.Topology, node string) float64 {
+	var bw float64
+	for _, l := range topo.Links {
+		if (l.A == node || l.B == node) && l.Bandwidth > bw {
+			bw = l.Bandwidth
+		}
+	}
+	return bw
+}
+
 // nodeObjects builds the Nodes for topo's compute nodes.
 func nodeObjects(topo *topology.Topology, opts NodeOptions) ([]*corev1.Node, error) {
 	if topo == nil {
@@ -391,11 +411,15 @@ func nodeObjects(topo *topology.Topology, opts NodeOptions) ([]*corev1.Node, err
 		// As a kubelet counts it: memory in huge pages is not for pods'
 		// ordinary memory.
 		allocatable[corev1.ResourceMemory] = *resource.NewQuantity(nodeMemory-opts.HugePages2Mi, resource.BinarySI)
+		annotations := map[string]string{kwokNodeAnnotation: "fake"}
+		if bw := linkBandwidth(topo, tn.Name); bw > 0 {
+			annotations[AnnotationUBBandwidth] = topology.FormatBandwidth(bw)
+		}
 		nodes = append(nodes, &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{
 				Name:        name,
 				Labels:      labels,
-				Annotations: map[string]string{kwokNodeAnnotation: "fake"},
+				Annotations: annotations,
 			},
 			Status: corev1.NodeStatus{Capacity: capacity, Allocatable: allocatable, Phase: corev1.NodePending},
 		})

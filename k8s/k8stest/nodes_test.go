@@ -39,6 +39,10 @@ func TestNodeObjects(t *testing.T) {
 	if n0.Annotations[kwokNodeAnnotation] != "fake" {
 		t.Errorf("no kwok annotation: %v", n0.Annotations)
 	}
+	// dev4's links are 5 GB/s each way.
+	if got := n0.Annotations[AnnotationUBBandwidth]; got != "5GB/s" {
+		t.Errorf("%s = %q, want 5GB/s", AnnotationUBBandwidth, got)
+	}
 	for res, want := range map[corev1.ResourceName]string{
 		corev1.ResourceCPU: "4", corev1.ResourceMemory: "8Gi", "hugepages-2Mi": "1Gi", ResourceNPU: "2",
 	} {
@@ -72,6 +76,23 @@ func TestNodeObjects(t *testing.T) {
 	}
 	if len(nodes) != compute || compute == 0 {
 		t.Errorf("%d nodes for cm384's %d compute nodes", len(nodes), compute)
+	}
+	// A cm384 node has a 392 GB/s link to each UB plane.
+	for _, n := range nodes {
+		if got := n.Annotations[AnnotationUBBandwidth]; got != "392GB/s" {
+			t.Errorf("%s: %s = %q, want 392GB/s", n.Name, AnnotationUBBandwidth, got)
+		}
+	}
+	// The widest of a node's links; none without links.
+	two, err := topology.New("two", []topology.Node{{Name: "a"}, {Name: "b"}, {Name: "sw", Kind: topology.Switch}, {Name: "c"}},
+		[]topology.Link{{A: "a", B: "b", Bandwidth: 1e9}, {A: "a", B: "sw", Bandwidth: 400e9}, {A: "sw", B: "c", Bandwidth: 100e9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for node, want := range map[string]float64{"a": 400e9, "b": 1e9, "c": 100e9, "nowhere": 0} {
+		if got := linkBandwidth(two, node); got != want {
+			t.Errorf("linkBandwidth(%s) = %g, want %g", node, got, want)
+		}
 	}
 
 	if _, err := nodeObjects(topo, NodeOptions{Labels: map[string]string{"bad key!": "x"}}); err == nil || !strings.Contains(err.Error(), "bad key!") {

@@ -74,7 +74,7 @@ func TestSuperNodeLifecycle(t *testing.T) {
 	if want := []v1alpha1.Tier{{Tier: 1, Key: v1alpha1.LabelRack, Groups: 2}, {Tier: 2, Key: "supernode", Groups: 1}}; !slices.Equal(dev4.Status.Tiers, want) {
 		t.Errorf("dev4 tiers %v, want %v", dev4.Status.Tiers, want)
 	}
-	if dev4.Status.Phase != v1alpha1.PhaseReady || dev4.Status.InterconnectBandwidth != "" {
+	if dev4.Status.Phase != v1alpha1.PhaseReady || dev4.Status.InterconnectBandwidth != topology.FormatBandwidth(5e9) {
 		t.Errorf("dev4: phase %q bandwidth %q", dev4.Status.Phase, dev4.Status.InterconnectBandwidth)
 	}
 	cm := waitSuperNode(t, cl, "cm384", "Ready", isReady)
