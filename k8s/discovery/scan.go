@@ -303,7 +303,7 @@ func (s *scanner) identity(opts ScanOptions) {
 		c.Message = fmt.Sprintf("super-node identity unknown: %v (set %s and %s)", err, topology.EnvTopology, topology.EnvNode)
 	} else {
 		s.r.SuperNode, s.r.Node = t.Name, n.Name
-		s.r.UBBandwidth = linkBandwidth(t, n.Name)
+		s.r.UBBandwidth = t.LinkBandwidth(n.Name)
 		c.Status, c.Reason = ConditionTrue, "Found"
 		c.Message = fmt.Sprintf("node %s of super node %s", n.Name, t.Name)
 		switch id := s.r.SuperNodeID(); {
@@ -315,18 +315,6 @@ func (s *scanner) identity(opts ScanOptions) {
 		}
 	}
 	s.r.Conditions = append(s.r.Conditions, c)
-}
-
-// linkBandwidth is node's UB link bandwidth in t: the widest of its links;
-// 0 if it has none. (k8stest gives its simulated Nodes the same figure.)
-func linkBandwidth(t *topology.Topology, node string) float64 {
-	var bw float64
-	for _, l := range t.Links {
-		if (l.A == node || l.B == node) && l.Bandwidth > bw {
-			bw = l.Bandwidth
-		}
-	}
-	return bw
 }
 
 const (

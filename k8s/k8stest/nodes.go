@@ -313,19 +313,6 @@ func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, 
 	return context.WithTimeout(ctx, d)
 }
 
-// linkBandwidth is node's UB link bandwidth in topo: the widest of its
-// links, what one transfer into or out of it can get at most; 0 if it has
-// none. (k8s/discovery computes the same figure for a real node.)
-func linkBandwidth(topo *topology.Topology, node string) float64 {
-	var bw float64
-	for _, l := range topo.Links {
-		if (l.A == node || l.B == node) && l.Bandwidth > bw {
-			bw = l.Bandwidth
-		}
-	}
-	return bw
-}
-
 // nodeObjects builds the Nodes for topo's compute nodes.
 func nodeObjects(topo *topology.Topology, opts NodeOptions) ([]*corev1.Node, error) {
 	if topo == nil {
@@ -412,7 +399,7 @@ func nodeObjects(topo *topology.Topology, opts NodeOptions) ([]*corev1.Node, err
 		// ordinary memory.
 		allocatable[corev1.ResourceMemory] = *resource.NewQuantity(nodeMemory-opts.HugePages2Mi, resource.BinarySI)
 		annotations := map[string]string{kwokNodeAnnotation: "fake"}
-		if bw := linkBandwidth(topo, tn.Name); bw > 0 {
+		if bw := topo.LinkBandwidth(tn.Name); bw > 0 {
 			annotations[AnnotationUBBandwidth] = topology.FormatBandwidth(bw)
 		}
 		nodes = append(nodes, &corev1.Node{

@@ -83,18 +83,6 @@ func TestNodeObjects(t *testing.T) {
 			t.Errorf("%s: %s = %q, want 392GB/s", n.Name, AnnotationUBBandwidth, got)
 		}
 	}
-	// The widest of a node's links; none without links.
-	two, err := topology.New("two", []topology.Node{{Name: "a"}, {Name: "b"}, {Name: "sw", Kind: topology.Switch}, {Name: "c"}},
-		[]topology.Link{{A: "a", B: "b", Bandwidth: 1e9}, {A: "a", B: "sw", Bandwidth: 400e9}, {A: "sw", B: "c", Bandwidth: 100e9}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for node, want := range map[string]float64{"a": 400e9, "b": 1e9, "c": 100e9, "nowhere": 0} {
-		if got := linkBandwidth(two, node); got != want {
-			t.Errorf("linkBandwidth(%s) = %g, want %g", node, got, want)
-		}
-	}
-
 	if _, err := nodeObjects(topo, NodeOptions{Labels: map[string]string{"bad key!": "x"}}); err == nil || !strings.Contains(err.Error(), "bad key!") {
 		t.Errorf("an invalid label: err %v, want one naming it", err)
 	}

@@ -292,3 +292,17 @@ func TestCM384Costs(t *testing.T) {
 		}
 	}
 }
+
+// A node's link bandwidth is the widest of its links; none without links.
+func TestLinkBandwidth(t *testing.T) {
+	two, err := New("two", []Node{{Name: "a"}, {Name: "b"}, {Name: "sw", Kind: Switch}, {Name: "c"}},
+		[]Link{{A: "a", B: "b", Bandwidth: 1e9}, {A: "a", B: "sw", Bandwidth: 400e9}, {A: "sw", B: "c", Bandwidth: 100e9}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for node, want := range map[string]float64{"a": 400e9, "b": 1e9, "c": 100e9, "nowhere": 0} {
+		if got := two.LinkBandwidth(node); got != want {
+			t.Errorf("LinkBandwidth(%s) = %g, want %g", node, got, want)
+		}
+	}
+}

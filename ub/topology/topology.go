@@ -163,3 +163,16 @@ func (t *Topology) lookup(name string) (int, error) {
 }
 
 var errNotBuilt = errors.New("topology: no path tables: make the Topology with New, Parse, Load, FromEnv, Example or Discover")
+
+// LinkBandwidth is node's UB link bandwidth in bytes per second: the
+// widest of its links, what one transfer into or out of it can get at
+// most; 0 if it has none (or no node has that name).
+func (t *Topology) LinkBandwidth(node string) float64 {
+	var bw float64
+	for _, l := range t.Links {
+		if (l.A == node || l.B == node) && l.Bandwidth > bw {
+			bw = l.Bandwidth
+		}
+	}
+	return bw
+}
