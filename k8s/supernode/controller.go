@@ -37,6 +37,12 @@ import (
 // in the managed-by label of the HyperNodes it makes.
 const managerName = "ubkit-supernode-controller"
 
+// DefaultLeaderElectionNamespace holds the leader election Lease unless
+// Config says otherwise: a namespace of ubkit's own, so that the Role
+// the controller's Lease needs lets it write no other component's Leases
+// (kube-system holds the scheduler's and the controller manager's).
+const DefaultLeaderElectionNamespace = "ubkit-system"
+
 // Event reasons, on the SuperNode.
 const (
 	EventDegraded  = "Degraded"
@@ -269,7 +275,9 @@ type Config struct {
 	// LeaderElection makes only one of several running controllers
 	// reconcile, by a Lease in LeaderElectionNamespace.
 	LeaderElection bool
-	// LeaderElectionNamespace holds the Lease; "" means kube-system.
+	// LeaderElectionNamespace holds the Lease; "" means
+	// DefaultLeaderElectionNamespace, where the generated Role grants
+	// the controller its Lease (k8s/config/rbac).
 	LeaderElectionNamespace string
 	// MetricsAddr is where Prometheus metrics are served (controller-
 	// runtime's registry, ours included); "" or "0" serves none.
@@ -299,7 +307,7 @@ func NewManager(cfg *rest.Config, c Config) (manager.Manager, error) {
 	}
 	ns := c.LeaderElectionNamespace
 	if ns == "" {
-		ns = "kube-system"
+		ns = DefaultLeaderElectionNamespace
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,

@@ -2,16 +2,12 @@ package supernode
 
 import (
 	"context"
-	"os"
 	"slices"
 	"testing"
 
-	authzv1 "k8s.io/api/authorization/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/ubkit-io/ubkit/k8s/k8stest"
 )
@@ -78,80 +74,4 @@ func hyperNodesAre(ctx context.Context, cl client.Client, want map[string]hyperN
 		}
 	}
 	return true, nil
-}
-
-// TestRBAC: the controller runs as a user bound only to the generated
-// ClusterRole (leader election included), and that user can do what it
-// needs and nothing else (SubjectAccessReviews both ways).
-func TestRBAC(t *testing.T) {
-	c := k8stest.Start(t, k8stest.Config{Kwok: true})
-	installCRD(t, c.RESTConfig(), superNodeCRD)
-	addExample(t, c, "dev4", nil)
-
-	b, err := os.ReadFile("../config/rbac/role.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	role := &rbacv1.ClusterRole{}
-	if err := yaml.UnmarshalStrict(b, role); err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	if _, err := c.Client().RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	const user = "system:serviceaccount:ubkit:supernode-controller"
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
-	}
-	if _, err := c.Client().RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	for _, tc := range []struct {
-		group, resource, sub, verb string
-		allowed                    bool
-	}{
-		{"", "nodes", "", "list", true},
-		{"", "nodes", "", "watch", true},
-		{"", "nodes", "", "patch", true},
-		{"supernode.ubkit.io", "supernodes", "", "create", true},
-		{"supernode.ubkit.io", "supernodes", "status", "update", true},
-		{"events.k8s.io", "events", "", "create", true},
-		{"topology.volcano.sh", "hypernodes", "", "create", true},
-		{"coordination.k8s.io", "leases", "", "update", true},
-		{"", "nodes", "", "delete", false},
-		{"", "nodes", "", "update", false},
-		{"", "secrets", "", "get", false},
-		{"", "secrets", "", "list", false},
-		{"", "pods", "", "create", false},
-		{"supernode.ubkit.io", "supernodes", "", "delete", false},
-		{"supernode.ubkit.io", "supernodes", "", "update", false},
-		{"rbac.authorization.k8s.io", "clusterroles", "", "create", false},
-	} {
-		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User:               user,
-			ResourceAttributes: &authzv1.ResourceAttributes{Group: tc.group, Resource: tc.resource, Subresource: tc.sub, Verb: tc.verb},
-		}}
-		got, err := c.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Status.Allowed != tc.allowed {
-			t.Errorf("%s %s %s/%s: allowed %v, want %v (%s)", user, tc.verb, tc.group, tc.resource+"/"+tc.sub, got.Status.Allowed, tc.allowed, got.Status.Reason)
-		}
-	}
-
-	cfg, err := c.UserConfig(user)
-	if err != nil {
-		t.Fatal(err)
-	}
-	startController(t, cfg, Config{LeaderElection: true})
-	sn := waitSuperNode(t, newClient(t, c.RESTConfig()), "dev4", "Ready (reconciled as the bound user)", isReady)
-	wantFigures(t, sn, 4, 4, "64Gi", 4, 1, 1)
-	if _, err := c.Client().CoordinationV1().Leases("kube-system").Get(ctx, managerName, metav1.GetOptions{}); err != nil {
-		t.Errorf("the leader election lease: %v", err)
-	}
 }
