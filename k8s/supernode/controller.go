@@ -210,15 +210,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 		return reconcile.Result{}, err
 	}
 
-	r.recordTransition(sn, &st)
 	setMemberGauge(sn.Name, &st)
 	if equality.Semantic.DeepEqual(sn.Status, st) {
 		return reconcile.Result{}, nil
 	}
-	sn.Status = st
-	if err := r.client.Status().Update(ctx, sn, client.FieldOwner(managerName)); err != nil {
+	updated := sn.DeepCopy()
+	updated.Status = st
+	if err := r.client.Status().Update(ctx, updated, client.FieldOwner(managerName)); err != nil {
+		// Nothing was saved, so nothing has changed: no Event, or each
+		// retry of a conflict would record the transition again.
 		return reconcile.Result{}, fmt.Errorf("supernode: update status of %s: %w", sn.Name, err)
 	}
+	r.recordTransition(&sn.Status, updated)
 	return reconcile.Result{}, nil
 }
 
@@ -238,11 +241,12 @@ func (r *Reconciler) exportHyperNodes(ctx context.Context, sn *v1alpha1.SuperNod
 	return err
 }
 
-// recordTransition records an Event when the super node degrades or
-// recovers.
-func (r *Reconciler) recordTransition(sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus) {
-	was := meta.IsStatusConditionTrue(sn.Status.Conditions, v1alpha1.ConditionDegraded)
-	now := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDegraded)
+// recordTransition records an Event when the status saved on sn, after
+// prev, says the super node degraded or recovered. It is called only
+// once the status is saved.
+func (r *Reconciler) recordTransition(prev *v1alpha1.SuperNodeStatus, sn *v1alpha1.SuperNode) {
+	was := meta.IsStatusConditionTrue(prev.Conditions, v1alpha1.ConditionDegraded)
+	now := meta.FindStatusCondition(sn.Status.Conditions, v1alpha1.ConditionDegraded)
 	if now == nil {
 		return
 	}
