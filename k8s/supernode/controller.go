@@ -184,9 +184,33 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 
 	st := computeStatus(sn, nodes.Items)
 
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		want := memberAnnotations(sn.Name, &st, n)
+	// The status first, with its Event: what the annotations and the
+	// HyperNodes need of the apiserver failing must not keep a super
+	// node's health from being said. Then the rest, each error joined.
+	var errs []error
+	setMemberGauge(sn.Name, &st)
+	if !equality.Semantic.DeepEqual(sn.Status, st) {
+		updated := sn.DeepCopy()
+		updated.Status = st
+		if err := r.client.Status().Update(ctx, updated, client.FieldOwner(managerName)); err != nil {
+			// Nothing was saved, so nothing has changed: no Event, or
+			// each retry of a conflict would record the transition again.
+			errs = append(errs, fmt.Errorf("supernode: update status of %s: %w", sn.Name, err))
+		} else {
+			r.recordTransition(&sn.Status, updated)
+			sn = updated
+		}
+	}
+	errs = append(errs, r.annotate(ctx, sn, &st, nodes.Items), r.exportHyperNodes(ctx, sn, nodes.Items))
+	return reconcile.Result{}, errors.Join(errs...)
+}
+
+// annotate writes on each member Node the annotations it lacks or has
+// wrong.
+func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus, nodes []corev1.Node) error {
+	for i := range nodes {
+		n := &nodes[i]
+		want := memberAnnotations(sn.Name, st, n)
 		if !annotationsDiffer(n, want) {
 			continue
 		}
@@ -202,27 +226,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 			}
 		}
 		if err := r.client.Patch(ctx, n, patch, client.FieldOwner(managerName)); err != nil && !apierrors.IsNotFound(err) {
-			return reconcile.Result{}, fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
+			return fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
 		}
 	}
-
-	if err := r.exportHyperNodes(ctx, sn, nodes.Items); err != nil {
-		return reconcile.Result{}, err
-	}
-
-	setMemberGauge(sn.Name, &st)
-	if equality.Semantic.DeepEqual(sn.Status, st) {
-		return reconcile.Result{}, nil
-	}
-	updated := sn.DeepCopy()
-	updated.Status = st
-	if err := r.client.Status().Update(ctx, updated, client.FieldOwner(managerName)); err != nil {
-		// Nothing was saved, so nothing has changed: no Event, or each
-		// retry of a conflict would record the transition again.
-		return reconcile.Result{}, fmt.Errorf("supernode: update status of %s: %w", sn.Name, err)
-	}
-	r.recordTransition(&sn.Status, updated)
-	return reconcile.Result{}, nil
+	return nil
 }
 
 func (r *Reconciler) exportHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) error {

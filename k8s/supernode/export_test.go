@@ -2,19 +2,23 @@ package supernode
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
 	"github.com/ubkit-io/ubkit/k8s/k8stest"
 )
 
 // TestHyperNodeExport: with Volcano's HyperNode CRD installed, dev4 is
 // exported as a rack tier under a super node tier, and a member's
-// deletion shrinks its rack.
+// deletion shrinks its rack; racks R1, r1 and rack_a each get a HyperNode
+// of their own.
 func TestHyperNodeExport(t *testing.T) {
 	c := k8stest.Start(t, k8stest.Config{Kwok: true})
 	installCRD(t, c.RESTConfig(), superNodeCRD)
@@ -36,6 +40,27 @@ func TestHyperNodeExport(t *testing.T) {
 	}
 	want["dev4-r1"] = hyperNodeShape{1, "Node", []string{"dev4-n2"}}
 	poll(t, "dev4-r1 without the deleted node", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+
+	// Racks R1, r1 and rack_a (label values a name cannot all be): a
+	// HyperNode each, none refused, none shared.
+	racks := map[string]string{"racks-0": "R1", "racks-1": "r1", "racks-2": "rack_a"}
+	var rackHNs []string
+	for _, name := range slices.Sorted(maps.Keys(racks)) {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelSuperNode: "racks", v1alpha1.LabelRack: racks[name]}}}
+		if err := cl.Create(t.Context(), n); err != nil {
+			t.Fatal(err)
+		}
+		hn := rackHyperNodeName("racks", racks[name])
+		rackHNs = append(rackHNs, hn)
+		want[hn] = hyperNodeShape{1, "Node", []string{name}}
+	}
+	slices.Sort(rackHNs)
+	want["racks"] = hyperNodeShape{2, "HyperNode", rackHNs}
+	if _, ok := want["racks-r1"]; !ok || len(want) != 3+4 {
+		t.Fatalf("the racks' HyperNodes %v: want racks-r1 for r1 and four in all", slices.Sorted(maps.Keys(want)))
+	}
+	waitSuperNode(t, cl, "racks", "with its 3 members", func(sn *v1alpha1.SuperNode) bool { return sn.Status.MemberCount == 3 })
+	poll(t, "a HyperNode for each of racks R1, r1 and rack_a", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
 }
 
 type hyperNodeShape struct {

@@ -3,12 +3,17 @@ package supernode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -100,5 +105,96 @@ func TestNoEventUnlessStatusSaved(t *testing.T) {
 	}
 	if updates != 3 {
 		t.Errorf("%d status updates, want 3 (two failed, one saved, none when unchanged)", updates)
+	}
+}
+
+// A HyperNode export that fails does not keep the status, or its Event,
+// from being saved: the reconcile says the export's error, after both.
+func TestStatusDespiteExportError(t *testing.T) {
+	nodes := []corev1.Node{
+		member("a", corev1.ConditionTrue, "1Gi", 0, "r1"),
+		member("b", corev1.ConditionFalse, "1Gi", 0, "r1"),
+	}
+	sn := &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: "sn"}, Spec: v1alpha1.SuperNodeSpec{ID: "sn"}}
+	exportErr := errors.New("the HyperNode webhook is down")
+	r, rec, c := fakeReconciler(t, interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := list.(*unstructured.UnstructuredList); ok {
+				return nil // no HyperNodes yet
+			}
+			return c.List(ctx, list, opts...)
+		},
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*unstructured.Unstructured); ok {
+				return exportErr
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	}, sn, &nodes[0], &nodes[1])
+	r.noHyper = false
+	now := time.Now()
+	r.hyper = &hyperNodeProbe{now: func() time.Time { return now }, checked: now, served: true}
+
+	_, err := r.Reconcile(t.Context(), snKey)
+	if !errors.Is(err, exportErr) {
+		t.Fatalf("reconcile: %v, want the export's error", err)
+	}
+	got := &v1alpha1.SuperNode{}
+	if err := c.Get(t.Context(), client.ObjectKey{Name: "sn"}, got); err != nil {
+		t.Fatal(err)
+	}
+	if !degradedNaming("b")(got) || got.Status.MemberCount != 2 {
+		t.Errorf("the status despite the export's failure: %+v", got.Status)
+	}
+	if evs := recorded(rec); len(evs) != 1 || !strings.Contains(evs[0], EventDegraded) {
+		t.Errorf("Events %q, want one Degraded", evs)
+	}
+}
+
+// Racks whose labels differ only in case or in characters a name cannot
+// have get HyperNodes of their own, each name a DNS-1123 subdomain; a
+// rack that is already a name keeps it.
+func TestRackHyperNodeNames(t *testing.T) {
+	sn := &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: "sn"}}
+	racks := []string{"R1", "r1", "rack_a", "rack-a", "Rack.A", "a..b", "a_.b", strings.Repeat("X", 63)}
+	var nodes []corev1.Node
+	for i, rack := range racks {
+		nodes = append(nodes, member(fmt.Sprintf("n%d", i), corev1.ConditionTrue, "1Gi", 0, rack))
+	}
+	hns := desiredHyperNodes(sn, nodes)
+	if len(hns) != len(racks)+1 {
+		t.Fatalf("%d HyperNodes for %d racks, want one per rack and the super node's", len(hns), len(racks))
+	}
+	byMember := map[string]string{}
+	names := map[string]bool{}
+	for _, hn := range hns {
+		name := hn.GetName()
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			t.Errorf("HyperNode %q: %v", name, errs)
+		}
+		if names[name] {
+			t.Errorf("two HyperNodes named %q", name)
+		}
+		names[name] = true
+		ms, _, _ := unstructured.NestedSlice(hn.Object, "spec", "members")
+		for _, m := range ms {
+			n, _, _ := unstructured.NestedString(m.(map[string]any), "selector", "exactMatch", "name")
+			byMember[n] = name
+		}
+	}
+	for i, rack := range racks {
+		if got := byMember[fmt.Sprintf("n%d", i)]; got != rackHyperNodeName("sn", rack) {
+			t.Errorf("rack %q's node in HyperNode %q, want %q", rack, got, rackHyperNodeName("sn", rack))
+		}
+	}
+	if got := rackHyperNodeName("sn", "r1"); got != "sn-r1" {
+		t.Errorf("rack r1: %q, want sn-r1", got)
+	}
+	if got := rackHyperNodeName("sn", "R1"); !strings.HasPrefix(got, "sn-r1-") || len(got) != len("sn-r1-")+8 {
+		t.Errorf("rack R1: %q, want sn-r1- and 8 hex digits", got)
+	}
+	top := hns[len(hns)-1]
+	if ms, _, _ := unstructured.NestedSlice(top.Object, "spec", "members"); top.GetName() != "sn" || len(ms) != len(racks) {
+		t.Errorf("the super node's HyperNode is %q with %d members, want sn over the %d racks", top.GetName(), len(ms), len(racks))
 	}
 }
