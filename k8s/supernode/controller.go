@@ -1,6 +1,7 @@
 package supernode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,7 +57,16 @@ type Options struct {
 	// NoHyperNodes turns the export of Volcano HyperNodes off even where
 	// their CRD is installed.
 	NoHyperNodes bool
+	// MissingGrace is how long a deleted member stays in its
+	// SuperNode's status, Missing, before it is dropped; 0 means
+	// DefaultMissingGrace. (A member relabelled to another super node
+	// is dropped at once.)
+	MissingGrace time.Duration
 }
+
+// DefaultMissingGrace is how long a deleted member stays Missing unless
+// Options say otherwise.
+const DefaultMissingGrace = 10 * time.Minute
 
 // Reconciler keeps one SuperNode per super node of the cluster's Nodes.
 // Its Reconcile is level-triggered and idempotent: from the Nodes as they
@@ -69,6 +79,8 @@ type Reconciler struct {
 	log      *slog.Logger
 	hyper    *hyperNodeProbe
 	noHyper  bool
+	grace    time.Duration
+	now      func() time.Time
 }
 
 // New returns a Reconciler that works through mgr's client, cache and
@@ -89,6 +101,8 @@ func New(mgr manager.Manager, opts Options) (*Reconciler, error) {
 		log:      log,
 		hyper:    &hyperNodeProbe{disco: disco, now: time.Now},
 		noHyper:  opts.NoHyperNodes,
+		grace:    cmp.Or(max(opts.MissingGrace, 0), DefaultMissingGrace),
+		now:      time.Now,
 	}, nil
 }
 
@@ -182,7 +196,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 		return reconcile.Result{}, nil
 	}
 
-	st := computeStatus(sn, nodes.Items)
+	moved, err := r.moved(ctx, sn, nodes.Items)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	st, next := computeStatus(sn, nodes.Items, moved, r.now(), r.grace)
 
 	// The status first, with its Event: what the annotations and the
 	// HyperNodes need of the apiserver failing must not keep a super
@@ -202,7 +220,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 		}
 	}
 	errs = append(errs, r.annotate(ctx, sn, &st, nodes.Items), r.exportHyperNodes(ctx, sn, nodes.Items))
-	return reconcile.Result{}, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return reconcile.Result{}, err
+	}
+	// Again when the first Missing member's grace ends, to drop it.
+	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// moved returns the members of sn's status that are not among nodes but
+// are Nodes still: relabelled to another super node, or unlabelled. (The
+// others have been deleted.)
+func (r *Reconciler) moved(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) (map[string]bool, error) {
+	present := map[string]bool{}
+	for i := range nodes {
+		present[nodes[i].Name] = true
+	}
+	moved := map[string]bool{}
+	for _, m := range sn.Status.Members {
+		if present[m.Name] {
+			continue
+		}
+		switch err := r.client.Get(ctx, client.ObjectKey{Name: m.Name}, &corev1.Node{}); {
+		case err == nil:
+			moved[m.Name] = true
+		case !apierrors.IsNotFound(err):
+			return nil, fmt.Errorf("supernode: get node %s, once of %s: %w", m.Name, sn.Name, err)
+		}
+	}
+	return moved, nil
 }
 
 // annotate writes on each member Node the annotations it lacks or has

@@ -5,12 +5,14 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
@@ -153,4 +155,60 @@ func resourceVersions(t *testing.T, cl client.Client) map[string]string {
 		m[sn.Name] = sn.ResourceVersion
 	}
 	return m
+}
+
+// TestDepartedMembers: a member relabelled to another super node leaves
+// its old SuperNode at once, degrading nothing, and joins the new one; a
+// deleted member makes its SuperNode Degraded, Missing, and is dropped
+// when the grace (short here) has passed, the SuperNode Ready again
+// without it, with no other change to queue the reconcile that drops it.
+func TestDepartedMembers(t *testing.T) {
+	c := k8stest.Start(t, k8stest.Config{Kwok: true})
+	installCRD(t, c.RESTConfig(), superNodeCRD)
+	addExample(t, c, "dev4", nil)
+	cl := newClient(t, c.RESTConfig())
+	// The default grace first (10 minutes, longer than the wait): a
+	// relabelled member treated as Missing would stay so.
+	stop := startController(t, c.RESTConfig(), Config{})
+	waitSuperNode(t, cl, "dev4", "Ready", isReady)
+
+	ctx := t.Context()
+	patch := []byte(`{"metadata":{"labels":{"` + v1alpha1.LabelSuperNode + `":"other"}}}`)
+	if _, err := c.Client().CoreV1().Nodes().Patch(ctx, "dev4-n0", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	members := func(names ...string) func(*v1alpha1.SuperNode) bool {
+		return func(sn *v1alpha1.SuperNode) bool {
+			var have []string
+			for _, m := range sn.Status.Members {
+				have = append(have, m.Name)
+			}
+			return slices.Equal(have, names)
+		}
+	}
+	dev4 := waitSuperNode(t, cl, "dev4", "without the relabelled dev4-n0", members("dev4-n1", "dev4-n2", "dev4-n3"))
+	if !isReady(dev4) || dev4.Status.MemberCount != 3 {
+		t.Errorf("dev4 after a member was relabelled: %+v, want Ready with 3 members", dev4.Status)
+	}
+	waitSuperNode(t, cl, "other", "with dev4-n0", members("dev4-n0"))
+
+	// A short grace now.
+	stop()
+	const grace = 3 * time.Second
+	startController(t, c.RESTConfig(), Config{Options: Options{MissingGrace: grace}})
+
+	if err := c.Client().CoreV1().Nodes().Delete(ctx, "dev4-n3", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dev4 = waitSuperNode(t, cl, "dev4", "Degraded, dev4-n3 Missing", degradedNaming("dev4-n3"))
+	m := dev4.Status.Members[2]
+	if m.Name != "dev4-n3" || m.Health != v1alpha1.MemberMissing || m.MissingSince == nil {
+		t.Fatalf("the deleted member: %+v, want dev4-n3 Missing since a time", m)
+	}
+	dev4 = waitSuperNode(t, cl, "dev4", "Ready without dev4-n3 once its grace is over", func(sn *v1alpha1.SuperNode) bool {
+		return isReady(sn) && members("dev4-n1", "dev4-n2")(sn)
+	})
+	if ready := condition(dev4, v1alpha1.ConditionReady).LastTransitionTime; ready.Time.Before(m.MissingSince.Add(grace)) {
+		t.Errorf("dev4-n3, Missing since %v, dropped at %v: before its grace of %v", m.MissingSince, ready, grace)
+	}
 }

@@ -37,7 +37,7 @@ func fakeReconciler(t *testing.T, funcs interceptor.Funcs, objs ...client.Object
 		WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
 	rec := events.NewFakeRecorder(100)
 	log, _ := testenv.NewLogRecorder()
-	return &Reconciler{client: c, reader: c, recorder: rec, log: log, noHyper: true}, rec, c
+	return &Reconciler{client: c, reader: c, recorder: rec, log: log, noHyper: true, grace: DefaultMissingGrace, now: time.Now}, rec, c
 }
 
 // recorded drains the Events rec has recorded.
@@ -63,7 +63,7 @@ func TestNoEventUnlessStatusSaved(t *testing.T) {
 		member("a", corev1.ConditionTrue, "1Gi", 0, ""),
 		member("b", corev1.ConditionTrue, "1Gi", 0, ""),
 	}
-	sn := superNode(computeStatus(superNode(v1alpha1.SuperNodeStatus{}), nodes))
+	sn := superNode(status(superNode(v1alpha1.SuperNodeStatus{}), nodes))
 	sn.Generation = 0
 	b := member("b", corev1.ConditionFalse, "1Gi", 0, "")
 	failures := []error{
