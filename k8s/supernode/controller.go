@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/discovery"
@@ -62,7 +63,17 @@ type Options struct {
 	// DefaultMissingGrace. (A member relabelled to another super node
 	// is dropped at once.)
 	MissingGrace time.Duration
+	// Resync is how often, while HyperNodes are exported (NoHyperNodes
+	// false), each SuperNode is reconciled again though nothing queued
+	// it: so that a HyperNode deleted or edited by hand, or a Volcano
+	// installed after the controller started, is put right; 0 means
+	// DefaultResync.
+	Resync time.Duration
 }
+
+// DefaultResync is how often SuperNodes are reconciled again, while
+// HyperNodes are exported, unless Options say otherwise.
+const DefaultResync = 5 * time.Minute
 
 // DefaultMissingGrace is how long a deleted member stays Missing unless
 // Options say otherwise.
@@ -80,6 +91,7 @@ type Reconciler struct {
 	hyper    *hyperNodeProbe
 	noHyper  bool
 	grace    time.Duration
+	resync   time.Duration
 	now      func() time.Time
 }
 
@@ -94,29 +106,46 @@ func New(mgr manager.Manager, opts Options) (*Reconciler, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	resync := cmp.Or(max(opts.Resync, 0), DefaultResync)
 	return &Reconciler{
 		client:   mgr.GetClient(),
 		reader:   mgr.GetAPIReader(),
 		recorder: mgr.GetEventRecorder(managerName),
 		log:      log,
-		hyper:    &hyperNodeProbe{disco: disco, now: time.Now},
+		hyper:    &hyperNodeProbe{disco: disco, now: time.Now, recheck: min(hyperNodeRecheck, resync)},
 		noHyper:  opts.NoHyperNodes,
 		grace:    cmp.Or(max(opts.MissingGrace, 0), DefaultMissingGrace),
+		resync:   resync,
 		now:      time.Now,
 	}, nil
 }
 
 // SetupWithManager registers the controller: it watches SuperNodes and
 // Nodes, a Node's change queuing the super node it belongs (or belonged)
-// to.
+// to, and, when HyperNodes are exported and their CRD is installed now,
+// the HyperNodes a SuperNode owns, so that one deleted
+// or edited by hand is put right at once. (Without that watch, or for a
+// CRD installed later, the resync puts them right.)
 func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	skip := true // more than one manager per process (tests, the bench) runs this controller
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("supernode").
 		For(&v1alpha1.SuperNode{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(nodeToSuperNode), builder.WithPredicates(nodeChanged)).
-		WithOptions(controller.Options{SkipNameValidation: &skip}).
-		Complete(r)
+		WithOptions(controller.Options{SkipNameValidation: &skip})
+	if !r.noHyper {
+		switch served, err := r.hyper.Served(); {
+		case err != nil:
+			r.log.Warn("supernode: not watching HyperNodes; the resync keeps them", "resync", r.resync, "err", err)
+		case served:
+			// Whole objects: controller-runtime's metadata-only watch
+			// (a watch.Filter) can leave a goroutine behind when stopped.
+			hn := &unstructured.Unstructured{}
+			hn.SetGroupVersionKind(HyperNodeGVK)
+			b = b.Owns(hn)
+		}
+	}
+	return b.Complete(r)
 }
 
 // nodeToSuperNode maps a Node to the SuperNode its label names.
@@ -223,7 +252,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
-	// Again when the first Missing member's grace ends, to drop it.
+	// Again when the first Missing member's grace ends, to drop it, and
+	// at the latest after the resync while HyperNodes are exported.
+	if !r.noHyper && (next == 0 || r.resync < next) {
+		next = r.resync
+	}
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 

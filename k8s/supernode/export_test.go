@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,6 +35,8 @@ func TestHyperNodeExport(t *testing.T) {
 		"dev4-r1": {1, "Node", []string{"dev4-n2", "dev4-n3"}},
 	}
 	poll(t, "the HyperNodes of dev4", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+	// The watch of the HyperNodes (the resync is 5 minutes).
+	tamper(t, cl, want)
 
 	if err := c.Client().CoreV1().Nodes().Delete(t.Context(), "dev4-n3", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -61,6 +64,60 @@ func TestHyperNodeExport(t *testing.T) {
 	}
 	waitSuperNode(t, cl, "racks", "with its 3 members", func(sn *v1alpha1.SuperNode) bool { return sn.Status.MemberCount == 3 })
 	poll(t, "a HyperNode for each of racks R1, r1 and rack_a", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+}
+
+// TestHyperNodeResync: a Volcano installed after the controller started
+// is found, and its HyperNodes, which the controller does not watch then,
+// are put right when deleted or edited by hand, by the resync (short
+// here) and nothing else.
+func TestHyperNodeResync(t *testing.T) {
+	c := k8stest.Start(t, k8stest.Config{Kwok: true})
+	installCRD(t, c.RESTConfig(), superNodeCRD)
+	addExample(t, c, "dev4", nil)
+	cl := newClient(t, c.RESTConfig())
+	startController(t, c.RESTConfig(), Config{Options: Options{Resync: 500 * time.Millisecond}})
+	waitSuperNode(t, cl, "dev4", "Ready", isReady)
+
+	installCRD(t, c.RESTConfig(), hyperNodeCRD)
+	want := map[string]hyperNodeShape{
+		"dev4":    {2, "HyperNode", []string{"dev4-r0", "dev4-r1"}},
+		"dev4-r0": {1, "Node", []string{"dev4-n0", "dev4-n1"}},
+		"dev4-r1": {1, "Node", []string{"dev4-n2", "dev4-n3"}},
+	}
+	poll(t, "the HyperNodes of dev4, Volcano installed later", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+	tamper(t, cl, want)
+}
+
+// tamper deletes HyperNode dev4-r0 and edits dev4's tier, by hand, and
+// waits until the controller has made them want again: dev4-r0 a new
+// object.
+func tamper(t *testing.T, cl client.Client, want map[string]hyperNodeShape) {
+	t.Helper()
+	ctx := t.Context()
+	get := func(name string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(HyperNodeGVK)
+		if err := cl.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	r0 := get("dev4-r0")
+	if err := cl.Delete(ctx, r0); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "dev4-r0, deleted by hand, made again", func(ctx context.Context) (bool, error) {
+		ok, err := hyperNodesAre(ctx, cl, want)
+		return ok && get("dev4-r0").GetUID() != r0.GetUID(), err
+	})
+	top := get("dev4")
+	if err := unstructured.SetNestedField(top.Object, int64(3), "spec", "tier"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Update(ctx, top); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "dev4's tier, edited by hand, put back", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
 }
 
 type hyperNodeShape struct {

@@ -28,14 +28,17 @@ import (
 var HyperNodeGVK = schema.GroupVersionKind{Group: "topology.volcano.sh", Version: "v1alpha1", Kind: "HyperNode"}
 
 // hyperNodeRecheck is how long an answer of discovery about the HyperNode
-// CRD is trusted: a CRD installed later is found within this time.
+// CRD is trusted (or the resync interval, if shorter): a CRD installed
+// later is found by the first reconcile after this time, at the latest
+// the next resync.
 const hyperNodeRecheck = 30 * time.Second
 
 // hyperNodeProbe says, through discovery, whether the HyperNode kind is
-// served, and remembers the answer for a while.
+// served, and remembers the answer for recheck.
 type hyperNodeProbe struct {
-	disco discovery.DiscoveryInterface
-	now   func() time.Time
+	disco   discovery.DiscoveryInterface
+	now     func() time.Time
+	recheck time.Duration
 
 	mu      sync.Mutex
 	checked time.Time
@@ -45,7 +48,7 @@ type hyperNodeProbe struct {
 func (p *hyperNodeProbe) Served() (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.checked.IsZero() && p.now().Sub(p.checked) < hyperNodeRecheck {
+	if !p.checked.IsZero() && p.now().Sub(p.checked) < p.recheck {
 		return p.served, nil
 	}
 	list, err := p.disco.ServerResourcesForGroupVersion(HyperNodeGVK.GroupVersion().String())

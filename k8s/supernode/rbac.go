@@ -15,7 +15,9 @@ package supernode
 //     (the HyperNodes) where OwnerReferencesPermissionEnforcement is on.
 //   - events.k8s.io Events: create and patch (the SuperNode's Degraded
 //     and Recovered, through the manager's event recorder).
-//   - HyperNodes: list (uncached), create, update, delete.
+//   - HyperNodes: list (uncached; and watch, with list, for the cache
+//     the controller watches them through when their CRD is there at
+//     start), create, update, delete.
 //   - In the election namespace: Leases, create, and get and update of
 //     the controller's own; core Events, create and patch (client-go's
 //     leader election records its transitions the old way).
@@ -25,7 +27,7 @@ package supernode
 // +kubebuilder:rbac:groups=supernode.ubkit.io,resources=supernodes/status,verbs=update
 // +kubebuilder:rbac:groups=supernode.ubkit.io,resources=supernodes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=topology.volcano.sh,resources=hypernodes,verbs=list;create;update;delete
+// +kubebuilder:rbac:groups=topology.volcano.sh,resources=hypernodes,verbs=list;watch;create;update;delete
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create,namespace=ubkit-system
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;update,resourceNames=ubkit-supernode-controller,namespace=ubkit-system
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch,namespace=ubkit-system

@@ -133,7 +133,7 @@ func TestStatusDespiteExportError(t *testing.T) {
 	}, sn, &nodes[0], &nodes[1])
 	r.noHyper = false
 	now := time.Now()
-	r.hyper = &hyperNodeProbe{now: func() time.Time { return now }, checked: now, served: true}
+	r.hyper = &hyperNodeProbe{now: func() time.Time { return now }, recheck: time.Hour, checked: now, served: true}
 
 	_, err := r.Reconcile(t.Context(), snKey)
 	if !errors.Is(err, exportErr) {

@@ -44,6 +44,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	metricsAddr := fs.String("metrics-bind-address", ":8080", "`address` of the Prometheus metrics endpoint; 0 turns it off")
 	healthAddr := fs.String("health-probe-bind-address", ":8081", "`address` of /healthz and /readyz; 0 turns them off")
 	noHyper := fs.Bool("no-hypernodes", false, "do not export Volcano HyperNodes even where their CRD is installed")
+	resync := fs.Duration("resync", supernode.DefaultResync, "how often each SuperNode is reconciled again while HyperNodes are exported (HyperNodes changed by hand, a Volcano installed later)")
 	grace := fs.Duration("missing-member-grace", supernode.DefaultMissingGrace, "how long a deleted member stays in its SuperNode's status, Missing")
 	debug := fs.Bool("debug", false, "log at Debug level")
 	// client-go's default, 5/s, takes 10 s to annotate one super node of
@@ -76,7 +77,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	cfg.QPS, cfg.Burst = float32(*qps), *burst
 	err = supernode.Run(ctx, cfg, supernode.Config{
-		Options:                 supernode.Options{Logger: log, NoHyperNodes: *noHyper, MissingGrace: *grace},
+		Options:                 supernode.Options{Logger: log, NoHyperNodes: *noHyper, MissingGrace: *grace, Resync: *resync},
 		LeaderElection:          *leaderElect,
 		LeaderElectionNamespace: *leaderNS,
 		MetricsAddr:             *metricsAddr,
