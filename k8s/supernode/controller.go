@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -93,6 +94,13 @@ type Reconciler struct {
 	grace    time.Duration
 	resync   time.Duration
 	now      func() time.Time
+
+	// invalid are the invalid super node ids logged already.
+	invalid struct {
+		sync.Mutex
+		seen map[string]bool
+		full bool
+	}
 }
 
 // New returns a Reconciler that works through mgr's client, cache and
@@ -131,7 +139,7 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("supernode").
 		For(&v1alpha1.SuperNode{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(nodeToSuperNode), builder.WithPredicates(nodeChanged)).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.nodeToSuperNode), builder.WithPredicates(nodeChanged)).
 		WithOptions(controller.Options{SkipNameValidation: &skip})
 	if !r.noHyper {
 		switch served, err := r.hyper.Served(); {
@@ -148,17 +156,55 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	return b.Complete(r)
 }
 
-// nodeToSuperNode maps a Node to the SuperNode its label names.
-func nodeToSuperNode(_ context.Context, o client.Object) []reconcile.Request {
+// nodeToSuperNode maps a Node to the SuperNode its label names. An id
+// that cannot name a SuperNode (validID) maps to none, and is reported.
+func (r *Reconciler) nodeToSuperNode(_ context.Context, o client.Object) []reconcile.Request {
 	id := o.GetLabels()[v1alpha1.LabelSuperNode]
+	if id == "" {
+		return nil
+	}
 	if !validID(id) {
+		r.invalidID(id, o.GetName())
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: id}}}
 }
 
+// validID says whether super node id can be a SuperNode's name: a
+// DNS-1123 subdomain (lowercase letters, digits, '-' and '.', beginning
+// and ending with a letter or digit) of at most 63 characters. A label
+// value may be more (capitals, '_'); Nodes with such an id are ignored.
 func validID(id string) bool {
 	return id != "" && len(validation.IsDNS1123Subdomain(id)) == 0 && len(id) <= 63
+}
+
+// maxReportedIDs bounds the invalid ids the controller remembers having
+// logged.
+const maxReportedIDs = 1000
+
+// invalidID counts a Node event ignored for its invalid super node id,
+// and logs the id the first time it is seen (up to maxReportedIDs ids,
+// then once that it logs no more).
+func (r *Reconciler) invalidID(id, node string) {
+	ignoredNodeEvents.Inc()
+	r.invalid.Lock()
+	defer r.invalid.Unlock()
+	if r.invalid.seen[id] {
+		return
+	}
+	if len(r.invalid.seen) >= maxReportedIDs {
+		if !r.invalid.full {
+			r.invalid.full = true
+			r.log.Warn(fmt.Sprintf("supernode: %d invalid super node ids logged; further ones are not (ubkit_supernode_ignored_node_events_total counts them)", maxReportedIDs))
+		}
+		return
+	}
+	if r.invalid.seen == nil {
+		r.invalid.seen = map[string]bool{}
+	}
+	r.invalid.seen[id] = true
+	r.log.Warn("supernode: ignoring the Nodes of a super node id that cannot name a SuperNode (a DNS-1123 subdomain of at most 63 characters: lowercase letters, digits, '-' and '.')",
+		"id", id, "label", v1alpha1.LabelSuperNode, "node", node)
 }
 
 // nodeChanged lets through the Node updates that can change a SuperNode:

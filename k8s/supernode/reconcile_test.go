@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -196,5 +197,46 @@ func TestRackHyperNodeNames(t *testing.T) {
 	top := hns[len(hns)-1]
 	if ms, _, _ := unstructured.NestedSlice(top.Object, "spec", "members"); top.GetName() != "sn" || len(ms) != len(racks) {
 		t.Errorf("the super node's HyperNode is %q with %d members, want sn over the %d racks", top.GetName(), len(ms), len(racks))
+	}
+}
+
+// A super node id that is a label value but cannot name a SuperNode
+// queues nothing, is logged once however many Nodes and events carry it,
+// and every event it costs is counted; the ids remembered are bounded.
+func TestInvalidIDs(t *testing.T) {
+	r, _, _ := fakeReconciler(t, interceptor.Funcs{})
+	log, logged := testenv.NewLogRecorder()
+	r.log = log
+	node := func(name, id string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelSuperNode: id}}}
+	}
+	before := testutil.ToFloat64(ignoredNodeEvents)
+	for _, n := range []*corev1.Node{node("a", "Rack_A"), node("a", "Rack_A"), node("b", "Rack_A"), node("c", "cm384.")} {
+		if reqs := r.nodeToSuperNode(t.Context(), n); len(reqs) != 0 {
+			t.Errorf("%s (id %q) queued %v", n.Name, n.Labels[v1alpha1.LabelSuperNode], reqs)
+		}
+	}
+	if reqs := r.nodeToSuperNode(t.Context(), node("d", "cm384")); len(reqs) != 1 || reqs[0].Name != "cm384" {
+		t.Errorf("a valid id queued %v, want cm384", reqs)
+	}
+	if reqs := r.nodeToSuperNode(t.Context(), &corev1.Node{}); len(reqs) != 0 {
+		t.Errorf("a Node without the label queued %v", reqs)
+	}
+	if got := testutil.ToFloat64(ignoredNodeEvents) - before; got != 4 {
+		t.Errorf("ubkit_supernode_ignored_node_events_total rose by %v, want 4", got)
+	}
+	lines := logged.Lines()
+	if len(lines) != 2 || !strings.Contains(lines[0], "id=Rack_A") || !strings.Contains(lines[1], "id=cm384.") || !strings.Contains(lines[0], "level=WARN") {
+		t.Errorf("logged %q, want a warning for each of Rack_A and cm384.", lines)
+	}
+
+	for i := range maxReportedIDs + 10 {
+		r.nodeToSuperNode(t.Context(), node("n", fmt.Sprintf("ID%d", i)))
+	}
+	if n := len(r.invalid.seen); n != maxReportedIDs {
+		t.Errorf("%d invalid ids remembered, want at most %d", n, maxReportedIDs)
+	}
+	if lines := logged.Lines(); len(lines) != maxReportedIDs+1 || !strings.Contains(lines[len(lines)-1], "further ones are not") {
+		t.Errorf("%d lines logged, the last %q; want %d, the last saying no more are logged", len(lines), lines[len(lines)-1], maxReportedIDs+1)
 	}
 }
