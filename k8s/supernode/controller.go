@@ -281,8 +281,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	// HyperNodes need of the apiserver failing must not keep a super
 	// node's health from being said. Then the rest, each error joined.
 	var errs []error
+	statusWrites := 0
 	setMemberGauge(sn.Name, &st)
 	if !equality.Semantic.DeepEqual(sn.Status, st) {
+		statusWrites++
 		updated := sn.DeepCopy()
 		updated.Status = st
 		if err := r.client.Status().Update(ctx, updated, client.FieldOwner(managerName)); err != nil {
@@ -294,10 +296,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 			sn = updated
 		}
 	}
-	errs = append(errs, r.annotate(ctx, sn, &st, nodes.Items), r.exportHyperNodes(ctx, sn, nodes.Items))
+	annotated, err := r.annotate(ctx, sn, &st, nodes.Items)
+	errs = append(errs, err)
+	exported, err := r.exportHyperNodes(ctx, sn, nodes.Items)
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
+	r.log.DebugContext(ctx, "supernode: reconciled", "supernode", sn.Name, "wrote", statusWrites+annotated+exported,
+		"status", statusWrites, "annotated", annotated, "hypernodes", exported)
 	// Again when the first Missing member's grace ends, to drop it, and
 	// at the latest after the resync while HyperNodes are exported.
 	if !r.noHyper && (next == 0 || r.resync < next) {
@@ -330,8 +337,9 @@ func (r *Reconciler) moved(ctx context.Context, sn *v1alpha1.SuperNode, nodes []
 }
 
 // annotate writes on each member Node the annotations it lacks or has
-// wrong.
-func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus, nodes []corev1.Node) error {
+// wrong, and returns how many Nodes it wrote.
+func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus, nodes []corev1.Node) (int, error) {
+	writes := 0
 	for i := range nodes {
 		n := &nodes[i]
 		want := memberAnnotations(sn.Name, st, n)
@@ -349,27 +357,29 @@ func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v
 				delete(n.Annotations, k)
 			}
 		}
+		writes++
 		if err := r.client.Patch(ctx, n, patch, client.FieldOwner(managerName)); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
+			return writes, fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
 		}
 	}
-	return nil
+	return writes, nil
 }
 
-func (r *Reconciler) exportHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) error {
+// exportHyperNodes makes sn's HyperNodes what they should be, if their
+// CRD is served and the export is on, and returns how many it wrote.
+func (r *Reconciler) exportHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) (int, error) {
 	if r.noHyper {
-		return nil
+		return 0, nil
 	}
 	served, err := r.hyper.Served()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if !served {
 		r.log.DebugContext(ctx, "supernode: Volcano's HyperNode CRD is not installed; not exporting HyperNodes", "supernode", sn.Name)
-		return nil
+		return 0, nil
 	}
-	_, err = r.syncHyperNodes(ctx, sn, nodes)
-	return err
+	return r.syncHyperNodes(ctx, sn, nodes)
 }
 
 // recordTransition records an Event when the status saved on sn, after

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,7 +13,9 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
@@ -132,27 +135,92 @@ func TestSuperNodeLifecycle(t *testing.T) {
 	}
 
 	// Restart: a new controller reconciles both and writes nothing.
+	restartWritesNothing(t, c.RESTConfig(), stop, Config{}, false)
+}
+
+// restartWritesNothing stops the running controller with stop, notes the
+// resourceVersions of the SuperNodes, of their member Nodes and, if
+// hyperNodes, of the HyperNodes, and starts another controller on cfg
+// with c. It waits until that one has reconciled every SuperNode (its
+// log says so, SuperNode by SuperNode) and fails if one of them says it
+// wrote something or one of the objects has changed.
+func restartWritesNothing(t *testing.T, cfg *rest.Config, stop func(), c Config, hyperNodes bool) {
+	t.Helper()
+	cl := newClient(t, cfg)
 	stop()
-	before := resourceVersions(t, cl)
-	reconciled := testutil.ToFloat64(reconcilesTotal.WithLabelValues("success"))
-	startController(t, c.RESTConfig(), Config{})
-	poll(t, "the second controller's reconciles", func(context.Context) (bool, error) {
-		return testutil.ToFloat64(reconcilesTotal.WithLabelValues("success")) >= reconciled+2, nil
-	})
-	if after := resourceVersions(t, cl); !maps.Equal(before, after) {
-		t.Errorf("SuperNodes changed by a restart: resourceVersions %v, then %v", before, after)
+	before := resourceVersions(t, cl, hyperNodes)
+	var sns v1alpha1.SuperNodeList
+	if err := cl.List(t.Context(), &sns); err != nil {
+		t.Fatal(err)
+	}
+	if len(sns.Items) == 0 {
+		t.Fatal("no SuperNodes to restart on")
+	}
+	log, rec := testenv.NewLogRecorder()
+	c.Logger = log
+	startController(t, cfg, c)
+	reconciled := func(name string) []string {
+		var ls []string
+		for _, l := range rec.Lines() {
+			if strings.Contains(l, `msg="supernode: reconciled"`) && strings.Contains(l, " supernode="+name+" ") {
+				ls = append(ls, l)
+			}
+		}
+		return ls
+	}
+	for _, sn := range sns.Items {
+		poll(t, "the second controller's reconcile of "+sn.Name, func(context.Context) (bool, error) { return len(reconciled(sn.Name)) > 0, nil })
+		for _, l := range reconciled(sn.Name) {
+			if !strings.Contains(l, " wrote=0 ") {
+				t.Errorf("after a restart: %s", l)
+			}
+		}
+	}
+	after := resourceVersions(t, cl, hyperNodes)
+	for _, k := range slices.Sorted(maps.Keys(before)) {
+		if before[k] != after[k] {
+			t.Errorf("%s changed by a restart: resourceVersion %s, then %s", k, before[k], after[k])
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(after)) {
+		if _, ok := before[k]; !ok {
+			t.Errorf("%s made by a restart", k)
+		}
 	}
 }
 
-func resourceVersions(t *testing.T, cl client.Client) map[string]string {
+// resourceVersions are those of the SuperNodes, of their member Nodes
+// and, if hyperNodes, of the HyperNodes, by kind and name.
+func resourceVersions(t *testing.T, cl client.Client, hyperNodes bool) map[string]string {
 	t.Helper()
-	var list v1alpha1.SuperNodeList
-	if err := cl.List(t.Context(), &list); err != nil {
+	ctx := t.Context()
+	m := map[string]string{}
+	var sns v1alpha1.SuperNodeList
+	if err := cl.List(ctx, &sns); err != nil {
 		t.Fatal(err)
 	}
-	m := map[string]string{}
-	for _, sn := range list.Items {
-		m[sn.Name] = sn.ResourceVersion
+	for _, sn := range sns.Items {
+		m["SuperNode "+sn.Name] = sn.ResourceVersion
+	}
+	var nodes corev1.NodeList
+	if err := cl.List(ctx, &nodes, client.HasLabels{v1alpha1.LabelSuperNode}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		m["Node "+n.Name] = n.ResourceVersion
+	}
+	if hyperNodes {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(HyperNodeGVK.GroupVersion().WithKind("HyperNodeList"))
+		if err := cl.List(ctx, list); err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range list.Items {
+			m["HyperNode "+u.GetName()] = u.GetResourceVersion()
+		}
+		if len(list.Items) == 0 {
+			t.Fatal("no HyperNodes to compare")
+		}
 	}
 	return m
 }

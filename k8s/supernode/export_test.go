@@ -19,14 +19,15 @@ import (
 // TestHyperNodeExport: with Volcano's HyperNode CRD installed, dev4 is
 // exported as a rack tier under a super node tier, and a member's
 // deletion shrinks its rack; racks R1, r1 and rack_a each get a HyperNode
-// of their own.
+// of their own; HyperNodes deleted or edited by hand are put right at
+// once (the watch); a restarted controller changes none.
 func TestHyperNodeExport(t *testing.T) {
 	c := k8stest.Start(t, k8stest.Config{Kwok: true})
 	installCRD(t, c.RESTConfig(), superNodeCRD)
 	installCRD(t, c.RESTConfig(), hyperNodeCRD)
 	addExample(t, c, "dev4", nil)
 	cl := newClient(t, c.RESTConfig())
-	startController(t, c.RESTConfig(), Config{})
+	stop := startController(t, c.RESTConfig(), Config{})
 	waitSuperNode(t, cl, "dev4", "Ready", isReady)
 
 	want := map[string]hyperNodeShape{
@@ -64,6 +65,9 @@ func TestHyperNodeExport(t *testing.T) {
 	}
 	waitSuperNode(t, cl, "racks", "with its 3 members", func(sn *v1alpha1.SuperNode) bool { return sn.Status.MemberCount == 3 })
 	poll(t, "a HyperNode for each of racks R1, r1 and rack_a", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+
+	// A restart touches no SuperNode, Node or HyperNode.
+	restartWritesNothing(t, c.RESTConfig(), stop, Config{}, true)
 }
 
 // TestHyperNodeResync: a Volcano installed after the controller started
