@@ -268,6 +268,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 		return reconcile.Result{}, fmt.Errorf("supernode: get SuperNode %s: %w", req.Name, err)
 	}
 	if !sn.DeletionTimestamp.IsZero() {
+		membersByHealth.DeletePartialMatch(map[string]string{"supernode": req.Name})
 		return reconcile.Result{}, nil
 	}
 

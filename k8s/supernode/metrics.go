@@ -28,7 +28,7 @@ var (
 	})
 	membersByHealth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "ubkit_supernode_members",
-		Help: "Members of each SuperNode, by health (Ready, NotReady, Unknown, Missing).",
+		Help: "Members of each SuperNode, by health (Ready, NotReady, Unknown, Missing); a SuperNode's series go when it is deleted.",
 	}, []string{"supernode", "health"})
 )
 

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
@@ -238,5 +239,72 @@ func TestInvalidIDs(t *testing.T) {
 	}
 	if lines := logged.Lines(); len(lines) != maxReportedIDs+1 || !strings.Contains(lines[len(lines)-1], "further ones are not") {
 		t.Errorf("%d lines logged, the last %q; want %d, the last saying no more are logged", len(lines), lines[len(lines)-1], maxReportedIDs+1)
+	}
+}
+
+// memberSeries is how many ubkit_supernode_members series the registry
+// has for SuperNode name.
+func memberSeries(t *testing.T, name string) int {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range families {
+		if f.GetName() != "ubkit_supernode_members" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "supernode" && l.GetValue() == name {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// A SuperNode's ubkit_supernode_members series go when it is deleted:
+// while it is being deleted (a finalizer holding it), and once it is gone
+// with its Nodes.
+func TestMemberSeriesDeleted(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		finalizer bool
+	}{{"series-gone", false}, {"series-ending", true}} {
+		n := member(tc.name+"-0", corev1.ConditionTrue, "1Gi", 0, "")
+		n.Labels[v1alpha1.LabelSuperNode] = tc.name
+		r, _, c := fakeReconciler(t, interceptor.Funcs{}, &n)
+		ctx := t.Context()
+		req := reconcile.Request{NamespacedName: client.ObjectKey{Name: tc.name}}
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if got := memberSeries(t, tc.name); got != 4 {
+			t.Fatalf("%s: %d series, want one per health", tc.name, got)
+		}
+		sn := &v1alpha1.SuperNode{}
+		if err := c.Get(ctx, req.NamespacedName, sn); err != nil {
+			t.Fatal(err)
+		}
+		if tc.finalizer {
+			sn.Finalizers = []string{"example.com/hold"}
+			if err := c.Update(ctx, sn); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := c.Delete(ctx, &n); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Delete(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if got := memberSeries(t, tc.name); got != 0 {
+			t.Errorf("%s deleted (finalizer %v): %d series left", tc.name, tc.finalizer, got)
+		}
 	}
 }
