@@ -83,7 +83,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		MetricsAddr:             *metricsAddr,
 		HealthAddr:              *healthAddr,
 	})
-	if err != nil && !(ctx.Err() != nil && errors.Is(err, context.Canceled)) {
+	if err != nil && (ctx.Err() == nil || !errors.Is(err, context.Canceled)) {
 		log.Error("supernode-controller: " + err.Error())
 		return 1
 	}
