@@ -86,7 +86,7 @@ const DefaultMissingGrace = 10 * time.Minute
 // the HyperNodes only where they differ from what they should be.
 type Reconciler struct {
 	client   client.Client
-	reader   client.Reader // uncached: HyperNodes are not watched, their CRD may be absent
+	reader   client.Reader // uncached, for HyperNodes: their CRD may be absent, or installed after the cache started
 	recorder events.EventRecorder
 	log      *slog.Logger
 	hyper    *hyperNodeProbe
@@ -131,9 +131,9 @@ func New(mgr manager.Manager, opts Options) (*Reconciler, error) {
 // SetupWithManager registers the controller: it watches SuperNodes and
 // Nodes, a Node's change queuing the super node it belongs (or belonged)
 // to, and, when HyperNodes are exported and their CRD is installed now,
-// the HyperNodes a SuperNode owns, so that one deleted
-// or edited by hand is put right at once. (Without that watch, or for a
-// CRD installed later, the resync puts them right.)
+// the HyperNodes a SuperNode owns, so that one deleted or edited by hand
+// is put right at once. (Without that watch, for a CRD installed later,
+// the resync puts them right.)
 func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	skip := true // more than one manager per process (tests, the bench) runs this controller
 	b := ctrl.NewControllerManagedBy(mgr).
