@@ -1,10 +1,12 @@
 package supernode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -13,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/discovery"
@@ -37,6 +40,12 @@ import (
 // in the managed-by label of the HyperNodes it makes.
 const managerName = "ubkit-supernode-controller"
 
+// DefaultLeaderElectionNamespace holds the leader election Lease unless
+// Config says otherwise: a namespace of ubkit's own, so that the Role
+// the controller's Lease needs lets it write no other component's Leases
+// (kube-system holds the scheduler's and the controller manager's).
+const DefaultLeaderElectionNamespace = "ubkit-system"
+
 // Event reasons, on the SuperNode.
 const (
 	EventDegraded  = "Degraded"
@@ -50,7 +59,26 @@ type Options struct {
 	// NoHyperNodes turns the export of Volcano HyperNodes off even where
 	// their CRD is installed.
 	NoHyperNodes bool
+	// MissingGrace is how long a deleted member stays in its
+	// SuperNode's status, Missing, before it is dropped; 0 means
+	// DefaultMissingGrace. (A member relabelled to another super node
+	// is dropped at once.)
+	MissingGrace time.Duration
+	// Resync is how often, while HyperNodes are exported (NoHyperNodes
+	// false), each SuperNode is reconciled again though nothing queued
+	// it: so that a HyperNode deleted or edited by hand, or a Volcano
+	// installed after the controller started, is put right; 0 means
+	// DefaultResync.
+	Resync time.Duration
 }
+
+// DefaultResync is how often SuperNodes are reconciled again, while
+// HyperNodes are exported, unless Options say otherwise.
+const DefaultResync = 5 * time.Minute
+
+// DefaultMissingGrace is how long a deleted member stays Missing unless
+// Options say otherwise.
+const DefaultMissingGrace = 10 * time.Minute
 
 // Reconciler keeps one SuperNode per super node of the cluster's Nodes.
 // Its Reconcile is level-triggered and idempotent: from the Nodes as they
@@ -58,11 +86,21 @@ type Options struct {
 // the HyperNodes only where they differ from what they should be.
 type Reconciler struct {
 	client   client.Client
-	reader   client.Reader // uncached: HyperNodes are not watched, their CRD may be absent
+	reader   client.Reader // uncached, for HyperNodes: their CRD may be absent, or installed after the cache started
 	recorder events.EventRecorder
 	log      *slog.Logger
 	hyper    *hyperNodeProbe
 	noHyper  bool
+	grace    time.Duration
+	resync   time.Duration
+	now      func() time.Time
+
+	// invalid are the invalid super node ids logged already.
+	invalid struct {
+		sync.Mutex
+		seen map[string]bool
+		full bool
+	}
 }
 
 // New returns a Reconciler that works through mgr's client, cache and
@@ -76,40 +114,97 @@ func New(mgr manager.Manager, opts Options) (*Reconciler, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	resync := cmp.Or(max(opts.Resync, 0), DefaultResync)
 	return &Reconciler{
 		client:   mgr.GetClient(),
 		reader:   mgr.GetAPIReader(),
 		recorder: mgr.GetEventRecorder(managerName),
 		log:      log,
-		hyper:    &hyperNodeProbe{disco: disco, now: time.Now},
+		hyper:    &hyperNodeProbe{disco: disco, now: time.Now, recheck: min(hyperNodeRecheck, resync)},
 		noHyper:  opts.NoHyperNodes,
+		grace:    cmp.Or(max(opts.MissingGrace, 0), DefaultMissingGrace),
+		resync:   resync,
+		now:      time.Now,
 	}, nil
 }
 
 // SetupWithManager registers the controller: it watches SuperNodes and
 // Nodes, a Node's change queuing the super node it belongs (or belonged)
-// to.
+// to, and, when HyperNodes are exported and their CRD is installed now,
+// the HyperNodes a SuperNode owns, so that one deleted or edited by hand
+// is put right at once. (Without that watch, for a CRD installed later,
+// the resync puts them right.)
 func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	skip := true // more than one manager per process (tests, the bench) runs this controller
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("supernode").
 		For(&v1alpha1.SuperNode{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(nodeToSuperNode), builder.WithPredicates(nodeChanged)).
-		WithOptions(controller.Options{SkipNameValidation: &skip}).
-		Complete(r)
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.nodeToSuperNode), builder.WithPredicates(nodeChanged)).
+		WithOptions(controller.Options{SkipNameValidation: &skip})
+	if !r.noHyper {
+		switch served, err := r.hyper.Served(); {
+		case err != nil:
+			r.log.Warn("supernode: not watching HyperNodes; the resync keeps them", "resync", r.resync, "err", err)
+		case served:
+			// Whole objects: controller-runtime's metadata-only watch
+			// (a watch.Filter) can leave a goroutine behind when stopped.
+			hn := &unstructured.Unstructured{}
+			hn.SetGroupVersionKind(HyperNodeGVK)
+			b = b.Owns(hn)
+		}
+	}
+	return b.Complete(r)
 }
 
-// nodeToSuperNode maps a Node to the SuperNode its label names.
-func nodeToSuperNode(_ context.Context, o client.Object) []reconcile.Request {
+// nodeToSuperNode maps a Node to the SuperNode its label names. An id
+// that cannot name a SuperNode (validID) maps to none, and is reported.
+func (r *Reconciler) nodeToSuperNode(_ context.Context, o client.Object) []reconcile.Request {
 	id := o.GetLabels()[v1alpha1.LabelSuperNode]
+	if id == "" {
+		return nil
+	}
 	if !validID(id) {
+		r.invalidID(id, o.GetName())
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: id}}}
 }
 
+// validID says whether super node id can be a SuperNode's name: a
+// DNS-1123 subdomain (lowercase letters, digits, '-' and '.', beginning
+// and ending with a letter or digit) of at most 63 characters. A label
+// value may be more (capitals, '_'); Nodes with such an id are ignored.
 func validID(id string) bool {
 	return id != "" && len(validation.IsDNS1123Subdomain(id)) == 0 && len(id) <= 63
+}
+
+// maxReportedIDs bounds the invalid ids the controller remembers having
+// logged.
+const maxReportedIDs = 1000
+
+// invalidID counts a Node event ignored for its invalid super node id,
+// and logs the id the first time it is seen (up to maxReportedIDs ids,
+// then once that it logs no more).
+func (r *Reconciler) invalidID(id, node string) {
+	ignoredNodeEvents.Inc()
+	r.invalid.Lock()
+	defer r.invalid.Unlock()
+	if r.invalid.seen[id] {
+		return
+	}
+	if len(r.invalid.seen) >= maxReportedIDs {
+		if !r.invalid.full {
+			r.invalid.full = true
+			r.log.Warn(fmt.Sprintf("supernode: %d invalid super node ids logged; further ones are not (ubkit_supernode_ignored_node_events_total counts them)", maxReportedIDs))
+		}
+		return
+	}
+	if r.invalid.seen == nil {
+		r.invalid.seen = map[string]bool{}
+	}
+	r.invalid.seen[id] = true
+	r.log.Warn("supernode: ignoring the Nodes of a super node id that cannot name a SuperNode (a DNS-1123 subdomain of at most 63 characters: lowercase letters, digits, '-' and '.')",
+		"id", id, "label", v1alpha1.LabelSuperNode, "node", node)
 }
 
 // nodeChanged lets through the Node updates that can change a SuperNode:
@@ -173,14 +268,82 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 		return reconcile.Result{}, fmt.Errorf("supernode: get SuperNode %s: %w", req.Name, err)
 	}
 	if !sn.DeletionTimestamp.IsZero() {
+		membersByHealth.DeletePartialMatch(map[string]string{"supernode": req.Name})
 		return reconcile.Result{}, nil
 	}
 
-	st := computeStatus(sn, nodes.Items)
+	moved, err := r.moved(ctx, sn, nodes.Items)
+	if err != nil {
+		return reconcile.Result{}, err
+	}
+	st, next := computeStatus(sn, nodes.Items, moved, r.now(), r.grace)
 
-	for i := range nodes.Items {
-		n := &nodes.Items[i]
-		want := memberAnnotations(sn.Name, &st, n)
+	// The status first, with its Event: what the annotations and the
+	// HyperNodes need of the apiserver failing must not keep a super
+	// node's health from being said. Then the rest, each error joined.
+	var errs []error
+	statusWrites := 0
+	setMemberGauge(sn.Name, &st)
+	if !equality.Semantic.DeepEqual(sn.Status, st) {
+		statusWrites++
+		updated := sn.DeepCopy()
+		updated.Status = st
+		if err := r.client.Status().Update(ctx, updated, client.FieldOwner(managerName)); err != nil {
+			// Nothing was saved, so nothing has changed: no Event, or
+			// each retry of a conflict would record the transition again.
+			errs = append(errs, fmt.Errorf("supernode: update status of %s: %w", sn.Name, err))
+		} else {
+			r.recordTransition(&sn.Status, updated)
+			sn = updated
+		}
+	}
+	annotated, err := r.annotate(ctx, sn, &st, nodes.Items)
+	errs = append(errs, err)
+	exported, err := r.exportHyperNodes(ctx, sn, nodes.Items)
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return reconcile.Result{}, err
+	}
+	r.log.DebugContext(ctx, "supernode: reconciled", "supernode", sn.Name, "wrote", statusWrites+annotated+exported,
+		"status", statusWrites, "annotated", annotated, "hypernodes", exported)
+	// Again when the first Missing member's grace ends, to drop it, and
+	// at the latest after the resync while HyperNodes are exported.
+	if !r.noHyper && (next == 0 || r.resync < next) {
+		next = r.resync
+	}
+	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// moved returns the members of sn's status that are not among nodes but
+// are Nodes still: relabelled to another super node, or unlabelled. (The
+// others have been deleted.)
+func (r *Reconciler) moved(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) (map[string]bool, error) {
+	present := map[string]bool{}
+	for i := range nodes {
+		present[nodes[i].Name] = true
+	}
+	moved := map[string]bool{}
+	for _, m := range sn.Status.Members {
+		if present[m.Name] {
+			continue
+		}
+		switch err := r.client.Get(ctx, client.ObjectKey{Name: m.Name}, &corev1.Node{}); {
+		case err == nil:
+			moved[m.Name] = true
+		case !apierrors.IsNotFound(err):
+			return nil, fmt.Errorf("supernode: get node %s, once of %s: %w", m.Name, sn.Name, err)
+		}
+	}
+	return moved, nil
+}
+
+// annotate writes on each member Node the annotations it lacks or has
+// wrong, and returns how many Nodes it wrote.
+func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus, nodes []corev1.Node) (int, error) {
+	writes := 0
+	for i := range nodes {
+		n := &nodes[i]
+		want := memberAnnotations(sn.Name, st, n)
 		if !annotationsDiffer(n, want) {
 			continue
 		}
@@ -195,48 +358,37 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 				delete(n.Annotations, k)
 			}
 		}
+		writes++
 		if err := r.client.Patch(ctx, n, patch, client.FieldOwner(managerName)); err != nil && !apierrors.IsNotFound(err) {
-			return reconcile.Result{}, fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
+			return writes, fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
 		}
 	}
-
-	if err := r.exportHyperNodes(ctx, sn, nodes.Items); err != nil {
-		return reconcile.Result{}, err
-	}
-
-	r.recordTransition(sn, &st)
-	setMemberGauge(sn.Name, &st)
-	if equality.Semantic.DeepEqual(sn.Status, st) {
-		return reconcile.Result{}, nil
-	}
-	sn.Status = st
-	if err := r.client.Status().Update(ctx, sn, client.FieldOwner(managerName)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("supernode: update status of %s: %w", sn.Name, err)
-	}
-	return reconcile.Result{}, nil
+	return writes, nil
 }
 
-func (r *Reconciler) exportHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) error {
+// exportHyperNodes makes sn's HyperNodes what they should be, if their
+// CRD is served and the export is on, and returns how many it wrote.
+func (r *Reconciler) exportHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode, nodes []corev1.Node) (int, error) {
 	if r.noHyper {
-		return nil
+		return 0, nil
 	}
 	served, err := r.hyper.Served()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if !served {
 		r.log.DebugContext(ctx, "supernode: Volcano's HyperNode CRD is not installed; not exporting HyperNodes", "supernode", sn.Name)
-		return nil
+		return 0, nil
 	}
-	_, err = r.syncHyperNodes(ctx, sn, nodes)
-	return err
+	return r.syncHyperNodes(ctx, sn, nodes)
 }
 
-// recordTransition records an Event when the super node degrades or
-// recovers.
-func (r *Reconciler) recordTransition(sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus) {
-	was := meta.IsStatusConditionTrue(sn.Status.Conditions, v1alpha1.ConditionDegraded)
-	now := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionDegraded)
+// recordTransition records an Event when the status saved on sn, after
+// prev, says the super node degraded or recovered. It is called only
+// once the status is saved.
+func (r *Reconciler) recordTransition(prev *v1alpha1.SuperNodeStatus, sn *v1alpha1.SuperNode) {
+	was := meta.IsStatusConditionTrue(prev.Conditions, v1alpha1.ConditionDegraded)
+	now := meta.FindStatusCondition(sn.Status.Conditions, v1alpha1.ConditionDegraded)
 	if now == nil {
 		return
 	}
@@ -269,7 +421,9 @@ type Config struct {
 	// LeaderElection makes only one of several running controllers
 	// reconcile, by a Lease in LeaderElectionNamespace.
 	LeaderElection bool
-	// LeaderElectionNamespace holds the Lease; "" means kube-system.
+	// LeaderElectionNamespace holds the Lease; "" means
+	// DefaultLeaderElectionNamespace, where the generated Role grants
+	// the controller its Lease (k8s/config/rbac).
 	LeaderElectionNamespace string
 	// MetricsAddr is where Prometheus metrics are served (controller-
 	// runtime's registry, ours included); "" or "0" serves none.
@@ -299,7 +453,7 @@ func NewManager(cfg *rest.Config, c Config) (manager.Manager, error) {
 	}
 	ns := c.LeaderElectionNamespace
 	if ns == "" {
-		ns = "kube-system"
+		ns = DefaultLeaderElectionNamespace
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,

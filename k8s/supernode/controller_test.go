@@ -4,13 +4,18 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
@@ -130,27 +135,148 @@ func TestSuperNodeLifecycle(t *testing.T) {
 	}
 
 	// Restart: a new controller reconciles both and writes nothing.
+	restartWritesNothing(t, c.RESTConfig(), stop, Config{}, false)
+}
+
+// restartWritesNothing stops the running controller with stop, notes the
+// resourceVersions of the SuperNodes, of their member Nodes and, if
+// hyperNodes, of the HyperNodes, and starts another controller on cfg
+// with c. It waits until that one has reconciled every SuperNode (its
+// log says so, SuperNode by SuperNode) and fails if one of them says it
+// wrote something or one of the objects has changed.
+func restartWritesNothing(t *testing.T, cfg *rest.Config, stop func(), c Config, hyperNodes bool) {
+	t.Helper()
+	cl := newClient(t, cfg)
 	stop()
-	before := resourceVersions(t, cl)
-	reconciled := testutil.ToFloat64(reconcilesTotal.WithLabelValues("success"))
-	startController(t, c.RESTConfig(), Config{})
-	poll(t, "the second controller's reconciles", func(context.Context) (bool, error) {
-		return testutil.ToFloat64(reconcilesTotal.WithLabelValues("success")) >= reconciled+2, nil
-	})
-	if after := resourceVersions(t, cl); !maps.Equal(before, after) {
-		t.Errorf("SuperNodes changed by a restart: resourceVersions %v, then %v", before, after)
+	before := resourceVersions(t, cl, hyperNodes)
+	var sns v1alpha1.SuperNodeList
+	if err := cl.List(t.Context(), &sns); err != nil {
+		t.Fatal(err)
+	}
+	if len(sns.Items) == 0 {
+		t.Fatal("no SuperNodes to restart on")
+	}
+	log, rec := testenv.NewLogRecorder()
+	c.Logger = log
+	startController(t, cfg, c)
+	reconciled := func(name string) []string {
+		var ls []string
+		for _, l := range rec.Lines() {
+			if strings.Contains(l, `msg="supernode: reconciled"`) && strings.Contains(l, " supernode="+name+" ") {
+				ls = append(ls, l)
+			}
+		}
+		return ls
+	}
+	for _, sn := range sns.Items {
+		poll(t, "the second controller's reconcile of "+sn.Name, func(context.Context) (bool, error) { return len(reconciled(sn.Name)) > 0, nil })
+		for _, l := range reconciled(sn.Name) {
+			if !strings.Contains(l, " wrote=0 ") {
+				t.Errorf("after a restart: %s", l)
+			}
+		}
+	}
+	after := resourceVersions(t, cl, hyperNodes)
+	for _, k := range slices.Sorted(maps.Keys(before)) {
+		if before[k] != after[k] {
+			t.Errorf("%s changed by a restart: resourceVersion %s, then %s", k, before[k], after[k])
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(after)) {
+		if _, ok := before[k]; !ok {
+			t.Errorf("%s made by a restart", k)
+		}
 	}
 }
 
-func resourceVersions(t *testing.T, cl client.Client) map[string]string {
+// resourceVersions are those of the SuperNodes, of their member Nodes
+// and, if hyperNodes, of the HyperNodes, by kind and name.
+func resourceVersions(t *testing.T, cl client.Client, hyperNodes bool) map[string]string {
 	t.Helper()
-	var list v1alpha1.SuperNodeList
-	if err := cl.List(t.Context(), &list); err != nil {
+	ctx := t.Context()
+	m := map[string]string{}
+	var sns v1alpha1.SuperNodeList
+	if err := cl.List(ctx, &sns); err != nil {
 		t.Fatal(err)
 	}
-	m := map[string]string{}
-	for _, sn := range list.Items {
-		m[sn.Name] = sn.ResourceVersion
+	for _, sn := range sns.Items {
+		m["SuperNode "+sn.Name] = sn.ResourceVersion
+	}
+	var nodes corev1.NodeList
+	if err := cl.List(ctx, &nodes, client.HasLabels{v1alpha1.LabelSuperNode}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Items {
+		m["Node "+n.Name] = n.ResourceVersion
+	}
+	if hyperNodes {
+		list := &unstructured.UnstructuredList{}
+		list.SetGroupVersionKind(HyperNodeGVK.GroupVersion().WithKind("HyperNodeList"))
+		if err := cl.List(ctx, list); err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range list.Items {
+			m["HyperNode "+u.GetName()] = u.GetResourceVersion()
+		}
+		if len(list.Items) == 0 {
+			t.Fatal("no HyperNodes to compare")
+		}
 	}
 	return m
+}
+
+// TestDepartedMembers: a member relabelled to another super node leaves
+// its old SuperNode at once, degrading nothing, and joins the new one; a
+// deleted member makes its SuperNode Degraded, Missing, and is dropped
+// when the grace (short here) has passed, the SuperNode Ready again
+// without it, with no other change to queue the reconcile that drops it.
+func TestDepartedMembers(t *testing.T) {
+	c := k8stest.Start(t, k8stest.Config{Kwok: true})
+	installCRD(t, c.RESTConfig(), superNodeCRD)
+	addExample(t, c, "dev4", nil)
+	cl := newClient(t, c.RESTConfig())
+	// The default grace first (10 minutes, longer than the wait): a
+	// relabelled member treated as Missing would stay so.
+	stop := startController(t, c.RESTConfig(), Config{})
+	waitSuperNode(t, cl, "dev4", "Ready", isReady)
+
+	ctx := t.Context()
+	patch := []byte(`{"metadata":{"labels":{"` + v1alpha1.LabelSuperNode + `":"other"}}}`)
+	if _, err := c.Client().CoreV1().Nodes().Patch(ctx, "dev4-n0", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	members := func(names ...string) func(*v1alpha1.SuperNode) bool {
+		return func(sn *v1alpha1.SuperNode) bool {
+			var have []string
+			for _, m := range sn.Status.Members {
+				have = append(have, m.Name)
+			}
+			return slices.Equal(have, names)
+		}
+	}
+	dev4 := waitSuperNode(t, cl, "dev4", "without the relabelled dev4-n0", members("dev4-n1", "dev4-n2", "dev4-n3"))
+	if !isReady(dev4) || dev4.Status.MemberCount != 3 {
+		t.Errorf("dev4 after a member was relabelled: %+v, want Ready with 3 members", dev4.Status)
+	}
+	waitSuperNode(t, cl, "other", "with dev4-n0", members("dev4-n0"))
+
+	// A short grace now.
+	stop()
+	const grace = 3 * time.Second
+	startController(t, c.RESTConfig(), Config{Options: Options{MissingGrace: grace}})
+
+	if err := c.Client().CoreV1().Nodes().Delete(ctx, "dev4-n3", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dev4 = waitSuperNode(t, cl, "dev4", "Degraded, dev4-n3 Missing", degradedNaming("dev4-n3"))
+	m := dev4.Status.Members[2]
+	if m.Name != "dev4-n3" || m.Health != v1alpha1.MemberMissing || m.MissingSince == nil {
+		t.Fatalf("the deleted member: %+v, want dev4-n3 Missing since a time", m)
+	}
+	dev4 = waitSuperNode(t, cl, "dev4", "Ready without dev4-n3 once its grace is over", func(sn *v1alpha1.SuperNode) bool {
+		return isReady(sn) && members("dev4-n1", "dev4-n2")(sn)
+	})
+	if ready := condition(dev4, v1alpha1.ConditionReady).LastTransitionTime; ready.Time.Before(m.MissingSince.Add(grace)) {
+		t.Errorf("dev4-n3, Missing since %v, dropped at %v: before its grace of %v", m.MissingSince, ready, grace)
+	}
 }

@@ -16,8 +16,8 @@ import (
 // A program runs the controller on its own, leader-elected, with metrics
 // and health probes, until it is interrupted (k8s/cmd/supernode-controller
 // is this, with flags). The SuperNode CRD must be installed
-// (k8s/config) and the program's account bound to the controller's
-// ClusterRole.
+// (k8s/config/crd) and the program's account bound to the controller's
+// roles (k8s/config/rbac; the Role is in DefaultLeaderElectionNamespace).
 func ExampleRun() {
 	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
 	if err != nil {
@@ -29,7 +29,7 @@ func ExampleRun() {
 	err = supernode.Run(ctx, cfg, supernode.Config{
 		Options:                 supernode.Options{Logger: slog.Default()},
 		LeaderElection:          true,
-		LeaderElectionNamespace: "ubkit-system",
+		LeaderElectionNamespace: supernode.DefaultLeaderElectionNamespace,
 		MetricsAddr:             ":8080",
 		HealthAddr:              ":8081",
 	})

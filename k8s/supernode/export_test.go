@@ -2,30 +2,32 @@ package supernode
 
 import (
 	"context"
-	"os"
+	"maps"
 	"slices"
 	"testing"
+	"time"
 
-	authzv1 "k8s.io/api/authorization/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
+	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
 	"github.com/ubkit-io/ubkit/k8s/k8stest"
 )
 
 // TestHyperNodeExport: with Volcano's HyperNode CRD installed, dev4 is
 // exported as a rack tier under a super node tier, and a member's
-// deletion shrinks its rack.
+// deletion shrinks its rack; racks R1, r1 and rack_a each get a HyperNode
+// of their own; HyperNodes deleted or edited by hand are put right at
+// once (the watch); a restarted controller changes none.
 func TestHyperNodeExport(t *testing.T) {
 	c := k8stest.Start(t, k8stest.Config{Kwok: true})
 	installCRD(t, c.RESTConfig(), superNodeCRD)
 	installCRD(t, c.RESTConfig(), hyperNodeCRD)
 	addExample(t, c, "dev4", nil)
 	cl := newClient(t, c.RESTConfig())
-	startController(t, c.RESTConfig(), Config{})
+	stop := startController(t, c.RESTConfig(), Config{})
 	waitSuperNode(t, cl, "dev4", "Ready", isReady)
 
 	want := map[string]hyperNodeShape{
@@ -34,12 +36,92 @@ func TestHyperNodeExport(t *testing.T) {
 		"dev4-r1": {1, "Node", []string{"dev4-n2", "dev4-n3"}},
 	}
 	poll(t, "the HyperNodes of dev4", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+	// The watch of the HyperNodes (the resync is 5 minutes).
+	tamper(t, cl, want)
 
 	if err := c.Client().CoreV1().Nodes().Delete(t.Context(), "dev4-n3", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	want["dev4-r1"] = hyperNodeShape{1, "Node", []string{"dev4-n2"}}
 	poll(t, "dev4-r1 without the deleted node", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+
+	// Racks R1, r1 and rack_a (label values a name cannot all be): a
+	// HyperNode each, none refused, none shared.
+	racks := map[string]string{"racks-0": "R1", "racks-1": "r1", "racks-2": "rack_a"}
+	var rackHNs []string
+	for _, name := range slices.Sorted(maps.Keys(racks)) {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelSuperNode: "racks", v1alpha1.LabelRack: racks[name]}}}
+		if err := cl.Create(t.Context(), n); err != nil {
+			t.Fatal(err)
+		}
+		hn := rackHyperNodeName("racks", racks[name])
+		rackHNs = append(rackHNs, hn)
+		want[hn] = hyperNodeShape{1, "Node", []string{name}}
+	}
+	slices.Sort(rackHNs)
+	want["racks"] = hyperNodeShape{2, "HyperNode", rackHNs}
+	if _, ok := want["racks-r1"]; !ok || len(want) != 3+4 {
+		t.Fatalf("the racks' HyperNodes %v: want racks-r1 for r1 and four in all", slices.Sorted(maps.Keys(want)))
+	}
+	waitSuperNode(t, cl, "racks", "with its 3 members", func(sn *v1alpha1.SuperNode) bool { return sn.Status.MemberCount == 3 })
+	poll(t, "a HyperNode for each of racks R1, r1 and rack_a", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+
+	// A restart touches no SuperNode, Node or HyperNode.
+	restartWritesNothing(t, c.RESTConfig(), stop, Config{}, true)
+}
+
+// TestHyperNodeResync: a Volcano installed after the controller started
+// is found, and its HyperNodes, which the controller does not watch then,
+// are put right when deleted or edited by hand, by the resync (short
+// here) and nothing else.
+func TestHyperNodeResync(t *testing.T) {
+	c := k8stest.Start(t, k8stest.Config{Kwok: true})
+	installCRD(t, c.RESTConfig(), superNodeCRD)
+	addExample(t, c, "dev4", nil)
+	cl := newClient(t, c.RESTConfig())
+	startController(t, c.RESTConfig(), Config{Options: Options{Resync: 500 * time.Millisecond}})
+	waitSuperNode(t, cl, "dev4", "Ready", isReady)
+
+	installCRD(t, c.RESTConfig(), hyperNodeCRD)
+	want := map[string]hyperNodeShape{
+		"dev4":    {2, "HyperNode", []string{"dev4-r0", "dev4-r1"}},
+		"dev4-r0": {1, "Node", []string{"dev4-n0", "dev4-n1"}},
+		"dev4-r1": {1, "Node", []string{"dev4-n2", "dev4-n3"}},
+	}
+	poll(t, "the HyperNodes of dev4, Volcano installed later", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
+	tamper(t, cl, want)
+}
+
+// tamper deletes HyperNode dev4-r0 and edits dev4's tier, by hand, and
+// waits until the controller has made them want again: dev4-r0 a new
+// object.
+func tamper(t *testing.T, cl client.Client, want map[string]hyperNodeShape) {
+	t.Helper()
+	ctx := t.Context()
+	get := func(name string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(HyperNodeGVK)
+		if err := cl.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	r0 := get("dev4-r0")
+	if err := cl.Delete(ctx, r0); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "dev4-r0, deleted by hand, made again", func(ctx context.Context) (bool, error) {
+		ok, err := hyperNodesAre(ctx, cl, want)
+		return ok && get("dev4-r0").GetUID() != r0.GetUID(), err
+	})
+	top := get("dev4")
+	if err := unstructured.SetNestedField(top.Object, int64(3), "spec", "tier"); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Update(ctx, top); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "dev4's tier, edited by hand, put back", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, cl, want) })
 }
 
 type hyperNodeShape struct {
@@ -78,80 +160,4 @@ func hyperNodesAre(ctx context.Context, cl client.Client, want map[string]hyperN
 		}
 	}
 	return true, nil
-}
-
-// TestRBAC: the controller runs as a user bound only to the generated
-// ClusterRole (leader election included), and that user can do what it
-// needs and nothing else (SubjectAccessReviews both ways).
-func TestRBAC(t *testing.T) {
-	c := k8stest.Start(t, k8stest.Config{Kwok: true})
-	installCRD(t, c.RESTConfig(), superNodeCRD)
-	addExample(t, c, "dev4", nil)
-
-	b, err := os.ReadFile("../config/rbac/role.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	role := &rbacv1.ClusterRole{}
-	if err := yaml.UnmarshalStrict(b, role); err != nil {
-		t.Fatal(err)
-	}
-	ctx := t.Context()
-	if _, err := c.Client().RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	const user = "system:serviceaccount:ubkit:supernode-controller"
-	binding := &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
-	}
-	if _, err := c.Client().RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-
-	for _, tc := range []struct {
-		group, resource, sub, verb string
-		allowed                    bool
-	}{
-		{"", "nodes", "", "list", true},
-		{"", "nodes", "", "watch", true},
-		{"", "nodes", "", "patch", true},
-		{"supernode.ubkit.io", "supernodes", "", "create", true},
-		{"supernode.ubkit.io", "supernodes", "status", "update", true},
-		{"events.k8s.io", "events", "", "create", true},
-		{"topology.volcano.sh", "hypernodes", "", "create", true},
-		{"coordination.k8s.io", "leases", "", "update", true},
-		{"", "nodes", "", "delete", false},
-		{"", "nodes", "", "update", false},
-		{"", "secrets", "", "get", false},
-		{"", "secrets", "", "list", false},
-		{"", "pods", "", "create", false},
-		{"supernode.ubkit.io", "supernodes", "", "delete", false},
-		{"supernode.ubkit.io", "supernodes", "", "update", false},
-		{"rbac.authorization.k8s.io", "clusterroles", "", "create", false},
-	} {
-		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User:               user,
-			ResourceAttributes: &authzv1.ResourceAttributes{Group: tc.group, Resource: tc.resource, Subresource: tc.sub, Verb: tc.verb},
-		}}
-		got, err := c.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got.Status.Allowed != tc.allowed {
-			t.Errorf("%s %s %s/%s: allowed %v, want %v (%s)", user, tc.verb, tc.group, tc.resource+"/"+tc.sub, got.Status.Allowed, tc.allowed, got.Status.Reason)
-		}
-	}
-
-	cfg, err := c.UserConfig(user)
-	if err != nil {
-		t.Fatal(err)
-	}
-	startController(t, cfg, Config{LeaderElection: true})
-	sn := waitSuperNode(t, newClient(t, c.RESTConfig()), "dev4", "Ready (reconciled as the bound user)", isReady)
-	wantFigures(t, sn, 4, 4, "64Gi", 4, 1, 1)
-	if _, err := c.Client().CoordinationV1().Leases("kube-system").Get(ctx, managerName, metav1.GetOptions{}); err != nil {
-		t.Errorf("the leader election lease: %v", err)
-	}
 }

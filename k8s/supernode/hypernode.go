@@ -2,6 +2,8 @@ package supernode
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -26,14 +28,17 @@ import (
 var HyperNodeGVK = schema.GroupVersionKind{Group: "topology.volcano.sh", Version: "v1alpha1", Kind: "HyperNode"}
 
 // hyperNodeRecheck is how long an answer of discovery about the HyperNode
-// CRD is trusted: a CRD installed later is found within this time.
+// CRD is trusted (or the resync interval, if shorter): a CRD installed
+// later is found by the first reconcile after this time, at the latest
+// the next resync.
 const hyperNodeRecheck = 30 * time.Second
 
 // hyperNodeProbe says, through discovery, whether the HyperNode kind is
-// served, and remembers the answer for a while.
+// served, and remembers the answer for recheck.
 type hyperNodeProbe struct {
-	disco discovery.DiscoveryInterface
-	now   func() time.Time
+	disco   discovery.DiscoveryInterface
+	now     func() time.Time
+	recheck time.Duration
 
 	mu      sync.Mutex
 	checked time.Time
@@ -43,7 +48,7 @@ type hyperNodeProbe struct {
 func (p *hyperNodeProbe) Served() (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.checked.IsZero() && p.now().Sub(p.checked) < hyperNodeRecheck {
+	if !p.checked.IsZero() && p.now().Sub(p.checked) < p.recheck {
 		return p.served, nil
 	}
 	list, err := p.disco.ServerResourcesForGroupVersion(HyperNodeGVK.GroupVersion().String())
@@ -61,8 +66,8 @@ func (p *hyperNodeProbe) Served() (bool, error) {
 
 // desiredHyperNodes are the HyperNodes that stand for super node sn with
 // member Nodes nodes: with every member in a rack, one tier-1 HyperNode
-// per rack (<sn>-<rack>, its Nodes) under a tier-2 one (<sn>, the racks);
-// otherwise one tier-1 HyperNode <sn> of all the Nodes.
+// per rack (rackHyperNodeName, its Nodes) under a tier-2 one (<sn>, the
+// racks); otherwise one tier-1 HyperNode <sn> of all the Nodes.
 func desiredHyperNodes(sn *v1alpha1.SuperNode, nodes []corev1.Node) []*unstructured.Unstructured {
 	if len(nodes) == 0 {
 		return nil
@@ -84,11 +89,37 @@ func desiredHyperNodes(sn *v1alpha1.SuperNode, nodes []corev1.Node) []*unstructu
 	var rackNames []string
 	var hns []*unstructured.Unstructured
 	for _, r := range slices.Sorted(maps.Keys(byRack)) {
-		name := strings.ToLower(sn.Name + "-" + r)
+		name := rackHyperNodeName(sn.Name, r)
 		rackNames = append(rackNames, name)
 		hns = append(hns, hyperNode(sn, name, 1, "Node", byRack[r]))
 	}
 	return append(hns, hyperNode(sn, sn.Name, 2, "HyperNode", rackNames))
+}
+
+// rackHyperNodeName is the name of the HyperNode of rack (a label
+// value: letters of either case, digits, '-', '_' and '.', at most 63)
+// of super node sn (a DNS-1123 subdomain of at most 63): <sn>-<rack>
+// where the rack is already lowercase letters, digits and '-'; else
+// <sn>-<rack made so>-<8 hex digits of a hash of the rack>, so that racks
+// that differ only where the name cannot follow them (R1 and r1, rack_a
+// and rack-a) still get HyperNodes of their own. It is a DNS-1123
+// subdomain, of at most 136 characters.
+func rackHyperNodeName(sn, rack string) string {
+	clean := strings.Map(func(c rune) rune {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-':
+			return c
+		case c >= 'A' && c <= 'Z':
+			return c - 'A' + 'a'
+		default:
+			return '-' // '_' and '.' (a '.' could make an empty DNS label: "a..b", "a.-b")
+		}
+	}, rack)
+	if clean != rack {
+		sum := sha256.Sum256([]byte(rack))
+		clean += "-" + hex.EncodeToString(sum[:4])
+	}
+	return sn + "-" + clean
 }
 
 func hyperNode(sn *v1alpha1.SuperNode, name string, tier int64, memberType string, members []string) *unstructured.Unstructured {
@@ -129,7 +160,14 @@ func (r *Reconciler) syncHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode,
 		cur, ok := existing[want.GetName()]
 		delete(existing, want.GetName())
 		if !ok {
-			if err := r.client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+			err := r.client.Create(ctx, want)
+			switch {
+			case apierrors.IsAlreadyExists(err):
+				// Not among ours (the list is not a cache's): someone
+				// else's, or another super node's of the same name.
+				return writes, fmt.Errorf("supernode: HyperNode %s exists and is not SuperNode %s's (labelled %s=%s, %s=%s): not touched",
+					want.GetName(), sn.Name, v1alpha1.LabelSuperNode, sn.Name, labelManagedBy, managerName)
+			case err != nil:
 				return writes, fmt.Errorf("supernode: create HyperNode %s: %w", want.GetName(), err)
 			}
 			writes++

@@ -22,14 +22,18 @@ var (
 		Help:    "How long one SuperNode reconcile took.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	})
+	ignoredNodeEvents = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ubkit_supernode_ignored_node_events_total",
+		Help: "Node events ignored because the Node's supernode.ubkit.io/id cannot name a SuperNode (not a DNS-1123 subdomain of at most 63 characters).",
+	})
 	membersByHealth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "ubkit_supernode_members",
-		Help: "Members of each SuperNode, by health (Ready, NotReady, Unknown, Missing).",
+		Help: "Members of each SuperNode, by health (Ready, NotReady, Unknown, Missing); a SuperNode's series go when it is deleted.",
 	}, []string{"supernode", "health"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(reconcilesTotal, reconcileSeconds, membersByHealth)
+	metrics.Registry.MustRegister(reconcilesTotal, reconcileSeconds, ignoredNodeEvents, membersByHealth)
 }
 
 func setMemberGauge(sn string, st *v1alpha1.SuperNodeStatus) {

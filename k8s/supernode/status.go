@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -26,13 +27,26 @@ const (
 // maxNamed bounds the members a condition message names.
 const maxNamed = 20
 
+// maxMissing bounds the Missing members a status keeps: under node
+// churn beyond it, the ones gone longest are dropped before their grace
+// ends.
+const maxMissing = 1000
+
 // computeStatus is the status of super node sn given its member Nodes
-// now and its previous status: members seen before and gone now stay, as
-// Missing. It is a pure function of its arguments; conditions keep their
+// now, its previous status, the previous members that are Nodes no
+// longer labelled for it (moved: relabelled, or unlabelled), the time
+// and the grace period of deleted members. A previous member neither
+// among nodes nor moved has been deleted: it is Missing, from when it
+// was first found so (MissingSince), until grace has passed since; at
+// most maxMissing are kept, the latest gone. A moved member is dropped
+// at once. next is how long until the first Missing member's grace ends
+// (0: none is Missing), when the status is due again.
+//
+// It is a pure function of its arguments; conditions keep their
 // transition time unless their status changes.
-func computeStatus(sn *v1alpha1.SuperNode, nodes []corev1.Node) v1alpha1.SuperNodeStatus {
+func computeStatus(sn *v1alpha1.SuperNode, nodes []corev1.Node, moved map[string]bool, now time.Time, grace time.Duration) (st v1alpha1.SuperNodeStatus, next time.Duration) {
 	prev := sn.Status
-	st := v1alpha1.SuperNodeStatus{
+	st = v1alpha1.SuperNodeStatus{
 		ObservedGeneration: sn.Generation,
 		Conditions:         slices.Clone(prev.Conditions),
 	}
@@ -66,11 +80,35 @@ func computeStatus(sn *v1alpha1.SuperNode, nodes []corev1.Node) v1alpha1.SuperNo
 			bandwidth = b
 		}
 	}
+	// Seconds, as the apiserver keeps a time: a status computed again
+	// compares equal to the one saved.
+	found := metav1.NewTime(now.Truncate(time.Second))
+	var gone []v1alpha1.MemberStatus
 	for _, m := range prev.Members {
-		if !present[m.Name] {
-			st.Members = append(st.Members, v1alpha1.MemberStatus{Name: m.Name, Health: v1alpha1.MemberMissing, Rack: m.Rack})
+		if present[m.Name] || moved[m.Name] {
+			continue
+		}
+		since := found
+		if m.Health == v1alpha1.MemberMissing && m.MissingSince != nil {
+			since = *m.MissingSince
+		}
+		if !now.Before(since.Add(grace)) {
+			continue // deleted for the whole grace: dropped
+		}
+		gone = append(gone, v1alpha1.MemberStatus{Name: m.Name, Health: v1alpha1.MemberMissing, Rack: m.Rack, MissingSince: &since})
+	}
+	if len(gone) > maxMissing {
+		slices.SortFunc(gone, func(a, b v1alpha1.MemberStatus) int {
+			return cmp.Or(b.MissingSince.Compare(a.MissingSince.Time), strings.Compare(a.Name, b.Name))
+		})
+		gone = gone[:maxMissing]
+	}
+	for _, m := range gone {
+		if d := m.MissingSince.Add(grace).Sub(now); next == 0 || d < next {
+			next = d
 		}
 	}
+	st.Members = append(st.Members, gone...)
 	slices.SortFunc(st.Members, func(a, b v1alpha1.MemberStatus) int { return strings.Compare(a.Name, b.Name) })
 	if !memory.IsZero() {
 		st.Memory = resource.MustParse(memory.String()) // canonical form, so that equal statuses compare equal
@@ -124,7 +162,7 @@ func computeStatus(sn *v1alpha1.SuperNode, nodes []corev1.Node) v1alpha1.SuperNo
 		setCondition(&st, v1alpha1.ConditionReady, metav1.ConditionFalse, reason, msg, gen)
 		setCondition(&st, v1alpha1.ConditionDegraded, metav1.ConditionTrue, reason, msg, gen)
 	}
-	return st
+	return st, next
 }
 
 func setCondition(st *v1alpha1.SuperNodeStatus, typ string, status metav1.ConditionStatus, reason, msg string, gen int64) {

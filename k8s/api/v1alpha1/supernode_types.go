@@ -61,8 +61,11 @@ const (
 	// MemberUnknown: its Ready condition is Unknown or absent (the node
 	// stopped reporting).
 	MemberUnknown MemberHealth = "Unknown"
-	// MemberMissing: the Node was a member and is gone (deleted, or
-	// relabelled to another super node).
+	// MemberMissing: the Node was a member and has been deleted. It
+	// stays Missing for the controller's grace period (10 minutes
+	// unless configured), from MissingSince, and is then dropped; a
+	// Node relabelled to another super node (or unlabelled) is dropped
+	// at once instead.
 	MemberMissing MemberHealth = "Missing"
 )
 
@@ -87,6 +90,10 @@ type MemberStatus struct {
 	// Rack is the Node's rack (supernode.ubkit.io/rack), if labelled.
 	// +optional
 	Rack string `json:"rack,omitempty"`
+	// MissingSince is when the controller first found a Missing member
+	// gone; set only on Missing members.
+	// +optional
+	MissingSince *metav1.Time `json:"missingSince,omitempty"`
 }
 
 // Tier is one level of the super node's topology, Volcano's way: tier 1
@@ -114,7 +121,8 @@ type SuperNodeStatus struct {
 	// Phase is Ready, Degraded or Empty, for the printer column.
 	// +optional
 	Phase string `json:"phase,omitempty"`
-	// MemberCount is how many members it has, Missing ones included.
+	// MemberCount is how many members it has, Missing ones included
+	// (at most 1,000 of those, the latest gone).
 	MemberCount int32 `json:"memberCount"`
 	// ReadyCount is how many of them are Ready.
 	ReadyCount int32 `json:"readyCount"`

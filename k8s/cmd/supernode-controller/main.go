@@ -1,8 +1,9 @@
 // Command supernode-controller runs ubkit's SuperNode controller
 // (k8s/supernode): one SuperNode per value of the Nodes'
 // supernode.ubkit.io/id label, its status the super node in one view.
-// Install k8s/config/crd and bind k8s/config/rbac's ClusterRole to its
-// service account first (docs/k8s.md).
+// Install k8s/config/crd and k8s/config/rbac (its roles and their
+// bindings to the service account ubkit-system/ubkit-supernode-controller)
+// first (docs/k8s.md).
 //
 //	supernode-controller [-kubeconfig FILE] [-leader-elect] [-metrics-bind-address :8080]
 package main
@@ -39,10 +40,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig `file`; empty means in-cluster")
 	leaderElect := fs.Bool("leader-elect", false, "elect a leader, so that only one of several replicas reconciles")
-	leaderNS := fs.String("leader-elect-namespace", "kube-system", "`namespace` of the leader election Lease")
+	leaderNS := fs.String("leader-elect-namespace", supernode.DefaultLeaderElectionNamespace, "`namespace` of the leader election Lease (k8s/config/rbac's Role is there)")
 	metricsAddr := fs.String("metrics-bind-address", ":8080", "`address` of the Prometheus metrics endpoint; 0 turns it off")
 	healthAddr := fs.String("health-probe-bind-address", ":8081", "`address` of /healthz and /readyz; 0 turns them off")
 	noHyper := fs.Bool("no-hypernodes", false, "do not export Volcano HyperNodes even where their CRD is installed")
+	resync := fs.Duration("resync", supernode.DefaultResync, "how often each SuperNode is reconciled again while HyperNodes are exported (HyperNodes changed by hand, a Volcano installed later)")
+	grace := fs.Duration("missing-member-grace", supernode.DefaultMissingGrace, "how long a deleted member stays in its SuperNode's status, Missing")
 	debug := fs.Bool("debug", false, "log at Debug level")
 	// client-go's default, 5/s, takes 10 s to annotate one super node of
 	// 50 members and most of an hour for a cluster of 5,000 nodes.
@@ -74,7 +77,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	cfg.QPS, cfg.Burst = float32(*qps), *burst
 	err = supernode.Run(ctx, cfg, supernode.Config{
-		Options:                 supernode.Options{Logger: log, NoHyperNodes: *noHyper},
+		Options:                 supernode.Options{Logger: log, NoHyperNodes: *noHyper, MissingGrace: *grace, Resync: *resync},
 		LeaderElection:          *leaderElect,
 		LeaderElectionNamespace: *leaderNS,
 		MetricsAddr:             *metricsAddr,

@@ -166,6 +166,7 @@ func TestCommandBadInput(t *testing.T) {
 	}{
 		{[]string{"-no-such-flag"}, "no-such-flag"},
 		{[]string{"-kube-api-qps", "many"}, "kube-api-qps"},
+		{[]string{"-missing-member-grace", "a while"}, "missing-member-grace"},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"-kubeconfig", "/nonexistent/kubeconfig"}, "/nonexistent/kubeconfig"},
 	} {

@@ -1,0 +1,310 @@
+package supernode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+	v1alpha1 "github.com/ubkit-io/ubkit/k8s/api/v1alpha1"
+)
+
+// fakeReconciler is a Reconciler on controller-runtime's fake client,
+// with funcs intercepting its calls, holding objs; it exports no
+// HyperNodes.
+func fakeReconciler(t *testing.T, funcs interceptor.Funcs, objs ...client.Object) (*Reconciler, *events.FakeRecorder, client.Client) {
+	t.Helper()
+	s, err := Scheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1alpha1.SuperNode{}).
+		WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
+	rec := events.NewFakeRecorder(100)
+	log, _ := testenv.NewLogRecorder()
+	return &Reconciler{client: c, reader: c, recorder: rec, log: log, noHyper: true, grace: DefaultMissingGrace, now: time.Now}, rec, c
+}
+
+// recorded drains the Events rec has recorded.
+func recorded(rec *events.FakeRecorder) []string {
+	var evs []string
+	for {
+		select {
+		case e := <-rec.Events:
+			evs = append(evs, e)
+		default:
+			return evs
+		}
+	}
+}
+
+var snKey = reconcile.Request{NamespacedName: client.ObjectKey{Name: "sn"}}
+
+// A status update that fails, by a conflict or otherwise, records no
+// Event: nothing changed. The update that succeeds records the
+// transition once, and a reconcile after it none.
+func TestNoEventUnlessStatusSaved(t *testing.T) {
+	nodes := []corev1.Node{
+		member("a", corev1.ConditionTrue, "1Gi", 0, ""),
+		member("b", corev1.ConditionTrue, "1Gi", 0, ""),
+	}
+	sn := superNode(status(superNode(v1alpha1.SuperNodeStatus{}), nodes))
+	sn.Generation = 0
+	b := member("b", corev1.ConditionFalse, "1Gi", 0, "")
+	failures := []error{
+		apierrors.NewConflict(schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "supernodes"}, "sn", errors.New("the object has been modified")),
+		errors.New("the apiserver is unavailable"),
+	}
+	updates := 0
+	r, rec, _ := fakeReconciler(t, interceptor.Funcs{
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			updates++
+			if len(failures) > 0 {
+				err := failures[0]
+				failures = failures[1:]
+				return err
+			}
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+	}, sn, &nodes[0], &b)
+
+	for i := range 2 {
+		if _, err := r.Reconcile(t.Context(), snKey); err == nil {
+			t.Fatalf("reconcile %d: no error from a failed status update", i+1)
+		}
+		if evs := recorded(rec); len(evs) > 0 {
+			t.Errorf("reconcile %d: the status update failed, yet Events were recorded: %q", i+1, evs)
+		}
+	}
+	if _, err := r.Reconcile(t.Context(), snKey); err != nil {
+		t.Fatal(err)
+	}
+	if evs := recorded(rec); len(evs) != 1 || !strings.HasPrefix(evs[0], corev1.EventTypeWarning+" "+EventDegraded+" ") {
+		t.Errorf("the status saved: Events %q, want one Degraded", evs)
+	}
+	if _, err := r.Reconcile(t.Context(), snKey); err != nil {
+		t.Fatal(err)
+	}
+	if evs := recorded(rec); len(evs) > 0 {
+		t.Errorf("nothing changed, yet Events %q", evs)
+	}
+	if updates != 3 {
+		t.Errorf("%d status updates, want 3 (two failed, one saved, none when unchanged)", updates)
+	}
+}
+
+// A HyperNode export that fails does not keep the status, or its Event,
+// from being saved: the reconcile says the export's error, after both.
+func TestStatusDespiteExportError(t *testing.T) {
+	nodes := []corev1.Node{
+		member("a", corev1.ConditionTrue, "1Gi", 0, "r1"),
+		member("b", corev1.ConditionFalse, "1Gi", 0, "r1"),
+	}
+	sn := &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: "sn"}, Spec: v1alpha1.SuperNodeSpec{ID: "sn"}}
+	exportErr := errors.New("the HyperNode webhook is down")
+	r, rec, c := fakeReconciler(t, interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := list.(*unstructured.UnstructuredList); ok {
+				return nil // no HyperNodes yet
+			}
+			return c.List(ctx, list, opts...)
+		},
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*unstructured.Unstructured); ok {
+				return exportErr
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	}, sn, &nodes[0], &nodes[1])
+	r.noHyper = false
+	now := time.Now()
+	r.hyper = &hyperNodeProbe{now: func() time.Time { return now }, recheck: time.Hour, checked: now, served: true}
+
+	_, err := r.Reconcile(t.Context(), snKey)
+	if !errors.Is(err, exportErr) {
+		t.Fatalf("reconcile: %v, want the export's error", err)
+	}
+	got := &v1alpha1.SuperNode{}
+	if err := c.Get(t.Context(), client.ObjectKey{Name: "sn"}, got); err != nil {
+		t.Fatal(err)
+	}
+	if !degradedNaming("b")(got) || got.Status.MemberCount != 2 {
+		t.Errorf("the status despite the export's failure: %+v", got.Status)
+	}
+	if evs := recorded(rec); len(evs) != 1 || !strings.Contains(evs[0], EventDegraded) {
+		t.Errorf("Events %q, want one Degraded", evs)
+	}
+}
+
+// Racks whose labels differ only in case or in characters a name cannot
+// have get HyperNodes of their own, each name a DNS-1123 subdomain; a
+// rack that is already a name keeps it.
+func TestRackHyperNodeNames(t *testing.T) {
+	sn := &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: "sn"}}
+	racks := []string{"R1", "r1", "rack_a", "rack-a", "Rack.A", "a..b", "a_.b", strings.Repeat("X", 63)}
+	var nodes []corev1.Node
+	for i, rack := range racks {
+		nodes = append(nodes, member(fmt.Sprintf("n%d", i), corev1.ConditionTrue, "1Gi", 0, rack))
+	}
+	hns := desiredHyperNodes(sn, nodes)
+	if len(hns) != len(racks)+1 {
+		t.Fatalf("%d HyperNodes for %d racks, want one per rack and the super node's", len(hns), len(racks))
+	}
+	byMember := map[string]string{}
+	names := map[string]bool{}
+	for _, hn := range hns {
+		name := hn.GetName()
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			t.Errorf("HyperNode %q: %v", name, errs)
+		}
+		if names[name] {
+			t.Errorf("two HyperNodes named %q", name)
+		}
+		names[name] = true
+		ms, _, _ := unstructured.NestedSlice(hn.Object, "spec", "members")
+		for _, m := range ms {
+			n, _, _ := unstructured.NestedString(m.(map[string]any), "selector", "exactMatch", "name")
+			byMember[n] = name
+		}
+	}
+	for i, rack := range racks {
+		if got := byMember[fmt.Sprintf("n%d", i)]; got != rackHyperNodeName("sn", rack) {
+			t.Errorf("rack %q's node in HyperNode %q, want %q", rack, got, rackHyperNodeName("sn", rack))
+		}
+	}
+	if got := rackHyperNodeName("sn", "r1"); got != "sn-r1" {
+		t.Errorf("rack r1: %q, want sn-r1", got)
+	}
+	if got := rackHyperNodeName("sn", "R1"); !strings.HasPrefix(got, "sn-r1-") || len(got) != len("sn-r1-")+8 {
+		t.Errorf("rack R1: %q, want sn-r1- and 8 hex digits", got)
+	}
+	top := hns[len(hns)-1]
+	if ms, _, _ := unstructured.NestedSlice(top.Object, "spec", "members"); top.GetName() != "sn" || len(ms) != len(racks) {
+		t.Errorf("the super node's HyperNode is %q with %d members, want sn over the %d racks", top.GetName(), len(ms), len(racks))
+	}
+}
+
+// A super node id that is a label value but cannot name a SuperNode
+// queues nothing, is logged once however many Nodes and events carry it,
+// and every event it costs is counted; the ids remembered are bounded.
+func TestInvalidIDs(t *testing.T) {
+	r, _, _ := fakeReconciler(t, interceptor.Funcs{})
+	log, logged := testenv.NewLogRecorder()
+	r.log = log
+	node := func(name, id string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelSuperNode: id}}}
+	}
+	before := testutil.ToFloat64(ignoredNodeEvents)
+	for _, n := range []*corev1.Node{node("a", "Rack_A"), node("a", "Rack_A"), node("b", "Rack_A"), node("c", "cm384.")} {
+		if reqs := r.nodeToSuperNode(t.Context(), n); len(reqs) != 0 {
+			t.Errorf("%s (id %q) queued %v", n.Name, n.Labels[v1alpha1.LabelSuperNode], reqs)
+		}
+	}
+	if reqs := r.nodeToSuperNode(t.Context(), node("d", "cm384")); len(reqs) != 1 || reqs[0].Name != "cm384" {
+		t.Errorf("a valid id queued %v, want cm384", reqs)
+	}
+	if reqs := r.nodeToSuperNode(t.Context(), &corev1.Node{}); len(reqs) != 0 {
+		t.Errorf("a Node without the label queued %v", reqs)
+	}
+	if got := testutil.ToFloat64(ignoredNodeEvents) - before; got != 4 {
+		t.Errorf("ubkit_supernode_ignored_node_events_total rose by %v, want 4", got)
+	}
+	lines := logged.Lines()
+	if len(lines) != 2 || !strings.Contains(lines[0], "id=Rack_A") || !strings.Contains(lines[1], "id=cm384.") || !strings.Contains(lines[0], "level=WARN") {
+		t.Errorf("logged %q, want a warning for each of Rack_A and cm384.", lines)
+	}
+
+	for i := range maxReportedIDs + 10 {
+		r.nodeToSuperNode(t.Context(), node("n", fmt.Sprintf("ID%d", i)))
+	}
+	if n := len(r.invalid.seen); n != maxReportedIDs {
+		t.Errorf("%d invalid ids remembered, want at most %d", n, maxReportedIDs)
+	}
+	if lines := logged.Lines(); len(lines) != maxReportedIDs+1 || !strings.Contains(lines[len(lines)-1], "further ones are not") {
+		t.Errorf("%d lines logged, the last %q; want %d, the last saying no more are logged", len(lines), lines[len(lines)-1], maxReportedIDs+1)
+	}
+}
+
+// memberSeries is how many ubkit_supernode_members series the registry
+// has for SuperNode name.
+func memberSeries(t *testing.T, name string) int {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range families {
+		if f.GetName() != "ubkit_supernode_members" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "supernode" && l.GetValue() == name {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// A SuperNode's ubkit_supernode_members series go when it is deleted:
+// while it is being deleted (a finalizer holding it), and once it is gone
+// with its Nodes.
+func TestMemberSeriesDeleted(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		finalizer bool
+	}{{"series-gone", false}, {"series-ending", true}} {
+		n := member(tc.name+"-0", corev1.ConditionTrue, "1Gi", 0, "")
+		n.Labels[v1alpha1.LabelSuperNode] = tc.name
+		r, _, c := fakeReconciler(t, interceptor.Funcs{}, &n)
+		ctx := t.Context()
+		req := reconcile.Request{NamespacedName: client.ObjectKey{Name: tc.name}}
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if got := memberSeries(t, tc.name); got != 4 {
+			t.Fatalf("%s: %d series, want one per health", tc.name, got)
+		}
+		sn := &v1alpha1.SuperNode{}
+		if err := c.Get(ctx, req.NamespacedName, sn); err != nil {
+			t.Fatal(err)
+		}
+		if tc.finalizer {
+			sn.Finalizers = []string{"example.com/hold"}
+			if err := c.Update(ctx, sn); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := c.Delete(ctx, &n); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Delete(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if got := memberSeries(t, tc.name); got != 0 {
+			t.Errorf("%s deleted (finalizer %v): %d series left", tc.name, tc.finalizer, got)
+		}
+	}
+}
