@@ -44,11 +44,7 @@ var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 		if len(missing) > 0 {
 			return nil, errK8sNotCached(dir, missing)
 		}
-		bin, err := k8ssuite.BuildController(filepath.Join(cacheDir(), "k8s-bench"))
-		if err != nil {
-			return nil, err
-		}
-		e := &k8ssuite.Env{ControllerBin: bin}
+		e := &k8ssuite.Env{}
 		o.addCleanup(e.Close)
 		return e.Cases(), nil
 	},

@@ -36,7 +36,7 @@ func fakeReconciler(t *testing.T, funcs interceptor.Funcs, objs ...client.Object
 		t.Fatal(err)
 	}
 	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1alpha1.SuperNode{}).
-		WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
+		WithIndex(&corev1.Node{}, nodeIndex, superNodeOf).WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
 	rec := events.NewFakeRecorder(100)
 	log, _ := testenv.NewLogRecorder()
 	return &Reconciler{client: c, reader: c, recorder: rec, log: log, noHyper: true, grace: DefaultMissingGrace, now: time.Now}, rec, c

@@ -23,10 +23,11 @@ package k8ssuite
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
@@ -38,6 +39,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
@@ -66,10 +68,8 @@ const (
 const runTimeout = 5 * time.Minute
 
 // Env holds the control plane of the current scale, started on first use
-// and shared by the runs of that scale, and the controller's binary.
+// and shared by the runs of that scale.
 type Env struct {
-	// ControllerBin is the supernode-controller program.
-	ControllerBin string
 	// SuperNodes and NodesPerSuperNode are the large scale; 0 means
 	// SuperNodes and NodesPerSuperNode (5,000 nodes). Tests make it small;
 	// the cases keep their names.
@@ -82,18 +82,38 @@ type Env struct {
 	want    map[string]int32 // members of each SuperNode at this scale
 }
 
-// BuildController builds k8s/cmd/supernode-controller into dir (this
-// module's source: ubctl bench runs from the tree) and returns its path.
-func BuildController(dir string) (string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "supernode-controller")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/ubkit-io/ubkit/k8s/cmd/supernode-controller").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build supernode-controller: %w\n%s", err, out)
-	}
-	return bin, nil
+// controllerPeer is the peer role that runs the controller: what
+// k8s/cmd/supernode-controller runs with its default flags (supernode.Run
+// with the default rate limit and workers), leader election, metrics and
+// probes off, in a process of its own so that its RSS is its own.
+const controllerPeer = "supernode-controller"
+
+type controllerArgs struct {
+	Kubeconfig string `json:"kubeconfig"`
+	Log        string `json:"log"`
+}
+
+func init() {
+	bench.RegisterPeer(controllerPeer, func(raw json.RawMessage) error {
+		var a controllerArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		logFile, err := os.OpenFile(a.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		defer logFile.Close()
+		log := slog.New(slog.NewTextHandler(logFile, nil))
+		ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
+		cfg, err := clientcmd.BuildConfigFromFlags("", a.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		ctx, stop := osproc.StopContext(context.Background())
+		defer stop()
+		return supernode.Run(ctx, cfg, supernode.Config{Options: supernode.Options{Logger: log}, MetricsAddr: "0", HealthAddr: "0"})
+	})
 }
 
 // Close stops the control plane.
@@ -268,28 +288,14 @@ func (e *Env) run(scale string) (ms float64, rss int64, err error) {
 	}
 	defer w.Stop()
 
-	log, err := os.Create(filepath.Join(e.cluster.Dir(), "supernode-controller.log"))
+	log := filepath.Join(e.cluster.Dir(), "supernode-controller.log")
+	began := time.Now()
+	peer, err := bench.StartPeer(controllerPeer, controllerArgs{Kubeconfig: e.cluster.Kubeconfig(), Log: log})
 	if err != nil {
 		return 0, 0, err
 	}
-	defer log.Close()
-	cmd := exec.Command(e.ControllerBin, "--kubeconfig="+e.cluster.Kubeconfig(),
-		"--metrics-bind-address=0", "--health-probe-bind-address=0")
-	cmd.Stdout, cmd.Stderr = log, log
-	osproc.DieWithParent(cmd)
-	began := time.Now()
-	if err := cmd.Start(); err != nil {
-		return 0, 0, fmt.Errorf("start %s: %w", e.ControllerBin, err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
-	defer func() {
-		cmd.Process.Kill()
-		<-exited
-	}()
+	defer peer.Kill()
+	exited := peer.Done()
 
 	correct := map[string]bool{}
 	for len(correct) < len(e.want) {
@@ -308,13 +314,13 @@ func (e *Env) run(scale string) (ms float64, rss int64, err error) {
 				delete(correct, sn.Name)
 			}
 		case <-exited:
-			return 0, 0, fmt.Errorf("supernode-controller exited: %v; its log:\n%s", cmd.ProcessState, tail(log.Name()))
+			return 0, 0, fmt.Errorf("supernode-controller exited: %v; its log:\n%s", peer.Err(), tail(log))
 		case <-ctx.Done():
-			return 0, 0, fmt.Errorf("%d of %d SuperNodes correct: %w; the controller's log:\n%s", len(correct), len(e.want), ctx.Err(), tail(log.Name()))
+			return 0, 0, fmt.Errorf("%d of %d SuperNodes correct: %w; the controller's log:\n%s", len(correct), len(e.want), ctx.Err(), tail(log))
 		}
 	}
 	ms = float64(time.Since(began)) / float64(time.Millisecond)
-	u, err := procstat.Of(cmd.Process.Pid)
+	u, err := procstat.Of(peer.PID())
 	if err != nil {
 		return 0, 0, err
 	}

@@ -45,12 +45,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	healthAddr := fs.String("health-probe-bind-address", ":8081", "`address` of /healthz and /readyz; 0 turns them off")
 	noHyper := fs.Bool("no-hypernodes", false, "do not export Volcano HyperNodes even where their CRD is installed")
 	resync := fs.Duration("resync", supernode.DefaultResync, "how often each SuperNode is reconciled again while HyperNodes are exported (HyperNodes changed by hand, a Volcano installed later)")
+	workers := fs.Int("workers", supernode.DefaultWorkers, "how many SuperNodes are reconciled at once")
 	grace := fs.Duration("missing-member-grace", supernode.DefaultMissingGrace, "how long a deleted member stays in its SuperNode's status, Missing")
 	debug := fs.Bool("debug", false, "log at Debug level")
-	// client-go's default, 5/s, takes 10 s to annotate one super node of
-	// 50 members and most of an hour for a cluster of 5,000 nodes.
-	qps := fs.Float64("kube-api-qps", 200, "`requests` per second to the apiserver, on average")
-	burst := fs.Int("kube-api-burst", 400, "`requests` to the apiserver in a burst")
+	qps := fs.Float64("kube-api-qps", supernode.DefaultQPS, "`requests` per second to the apiserver, on average")
+	burst := fs.Int("kube-api-burst", supernode.DefaultBurst, "`requests` to the apiserver in a burst")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -75,13 +74,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "supernode-controller:", err)
 		return 2
 	}
-	cfg.QPS, cfg.Burst = float32(*qps), *burst
 	err = supernode.Run(ctx, cfg, supernode.Config{
-		Options:                 supernode.Options{Logger: log, NoHyperNodes: *noHyper, MissingGrace: *grace, Resync: *resync},
+		Options:                 supernode.Options{Logger: log, NoHyperNodes: *noHyper, MissingGrace: *grace, Resync: *resync, Workers: *workers},
 		LeaderElection:          *leaderElect,
 		LeaderElectionNamespace: *leaderNS,
 		MetricsAddr:             *metricsAddr,
 		HealthAddr:              *healthAddr,
+		QPS:                     float32(*qps),
+		Burst:                   *burst,
 	})
 	stopped := ctx.Err() != nil && errors.Is(err, context.Canceled)
 	if err != nil && !stopped {
