@@ -79,9 +79,11 @@ func Build(ctx context.Context, dir string, progress io.Writer, which ...string)
 	cmd.Stdout, cmd.Stderr = progress, &log
 	// The build is go commands under bash: stop them all when ctx ends,
 	// and let the script remove its temporary directories.
-	osproc.StopGroupOnCancel(cmd, 10*time.Second)
+	waited := osproc.StopGroupOnCancel(cmd, 10*time.Second)
 	osproc.DieWithParent(cmd)
-	if err := cmd.Run(); err != nil {
+	err = cmd.Run()
+	waited()
+	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("k8stest: building the Kubernetes binaries into %s: %w", dir, errors.Join(ctx.Err(), err))
 		}

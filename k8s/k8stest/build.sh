@@ -42,6 +42,16 @@ newmod() {
 	(cd "$1" && go mod init ubkit.invalid/k8sbin >/dev/null 2>&1)
 }
 
+# lock <set>: waits until no other run builds that set, and holds it
+# until this script ends; then removes what builds of it left behind (an
+# interrupted run's temporary directories: none can be in use now).
+lock() {
+	local fd
+	exec {fd}>"$root/.$1.lock"
+	flock "$fd"
+	rm -rf "$root/.$1-build."*
+}
+
 # finish <tmp> <dest>: moves a completed build into place.
 finish() {
 	rm -rf "$2" # a broken earlier build: mv would nest inside it
@@ -51,6 +61,8 @@ finish() {
 build_etcd() {
 	local dest="$root/etcd-$etcd_version"
 	[ -x "$dest/etcd" ] && return 0
+	lock etcd
+	[ -x "$dest/etcd" ] && return 0 # another run built it meanwhile
 	echo "k8stest: building etcd $etcd_version into $dest (about 1 minute)"
 	local tmp
 	tmp=$(mktemp -d "$root/.etcd-build.XXXXXX")
@@ -60,6 +72,7 @@ build_etcd() {
 		go get "go.etcd.io/etcd/server/v3@$etcd_version" &&
 		"${nice[@]}" go build -trimpath -ldflags "-s -w" -o "$tmp/out/etcd" go.etcd.io/etcd/server/v3) ||
 		{ echo "k8stest: could not build etcd $etcd_version" >&2; return 1; }
+	[ -x "$tmp/out/etcd" ] || { echo "k8stest: the build of etcd $etcd_version made no etcd" >&2; return 1; }
 	finish "$tmp/out" "$dest"
 	rm -rf "$tmp"
 }
@@ -69,10 +82,14 @@ build_kwok() {
 	# kwok's standard stages for nodes and pods, and its chaos stage
 	# that makes a labelled node NotReady (k8stest's CrashNode).
 	local stages=(node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease node/chaos/node-not-ready
-		pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete) stage ok=1
-	[ -x "$dest/kwok" ] || ok=0
-	for stage in "${stages[@]}"; do [ -f "$dest/stages/${stage##*/}.yaml" ] || ok=0; done
-	[ "$ok" = 1 ] && return 0
+		pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete) stage
+	complete() {
+		[ -x "$dest/kwok" ] || return 1
+		for stage in "${stages[@]}"; do [ -f "$dest/stages/${stage##*/}.yaml" ] || return 1; done
+	}
+	complete && return 0
+	lock kwok
+	complete && return 0 # another run built it meanwhile
 	echo "k8stest: building kwok $kwok_version into $dest (about 2 minutes)"
 	local tmp
 	tmp=$(mktemp -d "$root/.kwok-build.XXXXXX")
@@ -93,45 +110,56 @@ build_kwok() {
 			{ echo "k8stest: kwok $kwok_version has no stage $stage.yaml under $src/kustomize/stage" >&2; return 1; }
 	done
 	chmod -R u+w "$tmp/out/stages"
+	[ -x "$tmp/out/kwok" ] || { echo "k8stest: the build of kwok $kwok_version made no kwok" >&2; return 1; }
 	finish "$tmp/out" "$dest"
 	rm -rf "$tmp"
 }
 
 build_kubernetes() {
 	local dest="$root/kubernetes-$k8s_version"
-	local cmds=(kube-apiserver kube-controller-manager kube-scheduler) c missing=0
-	for c in "${cmds[@]}"; do [ -x "$dest/$c" ] || missing=1; done
-	[ "$missing" = 0 ] && return 0
+	local cmds=(kube-apiserver kube-controller-manager kube-scheduler) c
+	complete() {
+		for c in "${cmds[@]}"; do [ -x "$dest/$c" ] || return 1; done
+	}
+	complete && return 0
+	lock kubernetes
+	complete && return 0 # another run built it meanwhile
 	echo "k8stest: building Kubernetes $k8s_version (${cmds[*]}) into $dest: the first build takes about 15 minutes"
 	local tmp
 	tmp=$(mktemp -d "$root/.kubernetes-build.XXXXXX")
 	tmps+=("$tmp")
 	newmod "$tmp/mod"
+	# set -e does not hold inside a subshell that is the left side of ||:
+	# every command says what happens when it fails.
 	(
-		cd "$tmp/mod"
-		gomod=$(go mod download -json "k8s.io/kubernetes@$k8s_version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')
+		cd "$tmp/mod" || exit 1
+		gomod=$(go mod download -json "k8s.io/kubernetes@$k8s_version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p') || exit 1
 		[ -f "$gomod" ] || { echo "k8stest: no go.mod for k8s.io/kubernetes@$k8s_version" >&2; exit 1; }
 		# k8s.io/kubernetes replaces its staging modules with ./staging/...;
 		# replaces in a dependency are ignored, so replace each with its
 		# published release here.
-		staging=$(awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$gomod")
+		staging=$(awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$gomod") || exit 1
 		[ -n "$staging" ] || { echo "k8stest: no staging modules found in $gomod" >&2; exit 1; }
-		for m in $staging; do go mod edit -replace="$m=$m@$k8s_staging_version"; done
-		for c in "${cmds[@]}"; do go get "k8s.io/kubernetes/cmd/$c@$k8s_version"; done
+		for m in $staging; do go mod edit -replace="$m=$m@$k8s_staging_version" || exit 1; done
+		for c in "${cmds[@]}"; do go get "k8s.io/kubernetes/cmd/$c@$k8s_version" || exit 1; done
 		minor=${k8s_version#v1.}
 		minor=${minor%%.*}
 		ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
 		for c in "${cmds[@]}"; do
 			echo "k8stest: building $c $k8s_version"
-			"${nice[@]}" go build -trimpath -ldflags "$ldflags" -o "$tmp/out/$c" "k8s.io/kubernetes/cmd/$c"
+			"${nice[@]}" go build -trimpath -ldflags "$ldflags" -o "$tmp/out/$c" "k8s.io/kubernetes/cmd/$c" || exit 1
 		done
 	) || { echo "k8stest: could not build Kubernetes $k8s_version" >&2; return 1; }
+	for c in "${cmds[@]}"; do
+		[ -x "$tmp/out/$c" ] || { echo "k8stest: the build of Kubernetes $k8s_version made no $c" >&2; return 1; }
+	done
 	finish "$tmp/out" "$dest"
 	rm -rf "$tmp"
 }
 
-# build.sh [etcd|kwok|kubernetes]...: those only (all by default); two
-# runs may build different ones at once.
+# build.sh [etcd|kwok|kubernetes]...: those only (all by default). Runs
+# at once build different sets at once, and the same set one at a time.
+command -v flock >/dev/null || { echo "k8stest: building needs flock (Debian's util-linux)" >&2; exit 1; }
 for what in ${@:-etcd kwok kubernetes}; do
 	case $what in
 	etcd | kwok | kubernetes) "build_$what" ;;

@@ -32,9 +32,8 @@ func TestBuildEtcd(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "etcd Version: "+strings.TrimPrefix(EtcdVersion, "v")) {
 		t.Fatalf("the etcd built: %v\n%s", err, out)
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil || len(entries) != 1 || entries[0].Name() != "etcd-"+EtcdVersion {
-		t.Errorf("the directory holds %v (%v), want etcd's alone", entries, err)
+	if left := built(t, dir); len(left) != 1 || left[0] != "etcd-"+EtcdVersion {
+		t.Errorf("the directory holds %v, want etcd's alone", left)
 	}
 	missing, err = Missing(dir)
 	if err != nil || slices.Contains(missing, filepath.Join("etcd-"+EtcdVersion, "etcd")) || len(missing) != 5 {
@@ -86,8 +85,8 @@ func TestBuildErrors(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("a cancelled build: err %v, want context.Canceled", err)
 	}
-	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
-		t.Errorf("a cancelled build left %v (%v)", entries, err)
+	if left := built(t, dir); len(left) != 0 {
+		t.Errorf("a cancelled build left %v", left)
 	}
 
 	t.Setenv("PATH", t.TempDir())
@@ -96,6 +95,107 @@ func TestBuildErrors(t *testing.T) {
 	}
 }
 
+// built lists what is in dir but the builds' lock files (.<set>.lock,
+// which stay).
+func built(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".lock") {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
 type writerFunc func(p []byte)
 
 func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
+
+// fakeGo puts on PATH a go command that does what the build script asks
+// of it without building anything: it makes go.mod files, answers `mod
+// download -json` with a go.mod naming one staging module, and for `build
+// -o out pkg` writes an executable out, or fails if pkg ends in failing.
+// Each build appends its package to builds.
+func fakeGo(t *testing.T, failing string) (builds string) {
+	t.Helper()
+	bin := t.TempDir()
+	builds = filepath.Join(bin, "builds")
+	gomod := filepath.Join(bin, "kubernetes.mod")
+	if err := os.WriteFile(gomod, []byte("module k8s.io/kubernetes\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n)\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := `#!/bin/bash
+case "$1 $2" in
+"mod init") echo "module $3" > go.mod ;;
+"mod download") printf '{\n\t"GoMod": "%s",\n}\n' "` + gomod + `" ;;
+"mod edit") ;;
+"list -m") mkdir -p "$PWD/kwoksrc/kustomize/stage"; echo "$PWD/kwoksrc" ;;
+get*) ;;
+build*)
+	out= pkg=
+	while [ $# -gt 0 ]; do case $1 in -o) out=$2; shift ;; -*) [ "$1" = -ldflags ] && shift ;; *) pkg=$1 ;; esac; shift; done
+	echo "$pkg" >> ` + builds + `
+	sleep 0.2 # long enough for a second build that does not wait its turn to start one too
+	[ -n "` + failing + `" ] && [ "${pkg%` + failing + `}" != "$pkg" ] && { echo "fake go: $pkg fails" >&2; exit 1; }
+	mkdir -p "$(dirname "$out")" && printf '#!/bin/sh\n' > "$out" && chmod +x "$out" ;;
+*) echo "fake go: $*" >&2; exit 1 ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(bin, "go"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return builds
+}
+
+// A Kubernetes build whose first binary fails fails as a whole and puts
+// nothing in place, though the binaries built after it succeed (the
+// subshell of the script ignored set -e, so the last build decided).
+func TestBuildKubernetesFailure(t *testing.T) {
+	builds := fakeGo(t, "cmd/kube-apiserver")
+	dir := t.TempDir()
+	err := Build(t.Context(), dir, nil, BuildKubernetes)
+	if err == nil || !strings.Contains(err.Error(), "kube-apiserver fails") {
+		t.Fatalf("err %v, want the failure with the compiler's words", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "kubernetes-"+KubernetesVersion)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed build put kubernetes-%s in place (%v)", KubernetesVersion, err)
+	}
+	if left := built(t, dir); len(left) != 0 {
+		t.Errorf("a failed build left %v", left)
+	}
+	if b, _ := os.ReadFile(builds); strings.Count(string(b), "\n") != 1 {
+		t.Errorf("builds after the failing one: %q", b)
+	}
+}
+
+// Two Builds of one set at once build it once; what an interrupted build
+// left is removed.
+func TestBuildOneAtATime(t *testing.T) {
+	builds := fakeGo(t, "")
+	dir := t.TempDir()
+	stale := filepath.Join(dir, ".etcd-build.interrupted")
+	if err := os.MkdirAll(filepath.Join(stale, "mod"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- Build(t.Context(), dir, nil, BuildEtcd) }()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, _ := os.ReadFile(builds); string(b) != "go.etcd.io/etcd/server/v3\n" {
+		t.Errorf("builds %q, want etcd's once", b)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the interrupted build's directory is still there (%v)", err)
+	}
+}

@@ -2,6 +2,7 @@ package k8stest
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
@@ -219,7 +220,7 @@ func (c *Cluster) start(ctx context.Context, cfg Config) error {
 	peerURL := "http://" + hostPort(peerPort)
 	// A name of this cluster's own: the etcd that answers on etcdPort
 	// must be this one, not another test's that took the port.
-	etcdName := "k8stest-" + strings.TrimPrefix(filepath.Base(dir), "k8stest-") + "-" + strconv.Itoa(etcdPort)
+	etcdName := "k8stest-" + rand.Text()[:16]
 	etcd, err := run("etcd", bins.etcd, []string{
 		"--name=" + etcdName,
 		"--data-dir=" + filepath.Join(dir, "etcd"),

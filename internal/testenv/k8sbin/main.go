@@ -8,13 +8,13 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/signal"
 
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"github.com/ubkit-io/ubkit/k8s/k8stest"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := osproc.StopContext(context.Background()) // an interrupt or SIGTERM stops the build, cleanly
 	defer stop()
 	if err := k8stest.Build(ctx, "", os.Stdout, os.Args[1:]...); err != nil {
 		fmt.Fprintln(os.Stderr, "prereqs:", err)
