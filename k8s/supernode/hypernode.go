@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -33,35 +34,76 @@ var HyperNodeGVK = schema.GroupVersionKind{Group: "topology.volcano.sh", Version
 // the next resync.
 const hyperNodeRecheck = 30 * time.Second
 
+// hyperNodeFailRecheck is how long a failure of discovery is remembered
+// (or recheck, if shorter): so that while the apiserver's discovery
+// fails, the workers do not each ask it again every reconcile.
+const hyperNodeFailRecheck = 10 * time.Second
+
 // hyperNodeProbe says, through discovery, whether the HyperNode kind is
-// served, and remembers the answer for recheck.
+// served, and remembers the answer for recheck, a failure for
+// min(recheck, hyperNodeFailRecheck). One request is in flight at a time,
+// and no lock is held while it is: a caller that finds one in flight
+// takes the last answer, or, if there is none yet, waits for that
+// request's.
 type hyperNodeProbe struct {
 	disco   discovery.DiscoveryInterface
 	now     func() time.Time
 	recheck time.Duration
 
-	mu      sync.Mutex
-	checked time.Time
-	served  bool
+	mu       sync.Mutex
+	checked  time.Time // when the last answer came; zero: none yet
+	served   bool
+	err      error
+	inflight chan struct{} // closed when the request in flight is answered
 }
 
-func (p *hyperNodeProbe) Served() (bool, error) {
+func (p *hyperNodeProbe) Served() (served bool, err error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.checked.IsZero() && p.now().Sub(p.checked) < p.recheck {
-		return p.served, nil
+	for {
+		if !p.checked.IsZero() && (p.inflight != nil || p.now().Sub(p.checked) < p.trust()) {
+			defer p.mu.Unlock()
+			return p.served, p.err
+		}
+		if p.inflight == nil {
+			break
+		}
+		wait := p.inflight
+		p.mu.Unlock()
+		<-wait
+		p.mu.Lock()
 	}
+	done := make(chan struct{})
+	p.inflight = done
+	p.mu.Unlock()
+	// The answer, for those waiting, even if the request panics.
+	err = errors.New("supernode: discovery of " + HyperNodeGVK.GroupVersion().String() + " did not answer")
+	defer func() {
+		p.mu.Lock()
+		p.served, p.err, p.checked, p.inflight = served, err, p.now(), nil
+		p.mu.Unlock()
+		close(done)
+	}()
+	return p.ask()
+}
+
+// trust is how long the last answer holds; p.mu is held.
+func (p *hyperNodeProbe) trust() time.Duration {
+	if p.err != nil {
+		return min(p.recheck, hyperNodeFailRecheck)
+	}
+	return p.recheck
+}
+
+// ask asks discovery whether the HyperNode kind is served.
+func (p *hyperNodeProbe) ask() (bool, error) {
 	list, err := p.disco.ServerResourcesForGroupVersion(HyperNodeGVK.GroupVersion().String())
 	switch {
 	case apierrors.IsNotFound(err):
-		p.served = false
+		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("supernode: discovery of %s: %w", HyperNodeGVK.GroupVersion(), err)
-	default:
-		p.served = slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == HyperNodeGVK.Kind })
 	}
-	p.checked = p.now()
-	return p.served, nil
+	return slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == HyperNodeGVK.Kind }), nil
 }
 
 // desiredHyperNodes are the HyperNodes that stand for super node sn with
