@@ -97,6 +97,10 @@ func superNodeOf(o client.Object) []string {
 // HyperNodes are exported, unless Options say otherwise.
 const DefaultResync = 5 * time.Minute
 
+// cacheLagRequeue is how soon a SuperNode is reconciled again when the
+// apiserver has it but the cache does not yet.
+const cacheLagRequeue = 100 * time.Millisecond
+
 // DefaultMissingGrace is how long a deleted member stays Missing unless
 // Options say otherwise.
 const DefaultMissingGrace = 10 * time.Minute
@@ -265,10 +269,14 @@ func ourAnnotations(n *corev1.Node) map[string]string {
 // Nodes, creating it if Nodes name it and it does not exist.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ reconcile.Result, err error) {
 	start := time.Now()
+	requeued := false
 	defer func() {
 		result := "success"
-		if err != nil {
+		switch {
+		case err != nil:
 			result = "error"
+		case requeued:
+			result = "requeue"
 		}
 		reconcilesTotal.WithLabelValues(result).Inc()
 		reconcileSeconds.Observe(time.Since(start).Seconds())
@@ -286,7 +294,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 			return reconcile.Result{}, nil
 		}
 		sn = &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: req.Name}, Spec: v1alpha1.SuperNodeSpec{ID: req.Name}}
-		if err := r.client.Create(ctx, sn, client.FieldOwner(managerName)); err != nil {
+		switch err := r.client.Create(ctx, sn, client.FieldOwner(managerName)); {
+		case apierrors.IsAlreadyExists(err):
+			// Made a moment ago (by this controller, a Node's event
+			// queuing it again), and not yet in the cache: again
+			// once it is, which is no error.
+			requeued = true
+			r.log.DebugContext(ctx, "supernode: SuperNode exists but is not in the cache yet; again shortly", "supernode", req.Name)
+			return reconcile.Result{RequeueAfter: cacheLagRequeue}, nil
+		case err != nil:
 			return reconcile.Result{}, fmt.Errorf("supernode: create SuperNode %s: %w", req.Name, err)
 		}
 		r.log.InfoContext(ctx, "supernode: created SuperNode", "supernode", req.Name, "members", len(nodes.Items))

@@ -15,7 +15,7 @@ import (
 var (
 	reconcilesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ubkit_supernode_reconciles_total",
-		Help: "SuperNode reconciles, by result (success or error).",
+		Help: "SuperNode reconciles, by result (success; requeue: the SuperNode is not in the cache yet, so again shortly; error).",
 	}, []string{"result"})
 	reconcileSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ubkit_supernode_reconcile_duration_seconds",

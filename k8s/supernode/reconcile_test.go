@@ -308,3 +308,39 @@ func TestMemberSeriesDeleted(t *testing.T) {
 		}
 	}
 }
+
+// A SuperNode that the apiserver has but the cache does not yet (just
+// made, a Node's event queuing it again) is no error: the reconcile
+// asks to run again shortly, counted as a requeue, logging no error.
+func TestCreateAlreadyExists(t *testing.T) {
+	n := member("a", corev1.ConditionTrue, "1Gi", 0, "")
+	creates := 0
+	r, _, _ := fakeReconciler(t, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if _, ok := obj.(*v1alpha1.SuperNode); ok {
+				creates++
+				return apierrors.NewAlreadyExists(schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "supernodes"}, obj.GetName())
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+	}, &n)
+	log, logged := testenv.NewLogRecorder()
+	r.log = log
+	errors0 := testutil.ToFloat64(reconcilesTotal.WithLabelValues("error"))
+	requeues0 := testutil.ToFloat64(reconcilesTotal.WithLabelValues("requeue"))
+	res, err := r.Reconcile(t.Context(), snKey)
+	if err != nil || res.RequeueAfter <= 0 || res.RequeueAfter > time.Second || creates != 1 {
+		t.Errorf("reconcile of a SuperNode not yet in the cache: %+v, %v (%d creates); want a requeue within a second, no error", res, err, creates)
+	}
+	if got := testutil.ToFloat64(reconcilesTotal.WithLabelValues("error")) - errors0; got != 0 {
+		t.Errorf("%v reconciles counted as errors", got)
+	}
+	if got := testutil.ToFloat64(reconcilesTotal.WithLabelValues("requeue")) - requeues0; got != 1 {
+		t.Errorf("%v reconciles counted as requeues, want 1", got)
+	}
+	for _, l := range logged.Lines() {
+		if strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") {
+			t.Errorf("logged %q", l)
+		}
+	}
+}
