@@ -22,6 +22,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -169,7 +170,7 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("supernode").
 		For(&v1alpha1.SuperNode{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.nodeToSuperNode), builder.WithPredicates(nodeChanged)).
+		Watches(&corev1.Node{}, r.nodeHandler(), builder.WithPredicates(nodeChanged)).
 		WithOptions(controller.Options{SkipNameValidation: &skip, MaxConcurrentReconciles: r.workers})
 	if !r.noHyper {
 		switch served, err := r.hyper.Served(); {
@@ -186,15 +187,38 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	return b.Complete(r)
 }
 
+// nodeHandler queues, for a Node event, the SuperNodes its Node (before
+// and after, for an update) is labelled for (nodeToSuperNode), and
+// reports the invalid super node ids the event carries: counted once
+// per event, though an update has two Nodes.
+func (r *Reconciler) nodeHandler() handler.EventHandler {
+	queue := handler.EnqueueRequestsFromMapFunc(r.nodeToSuperNode)
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.reportInvalid(e.Object)
+			queue.Create(ctx, e, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.reportInvalid(e.ObjectOld, e.ObjectNew)
+			queue.Update(ctx, e, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.reportInvalid(e.Object)
+			queue.Delete(ctx, e, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.reportInvalid(e.Object)
+			queue.Generic(ctx, e, q)
+		},
+	}
+}
+
 // nodeToSuperNode maps a Node to the SuperNode its label names. An id
-// that cannot name a SuperNode (validID) maps to none, and is reported.
+// that cannot name a SuperNode (validID) maps to none (nodeHandler
+// reports it).
 func (r *Reconciler) nodeToSuperNode(_ context.Context, o client.Object) []reconcile.Request {
 	id := o.GetLabels()[v1alpha1.LabelSuperNode]
-	if id == "" {
-		return nil
-	}
-	if !validID(id) {
-		r.invalidID(id, o.GetName())
+	if id == "" || !validID(id) {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: id}}}
@@ -212,11 +236,29 @@ func validID(id string) bool {
 // logged.
 const maxReportedIDs = 1000
 
-// invalidID counts a Node event ignored for its invalid super node id,
-// and logs the id the first time it is seen (up to maxReportedIDs ids,
-// then once that it logs no more).
-func (r *Reconciler) invalidID(id, node string) {
-	ignoredNodeEvents.Inc()
+// reportInvalid counts a Node event whose Nodes (one, or an update's
+// two) carry a super node id that cannot name a SuperNode, once, and
+// logs each such id the first time it is seen (up to maxReportedIDs
+// ids, then once that it logs no more).
+func (r *Reconciler) reportInvalid(objs ...client.Object) {
+	counted := false
+	for _, o := range objs {
+		if o == nil {
+			continue
+		}
+		id := o.GetLabels()[v1alpha1.LabelSuperNode]
+		if id == "" || validID(id) {
+			continue
+		}
+		if !counted {
+			ignoredNodeEvents.Inc()
+			counted = true
+		}
+		r.logInvalid(id, o.GetName())
+	}
+}
+
+func (r *Reconciler) logInvalid(id, node string) {
 	r.invalid.Lock()
 	defer r.invalid.Unlock()
 	if r.invalid.seen[id] {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +17,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -201,6 +205,73 @@ func TestRackHyperNodeNames(t *testing.T) {
 	}
 }
 
+// ignoredEvents is ubkit_supernode_ignored_node_events_total as
+// controller-runtime's registry, which the metrics endpoint serves, has it.
+func ignoredEvents(t *testing.T) float64 {
+	t.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "ubkit_supernode_ignored_node_events_total" {
+			return f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatal("no ubkit_supernode_ignored_node_events_total in the registry")
+	return 0
+}
+
+// nodeEvents feeds events to r's Node handler and returns what they
+// queued.
+type nodeEvents struct {
+	t *testing.T
+	h handler.EventHandler
+	q workqueue.TypedRateLimitingInterface[reconcile.Request]
+}
+
+func newNodeEvents(t *testing.T, r *Reconciler) *nodeEvents {
+	q := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]())
+	t.Cleanup(q.ShutDown)
+	return &nodeEvents{t: t, h: r.nodeHandler(), q: q}
+}
+
+// queued drains the queue: the SuperNodes queued, sorted.
+func (e *nodeEvents) queued() []string {
+	var names []string
+	for e.q.Len() > 0 {
+		req, _ := e.q.Get()
+		names = append(names, req.Name)
+		e.q.Forget(req)
+		e.q.Done(req)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func (e *nodeEvents) create(n *corev1.Node) []string {
+	e.h.Create(e.t.Context(), event.CreateEvent{Object: n}, e.q)
+	return e.queued()
+}
+
+func (e *nodeEvents) update(old, n *corev1.Node) []string {
+	e.h.Update(e.t.Context(), event.UpdateEvent{ObjectOld: old, ObjectNew: n}, e.q)
+	return e.queued()
+}
+
+func (e *nodeEvents) delete(n *corev1.Node) []string {
+	e.h.Delete(e.t.Context(), event.DeleteEvent{Object: n}, e.q)
+	return e.queued()
+}
+
+func labelledNode(name, id string) *corev1.Node {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if id != "" {
+		n.Labels = map[string]string{v1alpha1.LabelSuperNode: id}
+	}
+	return n
+}
+
 // A super node id that is a label value but cannot name a SuperNode
 // queues nothing, is logged once however many Nodes and events carry it,
 // and every event it costs is counted; the ids remembered are bounded.
@@ -208,22 +279,20 @@ func TestInvalidIDs(t *testing.T) {
 	r, _, _ := fakeReconciler(t, interceptor.Funcs{})
 	log, logged := testenv.NewLogRecorder()
 	r.log = log
-	node := func(name, id string) *corev1.Node {
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.LabelSuperNode: id}}}
-	}
-	before := testutil.ToFloat64(ignoredNodeEvents)
-	for _, n := range []*corev1.Node{node("a", "Rack_A"), node("a", "Rack_A"), node("b", "Rack_A"), node("c", "cm384.")} {
-		if reqs := r.nodeToSuperNode(t.Context(), n); len(reqs) != 0 {
-			t.Errorf("%s (id %q) queued %v", n.Name, n.Labels[v1alpha1.LabelSuperNode], reqs)
+	ev := newNodeEvents(t, r)
+	before := ignoredEvents(t)
+	for _, n := range []*corev1.Node{labelledNode("a", "Rack_A"), labelledNode("a", "Rack_A"), labelledNode("b", "Rack_A"), labelledNode("c", "cm384.")} {
+		if q := ev.create(n); len(q) != 0 {
+			t.Errorf("%s (id %q) queued %v", n.Name, n.Labels[v1alpha1.LabelSuperNode], q)
 		}
 	}
-	if reqs := r.nodeToSuperNode(t.Context(), node("d", "cm384")); len(reqs) != 1 || reqs[0].Name != "cm384" {
-		t.Errorf("a valid id queued %v, want cm384", reqs)
+	if q := ev.create(labelledNode("d", "cm384")); !slices.Equal(q, []string{"cm384"}) {
+		t.Errorf("a valid id queued %v, want cm384", q)
 	}
-	if reqs := r.nodeToSuperNode(t.Context(), &corev1.Node{}); len(reqs) != 0 {
-		t.Errorf("a Node without the label queued %v", reqs)
+	if q := ev.create(&corev1.Node{}); len(q) != 0 {
+		t.Errorf("a Node without the label queued %v", q)
 	}
-	if got := testutil.ToFloat64(ignoredNodeEvents) - before; got != 4 {
+	if got := ignoredEvents(t) - before; got != 4 {
 		t.Errorf("ubkit_supernode_ignored_node_events_total rose by %v, want 4", got)
 	}
 	lines := logged.Lines()
@@ -232,13 +301,47 @@ func TestInvalidIDs(t *testing.T) {
 	}
 
 	for i := range maxReportedIDs + 10 {
-		r.nodeToSuperNode(t.Context(), node("n", fmt.Sprintf("ID%d", i)))
+		ev.create(labelledNode("n", fmt.Sprintf("ID%d", i)))
 	}
 	if n := len(r.invalid.seen); n != maxReportedIDs {
 		t.Errorf("%d invalid ids remembered, want at most %d", n, maxReportedIDs)
 	}
 	if lines := logged.Lines(); len(lines) != maxReportedIDs+1 || !strings.Contains(lines[len(lines)-1], "further ones are not") {
 		t.Errorf("%d lines logged, the last %q; want %d, the last saying no more are logged", len(lines), lines[len(lines)-1], maxReportedIDs+1)
+	}
+}
+
+// A Node event carrying an invalid id is counted once: an update, whose
+// old and new Node both carry it (or each one of its own), as one; and
+// the valid id of the other side of an update is still queued.
+func TestInvalidIDsCountedOncePerEvent(t *testing.T) {
+	r, _, _ := fakeReconciler(t, interceptor.Funcs{})
+	ev := newNodeEvents(t, r)
+	for _, tc := range []struct {
+		what     string
+		old, new string // ids; "" none
+		queued   []string
+		counted  float64
+	}{
+		{"update, both invalid", "Rack_A", "Rack_A", nil, 1},
+		{"update, each invalid", "Rack_A", "Rack_B", nil, 1},
+		{"update from a valid id", "sn", "Rack_A", []string{"sn"}, 1},
+		{"update to a valid id", "Rack_A", "sn", []string{"sn"}, 1},
+		{"update, both valid", "sn", "other", []string{"other", "sn"}, 0},
+		{"update, no id", "", "", nil, 0},
+	} {
+		before := ignoredEvents(t)
+		if q := ev.update(labelledNode("a", tc.old), labelledNode("a", tc.new)); !slices.Equal(q, tc.queued) {
+			t.Errorf("%s: queued %v, want %v", tc.what, q, tc.queued)
+		}
+		if got := ignoredEvents(t) - before; got != tc.counted {
+			t.Errorf("%s: ubkit_supernode_ignored_node_events_total rose by %v, want %v", tc.what, got, tc.counted)
+		}
+	}
+	before := ignoredEvents(t)
+	ev.delete(labelledNode("a", "Rack_A"))
+	if got := ignoredEvents(t) - before; got != 1 {
+		t.Errorf("a delete: rose by %v, want 1", got)
 	}
 }
 
