@@ -3,9 +3,12 @@ package supernode
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -94,6 +98,24 @@ func superNodeOf(o client.Object) []string {
 	return nil
 }
 
+// poolIndex is the cache's index of Nodes by the super nodes their
+// annotations (AnnotationMemory, AnnotationGPUPool) name, so that a
+// reconcile finds the Nodes that have left its SuperNode but still carry
+// its annotations.
+const poolIndex = "supernode.ubkit.io/pool"
+
+// poolOf is poolIndex's function.
+func poolOf(o client.Object) []string {
+	a := o.GetAnnotations()
+	var ids []string
+	for _, k := range []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool} {
+		if v := a[k]; v != "" && !slices.Contains(ids, v) {
+			ids = append(ids, v)
+		}
+	}
+	return ids
+}
+
 // DefaultResync is how often SuperNodes are reconciled again, while
 // HyperNodes are exported, unless Options say otherwise.
 const DefaultResync = 5 * time.Minute
@@ -165,6 +187,9 @@ func New(mgr manager.Manager, opts Options) (*Reconciler, error) {
 func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, nodeIndex, superNodeOf); err != nil {
 		return fmt.Errorf("supernode: index Nodes by super node: %w", err)
+	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, poolIndex, poolOf); err != nil {
+		return fmt.Errorf("supernode: index Nodes by the super nodes their annotations name: %w", err)
 	}
 	skip := true // more than one manager per process (tests, the bench) runs this controller
 	b := ctrl.NewControllerManagedBy(mgr).
@@ -333,7 +358,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	case apierrors.IsNotFound(err):
 		if len(nodes.Items) == 0 {
 			membersByHealth.DeletePartialMatch(map[string]string{"supernode": req.Name})
-			return reconcile.Result{}, nil
+			_, err := r.release(ctx, req.Name) // Nodes that left it before it was deleted
+			return reconcile.Result{}, err
 		}
 		sn = &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: req.Name}, Spec: v1alpha1.SuperNodeSpec{ID: req.Name}}
 		switch err := r.client.Create(ctx, sn, client.FieldOwner(managerName)); {
@@ -383,13 +409,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	}
 	annotated, err := r.annotate(ctx, sn, &st, nodes.Items)
 	errs = append(errs, err)
+	released, err := r.release(ctx, sn.Name)
+	errs = append(errs, err)
 	exported, err := r.exportHyperNodes(ctx, sn, nodes.Items)
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
-	r.log.DebugContext(ctx, "supernode: reconciled", "supernode", sn.Name, "wrote", statusWrites+annotated+exported,
-		"status", statusWrites, "annotated", annotated, "hypernodes", exported)
+	r.log.DebugContext(ctx, "supernode: reconciled", "supernode", sn.Name, "wrote", statusWrites+annotated+released+exported,
+		"status", statusWrites, "annotated", annotated, "released", released, "hypernodes", exported)
 	// Again when the first Missing member's grace ends, to drop it, and
 	// at the latest after the resync while HyperNodes are exported.
 	if !r.noHyper && (next == 0 || r.resync < next) {
@@ -422,7 +450,11 @@ func (r *Reconciler) moved(ctx context.Context, sn *v1alpha1.SuperNode, nodes []
 }
 
 // annotate writes on each member Node the annotations it lacks or has
-// wrong, and returns how many Nodes it wrote.
+// wrong, and returns how many Nodes it wrote. Each patch says all three,
+// a value or none (null), not only what differs from the Node in the
+// cache, which may be behind: so that a member is left with what its
+// SuperNode says whatever another SuperNode's release (release) removed
+// meanwhile.
 func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus, nodes []corev1.Node) (int, error) {
 	writes := 0
 	for i := range nodes {
@@ -431,23 +463,100 @@ func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v
 		if !annotationsDiffer(n, want) {
 			continue
 		}
-		patch := client.MergeFrom(n.DeepCopy())
-		if n.Annotations == nil {
-			n.Annotations = map[string]string{}
-		}
-		for _, k := range []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth} {
+		set := map[string]any{}
+		for _, k := range ourAnnotationKeys {
 			if v, ok := want[k]; ok {
-				n.Annotations[k] = v
+				set[k] = v
 			} else {
-				delete(n.Annotations, k)
+				set[k] = nil
 			}
 		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": set}})
+		if err != nil {
+			return writes, err
+		}
 		writes++
-		if err := r.client.Patch(ctx, n, patch, client.FieldOwner(managerName)); err != nil && !apierrors.IsNotFound(err) {
+		if err := r.client.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(managerName)); err != nil && !apierrors.IsNotFound(err) {
 			return writes, fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
 		}
 	}
 	return writes, nil
+}
+
+// ourAnnotationKeys are the annotations the controller writes on Nodes.
+var ourAnnotationKeys = []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth}
+
+// release removes the annotations of super node sn from the Nodes that
+// carry them but are no longer its members (relabelled to another super
+// node, to an id that cannot name one, or unlabelled), so that no Node
+// says it is part of a pool it has left; it returns how many Nodes it
+// wrote. Those Nodes are found through the cache's poolIndex, not the
+// SuperNode's status, so that one whose patch failed is released by a
+// later reconcile, once the status no longer has it.
+func (r *Reconciler) release(ctx context.Context, sn string) (int, error) {
+	var nodes corev1.NodeList
+	if err := r.client.List(ctx, &nodes, client.MatchingFields{poolIndex: sn}); err != nil {
+		return 0, fmt.Errorf("supernode: list nodes annotated for %s: %w", sn, err)
+	}
+	writes := 0
+	var errs []error
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if n.Labels[v1alpha1.LabelSuperNode] == sn {
+			continue
+		}
+		patch := releasePatch(sn, n)
+		if patch == nil {
+			continue
+		}
+		writes++
+		switch err := r.client.Patch(ctx, n, client.RawPatch(types.JSONPatchType, patch), client.FieldOwner(managerName)); {
+		case err == nil, apierrors.IsNotFound(err):
+		case apierrors.IsInvalid(err):
+			// A test of the patch failed: the Node's annotations are
+			// not those in the cache any more, another SuperNode's
+			// now; they are not sn's to remove.
+			r.log.DebugContext(ctx, "supernode: a departed member's annotations changed meanwhile; left as they are", "supernode", sn, "node", n.Name, "err", err)
+		default:
+			errs = append(errs, fmt.Errorf("supernode: remove the annotations of %s from node %s, no longer its member: %w", sn, n.Name, err))
+		}
+	}
+	return writes, errors.Join(errs...)
+}
+
+// releasePatch is the JSON patch that removes from Node n the
+// annotations that are sn's: those of AnnotationMemory and
+// AnnotationGPUPool that name sn, and, if AnnotationMemory does,
+// AnnotationInterconnectBandwidth (sn's figure), each only if the Node
+// still has it as n has it (a test before each removal); nil if none is
+// sn's.
+func releasePatch(sn string, n *corev1.Node) []byte {
+	type op struct {
+		Op    string  `json:"op"`
+		Path  string  `json:"path"`
+		Value *string `json:"value,omitempty"`
+	}
+	var ops []op
+	remove := func(k string) {
+		path := "/metadata/annotations/" + strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
+		v := n.Annotations[k]
+		ops = append(ops, op{Op: "test", Path: path, Value: &v}, op{Op: "remove", Path: path})
+	}
+	mem, ok := n.Annotations[v1alpha1.AnnotationMemory]
+	if ok && mem == sn {
+		remove(v1alpha1.AnnotationMemory)
+		if _, ok := n.Annotations[v1alpha1.AnnotationInterconnectBandwidth]; ok {
+			remove(v1alpha1.AnnotationInterconnectBandwidth)
+		}
+	}
+	if n.Annotations[v1alpha1.AnnotationGPUPool] == sn {
+		remove(v1alpha1.AnnotationGPUPool)
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(ops) // strings only: cannot fail
+	return b
 }
 
 // exportHyperNodes makes sn's HyperNodes what they should be, if their

@@ -2,8 +2,11 @@ package supernode
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
@@ -40,7 +44,7 @@ func fakeReconciler(t *testing.T, funcs interceptor.Funcs, objs ...client.Object
 		t.Fatal(err)
 	}
 	c := fake.NewClientBuilder().WithScheme(s).WithStatusSubresource(&v1alpha1.SuperNode{}).
-		WithIndex(&corev1.Node{}, nodeIndex, superNodeOf).WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
+		WithIndex(&corev1.Node{}, nodeIndex, superNodeOf).WithIndex(&corev1.Node{}, poolIndex, poolOf).WithObjects(objs...).WithInterceptorFuncs(funcs).Build()
 	rec := events.NewFakeRecorder(100)
 	log, _ := testenv.NewLogRecorder()
 	return &Reconciler{client: c, reader: c, recorder: rec, log: log, noHyper: true, grace: DefaultMissingGrace, now: time.Now}, rec, c
@@ -444,6 +448,123 @@ func TestCreateAlreadyExists(t *testing.T) {
 	for _, l := range logged.Lines() {
 		if strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") {
 			t.Errorf("logged %q", l)
+		}
+	}
+}
+
+// A reconcile removes its SuperNode's annotations, and only those, from
+// the Nodes that carry them but are no longer its members (unlabelled,
+// relabelled to an invalid id, or to another super node), whatever its
+// status says; a Node whose annotations became another SuperNode's
+// between the cache and the patch is left as it is, without an error.
+func TestReleaseDeparted(t *testing.T) {
+	node := func(name, id string, annotations ...string) *corev1.Node {
+		n := labelledNode(name, id)
+		n.Annotations = map[string]string{"example.com/keep": "x"}
+		for i := 0; i < len(annotations); i += 2 {
+			n.Annotations[annotations[i]] = annotations[i+1]
+		}
+		return n
+	}
+	const mem, gpu, bw = v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth
+	nodes := []*corev1.Node{
+		node("member", "sn", mem, "sn"),
+		node("unlabelled", "", mem, "sn", gpu, "sn", bw, "5GB/s"),
+		node("invalid", "Bad_ID", mem, "sn", bw, "5GB/s"),
+		node("moved", "other", mem, "other", gpu, "other", bw, "1GB/s"),
+		node("mixed", "other", mem, "other", gpu, "sn", bw, "1GB/s"),
+		node("raced", "", mem, "sn", bw, "5GB/s"),
+	}
+	sn := superNode(v1alpha1.SuperNodeStatus{})
+	objs := []client.Object{sn}
+	for _, n := range nodes {
+		objs = append(objs, n)
+	}
+	raced := 0
+	r, _, c := fakeReconciler(t, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if obj.GetName() == "raced" && patch.Type() == types.JSONPatchType {
+				// Another SuperNode's annotate lands first.
+				raced++
+				n := &corev1.Node{}
+				if err := c.Get(ctx, client.ObjectKeyFromObject(obj), n); err != nil {
+					return err
+				}
+				n.Annotations[mem], n.Annotations[bw] = "third", "2GB/s"
+				if err := c.Update(ctx, n); err != nil {
+					return err
+				}
+			}
+			err := c.Patch(ctx, obj, patch, opts...)
+			if err != nil && patch.Type() == types.JSONPatchType && apierrors.ReasonForError(err) == metav1.StatusReasonUnknown {
+				// What the apiserver answers to a failed test.
+				return apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "patch", schema.GroupResource{Resource: "nodes"}, obj.GetName(), err.Error(), 0, false)
+			}
+			return err
+		},
+	}, objs...)
+	if _, err := r.Reconcile(t.Context(), snKey); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]map[string]string{
+		"member":     {mem: "sn"},
+		"unlabelled": {},
+		"invalid":    {},
+		"moved":      {mem: "other", gpu: "other", bw: "1GB/s"},
+		"mixed":      {mem: "other", bw: "1GB/s"},
+		"raced":      {mem: "third", bw: "2GB/s"},
+	}
+	for name, w := range want {
+		n := &corev1.Node{}
+		if err := c.Get(t.Context(), client.ObjectKey{Name: name}, n); err != nil {
+			t.Fatal(err)
+		}
+		w["example.com/keep"] = "x"
+		if !maps.Equal(n.Annotations, w) {
+			t.Errorf("%s: annotations %v, want %v", name, n.Annotations, w)
+		}
+	}
+	if raced != 1 {
+		t.Errorf("raced: %d patches, want 1", raced)
+	}
+}
+
+// A member's annotate patch says each of the three annotations, a value
+// or null, not only those the cache's copy of the Node has wrong: that
+// copy may be behind a release by the SuperNode the Node left.
+func TestAnnotatePatchSaysAll(t *testing.T) {
+	n := member("a", corev1.ConditionTrue, "1Gi", 0, "")
+	n.Annotations = map[string]string{v1alpha1.AnnotationMemory: "old", v1alpha1.AnnotationInterconnectBandwidth: "1GB/s"}
+	var patches []map[string]map[string]map[string]*string
+	r, _, _ := fakeReconciler(t, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if _, ok := obj.(*corev1.Node); ok {
+				b, err := patch.Data(obj)
+				if err != nil {
+					return err
+				}
+				var p map[string]map[string]map[string]*string
+				if err := json.Unmarshal(b, &p); err != nil {
+					t.Errorf("patch %s: %v", b, err)
+				}
+				patches = append(patches, p)
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	}, superNode(v1alpha1.SuperNodeStatus{}), &n)
+	if _, err := r.Reconcile(t.Context(), snKey); err != nil {
+		t.Fatal(err)
+	}
+	if len(patches) != 1 {
+		t.Fatalf("%d patches of the member, want 1", len(patches))
+	}
+	a := patches[0]["metadata"]["annotations"]
+	if len(a) != 3 || a[v1alpha1.AnnotationMemory] == nil || *a[v1alpha1.AnnotationMemory] != "sn" {
+		t.Errorf("annotate patch %v, want memory sn and the other two", a)
+	}
+	for _, k := range []string{v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth} {
+		if v, ok := a[k]; !ok || v != nil {
+			t.Errorf("annotate patch: %s %v, want null", k, v)
 		}
 	}
 }
