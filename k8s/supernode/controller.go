@@ -305,8 +305,15 @@ func (r *Reconciler) logInvalid(id, node string) {
 }
 
 // nodeChanged lets through the Node updates that can change a SuperNode:
-// labels, readiness, capacity and the bandwidth annotation; not
-// heartbeats, nor the controller's own annotations.
+// labels, readiness, capacity and the bandwidth annotation. Not
+// heartbeats, nor other metadata (resourceVersion, managedFields, other
+// annotations), nor a change of the controller's own annotations alone
+// that leaves them as a reconcile of the Node's super node would
+// (annotatedAsLabelled): so the controller's own patches, of a member's
+// annotations or of a departed Node's, queue no reconcile. A change of
+// them alone that leaves them otherwise (naming another super node, or
+// none on a member: edited by hand, or removed by the SuperNode the Node
+// left after its new one annotated it) is let through, to be put right.
 var nodeChanged = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 	a, okA := e.ObjectOld.(*corev1.Node)
 	b, okB := e.ObjectNew.(*corev1.Node)
@@ -319,17 +326,27 @@ var nodeChanged = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		!equality.Semantic.DeepEqual(a.Labels, b.Labels) ||
 		!equality.Semantic.DeepEqual(a.Status.Capacity, b.Status.Capacity) ||
 		a.Annotations[v1alpha1.LabelUBBandwidth] != b.Annotations[v1alpha1.LabelUBBandwidth] ||
-		annotationsDiffer(a, ourAnnotations(b))
+		annotationsDiffer(a, ourAnnotations(b)) && !annotatedAsLabelled(b)
 }}
 
 func ourAnnotations(n *corev1.Node) map[string]string {
 	m := map[string]string{}
-	for _, k := range []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth} {
+	for _, k := range ourAnnotationKeys {
 		if v, ok := n.Annotations[k]; ok {
 			m[k] = v
 		}
 	}
 	return m
+}
+
+// annotatedAsLabelled says whether Node n's annotations name its super
+// node (its label) and no other, as its SuperNode's annotate leaves them
+// (AnnotationMemory that super node, AnnotationGPUPool that or none), or,
+// for a Node without the label, name none, as a release leaves them.
+func annotatedAsLabelled(n *corev1.Node) bool {
+	id := n.Labels[v1alpha1.LabelSuperNode]
+	gpu, ok := n.Annotations[v1alpha1.AnnotationGPUPool]
+	return n.Annotations[v1alpha1.AnnotationMemory] == id && (!ok || gpu == id)
 }
 
 // Reconcile brings the SuperNode named req.Name in line with its member

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -565,6 +566,65 @@ func TestAnnotatePatchSaysAll(t *testing.T) {
 	for _, k := range []string{v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth} {
 		if v, ok := a[k]; !ok || v != nil {
 			t.Errorf("annotate patch: %s %v, want null", k, v)
+		}
+	}
+}
+
+// Node updates that change only the controller's own annotations, as a
+// reconcile writes them, or only other metadata and heartbeats, queue no
+// reconcile; ones that change what a SuperNode is made of, or leave the
+// annotations naming another super node or, on a member, none, do.
+func TestNodeChangedPredicate(t *testing.T) {
+	const mem, gpu, bw = v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth
+	base := func() *corev1.Node {
+		n := member("a", corev1.ConditionTrue, "1Gi", 1, "r1")
+		n.ResourceVersion = "10"
+		n.Annotations = map[string]string{mem: "sn", gpu: "sn", bw: "5GB/s", "example.com/other": "x"}
+		n.Status.Conditions[0].LastHeartbeatTime = metav1.NewTime(t0)
+		return &n
+	}
+	for _, tc := range []struct {
+		what   string
+		change func(old, n *corev1.Node)
+		want   bool
+	}{
+		{"the controller's first annotations of a member", func(old, n *corev1.Node) {
+			old.Annotations = nil
+			n.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: managerName, Operation: metav1.ManagedFieldsOperationUpdate}}
+		}, false},
+		{"the controller's new bandwidth figure", func(old, _ *corev1.Node) { old.Annotations[bw] = "1GB/s" }, false},
+		{"the controller's pools, the Node's accelerators gone", func(old, n *corev1.Node) {
+			delete(n.Annotations, gpu)
+			delete(n.Status.Capacity, resourceNPU)
+			delete(old.Status.Capacity, resourceNPU)
+		}, false},
+		{"a release of a Node no longer labelled", func(old, n *corev1.Node) {
+			delete(old.Labels, v1alpha1.LabelSuperNode)
+			delete(n.Labels, v1alpha1.LabelSuperNode)
+			n.Annotations = map[string]string{"example.com/other": "x"}
+		}, false},
+		{"a heartbeat", func(_, n *corev1.Node) { n.Status.Conditions[0].LastHeartbeatTime = metav1.NewTime(t0.Add(time.Minute)) }, false},
+		{"another annotation", func(_, n *corev1.Node) { n.Annotations["example.com/other"] = "y" }, false},
+
+		{"memory removed by hand from a member", func(_, n *corev1.Node) { delete(n.Annotations, mem) }, true},
+		{"memory naming another super node", func(_, n *corev1.Node) { n.Annotations[mem] = "other" }, true},
+		{"gpu-pool naming another super node", func(_, n *corev1.Node) { n.Annotations[gpu] = "other" }, true},
+		{"a member's annotations released by the SuperNode it left", func(old, n *corev1.Node) {
+			old.Labels[v1alpha1.LabelSuperNode] = "next"
+			n.Labels[v1alpha1.LabelSuperNode] = "next"
+			n.Annotations = map[string]string{"example.com/other": "x"}
+		}, true},
+		{"a relabel", func(_, n *corev1.Node) { n.Labels[v1alpha1.LabelSuperNode] = "other" }, true},
+		{"a rack", func(_, n *corev1.Node) { n.Labels[v1alpha1.LabelRack] = "r2" }, true},
+		{"readiness", func(_, n *corev1.Node) { n.Status.Conditions[0].Status = corev1.ConditionFalse }, true},
+		{"capacity", func(_, n *corev1.Node) { n.Status.Capacity[corev1.ResourceMemory] = resource.MustParse("2Gi") }, true},
+		{"the bandwidth reported", func(_, n *corev1.Node) { n.Annotations[v1alpha1.LabelUBBandwidth] = "10GB/s" }, true},
+	} {
+		old, n := base(), base()
+		n.ResourceVersion = "11"
+		tc.change(old, n)
+		if got := nodeChanged.Update(event.UpdateEvent{ObjectOld: old, ObjectNew: n}); got != tc.want {
+			t.Errorf("%s: let through %v, want %v", tc.what, got, tc.want)
 		}
 	}
 }
