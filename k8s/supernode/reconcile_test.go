@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -162,12 +163,21 @@ func TestStatusDespiteExportError(t *testing.T) {
 	}
 }
 
+// validHyperNodeName says what is wrong with a HyperNode name: it must
+// be a DNS-1123 subdomain (an object's name) and a qualified name, as
+// Volcano checks HyperNode names and exactMatch member names, so at most
+// 63 characters.
+func validHyperNodeName(name string) []string {
+	return append(validation.IsDNS1123Subdomain(name), validation.IsQualifiedName(name)...)
+}
+
 // Racks whose labels differ only in case or in characters a name cannot
-// have get HyperNodes of their own, each name a DNS-1123 subdomain; a
-// rack that is already a name keeps it.
+// have get HyperNodes of their own, each name <sn>-<rack>-<8 hex>, a
+// DNS-1123 subdomain and qualified name of at most 63 characters,
+// however long the super node's name and the rack.
 func TestRackHyperNodeNames(t *testing.T) {
 	sn := &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: "sn"}}
-	racks := []string{"R1", "r1", "rack_a", "rack-a", "Rack.A", "a..b", "a_.b", strings.Repeat("X", 63)}
+	racks := []string{"R1", "r1", "rack_a", "rack-a", "Rack.A", "a..b", "a_.b", strings.Repeat("X", 63), strings.Repeat("x", 62) + "1", strings.Repeat("x", 62) + "2"}
 	var nodes []corev1.Node
 	for i, rack := range racks {
 		nodes = append(nodes, member(fmt.Sprintf("n%d", i), corev1.ConditionTrue, "1Gi", 0, rack))
@@ -180,7 +190,7 @@ func TestRackHyperNodeNames(t *testing.T) {
 	names := map[string]bool{}
 	for _, hn := range hns {
 		name := hn.GetName()
-		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		if errs := validHyperNodeName(name); len(errs) > 0 {
 			t.Errorf("HyperNode %q: %v", name, errs)
 		}
 		if names[name] {
@@ -198,15 +208,58 @@ func TestRackHyperNodeNames(t *testing.T) {
 			t.Errorf("rack %q's node in HyperNode %q, want %q", rack, got, rackHyperNodeName("sn", rack))
 		}
 	}
-	if got := rackHyperNodeName("sn", "r1"); got != "sn-r1" {
-		t.Errorf("rack r1: %q, want sn-r1", got)
-	}
-	if got := rackHyperNodeName("sn", "R1"); !strings.HasPrefix(got, "sn-r1-") || len(got) != len("sn-r1-")+8 {
-		t.Errorf("rack R1: %q, want sn-r1- and 8 hex digits", got)
+	hash := regexp.MustCompile(`^sn-r1-[0-9a-f]{8}$`)
+	if r1, R1 := rackHyperNodeName("sn", "r1"), rackHyperNodeName("sn", "R1"); !hash.MatchString(r1) || !hash.MatchString(R1) || r1 == R1 {
+		t.Errorf("racks r1 and R1: %q and %q, want sn-r1- and 8 hex digits, not the same", r1, R1)
 	}
 	top := hns[len(hns)-1]
 	if ms, _, _ := unstructured.NestedSlice(top.Object, "spec", "members"); top.GetName() != "sn" || len(ms) != len(racks) {
 		t.Errorf("the super node's HyperNode is %q with %d members, want sn over the %d racks", top.GetName(), len(ms), len(racks))
+	}
+
+	// The longest names: cut, valid, distinct.
+	long := strings.Repeat("s", 30) + "." + strings.Repeat("t", 32) // 63, a '.' where the cut comes
+	seen := map[string]string{}
+	for _, sn := range []string{long, strings.Repeat("s", 63), strings.Repeat("s", 53) + "-" + strings.Repeat("s", 9)} {
+		for _, rack := range []string{"a", strings.Repeat("R", 63), strings.Repeat("R", 62) + "S"} {
+			name := rackHyperNodeName(sn, rack)
+			if errs := validHyperNodeName(name); len(errs) > 0 {
+				t.Errorf("super node %q rack %q: HyperNode %q: %v", sn, rack, name, errs)
+			}
+			if prev, ok := seen[name]; ok {
+				t.Errorf("super node %q rack %q: HyperNode %q, as %s", sn, rack, name, prev)
+			}
+			seen[name] = sn + " rack " + rack
+		}
+	}
+}
+
+// A rack's HyperNode is no other super node's: not that of super node
+// <sn>-<rack> (a's rack b and SuperNode a-b; a's rack b-c, a-b's rack c
+// and SuperNode a-b-c), nor of another super node's rack that
+// <sn>-<rack> would give too (a's rack b-c and a-b's rack c).
+func TestHyperNodeNamesAcrossSuperNodes(t *testing.T) {
+	names := map[string]string{}
+	for _, c := range []struct {
+		sn    string
+		racks []string // none: unracked
+	}{
+		{"a", []string{"b", "b-c"}},
+		{"a-b", []string{"c"}},
+		{"a-b-c", nil},
+	} {
+		var nodes []corev1.Node
+		for i, rack := range append(c.racks, "")[:max(len(c.racks), 1)] {
+			nodes = append(nodes, member(fmt.Sprintf("%s-%d", c.sn, i), corev1.ConditionTrue, "1Gi", 0, rack))
+		}
+		sn := &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: c.sn}}
+		for _, hn := range desiredHyperNodes(sn, nodes) {
+			owner := fmt.Sprintf("%s %v", c.sn, c.racks)
+			if prev, ok := names[hn.GetName()]; ok && prev != owner {
+				t.Errorf("HyperNode %q of super node %s and of %s", hn.GetName(), owner, prev)
+			}
+			names[hn.GetName()] = owner
+		}
 	}
 }
 
@@ -603,7 +656,9 @@ func TestNodeChangedPredicate(t *testing.T) {
 			delete(n.Labels, v1alpha1.LabelSuperNode)
 			n.Annotations = map[string]string{"example.com/other": "x"}
 		}, false},
-		{"a heartbeat", func(_, n *corev1.Node) { n.Status.Conditions[0].LastHeartbeatTime = metav1.NewTime(t0.Add(time.Minute)) }, false},
+		{"a heartbeat", func(_, n *corev1.Node) {
+			n.Status.Conditions[0].LastHeartbeatTime = metav1.NewTime(t0.Add(time.Minute))
+		}, false},
 		{"another annotation", func(_, n *corev1.Node) { n.Annotations["example.com/other"] = "y" }, false},
 
 		{"memory removed by hand from a member", func(_, n *corev1.Node) { delete(n.Annotations, mem) }, true},
