@@ -1,6 +1,8 @@
 package discovery
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"sort"
@@ -194,11 +196,21 @@ func pageSizeName(b int64) string {
 // name as a SuperNode can be called, since the SuperNode controller makes
 // one SuperNode per value and ignores Nodes whose value cannot name one.
 // It is a DNS-1123 label: at most 63 lower-case letters, digits and '-',
-// starting and ending with a letter or digit. Upper case becomes lower
-// case and every other character '-' ("CM384_Rack.A" is "cm384-rack-a");
-// "" if nothing is left. A name that had to change is said in the
-// Identity condition and logged by the agent.
+// starting and ending with a letter or digit. A name that is one already
+// is the id as it is. Any other is made one, upper case becoming lower
+// case and every other character '-', and 8 hex digits of a hash of the
+// name are added after a '-', the rest cut to 54 characters to leave
+// room: "CM384_Rack.A" is "cm384-rack-a-<hash>", so that names the change
+// would make equal ("CM384_A" and "cm384-a", or two that differ only
+// after 63 characters) still name two SuperNodes (short of a collision of
+// the 32-bit hash). A name with nothing left once made so (no letter or
+// digit) has no id: "". A name that had to change is said in the Identity
+// condition and logged by the agent.
 func (r *Report) SuperNodeID() string { return superNodeID(r.SuperNode) }
+
+// idHashLen is the length of the suffix superNodeID adds to a name it
+// changed: '-' and 8 hex digits.
+const idHashLen = 1 + 8
 
 func superNodeID(name string) string {
 	b := make([]byte, 0, len(name))
@@ -208,11 +220,19 @@ func superNodeID(name string) string {
 		} else {
 			b = append(b, '-')
 		}
-		if len(b) == 63 {
+		if len(b) > 63 {
 			break
 		}
 	}
-	return strings.Trim(string(b), "-")
+	id := strings.Trim(string(b), "-")
+	if id == name || id == "" {
+		return id
+	}
+	if len(id) > 63-idHashLen {
+		id = strings.TrimRight(id[:63-idHashLen], "-")
+	}
+	sum := sha256.Sum256([]byte(name))
+	return id + "-" + hex.EncodeToString(sum[:4])
 }
 
 // labelValue makes s a valid label value: at most 63 characters of

@@ -1,6 +1,8 @@
 package discovery
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io/fs"
 	"maps"
@@ -479,11 +481,28 @@ func validSuperNodeID(id string) bool {
 	return id != "" && len(validation.IsDNS1123Subdomain(id)) == 0 && len(id) <= 63
 }
 
+// idHash is the suffix superNodeID adds to a name it changed.
+func idHash(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return "-" + hex.EncodeToString(sum[:4])
+}
+
+// A name that is a DNS-1123 label is its own id; any other is made one
+// and gets a hash of the name, so that names made alike (CM384_A and
+// cm384-a, names equal in their first 63 characters) keep ids of their
+// own, each at most 63 characters and one the SuperNode controller takes.
 func TestSuperNodeID(t *testing.T) {
+	long := strings.Repeat("a", 70)
 	for in, want := range map[string]string{
-		"dev4": "dev4", "cm384": "cm384", "CM384": "cm384", "CM384_Rack.A": "cm384-rack-a", "a__b": "a--b",
-		"-x-": "x", "_Pod 7_": "pod-7", "é1": "1", "___": "", "": "", "ÉÉ": "",
-		strings.Repeat("a", 70): strings.Repeat("a", 63), strings.Repeat("a", 62) + "_b": strings.Repeat("a", 62),
+		"dev4": "dev4", "cm384": "cm384", "cm384-a": "cm384-a", "a.b": "a-b" + idHash("a.b"),
+		"CM384": "cm384" + idHash("CM384"), "CM384_Rack.A": "cm384-rack-a" + idHash("CM384_Rack.A"),
+		"CM384_A": "cm384-a" + idHash("CM384_A"), "a__b": "a--b" + idHash("a__b"),
+		"-x-": "x" + idHash("-x-"), "_Pod 7_": "pod-7" + idHash("_Pod 7_"), "é1": "1" + idHash("é1"),
+		"___": "", "": "", "ÉÉ": "",
+		strings.Repeat("a", 63):        strings.Repeat("a", 63),
+		long:                           strings.Repeat("a", 54) + idHash(long),
+		long + "b":                     strings.Repeat("a", 54) + idHash(long+"b"),
+		strings.Repeat("a", 53) + "_b": strings.Repeat("a", 53) + idHash(strings.Repeat("a", 53)+"_b"),
 	} {
 		got := superNodeID(in)
 		if got != want {
@@ -491,6 +510,11 @@ func TestSuperNodeID(t *testing.T) {
 		}
 		if got != "" && (len(validation.IsDNS1123Label(got)) > 0 || !validSuperNodeID(got)) {
 			t.Errorf("superNodeID(%q) = %q, which the SuperNode controller ignores", in, got)
+		}
+	}
+	for _, pair := range [][2]string{{"CM384_A", "cm384-a"}, {"cm384_a", "CM384-A"}, {long, long + "b"}, {"a.b", "a-b"}} {
+		if a, b := superNodeID(pair[0]), superNodeID(pair[1]); a == b {
+			t.Errorf("super nodes %q and %q share the id %q", pair[0], pair[1], a)
 		}
 	}
 }
@@ -513,14 +537,14 @@ func TestScanSuperNodeID(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := r.Labels()
-	if id := l[LabelSuperNode]; id != "cm384-rack-a" || !validSuperNodeID(id) {
+	if id := l[LabelSuperNode]; id != "cm384-rack-a"+idHash("CM384_Rack.A") || !validSuperNodeID(id) {
 		t.Errorf("id label %q", id)
 	}
 	if r.SuperNode != "CM384_Rack.A" || l[LabelNode] != "Node_0" {
 		t.Errorf("identity %q, labels %v", r.SuperNode, l)
 	}
 	want := Condition{Type: "Identity", Status: ConditionTrue, Reason: "Found",
-		Message: "node Node_0 of super node CM384_Rack.A, published as supernode.ubkit.io/id=cm384-rack-a (a SuperNode's name is a DNS-1123 label)"}
+		Message: "node Node_0 of super node CM384_Rack.A, published as supernode.ubkit.io/id=cm384-rack-a" + idHash("CM384_Rack.A") + " (a SuperNode's name is a DNS-1123 label)"}
 	if c := condition(t, r, "Identity"); c != want {
 		t.Errorf("got  %+v\nwant %+v", c, want)
 	}
@@ -529,7 +553,7 @@ func TestScanSuperNodeID(t *testing.T) {
 	if _, err := a.Refresh(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	rec.WaitFor(t, "level=WARN", "super node name changed", "supernode=CM384_Rack.A", `label="supernode.ubkit.io/id=cm384-rack-a"`)
+	rec.WaitFor(t, "level=WARN", "super node name changed", "supernode=CM384_Rack.A", `label="supernode.ubkit.io/id=cm384-rack-a`+idHash("CM384_Rack.A")+`"`)
 
 	r, err = Scan(ScanOptions{Root: root, Topology: topo("___"), TopologyNode: "n1"})
 	if err != nil {

@@ -3,9 +3,12 @@ package supernode
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,11 +20,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -93,9 +98,31 @@ func superNodeOf(o client.Object) []string {
 	return nil
 }
 
+// poolIndex is the cache's index of Nodes by the super nodes their
+// annotations (AnnotationMemory, AnnotationGPUPool) name, so that a
+// reconcile finds the Nodes that have left its SuperNode but still carry
+// its annotations.
+const poolIndex = "supernode.ubkit.io/pool"
+
+// poolOf is poolIndex's function.
+func poolOf(o client.Object) []string {
+	a := o.GetAnnotations()
+	var ids []string
+	for _, k := range []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool} {
+		if v := a[k]; v != "" && !slices.Contains(ids, v) {
+			ids = append(ids, v)
+		}
+	}
+	return ids
+}
+
 // DefaultResync is how often SuperNodes are reconciled again, while
 // HyperNodes are exported, unless Options say otherwise.
 const DefaultResync = 5 * time.Minute
+
+// cacheLagRequeue is how soon a SuperNode is reconciled again when the
+// apiserver has it but the cache does not yet.
+const cacheLagRequeue = 100 * time.Millisecond
 
 // DefaultMissingGrace is how long a deleted member stays Missing unless
 // Options say otherwise.
@@ -161,11 +188,14 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, nodeIndex, superNodeOf); err != nil {
 		return fmt.Errorf("supernode: index Nodes by super node: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Node{}, poolIndex, poolOf); err != nil {
+		return fmt.Errorf("supernode: index Nodes by the super nodes their annotations name: %w", err)
+	}
 	skip := true // more than one manager per process (tests, the bench) runs this controller
 	b := ctrl.NewControllerManagedBy(mgr).
 		Named("supernode").
 		For(&v1alpha1.SuperNode{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
-		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.nodeToSuperNode), builder.WithPredicates(nodeChanged)).
+		Watches(&corev1.Node{}, r.nodeHandler(), builder.WithPredicates(nodeChanged)).
 		WithOptions(controller.Options{SkipNameValidation: &skip, MaxConcurrentReconciles: r.workers})
 	if !r.noHyper {
 		switch served, err := r.hyper.Served(); {
@@ -182,15 +212,38 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	return b.Complete(r)
 }
 
+// nodeHandler queues, for a Node event, the SuperNodes its Node (before
+// and after, for an update) is labelled for (nodeToSuperNode), and
+// reports the invalid super node ids the event carries: counted once
+// per event, though an update has two Nodes.
+func (r *Reconciler) nodeHandler() handler.EventHandler {
+	queue := handler.EnqueueRequestsFromMapFunc(r.nodeToSuperNode)
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.reportInvalid(e.Object)
+			queue.Create(ctx, e, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.reportInvalid(e.ObjectOld, e.ObjectNew)
+			queue.Update(ctx, e, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.reportInvalid(e.Object)
+			queue.Delete(ctx, e, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			r.reportInvalid(e.Object)
+			queue.Generic(ctx, e, q)
+		},
+	}
+}
+
 // nodeToSuperNode maps a Node to the SuperNode its label names. An id
-// that cannot name a SuperNode (validID) maps to none, and is reported.
+// that cannot name a SuperNode (validID) maps to none (nodeHandler
+// reports it).
 func (r *Reconciler) nodeToSuperNode(_ context.Context, o client.Object) []reconcile.Request {
 	id := o.GetLabels()[v1alpha1.LabelSuperNode]
-	if id == "" {
-		return nil
-	}
-	if !validID(id) {
-		r.invalidID(id, o.GetName())
+	if id == "" || !validID(id) {
 		return nil
 	}
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Name: id}}}
@@ -208,11 +261,29 @@ func validID(id string) bool {
 // logged.
 const maxReportedIDs = 1000
 
-// invalidID counts a Node event ignored for its invalid super node id,
-// and logs the id the first time it is seen (up to maxReportedIDs ids,
-// then once that it logs no more).
-func (r *Reconciler) invalidID(id, node string) {
-	ignoredNodeEvents.Inc()
+// reportInvalid counts a Node event whose Nodes (one, or an update's
+// two) carry a super node id that cannot name a SuperNode, once, and
+// logs each such id the first time it is seen (up to maxReportedIDs
+// ids, then once that it logs no more).
+func (r *Reconciler) reportInvalid(objs ...client.Object) {
+	counted := false
+	for _, o := range objs {
+		if o == nil {
+			continue
+		}
+		id := o.GetLabels()[v1alpha1.LabelSuperNode]
+		if id == "" || validID(id) {
+			continue
+		}
+		if !counted {
+			ignoredNodeEvents.Inc()
+			counted = true
+		}
+		r.logInvalid(id, o.GetName())
+	}
+}
+
+func (r *Reconciler) logInvalid(id, node string) {
 	r.invalid.Lock()
 	defer r.invalid.Unlock()
 	if r.invalid.seen[id] {
@@ -234,8 +305,15 @@ func (r *Reconciler) invalidID(id, node string) {
 }
 
 // nodeChanged lets through the Node updates that can change a SuperNode:
-// labels, readiness, capacity and the bandwidth annotation; not
-// heartbeats, nor the controller's own annotations.
+// labels, readiness, capacity and the bandwidth annotation. Not
+// heartbeats, nor other metadata (resourceVersion, managedFields, other
+// annotations), nor a change of the controller's own annotations alone
+// that leaves them as a reconcile of the Node's super node would
+// (annotatedAsLabelled): so the controller's own patches, of a member's
+// annotations or of a departed Node's, queue no reconcile. A change of
+// them alone that leaves them otherwise (naming another super node, or
+// none on a member: edited by hand, or removed by the SuperNode the Node
+// left after its new one annotated it) is let through, to be put right.
 var nodeChanged = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 	a, okA := e.ObjectOld.(*corev1.Node)
 	b, okB := e.ObjectNew.(*corev1.Node)
@@ -248,12 +326,12 @@ var nodeChanged = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		!equality.Semantic.DeepEqual(a.Labels, b.Labels) ||
 		!equality.Semantic.DeepEqual(a.Status.Capacity, b.Status.Capacity) ||
 		a.Annotations[v1alpha1.LabelUBBandwidth] != b.Annotations[v1alpha1.LabelUBBandwidth] ||
-		annotationsDiffer(a, ourAnnotations(b))
+		annotationsDiffer(a, ourAnnotations(b)) && !annotatedAsLabelled(b)
 }}
 
 func ourAnnotations(n *corev1.Node) map[string]string {
 	m := map[string]string{}
-	for _, k := range []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth} {
+	for _, k := range ourAnnotationKeys {
 		if v, ok := n.Annotations[k]; ok {
 			m[k] = v
 		}
@@ -261,14 +339,28 @@ func ourAnnotations(n *corev1.Node) map[string]string {
 	return m
 }
 
+// annotatedAsLabelled says whether Node n's annotations name its super
+// node (its label) and no other, as its SuperNode's annotate leaves them
+// (AnnotationMemory that super node, AnnotationGPUPool that or none), or,
+// for a Node without the label, name none, as a release leaves them.
+func annotatedAsLabelled(n *corev1.Node) bool {
+	id := n.Labels[v1alpha1.LabelSuperNode]
+	gpu, ok := n.Annotations[v1alpha1.AnnotationGPUPool]
+	return n.Annotations[v1alpha1.AnnotationMemory] == id && (!ok || gpu == id)
+}
+
 // Reconcile brings the SuperNode named req.Name in line with its member
 // Nodes, creating it if Nodes name it and it does not exist.
 func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ reconcile.Result, err error) {
 	start := time.Now()
+	requeued := false
 	defer func() {
 		result := "success"
-		if err != nil {
+		switch {
+		case err != nil:
 			result = "error"
+		case requeued:
+			result = "requeue"
 		}
 		reconcilesTotal.WithLabelValues(result).Inc()
 		reconcileSeconds.Observe(time.Since(start).Seconds())
@@ -283,10 +375,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	case apierrors.IsNotFound(err):
 		if len(nodes.Items) == 0 {
 			membersByHealth.DeletePartialMatch(map[string]string{"supernode": req.Name})
-			return reconcile.Result{}, nil
+			_, err := r.release(ctx, req.Name) // Nodes that left it before it was deleted
+			return reconcile.Result{}, err
 		}
 		sn = &v1alpha1.SuperNode{ObjectMeta: metav1.ObjectMeta{Name: req.Name}, Spec: v1alpha1.SuperNodeSpec{ID: req.Name}}
-		if err := r.client.Create(ctx, sn, client.FieldOwner(managerName)); err != nil {
+		switch err := r.client.Create(ctx, sn, client.FieldOwner(managerName)); {
+		case apierrors.IsAlreadyExists(err):
+			// Made a moment ago (by this controller, a Node's event
+			// queuing it again), and not yet in the cache: again
+			// once it is, which is no error.
+			requeued = true
+			r.log.DebugContext(ctx, "supernode: SuperNode exists but is not in the cache yet; again shortly", "supernode", req.Name)
+			return reconcile.Result{RequeueAfter: cacheLagRequeue}, nil
+		case err != nil:
 			return reconcile.Result{}, fmt.Errorf("supernode: create SuperNode %s: %w", req.Name, err)
 		}
 		r.log.InfoContext(ctx, "supernode: created SuperNode", "supernode", req.Name, "members", len(nodes.Items))
@@ -325,13 +426,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req reconcile.Request) (_ re
 	}
 	annotated, err := r.annotate(ctx, sn, &st, nodes.Items)
 	errs = append(errs, err)
+	released, err := r.release(ctx, sn.Name)
+	errs = append(errs, err)
 	exported, err := r.exportHyperNodes(ctx, sn, nodes.Items)
 	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
-	r.log.DebugContext(ctx, "supernode: reconciled", "supernode", sn.Name, "wrote", statusWrites+annotated+exported,
-		"status", statusWrites, "annotated", annotated, "hypernodes", exported)
+	r.log.DebugContext(ctx, "supernode: reconciled", "supernode", sn.Name, "wrote", statusWrites+annotated+released+exported,
+		"status", statusWrites, "annotated", annotated, "released", released, "hypernodes", exported)
 	// Again when the first Missing member's grace ends, to drop it, and
 	// at the latest after the resync while HyperNodes are exported.
 	if !r.noHyper && (next == 0 || r.resync < next) {
@@ -364,7 +467,11 @@ func (r *Reconciler) moved(ctx context.Context, sn *v1alpha1.SuperNode, nodes []
 }
 
 // annotate writes on each member Node the annotations it lacks or has
-// wrong, and returns how many Nodes it wrote.
+// wrong, and returns how many Nodes it wrote. Each patch says all three,
+// a value or none (null), not only what differs from the Node in the
+// cache, which may be behind: so that a member is left with what its
+// SuperNode says whatever another SuperNode's release (release) removed
+// meanwhile.
 func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v1alpha1.SuperNodeStatus, nodes []corev1.Node) (int, error) {
 	writes := 0
 	for i := range nodes {
@@ -373,23 +480,100 @@ func (r *Reconciler) annotate(ctx context.Context, sn *v1alpha1.SuperNode, st *v
 		if !annotationsDiffer(n, want) {
 			continue
 		}
-		patch := client.MergeFrom(n.DeepCopy())
-		if n.Annotations == nil {
-			n.Annotations = map[string]string{}
-		}
-		for _, k := range []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth} {
+		set := map[string]any{}
+		for _, k := range ourAnnotationKeys {
 			if v, ok := want[k]; ok {
-				n.Annotations[k] = v
+				set[k] = v
 			} else {
-				delete(n.Annotations, k)
+				set[k] = nil
 			}
 		}
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": set}})
+		if err != nil {
+			return writes, err
+		}
 		writes++
-		if err := r.client.Patch(ctx, n, patch, client.FieldOwner(managerName)); err != nil && !apierrors.IsNotFound(err) {
+		if err := r.client.Patch(ctx, n, client.RawPatch(types.MergePatchType, patch), client.FieldOwner(managerName)); err != nil && !apierrors.IsNotFound(err) {
 			return writes, fmt.Errorf("supernode: annotate node %s: %w", n.Name, err)
 		}
 	}
 	return writes, nil
+}
+
+// ourAnnotationKeys are the annotations the controller writes on Nodes.
+var ourAnnotationKeys = []string{v1alpha1.AnnotationMemory, v1alpha1.AnnotationGPUPool, v1alpha1.AnnotationInterconnectBandwidth}
+
+// release removes the annotations of super node sn from the Nodes that
+// carry them but are no longer its members (relabelled to another super
+// node, to an id that cannot name one, or unlabelled), so that no Node
+// says it is part of a pool it has left; it returns how many Nodes it
+// wrote. Those Nodes are found through the cache's poolIndex, not the
+// SuperNode's status, so that one whose patch failed is released by a
+// later reconcile, once the status no longer has it.
+func (r *Reconciler) release(ctx context.Context, sn string) (int, error) {
+	var nodes corev1.NodeList
+	if err := r.client.List(ctx, &nodes, client.MatchingFields{poolIndex: sn}); err != nil {
+		return 0, fmt.Errorf("supernode: list nodes annotated for %s: %w", sn, err)
+	}
+	writes := 0
+	var errs []error
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		if n.Labels[v1alpha1.LabelSuperNode] == sn {
+			continue
+		}
+		patch := releasePatch(sn, n)
+		if patch == nil {
+			continue
+		}
+		writes++
+		switch err := r.client.Patch(ctx, n, client.RawPatch(types.JSONPatchType, patch), client.FieldOwner(managerName)); {
+		case err == nil, apierrors.IsNotFound(err):
+		case apierrors.IsInvalid(err):
+			// A test of the patch failed: the Node's annotations are
+			// not those in the cache any more, another SuperNode's
+			// now; they are not sn's to remove.
+			r.log.DebugContext(ctx, "supernode: a departed member's annotations changed meanwhile; left as they are", "supernode", sn, "node", n.Name, "err", err)
+		default:
+			errs = append(errs, fmt.Errorf("supernode: remove the annotations of %s from node %s, no longer its member: %w", sn, n.Name, err))
+		}
+	}
+	return writes, errors.Join(errs...)
+}
+
+// releasePatch is the JSON patch that removes from Node n the
+// annotations that are sn's: those of AnnotationMemory and
+// AnnotationGPUPool that name sn, and, if AnnotationMemory does,
+// AnnotationInterconnectBandwidth (sn's figure), each only if the Node
+// still has it as n has it (a test before each removal); nil if none is
+// sn's.
+func releasePatch(sn string, n *corev1.Node) []byte {
+	type op struct {
+		Op    string  `json:"op"`
+		Path  string  `json:"path"`
+		Value *string `json:"value,omitempty"`
+	}
+	var ops []op
+	remove := func(k string) {
+		path := "/metadata/annotations/" + strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
+		v := n.Annotations[k]
+		ops = append(ops, op{Op: "test", Path: path, Value: &v}, op{Op: "remove", Path: path})
+	}
+	mem, ok := n.Annotations[v1alpha1.AnnotationMemory]
+	if ok && mem == sn {
+		remove(v1alpha1.AnnotationMemory)
+		if _, ok := n.Annotations[v1alpha1.AnnotationInterconnectBandwidth]; ok {
+			remove(v1alpha1.AnnotationInterconnectBandwidth)
+		}
+	}
+	if n.Annotations[v1alpha1.AnnotationGPUPool] == sn {
+		remove(v1alpha1.AnnotationGPUPool)
+	}
+	if len(ops) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(ops) // strings only: cannot fail
+	return b
 }
 
 // exportHyperNodes makes sn's HyperNodes what they should be, if their

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -226,10 +227,13 @@ func resourceVersions(t *testing.T, cl client.Client, hyperNodes bool) map[strin
 }
 
 // TestDepartedMembers: a member relabelled to another super node leaves
-// its old SuperNode at once, degrading nothing, and joins the new one; a
-// deleted member makes its SuperNode Degraded, Missing, and is dropped
-// when the grace (short here) has passed, the SuperNode Ready again
-// without it, with no other change to queue the reconcile that drops it.
+// its old SuperNode at once, degrading nothing, and joins the new one,
+// its annotations the new one's; a deleted member makes its SuperNode
+// Degraded, Missing, and is dropped when the grace (short here) has
+// passed, the SuperNode Ready again without it, with no other change to
+// queue the reconcile that drops it; members unlabelled or relabelled to
+// an id that cannot name a SuperNode lose their old SuperNode's
+// annotations.
 func TestDepartedMembers(t *testing.T) {
 	c := k8stest.Start(t, k8stest.Config{Kwok: true})
 	installCRD(t, c.RESTConfig(), superNodeCRD)
@@ -258,7 +262,9 @@ func TestDepartedMembers(t *testing.T) {
 	if !isReady(dev4) || dev4.Status.MemberCount != 3 {
 		t.Errorf("dev4 after a member was relabelled: %+v, want Ready with 3 members", dev4.Status)
 	}
-	waitSuperNode(t, cl, "other", "with dev4-n0", members("dev4-n0"))
+	other := waitSuperNode(t, cl, "other", "with dev4-n0", members("dev4-n0"))
+	// Its annotations say other, not dev4.
+	annotatedFor(t, cl, "dev4-n0", other)
 
 	// A short grace now.
 	stop()
@@ -279,4 +285,56 @@ func TestDepartedMembers(t *testing.T) {
 	if ready := condition(dev4, v1alpha1.ConditionReady).LastTransitionTime; ready.Time.Before(m.MissingSince.Add(grace)) {
 		t.Errorf("dev4-n3, Missing since %v, dropped at %v: before its grace of %v", m.MissingSince, ready, grace)
 	}
+
+	// Unlabelled, and relabelled to an id no SuperNode can have: no
+	// SuperNode's annotations are left.
+	annotatedFor(t, cl, "dev4-n1", dev4)
+	annotatedFor(t, cl, "dev4-n2", dev4)
+	for name, patch := range map[string]string{
+		"dev4-n1": `{"metadata":{"labels":{"` + v1alpha1.LabelSuperNode + `":null}}}`,
+		"dev4-n2": `{"metadata":{"labels":{"` + v1alpha1.LabelSuperNode + `":"Bad_ID"}}}`,
+	} {
+		if _, err := c.Client().CoreV1().Nodes().Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSuperNode(t, cl, "dev4", "without members", members())
+	annotatedFor(t, cl, "dev4-n1", nil)
+	annotatedFor(t, cl, "dev4-n2", nil)
+	annotatedFor(t, cl, "dev4-n0", other)
+
+	// The apiserver refuses the release of annotations that changed
+	// since they were read (as Invalid, which release takes to mean
+	// they are another SuperNode's now), changing nothing.
+	n0 := &corev1.Node{}
+	if err := cl.Get(ctx, client.ObjectKey{Name: "dev4-n0"}, n0); err != nil {
+		t.Fatal(err)
+	}
+	stale := n0.DeepCopy()
+	stale.Annotations[v1alpha1.AnnotationMemory] = "dev4"
+	err := cl.Patch(ctx, n0.DeepCopy(), client.RawPatch(types.JSONPatchType, releasePatch("dev4", stale)))
+	if !apierrors.IsInvalid(err) {
+		t.Errorf("releasing annotations that changed since: %v, want Invalid", err)
+	}
+	annotatedFor(t, cl, "dev4-n0", other)
+}
+
+// annotatedFor waits until Node name has the annotations of SuperNode sn
+// as its status is, and none of another; with sn nil, none at all.
+func annotatedFor(t *testing.T, cl client.Client, name string, sn *v1alpha1.SuperNode) {
+	t.Helper()
+	what := "no SuperNode's annotations"
+	if sn != nil {
+		what = sn.Name + "'s annotations"
+	}
+	n := &corev1.Node{}
+	poll(t, "node "+name+" with "+what, func(ctx context.Context) (bool, error) {
+		if err := cl.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+			return false, err
+		}
+		if sn == nil {
+			return !annotationsDiffer(n, nil), nil
+		}
+		return !annotationsDiffer(n, memberAnnotations(sn.Name, &sn.Status, n)), nil
+	})
 }

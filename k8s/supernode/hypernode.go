@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -33,35 +34,76 @@ var HyperNodeGVK = schema.GroupVersionKind{Group: "topology.volcano.sh", Version
 // the next resync.
 const hyperNodeRecheck = 30 * time.Second
 
+// hyperNodeFailRecheck is how long a failure of discovery is remembered
+// (or recheck, if shorter): so that while the apiserver's discovery
+// fails, the workers do not each ask it again every reconcile.
+const hyperNodeFailRecheck = 10 * time.Second
+
 // hyperNodeProbe says, through discovery, whether the HyperNode kind is
-// served, and remembers the answer for recheck.
+// served, and remembers the answer for recheck, a failure for
+// min(recheck, hyperNodeFailRecheck). One request is in flight at a time,
+// and no lock is held while it is: a caller that finds one in flight
+// takes the last answer, or, if there is none yet, waits for that
+// request's.
 type hyperNodeProbe struct {
 	disco   discovery.DiscoveryInterface
 	now     func() time.Time
 	recheck time.Duration
 
-	mu      sync.Mutex
-	checked time.Time
-	served  bool
+	mu       sync.Mutex
+	checked  time.Time // when the last answer came; zero: none yet
+	served   bool
+	err      error
+	inflight chan struct{} // closed when the request in flight is answered
 }
 
-func (p *hyperNodeProbe) Served() (bool, error) {
+func (p *hyperNodeProbe) Served() (served bool, err error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.checked.IsZero() && p.now().Sub(p.checked) < p.recheck {
-		return p.served, nil
+	for {
+		if !p.checked.IsZero() && (p.inflight != nil || p.now().Sub(p.checked) < p.trust()) {
+			defer p.mu.Unlock()
+			return p.served, p.err
+		}
+		if p.inflight == nil {
+			break
+		}
+		wait := p.inflight
+		p.mu.Unlock()
+		<-wait
+		p.mu.Lock()
 	}
+	done := make(chan struct{})
+	p.inflight = done
+	p.mu.Unlock()
+	// The answer, for those waiting, even if the request panics.
+	err = errors.New("supernode: discovery of " + HyperNodeGVK.GroupVersion().String() + " did not answer")
+	defer func() {
+		p.mu.Lock()
+		p.served, p.err, p.checked, p.inflight = served, err, p.now(), nil
+		p.mu.Unlock()
+		close(done)
+	}()
+	return p.ask()
+}
+
+// trust is how long the last answer holds; p.mu is held.
+func (p *hyperNodeProbe) trust() time.Duration {
+	if p.err != nil {
+		return min(p.recheck, hyperNodeFailRecheck)
+	}
+	return p.recheck
+}
+
+// ask asks discovery whether the HyperNode kind is served.
+func (p *hyperNodeProbe) ask() (bool, error) {
 	list, err := p.disco.ServerResourcesForGroupVersion(HyperNodeGVK.GroupVersion().String())
 	switch {
 	case apierrors.IsNotFound(err):
-		p.served = false
+		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("supernode: discovery of %s: %w", HyperNodeGVK.GroupVersion(), err)
-	default:
-		p.served = slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == HyperNodeGVK.Kind })
 	}
-	p.checked = p.now()
-	return p.served, nil
+	return slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == HyperNodeGVK.Kind }), nil
 }
 
 // desiredHyperNodes are the HyperNodes that stand for super node sn with
@@ -96,14 +138,24 @@ func desiredHyperNodes(sn *v1alpha1.SuperNode, nodes []corev1.Node) []*unstructu
 	return append(hns, hyperNode(sn, sn.Name, 2, "HyperNode", rackNames))
 }
 
+// maxHyperNodeName is the longest HyperNode name the controller makes:
+// Volcano checks a HyperNode's name, and each exactMatch name of its
+// members (the racks' HyperNodes, under the super node's), with
+// Kubernetes' IsQualifiedName, whose names are at most 63 characters.
+const maxHyperNodeName = 63
+
 // rackHyperNodeName is the name of the HyperNode of rack (a label
 // value: letters of either case, digits, '-', '_' and '.', at most 63)
-// of super node sn (a DNS-1123 subdomain of at most 63): <sn>-<rack>
-// where the rack is already lowercase letters, digits and '-'; else
-// <sn>-<rack made so>-<8 hex digits of a hash of the rack>, so that racks
+// of super node sn (a DNS-1123 subdomain of at most 63):
+// <sn>-<rack>-<hash>, the rack lowercased and its '_' and '.' made '-',
+// the hash 8 hex digits of a hash of sn and the rack as they are, and
+// <sn>-<rack> cut to leave the whole at most maxHyperNodeName. So racks
 // that differ only where the name cannot follow them (R1 and r1, rack_a
-// and rack-a) still get HyperNodes of their own. It is a DNS-1123
-// subdomain, of at most 136 characters.
+// and rack-a), or only after the cut, get HyperNodes of their own, a
+// rack's HyperNode is not another super node's rack's (a-b's rack c and
+// a's rack b-c), nor another SuperNode's own (SuperNode a-b's, against a's
+// rack b), short of a collision of the 32-bit hash. It is a DNS-1123
+// subdomain and a qualified name.
 func rackHyperNodeName(sn, rack string) string {
 	clean := strings.Map(func(c rune) rune {
 		switch {
@@ -115,11 +167,15 @@ func rackHyperNodeName(sn, rack string) string {
 			return '-' // '_' and '.' (a '.' could make an empty DNS label: "a..b", "a.-b")
 		}
 	}, rack)
-	if clean != rack {
-		sum := sha256.Sum256([]byte(rack))
-		clean += "-" + hex.EncodeToString(sum[:4])
+	sum := sha256.Sum256([]byte(sn + "/" + rack)) // '/' is in neither
+	suffix := "-" + hex.EncodeToString(sum[:4])
+	name := sn + "-" + clean
+	if len(name) > maxHyperNodeName-len(suffix) {
+		// sn begins with a letter or digit; the cut may end in '-' or
+		// (in sn) '.', neither of which may come before the suffix's '-'.
+		name = strings.TrimRight(name[:maxHyperNodeName-len(suffix)], "-.")
 	}
-	return sn + "-" + clean
+	return name + suffix
 }
 
 func hyperNode(sn *v1alpha1.SuperNode, name string, tier int64, memberType string, members []string) *unstructured.Unstructured {
@@ -163,14 +219,21 @@ func (r *Reconciler) syncHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode,
 			err := r.client.Create(ctx, want)
 			switch {
 			case apierrors.IsAlreadyExists(err):
-				// Not among ours (the list is not a cache's): someone
-				// else's, or another super node's of the same name.
-				return writes, fmt.Errorf("supernode: HyperNode %s exists and is not SuperNode %s's (labelled %s=%s, %s=%s): not touched",
-					want.GetName(), sn.Name, v1alpha1.LabelSuperNode, sn.Name, labelManagedBy, managerName)
+				// Not among ours (the list is not a cache's): ours with
+				// its labels removed by hand, to adopt; or someone
+				// else's, not to touch.
+				adopted, err := r.adoptHyperNode(ctx, sn, want)
+				if err != nil {
+					return writes, err
+				}
+				if adopted {
+					writes++
+				}
 			case err != nil:
 				return writes, fmt.Errorf("supernode: create HyperNode %s: %w", want.GetName(), err)
+			default:
+				writes++
 			}
-			writes++
 			continue
 		}
 		if equality.Semantic.DeepEqual(cur.Object["spec"], want.Object["spec"]) &&
@@ -191,4 +254,35 @@ func (r *Reconciler) syncHyperNodes(ctx context.Context, sn *v1alpha1.SuperNode,
 		writes++
 	}
 	return writes, nil
+}
+
+// adoptHyperNode makes HyperNode want, which exists but is not labelled
+// as sn's, sn's again, its labels and spec restored, if sn is its
+// controller (an owner reference of sn's UID): its labels were removed or
+// changed by hand. It returns whether it wrote it, and an error if the
+// HyperNode is another's (no such owner reference), which is left as it
+// is. It reads the HyperNode by a list of its name, which the controller
+// may do (it may not get HyperNodes).
+func (r *Reconciler) adoptHyperNode(ctx context.Context, sn *v1alpha1.SuperNode, want *unstructured.Unstructured) (bool, error) {
+	list := &unstructured.UnstructuredList{}
+	list.SetGroupVersionKind(HyperNodeGVK.GroupVersion().WithKind("HyperNodeList"))
+	if err := r.reader.List(ctx, list, client.MatchingFields{"metadata.name": want.GetName()}); err != nil {
+		return false, fmt.Errorf("supernode: read HyperNode %s: %w", want.GetName(), err)
+	}
+	if len(list.Items) != 1 {
+		return false, fmt.Errorf("supernode: HyperNode %s exists but cannot be read (a list of its name has %d): again later", want.GetName(), len(list.Items))
+	}
+	cur := &list.Items[0]
+	if ref := metav1.GetControllerOf(cur); ref == nil || ref.UID != sn.UID {
+		return false, fmt.Errorf("supernode: HyperNode %s exists and is not SuperNode %s's (not labelled %s=%s, %s=%s, nor controlled by it): not touched",
+			want.GetName(), sn.Name, v1alpha1.LabelSuperNode, sn.Name, labelManagedBy, managerName)
+	}
+	cur.SetGroupVersionKind(HyperNodeGVK)
+	cur.Object["spec"] = want.Object["spec"]
+	cur.SetLabels(want.GetLabels())
+	if err := r.client.Update(ctx, cur); err != nil {
+		return false, fmt.Errorf("supernode: adopt HyperNode %s: %w", cur.GetName(), err)
+	}
+	r.log.InfoContext(ctx, "supernode: HyperNode of the SuperNode found without its labels; labelled again", "supernode", sn.Name, "hypernode", cur.GetName())
+	return true, nil
 }

@@ -15,7 +15,7 @@ import (
 var (
 	reconcilesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ubkit_supernode_reconciles_total",
-		Help: "SuperNode reconciles, by result (success or error).",
+		Help: "SuperNode reconciles, by result (success; requeue: the SuperNode is not in the cache yet, so again shortly; error).",
 	}, []string{"result"})
 	reconcileSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "ubkit_supernode_reconcile_duration_seconds",
@@ -24,7 +24,7 @@ var (
 	})
 	ignoredNodeEvents = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ubkit_supernode_ignored_node_events_total",
-		Help: "Node events ignored because the Node's supernode.ubkit.io/id cannot name a SuperNode (not a DNS-1123 subdomain of at most 63 characters).",
+		Help: "Node events (an update once, for its old and new Node) carrying a supernode.ubkit.io/id that cannot name a SuperNode (not a DNS-1123 subdomain of at most 63 characters), which is ignored.",
 	})
 	membersByHealth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "ubkit_supernode_members",

@@ -8,16 +8,18 @@ package supernode
 // the controller's service account. Each verb is one a client call of
 // the controller makes (TestRBAC holds the list to exactly this):
 //
-//   - Nodes: list and watch (the cache), patch (the annotations).
+//   - Nodes: list and watch (the cache), patch (the members'
+//     annotations, and their removal from Nodes that left).
 //   - SuperNodes: list and watch (the cache), create; their status:
 //     update; their finalizers: update, which the apiserver asks of one
 //     who sets an owner reference with blockOwnerDeletion to a SuperNode
 //     (the HyperNodes) where OwnerReferencesPermissionEnforcement is on.
 //   - events.k8s.io Events: create and patch (the SuperNode's Degraded
 //     and Recovered, through the manager's event recorder).
-//   - HyperNodes: list (uncached; and watch, with list, for the cache
-//     the controller watches them through when their CRD is there at
-//     start), create, update, delete.
+//   - HyperNodes: list (uncached: a SuperNode's, and one by its name
+//     to adopt; and watch, with list, for the cache the controller
+//     watches them through when their CRD is there at start), create,
+//     update, delete.
 //   - In the election namespace: Leases, create, and get and update of
 //     the controller's own; core Events, create and patch (client-go's
 //     leader election records its transitions the old way).

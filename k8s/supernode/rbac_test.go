@@ -250,26 +250,24 @@ func TestRBAC(t *testing.T) {
 	startController(t, cfg, Config{Options: Options{Logger: log}, LeaderElection: true})
 	sn := waitSuperNode(t, admin, "dev4", "Ready (reconciled as the bound account)", isReady)
 	wantFigures(t, sn, 4, 4, "64Gi", 4, 1, 1)
-	hn := map[string]hyperNodeShape{
-		"dev4":    {2, "HyperNode", []string{"dev4-r0", "dev4-r1"}},
-		"dev4-r0": {1, "Node", []string{"dev4-n0", "dev4-n1"}},
-		"dev4-r1": {1, "Node", []string{"dev4-n2", "dev4-n3"}},
-	}
+	hn := dev4HyperNodes()
 	poll(t, "the HyperNodes of dev4, made as the bound account", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, admin, hn) })
+	// One whose labels are removed, adopted as the bound account.
+	stripLabels(t, admin, hn)
 
 	if _, err := c.CrashNode(ctx, "dev4-n1"); err != nil {
 		t.Fatal(err)
 	}
 	poll(t, "a Degraded Event recorded as the bound account", func(ctx context.Context) (bool, error) { return hasEvent(ctx, c, "dev4", EventDegraded) })
-	// Rack r1 gone: dev4-r1 deleted, dev4 updated.
+	// Rack r1 gone: its HyperNode deleted, dev4 updated.
 	for _, n := range []string{"dev4-n2", "dev4-n3"} {
 		if err := c.Client().CoreV1().Nodes().Delete(ctx, n, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	delete(hn, "dev4-r1")
-	hn["dev4"] = hyperNodeShape{2, "HyperNode", []string{"dev4-r0"}}
-	poll(t, "dev4-r1 deleted and dev4 updated as the bound account", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, admin, hn) })
+	delete(hn, dev4R1)
+	hn["dev4"] = hyperNodeShape{2, "HyperNode", []string{dev4R0}}
+	poll(t, "rack r1's HyperNode deleted and dev4 updated as the bound account", func(ctx context.Context) (bool, error) { return hyperNodesAre(ctx, admin, hn) })
 
 	lease, err := c.Client().CoordinationV1().Leases(DefaultLeaderElectionNamespace).Get(ctx, managerName, metav1.GetOptions{})
 	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "" {
