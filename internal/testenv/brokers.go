@@ -62,7 +62,7 @@ func StartPulsar(t testing.TB, opts BrokerOptions) *Pulsar {
 	java, lib := javaAndLib(t, "pulsar", PulsarVersion, "pulsar-broker-"+PulsarVersion+".jar")
 	var lastErr error
 	for range 3 { // a port another process took meanwhile: try others
-		p := &Pulsar{t: t, dir: t.TempDir(), opts: opts}
+		p := &Pulsar{t: t, dir: brokerDir(t, "pulsar"), opts: opts}
 		var err error
 		if p.brokerPort, err = freePort(); err != nil {
 			t.Fatal(err)
@@ -213,7 +213,7 @@ func StartRocketMQ(t testing.TB, opts BrokerOptions) *RocketMQ {
 	java, lib := javaAndLib(t, "rocketmq", RocketMQVersion, "rocketmq-broker-"+RocketMQVersion+".jar")
 	var lastErr error
 	for range 3 {
-		r := &RocketMQ{t: t, dir: t.TempDir(), opts: opts}
+		r := &RocketMQ{t: t, dir: brokerDir(t, "rocketmq"), opts: opts}
 		var err error
 		if r.namesrvPort, err = freePort(); err != nil {
 			t.Fatal(err)
@@ -355,6 +355,30 @@ maxIndexNum=40000
 		return err
 	}
 	return nil
+}
+
+// brokerDirPrefix starts the names of the brokers' directories, under
+// os.TempDir(): <prefix><pid of the test process>-<broker>-<random>.
+const brokerDirPrefix = "ubkit-broker-"
+
+// brokerDir makes a fresh directory for a broker, removed by t.Cleanup
+// after the broker stopped. It first removes those that test processes
+// killed before their cleanup left (their brokers died with them).
+func brokerDir(t testing.TB, broker string) string {
+	t.Helper()
+	stale, _ := filepath.Glob(filepath.Join(os.TempDir(), brokerDirPrefix+"*"))
+	for _, d := range stale {
+		pidText, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), brokerDirPrefix), "-")
+		if pid, err := strconv.Atoi(pidText); err == nil && pid > 0 && pid != os.Getpid() && !pidAlive(pid) {
+			os.RemoveAll(d)
+		}
+	}
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-%s-", brokerDirPrefix, os.Getpid(), broker))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // javaAndLib finds java and the lib directory of broker version, or
