@@ -68,6 +68,7 @@ var layers = []struct {
 	{"k8s/...", layerAdapter},
 
 	{"internal/testenv", layerTestSupport},         // real servers, other users, network namespaces
+	{"internal/testenv/brokers", layerTestSupport}, // tests of testenv's real brokers with the upstream clients
 	{"internal/testenv/k8sbin", layerProgram},      // make prereqs's build of the Kubernetes test binaries
 	{"internal/bench", layerTestSupport},           // measurements, reports, benchmark peer processes
 	{"internal/bench/benchtest", layerTestSupport}, // the suites' shared test helpers

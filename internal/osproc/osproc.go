@@ -25,6 +25,10 @@ func StopContext(parent context.Context) (ctx context.Context, stop context.Canc
 	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 }
 
+// Terminate asks process p to stop with SIGTERM (on Windows, where no
+// signal but a kill can be sent, it fails).
+func Terminate(p *os.Process) error { return p.Signal(syscall.SIGTERM) }
+
 // attrs returns cmd's system attributes, made if it has none.
 func attrs(cmd *exec.Cmd) *syscall.SysProcAttr {
 	if cmd.SysProcAttr == nil {

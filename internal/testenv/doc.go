@@ -6,7 +6,10 @@
 // what other users can and cannot do to ubkit's files and sockets; a fresh
 // default runtime directory (IsolateRuntimeDir) for such tests; and real
 // servers on free loopback ports (StartRedis; StartRedisCluster, masters
-// joined by redis-cli; StartMemcached), each stopped by its Close.
+// joined by redis-cli; StartMemcached), each stopped by its Close; and
+// real message brokers from their Maven Central jars (StartPulsar, a
+// Pulsar standalone; StartRocketMQ, a name server and a broker), stopped
+// by t.Cleanup and restartable on the same data (Restart).
 //
 // It also runs every test package: Main is each package's TestMain, and
 // fails the run on what the tests leaked (goroutines, child processes,

@@ -23,13 +23,9 @@ func Pymemcache() (python, pythonPath string, err error) {
 	if err != nil {
 		return "", "", errors.New("testenv: python3 is missing: install the Debian package python3 (make test does)")
 	}
-	cache := os.Getenv("UBKIT_CACHE")
-	if cache == "" {
-		root, err := moduleRoot()
-		if err != nil {
-			return "", "", fmt.Errorf("testenv: UBKIT_CACHE is not set and %w", err)
-		}
-		cache = filepath.Join(root, ".cache")
+	cache, err := cacheDir()
+	if err != nil {
+		return "", "", err
 	}
 	dir := filepath.Join(cache, "python", "pymemcache-"+PymemcacheVersion)
 	if _, err := os.Stat(filepath.Join(dir, "pymemcache", "__init__.py")); err != nil {
