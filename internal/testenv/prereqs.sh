@@ -62,9 +62,13 @@ fi
 # Real message brokers for the mq tests: Pulsar standalone and a RocketMQ
 # name server and broker (internal/testenv StartPulsar, StartRocketMQ), run
 # from their Maven Central jars with Java 17. Maven resolves them once per
-# version, through a throwaway pom, into $cache/<broker>-<version>/lib, its
-# local repository in $cache/m2. A lib directory is only ever renamed into
-# place complete, so one that exists is complete.
+# version, through a throwaway pom, into $cache/<broker>-<version>/lib. Its
+# local repository is the user's ($UBKIT_M2, by default
+# ${XDG_CACHE_HOME:-$HOME/.cache}/ubkit/m2), not the clone's, so that a
+# fresh clone (CI's) copies the jars in seconds instead of downloading
+# 450 MB again. A lib directory is only ever renamed into place complete,
+# so one that exists is complete.
+m2=${UBKIT_M2:-${XDG_CACHE_HOME:-$HOME/.cache}/ubkit/m2}
 pulsar_version=4.0.7     # and PulsarVersion in brokers.go
 rocketmq_version=5.5.0   # and RocketMQVersion in brokers.go
 need java openjdk-17-jre-headless
@@ -88,7 +92,7 @@ resolve_jars() { # resolve_jars <name> <version> <marker jar> <pom dependencies>
 $4
 </project>
 POM
-	if ! mvn -B -q -f "$tmp/pom.xml" -Dmaven.repo.local="$cache/m2" \
+	if ! mvn -B -q -f "$tmp/pom.xml" -Dmaven.repo.local="$m2" \
 		dependency:copy-dependencies -DoutputDirectory="$tmp/lib" -DincludeScope=runtime >"$tmp/mvn.log" 2>&1; then
 		# Debian's mvn writes colour resets even when quiet: strip them.
 		sed 's/\x1b\[[0-9;]*m//g' "$tmp/mvn.log" >&2
