@@ -373,7 +373,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
 		mk := pt.made.Load()
 		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
-			seg, err = shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true})
+			seg, err = shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: true})
 			break
 		}
 		if create && mk < k {
