@@ -458,16 +458,14 @@ func (l *Log) ensureRoom(ctx context.Context, p int, pt *partition, k uint64) er
 // segment.
 func (l *Log) waitFreed(ctx context.Context, pt *partition, ready func() bool) error {
 	for !ready() {
-		pt.blocked.Add(1)
+		pt.blocked.Add(1) // taken by the waker (see wakeReaders)
 		v := pt.freed.Load()
 		if ready() {
-			pt.blocked.Add(^uint32(0))
 			return nil
 		}
 		sctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 		err := shm.Wait{Spin: -1}.Until(sctx, pt.freed, func(x uint32) bool { return x != v })
 		cancel()
-		pt.blocked.Add(^uint32(0))
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -553,8 +551,13 @@ func (r Reservation) Abort() {
 	r.pt.wakeReaders()
 }
 
+// wakeReaders wakes the readers asleep on the partition, if any. The
+// first waker takes the count (to 0), so the commits that follow while the
+// sleepers get up make no system call, and a sleeper that died asleep
+// costs one wake-up, not one per commit; a reader registers again before
+// every sleep.
 func (pt *partition) wakeReaders() {
-	if pt.sleepers.Load() != 0 {
+	if pt.sleepers.Load() != 0 && pt.sleepers.Swap(0) != 0 {
 		pt.seq.Add(1)
 		shm.Wake(pt.seq)
 	}

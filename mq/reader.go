@@ -45,6 +45,10 @@ type Reader struct {
 	me     uint64
 	offset uint64
 	m      *mapped // this reader's own mapping of its current segment
+	// tail is the partition's tail as last loaded: records below it are
+	// claimed, so the reader loads the tail (a line every producer
+	// writes) only when it catches up with it.
+	tail   uint64
 	closed bool
 
 	aborted uint64
@@ -119,7 +123,7 @@ func (r *Reader) Close() error {
 
 // wakeBlocked wakes producers waiting for readers to move on.
 func (l *Log) wakeBlocked(pt *partition) {
-	if pt.blocked.Load() != 0 {
+	if pt.blocked.Load() != 0 && pt.blocked.Swap(0) != 0 {
 		pt.freed.Add(1)
 		shm.Wake(pt.freed)
 	}
@@ -184,9 +188,11 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 			r.moveTo((k + 1) * size)
 			continue
 		}
-		if o >= r.pt.tail.Load() {
-			if err := r.wait(ctx, &bo, func() bool { return r.pt.tail.Load() > o }, nil); err != nil {
-				return Record{}, err
+		if o >= r.tail {
+			if r.tail = r.pt.tail.Load(); o >= r.tail {
+				if err := r.wait(ctx, &bo, func() bool { return r.pt.tail.Load() > o }, nil); err != nil {
+					return Record{}, err
+				}
 			}
 			continue
 		}
@@ -289,8 +295,7 @@ func (r *Reader) wait(ctx context.Context, bo *shm.Backoff, ready func() bool, d
 		return nil
 	}
 	pt := r.pt
-	pt.sleepers.Add(1)
-	defer pt.sleepers.Add(^uint32(0))
+	pt.sleepers.Add(1) // the waker takes it (see wakeReaders)
 	v := pt.seq.Load()
 	if ready() {
 		return nil
