@@ -1,6 +1,7 @@
 // Package mqsuite is the `ubctl bench mq` suite: mq.Log between processes,
 // every payload byte written by the producer and read by the consumer.
-// Only the log-100B case of issue 18 exists yet; the other cases (p99 at
+// Only the log-100B case of issue 18 exists yet, against ubkit's own SPSC
+// ring (package shm) streaming the same messages with Send; the other cases (p99 at
 // an offered rate, fan-out, the Pulsar and RocketMQ drop-ins against their
 // brokers) are planned (docs/mq.md).
 package mqsuite
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 	"github.com/ubkit-io/ubkit/mq"
 )
 
@@ -26,6 +28,9 @@ func Cases() []bench.Case {
 	return []bench.Case{
 		{Name: "log-100B", Unit: "msg/s", Better: "higher", Contenders: []bench.Contender{
 			{Name: "ubkit", Run: logStream},
+			// ubkit's own SPSC ring, Send path: one producer, no headers
+			// to claim, no checksum, a 4 MiB ring reused in place.
+			{Name: "shm-ring", Run: func(d time.Duration) (bench.Measurement, error) { return shmsuite.RingSend(d, size) }},
 		}},
 	}
 }
