@@ -332,50 +332,46 @@ func TestKilledProducer(t *testing.T) {
 // under FullFail (ErrFull) and FullBlock (waits until it moves on or the
 // context ends); FullOverwrite drops it and the reader is told.
 func TestFullPolicies(t *testing.T) {
-	fill := func(l *Log, ctx context.Context) error {
+	fill := func(l *Log, ctx context.Context) (int, error) {
 		b := make([]byte, 1000)
-		for range 100 {
+		for i := range 100 {
 			if _, err := l.Send(ctx, 0, b); err != nil {
-				return err
+				return i, err
 			}
 		}
-		return nil
+		return 100, nil
 	}
 	t.Run("fail", func(t *testing.T) {
 		l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullFail})
 		newReader(t, l, 0, 0)
-		if err := fill(l, timeout(t, 10*time.Second)); !errors.Is(err, ErrFull) {
+		if _, err := fill(l, timeout(t, 10*time.Second)); !errors.Is(err, ErrFull) {
 			t.Fatalf("%v, want ErrFull", err)
 		}
 	})
 	t.Run("block", func(t *testing.T) {
 		l := newLog(t, Config{SegmentSize: 4096, Segments: 2})
 		r := newReader(t, l, 0, 0)
-		if err := fill(l, timeout(t, 100*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		sent, err := fill(l, timeout(t, 100*time.Millisecond))
+		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("%v, want the context's deadline", err)
 		}
 		// The reader drains what is there while a producer waits.
 		ctx := timeout(t, 30*time.Second)
 		done := make(chan error, 1)
-		go func() { done <- fill(l, ctx) }()
-		for got := 0; ; got++ {
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			default:
-			}
+		go func() { _, err := fill(l, ctx); done <- err }()
+		for got := range sent + 100 {
 			if _, err := r.Next(ctx); err != nil {
 				t.Fatalf("after %d records: %v", got, err)
 			}
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
 		}
 	})
 	t.Run("overwrite", func(t *testing.T) {
 		l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullOverwrite})
 		r := newReader(t, l, 0, 0)
-		if err := fill(l, timeout(t, 10*time.Second)); err != nil {
+		if _, err := fill(l, timeout(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := r.Next(timeout(t, time.Second)); !errors.Is(err, ErrOffsetGone) {
@@ -450,4 +446,39 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("payload of %d bytes, header says %d", len(payload), w>>32)
 		}
 	})
+}
+
+// TestOpenCorrupt: a meta segment whose configuration makes no sense is
+// refused with shm.ErrCorrupt.
+func TestOpenCorrupt(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		off  int
+		v    uint64
+	}{
+		{"no partitions", offParts, 0},
+		{"too many partitions", offParts, 1 << 40},
+		{"segment size not a multiple of 8", offSegSize, 4097},
+		{"huge segments", offSegSize, 1 << 62},
+		{"one segment kept", offSegments, 1},
+		{"unknown policy", offPolicy, 9},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 4096})
+			seg, err := shm.OpenSegment(metaName(l.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seg.Close()
+			w, _ := seg.Uint64At(c.off)
+			old := w.Swap(c.v)
+			defer w.Store(old) // so that Remove can open it
+			if l2, err := Open(l.Name()); !errors.Is(err, shm.ErrCorrupt) {
+				if err == nil {
+					l2.Close()
+				}
+				t.Fatalf("%v, want shm.ErrCorrupt", err)
+			}
+		})
+	}
 }
