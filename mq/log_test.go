@@ -21,6 +21,7 @@ import (
 func TestMain(m *testing.M) {
 	testenv.RegisterChild("producer", producerChild)
 	testenv.RegisterChild("holder", holderChild)
+	testenv.RegisterChild("reader", readerChild)
 	testenv.Main(m)
 }
 
@@ -480,5 +481,61 @@ func TestOpenCorrupt(t *testing.T) {
 				t.Fatalf("%v, want shm.ErrCorrupt", err)
 			}
 		})
+	}
+}
+
+// readerChild registers a reader at offset 0 of log MQ_LOG, says so and
+// waits to be killed.
+func readerChild() int {
+	l, err := Open(os.Getenv("MQ_LOG"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := l.NewReader(0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("reading")
+	time.Sleep(time.Minute)
+	return 1
+}
+
+// TestKilledReader: under FullBlock a reader process that stays at offset
+// 0 blocks the producer once the partition is full; killed, it no longer
+// holds the partition: the blocked producer goes on.
+func TestKilledReader(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2})
+	cmd := testenv.Child(t, "reader", "MQ_LOG="+l.Name())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "reading\n" {
+		t.Fatalf("reader said %q, %v", line, err)
+	}
+	b := make([]byte, 1000)
+	send := func(ctx context.Context) error {
+		for range 20 {
+			if _, err := l.Send(ctx, 0, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := send(timeout(t, 100*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("with a live reader at 0: %v, want the deadline", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- send(timeout(t, 30*time.Second)) }()
+	time.Sleep(20 * time.Millisecond)
+	cmd.Process.Kill()
+	cmd.Wait()
+	if err := <-done; err != nil {
+		t.Fatalf("after the reader died: %v", err)
 	}
 }

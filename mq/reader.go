@@ -105,7 +105,8 @@ func (r *Reader) Offset() uint64 { return r.offset }
 // writer died before committing them.
 func (r *Reader) Aborted() uint64 { return r.aborted }
 
-// Close gives the reader's slot up and unmaps its segment.
+// Close gives the reader's slot up and unmaps its segment. Close Readers
+// before their Log.
 func (r *Reader) Close() error {
 	if r.closed {
 		return nil
@@ -116,8 +117,10 @@ func (r *Reader) Close() error {
 		err = r.m.seg.Close()
 		r.m = nil
 	}
-	r.owner.CompareAndSwap(r.me, 0)
-	r.l.wakeBlocked(r.pt)
+	if !r.l.closed.Load() { // else the slot went with the Log's mapping
+		r.owner.CompareAndSwap(r.me, 0)
+		r.l.wakeBlocked(r.pt)
+	}
 	return err
 }
 
