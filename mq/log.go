@@ -381,7 +381,10 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 			return nil, fmt.Errorf("mq: partition %d: segment %d wanted, %d made: %w", p, k, mk, shm.ErrCorrupt)
 		}
 		seg, err = shm.OpenSegment(name)
-		if err == nil || !create || time.Now().After(deadline) {
+		if err == nil || !create || k < pt.head.Load() || time.Now().After(deadline) {
+			// Below the head it was dropped: the caller's view of the
+			// tail is stale (retrying for a second here, under the lock,
+			// stalled every producer of the handle).
 			break
 		}
 		// Its creator is making it this moment.
@@ -458,18 +461,11 @@ func (l *Log) ensureRoom(ctx context.Context, p int, pt *partition, k uint64) er
 // segment.
 func (l *Log) waitFreed(ctx context.Context, pt *partition, ready func() bool) error {
 	for !ready() {
-		pt.blocked.Add(1) // taken by the waker (see wakeReaders)
-		v := pt.freed.Load()
-		if ready() {
-			return nil
+		// After a sleep, look again even if nobody woke us: a reader may
+		// have died.
+		if err := park(ctx, pt.freed, pt.blocked, ready); err != nil {
+			return err
 		}
-		sctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-		err := shm.Wait{Spin: -1}.Until(sctx, pt.freed, func(x uint32) bool { return x != v })
-		cancel()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		_ = err // a timeout: look again (a reader may have died)
 	}
 	return nil
 }
@@ -551,17 +547,8 @@ func (r Reservation) Abort() {
 	r.pt.wakeReaders()
 }
 
-// wakeReaders wakes the readers asleep on the partition, if any. The
-// first waker takes the count (to 0), so the commits that follow while the
-// sleepers get up make no system call, and a sleeper that died asleep
-// costs one wake-up, not one per commit; a reader registers again before
-// every sleep.
-func (pt *partition) wakeReaders() {
-	if pt.sleepers.Load() != 0 && pt.sleepers.Swap(0) != 0 {
-		pt.seq.Add(1)
-		shm.Wake(pt.seq)
-	}
-}
+// wakeReaders wakes the readers asleep on the partition, if any.
+func (pt *partition) wakeReaders() { wake(pt.seq, pt.sleepers) }
 
 // Loan reserves n bytes of payload at the tail of partition p. Producers of
 // every process append concurrently: each claims the header at the tail by

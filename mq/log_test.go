@@ -195,6 +195,12 @@ func consume(t *testing.T, ctx context.Context, r *Reader, producers, n int) {
 		}
 		next[p]++
 	}
+	// Nothing more: every record was delivered once.
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if rec, err := r.Next(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("after all the records: %d bytes at %d, %v", len(rec.Payload), rec.Offset, err)
+	}
 }
 
 // producerChild sends MQ_N records of 100 bytes to partition 0 of log

@@ -7,7 +7,6 @@ import (
 	"hash/crc32"
 	"os"
 	"sync/atomic"
-	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -126,10 +125,7 @@ func (r *Reader) Close() error {
 
 // wakeBlocked wakes producers waiting for readers to move on.
 func (l *Log) wakeBlocked(pt *partition) {
-	if pt.blocked.Load() != 0 && pt.blocked.Swap(0) != 0 {
-		pt.freed.Add(1)
-		shm.Wake(pt.freed)
-	}
+	wake(pt.freed, pt.blocked)
 }
 
 // moveTo sets the reader's offset to o, telling producers when it leaves a
@@ -283,10 +279,9 @@ func (l *Log) writerDead(w uint64) bool {
 }
 
 // wait is one pause of a reader waiting for ready: a step of the Backoff
-// ladder, or, once it says park, a sleep of at most 20 ms on the
-// partition's sequence word that producers bump when readers sleep. dead,
-// if set, is asked before each sleep whether the writer waited for is gone
-// (it then handled the record: the wait ends).
+// ladder, or, once it says park, a sleep of at most 20 ms (see park).
+// dead, if set, is asked before each sleep whether the writer waited for
+// is gone (it then handled the record: the wait ends).
 func (r *Reader) wait(ctx context.Context, bo *shm.Backoff, ready func() bool, dead func() bool) error {
 	if bo.Pause() {
 		return nil
@@ -297,14 +292,5 @@ func (r *Reader) wait(ctx context.Context, bo *shm.Backoff, ready func() bool, d
 	if dead != nil && dead() {
 		return nil
 	}
-	pt := r.pt
-	pt.sleepers.Add(1) // the waker takes it (see wakeReaders)
-	v := pt.seq.Load()
-	if ready() {
-		return nil
-	}
-	sctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-	defer cancel()
-	shm.Wait{Spin: -1}.Until(sctx, pt.seq, func(x uint32) bool { return x != v })
-	return ctx.Err()
+	return park(ctx, r.pt.seq, r.pt.sleepers, ready)
 }
