@@ -545,3 +545,32 @@ func TestKilledReader(t *testing.T) {
 		t.Fatalf("after the reader died: %v", err)
 	}
 }
+
+// TestStaleProducer: a producer whose view of the tail is in a segment
+// retention dropped is told at once (and Loan reads the tail again), not
+// after retrying the open as for a segment being created, under the lock
+// every producer of the handle needs.
+func TestStaleProducer(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2})
+	ctx := timeout(t, 10*time.Second)
+	b := make([]byte, 1000)
+	for range 20 {
+		if _, err := l.Send(ctx, 0, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pt := l.parts[0]
+	if pt.head.Load() == 0 {
+		t.Fatal("retention dropped nothing")
+	}
+	start := time.Now()
+	if _, err := l.segment(0, pt, 0, true); !errors.Is(err, ErrOffsetGone) {
+		t.Fatalf("segment 0 after it was dropped: %v", err)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("a dropped segment took %v to report", d)
+	}
+	if _, err := l.Send(ctx, 0, b); err != nil {
+		t.Fatal(err)
+	}
+}
