@@ -300,7 +300,10 @@ func Remove(name string) error {
 	}
 	var errs []error
 	for p, pt := range l.parts {
-		for k := pt.head.Load(); k < pt.made.Load(); k++ {
+		// No more than Segments are made beyond the head; a larger
+		// count is corrupt and bounds nothing.
+		head := pt.head.Load()
+		for k := head; k < pt.made.Load() && k <= head+uint64(l.cfg.Segments); k++ {
 			if s, err := shm.OpenSegment(segName(name, p, k)); err == nil {
 				errs = append(errs, s.Unlink(), s.Close())
 			}
