@@ -18,6 +18,7 @@ import (
 	"github.com/ubkit-io/ubkit/internal/bench/cachesuite"
 	"github.com/ubkit-io/ubkit/internal/bench/k8ssuite"
 	"github.com/ubkit-io/ubkit/internal/bench/meshsuite"
+	"github.com/ubkit-io/ubkit/internal/bench/mqsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/ubsuite"
@@ -28,6 +29,7 @@ var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 	"ub":        func(o *benchOpts) ([]bench.Case, error) { return ubsuite.Cases(), nil },
 	"transport": func(o *benchOpts) ([]bench.Case, error) { return transportsuite.Cases(), nil },
 	"mesh":      func(o *benchOpts) ([]bench.Case, error) { return meshsuite.Cases(), nil },
+	"mq":        func(o *benchOpts) ([]bench.Case, error) { return mqsuite.Cases(), nil },
 	"cache": func(o *benchOpts) ([]bench.Case, error) {
 		// Real redis-server and memcached, started as the cases need them.
 		e := cachesuite.NewEnv()
@@ -132,7 +134,7 @@ func benchCmd(args []string, out io.Writer) error {
 		}
 		slices.Sort(names)
 	} else if _, ok := suites[suite]; !ok || suite == "" {
-		return fmt.Errorf("unknown suite %q (have: cache, k8s, mesh, shm, ub, transport, all)", suite)
+		return fmt.Errorf("unknown suite %q (have: cache, k8s, mesh, mq, shm, ub, transport, all)", suite)
 	}
 	opts := bench.Options{Rounds: 5, Duration: time.Second, Warmup: 200 * time.Millisecond}
 	if o.quick {

@@ -23,7 +23,7 @@ const usage = `ubctl: ubkit's command-line tool
 
 usage:
   ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D] [-case C]
-        run a benchmark suite against its baselines, side by side (suites: cache, k8s, mesh, shm, transport, ub);
+        run a benchmark suite against its baselines, side by side (suites: cache, k8s, mesh, mq, shm, transport, ub);
         -case runs one case, or the cases under it (transport -case connect-close-1000)
   ubctl topology show|validate|render ...
         show a super node topology, check topology files, draw one (DOT, SVG)

@@ -99,3 +99,11 @@ func init() {
 		return ringPeer(a)
 	})
 }
+
+// RingSend is the stream case's Send path for payloads of size bytes (each
+// filled in private memory, copied into an SPSC ring, read in place and
+// checksummed by a peer process): a baseline for other suites that stream
+// small messages between two processes (mqsuite's log-100B).
+func RingSend(d time.Duration, size int) (bench.Measurement, error) {
+	return shmStream(d, size, true)
+}

@@ -1,0 +1,653 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// Errors of the log. Match them with errors.Is.
+var (
+	// ErrFull: a partition holds Config.Segments segments that a reader
+	// still needs, under FullFail.
+	ErrFull = errors.New("mq: partition full")
+	// ErrOffsetGone: the reader's offset lies in a segment that retention
+	// dropped.
+	ErrOffsetGone = errors.New("mq: offset no longer retained")
+	// ErrAborted: a loan was aborted, or a reader took the record for a
+	// dead writer's, before Commit.
+	ErrAborted = errors.New("mq: record aborted")
+	// ErrTooLarge: a record does not fit in a segment.
+	ErrTooLarge = errors.New("mq: record too large for a segment")
+	// ErrClosed: the Log or Reader is closed.
+	ErrClosed = errors.New("mq: closed")
+	// ErrNoSlot: every producer or reader slot of the log is taken by a
+	// live process.
+	ErrNoSlot = errors.New("mq: no free producer or reader slot")
+)
+
+// FullPolicy says what a producer does when its partition already holds
+// Config.Segments segments and the oldest is still needed by a reader.
+type FullPolicy uint8
+
+const (
+	// FullBlock waits until readers move on (or the context ends).
+	FullBlock FullPolicy = iota
+	// FullFail returns ErrFull.
+	FullFail
+	// FullOverwrite drops the oldest segment anyway; a reader that had not
+	// mapped it yet gets ErrOffsetGone.
+	FullOverwrite
+)
+
+// Config is the shape of a new log. The zero value is one partition of 8
+// segments of 8 MiB, blocking when full.
+type Config struct {
+	// Partitions is the number of partitions (default 1, at most 256).
+	Partitions int
+	// SegmentSize is the size of each segment's record area in bytes, a
+	// multiple of 8 (default 8 MiB, at least 4 KiB). A record's payload
+	// may be up to SegmentSize-16 bytes.
+	SegmentSize int
+	// Segments is how many segments a partition keeps (default 8, at
+	// least 2): retention by size, SegmentSize*Segments bytes.
+	Segments int
+	// Full is what a producer does when the partition is full.
+	Full FullPolicy
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Partitions == 0 {
+		c.Partitions = 1
+	}
+	if c.SegmentSize == 0 {
+		c.SegmentSize = 8 << 20
+	}
+	if c.Segments == 0 {
+		c.Segments = 8
+	}
+	switch {
+	case c.Partitions < 1 || c.Partitions > maxPartitions:
+		return c, fmt.Errorf("mq: %d partitions, want 1 to %d", c.Partitions, maxPartitions)
+	case c.SegmentSize < 4096 || c.SegmentSize%8 != 0 || c.SegmentSize > maxLen:
+		return c, fmt.Errorf("mq: segment size %d, want a multiple of 8 from 4096 to %d", c.SegmentSize, maxLen)
+	case c.Segments < 2:
+		return c, fmt.Errorf("mq: %d segments kept, want at least 2", c.Segments)
+	case c.Full > FullOverwrite:
+		return c, fmt.Errorf("mq: unknown full policy %d", c.Full)
+	}
+	return c, nil
+}
+
+// Layout of the meta segment (see docs/mq.md). Offsets in its data area.
+const (
+	metaMagic   = 0x31474f4c2d514d75 // "uMQ-LOG1", little endian
+	line        = 128
+	offMagic    = 0
+	offParts    = 8
+	offSegSize  = 16
+	offSegments = 24
+	offPolicy   = 32
+
+	maxProducers  = 256
+	offProducers  = line // maxProducers slots of {owner, gen}
+	maxReaders    = 64
+	offReaders    = offProducers + maxProducers*16 // one line each: owner, partition, offset
+	offParts0     = offReaders + maxReaders*line
+	partStride    = 3 * line // tail | head, aborted | seq, sleepers, freed, blocked
+	maxPartitions = 256
+	metaSize      = offParts0 + maxPartitions*partStride
+
+	maxLen = 1<<32 - 1
+)
+
+// Record header: two 8-byte words before the payload, the record padded to
+// 8 bytes. Word 0 is the state word, claimed by CAS from 0:
+//
+//	bits 0-1   state (writing, committed, aborted)
+//	bit  2     padding (a committed filler to the end of a segment)
+//	bits 4-15  the writer's producer slot
+//	bits 16-31 the slot's generation
+//	bits 32-63 payload length
+//
+// Word 1 is the payload's CRC-32C (low half) and the low half of the
+// record's log offset (high half), written before the commit.
+const (
+	headerSize     = 16
+	stateMask      = 3
+	stateWriting   = 1
+	stateCommitted = 2
+	stateAborted   = 3
+	flagPad        = 4
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+func align8(n uint64) uint64 { return (n + 7) &^ 7 }
+
+// partition is a partition's words in the meta segment and this handle's
+// mappings of its segments.
+type partition struct {
+	tail, head, aborted *atomic.Uint64
+	made                *atomic.Uint64 // segments created so far: the next to create is made
+	seq, sleepers       *atomic.Uint32 // readers asleep wait on seq
+	freed, blocked      *atomic.Uint32 // producers blocked on a full partition wait on freed
+
+	mu   sync.Mutex
+	segs map[uint64]*mapped
+	cur  atomic.Pointer[mapped] // the newest mapped segment, for the producers' fast path
+}
+
+// mapped is one segment of a partition mapped by this handle. The
+// producers' cache holds one reference while the segment is in it, and
+// each reservation one more, so that a goroutine with a loan (or a stale
+// view of the tail) never writes to a segment the cache has unmapped.
+type mapped struct {
+	index uint64
+	seg   *shm.Segment
+	words []atomic.Uint64
+	data  []byte
+	refs  atomic.Int64
+}
+
+// acquire takes a reference, unless the segment is already unmapped.
+func (m *mapped) acquire() bool {
+	for {
+		r := m.refs.Load()
+		if r <= 0 {
+			return false
+		}
+		if m.refs.CompareAndSwap(r, r+1) {
+			return true
+		}
+	}
+}
+
+// release drops a reference; the last unmaps the segment.
+func (m *mapped) release() {
+	if m.refs.Add(-1) == 0 {
+		m.seg.Close()
+	}
+}
+
+// Log is a handle on a shared-memory log: its partitions, the producer slot
+// that names this handle's writes, and its mappings. It is safe for
+// concurrent use by many goroutines; many processes open the same log.
+type Log struct {
+	name   string
+	cfg    Config
+	meta   *shm.Segment
+	owner  *atomic.Uint64 // this handle's producer slot
+	gen    uint64
+	slot   uint64
+	slots  []atomic.Uint64 // producer slots, {owner, gen} pairs
+	parts  []*partition
+	closed atomic.Bool
+}
+
+func metaName(name string) string { return "mq-" + name }
+
+func segName(name string, p int, k uint64) string {
+	return fmt.Sprintf("mq-%s-p%d-s%d", name, p, k)
+}
+
+// Create makes log name (a shm segment name) with configuration c and opens
+// it. It fails with an error wrapping os.ErrExist if the log exists.
+func Create(name string, c Config) (*Log, error) {
+	c, err := c.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	meta, err := shm.CreateSegment(metaName(name), metaSize, &shm.SegmentConfig{Keep: true})
+	if err != nil {
+		return nil, fmt.Errorf("mq: create %s: %w", name, err)
+	}
+	for i, v := range []uint64{uint64(c.Partitions), uint64(c.SegmentSize), uint64(c.Segments), uint64(c.Full)} {
+		w, _ := meta.Uint64At(offParts + 8*i)
+		w.Store(v)
+	}
+	magic, _ := meta.Uint64At(offMagic)
+	magic.Store(metaMagic) // last: Open waits for it
+	l, err := open(name, meta)
+	if err != nil {
+		meta.Unlink()
+		meta.Close()
+	}
+	return l, err
+}
+
+// Open opens the existing log name.
+func Open(name string) (*Log, error) {
+	meta, err := shm.OpenSegment(metaName(name))
+	if err != nil {
+		return nil, fmt.Errorf("mq: open %s: %w", name, err)
+	}
+	return open(name, meta)
+}
+
+func open(name string, meta *shm.Segment) (*Log, error) {
+	fail := func(err error) (*Log, error) {
+		meta.Close()
+		return nil, err
+	}
+	if meta.Size() < metaSize {
+		return fail(fmt.Errorf("mq: %s: meta segment of %d bytes: %w", name, meta.Size(), shm.ErrCorrupt))
+	}
+	word := func(off int) *atomic.Uint64 { w, _ := meta.Uint64At(off); return w }
+	word32 := func(off int) *atomic.Uint32 { w, _ := meta.Uint32At(off); return w }
+	for deadline := time.Now().Add(time.Second); word(offMagic).Load() != metaMagic; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("mq: %s is not a log (bad magic): %w", name, shm.ErrCorrupt))
+		}
+	}
+	c := Config{
+		Partitions:  int(min(word(offParts).Load(), 1<<20)),
+		SegmentSize: int(min(word(offSegSize).Load(), 1<<40)),
+		Segments:    int(min(word(offSegments).Load(), 1<<20)),
+		Full:        FullPolicy(min(word(offPolicy).Load(), 255)),
+	}
+	if _, err := c.withDefaults(); err != nil || c.Partitions == 0 || c.SegmentSize == 0 || c.Segments == 0 {
+		return fail(fmt.Errorf("mq: %s: configuration %+v: %w", name, c, shm.ErrCorrupt))
+	}
+	slots, _ := meta.Uint64s(offProducers, 2*maxProducers)
+	l := &Log{name: name, cfg: c, meta: meta, slots: slots}
+	me := shm.Self().Word()
+	for i := range maxProducers {
+		o := &slots[2*i]
+		for {
+			w := o.Load()
+			if w != 0 && shm.AliveWord(w) {
+				break
+			}
+			if o.CompareAndSwap(w, me) {
+				l.owner, l.slot = o, uint64(i)
+				l.gen = slots[2*i+1].Add(1) & 0xffff
+				break
+			}
+		}
+		if l.owner != nil {
+			break
+		}
+	}
+	if l.owner == nil {
+		return fail(fmt.Errorf("mq: %s: %d producers: %w", name, maxProducers, ErrNoSlot))
+	}
+	for p := range c.Partitions {
+		base := offParts0 + p*partStride
+		l.parts = append(l.parts, &partition{
+			tail: word(base), head: word(base + line), aborted: word(base + line + 8), made: word(base + line + 16),
+			seq: word32(base + 2*line), sleepers: word32(base + 2*line + 4),
+			freed: word32(base + 2*line + 8), blocked: word32(base + 2*line + 12),
+			segs: map[uint64]*mapped{},
+		})
+	}
+	return l, nil
+}
+
+// Remove deletes log name: its meta segment and every segment of its
+// partitions. Processes that have it open keep their mappings.
+func Remove(name string) error {
+	l, err := Open(name)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for p, pt := range l.parts {
+		// No more than Segments are made beyond the head; a larger
+		// count is corrupt and bounds nothing.
+		head := pt.head.Load()
+		for k := head; k < pt.made.Load() && k <= head+uint64(l.cfg.Segments); k++ {
+			if s, err := shm.OpenSegment(segName(name, p, k)); err == nil {
+				errs = append(errs, s.Unlink(), s.Close())
+			}
+		}
+	}
+	errs = append(errs, l.meta.Unlink(), l.Close())
+	return errors.Join(errs...)
+}
+
+// Name returns the log's name.
+func (l *Log) Name() string { return l.name }
+
+// Config returns the log's configuration (as read from shared memory).
+func (l *Log) Config() Config { return l.cfg }
+
+// Close gives up the producer slot and unmaps the log. Loans and records
+// of this handle must not be used after it; its Readers must be closed
+// first.
+func (l *Log) Close() error {
+	if l.closed.Swap(true) {
+		return nil
+	}
+	l.owner.CompareAndSwap(shm.Self().Word(), 0)
+	var errs []error
+	for _, pt := range l.parts {
+		pt.mu.Lock()
+		for _, m := range pt.segs {
+			m.release()
+		}
+		pt.segs = nil
+		pt.cur.Store(nil)
+		pt.mu.Unlock()
+	}
+	errs = append(errs, l.meta.Close())
+	return errors.Join(errs...)
+}
+
+func (l *Log) part(p int) (*partition, error) {
+	if l.closed.Load() {
+		return nil, ErrClosed
+	}
+	if p < 0 || p >= len(l.parts) {
+		return nil, fmt.Errorf("mq: partition %d of %d", p, len(l.parts))
+	}
+	return l.parts[p], nil
+}
+
+// segment returns segment k of partition p mapped, with a reference the
+// caller releases, creating it if create (a producer about to write its
+// first record in it). It does not check retention: see ensureRoom.
+func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, error) {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if pt.segs == nil {
+		return nil, ErrClosed
+	}
+	if m := pt.segs[k]; m != nil {
+		m.acquire() // the cache's reference keeps it mapped
+		return m, nil
+	}
+	name := segName(l.name, p, k)
+	size := l.cfg.SegmentSize
+	// Segments are made in order, each once: made counts them, and the
+	// producer that moves it from k to k+1 creates segment k. A segment
+	// is never made again after retention dropped it, so a producer that
+	// read the tail long ago cannot claim a header in a fresh copy of
+	// one that readers have left behind.
+	var seg *shm.Segment
+	var err error
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		mk := pt.made.Load()
+		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
+			seg, err = shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: true})
+			break
+		}
+		if create && mk < k {
+			// The tail is in a segment nobody made: not from this code.
+			return nil, fmt.Errorf("mq: partition %d: segment %d wanted, %d made: %w", p, k, mk, shm.ErrCorrupt)
+		}
+		seg, err = shm.OpenSegment(name)
+		if err == nil || !create || k < pt.head.Load() || time.Now().After(deadline) {
+			// Below the head it was dropped: the caller's view of the
+			// tail is stale (retrying for a second here, under the lock,
+			// stalled every producer of the handle).
+			break
+		}
+		// Its creator is making it this moment.
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
+		}
+		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
+	}
+	if seg.Size() < size {
+		seg.Close()
+		return nil, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
+	}
+	words, err := seg.Uint64s(0, size/8)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	m := &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
+	m.refs.Store(2) // the cache's and the caller's
+	pt.segs[k] = m
+	if c := pt.cur.Load(); c == nil || c.index < k {
+		pt.cur.Store(m)
+	}
+	// The cache lets go of segments two behind the newest; loans in them
+	// keep them mapped until they end.
+	for i, old := range pt.segs {
+		if i+1 < k {
+			delete(pt.segs, i)
+			old.release()
+		}
+	}
+	return m, nil
+}
+
+// ensureRoom makes sure partition p may have segment k, dropping the
+// oldest segments as retention allows, and waiting or failing by policy.
+func (l *Log) ensureRoom(ctx context.Context, p int, pt *partition, k uint64) error {
+	keep := uint64(l.cfg.Segments)
+	for {
+		h := pt.head.Load()
+		if k < h+keep {
+			return nil
+		}
+		newHead := k - keep + 1
+		if l.cfg.Full != FullOverwrite {
+			if need, ok := l.oldestNeeded(p); ok && need < newHead {
+				if l.cfg.Full == FullFail {
+					return fmt.Errorf("mq: partition %d of %s: %w", p, l.name, ErrFull)
+				}
+				if err := l.waitFreed(ctx, pt, func() bool {
+					n, ok := l.oldestNeeded(p)
+					return !ok || n >= newHead || pt.head.Load() >= newHead
+				}); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if pt.head.CompareAndSwap(h, newHead) {
+			for i := h; i < newHead; i++ {
+				if s, err := shm.OpenSegment(segName(l.name, p, i)); err == nil {
+					s.Unlink()
+					s.Close()
+				}
+			}
+			return nil
+		}
+	}
+}
+
+// waitFreed waits until ready, woken by readers that move to a new
+// segment.
+func (l *Log) waitFreed(ctx context.Context, pt *partition, ready func() bool) error {
+	for !ready() {
+		// After a sleep, look again even if nobody woke us: a reader may
+		// have died.
+		if err := park(ctx, pt.freed, pt.blocked, ready); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// oldestNeeded returns the oldest segment a live reader of partition p is
+// in.
+func (l *Log) oldestNeeded(p int) (uint64, bool) {
+	var oldest uint64
+	found := false
+	size := uint64(l.cfg.SegmentSize)
+	for i := range maxReaders {
+		base := offReaders + i*line
+		owner, _ := l.meta.Uint64At(base)
+		w := owner.Load()
+		if w == 0 {
+			continue
+		}
+		part, _ := l.meta.Uint64At(base + 8)
+		off, _ := l.meta.Uint64At(base + 16)
+		if part.Load() != uint64(p) {
+			continue
+		}
+		o := off.Load()
+		if !shm.AliveWord(w) {
+			owner.CompareAndSwap(w, 0)
+			continue
+		}
+		if k := o / size; !found || k < oldest {
+			oldest, found = k, true
+		}
+	}
+	return oldest, found
+}
+
+// Reservation is space loaned in a partition: fill Bytes, then Commit or
+// Abort it, once (it keeps its segment mapped until then; Bytes must not
+// be used after). It is a record that readers wait for, so hold it
+// briefly.
+type Reservation struct {
+	l      *Log
+	pt     *partition
+	m      *mapped
+	at     uint64 // offset in the segment
+	offset uint64 // log offset
+	buf    []byte
+	state  uint64 // the state word as claimed
+}
+
+// Bytes is the loaned payload space, in shared memory.
+func (r Reservation) Bytes() []byte { return r.buf }
+
+// Offset is the record's log offset.
+func (r Reservation) Offset() uint64 { return r.offset }
+
+// Commit publishes the record. It fails with ErrAborted if a reader
+// took this process for dead and aborted the record.
+func (r Reservation) Commit() error {
+	if r.l == nil {
+		return ErrAborted
+	}
+	crc := crc32.Checksum(r.buf, castagnoli)
+	r.m.words[r.at/8+1].Store(uint64(crc) | r.offset<<32)
+	ok := r.m.words[r.at/8].CompareAndSwap(r.state, r.state&^stateMask|stateCommitted)
+	r.m.release()
+	if !ok {
+		return ErrAborted
+	}
+	r.pt.wakeReaders()
+	return nil
+}
+
+// Abort gives the space up: readers skip the record.
+func (r Reservation) Abort() {
+	if r.l == nil {
+		return
+	}
+	r.m.words[r.at/8].CompareAndSwap(r.state, r.state|stateAborted)
+	r.m.release()
+	r.pt.wakeReaders()
+}
+
+// wakeReaders wakes the readers asleep on the partition, if any.
+func (pt *partition) wakeReaders() { wake(pt.seq, pt.sleepers) }
+
+// Loan reserves n bytes of payload at the tail of partition p. Producers of
+// every process append concurrently: each claims the header at the tail by
+// CAS and then moves the tail on (or helps a claimer that has not). A full
+// partition waits or fails by Config.Full; ctx bounds the wait.
+func (l *Log) Loan(ctx context.Context, p, n int) (Reservation, error) {
+	pt, err := l.part(p)
+	if err != nil {
+		return Reservation{}, err
+	}
+	size := uint64(l.cfg.SegmentSize)
+	if n < 0 || uint64(n) > size-headerSize {
+		return Reservation{}, fmt.Errorf("mq: %d bytes in a %d-byte segment: %w", n, size, ErrTooLarge)
+	}
+	need := align8(headerSize + uint64(n))
+	for {
+		t := pt.tail.Load()
+		k, at := t/size, t%size
+		if size-at < headerSize {
+			pt.tail.CompareAndSwap(t, (k+1)*size)
+			continue
+		}
+		m, err := l.segmentFor(ctx, p, pt, k)
+		if err != nil {
+			if errors.Is(err, ErrOffsetGone) && pt.tail.Load()/size > k {
+				continue // t was stale: retention dropped its segment since
+			}
+			return Reservation{}, err
+		}
+		hw := &m.words[at/8]
+		if at+need > size {
+			// No room in this segment: fill it with a committed pad.
+			pad := (size-at-headerSize)<<32 | flagPad | stateCommitted
+			if hw.CompareAndSwap(0, pad) {
+				m.release()
+				pt.tail.CompareAndSwap(t, (k+1)*size)
+				pt.wakeReaders()
+				continue
+			}
+		} else {
+			claim := uint64(n)<<32 | l.gen<<16 | l.slot<<4 | stateWriting
+			if hw.CompareAndSwap(0, claim) {
+				pt.tail.CompareAndSwap(t, t+need)
+				return Reservation{l: l, pt: pt, m: m, at: at, offset: t, buf: m.data[at+headerSize : at+headerSize+uint64(n) : at+headerSize+uint64(n)], state: claim}, nil
+			}
+		}
+		// Another producer claimed the header at t: help it move the tail.
+		w := hw.Load()
+		m.release()
+		rl := align8(headerSize + w>>32)
+		if at+rl > size {
+			return Reservation{}, fmt.Errorf("mq: header at %d of partition %d says %d bytes: %w", t, p, w>>32, shm.ErrCorrupt)
+		}
+		pt.tail.CompareAndSwap(t, t+rl)
+	}
+}
+
+// segmentFor is segment k mapped for a producer, with a reference, after
+// the retention and full checks.
+func (l *Log) segmentFor(ctx context.Context, p int, pt *partition, k uint64) (*mapped, error) {
+	if m := pt.cur.Load(); m != nil && m.index == k && m.acquire() {
+		return m, nil
+	}
+	if err := l.ensureRoom(ctx, p, pt, k); err != nil {
+		return nil, err
+	}
+	return l.segment(p, pt, k, true)
+}
+
+// Send appends payload to partition p as one record (Loan, copy, Commit)
+// and returns its log offset.
+func (l *Log) Send(ctx context.Context, p int, payload []byte) (uint64, error) {
+	r, err := l.Loan(ctx, p, len(payload))
+	if err != nil {
+		return 0, err
+	}
+	copy(r.buf, payload)
+	return r.offset, r.Commit()
+}
+
+// Stats is a partition's counters, read from shared memory.
+type Stats struct {
+	// Tail is the log offset the next record goes to.
+	Tail uint64
+	// Oldest is the first log offset retention keeps.
+	Oldest uint64
+	// Aborted counts records readers found stuck in writing with their
+	// writer dead, and aborted.
+	Aborted uint64
+}
+
+// Stats returns partition p's counters.
+func (l *Log) Stats(p int) (Stats, error) {
+	pt, err := l.part(p)
+	if err != nil {
+		return Stats{}, err
+	}
+	return Stats{Tail: pt.tail.Load(), Oldest: pt.head.Load() * uint64(l.cfg.SegmentSize), Aborted: pt.aborted.Load()}, nil
+}

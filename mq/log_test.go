@@ -1,0 +1,576 @@
+package mq
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+func TestMain(m *testing.M) {
+	testenv.RegisterChild("producer", producerChild)
+	testenv.RegisterChild("holder", holderChild)
+	testenv.RegisterChild("reader", readerChild)
+	testenv.Main(m)
+}
+
+var logSeq atomic.Int64
+
+func newLog(t testing.TB, c Config) *Log {
+	t.Helper()
+	name := fmt.Sprintf("test-%d-%d", os.Getpid(), logSeq.Add(1))
+	l, err := Create(name, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		l.Close()
+		if err := Remove(name); err != nil {
+			t.Errorf("remove: %v", err)
+		}
+	})
+	return l
+}
+
+func newReader(t testing.TB, l *Log, p int, from uint64) *Reader {
+	t.Helper()
+	r, err := l.NewReader(p, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func timeout(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// message is a self-checking payload: producer, sequence, then bytes made
+// from both.
+func message(b []byte, producer, seq uint64) {
+	binary.LittleEndian.PutUint64(b, producer)
+	binary.LittleEndian.PutUint64(b[8:], seq)
+	bench.Fill(b[16:], producer<<32|seq)
+}
+
+func parse(t testing.TB, b []byte) (producer, seq uint64) {
+	t.Helper()
+	if len(b) < 16 {
+		t.Fatalf("a %d-byte payload", len(b))
+	}
+	producer, seq = binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
+	if bench.Sum(b[16:]) != bench.FillSum(len(b)-16, producer<<32|seq) {
+		t.Fatalf("torn payload of producer %d seq %d", producer, seq)
+	}
+	return producer, seq
+}
+
+// TestSendNext sends records of many sizes through small segments, so that
+// the log rolls and pads, and reads them back in order.
+func TestSendNext(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 512})
+	r := newReader(t, l, 0, Oldest)
+	ctx := timeout(t, 10*time.Second)
+	const n = 2000
+	var offsets []uint64
+	for i := range n {
+		b := make([]byte, 16+(i*37)%700)
+		message(b, 0, uint64(i))
+		off, err := l.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offsets = append(offsets, off)
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, seq := parse(t, rec.Payload); seq != uint64(i) || rec.Offset != off || len(rec.Payload) != len(b) {
+			t.Fatalf("record %d: seq %d at %d, sent at %d", i, seq, rec.Offset, off)
+		}
+	}
+	// A second reader from an offset in the middle.
+	r2 := newReader(t, l, 0, offsets[n/2])
+	rec, err := r2.Next(ctx)
+	if err != nil || rec.Offset != offsets[n/2] {
+		t.Fatalf("from offset %d: %d %v", offsets[n/2], rec.Offset, err)
+	}
+	st, _ := l.Stats(0)
+	if st.Tail <= offsets[n-1] || st.Aborted != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if _, err := l.Loan(ctx, 0, 4096); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("a loan larger than a segment: %v", err)
+	}
+}
+
+// TestLoanAbort: an aborted loan is skipped, a committed one read in place.
+func TestLoanAbort(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	r := newReader(t, l, 0, Newest)
+	ctx := timeout(t, 10*time.Second)
+	a, err := l.Loan(ctx, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.Loan(ctx, 0, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(b.Bytes(), "hello")
+	if err := b.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	a.Abort()
+	if err := a.Commit(); !errors.Is(err, ErrAborted) {
+		t.Errorf("commit after abort: %v", err)
+	}
+	rec, err := r.Next(ctx)
+	if err != nil || string(rec.Payload) != "hello" || rec.Offset != b.Offset() {
+		t.Fatalf("%q at %d, %v", rec.Payload, rec.Offset, err)
+	}
+	short := timeout(t, 50*time.Millisecond)
+	if _, err := r.Next(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("an empty partition: %v", err)
+	}
+}
+
+// TestGoroutines: producers in goroutines, one reader; every record once,
+// in each producer's order.
+func TestGoroutines(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 16 << 10, Segments: 4})
+	ctx, cancel := context.WithCancelCause(timeout(t, 60*time.Second))
+	defer cancel(nil)
+	const producers, n = 4, 3000
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for p := range producers {
+		wg.Go(func() {
+			b := make([]byte, 100)
+			for i := range n {
+				message(b, uint64(p), uint64(i))
+				if _, err := l.Send(ctx, 1, b); err != nil {
+					errs <- err
+					cancel(err)
+					return
+				}
+			}
+		})
+	}
+	r := newReader(t, l, 1, 0)
+	consume(t, ctx, r, producers, n)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// consume reads producers*n records and checks each producer's order.
+func consume(t *testing.T, ctx context.Context, r *Reader, producers, n int) {
+	t.Helper()
+	next := make([]uint64, producers)
+	for range producers * n {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err, context.Cause(ctx))
+		}
+		p, seq := parse(t, rec.Payload)
+		if p >= uint64(producers) || seq != next[p] {
+			t.Fatalf("producer %d seq %d, want %d", p, seq, next[p])
+		}
+		next[p]++
+	}
+	// Nothing more: every record was delivered once.
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if rec, err := r.Next(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("after all the records: %d bytes at %d, %v", len(rec.Payload), rec.Offset, err)
+	}
+}
+
+// producerChild sends MQ_N records of 100 bytes to partition 0 of log
+// MQ_LOG as producer MQ_ID.
+func producerChild() int {
+	id, _ := strconv.Atoi(os.Getenv("MQ_ID"))
+	n, _ := strconv.Atoi(os.Getenv("MQ_N"))
+	l, err := Open(os.Getenv("MQ_LOG"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer l.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := make([]byte, 100)
+	for i := range n {
+		r, err := l.Loan(ctx, 0, len(b))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		message(r.Bytes(), uint64(id), uint64(i))
+		if err := r.Commit(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	return 0
+}
+
+// TestProcesses: three producer processes and this one reading, through
+// segments small enough that the producers roll and block on the reader
+// (FullBlock, 4 segments kept): every record once, in per-producer order,
+// none torn.
+func TestProcesses(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 32 << 10, Segments: 4})
+	r := newReader(t, l, 0, 0)
+	const producers, n = 3, 20000
+	var cmds []func() error
+	for id := range producers {
+		cmd := testenv.Child(t, "producer", "MQ_LOG="+l.Name(), "MQ_ID="+strconv.Itoa(id), "MQ_N="+strconv.Itoa(n))
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd.Wait)
+	}
+	consume(t, timeout(t, 2*time.Minute), r, producers, n)
+	for _, wait := range cmds {
+		if err := wait(); err != nil {
+			t.Fatalf("producer: %v", err)
+		}
+	}
+	if st, _ := l.Stats(0); st.Oldest == 0 || st.Aborted != 0 {
+		t.Errorf("stats %+v: retention dropped nothing, or records were aborted", st)
+	}
+}
+
+// holderChild loans a record in log MQ_LOG, says so on standard output and
+// waits to be killed.
+func holderChild() int {
+	l, err := Open(os.Getenv("MQ_LOG"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	res, err := l.Loan(context.Background(), 0, 100)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	copy(res.Bytes(), "half written")
+	fmt.Println("loaned")
+	time.Sleep(time.Minute)
+	return 1
+}
+
+// TestKilledProducer: a producer process SIGKILLed while it holds a loan
+// leaves a record stuck in writing; the reader finds its writer dead,
+// aborts and skips it, counts it, and reads the records sent after it.
+func TestKilledProducer(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	r := newReader(t, l, 0, 0)
+	ctx := timeout(t, 30*time.Second)
+	before := make([]byte, 100)
+	message(before, 1, 0)
+	if _, err := l.Send(ctx, 0, before); err != nil {
+		t.Fatal(err)
+	}
+	cmd := testenv.Child(t, "holder", "MQ_LOG="+l.Name())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "loaned\n" {
+		t.Fatalf("holder said %q, %v", line, err)
+	}
+	after := make([]byte, 100)
+	message(after, 1, 1)
+	if _, err := l.Send(ctx, 0, after); err != nil {
+		t.Fatal(err)
+	}
+	for seq := range uint64(1) {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, got := parse(t, rec.Payload); got != seq {
+			t.Fatalf("seq %d, want %d", got, seq)
+		}
+	}
+	// The reader now waits on the held record: kill its writer.
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		cmd.Process.Kill() // SIGKILL
+	}()
+	rec, err := r.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, seq := parse(t, rec.Payload); seq != 1 {
+		t.Fatalf("after the dead writer's record: seq %d", seq)
+	}
+	cmd.Wait()
+	if st, _ := l.Stats(0); st.Aborted != 1 || r.Aborted() != 1 {
+		t.Errorf("aborted: stats %d, reader %d; want 1", st.Aborted, r.Aborted())
+	}
+}
+
+// TestFullPolicies: a reader that stays at the start keeps its segment
+// under FullFail (ErrFull) and FullBlock (waits until it moves on or the
+// context ends); FullOverwrite drops it and the reader is told.
+func TestFullPolicies(t *testing.T) {
+	fill := func(l *Log, ctx context.Context) (int, error) {
+		b := make([]byte, 1000)
+		for i := range 100 {
+			if _, err := l.Send(ctx, 0, b); err != nil {
+				return i, err
+			}
+		}
+		return 100, nil
+	}
+	t.Run("fail", func(t *testing.T) {
+		l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullFail})
+		newReader(t, l, 0, 0)
+		if _, err := fill(l, timeout(t, 10*time.Second)); !errors.Is(err, ErrFull) {
+			t.Fatalf("%v, want ErrFull", err)
+		}
+	})
+	t.Run("block", func(t *testing.T) {
+		l := newLog(t, Config{SegmentSize: 4096, Segments: 2})
+		r := newReader(t, l, 0, 0)
+		sent, err := fill(l, timeout(t, 100*time.Millisecond))
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%v, want the context's deadline", err)
+		}
+		// The reader drains what is there while a producer waits.
+		ctx := timeout(t, 30*time.Second)
+		done := make(chan error, 1)
+		go func() { _, err := fill(l, ctx); done <- err }()
+		for got := range sent + 100 {
+			if _, err := r.Next(ctx); err != nil {
+				t.Fatalf("after %d records: %v", got, err)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("overwrite", func(t *testing.T) {
+		l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullOverwrite})
+		r := newReader(t, l, 0, 0)
+		if _, err := fill(l, timeout(t, 10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Next(timeout(t, time.Second)); !errors.Is(err, ErrOffsetGone) {
+			t.Fatalf("a reader whose segment was dropped: %v", err)
+		}
+		if _, err := l.NewReader(0, 0); !errors.Is(err, ErrOffsetGone) {
+			t.Fatalf("a reader from a dropped offset: %v", err)
+		}
+	})
+}
+
+// TestCorruptHeaders writes bad header words where a reader will read and
+// checks each is an error wrapping shm.ErrCorrupt, not a panic.
+func TestCorruptHeaders(t *testing.T) {
+	bad := []struct {
+		name string
+		w    func(w, w1 uint64) (uint64, uint64)
+	}{
+		{"length past the segment", func(w, w1 uint64) (uint64, uint64) { return w&0xffffffff | 1<<40, w1 }},
+		{"length just past the segment", func(w, w1 uint64) (uint64, uint64) { return w&0xffffffff | 4081<<32, w1 }},
+		{"checksum", func(w, w1 uint64) (uint64, uint64) { return w, w1 ^ 1 }},
+		{"offset", func(w, w1 uint64) (uint64, uint64) { return w, w1 ^ 1<<40 }},
+		{"reserved bit", func(w, w1 uint64) (uint64, uint64) { return w | 8, w1 }},
+		{"producer slot", func(w, w1 uint64) (uint64, uint64) { return w&^stateMask | 0xfff<<4 | stateWriting, w1 }},
+		{"padding mid-segment", func(w, w1 uint64) (uint64, uint64) { return w | flagPad, w1 }},
+		{"zero below the tail", func(w, w1 uint64) (uint64, uint64) { return 0, w1 }},
+	}
+	for _, c := range bad {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 4096})
+			ctx := timeout(t, 5*time.Second)
+			if _, err := l.Send(ctx, 0, []byte("payload")); err != nil {
+				t.Fatal(err)
+			}
+			seg, err := shm.OpenSegment(segName(l.Name(), 0, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seg.Close()
+			w, _ := seg.Uint64At(0)
+			w1, _ := seg.Uint64At(8)
+			a, b := c.w(w.Load(), w1.Load())
+			w.Store(a)
+			w1.Store(b)
+			r := newReader(t, l, 0, 0)
+			if _, err := r.Next(ctx); !errors.Is(err, shm.ErrCorrupt) {
+				t.Fatalf("%v, want shm.ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+// FuzzDecode feeds the record decoder arbitrary headers over arbitrary
+// segment bytes: it returns an error or a payload inside the segment.
+func FuzzDecode(f *testing.F) {
+	f.Add(make([]byte, 64), uint64(0), uint64(5)<<32|stateCommitted, uint64(0), uint64(0))
+	f.Add(make([]byte, 64), uint64(8), uint64(48)<<32|flagPad|stateCommitted, uint64(0), uint64(8))
+	f.Add(make([]byte, 4096), uint64(16), uint64(3)<<32|stateWriting|5<<4, uint64(1), uint64(16))
+	f.Fuzz(func(t *testing.T, data []byte, at, w, w1, o uint64) {
+		data = data[:len(data)&^7]
+		if len(data) < headerSize {
+			return
+		}
+		payload, next, err := decode(data, at, w, w1, o)
+		if err != nil {
+			return
+		}
+		if next == 0 || at+next > uint64(len(data)) || next%8 != 0 {
+			t.Fatalf("record at %d of %d bytes: next %d", at, len(data), next)
+		}
+		if payload != nil && uint64(len(payload)) != w>>32 {
+			t.Fatalf("payload of %d bytes, header says %d", len(payload), w>>32)
+		}
+	})
+}
+
+// TestOpenCorrupt: a meta segment whose configuration makes no sense is
+// refused with shm.ErrCorrupt.
+func TestOpenCorrupt(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		off  int
+		v    uint64
+	}{
+		{"no partitions", offParts, 0},
+		{"too many partitions", offParts, 1 << 40},
+		{"segment size not a multiple of 8", offSegSize, 4097},
+		{"huge segments", offSegSize, 1 << 62},
+		{"one segment kept", offSegments, 1},
+		{"unknown policy", offPolicy, 9},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 4096})
+			seg, err := shm.OpenSegment(metaName(l.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer seg.Close()
+			w, _ := seg.Uint64At(c.off)
+			old := w.Swap(c.v)
+			defer w.Store(old) // so that Remove can open it
+			if l2, err := Open(l.Name()); !errors.Is(err, shm.ErrCorrupt) {
+				if err == nil {
+					l2.Close()
+				}
+				t.Fatalf("%v, want shm.ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+// readerChild registers a reader at offset 0 of log MQ_LOG, says so and
+// waits to be killed.
+func readerChild() int {
+	l, err := Open(os.Getenv("MQ_LOG"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if _, err := l.NewReader(0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("reading")
+	time.Sleep(time.Minute)
+	return 1
+}
+
+// TestKilledReader: under FullBlock a reader process that stays at offset
+// 0 blocks the producer once the partition is full; killed, it no longer
+// holds the partition: the blocked producer goes on.
+func TestKilledReader(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2})
+	cmd := testenv.Child(t, "reader", "MQ_LOG="+l.Name())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "reading\n" {
+		t.Fatalf("reader said %q, %v", line, err)
+	}
+	b := make([]byte, 1000)
+	send := func(ctx context.Context) error {
+		for range 20 {
+			if _, err := l.Send(ctx, 0, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := send(timeout(t, 100*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("with a live reader at 0: %v, want the deadline", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- send(timeout(t, 30*time.Second)) }()
+	time.Sleep(20 * time.Millisecond)
+	cmd.Process.Kill()
+	cmd.Wait()
+	if err := <-done; err != nil {
+		t.Fatalf("after the reader died: %v", err)
+	}
+}
+
+// TestStaleProducer: a producer whose view of the tail is in a segment
+// retention dropped is told at once (and Loan reads the tail again), not
+// after retrying the open as for a segment being created, under the lock
+// every producer of the handle needs.
+func TestStaleProducer(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2})
+	ctx := timeout(t, 10*time.Second)
+	b := make([]byte, 1000)
+	for range 20 {
+		if _, err := l.Send(ctx, 0, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pt := l.parts[0]
+	if pt.head.Load() == 0 {
+		t.Fatal("retention dropped nothing")
+	}
+	start := time.Now()
+	if _, err := l.segment(0, pt, 0, true); !errors.Is(err, ErrOffsetGone) {
+		t.Fatalf("segment 0 after it was dropped: %v", err)
+	}
+	if d := time.Since(start); d > 500*time.Millisecond {
+		t.Errorf("a dropped segment took %v to report", d)
+	}
+	if _, err := l.Send(ctx, 0, b); err != nil {
+		t.Fatal(err)
+	}
+}

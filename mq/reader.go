@@ -1,0 +1,296 @@
+package mq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"sync/atomic"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// Starting points for NewReader besides a log offset.
+const (
+	// Oldest is the first record retention keeps.
+	Oldest = ^uint64(0)
+	// Newest is the next record to be sent.
+	Newest = ^uint64(0) - 1
+)
+
+// Record is a committed record read in place.
+type Record struct {
+	// Offset is the record's log offset; Offset of the next record is
+	// Reader.Offset after Next.
+	Offset uint64
+	// Payload is the record's bytes in shared memory. It is valid until
+	// the next call of Next or Close on the Reader that returned it.
+	// The payload's checksum was verified when Next returned; shared
+	// memory is writable by every producer, so a hostile one could still
+	// change it afterwards.
+	Payload []byte
+}
+
+// Reader reads one partition from its own offset. Readers register in the
+// log's meta segment, so that producers under FullBlock and FullFail keep
+// the segments they are in. A Reader is for one goroutine at a time.
+type Reader struct {
+	l      *Log
+	p      int
+	pt     *partition
+	owner  *atomic.Uint64
+	off    *atomic.Uint64 // the slot's offset, updated per segment
+	me     uint64
+	offset uint64
+	m      *mapped // this reader's own mapping of its current segment
+	// tail is the partition's tail as last loaded: records below it are
+	// claimed, so the reader loads the tail (a line every producer
+	// writes) only when it catches up with it.
+	tail   uint64
+	closed bool
+
+	aborted uint64
+}
+
+// NewReader returns a reader of partition p from log offset from (an offset
+// a record had, or 0), Oldest or Newest.
+func (l *Log) NewReader(p int, from uint64) (*Reader, error) {
+	pt, err := l.part(p)
+	if err != nil {
+		return nil, err
+	}
+	me := shm.Self().Word()
+	r := &Reader{l: l, p: p, pt: pt, me: me}
+	for i := range maxReaders {
+		base := offReaders + i*line
+		owner, _ := l.meta.Uint64At(base)
+		w := owner.Load()
+		if w != 0 && shm.AliveWord(w) || !owner.CompareAndSwap(w, me) {
+			continue
+		}
+		r.owner = owner
+		part, _ := l.meta.Uint64At(base + 8)
+		r.off, _ = l.meta.Uint64At(base + 16)
+		part.Store(uint64(p))
+		break
+	}
+	if r.owner == nil {
+		return nil, fmt.Errorf("mq: %s: %d readers: %w", l.name, maxReaders, ErrNoSlot)
+	}
+	size := uint64(l.cfg.SegmentSize)
+	switch from {
+	case Oldest:
+		from = pt.head.Load() * size
+	case Newest:
+		from = pt.tail.Load()
+	}
+	r.offset = from
+	r.off.Store(from)
+	if from%8 != 0 || from < pt.head.Load()*size {
+		r.Close()
+		if from%8 != 0 {
+			return nil, fmt.Errorf("mq: offset %d is not a record's", from)
+		}
+		return nil, fmt.Errorf("mq: offset %d of partition %d: %w", from, p, ErrOffsetGone)
+	}
+	return r, nil
+}
+
+// Offset is the log offset the next Next reads from.
+func (r *Reader) Offset() uint64 { return r.offset }
+
+// Aborted counts the records this reader aborted and skipped because their
+// writer died before committing them.
+func (r *Reader) Aborted() uint64 { return r.aborted }
+
+// Close gives the reader's slot up and unmaps its segment. Close Readers
+// before their Log.
+func (r *Reader) Close() error {
+	if r.closed {
+		return nil
+	}
+	r.closed = true
+	var err error
+	if r.m != nil {
+		err = r.m.seg.Close()
+		r.m = nil
+	}
+	if !r.l.closed.Load() { // else the slot went with the Log's mapping
+		r.owner.CompareAndSwap(r.me, 0)
+		r.l.wakeBlocked(r.pt)
+	}
+	return err
+}
+
+// wakeBlocked wakes producers waiting for readers to move on.
+func (l *Log) wakeBlocked(pt *partition) {
+	wake(pt.freed, pt.blocked)
+}
+
+// moveTo sets the reader's offset to o, telling producers when it leaves a
+// segment.
+func (r *Reader) moveTo(o uint64) {
+	size := uint64(r.l.cfg.SegmentSize)
+	crossed := o/size != r.offset/size
+	r.offset = o
+	if crossed {
+		r.off.Store(o)
+		r.l.wakeBlocked(r.pt)
+	}
+}
+
+// mapping returns segment k mapped for this reader.
+func (r *Reader) mapping(k uint64) (*mapped, error) {
+	if r.m != nil && r.m.index == k {
+		return r.m, nil
+	}
+	if r.m != nil {
+		r.m.seg.Close()
+		r.m = nil
+	}
+	size := r.l.cfg.SegmentSize
+	seg, err := shm.OpenSegment(segName(r.l.name, r.p, k))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, r.p, ErrOffsetGone)
+		}
+		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, r.p, err)
+	}
+	if seg.Size() < size {
+		seg.Close()
+		return nil, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, r.p, seg.Size(), size, shm.ErrCorrupt)
+	}
+	words, err := seg.Uint64s(0, size/8)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	r.m = &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
+	return r.m, nil
+}
+
+// Next returns the next committed record, waiting for one until ctx ends.
+// Records whose writer died before committing are aborted and skipped.
+// A header that makes no sense is an error wrapping shm.ErrCorrupt (the
+// reader stays at that offset).
+func (r *Reader) Next(ctx context.Context) (Record, error) {
+	if r.closed || r.l.closed.Load() {
+		return Record{}, ErrClosed
+	}
+	size := uint64(r.l.cfg.SegmentSize)
+	var bo shm.Backoff
+	for {
+		o := r.offset
+		k, at := o/size, o%size
+		if size-at < headerSize {
+			r.moveTo((k + 1) * size)
+			continue
+		}
+		if o >= r.tail {
+			if r.tail = r.pt.tail.Load(); o >= r.tail {
+				if err := r.wait(ctx, &bo, func() bool { return r.pt.tail.Load() > o }, nil); err != nil {
+					return Record{}, err
+				}
+			}
+			continue
+		}
+		m, err := r.mapping(k)
+		if err != nil {
+			return Record{}, err
+		}
+		hw := &m.words[at/8]
+		w := hw.Load()
+		rec, next, err := decode(m.data, at, w, m.words[at/8+1].Load(), o)
+		if err != nil {
+			return Record{}, fmt.Errorf("mq: partition %d offset %d: %w", r.p, o, err)
+		}
+		switch w & stateMask {
+		case stateWriting:
+			dead := func() bool {
+				if !r.l.writerDead(w) {
+					return false
+				}
+				if hw.CompareAndSwap(w, w|stateAborted) {
+					r.pt.aborted.Add(1)
+					r.aborted++
+				}
+				return true
+			}
+			if err := r.wait(ctx, &bo, func() bool { return hw.Load() != w }, dead); err != nil {
+				return Record{}, err
+			}
+			continue
+		case stateCommitted:
+			r.moveTo(o + next)
+			if rec == nil {
+				continue // padding
+			}
+			return Record{Offset: o, Payload: rec}, nil
+		default: // aborted
+			r.moveTo(o + next)
+		}
+		bo.Reset()
+	}
+}
+
+// decode checks the record header (w, w1) at offset at of a segment's data
+// for log offset o and returns the payload (nil for padding and records
+// not committed) and the record's size. Everything in it came from shared
+// memory.
+func decode(data []byte, at, w, w1, o uint64) ([]byte, uint64, error) {
+	size := uint64(len(data))
+	n := w >> 32
+	if at%8 != 0 || at > size-headerSize || n > size-at-headerSize {
+		return nil, 0, fmt.Errorf("header %#x at %d says %d bytes: %w", w, at, n, shm.ErrCorrupt)
+	}
+	next := align8(headerSize + n)
+	state := w & stateMask
+	if state == 0 || (w>>4)&0xfff >= maxProducers && w&flagPad == 0 || w&0x8 != 0 {
+		return nil, 0, fmt.Errorf("header %#x at %d: %w", w, at, shm.ErrCorrupt)
+	}
+	if w&flagPad != 0 {
+		if state != stateCommitted || at+headerSize+n != size {
+			return nil, 0, fmt.Errorf("padding header %#x at %d does not end the segment: %w", w, at, shm.ErrCorrupt)
+		}
+		return nil, next, nil
+	}
+	if state != stateCommitted {
+		return nil, next, nil
+	}
+	payload := data[at+headerSize : at+headerSize+n : at+headerSize+n]
+	if uint32(w1>>32) != uint32(o) {
+		return nil, 0, fmt.Errorf("record at %d names offset %#x: %w", o, w1>>32, shm.ErrCorrupt)
+	}
+	if crc32.Checksum(payload, castagnoli) != uint32(w1) {
+		return nil, 0, fmt.Errorf("record at %d fails its checksum: %w", o, shm.ErrCorrupt)
+	}
+	return payload, next, nil
+}
+
+// writerDead reports whether the producer that claimed header w is gone:
+// its slot is free, taken by another handle since (the generation
+// differs), or held by a process that died.
+func (l *Log) writerDead(w uint64) bool {
+	s := (w >> 4) & 0xfff
+	owner := l.slots[2*s].Load()
+	gen := l.slots[2*s+1].Load() & 0xffff
+	return owner == 0 || gen != (w>>16)&0xffff || !shm.AliveWord(owner)
+}
+
+// wait is one pause of a reader waiting for ready: a step of the Backoff
+// ladder, or, once it says park, a sleep of at most 20 ms (see park).
+// dead, if set, is asked before each sleep whether the writer waited for
+// is gone (it then handled the record: the wait ends).
+func (r *Reader) wait(ctx context.Context, bo *shm.Backoff, ready func() bool, dead func() bool) error {
+	if bo.Pause() {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dead != nil && dead() {
+		return nil
+	}
+	return park(ctx, r.pt.seq, r.pt.sleepers, ready)
+}

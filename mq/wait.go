@@ -1,0 +1,41 @@
+package mq
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// parkFor bounds every sleep: a wake-up that never comes (its waker died)
+// costs at most this, and the sleeper then looks again (at a writer's
+// liveness, at readers that died).
+const parkFor = 20 * time.Millisecond
+
+// park sleeps on word, one of the partition's futex words, until ready may
+// hold, for at most parkFor or until ctx ends, and returns ctx.Err().
+// sleepers is the count of sleepers on word that wakers look at (see
+// wake).
+func park(ctx context.Context, word, sleepers *atomic.Uint32, ready func() bool) error {
+	sleepers.Add(1) // the waker takes it
+	v := word.Load()
+	if ready() {
+		return nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, parkFor)
+	defer cancel()
+	shm.Wait{Spin: -1}.Until(sctx, word, func(x uint32) bool { return x != v })
+	return ctx.Err()
+}
+
+// wake wakes the sleepers park put on word. The first waker takes the
+// count (to 0), so the wakes that follow while the sleepers get up make no
+// system call, and a sleeper that died asleep costs one wake-up, not one
+// per call; a sleeper registers again before every sleep.
+func wake(word, sleepers *atomic.Uint32) {
+	if sleepers.Load() != 0 && sleepers.Swap(0) != 0 {
+		word.Add(1)
+		shm.Wake(word)
+	}
+}
