@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/mqsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
 	"github.com/ubkit-io/ubkit/transport"
@@ -57,6 +58,9 @@ func demoCmd(args []string, w io.Writer) error {
 	fmt.Fprintf(w, "\ngRPC (unchanged grpc-go) health check, server in another process:\n")
 	fmt.Fprintf(w, "  %-22s p50 %-10s p99 %s\n", "over ubkit (path "+string(transport.PathShm)+")", dur(g.Detail["ubkit"].P50), dur(g.Detail["ubkit"].P99))
 	fmt.Fprintf(w, "  %-22s p50 %-10s p99 %s\n", "over TCP loopback", dur(g.Detail["tcp"].P50), dur(g.Detail["tcp"].P99))
+	if err := demoMQ(w); err != nil {
+		return err
+	}
 	if err := demoSim(w); err != nil {
 		return err
 	}
@@ -72,6 +76,19 @@ func demoCmd(args []string, w io.Writer) error {
 		}
 	}
 	fmt.Fprintln(os.Stderr, "\nfull comparisons: go run ./cmd/ubctl bench shm (shmipc-go included), bench ub, bench transport")
+	return nil
+}
+
+// demoMQ streams inference-result-sized records through mq.Log from
+// this process to a consumer process.
+func demoMQ(w io.Writer) error {
+	rep, err := bench.Run("demo", mqsuite.DemoCases(), demoOptions)
+	if err != nil {
+		return err
+	}
+	r := rep.Results[0]
+	fmt.Fprintf(w, "\nmq.Log (a shared-memory log), %d B records loaned and filled in place by this process, read in place and checksummed by another:\n", mqsuite.DemoSize)
+	fmt.Fprintf(w, "  %s records/s, %.2f GB/s\n", rate(r.Value), r.Value*mqsuite.DemoSize/1e9)
 	return nil
 }
 

@@ -86,7 +86,7 @@ func TestDemo(t *testing.T) {
 	if err := demoCmd(nil, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"ubkit shm", "unix socket", "TCP loopback", "latency p50", "messages/s", "gRPC", "path shm", "link down",
+	for _, want := range []string{"ubkit shm", "unix socket", "mq.Log", "records/s", "TCP loopback", "latency p50", "messages/s", "gRPC", "path shm", "link down",
 		"ub://n0/health?path=shm", "ub://n0/health?path=ub", "client on n1",
 		"hello from n2", "through n0's and n2's proxies"} {
 		if !strings.Contains(out.String(), want) {

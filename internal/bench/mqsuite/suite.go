@@ -27,7 +27,7 @@ const size = 100
 func Cases() []bench.Case {
 	return []bench.Case{
 		{Name: "log-100B", Unit: "msg/s", Better: "higher", Contenders: []bench.Contender{
-			{Name: "ubkit", Run: logStream},
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return logStream(d, size) }},
 			// ubkit's own SPSC ring, Send path: one producer, no headers
 			// to claim, no checksum, a 4 MiB ring reused in place.
 			{Name: "shm-ring", Run: func(d time.Duration) (bench.Measurement, error) { return shmsuite.RingSend(d, size) }},
@@ -59,11 +59,23 @@ func init() {
 
 var logCounter atomic.Uint64
 
-// logStream produces 100-byte records into a one-partition log for d
+// DemoCases are ubctl demo's: one producer process streaming records the
+// size of an inference service's results (1 KiB) to a consumer process
+// through a one-partition log.
+func DemoCases() []bench.Case {
+	return []bench.Case{{Name: "log-1KiB", Unit: "msg/s", Better: "higher", Contenders: []bench.Contender{
+		{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return logStream(d, DemoSize) }},
+	}}}
+}
+
+// DemoSize is the payload of DemoCases.
+const DemoSize = 1 << 10
+
+// logStream produces records of size bytes into a one-partition log for d
 // (loaned, filled in place, committed), then an empty record that ends
 // the stream; the consumer process reads each in place and checksums it.
 // The time runs until the consumer has reported.
-func logStream(d time.Duration) (bench.Measurement, error) {
+func logStream(d time.Duration, size int) (bench.Measurement, error) {
 	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), logCounter.Add(1))
 	l, err := mq.Create(name, mq.Config{})
 	if err != nil {
