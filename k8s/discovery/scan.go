@@ -436,20 +436,28 @@ func (s *scanner) gpus() {
 // moduleVersion reads a kernel module's version (sys/module/<m>/version)
 // as kind's driver version, if it has one.
 func (s *scanner) moduleVersion(kind DeviceKind, module string) {
-	p := "sys/module/" + module + "/version"
+	if v, ok := s.readVersion(string(kind), "sys/module/"+module+"/version"); ok {
+		s.r.Drivers[kind] = v
+	}
+}
+
+// readVersion reads the one version in the file at p. A file that is not
+// there is no version and no error; one that cannot be read or parsed is
+// reported as a failure of what.
+func (s *scanner) readVersion(what, p string) (string, bool) {
 	data, ok, err := s.read(p)
 	if !ok && err == nil {
-		return
+		return "", false
 	}
 	v, perr := parseSingleVersion(data)
 	if err == nil {
 		err = perr
 	}
 	if err != nil {
-		s.fail(string(kind), "", p, err)
-		return
+		s.fail(what, "", p, err)
+		return "", false
 	}
-	s.r.Drivers[kind] = v
+	return v, true
 }
 
 var davinci = regexp.MustCompile(`^davinci([0-9]+)$`)
@@ -530,20 +538,9 @@ func (s *scanner) ascendVersion(p string) (string, map[string]string) {
 // kernel reads the kernel release. A root without one (a fixture, a
 // container without the host's /proc) has none, which is no error.
 func (s *scanner) kernel() {
-	const p = "proc/sys/kernel/osrelease"
-	data, ok, err := s.read(p)
-	if !ok && err == nil {
-		return
+	if v, ok := s.readVersion("kernel", "proc/sys/kernel/osrelease"); ok {
+		s.r.Kernel = v
 	}
-	v, perr := parseSingleVersion(data)
-	if err == nil {
-		err = perr
-	}
-	if err != nil {
-		s.fail("kernel", "", p, err)
-		return
-	}
-	s.r.Kernel = v
 }
 
 // kaeModules are the kernel modules of the engine classes, whose version
