@@ -215,6 +215,9 @@ func Create(name string, c Config) (*Log, error) {
 	}
 	magic, _ := meta.Uint64At(offMagic)
 	magic.Store(metaMagic) // last: Open waits for it
+	// The magic's low half is the word an Open racing the creation sleeps on.
+	ready, _ := meta.Uint32At(offMagic)
+	shm.Wake(ready)
 	l, err := open(name, meta)
 	if err != nil {
 		meta.Unlink()
@@ -242,10 +245,13 @@ func open(name string, meta *shm.Segment) (*Log, error) {
 	}
 	word := func(off int) *atomic.Uint64 { w, _ := meta.Uint64At(off); return w }
 	word32 := func(off int) *atomic.Uint32 { w, _ := meta.Uint32At(off); return w }
-	for deadline := time.Now().Add(time.Second); word(offMagic).Load() != metaMagic; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			return fail(fmt.Errorf("mq: %s is not a log (bad magic): %w", name, shm.ErrCorrupt))
-		}
+	// A log being created this moment gets its magic last: wait a second
+	// at most for it, asleep on the magic's low half (Create wakes it).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	err := shm.Wait{}.Until(ctx, word32(offMagic), func(uint32) bool { return word(offMagic).Load() == metaMagic })
+	cancel()
+	if err != nil {
+		return fail(fmt.Errorf("mq: %s is not a log (bad magic): %w", name, shm.ErrCorrupt))
 	}
 	c := Config{
 		Partitions:  int(min(word(offParts).Load(), 1<<20)),
