@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"sync"
@@ -261,7 +262,8 @@ func TestProcesses(t *testing.T) {
 }
 
 // holderChild loans a record in log MQ_LOG, says so on standard output and
-// waits to be killed.
+// waits to be killed (its standard input, a pipe the test never writes,
+// ends only with the test).
 func holderChild() int {
 	l, err := Open(os.Getenv("MQ_LOG"))
 	if err != nil {
@@ -275,7 +277,7 @@ func holderChild() int {
 	}
 	copy(res.Bytes(), "half written")
 	fmt.Println("loaned")
-	time.Sleep(time.Minute)
+	io.Copy(io.Discard, os.Stdin)
 	return 1
 }
 
@@ -294,6 +296,9 @@ func TestKilledProducer(t *testing.T) {
 	cmd := testenv.Child(t, "holder", "MQ_LOG="+l.Name())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cmd.StdinPipe(); err != nil { // held open: the child waits on it
 		t.Fatal(err)
 	}
 	cmd.Stderr = os.Stderr
@@ -317,13 +322,21 @@ func TestKilledProducer(t *testing.T) {
 			t.Fatalf("seq %d, want %d", got, seq)
 		}
 	}
-	// The reader now waits on the held record: kill its writer.
+	// The held record of a live writer is not skipped: the reader waits.
+	if _, err := r.Next(timeout(t, 100*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("on a live writer's record: %v, want the deadline", err)
+	}
+	// Waiting on it again, its writer is killed (SIGKILL): the reader
+	// skips the record, whether it was asleep then or not yet.
+	next := make(chan error, 1)
+	var rec Record
 	go func() {
-		time.Sleep(50 * time.Millisecond)
-		cmd.Process.Kill() // SIGKILL
+		var err error
+		rec, err = r.Next(ctx)
+		next <- err
 	}()
-	rec, err := r.Next(ctx)
-	if err != nil {
+	cmd.Process.Kill()
+	if err := <-next; err != nil {
 		t.Fatal(err)
 	}
 	if _, seq := parse(t, rec.Payload); seq != 1 {
@@ -491,7 +504,7 @@ func TestOpenCorrupt(t *testing.T) {
 }
 
 // readerChild registers a reader at offset 0 of log MQ_LOG, says so and
-// waits to be killed.
+// waits to be killed (as holderChild does).
 func readerChild() int {
 	l, err := Open(os.Getenv("MQ_LOG"))
 	if err != nil {
@@ -503,7 +516,7 @@ func readerChild() int {
 		return 1
 	}
 	fmt.Println("reading")
-	time.Sleep(time.Minute)
+	io.Copy(io.Discard, os.Stdin)
 	return 1
 }
 
@@ -515,6 +528,9 @@ func TestKilledReader(t *testing.T) {
 	cmd := testenv.Child(t, "reader", "MQ_LOG="+l.Name())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cmd.StdinPipe(); err != nil { // held open: the child waits on it
 		t.Fatal(err)
 	}
 	cmd.Stderr = os.Stderr
@@ -538,7 +554,8 @@ func TestKilledReader(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- send(timeout(t, 30*time.Second)) }()
-	time.Sleep(20 * time.Millisecond)
+	// Blocked (as above) or about to be: either way the reader's death
+	// lets it go on.
 	cmd.Process.Kill()
 	cmd.Wait()
 	if err := <-done; err != nil {
