@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -281,6 +282,29 @@ func holderChild() int {
 	return 1
 }
 
+// startWaiting starts the child role on log l and returns once it has
+// said ready; it then waits, on a standard input the test holds open,
+// until it is killed.
+func startWaiting(t *testing.T, role string, l *Log, ready string) *exec.Cmd {
+	t.Helper()
+	cmd := testenv.Child(t, role, "MQ_LOG="+l.Name())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cmd.StdinPipe(); err != nil { // held open: the child waits on it
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != ready+"\n" {
+		t.Fatalf("%s said %q, %v", role, line, err)
+	}
+	return cmd
+}
+
 // TestKilledProducer: a producer process SIGKILLed while it holds a loan
 // leaves a record stuck in writing; the reader finds its writer dead,
 // aborts and skips it, counts it, and reads the records sent after it.
@@ -293,21 +317,7 @@ func TestKilledProducer(t *testing.T) {
 	if _, err := l.Send(ctx, 0, before); err != nil {
 		t.Fatal(err)
 	}
-	cmd := testenv.Child(t, "holder", "MQ_LOG="+l.Name())
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cmd.StdinPipe(); err != nil { // held open: the child waits on it
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "loaned\n" {
-		t.Fatalf("holder said %q, %v", line, err)
-	}
+	cmd := startWaiting(t, "holder", l, "loaned")
 	after := make([]byte, 100)
 	message(after, 1, 1)
 	if _, err := l.Send(ctx, 0, after); err != nil {
@@ -525,21 +535,7 @@ func readerChild() int {
 // holds the partition: the blocked producer goes on.
 func TestKilledReader(t *testing.T) {
 	l := newLog(t, Config{SegmentSize: 4096, Segments: 2})
-	cmd := testenv.Child(t, "reader", "MQ_LOG="+l.Name())
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cmd.StdinPipe(); err != nil { // held open: the child waits on it
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "reading\n" {
-		t.Fatalf("reader said %q, %v", line, err)
-	}
+	cmd := startWaiting(t, "reader", l, "reading")
 	b := make([]byte, 1000)
 	send := func(ctx context.Context) error {
 		for range 20 {
