@@ -390,7 +390,10 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 			return nil, fmt.Errorf("mq: partition %d: segment %d wanted, %d made: %w", p, k, mk, shm.ErrCorrupt)
 		}
 		seg, err = shm.OpenSegment(name)
-		if err == nil || !create || k < pt.head.Load() || time.Now().After(deadline) {
+		// A segment its creator is making this moment is missing or not
+		// yet sized (shm says corrupt): wait for it, creating or reading.
+		making := (errors.Is(err, os.ErrNotExist) || errors.Is(err, shm.ErrCorrupt)) && k < pt.made.Load()
+		if err == nil || (!create && !making) || k < pt.head.Load() || time.Now().After(deadline) {
 			// Below the head it was dropped: the caller's view of the
 			// tail is stale (retrying for a second here, under the lock,
 			// stalled every producer of the handle).
