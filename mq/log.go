@@ -143,6 +143,15 @@ type partition struct {
 	mu   sync.Mutex
 	segs map[uint64]*mapped
 	cur  atomic.Pointer[mapped] // the newest mapped segment, for the producers' fast path
+
+	ahead     atomic.Bool                  // a goroutine of this handle is making the next segment ahead
+	aheadFail atomic.Pointer[aheadFailure] // why it could not, for the producer that needs the segment
+}
+
+// aheadFailure is why makeAhead could not make segment k.
+type aheadFailure struct {
+	k   uint64
+	err error
 }
 
 // mapped is one segment of a partition mapped by this handle. The
@@ -177,6 +186,26 @@ func (m *mapped) release() {
 	}
 }
 
+// releaseLater is release with the unmapping, if it comes to that, done
+// by another goroutine (unmapLater).
+func (l *Log) releaseLater(m *mapped) {
+	if m.refs.Add(-1) == 0 {
+		l.unmapLater(m.seg)
+	}
+}
+
+// unmapLater closes seg in another goroutine: unmapping a segment whose
+// pages were all touched took a producer or a reader crossing into the
+// next segment several hundred µs, in which its records waited. Close
+// waits for these.
+func (l *Log) unmapLater(seg *shm.Segment) {
+	l.unmapping.Add(1)
+	go func() {
+		defer l.unmapping.Done()
+		seg.Close()
+	}()
+}
+
 // Log is a handle on a shared-memory log: its partitions, the producer slot
 // that names this handle's writes, and its mappings. It is safe for
 // concurrent use by many goroutines; many processes open the same log.
@@ -190,6 +219,9 @@ type Log struct {
 	slots  []atomic.Uint64 // producer slots, {owner, gen} pairs
 	parts  []*partition
 	closed atomic.Bool
+	// unmapping counts the segments being unmapped by other goroutines
+	// (unmapLater).
+	unmapping sync.WaitGroup
 }
 
 func metaName(name string) string { return "mq-" + name }
@@ -343,6 +375,7 @@ func (l *Log) Close() error {
 		pt.cur.Store(nil)
 		pt.mu.Unlock()
 	}
+	l.unmapping.Wait()
 	errs = append(errs, l.meta.Close())
 	return errors.Join(errs...)
 }
@@ -368,6 +401,9 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	}
 	if m := pt.segs[k]; m != nil {
 		m.acquire() // the cache's reference keeps it mapped
+		if create {
+			l.entered(p, pt, m) // it may have been made ahead
+		}
 		return m, nil
 	}
 	name := segName(l.name, p, k)
@@ -382,7 +418,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
 		mk := pt.made.Load()
 		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
-			seg, err = shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: true})
+			seg, err = createSegment(name, size, true)
 			break
 		}
 		if create && mk < k {
@@ -402,6 +438,9 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		// Its creator is making it this moment.
 	}
 	if err != nil {
+		if f := pt.aheadFail.Load(); f != nil && f.k == k {
+			return nil, fmt.Errorf("mq: making segment %d of partition %d: %w", k, p, f.err)
+		}
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
 		}
@@ -419,18 +458,85 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	m := &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
 	m.refs.Store(2) // the cache's and the caller's
 	pt.segs[k] = m
-	if c := pt.cur.Load(); c == nil || c.index < k {
+	if create {
+		l.entered(p, pt, m)
+	} else if c := pt.cur.Load(); c == nil || c.index < k {
 		pt.cur.Store(m)
 	}
-	// The cache lets go of segments two behind the newest; loans in them
-	// keep them mapped until they end.
+	return m, nil
+}
+
+// entered is what a producer does, under pt.mu, when it maps segment m to
+// write in: m becomes the producers' fast path, the cache lets go of
+// segments two behind it (loans in them keep them mapped until they end),
+// and the next segment is made ahead.
+func (l *Log) entered(p int, pt *partition, m *mapped) {
+	if c := pt.cur.Load(); c != nil && c.index >= m.index {
+		return
+	}
+	pt.cur.Store(m)
 	for i, old := range pt.segs {
-		if i+1 < k {
+		if i+1 < m.index {
 			delete(pt.segs, i)
-			old.release()
+			l.releaseLater(old)
 		}
 	}
-	return m, nil
+	l.makeAhead(p, pt, m.index+1)
+}
+
+// createSegment makes a segment of a partition, its pages faulted in
+// (MAP_POPULATE) if populate.
+func createSegment(name string, size int, populate bool) (*shm.Segment, error) {
+	return shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: populate})
+}
+
+// makeAhead makes segment k of partition p in the background, if nobody
+// has made it yet and the partition has room for it without dropping a
+// segment, and puts it in the handle's cache: the producer that reaches
+// it finds it mapped, its pages faulted in, and the readers that follow
+// open a segment that exists. Made in the producer's path, an 8 MiB
+// segment with its pages faulted in (MAP_POPULATE) took 6 ms, in which
+// the partition's records waited; without MAP_POPULATE the faults, one per
+// 4 KiB, each waited up to a millisecond whenever another thread of the
+// process was unmapping a segment (both take the process's mmap lock).
+// One goroutine per partition and handle at most; a segment made ahead is
+// made exactly once, like any other (the made count).
+func (l *Log) makeAhead(p int, pt *partition, k uint64) {
+	if pt.made.Load() != k || k >= pt.head.Load()+uint64(l.cfg.Segments) || pt.ahead.Swap(true) {
+		return
+	}
+	l.unmapping.Add(1) // Close waits for it
+	go func() {
+		defer l.unmapping.Done()
+		defer pt.ahead.Store(false)
+		if !pt.made.CompareAndSwap(k, k+1) {
+			return
+		}
+		size := l.cfg.SegmentSize
+		seg, err := createSegment(segName(l.name, p, k), size, true)
+		var words []atomic.Uint64
+		if err == nil {
+			if words, err = seg.Uint64s(0, size/8); err != nil {
+				seg.Close()
+			}
+		}
+		if err != nil {
+			// The producer of this handle that reaches segment k finds it
+			// missing and fails with this error.
+			pt.aheadFail.Store(&aheadFailure{k, err})
+			return
+		}
+		m := &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
+		m.refs.Store(1) // the cache's
+		pt.mu.Lock()
+		defer pt.mu.Unlock()
+		if pt.segs == nil || pt.segs[k] != nil {
+			// Closed, or a producer opened it meanwhile.
+			m.release()
+			return
+		}
+		pt.segs[k] = m
+	}()
 }
 
 // ensureRoom makes sure partition p may have segment k, dropping the

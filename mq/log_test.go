@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -585,5 +586,76 @@ func TestStaleProducer(t *testing.T) {
 	}
 	if _, err := l.Send(ctx, 0, b); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMadeAhead: a producer entering segment k makes segment k+1 in the
+// background and the producer that reaches it finds it in the cache; a
+// segment that cannot be made ahead (a file of this user in its way)
+// fails the producer that reaches it with that cause, not with a missing
+// segment.
+func TestMadeAhead(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 8})
+	ctx := timeout(t, 10*time.Second)
+	b := make([]byte, 1000)
+	if _, err := l.Send(ctx, 0, b); err != nil {
+		t.Fatal(err)
+	}
+	pt := l.parts[0]
+	waitAhead(t, pt)
+	if got := pt.made.Load(); got != 2 {
+		t.Fatalf("after the first record %d segments made, want 2 (one ahead)", got)
+	}
+	pt.mu.Lock()
+	ahead := pt.segs[1]
+	pt.mu.Unlock()
+	if ahead == nil {
+		t.Fatal("segment 1 is not in the cache")
+	}
+	for pt.tail.Load() < 4096 {
+		if _, err := l.Send(ctx, 0, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cur := pt.cur.Load(); cur != ahead {
+		t.Fatalf("the producers' segment is %v, not the one made ahead", cur)
+	}
+	waitAhead(t, pt)
+	if got := pt.made.Load(); got != 3 {
+		t.Fatalf("in segment 1, %d segments made, want 3", got)
+	}
+
+	// A file in the way of segment 3, made ahead when the producer enters
+	// segment 2.
+	in := filepath.Join(shm.ShmDir, fmt.Sprintf("%s%d-%s", shm.NamePrefix, os.Geteuid(), segName(l.Name(), 0, 3)))
+	if err := os.WriteFile(in, []byte("not a segment"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(in)
+	for pt.tail.Load() < 2*4096 {
+		if _, err := l.Send(ctx, 0, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitAhead(t, pt)
+	var err error
+	for err == nil && pt.tail.Load() < 4*4096 {
+		_, err = l.Send(ctx, 0, b)
+	}
+	if !errors.Is(err, os.ErrExist) || errors.Is(err, ErrOffsetGone) {
+		t.Fatalf("a producer reaching a segment that could not be made: %v, want the cause (exists)", err)
+	}
+}
+
+// waitAhead waits for pt's goroutine making a segment ahead to end.
+func waitAhead(t *testing.T, pt *partition) {
+	t.Helper()
+	var bo shm.Backoff
+	deadline := time.Now().Add(10 * time.Second)
+	for pt.ahead.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the segment made ahead took 10 s")
+		}
+		bo.Pause()
 	}
 }

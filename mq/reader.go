@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"sync"
 	"sync/atomic"
 
 	"github.com/ubkit-io/ubkit/shm"
@@ -44,6 +45,10 @@ type Reader struct {
 	me     uint64
 	offset uint64
 	m      *mapped // this reader's own mapping of its current segment
+	// next is the next segment, mapped ahead by a goroutine (openAhead)
+	// that opening counts; it is read after opening.Wait.
+	next    *mapped
+	opening sync.WaitGroup
 	// tail is the partition's tail as last loaded: records below it are
 	// claimed, so the reader loads the tail (a line every producer
 	// writes) only when it catches up with it.
@@ -111,6 +116,11 @@ func (r *Reader) Close() error {
 		return nil
 	}
 	r.closed = true
+	r.opening.Wait()
+	if r.next != nil {
+		r.next.seg.Close()
+		r.next = nil
+	}
 	var err error
 	if r.m != nil {
 		err = r.m.seg.Close()
@@ -146,9 +156,31 @@ func (r *Reader) mapping(k uint64) (*mapped, error) {
 		return r.m, nil
 	}
 	if r.m != nil {
-		r.m.seg.Close()
+		// Records of it are not used after this Next (Record.Payload).
+		r.l.unmapLater(r.m.seg)
 		r.m = nil
 	}
+	r.opening.Wait()
+	if n := r.next; n != nil {
+		r.next = nil
+		if n.index == k {
+			r.m = n
+			r.openAhead(k + 1)
+			return n, nil
+		}
+		r.l.unmapLater(n.seg)
+	}
+	m, err := r.open(k)
+	if err != nil {
+		return nil, err
+	}
+	r.m = m
+	r.openAhead(k + 1)
+	return m, nil
+}
+
+// open maps segment k.
+func (r *Reader) open(k uint64) (*mapped, error) {
 	size := r.l.cfg.SegmentSize
 	seg, err := shm.OpenSegment(segName(r.l.name, r.p, k))
 	if err != nil {
@@ -166,9 +198,35 @@ func (r *Reader) mapping(k uint64) (*mapped, error) {
 		seg.Close()
 		return nil, err
 	}
-	r.m = &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
-	return r.m, nil
+	return &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}, nil
 }
+
+// openAhead maps segment k in the background, if it exists already, and
+// faults its pages in by reading a word of each, so that the reader
+// crossing into it neither waits for the mapping nor takes a page fault
+// per 4 KiB (a fault waits for the process's mmap lock, which a segment
+// being unmapped holds for up to a millisecond). A segment not there yet
+// is left for mapping to open when the reader gets to it.
+func (r *Reader) openAhead(k uint64) {
+	if k >= r.pt.made.Load() {
+		return
+	}
+	r.opening.Add(1)
+	go func() {
+		defer r.opening.Done()
+		m, err := r.open(k)
+		if err != nil {
+			return
+		}
+		for i := 0; i < len(m.words); i += pageWords {
+			m.words[i].Load()
+		}
+		r.next = m
+	}()
+}
+
+// pageWords is the number of 8-byte words in a 4 KiB page.
+const pageWords = 4096 / 8
 
 // Next returns the next committed record, waiting for one until ctx ends.
 // Records whose writer died before committing are aborted and skipped.

@@ -1,0 +1,98 @@
+package mqsuite
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/mq"
+)
+
+// logStream produces records of size bytes into a one-partition log for d
+// (loaned, filled in place, committed), then an empty record that ends
+// the stream, read by consumers processes, each with its own reader from
+// offset 0: every consumer reads every record in place and checksums it.
+// The value is msg/s per consumer: the records each read over the time
+// until the last one reported (so the slowest consumer sets it).
+func logStream(d time.Duration, size, consumers int) (bench.Measurement, error) {
+	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), logCounter.Add(1))
+	l, err := mq.Create(name, mq.Config{})
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer mq.Remove(name)
+	defer l.Close()
+	outs := make([]*bufio.Reader, consumers)
+	peers := make([]*bench.Peer, consumers)
+	for i := range peers {
+		peer, err := bench.StartPeerPipe("mq-log-consumer", peerArgs{Log: name})
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+		defer peer.Kill()
+		peers[i], outs[i] = peer, bufio.NewReader(peer.Stdout())
+	}
+	// Every consumer registers its reader at offset 0 before it says
+	// ready, so that under FullBlock the producer keeps what any has not
+	// read.
+	for i, out := range outs {
+		if line, err := out.ReadString('\n'); err != nil || line != "ready\n" {
+			return bench.Measurement{}, fmt.Errorf("mq consumer %d: %q, %v (%v)", i, line, err, peers[i].Err())
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
+	defer cancel()
+	n, sum, start, err := produce(ctx, l, d, size)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	for i, out := range outs {
+		var res result
+		if err := json.NewDecoder(out).Decode(&res); err != nil {
+			return bench.Measurement{}, fmt.Errorf("mq consumer %d's result: %w", i, err)
+		}
+		if res.N != n || res.Sum != sum {
+			return bench.Measurement{}, fmt.Errorf("mq consumer %d read %d records (sum %x), %d sent (sum %x)", i, res.N, res.Sum, n, sum)
+		}
+	}
+	elapsed := time.Since(start)
+	for _, peer := range peers {
+		if err := peer.Wait(); err != nil {
+			return bench.Measurement{}, err
+		}
+	}
+	if st, err := l.Stats(0); err != nil || st.Aborted != 0 {
+		return bench.Measurement{}, fmt.Errorf("mq: stats %+v, %v", st, err)
+	}
+	return bench.Measurement{Value: float64(n) / elapsed.Seconds()}, nil
+}
+
+// produce loans, fills and commits records of size bytes into partition 0
+// for d, in batches of 64, then sends the empty record that ends the
+// stream. It returns how many it sent, the sum of their bytes and when it
+// started.
+func produce(ctx context.Context, l *mq.Log, d time.Duration, size int) (n, sum uint64, start time.Time, err error) {
+	start = time.Now()
+	for time.Since(start) < d {
+		for range 64 {
+			r, err := l.Loan(ctx, 0, size)
+			if err != nil {
+				return 0, 0, start, err
+			}
+			bench.Fill(r.Bytes(), n)
+			if err := r.Commit(); err != nil {
+				return 0, 0, start, err
+			}
+			n++
+		}
+		sum += bench.FillSums(size, n-64, 64)
+	}
+	if _, err := l.Send(ctx, 0, nil); err != nil {
+		return 0, 0, start, err
+	}
+	return n, sum, start, nil
+}
