@@ -168,3 +168,55 @@ func TryLockFile(f *os.File) error {
 	}
 	return nil
 }
+
+// WritePrivateFile creates the file path (O_EXCL, O_NOFOLLOW, mode 0600)
+// in a directory that passes CheckDir, writes data to it and makes both
+// the file and its name durable (fsync of the file and the directory). It
+// fails with an error wrapping os.ErrExist if the file exists; on any
+// other failure it removes what it made.
+func WritePrivateFile(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	if err := CheckDir(dir); err != nil {
+		return err
+	}
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return &os.PathError{Op: "create", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = SyncDir(dir)
+	}
+	if err != nil {
+		unix.Unlink(path)
+		return fmt.Errorf("shm: write %s: %w", path, err)
+	}
+	return nil
+}
+
+// OpenPrivateFile opens path for reading with O_NOFOLLOW, and returns it
+// only if it is a regular file of the effective user with one name and
+// mode 0600 (else an error wrapping ErrCorrupt).
+func OpenPrivateFile(path string) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: %w", path, err)
+	}
+	if int(st.Uid) != os.Geteuid() || st.Nlink != 1 || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o077 != 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: uid %d, %d names, mode %#o; only this user's regular files with one name and mode 0600 are trusted: %w", path, st.Uid, st.Nlink, st.Mode, ErrCorrupt)
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}

@@ -32,3 +32,9 @@ func LockFile(f *os.File) error { return errUnsupported }
 
 // TryLockFile fails: file locks are used only with file-backed segments.
 func TryLockFile(f *os.File) error { return errUnsupported }
+
+// WritePrivateFile fails: it is used only with file-backed segments.
+func WritePrivateFile(path string, data []byte) error { return errUnsupported }
+
+// OpenPrivateFile fails: it is used only with file-backed segments.
+func OpenPrivateFile(path string) (*os.File, error) { return nil, errUnsupported }

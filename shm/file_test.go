@@ -183,3 +183,33 @@ func TestLockFile(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestPrivateFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "conf")
+	if err := WritePrivateFile(path, []byte("config")); err != nil {
+		t.Fatal(err)
+	}
+	if err := WritePrivateFile(path, []byte("again")); !errors.Is(err, os.ErrExist) {
+		t.Errorf("second write: %v, want ErrExist", err)
+	}
+	f, err := OpenPrivateFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 16)
+	n, _ := f.Read(b)
+	f.Close()
+	if string(b[:n]) != "config" {
+		t.Errorf("read %q", b[:n])
+	}
+	os.Chmod(path, 0o640)
+	if _, err := OpenPrivateFile(path); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a file of mode 0640: %v, want ErrCorrupt", err)
+	}
+	os.Symlink(path, filepath.Join(dir, "link"))
+	if f, err := OpenPrivateFile(filepath.Join(dir, "link")); err == nil {
+		f.Close()
+		t.Error("a symbolic link was opened")
+	}
+}
