@@ -3,6 +3,7 @@ package mq
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -263,6 +264,11 @@ func TestDurableKilledLoan(t *testing.T) {
 	if st.Aborted != 1 || st.Torn != 0 {
 		t.Errorf("reopened: stats %+v, want 1 aborted", st)
 	}
+	// Handles of the new log take the producer slots and generations of
+	// the old one's handles (the test's and the child's): the stuck
+	// record must not pass for theirs.
+	l3 := reopen(t, name, dir)
+	_ = l3
 	r := newReader(t, l2, 0, Oldest)
 	ctx := timeout(t, 30*time.Second)
 	rec, err := r.Next(ctx)
@@ -314,8 +320,10 @@ func TestDurableRepair(t *testing.T) {
 	}
 	d := seg.Data()
 	d[offs[1]+headerSize+20] ^= 0xff // record 1 torn
-	// A stale copy of record 0 (offset word and all) beyond the tail.
-	copy(d[tail.Tail+64:], d[:headerSize+len(durablePayload(0))])
+	// A stale copy of record 0 beyond the tail, where the header of the
+	// second record sent after reopening goes: a producer would take it
+	// for another's claim and publish it.
+	copy(d[tail.Tail+align8(headerSize+uint64(len(durablePayload(3)))):], d[:headerSize+len(durablePayload(0))])
 	seg.Close()
 	if err := os.WriteFile(filepath.Join(dir, segPrefix(name, 0)+"1.seg"), make([]byte, 100), 0o600); err != nil {
 		t.Fatal(err)
@@ -488,4 +496,86 @@ func TestMaxAge(t *testing.T) {
 	if got := st.Tail / 4096; oldest() > got {
 		t.Fatalf("the tail's segment %d dropped (oldest %d)", got, oldest())
 	}
+}
+
+// FuzzScanSegment: reopening walks segments read from files; whatever
+// they hold, it ends inside the segment, leaves it so that a second walk
+// finds nothing more to repair, and leaves only sound headers from the
+// start to where the records end.
+func FuzzScanSegment(f *testing.F) {
+	rec := func(n int, state uint64) []byte {
+		b := make([]byte, align8(headerSize+uint64(n)))
+		binary.LittleEndian.PutUint64(b, uint64(n)<<32|state)
+		return b
+	}
+	good := make([]byte, 0, 4096)
+	good = append(good, rec(10, stateWriting)...)
+	good = append(good, rec(3, stateAborted)...)
+	good = append(good, rec(5, stateCommitted)...) // fails its checksum
+	f.Add(good, true)
+	f.Add(good, false)
+	f.Add(append(rec(4096-headerSize, stateCommitted|flagPad)[:16], make([]byte, 8)...), false)
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9}, true)
+	f.Add(make([]byte, 4096), false)
+	const size = 4096
+	seg, err := shm.CreateMemfd("fuzz-scan", size, nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { seg.Close() })
+	words, err := seg.Uint64s(0, size/8)
+	if err != nil {
+		f.Fatal(err)
+	}
+	data := seg.Data()[:size:size]
+	f.Fuzz(func(t *testing.T, b []byte, newest bool) {
+		clear(data)
+		copy(data, b)
+		const k = 3
+		end, _, _ := scanSegment(words, data, k, newest)
+		if end > size || end%8 != 0 || !newest && end != size {
+			t.Fatalf("records end at %d of %d (newest %v)", end, size, newest)
+		}
+		if again, a, tn := scanSegment(words, data, k, newest); again != end || a != 0 || tn != 0 {
+			t.Fatalf("a second walk: end %d (was %d), %d aborted, %d torn", again, end, a, tn)
+		}
+		for at := uint64(0); at+headerSize <= end; {
+			w := words[at/8].Load()
+			_, next, err := decode(data, at, w, words[at/8+1].Load(), k*size+at)
+			if err != nil || w&stateMask == stateWriting {
+				t.Fatalf("after the walk, header %#x at %d: %v", w, at, err)
+			}
+			at += next
+		}
+		if newest {
+			for i := end / 8; i < size/8; i++ {
+				if words[i].Load() != 0 {
+					t.Fatalf("word %d beyond the tail at %d is not zero", i, end)
+				}
+			}
+		}
+	})
+}
+
+// FuzzDecodeConfig: a log's configuration file is outside input.
+func FuzzDecodeConfig(f *testing.F) {
+	f.Add(encodeConfig(Config{Partitions: 1, SegmentSize: 4096, Segments: 2}))
+	f.Add(encodeConfig(Config{Partitions: 4, SegmentSize: 8 << 20, Segments: 8, Flush: FlushInterval, FlushPeriod: time.Second, MaxAge: time.Hour}))
+	f.Add(encodeConfig(Config{Partitions: 0, SegmentSize: 1, Segments: 1 << 40}))
+	f.Add([]byte("uMQ-DIR1"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := decodeConfig(b, "/var/lib/mq")
+		if err != nil {
+			if !errors.Is(err, shm.ErrCorrupt) {
+				t.Fatalf("error %v does not wrap ErrCorrupt", err)
+			}
+			return
+		}
+		if d, err := c.withDefaults(); err != nil || d != c {
+			t.Fatalf("decoded %+v, which is not a valid configuration (%v)", c, err)
+		}
+		if c2, err := decodeConfig(encodeConfig(c), "/var/lib/mq"); err != nil || c2 != c {
+			t.Fatalf("round trip of %+v: %+v, %v", c, c2, err)
+		}
+	})
 }
