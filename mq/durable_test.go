@@ -579,3 +579,45 @@ func FuzzDecodeConfig(f *testing.F) {
 		}
 	})
 }
+
+// TestDurableReopenRace: handles reopening a log at once (processes after
+// a reboot) all get it: one rebuilds, the others wait for it.
+func TestDurableReopenRace(t *testing.T) {
+	l, dir := newDirLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 30*time.Second)
+	for i := range 20 {
+		if _, err := l.Send(ctx, 0, durablePayload(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, _ := l.Stats(0)
+	name := l.Name()
+	for round := range 5 {
+		dropMeta(t, l)
+		const n = 4
+		logs := make(chan *Log, n)
+		errs := make(chan error, n)
+		for range n {
+			go func() {
+				l, err := OpenDir(name, dir)
+				logs <- l
+				errs <- err
+			}()
+		}
+		var got []*Log
+		for range n {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			got = append(got, <-logs)
+		}
+		for _, g := range got[1:] {
+			if st, _ := g.Stats(0); st != want {
+				t.Errorf("round %d: stats %+v, want %+v", round, st, want)
+			}
+			g.Close()
+		}
+		l = got[0]
+	}
+	l.Close()
+}

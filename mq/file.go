@@ -406,8 +406,16 @@ func OpenDir(name, dir string) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", name, err)
 	}
-	for range 3 {
+	deadline := time.Now().Add(time.Second)
+	for raced := 0; ; {
 		l, err := Open(name)
+		if errors.Is(err, shm.ErrCorrupt) && time.Now().Before(deadline) {
+			// A meta segment its maker has not sized yet (the magic
+			// it then waits for itself): another process is creating
+			// or rebuilding the log this moment.
+			time.Sleep(time.Millisecond)
+			continue
+		}
 		if err == nil {
 			if l.cfg.Dir != dir {
 				l.Close()
@@ -423,8 +431,10 @@ func OpenDir(name, dir string) (*Log, error) {
 			return l, err
 		}
 		// Another process made the meta segment this moment: open it.
+		if raced++; raced == 3 {
+			return nil, fmt.Errorf("mq: open %s: its meta segment keeps coming and going: %w", name, err)
+		}
 	}
-	return nil, fmt.Errorf("mq: open %s: its meta segment keeps coming and going", name)
 }
 
 // rebuild makes log name's meta segment again from its files in dir.
@@ -440,9 +450,6 @@ func rebuild(name, dir string) (*Log, error) {
 		f.Close()
 		return nil, fmt.Errorf("mq: reopen %s from %s: %w", name, dir, err)
 	}
-	if err := shm.TryLockFile(f); err != nil {
-		return fail(err)
-	}
 	b, err := io.ReadAll(io.LimitReader(f, confSize+1))
 	if err != nil {
 		return fail(err)
@@ -451,8 +458,17 @@ func rebuild(name, dir string) (*Log, error) {
 	if err != nil {
 		return fail(err)
 	}
+	// The meta segment first: of processes reopening the log at once,
+	// the one that makes it rebuilds, and the others' Open waits for its
+	// magic. Then the lock: a live process that still has the log open
+	// (its meta segment removed under it) holds it shared.
 	meta, err := shm.CreateSegment(metaName(name), metaSize, &shm.SegmentConfig{Keep: true})
 	if err != nil {
+		return fail(err)
+	}
+	if err := shm.TryLockFile(f); err != nil {
+		meta.Unlink()
+		meta.Close()
 		return fail(err)
 	}
 	writeConfig(meta, c)
