@@ -494,7 +494,7 @@ func rebuild(name, dir string) (*Log, error) {
 	}
 	lg, err := open(name, meta, f)
 	if err != nil {
-		meta.Unlink()
+		unlinkMeta(name)
 	}
 	return lg, err
 }

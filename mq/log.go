@@ -265,9 +265,17 @@ func Create(name string, c Config) (*Log, error) {
 		if c.Dir != "" {
 			os.Remove(configPath(c.Dir, name))
 		}
-		meta.Unlink()
+		unlinkMeta(name) // open closed meta: its Unlink would find no file
 	}
 	return l, err
+}
+
+// unlinkMeta removes the meta segment of log name.
+func unlinkMeta(name string) {
+	if s, err := shm.OpenSegment(metaName(name)); err == nil {
+		s.Unlink()
+		s.Close()
+	}
 }
 
 // writeConfig writes c to a new meta segment.
