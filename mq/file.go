@@ -159,18 +159,22 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 		}
 		return seg, err
 	}
-	if l.cfg.Flush != FlushNone && k > 0 {
-		if err := l.syncSeg(p, pt, k-1); err != nil {
-			return nil, err
-		}
-	}
 	seg, err := shm.CreateFileSegment(l.segPath(p, k), size, opts)
 	if err != nil {
 		return nil, err
 	}
 	l.setBirth(seg)
 	if l.cfg.Flush != FlushNone {
-		if err = seg.SyncAll(); err == nil {
+		// The segment left behind, in full: FlushInterval's ticker
+		// covers only the two newest this handle maps. (A failure
+		// leaves segment k made: the next Loan opens it.)
+		if k > 0 {
+			err = l.syncSeg(p, pt, k-1)
+		}
+		if err == nil {
+			err = seg.SyncAll()
+		}
+		if err == nil {
 			err = shm.SyncDir(l.cfg.Dir)
 		}
 		if err != nil {
@@ -179,6 +183,19 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 		}
 	}
 	return seg, nil
+}
+
+// syncMade makes the name of segment k, which a producer of another
+// handle made and this one is about to write in, durable: its maker may
+// not have synced the directory yet, and a record of this handle must
+// not be on disk in a file that a machine crash would unname. Once per
+// segment and handle, under a flush policy.
+// skip says there is nothing to do (this handle made it, or reads only).
+func (l *Log) syncMade(skip bool) error {
+	if skip || l.cfg.Dir == "" || l.cfg.Flush == FlushNone {
+		return nil
+	}
+	return shm.SyncDir(l.cfg.Dir)
 }
 
 // syncSeg writes segment k of partition p to disk; the caller holds pt.mu.

@@ -481,10 +481,12 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	// one that readers have left behind.
 	var seg *shm.Segment
 	var err error
+	madeHere := false
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
 		mk := pt.made.Load()
 		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
 			seg, err = l.createSeg(p, pt, k)
+			madeHere = true
 			break
 		}
 		if create && mk < k {
@@ -512,6 +514,10 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	if seg.Size() < size {
 		seg.Close()
 		return nil, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
+	}
+	if err := l.syncMade(!create || madeHere); err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
 	}
 	words, err := seg.Uint64s(0, size/8)
 	if err != nil {
