@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -72,9 +73,11 @@ func reopen(t testing.TB, name, dir string) *Log {
 	return l
 }
 
-func durablePayload(i int) []byte {
-	b := make([]byte, 16+(i*37)%300)
-	message(b, 7, uint64(i))
+func durablePayload(i int) []byte { return producerPayload(7, i) }
+
+func producerPayload(id, i int) []byte {
+	b := make([]byte, 16+(i*37+id*11)%300)
+	message(b, uint64(id), uint64(i))
 	return b
 }
 
@@ -83,6 +86,10 @@ func durablePayload(i int) []byte {
 // after each Send returned, until MQ_N records, then waits to be killed.
 func durableProducerChild() int {
 	n, _ := strconv.Atoi(os.Getenv("MQ_N"))
+	id := 7
+	if s := os.Getenv("MQ_ID"); s != "" {
+		id, _ = strconv.Atoi(s)
+	}
 	l, err := Open(os.Getenv("MQ_LOG"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -90,7 +97,7 @@ func durableProducerChild() int {
 	}
 	ctx := context.Background()
 	for i := range n {
-		off, err := l.Send(ctx, 0, durablePayload(i))
+		off, err := l.Send(ctx, 0, producerPayload(id, i))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -620,4 +627,115 @@ func TestDurableReopenRace(t *testing.T) {
 		l = got[0]
 	}
 	l.Close()
+}
+
+// TestDurableKillTwo: two producer processes send at once under
+// FlushEverySend and are SIGKILLed one after the other at random points,
+// so that the first one's last claim may sit stuck between the other's
+// records. Reopened, the log holds every record whose Send returned, in
+// each producer's order, at the offsets reported, with at most one more
+// per producer, and nothing torn.
+func TestDurableKillTwo(t *testing.T) {
+	l, dir := newDirLog(t, Config{SegmentSize: 16 << 10, Segments: 256, Flush: FlushEverySend})
+	type report struct {
+		id  int
+		seq int
+		off uint64
+	}
+	reports := make(chan report, 1024)
+	var cmds []*exec.Cmd
+	done := make(chan struct{}, 2)
+	for id := range 2 {
+		cmd := testenv.Child(t, "durable-producer", "MQ_LOG="+l.Name(), "MQ_N=4000", "MQ_ID="+strconv.Itoa(id))
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cmd.StdinPipe(); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+		go func() {
+			defer func() { done <- struct{}{} }()
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				var r report
+				r.id = id
+				if _, err := fmt.Sscanf(sc.Text(), "%d %d", &r.seq, &r.off); err != nil {
+					r.seq = -1
+				}
+				reports <- r
+			}
+		}()
+	}
+	killAt := [2]int{1 + rand.IntN(1500), 1 + rand.IntN(1500)}
+	t.Logf("killing producer 0 after %d of its records, producer 1 after %d", killAt[0], killAt[1])
+	offsets := [2][]uint64{}
+	killed := [2]bool{}
+	for ended := 0; ended < 2; {
+		select {
+		case r := <-reports:
+			if r.seq != len(offsets[r.id]) {
+				t.Fatalf("producer %d said seq %d after %d records", r.id, r.seq, len(offsets[r.id]))
+			}
+			offsets[r.id] = append(offsets[r.id], r.off)
+			if len(offsets[r.id]) == killAt[r.id] && !killed[r.id] {
+				killed[r.id] = true
+				cmds[r.id].Process.Kill()
+			}
+		case <-done:
+			ended++
+		}
+	}
+	for len(reports) > 0 {
+		r := <-reports
+		offsets[r.id] = append(offsets[r.id], r.off)
+	}
+	for _, cmd := range cmds {
+		cmd.Wait()
+	}
+	name := l.Name()
+	dropMeta(t, l)
+
+	l2 := reopen(t, name, dir)
+	st, _ := l2.Stats(0)
+	r := newReader(t, l2, 0, Oldest)
+	ctx := timeout(t, time.Minute)
+	got := [2]int{}
+	for got[0] < len(offsets[0]) || got[1] < len(offsets[1]) {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %v records: %v (stats %+v)", got, err, st)
+		}
+		p, seq := parse(t, rec.Payload)
+		if p > 1 || seq != uint64(got[p]) {
+			t.Fatalf("producer %d seq %d, want seq %d", p, seq, got[p])
+		}
+		if got[p] < len(offsets[p]) && rec.Offset != offsets[p][got[p]] {
+			t.Fatalf("producer %d record %d at %d, its Send returned %d", p, seq, rec.Offset, offsets[p][got[p]])
+		}
+		got[p]++
+	}
+	for {
+		rec, err := r.Next(timeout(t, 50*time.Millisecond))
+		if errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, seq := parse(t, rec.Payload)
+		if p > 1 || seq != uint64(got[p]) || got[p] > len(offsets[p]) {
+			t.Fatalf("after the returned Sends: producer %d seq %d (%v read, %d and %d returned)", p, seq, got, len(offsets[0]), len(offsets[1]))
+		}
+		got[p]++
+	}
+	if st.Torn != 0 || st.Aborted > 2 {
+		t.Errorf("stats %+v", st)
+	}
+	t.Logf("%v records read, %d and %d Sends returned, %d aborted", got, len(offsets[0]), len(offsets[1]), st.Aborted)
 }
