@@ -69,3 +69,38 @@ func BenchmarkSendRecv100B(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkSendFlush: one goroutine sends 100-byte records (Send: copy
+// and commit) to a log in /dev/shm and to file-backed logs under each
+// flush policy (the files in the test's temporary directory, on whatever
+// disk holds it); no reader.
+func BenchmarkSendFlush(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		c    Config
+	}{
+		{"shm", Config{}},
+		{"file-none", Config{Flush: FlushNone}},
+		{"file-interval", Config{Flush: FlushInterval}},
+		{"file-every-send", Config{Flush: FlushEverySend}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var l *Log
+			if bc.name == "shm" {
+				l = newLog(b, bc.c)
+			} else {
+				l, _ = newDirLog(b, bc.c)
+			}
+			ctx := context.Background()
+			payload := make([]byte, 100)
+			b.SetBytes(100)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				bench.Fill(payload, uint64(i))
+				if _, err := l.Send(ctx, 0, payload); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

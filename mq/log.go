@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,23 @@ type Config struct {
 	Segments int
 	// Full is what a producer does when the partition is full.
 	Full FullPolicy
+
+	// Dir, if set, backs the segments with memory-mapped files in this
+	// directory (it must exist, belong to the user and be closed to group
+	// and others' writes) instead of /dev/shm; see docs/mq.md,
+	// "Durability". Open such a log with OpenDir once its meta segment
+	// is gone (after a reboot, or once every process died and it was
+	// removed).
+	Dir string
+	// Flush is when a file-backed log's records are written to disk
+	// (default FlushNone); a policy other than FlushNone needs Dir.
+	Flush FlushPolicy
+	// FlushPeriod is FlushInterval's period (default 100 ms, at most an
+	// hour).
+	FlushPeriod time.Duration
+	// MaxAge, if positive, is retention by age: a segment whose newest
+	// record is older than MaxAge is dropped (see Log.Expire).
+	MaxAge time.Duration
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -83,7 +101,7 @@ func (c Config) withDefaults() (Config, error) {
 	case c.Full > FullOverwrite:
 		return c, fmt.Errorf("mq: unknown full policy %d", c.Full)
 	}
-	return c, nil
+	return c.durableDefaults()
 }
 
 // Layout of the meta segment (see docs/mq.md). Offsets in its data area.
@@ -95,6 +113,9 @@ const (
 	offSegSize  = 16
 	offSegments = 24
 	offPolicy   = 32
+	offFlush    = 40 // Config.Flush
+	offPeriod   = 48 // Config.FlushPeriod in ns
+	offMaxAge   = 56 // Config.MaxAge in ns
 
 	maxProducers  = 256
 	offProducers  = line // maxProducers slots of {owner, gen}
@@ -103,7 +124,8 @@ const (
 	offParts0     = offReaders + maxReaders*line
 	partStride    = 3 * line // tail | head, aborted | seq, sleepers, freed, blocked
 	maxPartitions = 256
-	metaSize      = offParts0 + maxPartitions*partStride
+	offDir        = offParts0 + maxPartitions*partStride // Config.Dir: length, then bytes
+	metaSize      = offDir + 8 + maxDir
 
 	maxLen = 1<<32 - 1
 )
@@ -137,6 +159,8 @@ func align8(n uint64) uint64 { return (n + 7) &^ 7 }
 type partition struct {
 	tail, head, aborted *atomic.Uint64
 	made                *atomic.Uint64 // segments created so far: the next to create is made
+	torn                *atomic.Uint64 // records reopening found torn (file.go)
+	synced              *atomic.Uint64 // FlushEverySend: headers below it are on disk (file.go)
 	seq, sleepers       *atomic.Uint32 // readers asleep wait on seq
 	freed, blocked      *atomic.Uint32 // producers blocked on a full partition wait on freed
 
@@ -220,8 +244,14 @@ type Log struct {
 	parts  []*partition
 	closed atomic.Bool
 	// unmapping counts the segments being unmapped by other goroutines
-	// (unmapLater).
+	// (unmapLater) and the segments being made ahead (makeAhead).
 	unmapping sync.WaitGroup
+
+	// Durability and age (file.go).
+	dirLock *os.File                         // the configuration file, locked shared while open
+	clock   atomic.Pointer[func() time.Time] // tests' clock; nil: time.Now
+	stop    chan struct{}                    // ends the janitor
+	done    chan struct{}                    // closed when the janitor ends
 }
 
 func metaName(name string) string { return "mq-" + name }
@@ -232,7 +262,18 @@ func segName(name string, p int, k uint64) string {
 
 // Create makes log name (a shm segment name) with configuration c and opens
 // it. It fails with an error wrapping os.ErrExist if the log exists.
+//
+// With Config.Dir the segments are files in that directory, beside the
+// log's configuration file (<name>.mqlog); it fails with an error
+// wrapping os.ErrExist if the directory holds a log of that name.
 func Create(name string, c Config) (*Log, error) {
+	if c.Dir != "" {
+		abs, err := filepath.Abs(c.Dir)
+		if err != nil {
+			return nil, fmt.Errorf("mq: create %s: %w", name, err)
+		}
+		c.Dir = abs
+	}
 	c, err := c.withDefaults()
 	if err != nil {
 		return nil, err
@@ -241,21 +282,53 @@ func Create(name string, c Config) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mq: create %s: %w", name, err)
 	}
-	for i, v := range []uint64{uint64(c.Partitions), uint64(c.SegmentSize), uint64(c.Segments), uint64(c.Full)} {
+	var lock *os.File
+	if c.Dir != "" {
+		if lock, err = createDir(name, c); err != nil {
+			meta.Unlink()
+			meta.Close()
+			return nil, err
+		}
+	}
+	writeConfig(meta, c)
+	publish(meta)
+	l, err := open(name, meta, lock)
+	if err != nil {
+		if c.Dir != "" {
+			os.Remove(configPath(c.Dir, name))
+		}
+		unlinkMeta(name) // open closed meta: its Unlink would find no file
+	}
+	return l, err
+}
+
+// unlinkMeta removes the meta segment of log name.
+func unlinkMeta(name string) {
+	if s, err := shm.OpenSegment(metaName(name)); err == nil {
+		s.Unlink()
+		s.Close()
+	}
+}
+
+// writeConfig writes c to a new meta segment.
+func writeConfig(meta *shm.Segment, c Config) {
+	for i, v := range []uint64{uint64(c.Partitions), uint64(c.SegmentSize), uint64(c.Segments), uint64(c.Full),
+		uint64(c.Flush), uint64(c.FlushPeriod), uint64(c.MaxAge)} {
 		w, _ := meta.Uint64At(offParts + 8*i)
 		w.Store(v)
 	}
+	n, _ := meta.Uint64At(offDir)
+	n.Store(uint64(len(c.Dir)))
+	meta.WriteAt([]byte(c.Dir), offDir+8)
+}
+
+// publish writes a new meta segment's magic, last: Open waits for it.
+func publish(meta *shm.Segment) {
 	magic, _ := meta.Uint64At(offMagic)
-	magic.Store(metaMagic) // last: Open waits for it
+	magic.Store(metaMagic)
 	// The magic's low half is the word an Open racing the creation sleeps on.
 	ready, _ := meta.Uint32At(offMagic)
 	shm.Wake(ready)
-	l, err := open(name, meta)
-	if err != nil {
-		meta.Unlink()
-		meta.Close()
-	}
-	return l, err
 }
 
 // Open opens the existing log name.
@@ -264,12 +337,18 @@ func Open(name string) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mq: open %s: %w", name, err)
 	}
-	return open(name, meta)
+	return open(name, meta, nil)
 }
 
-func open(name string, meta *shm.Segment) (*Log, error) {
+// open opens the log whose meta segment is meta; lock, if not nil, is the
+// configuration file of a file-backed log, already locked (it is opened
+// and locked here otherwise).
+func open(name string, meta *shm.Segment, lock *os.File) (*Log, error) {
 	fail := func(err error) (*Log, error) {
 		meta.Close()
+		if lock != nil {
+			lock.Close()
+		}
 		return nil, err
 	}
 	if meta.Size() < metaSize {
@@ -290,12 +369,29 @@ func open(name string, meta *shm.Segment) (*Log, error) {
 		SegmentSize: int(min(word(offSegSize).Load(), 1<<40)),
 		Segments:    int(min(word(offSegments).Load(), 1<<20)),
 		Full:        FullPolicy(min(word(offPolicy).Load(), 255)),
+		Flush:       FlushPolicy(min(word(offFlush).Load(), 255)),
+		FlushPeriod: time.Duration(min(word(offPeriod).Load(), 1<<62)),
+		MaxAge:      time.Duration(min(word(offMaxAge).Load(), 1<<62)),
 	}
-	if _, err := c.withDefaults(); err != nil || c.Partitions == 0 || c.SegmentSize == 0 || c.Segments == 0 {
+	if n := word(offDir).Load(); n > 0 && n <= maxDir {
+		dir := make([]byte, n)
+		meta.ReadAt(dir, offDir+8)
+		c.Dir = string(dir)
+	} else if n != 0 {
+		return fail(fmt.Errorf("mq: %s: directory of %d bytes: %w", name, n, shm.ErrCorrupt))
+	}
+	if d, err := c.withDefaults(); err != nil || c.Partitions == 0 || c.SegmentSize == 0 || c.Segments == 0 ||
+		d.FlushPeriod != c.FlushPeriod {
 		return fail(fmt.Errorf("mq: %s: configuration %+v: %w", name, c, shm.ErrCorrupt))
 	}
+	if c.Dir != "" && lock == nil {
+		var err error
+		if lock, err = lockDir(name, c.Dir); err != nil {
+			return fail(err)
+		}
+	}
 	slots, _ := meta.Uint64s(offProducers, 2*maxProducers)
-	l := &Log{name: name, cfg: c, meta: meta, slots: slots}
+	l := &Log{name: name, cfg: c, meta: meta, slots: slots, dirLock: lock}
 	me := shm.Self().Word()
 	for i := range maxProducers {
 		o := &slots[2*i]
@@ -321,11 +417,13 @@ func open(name string, meta *shm.Segment) (*Log, error) {
 		base := offParts0 + p*partStride
 		l.parts = append(l.parts, &partition{
 			tail: word(base), head: word(base + line), aborted: word(base + line + 8), made: word(base + line + 16),
+			torn: word(base + line + 24), synced: word(base + line + 32),
 			seq: word32(base + 2*line), sleepers: word32(base + 2*line + 4),
 			freed: word32(base + 2*line + 8), blocked: word32(base + 2*line + 12),
 			segs: map[uint64]*mapped{},
 		})
 	}
+	l.startJanitor()
 	return l, nil
 }
 
@@ -342,10 +440,11 @@ func Remove(name string) error {
 		// count is corrupt and bounds nothing.
 		head := pt.head.Load()
 		for k := head; k < pt.made.Load() && k <= head+uint64(l.cfg.Segments); k++ {
-			if s, err := shm.OpenSegment(segName(name, p, k)); err == nil {
-				errs = append(errs, s.Unlink(), s.Close())
-			}
+			errs = append(errs, l.removeSeg(p, k))
 		}
+	}
+	if l.cfg.Dir != "" {
+		errs = append(errs, os.Remove(configPath(l.cfg.Dir, name)))
 	}
 	errs = append(errs, l.meta.Unlink(), l.Close())
 	return errors.Join(errs...)
@@ -364,8 +463,9 @@ func (l *Log) Close() error {
 	if l.closed.Swap(true) {
 		return nil
 	}
-	l.owner.CompareAndSwap(shm.Self().Word(), 0)
 	var errs []error
+	errs = append(errs, l.stopJanitor())
+	l.owner.CompareAndSwap(shm.Self().Word(), 0)
 	for _, pt := range l.parts {
 		pt.mu.Lock()
 		for _, m := range pt.segs {
@@ -377,6 +477,9 @@ func (l *Log) Close() error {
 	}
 	l.unmapping.Wait()
 	errs = append(errs, l.meta.Close())
+	if l.dirLock != nil {
+		errs = append(errs, l.dirLock.Close())
+	}
 	return errors.Join(errs...)
 }
 
@@ -406,7 +509,6 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		}
 		return m, nil
 	}
-	name := segName(l.name, p, k)
 	size := l.cfg.SegmentSize
 	// Segments are made in order, each once: made counts them, and the
 	// producer that moves it from k to k+1 creates segment k. A segment
@@ -415,17 +517,19 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	// one that readers have left behind.
 	var seg *shm.Segment
 	var err error
+	madeHere := false
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
 		mk := pt.made.Load()
 		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
-			seg, err = createSegment(name, size, true)
+			seg, err = l.createSeg(p, pt, k)
+			madeHere = true
 			break
 		}
 		if create && mk < k {
 			// The tail is in a segment nobody made: not from this code.
 			return nil, fmt.Errorf("mq: partition %d: segment %d wanted, %d made: %w", p, k, mk, shm.ErrCorrupt)
 		}
-		seg, err = shm.OpenSegment(name)
+		seg, err = l.openSeg(p, k)
 		// A segment its creator is making this moment is missing or not
 		// yet sized (shm says corrupt): wait for it, creating or reading.
 		making := (errors.Is(err, os.ErrNotExist) || errors.Is(err, shm.ErrCorrupt)) && k < pt.made.Load()
@@ -449,6 +553,10 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	if seg.Size() < size {
 		seg.Close()
 		return nil, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
+	}
+	if err := l.syncMade(!create || madeHere); err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
 	}
 	words, err := seg.Uint64s(0, size/8)
 	if err != nil {
@@ -475,6 +583,12 @@ func (l *Log) entered(p int, pt *partition, m *mapped) {
 		return
 	}
 	pt.cur.Store(m)
+	// A segment made ahead has no birth yet: it is born when the tail
+	// enters it (age retention reads it as the time the segment before
+	// it got its newest record; see birth).
+	if w, err := m.seg.Uint64At(l.cfg.SegmentSize); err == nil && w.Load() == 0 {
+		w.CompareAndSwap(0, uint64(l.now().UnixNano()))
+	}
 	for i, old := range pt.segs {
 		if i+1 < m.index {
 			delete(pt.segs, i)
@@ -482,12 +596,6 @@ func (l *Log) entered(p int, pt *partition, m *mapped) {
 		}
 	}
 	l.makeAhead(p, pt, m.index+1)
-}
-
-// createSegment makes a segment of a partition, its pages faulted in
-// (MAP_POPULATE) if populate.
-func createSegment(name string, size int, populate bool) (*shm.Segment, error) {
-	return shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: populate})
 }
 
 // makeAhead makes segment k of partition p in the background, if nobody
@@ -501,8 +609,13 @@ func createSegment(name string, size int, populate bool) (*shm.Segment, error) {
 // process was unmapping a segment (both take the process's mmap lock).
 // One goroutine per partition and handle at most; a segment made ahead is
 // made exactly once, like any other (the made count).
+//
+// Logs backed by files (Config.Dir) make their segments in the
+// producer's path, as they need: a producer making segment k writes
+// segment k-1 to disk in full first, and reopening a log after a crash
+// finds the tail in its newest segment file.
 func (l *Log) makeAhead(p int, pt *partition, k uint64) {
-	if pt.made.Load() != k || k >= pt.head.Load()+uint64(l.cfg.Segments) || pt.ahead.Swap(true) {
+	if l.cfg.Dir != "" || pt.made.Load() != k || k >= pt.head.Load()+uint64(l.cfg.Segments) || pt.ahead.Swap(true) {
 		return
 	}
 	l.unmapping.Add(1) // Close waits for it
@@ -513,7 +626,8 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 			return
 		}
 		size := l.cfg.SegmentSize
-		seg, err := createSegment(segName(l.name, p, k), size, true)
+		// Its birth stays 0 until the tail enters it (entered).
+		seg, err := shm.CreateSegment(segName(l.name, p, k), size+trailer, &shm.SegmentConfig{Keep: true, Populate: true})
 		var words []atomic.Uint64
 		if err == nil {
 			if words, err = seg.Uint64s(0, size/8); err != nil {
@@ -543,6 +657,7 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 // oldest segments as retention allows, and waiting or failing by policy.
 func (l *Log) ensureRoom(ctx context.Context, p int, pt *partition, k uint64) error {
 	keep := uint64(l.cfg.Segments)
+	l.expire(p, pt)
 	for {
 		h := pt.head.Load()
 		if k < h+keep {
@@ -565,10 +680,7 @@ func (l *Log) ensureRoom(ctx context.Context, p int, pt *partition, k uint64) er
 		}
 		if pt.head.CompareAndSwap(h, newHead) {
 			for i := h; i < newHead; i++ {
-				if s, err := shm.OpenSegment(segName(l.name, p, i)); err == nil {
-					s.Unlink()
-					s.Close()
-				}
+				l.removeSeg(p, i)
 			}
 			return nil
 		}
@@ -639,7 +751,9 @@ func (r Reservation) Bytes() []byte { return r.buf }
 func (r Reservation) Offset() uint64 { return r.offset }
 
 // Commit publishes the record. It fails with ErrAborted if a reader
-// took this process for dead and aborted the record.
+// took this process for dead and aborted the record. Under FlushEverySend
+// it returns once the record is on disk (or with the error that kept it
+// from getting there: the record is published anyway).
 func (r Reservation) Commit() error {
 	if r.l == nil {
 		return ErrAborted
@@ -647,12 +761,17 @@ func (r Reservation) Commit() error {
 	crc := crc32.Checksum(r.buf, castagnoli)
 	r.m.words[r.at/8+1].Store(uint64(crc) | r.offset<<32)
 	ok := r.m.words[r.at/8].CompareAndSwap(r.state, r.state&^stateMask|stateCommitted)
-	r.m.release()
 	if !ok {
+		r.m.release()
 		return ErrAborted
 	}
 	r.pt.wakeReaders()
-	return nil
+	var err error
+	if r.l.cfg.Flush == FlushEverySend {
+		err = r.l.flushRecord(r.pt, r.m, r.at, r.at+headerSize+uint64(len(r.buf)))
+	}
+	r.m.release()
+	return err
 }
 
 // Abort gives the space up: readers skip the record.
@@ -754,8 +873,13 @@ type Stats struct {
 	// Oldest is the first log offset retention keeps.
 	Oldest uint64
 	// Aborted counts records readers found stuck in writing with their
-	// writer dead, and aborted.
+	// writer dead, and aborted (reopening a file-backed log counts those
+	// it finds so too).
 	Aborted uint64
+	// Torn counts records that reopening a file-backed log found torn
+	// (a machine crash lost part of them) and aborted: see docs/mq.md,
+	// "Durability".
+	Torn uint64
 }
 
 // Stats returns partition p's counters.
@@ -764,5 +888,5 @@ func (l *Log) Stats(p int) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	return Stats{Tail: pt.tail.Load(), Oldest: pt.head.Load() * uint64(l.cfg.SegmentSize), Aborted: pt.aborted.Load()}, nil
+	return Stats{Tail: pt.tail.Load(), Oldest: pt.head.Load() * uint64(l.cfg.SegmentSize), Aborted: pt.aborted.Load(), Torn: pt.torn.Load()}, nil
 }

@@ -182,7 +182,7 @@ func (r *Reader) mapping(k uint64) (*mapped, error) {
 // open maps segment k.
 func (r *Reader) open(k uint64) (*mapped, error) {
 	size := r.l.cfg.SegmentSize
-	seg, err := shm.OpenSegment(segName(r.l.name, r.p, k))
+	seg, err := r.l.openSeg(r.p, k)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, r.p, ErrOffsetGone)

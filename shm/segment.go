@@ -87,6 +87,7 @@ type SegmentOptions = SegmentConfig
 type Segment struct {
 	name    string // the name it was created or opened by; empty for memfd
 	file    string // its file in ShmDir (see CreateSegment); empty for memfd
+	path    string // a file-backed segment's file (CreateFileSegment)
 	fd      int
 	mem     []byte
 	created bool
@@ -493,11 +494,20 @@ func (s *Segment) Sealed() bool {
 	return err == nil && seals&unix.F_SEAL_SHRINK != 0 && seals&unix.F_SEAL_GROW != 0
 }
 
-// Unlink removes the segment's name: its file in ShmDir, and its record if
-// it has one (see CreateSegment). Mappings stay valid. A segment created
+// Unlink removes the segment's name: its file in ShmDir (or a file-backed
+// segment's file), and its record if it has one (see CreateSegment).
+// Mappings stay valid. A segment created
 // under the name since (after another Unlink) is not this one and is left
 // alone.
 func (s *Segment) Unlink() error {
+	if s.path != "" {
+		if sameFile(s.fd, s.path) {
+			if err := unix.Unlink(s.path); err != nil && !errors.Is(err, unix.ENOENT) {
+				return fmt.Errorf("shm: unlink %s: %w", s.path, err)
+			}
+		}
+		return nil
+	}
 	if s.file == "" {
 		return nil
 	}

@@ -1,0 +1,215 @@
+//go:build linux
+
+package shm
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestFileSegment(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "seg")
+	s, err := CreateFileSegment(path, 10000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	st, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 || st.Size() < HeaderSize+10000 {
+		t.Errorf("mode %v size %d, want 0600 and at least %d", st.Mode().Perm(), st.Size(), HeaderSize+10000)
+	}
+	if _, err := CreateFileSegment(path, 100, nil); !errors.Is(err, os.ErrExist) {
+		t.Errorf("second create: %v, want ErrExist", err)
+	}
+	copy(s.Data()[5000:], "durable")
+	if err := s.Sync(5000, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SyncAll(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][2]int{{-1, 1}, {0, -1}, {s.Size() - 3, 4}, {s.Size() + 1, 0}} {
+		if err := s.Sync(bad[0], bad[1]); err == nil {
+			t.Errorf("Sync(%d, %d) outside the segment passed", bad[0], bad[1])
+		}
+	}
+	// Another mapping sees the bytes; the file holds them after Close.
+	o, err := OpenFileSegment(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(o.Data()[5000:5007], []byte("durable")) || o.ID() != s.ID() {
+		t.Errorf("second mapping reads %q, id %x, want %x", o.Data()[5000:5007], o.ID(), s.ID())
+	}
+	o.Close()
+	s.Close()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(raw[HeaderSize+5000:HeaderSize+5007], []byte("durable")) {
+		t.Error("the file does not hold what was written through the mapping")
+	}
+	// Close kept the file; Unlink removes it.
+	o, err = OpenFileSegment(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Unlink(); err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after Unlink: %v", err)
+	}
+}
+
+// TestFileSegmentRefused: files and directories someone else could have
+// made or could change are refused.
+func TestFileSegmentRefused(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	s, err := CreateFileSegment(good, 100, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	open := func(name string) error {
+		s, err := OpenFileSegment(filepath.Join(dir, name))
+		if err == nil {
+			s.Close()
+		}
+		return err
+	}
+	if err := open("good"); err != nil {
+		t.Fatalf("a good file: %v", err)
+	}
+	if err := os.Symlink(good, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := open("link"); err == nil {
+		t.Error("a symbolic link was opened")
+	}
+	if err := os.Link(good, filepath.Join(dir, "hard")); err != nil {
+		t.Fatal(err)
+	}
+	if err := open("hard"); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a file with two names: %v, want ErrCorrupt", err)
+	}
+	os.Remove(filepath.Join(dir, "hard"))
+	if err := os.Chmod(good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := open("good"); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a file of mode 0644: %v, want ErrCorrupt", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "junk"), make([]byte, 2*HeaderSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := open("junk"); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a file without a header: %v, want ErrCorrupt", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "short"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := open("short"); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a one-byte file: %v, want ErrCorrupt", err)
+	}
+	if err := open("missing"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a missing file: %v, want ErrNotExist", err)
+	}
+
+	open777 := filepath.Join(dir, "shared")
+	if err := os.Mkdir(open777, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open777, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CreateFileSegment(filepath.Join(open777, "seg"), 100, nil); err == nil {
+		t.Error("a segment was made in a directory everyone may write to")
+	}
+	if err := CheckDir(filepath.Join(dir, "link")); err == nil {
+		t.Error("CheckDir passed a symbolic link to a file")
+	}
+	if err := os.Symlink(dir, filepath.Join(dir, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckDir(filepath.Join(dir, "dirlink")); err == nil {
+		t.Error("CheckDir passed a symbolic link to a directory")
+	}
+	if err := CheckDir(dir); err != nil {
+		t.Errorf("CheckDir of a private directory: %v", err)
+	}
+	if err := SyncDir(dir); err != nil {
+		t.Errorf("SyncDir: %v", err)
+	}
+}
+
+func TestLockFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lock")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := LockFile(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := TryLockFile(b); !errors.Is(err, ErrLocked) {
+		t.Fatalf("exclusive lock beside a shared one: %v, want ErrLocked", err)
+	}
+	a.Close()
+	if err := TryLockFile(b); err != nil {
+		t.Fatalf("exclusive lock once the shared one went: %v", err)
+	}
+	// The holder may turn its exclusive lock into a shared one.
+	if err := LockFile(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPrivateFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "conf")
+	if err := WritePrivateFile(path, []byte("config")); err != nil {
+		t.Fatal(err)
+	}
+	if err := WritePrivateFile(path, []byte("again")); !errors.Is(err, os.ErrExist) {
+		t.Errorf("second write: %v, want ErrExist", err)
+	}
+	f, err := OpenPrivateFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 16)
+	n, _ := f.Read(b)
+	f.Close()
+	if string(b[:n]) != "config" {
+		t.Errorf("read %q", b[:n])
+	}
+	os.Chmod(path, 0o640)
+	if _, err := OpenPrivateFile(path); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a file of mode 0640: %v, want ErrCorrupt", err)
+	}
+	os.Symlink(path, filepath.Join(dir, "link"))
+	if f, err := OpenPrivateFile(filepath.Join(dir, "link")); err == nil {
+		f.Close()
+		t.Error("a symbolic link was opened")
+	}
+}
