@@ -86,7 +86,7 @@ type Server struct {
 	closed bool
 	// refusing counts the goroutines telling dialers over MaxConns so.
 	refusing int
-	wg     sync.WaitGroup
+	wg       sync.WaitGroup
 
 	served, refused, records, bytes atomic.Uint64
 }
