@@ -164,11 +164,11 @@ type Replica struct {
 
 	mu        sync.Mutex
 	changed   chan struct{} // closed and replaced when acked or down change
-	tail      uint64 // ring position staged up to
-	lastNext  uint64 // leader offset after the last record staged
-	posted    uint64 // ring position written and announced up to
-	postNext  uint64 // leader offset after the last record announced
-	freeUntil uint64 // ackedRing + size: staging must stop there
+	tail      uint64        // ring position staged up to
+	lastNext  uint64        // leader offset after the last record staged
+	posted    uint64        // ring position written and announced up to
+	postNext  uint64        // leader offset after the last record announced
+	freeUntil uint64        // ackedRing + size: staging must stop there
 	ackedRing uint64
 	bells     []doorbell
 	lastBell  time.Time

@@ -381,4 +381,3 @@ func (f *Follower) closeUB() {
 		}
 	}
 }
-
