@@ -223,6 +223,11 @@ func TestReplicaLinkCut(t *testing.T) {
 			if err := fabric.SetLinkDown("n0", "n1", true); err != nil {
 				t.Fatal(err)
 			}
+			if ack == AckAsync {
+				// Idle: the heartbeat finds the cut.
+				at := fl.wait(ctx, t, ErrReplicaDown)
+				t.Logf("idle: the cut found after %v", at.Sub(cut))
+			}
 			// More than the leader's 4 segments: a producer held by a
 			// reader that no longer moves would block here for good.
 			var sendErr error
@@ -316,6 +321,31 @@ func TestReplicaBehind(t *testing.T) {
 	if fs := f.Stats(); fs.Records != 200 || fs.Down != nil {
 		t.Fatalf("follower %+v", fs)
 	}
+}
+
+// TestReplicaSilentFollower: a follower that stops acknowledging (its
+// log is full, a local consumer holds it) with the link up is declared
+// unreachable after DeadAfter; under AckFollower the waiting Send fails.
+func TestReplicaSilentFollower(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	leader := newLog(t, Config{SegmentSize: 8 << 10, Segments: 64})
+	follower := newLog(t, Config{SegmentSize: 8 << 10, Segments: 2})
+	newReader(t, follower, 0, 0) // never reads
+	ctx := timeout(t, 30*time.Second)
+	fl := newFaults()
+	rc := ReplicaConfig{Ack: AckFollower, Heartbeat: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, OnFault: fl.add}
+	r, _ := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 8 << 10})
+	payload := make([]byte, 1000)
+	start := time.Now()
+	var err error
+	for i := 0; err == nil && i < 1000; i++ {
+		_, err = r.Send(ctx, payload)
+	}
+	if !errors.Is(err, ErrReplicaDown) || ctx.Err() != nil {
+		t.Fatalf("Send to a silent follower: %v", err)
+	}
+	at := fl.wait(ctx, t, ErrReplicaDown)
+	t.Logf("declared unreachable after %v: %v", at.Sub(start), r.Err())
 }
 
 // TestReplicaHostileLeader: a leader that writes nonsense into the
