@@ -316,6 +316,7 @@ func (r *Replica) fault(err error) {
 	r.broadcast()
 	r.mu.Unlock()
 	r.cancel()
+	r.ctrl.Close() // the follower learns that replication ended
 	r.cfg.OnFault(err)
 }
 

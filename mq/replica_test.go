@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
@@ -21,7 +23,15 @@ import (
 // simulation's), and removes the fabric at the end.
 func simNodes(t *testing.T) (n0, n1 ub.Context, fabric *simprov.Fabric) {
 	t.Helper()
-	name := fmt.Sprintf("mqrepl-%d-%d", os.Getpid(), logSeq.Add(1))
+	n0, n1, fabric, _ = simNodesNamed(t)
+	return n0, n1, fabric
+}
+
+// simNodesNamed is simNodes that also names the fabric, for a child
+// process that plays a node of it.
+func simNodesNamed(t *testing.T) (n0, n1 ub.Context, fabric *simprov.Fabric, name string) {
+	t.Helper()
+	name = fmt.Sprintf("mqrepl-%d-%d", os.Getpid(), logSeq.Add(1))
 	open := func(node string) ub.Context {
 		c, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{
 			simprov.OptTopology: "dev4", simprov.OptNode: node, simprov.OptFabric: name}})
@@ -37,7 +47,7 @@ func simNodes(t *testing.T) (n0, n1 ub.Context, fabric *simprov.Fabric) {
 		n1.Close()
 		fabric.Remove()
 	})
-	return n0, n1, fabric
+	return n0, n1, fabric, name
 }
 
 // replicate connects a leader on n0 and a follower on n1 over a loopback
@@ -432,3 +442,109 @@ func FuzzReplicaWire(f *testing.F) {
 		}
 	})
 }
+
+// TestReplicaLeaderKilled: a leader process on n0 sends under
+// AckFollower and prints each record Send acknowledged; it is SIGKILLed
+// mid-stream. Every record it printed is on the follower (n1, this
+// process), intact and at its offset, and the follower reports the end.
+func TestReplicaLeaderKilled(t *testing.T) {
+	n0, n1, _, fabricName := simNodesNamed(t)
+	n0.Close() // the child plays n0
+	follower := newLog(t, Config{SegmentSize: 8 << 10, Segments: 512})
+	ctx := timeout(t, 60*time.Second)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	leaderName := fmt.Sprintf("test-%d-%d", os.Getpid(), logSeq.Add(1))
+	t.Cleanup(func() { Remove(leaderName) })
+	child := testenv.Child(t, "mq-leader", "MQ_CTRL="+ln.Addr().String(), "MQ_LOG="+leaderName,
+		"MQ_FABRIC="+fabricName)
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child.Stderr = os.Stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := newFaults()
+	f, err := Follow(ctx, follower, n1, c, FollowerConfig{RingSize: 64 << 10, OnFault: fl.add})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	type acked struct{ seq, off uint64 }
+	var got []acked
+	sc := bufio.NewScanner(out)
+	for len(got) < 300 && sc.Scan() {
+		var a acked
+		if _, err := fmt.Sscan(sc.Text(), &a.seq, &a.off); err != nil {
+			t.Fatalf("%q: %v", sc.Text(), err)
+		}
+		got = append(got, a)
+	}
+	if len(got) < 300 {
+		t.Fatalf("the leader acknowledged %d records and stopped: %v", len(got), sc.Err())
+	}
+	child.Process.Kill()
+	child.Wait()
+	fl.wait(ctx, t, ErrClosed) // the control connection went with the leader
+	rd := newReader(t, follower, 0, 0)
+	for _, a := range got {
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			t.Fatalf("acknowledged record %d (at %d) is not on the follower: %v", a.seq, a.off, err)
+		}
+		if _, seq := parse(t, rec.Payload); seq != a.seq || rec.Offset != a.off {
+			t.Fatalf("record seq %d at %d on the follower, seq %d at %d acknowledged", seq, rec.Offset, a.seq, a.off)
+		}
+	}
+	t.Logf("%d acknowledged records on the follower; follower %+v", len(got), f.Stats())
+}
+
+// leaderChild plays node n0 of fabric MQ_FABRIC: it creates log MQ_LOG,
+// replicates it to the follower at MQ_CTRL under AckFollower, and sends
+// records until it is killed, printing "seq offset" for each
+// acknowledged one.
+func leaderChild() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "leader:", err); return 1 }
+	dev, err := ub.Open(context.Background(), simprov.Name, ub.Config{Options: map[string]string{
+		simprov.OptTopology: "dev4", simprov.OptNode: "n0", simprov.OptFabric: os.Getenv("MQ_FABRIC")}})
+	if err != nil {
+		return fail(err)
+	}
+	l, err := Create(os.Getenv("MQ_LOG"), Config{SegmentSize: 8 << 10, Segments: 8})
+	if err != nil {
+		return fail(err)
+	}
+	ctx := context.Background()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", os.Getenv("MQ_CTRL"))
+	if err != nil {
+		return fail(err)
+	}
+	r, err := Replicate(ctx, l, 0, dev, c, ReplicaConfig{Ack: AckFollower})
+	if err != nil {
+		return fail(err)
+	}
+	w := bufio.NewWriter(os.Stdout)
+	payload := make([]byte, 300)
+	for i := uint64(0); i < 1<<20; i++ {
+		message(payload, 4, i)
+		off, err := r.Send(ctx, payload)
+		if err != nil {
+			return fail(err)
+		}
+		fmt.Fprintln(w, i, off)
+		w.Flush()
+	}
+	return 0
+}
+
+func init() { testenv.RegisterChild("mq-leader", leaderChild) }
