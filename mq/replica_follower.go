@@ -24,7 +24,8 @@ type FollowerConfig struct {
 	// the other.
 	Partition int
 	// RingSize is the bytes of the ring the leader writes into (default
-	// 4 MiB, at least the log's segment size: every record must fit).
+	// the larger of 4 MiB and the log's segment size; at least the
+	// segment size, so that every record fits).
 	RingSize int
 	// DeadAfter is how long the follower waits for a doorbell (the
 	// leader rings heartbeats) before it reports ErrLeaderSilent
@@ -93,16 +94,17 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 	}
 	seg := uint64(l.Config().SegmentSize)
 	if cfg.RingSize == 0 {
-		cfg.RingSize = 4 << 20
-	}
-	if uint64(cfg.RingSize) < seg || cfg.RingSize%8 != 0 || cfg.RingSize > 1<<32 {
-		return nil, fmt.Errorf("mq: a ring of %d bytes for segments of %d: want a multiple of 8, at least a segment, at most 4 GiB", cfg.RingSize, seg)
+		cfg.RingSize = max(4<<20, int(seg))
 	}
 	f := &Follower{l: l, p: cfg.Partition, cfg: cfg, seg: seg, dev: dev, ctrl: ctrl, size: uint64(cfg.RingSize)}
 	refuse := func(err error) (*Follower, error) {
+		ctrl.SetWriteDeadline(time.Now().Add(time.Second))
 		ctrl.Write(appendError(nil, err))
 		f.closeUB()
 		return nil, fmt.Errorf("mq: follow into %s partition %d: %w", l.Name(), cfg.Partition, err)
+	}
+	if uint64(cfg.RingSize) < seg || cfg.RingSize%8 != 0 || cfg.RingSize > 1<<32 {
+		return refuse(fmt.Errorf("mq: a ring of %d bytes for segments of %d: want a multiple of 8, at least a segment, at most 4 GiB: %w", cfg.RingSize, seg, ErrTooLarge))
 	}
 	st, err := l.Stats(cfg.Partition)
 	if err != nil {

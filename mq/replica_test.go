@@ -21,7 +21,7 @@ import (
 // simNodes opens nodes n0 and n1 of the simulated dev4 super node, on a
 // fabric of their own (so that a link this test cuts is no other
 // simulation's), and removes the fabric at the end.
-func simNodes(t *testing.T) (n0, n1 ub.Context, fabric *simprov.Fabric) {
+func simNodes(t testing.TB) (n0, n1 ub.Context, fabric *simprov.Fabric) {
 	t.Helper()
 	n0, n1, fabric, _ = simNodesNamed(t)
 	return n0, n1, fabric
@@ -29,7 +29,7 @@ func simNodes(t *testing.T) (n0, n1 ub.Context, fabric *simprov.Fabric) {
 
 // simNodesNamed is simNodes that also names the fabric, for a child
 // process that plays a node of it.
-func simNodesNamed(t *testing.T) (n0, n1 ub.Context, fabric *simprov.Fabric, name string) {
+func simNodesNamed(t testing.TB) (n0, n1 ub.Context, fabric *simprov.Fabric, name string) {
 	t.Helper()
 	name = fmt.Sprintf("mqrepl-%d-%d", os.Getpid(), logSeq.Add(1))
 	open := func(node string) ub.Context {
@@ -52,7 +52,7 @@ func simNodesNamed(t *testing.T) (n0, n1 ub.Context, fabric *simprov.Fabric, nam
 
 // replicate connects a leader on n0 and a follower on n1 over a loopback
 // control connection and starts them.
-func replicate(t *testing.T, leader *Log, p int, n0, n1 ub.Context, follower *Log, rc ReplicaConfig, fc FollowerConfig) (*Replica, *Follower) {
+func replicate(t testing.TB, leader *Log, p int, n0, n1 ub.Context, follower *Log, rc ReplicaConfig, fc FollowerConfig) (*Replica, *Follower) {
 	t.Helper()
 	ctx := timeout(t, 10*time.Second)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -548,3 +548,111 @@ func leaderChild() int {
 }
 
 func init() { testenv.RegisterChild("mq-leader", leaderChild) }
+
+// BenchmarkReplicate100B: 100-byte records sent on n0 (each payload
+// written) are replicated to n1 of the simulated dev4 super node and
+// read there by a local Reader that checks each; AckAsync, so the
+// replication pipelines (MB/s is of payload arriving on the follower).
+func BenchmarkReplicate100B(b *testing.B) {
+	n0, n1, _ := simNodes(b)
+	leader := newLog(b, Config{})
+	follower := newLog(b, Config{})
+	r, _ := replicate(b, leader, 0, n0, n1, follower, ReplicaConfig{}, FollowerConfig{})
+	rd := newReader(b, follower, 0, 0)
+	ctx := context.Background()
+	n := b.N
+	errs := make(chan error, 1)
+	go func() {
+		for i := range n {
+			res, err := leader.Loan(ctx, 0, 100)
+			if err != nil {
+				errs <- err
+				return
+			}
+			message(res.Bytes(), 0, uint64(i))
+			if err := res.Commit(); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	b.SetBytes(100)
+	b.ResetTimer()
+	for i := range n {
+		rec, err := rd.Next(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, seq := parse(b, rec.Payload); seq != uint64(i) {
+			b.Fatalf("record %d: seq %d", i, seq)
+		}
+	}
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	_ = r
+}
+
+// TestReplicaRefused: a follower that cannot take the leader's partition
+// says why, and the leader's Replicate fails with it.
+func TestReplicaRefused(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	leader := newLog(t, Config{SegmentSize: 8 << 10})
+	for _, c := range []struct {
+		name     string
+		follower func() *Log
+		fc       FollowerConfig
+		want     error
+	}{
+		{"other segment sizes", func() *Log { return newLog(t, Config{SegmentSize: 16 << 10}) }, FollowerConfig{}, ErrDiverged},
+		{"a partition not empty", func() *Log {
+			l := newLog(t, Config{SegmentSize: 8 << 10})
+			if _, err := l.Send(context.Background(), 0, []byte("mine")); err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}, FollowerConfig{}, ErrDiverged},
+		{"a ring smaller than a segment", func() *Log { return newLog(t, Config{SegmentSize: 8 << 10}) }, FollowerConfig{RingSize: 4096}, ErrTooLarge},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := timeout(t, 10*time.Second)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			follower := c.follower()
+			ferr := make(chan error, 1)
+			go func() {
+				conn, err := ln.Accept()
+				if err != nil {
+					ferr <- err
+					return
+				}
+				defer conn.Close()
+				f, err := Follow(ctx, follower, n1, conn, c.fc)
+				if f != nil {
+					f.Close()
+				}
+				ferr <- err
+			}()
+			var d net.Dialer
+			conn, err := d.DialContext(ctx, "tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			r, err := Replicate(ctx, leader, 0, n0, conn, ReplicaConfig{})
+			if r != nil {
+				r.Close()
+			}
+			if !errors.Is(err, c.want) {
+				t.Errorf("Replicate: %v, want %v", err, c.want)
+			}
+			if err := <-ferr; !errors.Is(err, c.want) {
+				t.Errorf("Follow: %v, want %v", err, c.want)
+			}
+		})
+	}
+}

@@ -172,6 +172,8 @@ const (
 	codeNoSlot
 	codeCorrupt
 	codeClosed
+	codeDiverged
+	codeDown
 )
 
 func errorCode(err error) byte {
@@ -188,6 +190,10 @@ func errorCode(err error) byte {
 		return codeCorrupt
 	case errors.Is(err, ErrClosed):
 		return codeClosed
+	case errors.Is(err, ErrDiverged):
+		return codeDiverged
+	case errors.Is(err, ErrReplicaDown):
+		return codeDown
 	case errors.Is(err, os.ErrNotExist):
 		return codeNoLog
 	case errors.Is(err, errNoPartition):
@@ -216,6 +222,10 @@ func codeError(code byte) error {
 		return os.ErrNotExist
 	case codeNoPartition:
 		return errNoPartition
+	case codeDiverged:
+		return ErrDiverged
+	case codeDown:
+		return ErrReplicaDown
 	case codeBadRequest:
 		return ErrProtocol
 	}
@@ -236,7 +246,7 @@ func appendError(b []byte, err error) []byte {
 }
 
 // decodeError turns an error frame into the error it reports: the
-// server's message, wrapping the sentinel its code names.
+// peer's message, wrapping the sentinel its code names.
 func decodeError(body []byte) error {
 	if len(body) < 3 {
 		return protoErr("error frame of %d bytes", len(body))
@@ -249,7 +259,7 @@ func decodeError(body []byte) error {
 	if sentinel == nil {
 		return protoErr("error code %d", code)
 	}
-	return fmt.Errorf("mq: the server says %q: %w", body[3:], sentinel)
+	return fmt.Errorf("mq: the peer says %q: %w", body[3:], sentinel)
 }
 
 // decodeRecords checks a records frame's body (after the type) and calls
