@@ -115,11 +115,12 @@ func Serve(l *Log, ln net.Listener, cfg ServeConfig) error {
 }
 
 // Serve accepts readers on ln until it fails or the server is closed
-// (then it returns nil).
+// (then it returns nil; ErrClosed if it was closed before Serve).
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		ln.Close()
 		return ErrClosed
 	}
 	s.lns[ln] = struct{}{}

@@ -107,7 +107,8 @@ func serve(t testing.TB, l *Log, path remotePath, cfg ServeConfig) (*Server, str
 	go func() { done <- s.Serve(ln) }()
 	t.Cleanup(func() {
 		s.Close()
-		if err := <-done; err != nil {
+		// ErrClosed: the server closed before Serve began.
+		if err := <-done; err != nil && !errors.Is(err, ErrClosed) {
 			t.Errorf("Serve: %v", err)
 		}
 	})
