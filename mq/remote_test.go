@@ -317,72 +317,117 @@ func TestRemoteReaderStopsReading(t *testing.T) {
 	}
 }
 
-// TestRemoteServerDies: the server's process is killed mid-stream; the
+// TestRemoteServerDies: the server's process is killed mid-stream, over
+// TCP and over the ub path (the server plays n0, this process n1); the
 // reader gets the records that arrived and then ErrPeerClosed, well
 // before its context ends.
 func TestRemoteServerDies(t *testing.T) {
-	l := newLog(t, Config{SegmentSize: 64 << 10})
-	ctx := timeout(t, 30*time.Second)
-	const n = 100
-	for i := range n {
-		b := make([]byte, 200)
-		message(b, 3, uint64(i))
-		if _, err := l.Send(ctx, 0, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	child := testenv.Child(t, "mq-server", "MQ_LOG="+l.Name())
-	out, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	child.Stderr = os.Stderr
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatalf("the server child said nothing: %v", err)
-	}
-	addr := strings.TrimSpace(line)
-	r := dialReader(t, tcpPath.dialer(t, nil), addr, l.Name(), 0, 0)
-	for i := range n {
-		rec, err := r.Next(ctx)
-		if err != nil {
-			t.Fatalf("record %d: %v", i, err)
-		}
-		if _, seq := parse(t, rec.Payload); seq != uint64(i) {
-			t.Fatalf("record %d: seq %d", i, seq)
-		}
-	}
-	child.Process.Kill()
-	child.Wait()
-	_, err = r.Next(ctx)
-	if !errors.Is(err, ErrPeerClosed) {
-		t.Fatalf("after the server died: %v, want ErrPeerClosed", err)
-	}
-	if ctx.Err() != nil {
-		t.Fatal("the reader waited for its context")
+	for _, path := range []string{"tcp", "ub"} {
+		t.Run(path, func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 64 << 10})
+			ctx := timeout(t, 60*time.Second)
+			const n = 100
+			for i := range n {
+				b := make([]byte, 200)
+				message(b, 3, uint64(i))
+				if _, err := l.Send(ctx, 0, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dir := t.TempDir()
+			child := testenv.Child(t, "mq-server", "MQ_LOG="+l.Name(), "MQ_PATH="+path, "MQ_RUNDIR="+dir,
+				fmt.Sprintf("MQ_SVC=mq-%d-%d", os.Getpid(), logSeq.Add(1)))
+			out, err := child.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			child.Stderr = os.Stderr
+			if err := child.Start(); err != nil {
+				t.Fatal(err)
+			}
+			line, err := bufio.NewReader(out).ReadString('\n')
+			if err != nil {
+				t.Fatalf("the server child said nothing: %v", err)
+			}
+			addr := strings.TrimSpace(line)
+			d := tcpPath.dialer(t, nil)
+			if path == "ub" {
+				topo, err := topology.Example("dev4")
+				if err != nil {
+					t.Fatal(err)
+				}
+				ep, err := transport.NewEndpoint(transport.Config{Node: "n1", Topology: topo, Provider: "sim", RuntimeDir: dir})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { ep.Close() })
+				d = &Dialer{Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+					c, err := ep.Dial(ctx, addr)
+					if err == nil && c.Path() != transport.PathUB {
+						c.Close()
+						return nil, fmt.Errorf("took the %s path", c.Path())
+					}
+					return c, err
+				}}
+			}
+			r := dialReader(t, d, addr, l.Name(), 0, 0)
+			for i := range n {
+				rec, err := r.Next(ctx)
+				if err != nil {
+					t.Fatalf("record %d: %v", i, err)
+				}
+				if _, seq := parse(t, rec.Payload); seq != uint64(i) {
+					t.Fatalf("record %d: seq %d", i, seq)
+				}
+			}
+			child.Process.Kill()
+			child.Wait()
+			killed := time.Now()
+			_, err = r.Next(ctx)
+			if !errors.Is(err, ErrPeerClosed) {
+				t.Fatalf("after the server died: %v, want ErrPeerClosed", err)
+			}
+			t.Logf("the reader knew after %v: %v", time.Since(killed), err)
+		})
 	}
 }
 
-// serverChild serves log MQ_LOG on a loopback TCP port it prints, until
-// it is killed.
+// serverChild serves log MQ_LOG until it is killed: on a loopback TCP
+// port (MQ_PATH=tcp) or as service MQ_SVC of node n0 of the simulated
+// dev4 (MQ_PATH=ub, registry in MQ_RUNDIR), and prints the address.
 func serverChild() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "server:", err); return 1 }
 	l, err := Open(os.Getenv("MQ_LOG"))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+	var ln net.Listener
+	var addr string
+	switch os.Getenv("MQ_PATH") {
+	case "ub":
+		topo, err := topology.Example("dev4")
+		if err != nil {
+			return fail(err)
+		}
+		ep, err := transport.NewEndpoint(transport.Config{Node: "n0", Topology: topo, Provider: "sim", RuntimeDir: os.Getenv("MQ_RUNDIR")})
+		if err != nil {
+			return fail(err)
+		}
+		addr = "ub://n0/" + os.Getenv("MQ_SVC")
+		ln, err = ep.Listen(context.Background(), addr)
+		if err != nil {
+			return fail(err)
+		}
+	default:
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fail(err)
+		}
+		addr = ln.Addr().String()
 	}
-	fmt.Println(ln.Addr().String())
+	fmt.Println(addr)
 	if err := Serve(l, ln, ServeConfig{}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
 	return 0
 }
