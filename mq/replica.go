@@ -92,6 +92,10 @@ type ReplicaConfig struct {
 	// reported within Heartbeat + DeadAfter, and at once when a ub
 	// operation fails.
 	DeadAfter time.Duration
+	// MaxRing bounds the ring a follower may ask the leader to mirror
+	// in its staging memory (default 64 MiB, at least a segment): a
+	// follower cannot make the leader allocate more.
+	MaxRing uint64
 	// OnFault, if set, is called with each fault (ErrReplicaDown once,
 	// ErrFollowerBehind each time the lag crosses MaxLag), from a
 	// goroutine of the replica; it must not block.
@@ -110,6 +114,9 @@ func (c ReplicaConfig) withDefaults() ReplicaConfig {
 	}
 	if c.OnFault == nil {
 		c.OnFault = func(error) {}
+	}
+	if c.MaxRing == 0 {
+		c.MaxRing = 64 << 20
 	}
 	return c
 }
@@ -237,8 +244,8 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 	if err != nil {
 		return fail(err)
 	}
-	if a.ringSize < uint64(l.Config().SegmentSize) {
-		return fail(protoErr("a ring of %d bytes for records of up to %d", a.ringSize, l.Config().SegmentSize))
+	if seg := uint64(l.Config().SegmentSize); a.ringSize < seg || a.ringSize > max(r.cfg.MaxRing, seg) {
+		return fail(protoErr("a ring of %d bytes for segments of %d (at most %d)", a.ringSize, seg, max(r.cfg.MaxRing, seg)))
 	}
 	r.size = a.ringSize
 	r.freeUntil = r.size

@@ -614,6 +614,9 @@ func TestReplicaRefused(t *testing.T) {
 			return l
 		}, FollowerConfig{}, ErrDiverged},
 		{"a ring smaller than a segment", func() *Log { return newLog(t, Config{SegmentSize: 8 << 10}) }, FollowerConfig{RingSize: 4096}, ErrTooLarge},
+		// The leader's MaxRing (here 64 KiB) bounds what a follower can
+		// make it allocate.
+		{"a ring beyond the leader's bound", func() *Log { return newLog(t, Config{SegmentSize: 8 << 10}) }, FollowerConfig{RingSize: 1 << 20}, ErrProtocol},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := timeout(t, 10*time.Second)
@@ -643,15 +646,20 @@ func TestReplicaRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			r, err := Replicate(ctx, leader, 0, n0, conn, ReplicaConfig{})
+			r, err := Replicate(ctx, leader, 0, n0, conn, ReplicaConfig{MaxRing: 64 << 10})
 			if r != nil {
 				r.Close()
 			}
 			if !errors.Is(err, c.want) {
 				t.Errorf("Replicate: %v, want %v", err, c.want)
 			}
-			if err := <-ferr; !errors.Is(err, c.want) {
-				t.Errorf("Follow: %v, want %v", err, c.want)
+			ferrv := <-ferr
+			if c.want == ErrProtocol {
+				// The follower accepted; the leader hung up on it.
+				return
+			}
+			if !errors.Is(ferrv, c.want) {
+				t.Errorf("Follow: %v, want %v", ferrv, c.want)
 			}
 		})
 	}
