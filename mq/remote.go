@@ -462,7 +462,8 @@ type RemoteReader struct {
 	addr   string
 	window int64
 	frames chan *recordsFrame
-	err    error // why frames was closed; read after it is
+	free   chan *recordsFrame // frames done with, for the receiver to reuse
+	err    error              // why frames was closed; read after it is
 	done   chan struct{}
 	stop   chan struct{}
 
@@ -476,6 +477,7 @@ type RemoteReader struct {
 	// (counted before it is sent): the server may send at most window +
 	// creditSent.
 	received, released, creditSent atomic.Int64
+	pooled                         atomic.Int64 // bytes of the frames in free
 }
 
 // outstanding is the bytes of frames this reader holds.
@@ -483,9 +485,17 @@ func (r *RemoteReader) outstanding() int64 { return r.received.Load() - r.releas
 
 type recordsFrame struct {
 	cost int64
+	body []byte
 	recs []Record
 	i    int
 }
+
+// A reader keeps frames it is done with for reuse: at most maxPooled of
+// them, of at most maxPooledBytes together.
+const (
+	maxPooled      = 64
+	maxPooledBytes = 256 << 10
+)
 
 // DialReader connects to the Server at addr (transport.Dial's address,
 // "ub://<node>/<service>") and returns a reader of partition p of log
@@ -560,7 +570,7 @@ func (d *Dialer) DialReader(ctx context.Context, addr, logName string, p int, fr
 		return fail(ctx.Err())
 	}
 	c.SetDeadline(time.Time{})
-	r := &RemoteReader{conn: c, addr: addr, window: int64(w.window), frames: make(chan *recordsFrame, 64),
+	r := &RemoteReader{conn: c, addr: addr, window: int64(w.window), frames: make(chan *recordsFrame, 64), free: make(chan *recordsFrame, maxPooled),
 		done: make(chan struct{}), stop: make(chan struct{}), offset: w.start}
 	go r.receive(br, w.start)
 	return r, nil
@@ -585,7 +595,13 @@ func (r *RemoteReader) receive(br *bufio.Reader, next uint64) {
 	defer close(r.done)
 	err := func() error {
 		for {
-			typ, body, err := readFrame(br, int(r.window), nil)
+			f := &recordsFrame{}
+			select {
+			case f = <-r.free:
+				r.pooled.Add(-int64(cap(f.body)))
+			default:
+			}
+			typ, body, err := readFrame(br, int(r.window), f.body[:0])
 			if err != nil {
 				select {
 				case <-r.stop:
@@ -605,7 +621,7 @@ func (r *RemoteReader) receive(br *bufio.Reader, next uint64) {
 			if r.received.Add(cost) > r.window+r.creditSent.Load() {
 				return protoErr("the server sent beyond the %d-byte window", r.window)
 			}
-			f := &recordsFrame{cost: cost}
+			f.cost, f.body, f.recs, f.i = cost, body, f.recs[:0], 0
 			next, err = decodeRecords(body, next, func(rec Record) { f.recs = append(f.recs, rec) })
 			if err != nil {
 				return err
@@ -679,6 +695,13 @@ func (r *RemoteReader) take() Record {
 func (r *RemoteReader) release(f *recordsFrame) error {
 	r.released.Add(f.cost)
 	r.pending += f.cost
+	if c := int64(cap(f.body)); r.pooled.Load()+c <= maxPooledBytes {
+		select {
+		case r.free <- f:
+			r.pooled.Add(c)
+		default:
+		}
+	}
 	if r.pending >= r.window/4 {
 		return r.sendCredit()
 	}

@@ -324,7 +324,8 @@ func readFrame(r *bufio.Reader, limit int, buf []byte) (byte, []byte, error) {
 		return 0, nil, protoErr("frame of %d bytes, at most %d allowed", n, limit)
 	}
 	if cap(buf) < int(n-1) {
-		buf = make([]byte, n-1)
+		// Rounded up to 4 KiB, so that a reused buffer fits most frames.
+		buf = make([]byte, n-1, (int(n-1)+4095)&^4095)
 	}
 	buf = buf[:n-1]
 	if _, err := io.ReadFull(r, buf); err != nil {
