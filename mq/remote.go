@@ -394,6 +394,7 @@ func (s *Server) stream(ctx context.Context, c net.Conn, r *Reader, st *stream, 
 				return err
 			}
 			err := fmt.Errorf("mq: a %d-byte record at %d does not fit the reader's %d-byte window: %w", len(rec.Payload), rec.Offset, st.window, ErrTooLarge)
+			c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 			c.Write(appendError(nil, err))
 			return err
 		}

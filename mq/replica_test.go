@@ -358,6 +358,30 @@ func TestReplicaSilentFollower(t *testing.T) {
 	t.Logf("declared unreachable after %v: %v", at.Sub(start), r.Err())
 }
 
+// TestReplicaLeaderSilent: a follower that hears no doorbell for its
+// DeadAfter (the leader's heartbeat is an hour) reports ErrLeaderSilent
+// once, and goes on: a record sent afterwards still arrives.
+func TestReplicaLeaderSilent(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	leader := newLog(t, Config{SegmentSize: 8 << 10})
+	follower := newLog(t, Config{SegmentSize: 8 << 10})
+	ctx := timeout(t, 20*time.Second)
+	fl := newFaults()
+	r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower, Heartbeat: time.Hour, DeadAfter: time.Hour},
+		FollowerConfig{DeadAfter: 50 * time.Millisecond, OnFault: fl.add})
+	fl.wait(ctx, t, ErrLeaderSilent)
+	if st := f.Stats(); st.Silences != 1 || st.Down != nil {
+		t.Fatalf("follower %+v: want one silence, no fault", st)
+	}
+	if _, err := r.Send(ctx, []byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	rd := newReader(t, follower, 0, 0)
+	if rec, err := rd.Next(ctx); err != nil || string(rec.Payload) != "late" {
+		t.Fatalf("%q, %v", rec.Payload, err)
+	}
+}
+
 // TestReplicaHostileLeader: a leader that writes nonsense into the
 // follower's ring (an entry longer than the ring, a wrong checksum, an
 // offset going back) makes the follower stop with an error, never panic
