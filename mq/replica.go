@@ -359,61 +359,64 @@ func (r *Replica) send(reader *Reader) {
 		}
 		n := uint64(len(rec.Payload))
 		entry := align8(ringEntry + n)
-		// Wait for room: for the entry, and a wrap entry before it if it
-		// does not fit in the rest of the ring.
-		for {
+		// An entry that does not fit in the rest of the ring goes after a
+		// wrap entry (none if fewer than 16 bytes are left), which takes
+		// room of its own first: the two together may need more than the
+		// ring.
+		for placed := false; !placed; {
 			r.mu.Lock()
-			pos := r.tail
-			rest := r.size - pos%r.size
+			rest := r.size - r.tail%r.size
+			wrap := entry > rest
 			need := entry
-			if entry > rest {
-				need += rest
+			if wrap {
+				need = rest
 			}
-			room := pos+need <= r.freeUntil && r.down == nil
+			room := r.tail+need <= r.freeUntil
 			down, changed := r.down, r.changed
 			r.mu.Unlock()
 			if down != nil {
 				return
 			}
-			if room {
-				break
-			}
-			if pending {
-				// What is staged must go first: its acks make the room.
-				if err := r.post(start); err != nil {
-					r.fault(err)
+			if !room {
+				if pending {
+					// What is staged must go first: its acks make the room.
+					if err := r.post(start); err != nil {
+						r.fault(err)
+						return
+					}
+					pending = false
+					continue
+				}
+				select {
+				case <-changed:
+				case <-r.ctx.Done():
 					return
 				}
-				pending = false
 				continue
 			}
-			select {
-			case <-changed:
-			case <-r.ctx.Done():
-				return
+			r.mu.Lock()
+			if !pending {
+				start = r.tail
+				pending = true
 			}
-		}
-		r.mu.Lock()
-		if !pending {
-			start = r.tail
-			pending = true
-		}
-		pos := r.tail
-		if rest := r.size - pos%r.size; entry > rest {
-			if rest >= ringEntry {
-				binary.LittleEndian.PutUint64(stage[pos%r.size:], ringWrap)
-				binary.LittleEndian.PutUint64(stage[pos%r.size+8:], 0)
+			phys := r.tail % r.size
+			if wrap {
+				if rest >= ringEntry {
+					binary.LittleEndian.PutUint64(stage[phys:], ringWrap)
+					binary.LittleEndian.PutUint64(stage[phys+8:], 0)
+				}
+				r.tail += rest
+			} else {
+				binary.LittleEndian.PutUint64(stage[phys:], rec.Offset)
+				binary.LittleEndian.PutUint32(stage[phys+8:], uint32(n))
+				binary.LittleEndian.PutUint32(stage[phys+12:], crc32.Checksum(rec.Payload, castagnoli))
+				copy(stage[phys+ringEntry:], rec.Payload)
+				r.tail += entry
+				r.lastNext = rec.Offset + align8(headerSize+n)
+				placed = true
 			}
-			pos += rest
+			r.mu.Unlock()
 		}
-		phys := pos % r.size
-		binary.LittleEndian.PutUint64(stage[phys:], rec.Offset)
-		binary.LittleEndian.PutUint32(stage[phys+8:], uint32(n))
-		binary.LittleEndian.PutUint32(stage[phys+12:], crc32.Checksum(rec.Payload, castagnoli))
-		copy(stage[phys+ringEntry:], rec.Payload)
-		r.tail = pos + entry
-		r.lastNext = rec.Offset + align8(headerSize+n)
-		r.mu.Unlock()
 		r.records.Add(1)
 		r.bytes.Add(n)
 	}

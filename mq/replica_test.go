@@ -200,6 +200,35 @@ func TestReplicaInOrder(t *testing.T) {
 	t.Logf("leader %+v", rs)
 }
 
+// TestReplicaLargeRecords: records of up to a whole segment through a
+// ring of one segment, so that most need a wrap first: all arrive (the
+// wrap and the entry together need more than the ring; waiting for room
+// for both hung).
+func TestReplicaLargeRecords(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	const seg = 8 << 10
+	leader := newLog(t, Config{SegmentSize: seg, Segments: 64})
+	follower := newLog(t, Config{SegmentSize: seg, Segments: 64})
+	ctx := timeout(t, 30*time.Second)
+	r, _ := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{RingSize: seg})
+	rd := newReader(t, follower, 0, 0)
+	for i := range 40 {
+		b := make([]byte, seg-headerSize-(i%5)*1000)
+		message(b, 5, uint64(i))
+		off, err := r.Send(ctx, b)
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		rec, err := rd.Next(ctx)
+		if err != nil || rec.Offset != off || len(rec.Payload) != len(b) {
+			t.Fatalf("record %d (at %d): at %d, %d bytes, %v", i, off, rec.Offset, len(rec.Payload), err)
+		}
+		if _, seq := parse(t, rec.Payload); seq != uint64(i) {
+			t.Fatalf("record %d is seq %d", i, seq)
+		}
+	}
+}
+
 // TestReplicaLinkCut: the link between the nodes goes down. Under
 // AckAsync the leader is told within Heartbeat + DeadAfter and goes on
 // (its producers are not held by the replica's reader); under
