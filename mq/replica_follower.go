@@ -284,6 +284,11 @@ func (f *Follower) take(tail uint64) error {
 		if off-f.base > 1<<62 || off < f.base {
 			return protoErr("a record at leader offset %d below the base %d", off, f.base)
 		}
+		// Gaps (aborted records, padding) are filled record by record: a
+		// leader cannot make the follower fill more than its retention.
+		if gap, keep := off-next, uint64(f.l.Config().Segments)*f.seg; gap > keep {
+			return protoErr("a gap of %d bytes before leader offset %d, more than the %d this log keeps", gap, off, keep)
+		}
 		if err := f.append(off-f.base, data[phys+ringEntry:phys+ringEntry+uint64(n)], crc); err != nil {
 			return err
 		}

@@ -433,6 +433,10 @@ func TestReplicaHostileLeader(t *testing.T) {
 			return 24
 		}, shm.ErrCorrupt},
 		{"a tail beyond the ring", func(b []byte) uint64 { return 1 << 40 }, ErrProtocol},
+		{"a gap beyond the follower's retention", func(b []byte) uint64 {
+			binary.LittleEndian.PutUint64(b, 1<<40)
+			return 16
+		}, ErrProtocol},
 		{"a misaligned offset", func(b []byte) uint64 {
 			binary.LittleEndian.PutUint64(b, 3)
 			return 16
