@@ -310,6 +310,9 @@ func (f *Follower) take(tail uint64) error {
 func (f *Follower) append(o uint64, src []byte, crc uint32) error {
 	size := f.seg
 	for f.t < o {
+		if err := f.ctx.Err(); err != nil {
+			return err // a Loan that need not wait does not look
+		}
 		k, at := f.t/size, f.t%size
 		segEnd := (k + 1) * size
 		if size-at < headerSize {
