@@ -277,7 +277,7 @@ func (s *Server) serveConn(c net.Conn) error {
 	err = s.stream(ctx, c, r, st, int(h.partition))
 	c.Close() // ends takeCredit
 	<-done
-	if err == nil || errors.Is(err, context.Canceled) {
+	if errors.Is(err, context.Canceled) { // the reader went: say why
 		err = creditErr
 	}
 	return err
