@@ -254,6 +254,50 @@ func TestRemoteReaderRefusals(t *testing.T) {
 	}
 }
 
+// TestRemoteReaderOverwritten: under FullOverwrite, retention drops the
+// segments a slow remote reader has not reached; it gets the records the
+// server had sent and then ErrOffsetGone, as a local reader would.
+func TestRemoteReaderOverwritten(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullOverwrite})
+	_, addr := serve(t, l, tcpPath, ServeConfig{})
+	ctx := timeout(t, 20*time.Second)
+	d := tcpPath.dialer(t, nil)
+	d.Window = MinWindow
+	r := dialReader(t, d, addr, l.Name(), 0, 0)
+	payload := make([]byte, 3000) // one record a segment
+	send := func(from, to int) {
+		for i := from; i < to; i++ {
+			message(payload, 6, uint64(i))
+			if _, err := l.Send(ctx, 0, payload); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	send(0, 2)
+	for i := range 2 {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		if _, seq := parse(t, rec.Payload); seq != uint64(i) {
+			t.Fatalf("record %d: seq %d", i, seq)
+		}
+	}
+	// 60 more while the reader does not read: its 64 KiB window holds
+	// about 21 of them, so the server stops in a segment retention drops
+	// long before the reader returns credit.
+	send(2, 62)
+	var err error
+	n := 2
+	for ; err == nil; n++ {
+		_, err = r.Next(ctx)
+	}
+	if !errors.Is(err, ErrOffsetGone) {
+		t.Fatalf("a reader overtaken by retention: %v after %d records, want ErrOffsetGone", err, n)
+	}
+	t.Logf("ErrOffsetGone after %d records: %v", n-1, err)
+}
+
 // TestRemoteReaderTooLarge: a record larger than the reader's window is
 // an error naming ErrTooLarge, not a stall.
 func TestRemoteReaderTooLarge(t *testing.T) {
