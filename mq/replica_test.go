@@ -244,7 +244,8 @@ func TestReplicaLinkCut(t *testing.T) {
 			ctx := timeout(t, 60*time.Second)
 			fl := newFaults()
 			rc := ReplicaConfig{Ack: ack, Heartbeat: 20 * time.Millisecond, DeadAfter: 300 * time.Millisecond, OnFault: fl.add}
-			r, _ := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 64 << 10, DeadAfter: time.Minute})
+			ffl := newFaults()
+			r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 64 << 10, DeadAfter: time.Minute, OnFault: ffl.add})
 			payload := make([]byte, 200)
 			var sent []uint64
 			for i := range 20 {
@@ -286,6 +287,12 @@ func TestReplicaLinkCut(t *testing.T) {
 			}
 			if !errors.Is(r.Stats().Down, ErrReplicaDown) {
 				t.Errorf("stats: %+v", r.Stats())
+			}
+			// The leader's end of replication reaches the follower (over
+			// the control connection, which the cut does not touch).
+			ffl.wait(ctx, t, ErrClosed)
+			if f.Err() == nil {
+				t.Error("the follower still runs")
 			}
 			switch ack {
 			case AckAsync:
