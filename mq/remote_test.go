@@ -20,7 +20,7 @@ import (
 	"github.com/ubkit-io/ubkit/transport"
 	"github.com/ubkit-io/ubkit/ub/topology"
 
-	_ "github.com/ubkit-io/ubkit/ub/provider/simprov" // the ub path's provider in tests
+	"github.com/ubkit-io/ubkit/ub/provider/simprov" // the ub path's provider in tests
 )
 
 // remotePath is a way from a reader to a server: a listener for the
@@ -62,9 +62,11 @@ func ubPath() remotePath {
 				t.Fatal(err)
 			}
 			dir := t.TempDir()
+			fabric := privateFabric(t, topo)
 			eps = map[string]*transport.Endpoint{}
 			for _, n := range []string{"n0", "n1"} {
-				ep, err := transport.NewEndpoint(transport.Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir})
+				ep, err := transport.NewEndpoint(transport.Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: dir,
+					ProviderOptions: map[string]string{simprov.OptFabric: fabric}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -95,6 +97,23 @@ func ubPath() remotePath {
 			}}
 		},
 	}
+}
+
+// privateFabric names a simulation of topo of the test's own (link
+// state and faults that no other test on the host shares) and removes
+// it when the test ends.
+func privateFabric(t testing.TB, topo *topology.Topology) string {
+	t.Helper()
+	name := fmt.Sprintf("mqremote-%d-%d", os.Getpid(), logSeq.Add(1))
+	f, err := simprov.OpenFabricNamed(topo, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Remove()
+		f.Close()
+	})
+	return name
 }
 
 // serve serves l on a listener of path and returns the server and the
@@ -379,7 +398,12 @@ func TestRemoteServerDies(t *testing.T) {
 				}
 			}
 			dir := t.TempDir()
-			child := testenv.Child(t, "mq-server", "MQ_LOG="+l.Name(), "MQ_PATH="+path, "MQ_RUNDIR="+dir,
+			topo, err := topology.Example("dev4")
+			if err != nil {
+				t.Fatal(err)
+			}
+			fabric := privateFabric(t, topo)
+			child := testenv.Child(t, "mq-server", "MQ_LOG="+l.Name(), "MQ_PATH="+path, "MQ_RUNDIR="+dir, "MQ_FABRIC="+fabric,
 				fmt.Sprintf("MQ_SVC=mq-%d-%d", os.Getpid(), logSeq.Add(1)))
 			out, err := child.StdoutPipe()
 			if err != nil {
@@ -396,11 +420,8 @@ func TestRemoteServerDies(t *testing.T) {
 			addr := strings.TrimSpace(line)
 			d := tcpPath.dialer(t, nil)
 			if path == "ub" {
-				topo, err := topology.Example("dev4")
-				if err != nil {
-					t.Fatal(err)
-				}
-				ep, err := transport.NewEndpoint(transport.Config{Node: "n1", Topology: topo, Provider: "sim", RuntimeDir: dir})
+				ep, err := transport.NewEndpoint(transport.Config{Node: "n1", Topology: topo, Provider: "sim", RuntimeDir: dir,
+					ProviderOptions: map[string]string{simprov.OptFabric: fabric}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -453,7 +474,8 @@ func serverChild() int {
 		if err != nil {
 			return fail(err)
 		}
-		ep, err := transport.NewEndpoint(transport.Config{Node: "n0", Topology: topo, Provider: "sim", RuntimeDir: os.Getenv("MQ_RUNDIR")})
+		ep, err := transport.NewEndpoint(transport.Config{Node: "n0", Topology: topo, Provider: "sim", RuntimeDir: os.Getenv("MQ_RUNDIR"),
+			ProviderOptions: map[string]string{simprov.OptFabric: os.Getenv("MQ_FABRIC")}})
 		if err != nil {
 			return fail(err)
 		}
