@@ -1,0 +1,240 @@
+package mq
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// The replication handshake, over the control connection Replicate and
+// Follow are given, in the frames of wire.go:
+//
+//	offer  (6), leader to follower: magic u32 "uMQF" | version u8 |
+//	       partition u32 | segment size u64 | base u64 |
+//	       ack segment (a segment desc) | ack token u32 |
+//	       jetty (a jetty desc) | jetty token u32
+//	accept (7), follower to leader: ring segment | ring token u32 |
+//	       ring size u64 | jetty | jetty token u32
+//	error  (5), either way, as in wire.go
+//
+// A segment desc is provider (u8 length, bytes) | EID (16 bytes) | name
+// (u16 length, bytes) | size u64; a jetty desc the same without the size.
+// After the handshake the data moves over ub (see replica.go) and the
+// control connection only says, by closing, that replication ended.
+const (
+	replMagic   = 0x464d5175 // "uMQF"
+	frameOffer  = 6
+	frameAccept = 7
+	maxDescName = 1024
+)
+
+type offer struct {
+	partition uint32
+	segSize   uint64
+	base      uint64
+	ackSeg    ub.SegmentDesc
+	ackToken  ub.Token
+	jetty     ub.JettyDesc
+	jtToken   ub.Token
+}
+
+type accept struct {
+	ring      ub.SegmentDesc
+	ringToken ub.Token
+	ringSize  uint64
+	jetty     ub.JettyDesc
+	jtToken   ub.Token
+}
+
+func appendDesc(b []byte, provider string, eid ub.EID, name string) []byte {
+	b = append(b, byte(len(provider)))
+	b = append(b, provider...)
+	b = append(b, eid[:]...)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(name)))
+	return append(b, name...)
+}
+
+// wireReader takes fields off a body, remembering the first shortfall.
+type wireReader struct {
+	b   []byte
+	err error
+}
+
+func (r *wireReader) take(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n > len(r.b) {
+		r.err = protoErr("a field of %d bytes with %d left", n, len(r.b))
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *wireReader) u8() byte {
+	if v := r.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (r *wireReader) u16() uint16 {
+	if v := r.take(2); v != nil {
+		return binary.LittleEndian.Uint16(v)
+	}
+	return 0
+}
+
+func (r *wireReader) u32() uint32 {
+	if v := r.take(4); v != nil {
+		return binary.LittleEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (r *wireReader) u64() uint64 {
+	if v := r.take(8); v != nil {
+		return binary.LittleEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (r *wireReader) desc() (provider string, eid ub.EID, name string) {
+	provider = string(r.take(int(r.u8())))
+	copy(eid[:], r.take(16))
+	n := int(r.u16())
+	if n > maxDescName && r.err == nil {
+		r.err = protoErr("a descriptor name of %d bytes", n)
+	}
+	name = string(r.take(n))
+	if r.err == nil && (provider == "" || name == "") {
+		r.err = protoErr("a descriptor without a provider or name")
+	}
+	return provider, eid, name
+}
+
+func (r *wireReader) segDesc() ub.SegmentDesc {
+	p, e, n := r.desc()
+	size := r.u64()
+	if r.err == nil && (size == 0 || size > 1<<40) {
+		r.err = protoErr("a segment of %d bytes", size)
+	}
+	return ub.SegmentDesc{Provider: p, EID: e, Name: n, Size: int(size)}
+}
+
+func (r *wireReader) jettyDesc() ub.JettyDesc {
+	p, e, n := r.desc()
+	return ub.JettyDesc{Provider: p, EID: e, Name: n}
+}
+
+func (r *wireReader) end() error {
+	if r.err == nil && len(r.b) != 0 {
+		r.err = protoErr("%d bytes after the last field", len(r.b))
+	}
+	return r.err
+}
+
+func appendOffer(b []byte, o offer) []byte {
+	at := len(b)
+	b = frameStart(b, frameOffer)
+	b = binary.LittleEndian.AppendUint32(b, replMagic)
+	b = append(b, wireVersion)
+	b = binary.LittleEndian.AppendUint32(b, o.partition)
+	b = binary.LittleEndian.AppendUint64(b, o.segSize)
+	b = binary.LittleEndian.AppendUint64(b, o.base)
+	b = appendDesc(b, o.ackSeg.Provider, o.ackSeg.EID, o.ackSeg.Name)
+	b = binary.LittleEndian.AppendUint64(b, uint64(o.ackSeg.Size))
+	b = binary.LittleEndian.AppendUint32(b, uint32(o.ackToken))
+	b = appendDesc(b, o.jetty.Provider, o.jetty.EID, o.jetty.Name)
+	b = binary.LittleEndian.AppendUint32(b, uint32(o.jtToken))
+	return frameEnd(b, at)
+}
+
+func decodeOffer(body []byte) (offer, error) {
+	r := &wireReader{b: body}
+	if m := r.u32(); r.err == nil && m != replMagic {
+		return offer{}, protoErr("offer magic %#x", m)
+	}
+	if v := r.u8(); r.err == nil && v != wireVersion {
+		return offer{}, protoErr("wire version %d, want %d", v, wireVersion)
+	}
+	o := offer{partition: r.u32(), segSize: r.u64(), base: r.u64()}
+	o.ackSeg = r.segDesc()
+	o.ackToken = ub.Token(r.u32())
+	o.jetty = r.jettyDesc()
+	o.jtToken = ub.Token(r.u32())
+	if err := r.end(); err != nil {
+		return offer{}, err
+	}
+	if o.segSize < 4096 || o.segSize > maxLen || o.segSize%8 != 0 || o.base%o.segSize != 0 || o.ackSeg.Size < 16 {
+		return offer{}, protoErr("offer of segments of %d bytes from %d, an ack segment of %d", o.segSize, o.base, o.ackSeg.Size)
+	}
+	return o, nil
+}
+
+func appendAccept(b []byte, a accept) []byte {
+	at := len(b)
+	b = frameStart(b, frameAccept)
+	b = appendDesc(b, a.ring.Provider, a.ring.EID, a.ring.Name)
+	b = binary.LittleEndian.AppendUint64(b, uint64(a.ring.Size))
+	b = binary.LittleEndian.AppendUint32(b, uint32(a.ringToken))
+	b = binary.LittleEndian.AppendUint64(b, a.ringSize)
+	b = appendDesc(b, a.jetty.Provider, a.jetty.EID, a.jetty.Name)
+	b = binary.LittleEndian.AppendUint32(b, uint32(a.jtToken))
+	return frameEnd(b, at)
+}
+
+func decodeAccept(body []byte) (accept, error) {
+	r := &wireReader{b: body}
+	a := accept{ring: r.segDesc()}
+	a.ringToken = ub.Token(r.u32())
+	a.ringSize = r.u64()
+	a.jetty = r.jettyDesc()
+	a.jtToken = ub.Token(r.u32())
+	if err := r.end(); err != nil {
+		return accept{}, err
+	}
+	if a.ringSize < 4096 || a.ringSize%8 != 0 || a.ringSize > 1<<32 || uint64(a.ring.Size) < ringData+a.ringSize {
+		return accept{}, protoErr("a ring of %d bytes in a %d-byte segment", a.ringSize, a.ring.Size)
+	}
+	return a, nil
+}
+
+// ringEntry is the header of a record in a follower's ring: the record's
+// log offset on the leader, its length and its CRC-32C.
+const ringEntry = 16
+
+// ringWrap is the offset word of an entry that says "go on at the ring's
+// start".
+const ringWrap = ^uint64(0)
+
+// decodeRingEntry checks the entry header at ring position pos (its data
+// at phys in a ring of size bytes) against the doorbell's tail and the
+// leader offset expected next, and returns what it says: wrap, or the
+// record's leader offset, length and checksum, and the entry's size.
+func decodeRingEntry(hdr []byte, pos, tail, size, next uint64) (wrap bool, off uint64, n uint32, crc uint32, entry uint64, err error) {
+	phys := pos % size
+	rest := size - phys
+	off = binary.LittleEndian.Uint64(hdr)
+	n = binary.LittleEndian.Uint32(hdr[8:])
+	crc = binary.LittleEndian.Uint32(hdr[12:])
+	if off == ringWrap && n == 0 {
+		return true, 0, 0, 0, rest, nil
+	}
+	entry = align8(ringEntry + uint64(n))
+	switch {
+	case uint64(n) > rest-ringEntry:
+		err = fmt.Errorf("ring entry at %d says %d bytes with %d left", pos, n, rest-ringEntry)
+	case pos+entry > tail:
+		err = fmt.Errorf("ring entry at %d of %d bytes beyond the doorbell's %d", pos, entry, tail)
+	case off%8 != 0 || off < next || off+align8(headerSize+uint64(n)) < off:
+		err = fmt.Errorf("ring entry at %d names offset %d, %d expected at least", pos, off, next)
+	}
+	if err != nil {
+		return false, 0, 0, 0, 0, protoErr("%v", err)
+	}
+	return false, off, n, crc, entry, nil
+}
