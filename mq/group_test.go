@@ -448,7 +448,8 @@ func TestAssignment(t *testing.T) {
 	}
 }
 
-// memberChild joins group MQ_GROUP of log MQ_LOG and says "joined". With
+// memberChild joins group MQ_GROUP of log MQ_LOG (visibility timeout: an
+// hour, longer than any test) and says "joined". With
 // MQ_HOLD=k it receives k messages without acking them, prints each
 // ("held p offset") and "holding", and waits to be killed. Otherwise it
 // receives, checks, acks and prints each message ("msg p offset attempt
@@ -460,7 +461,7 @@ func memberChild() int {
 		return 1
 	}
 	defer l.Close()
-	g, err := l.JoinGroup(os.Getenv("MQ_GROUP"), GroupConfig{})
+	g, err := l.JoinGroup(os.Getenv("MQ_GROUP"), GroupConfig{VisibilityTimeout: time.Hour})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -636,7 +637,9 @@ func TestGroupKilledMember(t *testing.T) {
 	l := newLog(t, Config{Partitions: 2, SegmentSize: 16 << 10, Segments: 8})
 	ctx := timeout(t, time.Minute)
 	const group, n, hold = "killed", 200, 5
-	g := join(t, l, group, GroupConfig{}) // member 0: partition 0 once the child joins
+	// The visibility timeout (the child's too) is far longer than the
+	// test: the held messages come back because their holder died.
+	g := join(t, l, group, GroupConfig{VisibilityTimeout: time.Hour}) // member 0: partition 0 once the child joins
 	offs := sendAll(t, ctx, l, n)
 	child := startMember(t, l, group, "MQ_HOLD="+strconv.Itoa(hold)) // partition 1
 	held := map[uint64]bool{}
@@ -717,6 +720,17 @@ func TestGroupJoin(t *testing.T) {
 	keptOff := kept.Offset
 	child := startMember(t, l, group) // takes partition 1
 	ch := collect(t, []*member{child})
+	// Once the newcomer has taken partition 1 (it delivered a record of
+	// it), the old member still holds its message there, unredelivered.
+	select {
+	case got := <-ch:
+		if got.p != 1 || got.attempt != 1 || got.off == keptOff {
+			t.Fatalf("the newcomer got %+v", got)
+		}
+		note(got.producer, got.s)
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
 	if err := g.Ack(kept); err != nil {
 		t.Fatalf("ack of a message held across the rebalance: %v", err)
 	}
