@@ -99,10 +99,6 @@ const (
 	partHeader    = 16 // words before a partition's entries
 	entryWords    = 3  // offset, meta, deadline
 	livenessEvery = 10 * time.Millisecond
-	// streamPatience bounds how long Receive waits, with the partition's
-	// lock held, for a record at the tail that its producer is still
-	// writing before it looks at other partitions.
-	streamPatience = time.Millisecond
 	// pollEvery is the longest an idle consumer that owns several
 	// partitions sleeps before it looks at them again.
 	pollEvery = time.Millisecond
@@ -639,7 +635,7 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	if err := g.openReaders(p, gp); err != nil {
 		return false, err
 	}
-	if prev != g.me {
+	if prev != g.me && prev != 0 {
 		g.cfg.Logger.Info("mq: group partition taken", "group", g.name, "member", g.slot, "partition", p, "from", holderSlot(prev), "committed", committed(gp.w, g.cap), "inflight", count)
 	}
 	return true, nil
@@ -823,19 +819,59 @@ func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 	if err := g.lockPart(p); err != nil {
 		return Message{}, false, err
 	}
-	unlocked := false
-	unlock := func() {
-		if !unlocked {
-			unlocked = true
-			gp.lock.Unlock()
-		}
+	m, act, err := g.pollLocked(p, gp)
+	gp.lock.Unlock()
+	if err != nil || act.kind == actNone {
+		return Message{}, false, err
 	}
-	defer unlock()
-	if gp.w[pwOwner].Load() != g.me {
+	if act.kind == actDeliver {
+		return m, true, nil
+	}
+	if act.kind == actDeadLetter {
+		return Message{}, false, g.deadLetter(ctx, p, gp, act.index, act.off, act.attempt)
+	}
+	rec, err := g.readAt(p, act.off)
+	if errors.Is(err, ErrOffsetGone) {
+		g.settle(p, act.index, act.off, act.attempt, func() { g.lost(p, gp, "retention dropped an unacked record", act.off, act.off) })
 		return Message{}, false, nil
 	}
+	if err != nil {
+		return Message{}, false, err
+	}
+	return Message{Partition: p, Offset: act.off, Payload: rec.Payload, Attempt: act.attempt, index: act.index}, true, nil
+}
+
+// What pollLocked found, for poll to finish without the lock.
+type pollAction struct {
+	kind    int
+	index   uint64
+	off     uint64
+	attempt int
+}
+
+const (
+	actNone       = iota
+	actDeliver    // the message pollLocked returned, from the stream
+	actRedeliver  // read the record at off, now held with attempt
+	actDeadLetter // copy the record at off to the dead-letter log
+)
+
+// doneCtx is a context that has ended: Reader.Next with it returns a
+// committed record at once and gives up, after its spin, on one that is
+// still being written, so the partition's lock is not held for long.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// pollLocked is poll's work under the partition's lock.
+func (g *Consumer) pollLocked(p int, gp *groupPart) (Message, pollAction, error) {
+	if gp.w[pwOwner].Load() != g.me {
+		return Message{}, pollAction{}, nil
+	}
 	if err := checkRing(gp.w, g.cap); err != nil {
-		return Message{}, false, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+		return Message{}, pollAction{}, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
 	now := uint64(g.cfg.now().UnixNano())
 	vt := uint64(g.cfg.VisibilityTimeout)
@@ -843,54 +879,38 @@ func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 		if index, ok := g.due(gp, now); ok {
 			e := g.entry(gp, index)
 			m := e[1].Load()
-			off := e[0].Load()
-			attempts := metaAttempts(m)
-			if g.cfg.MaxAttempts > 0 && attempts >= g.cfg.MaxAttempts {
+			act := pollAction{kind: actRedeliver, index: index, off: e[0].Load(), attempt: metaAttempts(m) + 1}
+			gp.lock.BeginWrite()
+			if g.cfg.MaxAttempts > 0 && act.attempt > g.cfg.MaxAttempts {
 				// Out of attempts: hold it while it is copied to the
 				// dead-letter log (a member that dies meanwhile leaves
 				// it due again), then ack it.
-				gp.lock.BeginWrite()
-				e[1].Store(entryMeta(attempts, entryInFlight, g.me))
-				e[2].Store(now + vt)
-				gp.lock.EndWrite()
-				unlock()
-				return Message{}, false, g.deadLetter(ctx, p, gp, index, off, attempts)
+				act.kind, act.attempt = actDeadLetter, act.attempt-1
+			} else {
+				gp.w[pwRedelivered].Add(1)
 			}
-			gp.lock.BeginWrite()
-			e[1].Store(entryMeta(attempts+1, entryInFlight, g.me))
+			e[1].Store(entryMeta(act.attempt, entryInFlight, g.me))
 			e[2].Store(now + vt)
-			gp.w[pwRedelivered].Add(1)
 			gp.lock.EndWrite()
-			unlock()
-			rec, err := g.readAt(p, off)
-			if errors.Is(err, ErrOffsetGone) {
-				g.settle(p, index, off, attempts+1, func() { g.lost(p, gp, "retention dropped an unacked record", off, off) })
-				return Message{}, false, nil
-			}
-			if err != nil {
-				return Message{}, false, err
-			}
-			return Message{Partition: p, Offset: off, Payload: rec.Payload, Attempt: attempts + 1, index: index}, true, nil
+			return Message{}, act, nil
 		}
 	}
 	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
 	if count >= uint64(g.cap) || g.l.parts[p].tail.Load() <= gp.stream.Offset() {
-		return Message{}, false, g.repin(p, gp)
+		return Message{}, pollAction{}, g.repin(p, gp)
 	}
-	sctx, cancel := context.WithTimeout(ctx, streamPatience)
-	rec, err := gp.stream.Next(sctx)
-	cancel()
+	rec, err := gp.stream.Next(doneCtx)
 	gp.lock.BeginWrite()
 	defer gp.lock.EndWrite()
 	switch {
 	case errors.Is(err, ErrOffsetGone):
 		gp.w[pwNext].Store(gp.stream.Offset())
-		return Message{}, false, g.openReaders(p, gp) // counts the loss
-	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+		return Message{}, pollAction{}, g.openReaders(p, gp) // counts the loss
+	case errors.Is(err, context.Canceled):
 		gp.w[pwNext].Store(gp.stream.Offset()) // past records aborted on the way
-		return Message{}, false, nil
+		return Message{}, pollAction{}, nil
 	case err != nil:
-		return Message{}, false, err
+		return Message{}, pollAction{}, err
 	}
 	index := head + count
 	e := g.entry(gp, index)
@@ -904,10 +924,10 @@ func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 	}
 	if count == 0 {
 		if err := g.repin(p, gp); err != nil {
-			return Message{}, false, err
+			return Message{}, pollAction{}, err
 		}
 	}
-	return Message{Partition: p, Offset: rec.Offset, Payload: rec.Payload, Attempt: 1, index: index}, true, nil
+	return Message{Partition: p, Offset: rec.Offset, Payload: rec.Payload, Attempt: 1, index: index}, pollAction{kind: actDeliver}, nil
 }
 
 // due finds the oldest in-flight entry whose deadline has passed and
