@@ -201,6 +201,9 @@ type groupPart struct {
 	mu     sync.Mutex
 	stream *Reader // at pwNext, while owned
 	pin    *Reader // at the committed offset's segment, while owned
+	// stuck is 1 + the stream offset at which the last read gave up on
+	// a record still being written, or 0 (Receive's goroutine only).
+	stuck uint64
 }
 
 // JoinGroup makes this handle a member of consumer group name of the log,
@@ -261,7 +264,7 @@ func openGroup(l *Log, name string, inFlight int) (*shm.Segment, error) {
 	deadline := time.Now().Add(time.Second)
 	for {
 		seg, err = shm.OpenSegment(gname)
-		if err == nil || !(errors.Is(err, os.ErrNotExist) || errors.Is(err, shm.ErrCorrupt)) || time.Now().After(deadline) {
+		if err == nil || !errors.Is(err, os.ErrNotExist) && !errors.Is(err, shm.ErrCorrupt) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(time.Millisecond)
@@ -791,10 +794,12 @@ func (g *Consumer) sleep(ctx context.Context) {
 	if len(g.owned) > 1 {
 		d = pollEvery
 	}
-	now := g.cfg.now().UnixNano()
+	now := uint64(g.cfg.now().UnixNano())
 	for _, p := range g.owned {
-		if due := int64(g.parts[p].w[pwMinDue].Load()); due-now < int64(d) {
-			d = time.Duration(max(due-now, int64(50*time.Microsecond)))
+		if due := g.parts[p].w[pwMinDue].Load(); due <= now {
+			d = 50 * time.Microsecond
+		} else if due-now < uint64(d) {
+			d = time.Duration(due - now)
 		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, d)
@@ -816,16 +821,24 @@ func (g *Consumer) sleep(ctx context.Context) {
 // next record of the stream.
 func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 	gp := g.parts[p]
+	if gp.w[pwOwner].Load() == g.me && gp.w[pwMinDue].Load() > uint64(g.cfg.now().UnixNano()) {
+		// Nothing is due: the stream, with one lock round trip, not two.
+		// (A Nack read stale here is seen at the next poll.)
+		if gp.w[pwCount].Load() < uint64(g.cap) && g.l.parts[p].tail.Load() > gp.stream.Offset() {
+			return g.pollStream(ctx, p, gp)
+		}
+		return Message{}, false, nil
+	}
 	if err := g.lockPart(p); err != nil {
 		return Message{}, false, err
 	}
-	m, act, err := g.pollLocked(p, gp)
+	act, err := g.pollLocked(p, gp)
 	gp.lock.Unlock()
 	if err != nil || act.kind == actNone {
 		return Message{}, false, err
 	}
-	if act.kind == actDeliver {
-		return m, true, nil
+	if act.kind == actStream {
+		return g.pollStream(ctx, p, gp)
 	}
 	if act.kind == actDeadLetter {
 		return Message{}, false, g.deadLetter(ctx, p, gp, act.index, act.off, act.attempt)
@@ -851,83 +864,125 @@ type pollAction struct {
 
 const (
 	actNone       = iota
-	actDeliver    // the message pollLocked returned, from the stream
+	actStream     // read the next record of the stream
 	actRedeliver  // read the record at off, now held with attempt
 	actDeadLetter // copy the record at off to the dead-letter log
 )
 
 // doneCtx is a context that has ended: Reader.Next with it returns a
 // committed record at once and gives up, after its spin, on one that is
-// still being written, so the partition's lock is not held for long.
+// still being written, so that the consumer goes on to its other
+// partitions.
 var doneCtx = func() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	return ctx
 }()
 
-// pollLocked is poll's work under the partition's lock.
-func (g *Consumer) pollLocked(p int, gp *groupPart) (Message, pollAction, error) {
+// pollLocked is poll's work under the partition's lock: it takes a due
+// entry, or says whether to read the stream.
+func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 	if gp.w[pwOwner].Load() != g.me {
-		return Message{}, pollAction{}, nil
+		return pollAction{}, nil
 	}
 	if err := checkRing(gp.w, g.cap); err != nil {
-		return Message{}, pollAction{}, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+		return pollAction{}, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
 	now := uint64(g.cfg.now().UnixNano())
-	vt := uint64(g.cfg.VisibilityTimeout)
 	if gp.w[pwMinDue].Load() <= now {
 		if index, ok := g.due(gp, now); ok {
 			e := g.entry(gp, index)
 			m := e[1].Load()
-			act := pollAction{kind: actRedeliver, index: index, off: e[0].Load(), attempt: metaAttempts(m) + 1}
+			act := pollAction{kind: actRedeliver, index: index, off: e[0].Load(), attempt: min(metaAttempts(m)+1, maxAttempts)}
 			gp.lock.BeginWrite()
-			if g.cfg.MaxAttempts > 0 && act.attempt > g.cfg.MaxAttempts {
+			if g.cfg.MaxAttempts > 0 && metaAttempts(m) >= g.cfg.MaxAttempts {
 				// Out of attempts: hold it while it is copied to the
 				// dead-letter log (a member that dies meanwhile leaves
 				// it due again), then ack it.
-				act.kind, act.attempt = actDeadLetter, act.attempt-1
+				act.kind, act.attempt = actDeadLetter, metaAttempts(m)
 			} else {
 				gp.w[pwRedelivered].Add(1)
 			}
 			e[1].Store(entryMeta(act.attempt, entryInFlight, g.me))
-			e[2].Store(now + vt)
+			e[2].Store(now + uint64(g.cfg.VisibilityTimeout))
 			gp.lock.EndWrite()
-			return Message{}, act, nil
+			return act, nil
 		}
 	}
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
-	if count >= uint64(g.cap) || g.l.parts[p].tail.Load() <= gp.stream.Offset() {
-		return Message{}, pollAction{}, g.repin(p, gp)
+	if gp.w[pwCount].Load() >= uint64(g.cap) || g.l.parts[p].tail.Load() <= gp.stream.Offset() {
+		return pollAction{}, g.repin(p, gp)
 	}
-	rec, err := gp.stream.Next(doneCtx)
+	return pollAction{kind: actStream}, nil
+}
+
+// pollStream reads the next record of partition p's stream, without the
+// partition's lock (only the owner reads the stream), and then, locked,
+// records its delivery, unless the partition changed hands meanwhile (the
+// new owner reads the record again from the partition's next offset).
+// A record its producer is still writing is given up on after the
+// reader's spin; found there again at the next poll, it is waited for
+// with a deadline long enough for the reader to find a dead producer and
+// skip its record.
+func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Message, bool, error) {
+	from := gp.stream.Offset()
+	rctx := doneCtx
+	if gp.stuck == from+1 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, 3*parkFor)
+		defer cancel()
+	}
+	rec, err := gp.stream.Next(rctx)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// Nothing committed yet (or ctx ended: Receive returns ctx.Err()).
+		if gp.stream.Offset() == from {
+			gp.stuck = from + 1
+		}
+		err = nil
+		rec.Payload = nil
+	} else {
+		gp.stuck = 0
+	}
+	if err := g.lockPart(p); err != nil {
+		return Message{}, false, err
+	}
+	defer gp.lock.Unlock()
+	if gp.w[pwOwner].Load() != g.me {
+		return Message{}, false, nil
+	}
+	if err := checkRing(gp.w, g.cap); err != nil {
+		return Message{}, false, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
 	gp.lock.BeginWrite()
 	defer gp.lock.EndWrite()
 	switch {
 	case errors.Is(err, ErrOffsetGone):
 		gp.w[pwNext].Store(gp.stream.Offset())
-		return Message{}, pollAction{}, g.openReaders(p, gp) // counts the loss
-	case errors.Is(err, context.Canceled):
-		gp.w[pwNext].Store(gp.stream.Offset()) // past records aborted on the way
-		return Message{}, pollAction{}, nil
+		return Message{}, false, g.openReaders(p, gp) // counts the loss
 	case err != nil:
-		return Message{}, pollAction{}, err
+		return Message{}, false, err
+	case rec.Payload == nil:
+		gp.w[pwNext].Store(gp.stream.Offset()) // past records aborted on the way
+		return Message{}, false, nil
 	}
+	now := uint64(g.cfg.now().UnixNano())
+	deadline := now + uint64(g.cfg.VisibilityTimeout)
+	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
 	index := head + count
 	e := g.entry(gp, index)
 	e[0].Store(rec.Offset)
 	e[1].Store(entryMeta(1, entryInFlight, g.me))
-	e[2].Store(now + vt)
+	e[2].Store(deadline)
 	gp.w[pwCount].Store(count + 1)
 	gp.w[pwNext].Store(gp.stream.Offset())
-	if gp.w[pwMinDue].Load() > now+vt {
-		gp.w[pwMinDue].Store(now + vt)
+	if gp.w[pwMinDue].Load() > deadline {
+		gp.w[pwMinDue].Store(deadline)
 	}
 	if count == 0 {
 		if err := g.repin(p, gp); err != nil {
-			return Message{}, pollAction{}, err
+			return Message{}, false, err
 		}
 	}
-	return Message{Partition: p, Offset: rec.Offset, Payload: rec.Payload, Attempt: 1, index: index}, pollAction{kind: actDeliver}, nil
+	return Message{Partition: p, Offset: rec.Offset, Payload: rec.Payload, Attempt: 1, index: index}, true, nil
 }
 
 // due finds the oldest in-flight entry whose deadline has passed and

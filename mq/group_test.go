@@ -781,3 +781,39 @@ func TestGroupJoin(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupKilledProducer: a producer process SIGKILLed while it holds a
+// loan in a partition the group reads does not stop the group: the
+// record is aborted and skipped and the records after it delivered.
+func TestGroupKilledProducer(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 30*time.Second)
+	g := join(t, l, "", GroupConfig{})
+	b := make([]byte, 100)
+	message(b, 0, 0)
+	if _, err := l.Send(ctx, 0, b); err != nil {
+		t.Fatal(err)
+	}
+	cmd := startWaiting(t, "holder", l, "loaned")
+	message(b, 0, 1)
+	after, err := l.Send(ctx, 0, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Ack(receive(t, ctx, g))
+	// The live writer's record is waited for, not skipped.
+	nothingMore(t, g)
+	cmd.Process.Kill()
+	cmd.Wait()
+	m := receive(t, ctx, g)
+	if _, seq := parse(t, m.Payload); seq != 1 || m.Offset != after {
+		t.Fatalf("after the dead writer's record: seq %d at %d", seq, m.Offset)
+	}
+	g.Ack(m)
+	if st, _ := l.Stats(0); st.Aborted != 1 {
+		t.Errorf("stats %+v, want one aborted record", st)
+	}
+	if gs, _ := g.Stats(0); gs.Committed != gs.Next || gs.Next != after+align8(headerSize+100) {
+		t.Errorf("group stats %+v", gs)
+	}
+}
