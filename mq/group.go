@@ -485,14 +485,14 @@ func (g *Consumer) rebalance() error {
 	}
 	g.owned = keep
 	for _, p := range want {
-		if contains(g.owned, p) {
+		if contains(g.owned, p) && g.parts[p].w[pwOwner].Load() == g.me {
 			continue
 		}
 		ok, err := g.take(p, gen)
 		if err != nil {
 			return err
 		}
-		if ok {
+		if ok && !contains(g.owned, p) {
 			g.owned = append(g.owned, p)
 		}
 	}
@@ -556,6 +556,9 @@ func resetPart(w []atomic.Uint64, capacity int) {
 		}
 	}
 	w[pwNext].Store(w[pwNext].Load() &^ 7)
+	if holderSlot(w[pwOwner].Load()) >= maxMembers {
+		w[pwOwner].Store(0) // its assigned member takes it again (dropLost)
+	}
 	w[pwHead].Store(0)
 	w[pwCount].Store(0)
 	w[pwMinDue].Store(0)
@@ -666,6 +669,9 @@ func (g *Consumer) openReaders(p int, gp *groupPart) error {
 	gp.mu.Lock()
 	defer gp.mu.Unlock()
 	next := gp.w[pwNext].Load()
+	if tail := g.l.parts[p].tail.Load(); next > tail {
+		return fmt.Errorf("mq: group %s partition %d: next offset %d is past the log's tail %d: %w", g.name, p, next, tail, shm.ErrCorrupt)
+	}
 	r, err := g.l.NewReader(p, next)
 	if errors.Is(err, ErrOffsetGone) {
 		r, err = g.l.NewReader(p, Oldest)
@@ -776,9 +782,15 @@ func (g *Consumer) Receive(ctx context.Context) (Message, error) {
 func (g *Consumer) dropLost() {
 	keep := g.owned[:0]
 	for _, p := range g.owned {
-		if g.parts[p].w[pwOwner].Load() == g.me {
+		switch g.parts[p].w[pwOwner].Load() {
+		case g.me:
 			keep = append(keep, p)
-		} else {
+		case 0:
+			// Nobody's: a repair of corrupt state reset it. Take it
+			// again at the next rebalance, which this forces.
+			keep = append(keep, p)
+			g.view = ^uint64(0)
+		default:
 			g.drop(p)
 		}
 	}
@@ -821,7 +833,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 // next record of the stream.
 func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 	gp := g.parts[p]
-	if gp.w[pwOwner].Load() == g.me && gp.w[pwMinDue].Load() > uint64(g.cfg.now().UnixNano()) {
+	if gp.w[pwOwner].Load() == g.me && gp.w[pwMinDue].Load() > uint64(g.cfg.now().UnixNano()) && gp.w[pwNext].Load() == gp.stream.Offset() {
 		// Nothing is due: the stream, with one lock round trip, not two.
 		// (A Nack read stale here is seen at the next poll.)
 		if gp.w[pwCount].Load() < uint64(g.cap) && g.l.parts[p].tail.Load() > gp.stream.Offset() {
@@ -887,6 +899,12 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 	}
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return pollAction{}, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	if gp.w[pwNext].Load() != gp.stream.Offset() {
+		// A repair moved the partition back (lockPart): read from there.
+		if err := g.openReaders(p, gp); err != nil {
+			return pollAction{}, err
+		}
 	}
 	now := uint64(g.cfg.now().UnixNano())
 	if gp.w[pwMinDue].Load() <= now {

@@ -321,6 +321,7 @@ func TestGroupCorrupt(t *testing.T) {
 		{"magic", func(int) int { return gOffMagic }, 1, "join"},
 		{"ring count", func(c int) int { return gOffParts0 + pwCount*8 }, 1 << 20, "receive"},
 		{"next offset", func(c int) int { return gOffParts0 + pwNext*8 }, 3, "receive"},
+		{"next past the tail", func(c int) int { return gOffParts0 + pwNext*8 }, 1 << 40, "receive"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l := newLog(t, Config{SegmentSize: 4096})
@@ -815,5 +816,48 @@ func TestGroupKilledProducer(t *testing.T) {
 	}
 	if gs, _ := g.Stats(0); gs.Committed != gs.Next || gs.Next != after+align8(headerSize+100) {
 		t.Errorf("group stats %+v", gs)
+	}
+}
+
+// TestGroupRepair: a member that died holding a partition's lock with its
+// state half written (here: an entry's meta word zeroed) leaves it to the
+// next locker, which finds the state corrupt, empties the ring and
+// delivers again from the oldest unacked record (a first attempt again:
+// the ring's attempt counts went with it).
+func TestGroupRepair(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := fmt.Sprintf("repair%d", groupSeq.Add(1))
+	g := join(t, l, name, GroupConfig{})
+	offs := sendAll(t, ctx, l, 3)
+	g.Ack(receive(t, ctx, g))
+	m1 := receive(t, ctx, g)
+	receive(t, ctx, g) // records 1 and 2 in flight
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	word := func(off int) *atomic.Uint64 { w, _ := seg.Uint64At(off); return w }
+	base := gOffParts0
+	head := word(base + pwHead*8).Load()
+	word(base + (partHeader+int((head+1)%256)*entryWords+1)*8).Store(0) // entry of record 2
+	word(base).Store(uint64(0x7ffffff0)<<32 | 1)                        // the lock's owner: no such process
+	word(base + 8).Add(1)                                               // its write open
+	// The next locker (this ack) repairs: the ring goes, so the ack
+	// finds nothing to settle.
+	if err := g.Ack(m1); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("ack after the repair: %v", err)
+	}
+	for i, want := range []uint64{offs[0][1], offs[0][2]} {
+		m := receive(t, ctx, g)
+		if m.Offset != want || m.Attempt != 1 {
+			t.Fatalf("delivery %d after the repair: offset %d attempt %d, want %d", i, m.Offset, m.Attempt, want)
+		}
+		g.Ack(m)
+	}
+	nothingMore(t, g)
+	if gs, err := g.Stats(0); err != nil || gs.InFlight != 0 || gs.Committed != gs.Next {
+		t.Errorf("stats %+v %v", gs, err)
 	}
 }
