@@ -189,6 +189,9 @@ type Consumer struct {
 	redo      *Reader
 	lastAlive time.Time
 	closed    atomic.Bool
+	// life keeps the group segment mapped while Ack, Nack or Stats use
+	// it: Close takes it for writing before it unmaps.
+	life sync.RWMutex
 }
 
 // groupPart is a partition's state in the group segment and, while this
@@ -799,8 +802,9 @@ func (g *Consumer) dropLost() {
 
 // sleep waits for something to do: at most until the earliest deadline of
 // an owned partition, and on the partition's futex word when it owns one
-// partition (a commit wakes it), else on the group's bell for at most
-// pollEvery (or parkFor with nothing owned).
+// partition with room in its ring (a commit wakes it), else on the
+// group's bell (which an ack that makes room rings) for at most pollEvery
+// with several partitions, parkFor with one or none.
 func (g *Consumer) sleep(ctx context.Context) {
 	d := parkFor
 	if len(g.owned) > 1 {
@@ -817,7 +821,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	view := g.gen.Load()
-	if len(g.owned) == 1 {
+	if len(g.owned) == 1 && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
 		p := g.owned[0]
 		pt, gp := g.l.parts[p], g.parts[p]
 		_ = park(sctx, pt.seq, pt.sleepers, func() bool {
@@ -1135,6 +1139,13 @@ func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) er
 	}
 	gp.lock.BeginWrite()
 	defer gp.lock.EndWrite()
+	if count == uint64(g.cap) {
+		// The owner may wait for room: wake it.
+		defer func() {
+			g.bell.Add(1)
+			shm.Wake(g.bell)
+		}()
+	}
 	e[1].Store(entryMeta(attempt, entryAcked, g.me))
 	for count > 0 && metaState(g.entry(gp, head)[1].Load()) == entryAcked {
 		head++
@@ -1154,6 +1165,8 @@ func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) er
 // Ack settles m: it is not delivered again. It fails with ErrNotHeld if m
 // was redelivered since (its visibility timeout passed) or acked already.
 func (g *Consumer) Ack(m Message) error {
+	g.life.RLock()
+	defer g.life.RUnlock()
 	if g.closed.Load() {
 		return ErrClosed
 	}
@@ -1166,6 +1179,8 @@ func (g *Consumer) Ack(m Message) error {
 // Nack gives m back for redelivery at once (to this consumer or the
 // partition's owner), counting as one attempt.
 func (g *Consumer) Nack(m Message) error {
+	g.life.RLock()
+	defer g.life.RUnlock()
 	if g.closed.Load() {
 		return ErrClosed
 	}
@@ -1214,6 +1229,11 @@ type GroupStats struct {
 
 // Stats returns partition p's state in the group.
 func (g *Consumer) Stats(p int) (GroupStats, error) {
+	g.life.RLock()
+	defer g.life.RUnlock()
+	if g.closed.Load() {
+		return GroupStats{}, ErrClosed
+	}
 	if p < 0 || p >= len(g.parts) {
 		return GroupStats{}, fmt.Errorf("mq: partition %d of %d", p, len(g.parts))
 	}
@@ -1254,6 +1274,8 @@ func (g *Consumer) Close() error {
 	shm.Wake(g.bell)
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.life.Lock()
+	defer g.life.Unlock()
 	for _, p := range g.owned {
 		g.drop(p)
 	}

@@ -861,3 +861,55 @@ func TestGroupRepair(t *testing.T) {
 		t.Errorf("stats %+v %v", gs, err)
 	}
 }
+
+// TestGroupConcurrentAck: messages received in one goroutine and acked in
+// another (with MaxInFlight small enough that Receive waits for the
+// acks), then Close while an Ack may run: all acked, no race.
+func TestGroupConcurrentAck(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 16 << 10, Segments: 8})
+	ctx := timeout(t, 30*time.Second)
+	g := join(t, l, "", GroupConfig{MaxInFlight: 8})
+	const n = 1000
+	sendAll(t, ctx, l, n)
+	msgs := make(chan Message, 64)
+	acked := make(chan error, 1)
+	go func() {
+		for m := range msgs {
+			if err := g.Ack(m); err != nil {
+				acked <- err
+				return
+			}
+		}
+		acked <- nil
+	}()
+	for range 2 * n {
+		m := receive(t, ctx, g)
+		parse(t, m.Payload) // before the next Receive: the payload's lifetime
+		m.Payload = nil
+		msgs <- m
+	}
+	close(msgs)
+	if err := <-acked; err != nil {
+		t.Fatal(err)
+	}
+	for p := range 2 {
+		st, _ := l.Stats(p)
+		if gs, _ := g.Stats(p); gs.Committed != st.Tail || gs.InFlight != 0 {
+			t.Errorf("partition %d: %+v, tail %d", p, gs, st.Tail)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 100 {
+			if err := g.Ack(Message{}); errors.Is(err, ErrClosed) {
+				return
+			}
+		}
+	}()
+	g.Close()
+	<-done
+	if _, err := g.Receive(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Receive after Close: %v", err)
+	}
+}
