@@ -96,7 +96,7 @@ const (
 	gOffParts0    = gOffMembers + maxMembers*16
 	maxInFlight   = 4096
 	maxAttempts   = 0xffff
-	partHeader    = 16 // words before a partition's entries
+	partHeader    = 24 // words before a partition's entries
 	entryWords    = 3  // offset, meta, deadline
 	livenessEvery = 10 * time.Millisecond
 	// pollEvery is the longest an idle consumer that owns several
@@ -116,6 +116,10 @@ const (
 	pwRedelivered = 10
 	pwDeadLetters = 11
 	pwLost        = 12
+	pwPinSlot     = 13 // the log reader slot of the owner's pin, +1 (0: none)
+	pwPinOwner    = 14 // the process word that slot is held in the name of
+	pwPinOldSlot  = 15 // the pin being replaced, until it is closed
+	pwPinOldOwner = 16
 )
 
 // Entry meta word: attempts (bits 0-15), state (16-17), holder's member
@@ -188,7 +192,11 @@ type Consumer struct {
 	next      int // round-robin start among owned
 	redo      *Reader
 	lastAlive time.Time
-	closed    atomic.Bool
+	// buddy is the process word pins are held in the name of: the next
+	// live member's (this process's when alone), so that a pin outlives
+	// its owner until a survivor takes the partition over.
+	buddy  atomic.Uint64
+	closed atomic.Bool
 	// life keeps the group segment mapped while Ack, Nack or Stats use
 	// it: Close takes it for writing before it unmaps.
 	life sync.RWMutex
@@ -499,9 +507,38 @@ func (g *Consumer) rebalance() error {
 			g.owned = append(g.owned, p)
 		}
 	}
+	g.setBuddy(members)
+	for _, p := range g.owned {
+		gp := g.parts[p]
+		if err := g.lockPart(p); err != nil {
+			return err
+		}
+		var err error
+		if gp.w[pwOwner].Load() == g.me {
+			err = g.repin(p, gp) // in the new buddy's name, if it changed
+		}
+		gp.lock.Unlock()
+		if err != nil {
+			return err
+		}
+	}
 	g.view = gen
 	g.cfg.Logger.Debug("mq: group rebalanced", "group", g.name, "member", g.slot, "generation", gen, "partitions", g.owned)
 	return nil
+}
+
+// setBuddy picks the member after this one among the sorted members (this
+// process when alone) as the name pins are held in.
+func (g *Consumer) setBuddy(members []int) {
+	buddy := g.pw
+	for i, s := range members {
+		if s == g.slot && len(members) > 1 {
+			if w := g.mem[2*members[(i+1)%len(members)]].Load(); w != 0 {
+				buddy = w
+			}
+		}
+	}
+	g.buddy.Store(buddy)
 }
 
 func contains(s []int, v int) bool {
@@ -630,6 +667,9 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	gp.lock.BeginWrite()
 	defer gp.lock.EndWrite()
 	prev := gp.w[pwOwner].Load()
+	orphanSlot, orphanOwner := gp.w[pwPinSlot].Load(), gp.w[pwPinOwner].Load()
+	oldSlot, oldOwner := gp.w[pwPinOldSlot].Load(), gp.w[pwPinOldOwner].Load()
+	prevGone := prev != 0 && prev != g.me && !g.holderAlive(prev)
 	gp.w[pwOwner].Store(g.me)
 	gp.w[pwOwnerGen].Store(gen)
 	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
@@ -643,6 +683,11 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	}
 	if err := g.openReaders(p, gp); err != nil {
 		return false, err
+	}
+	if prevGone {
+		// A live previous owner closes its own pin when it lets go.
+		g.releaseOrphanPin(p, orphanSlot, orphanOwner)
+		g.releaseOrphanPin(p, oldSlot, oldOwner)
 	}
 	if prev != g.me && prev != 0 {
 		g.cfg.Logger.Info("mq: group partition taken", "group", g.name, "member", g.slot, "partition", p, "from", holderSlot(prev), "committed", committed(gp.w, g.cap), "inflight", count)
@@ -706,7 +751,8 @@ func (g *Consumer) repin(p int, gp *groupPart) error {
 func (g *Consumer) repinLocked(p int, gp *groupPart) error {
 	size := uint64(g.l.cfg.SegmentSize)
 	c := committed(gp.w, g.cap)
-	if gp.pin != nil && gp.pin.Offset()/size == c/size {
+	buddy := g.buddy.Load()
+	if gp.pin != nil && gp.pin.Offset()/size == c/size && (buddy == 0 || gp.pin.me == buddy) {
 		return nil
 	}
 	pin, err := g.l.NewReader(p, c/size*size)
@@ -716,11 +762,55 @@ func (g *Consumer) repinLocked(p int, gp *groupPart) error {
 	if err != nil {
 		return fmt.Errorf("mq: group %s partition %d: pin: %w", g.name, p, err)
 	}
+	// Hold the pin in the buddy's name: the log frees the slots of dead
+	// processes, and this one must outlive this process until a survivor
+	// takes the partition (take releases it). Its Close frees it as ever.
+	// The partition state names the pins in a buddy's name before they
+	// are so (a slot still in this process's name dies with it), and the
+	// old one until it is closed: whenever this process dies, take finds
+	// every pin it left.
+	if buddy == 0 {
+		buddy = pin.me
+	}
+	gp.w[pwPinOldSlot].Store(gp.w[pwPinSlot].Load())
+	gp.w[pwPinOldOwner].Store(gp.w[pwPinOwner].Load())
+	gp.w[pwPinSlot].Store(uint64(g.readerSlot(pin) + 1))
+	gp.w[pwPinOwner].Store(buddy)
+	if buddy != pin.me && pin.owner.CompareAndSwap(pin.me, buddy) {
+		pin.me = buddy
+	}
 	if gp.pin != nil {
 		gp.pin.Close()
 	}
+	gp.w[pwPinOldSlot].Store(0)
 	gp.pin = pin
 	return nil
+}
+
+// readerSlot is the index of r's slot among the log's reader slots.
+func (g *Consumer) readerSlot(r *Reader) int {
+	for i := range maxReaders {
+		if w, _ := g.l.meta.Uint64At(offReaders + i*line); w == r.owner {
+			return i
+		}
+	}
+	return -1
+}
+
+// releaseOrphanPin frees the log reader slot that a member that is gone
+// held partition p's pin in (in a live buddy's name, so the log does not
+// free it), once this consumer has its own pin. The slot must still be
+// held for p in that name; a garbled slot number is ignored.
+func (g *Consumer) releaseOrphanPin(p int, slot, owner uint64) {
+	if slot == 0 || slot > maxReaders || owner == 0 {
+		return
+	}
+	base := offReaders + int(slot-1)*line
+	o, _ := g.l.meta.Uint64At(base)
+	part, _ := g.l.meta.Uint64At(base + 8)
+	if part.Load() == uint64(p) && o.CompareAndSwap(owner, 0) {
+		g.l.wakeBlocked(g.l.parts[p])
+	}
 }
 
 func (g *Consumer) lost(p int, gp *groupPart, why string, from, to uint64) {

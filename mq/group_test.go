@@ -451,8 +451,10 @@ func TestAssignment(t *testing.T) {
 
 // memberChild joins group MQ_GROUP of log MQ_LOG (visibility timeout: an
 // hour, longer than any test) and says "joined". With
+// MQ_WAIT set, it then waits for "go" on its standard input. With
 // MQ_HOLD=k it receives k messages without acking them, prints each
-// ("held p offset") and "holding", and waits to be killed. Otherwise it
+// ("held p offset"), receives and acks MQ_THEN_ACK more, prints
+// "holding", and waits to be killed. Otherwise it
 // receives, checks, acks and prints each message ("msg p offset attempt
 // producer seq") until its standard input ends, then leaves the group.
 func memberChild() int {
@@ -470,6 +472,13 @@ func memberChild() int {
 	out := bufio.NewWriter(os.Stdout)
 	fmt.Fprintln(out, "joined")
 	out.Flush()
+	in := bufio.NewReader(os.Stdin)
+	if os.Getenv("MQ_WAIT") != "" {
+		if line, err := in.ReadString('\n'); line != "go\n" {
+			fmt.Fprintln(os.Stderr, "told", line, err)
+			return 1
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if hold, _ := strconv.Atoi(os.Getenv("MQ_HOLD")); hold > 0 {
@@ -481,13 +490,24 @@ func memberChild() int {
 			}
 			fmt.Fprintln(out, "held", m.Partition, m.Offset)
 		}
+		then, _ := strconv.Atoi(os.Getenv("MQ_THEN_ACK"))
+		for range then {
+			m, err := g.Receive(ctx)
+			if err == nil {
+				err = g.Ack(m)
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+		}
 		fmt.Fprintln(out, "holding")
 		out.Flush()
-		io.Copy(io.Discard, os.Stdin)
+		io.Copy(io.Discard, in)
 		return 1
 	}
 	go func() {
-		io.Copy(io.Discard, os.Stdin)
+		io.Copy(io.Discard, in)
 		cancel()
 	}()
 	for {
@@ -911,5 +931,56 @@ func TestGroupConcurrentAck(t *testing.T) {
 	<-done
 	if _, err := g.Receive(ctx); !errors.Is(err, ErrClosed) {
 		t.Errorf("Receive after Close: %v", err)
+	}
+}
+
+// TestGroupKilledOwnerPin: the owner of a partition is SIGKILLed holding
+// an unacked record in a segment it has read past; before anyone takes
+// the partition over, a producer under FullFail still finds that segment
+// kept (the dead owner's pin is held in the name of a live member), and
+// the new owner then redelivers the record.
+func TestGroupKilledOwnerPin(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullFail})
+	ctx := timeout(t, 30*time.Second)
+	const group = "ownerpin"
+	b := make([]byte, 1000) // four records per segment
+	var first uint64
+	for i := range 7 {
+		off, err := l.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = off
+		}
+	}
+	child := startMember(t, l, group, "MQ_WAIT=1", "MQ_HOLD=1", "MQ_THEN_ACK=6") // member 0: the partition
+	g := join(t, l, group, GroupConfig{VisibilityTimeout: time.Hour})            // member 1: nothing, the owner's buddy
+	if _, err := io.WriteString(child.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	for child.lines.Scan() && child.lines.Text() != "holding" {
+	}
+	child.cmd.Process.Kill()
+	child.cmd.Wait()
+	sent := 7
+	var err error
+	for ; sent < 20 && err == nil; sent++ {
+		_, err = l.Send(ctx, 0, b)
+	}
+	if !errors.Is(err, ErrFull) || sent != 9 {
+		t.Fatalf("after %d records: %v, want ErrFull at the 9th (segment 0 kept for the dead owner's unacked record)", sent, err)
+	}
+	m := receive(t, ctx, g)
+	if m.Offset != first || m.Attempt != 2 {
+		t.Fatalf("the new owner's first message: offset %d attempt %d, want %d attempt 2", m.Offset, m.Attempt, first)
+	}
+	if err := g.Ack(m); err != nil {
+		t.Fatal(err)
+	}
+	m = receive(t, ctx, g) // the eighth record
+	g.Ack(m)
+	if _, err := l.Send(ctx, 0, b); err != nil {
+		t.Fatalf("after the acks: %v", err)
 	}
 }
