@@ -96,7 +96,7 @@ const (
 	gOffParts0    = gOffMembers + maxMembers*16
 	maxInFlight   = 4096
 	maxAttempts   = 0xffff
-	partHeader    = 24 // words before a partition's entries
+	partHeader    = 32 // words before a partition's entries
 	entryWords    = 3  // offset, meta, deadline
 	livenessEvery = 10 * time.Millisecond
 	// pollEvery is the longest an idle consumer that owns several
@@ -116,10 +116,16 @@ const (
 	pwRedelivered = 10
 	pwDeadLetters = 11
 	pwLost        = 12
-	pwPinSlot     = 13 // the log reader slot of the owner's pin, +1 (0: none)
-	pwPinOwner    = 14 // the process word that slot is held in the name of
-	pwPinOldSlot  = 15 // the pin being replaced, until it is closed
-	pwPinOldOwner = 16
+	// pwPins is a table of maxPins pins held in a buddy's name: {the log
+	// reader slot+1 | the holding member's holder word<<8, the process
+	// word the slot is held in the name of}. A member records a pin
+	// before it is in the buddy's name and clears it once it is closed,
+	// so whenever a member dies, every pin it left in a live name is
+	// here; the partition's next owner releases those of members gone
+	// (releaseOrphans). A pin that finds the table full stays in its
+	// holder's own name.
+	pwPins  = 13
+	maxPins = 8
 )
 
 // Entry meta word: attempts (bits 0-15), state (16-17), holder's member
@@ -516,6 +522,9 @@ func (g *Consumer) rebalance() error {
 		var err error
 		if gp.w[pwOwner].Load() == g.me {
 			err = g.repin(p, gp) // in the new buddy's name, if it changed
+			// A member that died since this one took the partition may
+			// have left a pin it had not closed yet.
+			g.releaseOrphans(p, gp)
 		}
 		gp.lock.Unlock()
 		if err != nil {
@@ -560,7 +569,7 @@ func (g *Consumer) drop(p int) {
 		gp.stream = nil
 	}
 	if gp.pin != nil {
-		gp.pin.Close()
+		g.closePin(gp, gp.pin)
 		gp.pin = nil
 	}
 }
@@ -667,9 +676,6 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	gp.lock.BeginWrite()
 	defer gp.lock.EndWrite()
 	prev := gp.w[pwOwner].Load()
-	orphanSlot, orphanOwner := gp.w[pwPinSlot].Load(), gp.w[pwPinOwner].Load()
-	oldSlot, oldOwner := gp.w[pwPinOldSlot].Load(), gp.w[pwPinOldOwner].Load()
-	prevGone := prev != 0 && prev != g.me && !g.holderAlive(prev)
 	gp.w[pwOwner].Store(g.me)
 	gp.w[pwOwnerGen].Store(gen)
 	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
@@ -684,11 +690,7 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	if err := g.openReaders(p, gp); err != nil {
 		return false, err
 	}
-	if prevGone {
-		// A live previous owner closes its own pin when it lets go.
-		g.releaseOrphanPin(p, orphanSlot, orphanOwner)
-		g.releaseOrphanPin(p, oldSlot, oldOwner)
-	}
+	g.releaseOrphans(p, gp) // now that this consumer's pin holds the segments
 	if prev != g.me && prev != 0 {
 		g.cfg.Logger.Info("mq: group partition taken", "group", g.name, "member", g.slot, "partition", p, "from", holderSlot(prev), "committed", committed(gp.w, g.cap), "inflight", count)
 	}
@@ -769,22 +771,72 @@ func (g *Consumer) repinLocked(p int, gp *groupPart) error {
 	// are so (a slot still in this process's name dies with it), and the
 	// old one until it is closed: whenever this process dies, take finds
 	// every pin it left.
-	if buddy == 0 {
-		buddy = pin.me
-	}
-	gp.w[pwPinOldSlot].Store(gp.w[pwPinSlot].Load())
-	gp.w[pwPinOldOwner].Store(gp.w[pwPinOwner].Load())
-	gp.w[pwPinSlot].Store(uint64(g.readerSlot(pin) + 1))
-	gp.w[pwPinOwner].Store(buddy)
-	if buddy != pin.me && pin.owner.CompareAndSwap(pin.me, buddy) {
-		pin.me = buddy
+	if buddy != 0 && buddy != pin.me {
+		if rs := g.readerSlot(pin); rs >= 0 && g.recordPin(gp, rs, buddy) {
+			if pin.owner.CompareAndSwap(pin.me, buddy) {
+				pin.me = buddy
+			}
+		}
 	}
 	if gp.pin != nil {
-		gp.pin.Close()
+		g.closePin(gp, gp.pin)
 	}
-	gp.w[pwPinOldSlot].Store(0)
 	gp.pin = pin
 	return nil
+}
+
+// recordPin records in partition state that this consumer holds reader
+// slot rs in the name of owner (see pwPins), if the table has room.
+func (g *Consumer) recordPin(gp *groupPart, rs int, owner uint64) bool {
+	for i := range maxPins {
+		w := &gp.w[pwPins+2*i]
+		if w.Load() == 0 {
+			gp.w[pwPins+2*i+1].Store(owner)
+			if w.CompareAndSwap(0, uint64(rs+1)|g.me<<8) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// closePin closes pin r and then clears its record, if it has one. Only
+// the recording member clears its records while alive, so this needs no
+// lock.
+func (g *Consumer) closePin(gp *groupPart, r *Reader) {
+	rs := g.readerSlot(r)
+	r.Close()
+	if rs < 0 {
+		return
+	}
+	for i := range maxPins {
+		w := &gp.w[pwPins+2*i]
+		w.CompareAndSwap(uint64(rs+1)|g.me<<8, 0)
+	}
+}
+
+// releaseOrphans frees the reader slots that members now gone held
+// partition p's pins in, in a live member's name (the partition's lock
+// held, and this consumer's own pin in place). A slot is freed only if it
+// is still held for p in that name.
+func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
+	for i := range maxPins {
+		w := gp.w[pwPins+2*i].Load()
+		if w == 0 || w>>8 == g.me || g.holderAlive(w>>8) {
+			continue
+		}
+		owner := gp.w[pwPins+2*i+1].Load()
+		if rs := w & 0xff; rs >= 1 && rs <= maxReaders && owner != 0 {
+			base := offReaders + int(rs-1)*line
+			o, _ := g.l.meta.Uint64At(base)
+			part, _ := g.l.meta.Uint64At(base + 8)
+			if part.Load() == uint64(p) && o.CompareAndSwap(owner, 0) {
+				g.l.wakeBlocked(g.l.parts[p])
+				g.cfg.Logger.Debug("mq: released a gone member's pin", "group", g.name, "partition", p, "slot", rs-1)
+			}
+		}
+		gp.w[pwPins+2*i].CompareAndSwap(w, 0)
+	}
 }
 
 // readerSlot is the index of r's slot among the log's reader slots.
@@ -795,22 +847,6 @@ func (g *Consumer) readerSlot(r *Reader) int {
 		}
 	}
 	return -1
-}
-
-// releaseOrphanPin frees the log reader slot that a member that is gone
-// held partition p's pin in (in a live buddy's name, so the log does not
-// free it), once this consumer has its own pin. The slot must still be
-// held for p in that name; a garbled slot number is ignored.
-func (g *Consumer) releaseOrphanPin(p int, slot, owner uint64) {
-	if slot == 0 || slot > maxReaders || owner == 0 {
-		return
-	}
-	base := offReaders + int(slot-1)*line
-	o, _ := g.l.meta.Uint64At(base)
-	part, _ := g.l.meta.Uint64At(base + 8)
-	if part.Load() == uint64(p) && o.CompareAndSwap(owner, 0) {
-		g.l.wakeBlocked(g.l.parts[p])
-	}
 }
 
 func (g *Consumer) lost(p int, gp *groupPart, why string, from, to uint64) {
