@@ -670,7 +670,10 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	if err := checkPart(gp.w, g.cap); err != nil {
 		return false, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
-	if gp.w[pwOwnerGen].Load() > gen {
+	if og := gp.w[pwOwnerGen].Load(); og > gen {
+		if og > g.gen.Load() {
+			return false, fmt.Errorf("mq: group %s partition %d: taken in generation %d, the group is at %d: %w", g.name, p, og, g.gen.Load(), shm.ErrCorrupt)
+		}
 		return false, nil
 	}
 	gp.lock.BeginWrite()

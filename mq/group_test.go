@@ -322,6 +322,7 @@ func TestGroupCorrupt(t *testing.T) {
 		{"ring count", func(c int) int { return gOffParts0 + pwCount*8 }, 1 << 20, "receive"},
 		{"next offset", func(c int) int { return gOffParts0 + pwNext*8 }, 3, "receive"},
 		{"next past the tail", func(c int) int { return gOffParts0 + pwNext*8 }, 1 << 40, "receive"},
+		{"taken in a future generation", func(c int) int { return gOffParts0 + pwOwnerGen*8 }, 1 << 40, "receive"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l := newLog(t, Config{SegmentSize: 4096})
