@@ -38,7 +38,9 @@ type GroupConfig struct {
 	// forever.
 	MaxAttempts int
 	// DeadLetter is the log that messages out of attempts go to (see
-	// ParseDeadLetter), partition Partition mod its partitions.
+	// ParseDeadLetter), partition Partition mod its partitions. Its
+	// segments must be at least 24 bytes larger than the log's, for the
+	// largest record and the dead-letter header.
 	DeadLetter *Log
 	// MaxInFlight is how many messages of one partition may be delivered
 	// and not yet acked (default 256, at most 4096); Receive waits when
@@ -234,6 +236,10 @@ func (l *Log) JoinGroup(name string, c GroupConfig) (*Consumer, error) {
 	c, err := c.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if dl := c.DeadLetter; dl != nil && dl.cfg.SegmentSize < l.cfg.SegmentSize+deadLetterHeader {
+		return nil, fmt.Errorf("mq: dead-letter log %s has %d-byte segments: a record of %s needs %d (its segment size and the %d-byte dead-letter header)",
+			dl.name, dl.cfg.SegmentSize, l.name, l.cfg.SegmentSize+deadLetterHeader, deadLetterHeader)
 	}
 	seg, err := openGroup(l, name, c.MaxInFlight)
 	if err != nil {

@@ -22,7 +22,7 @@ func ExampleLog_JoinGroup() {
 	}
 	defer mq.Remove(name)
 	defer log.Close()
-	dlq, err := mq.Create(name+"-dlq", mq.Config{SegmentSize: 1 << 20})
+	dlq, err := mq.Create(name+"-dlq", mq.Config{SegmentSize: 2 << 20}) // room for the header
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -158,7 +158,10 @@ func TestGroupNack(t *testing.T) {
 // not delivered again.
 func TestGroupDeadLetter(t *testing.T) {
 	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
-	dl := newLog(t, Config{SegmentSize: 4096})
+	if _, err := l.JoinGroup("small", GroupConfig{MaxAttempts: 3, DeadLetter: newLog(t, Config{SegmentSize: 4096})}); err == nil {
+		t.Fatal("a dead-letter log whose segments cannot hold the log's largest record accepted")
+	}
+	dl := newLog(t, Config{SegmentSize: 8192})
 	dr := newReader(t, dl, 0, 0)
 	ctx := timeout(t, 10*time.Second)
 	g := join(t, l, "", GroupConfig{MaxAttempts: 3, DeadLetter: dl})
