@@ -512,11 +512,11 @@ func (g *Consumer) rebalance() error {
 			continue
 		}
 		ok, err := g.take(p, gen)
-		if err != nil {
-			return err
-		}
 		if ok && !contains(g.owned, p) {
 			g.owned = append(g.owned, p)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	g.setBuddy(members)
@@ -697,7 +697,7 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 		}
 	}
 	if err := g.openReaders(p, gp); err != nil {
-		return false, err
+		return true, err // owned: its polls try to open the readers again
 	}
 	g.releaseOrphans(p, gp) // now that this consumer's pin holds the segments
 	if prev != g.me && prev != 0 {
@@ -724,13 +724,13 @@ func committed(w []atomic.Uint64, capacity int) uint64 {
 // its pin at the committed offset (the partition's lock held). Records
 // retention dropped before the group got to them are counted lost.
 func (g *Consumer) openReaders(p int, gp *groupPart) error {
+	next := gp.w[pwNext].Load()
+	if tail := g.l.parts[p].tail.Load(); next > tail || next%8 != 0 {
+		return fmt.Errorf("mq: group %s partition %d: next offset %d, the log's tail %d: %w", g.name, p, next, tail, shm.ErrCorrupt)
+	}
 	g.drop(p)
 	gp.mu.Lock()
 	defer gp.mu.Unlock()
-	next := gp.w[pwNext].Load()
-	if tail := g.l.parts[p].tail.Load(); next > tail {
-		return fmt.Errorf("mq: group %s partition %d: next offset %d is past the log's tail %d: %w", g.name, p, next, tail, shm.ErrCorrupt)
-	}
 	r, err := g.l.NewReader(p, next)
 	if errors.Is(err, ErrOffsetGone) {
 		r, err = g.l.NewReader(p, Oldest)
@@ -956,7 +956,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	view := g.gen.Load()
-	if len(g.owned) == 1 && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
+	if len(g.owned) == 1 && g.parts[g.owned[0]].stream != nil && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
 		p := g.owned[0]
 		pt, gp := g.l.parts[p], g.parts[p]
 		_ = park(sctx, pt.seq, pt.sleepers, func() bool {
@@ -972,7 +972,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 // next record of the stream.
 func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 	gp := g.parts[p]
-	if gp.w[pwOwner].Load() == g.me && gp.w[pwMinDue].Load() > uint64(g.cfg.now().UnixNano()) && gp.w[pwNext].Load() == gp.stream.Offset() {
+	if gp.stream != nil && gp.w[pwOwner].Load() == g.me && gp.w[pwMinDue].Load() > uint64(g.cfg.now().UnixNano()) && gp.w[pwNext].Load() == gp.stream.Offset() {
 		// Nothing is due: the stream, with one lock round trip, not two.
 		// (A Nack read stale here is seen at the next poll.)
 		if gp.w[pwCount].Load() < uint64(g.cap) && g.l.parts[p].tail.Load() > gp.stream.Offset() {
@@ -994,7 +994,7 @@ func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 	if act.kind == actDeadLetter {
 		return Message{}, false, g.deadLetter(ctx, p, gp, act.index, act.off, act.attempt)
 	}
-	rec, err := g.readAt(p, act.off)
+	rec, err := g.readAt(ctx, p, act.off)
 	if errors.Is(err, ErrOffsetGone) {
 		g.settle(p, act.index, act.off, act.attempt, func() { g.lost(p, gp, "retention dropped an unacked record", act.off, act.off) })
 		return Message{}, false, nil
@@ -1039,8 +1039,9 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return pollAction{}, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
-	if gp.w[pwNext].Load() != gp.stream.Offset() {
+	if gp.stream == nil || gp.w[pwNext].Load() != gp.stream.Offset() {
 		// A repair moved the partition back (lockPart): read from there.
+		// (No stream: opening it failed before.)
 		if err := g.openReaders(p, gp); err != nil {
 			return pollAction{}, err
 		}
@@ -1170,19 +1171,24 @@ func (g *Consumer) due(gp *groupPart, now uint64) (uint64, bool) {
 // readAt reads the record at offset off of partition p with the consumer's
 // redelivery reader, which stays open (so the payload stays mapped) until
 // the next Receive.
-func (g *Consumer) readAt(p int, off uint64) (Record, error) {
+func (g *Consumer) readAt(ctx context.Context, p int, off uint64) (Record, error) {
 	if g.redo != nil {
 		g.redo.Close()
 		g.redo = nil
+	}
+	if tail := g.l.parts[p].tail.Load(); off >= tail {
+		return Record{}, fmt.Errorf("mq: group %s partition %d: an entry at offset %d, past the log's tail %d: %w", g.name, p, off, tail, shm.ErrCorrupt)
 	}
 	r, err := g.l.NewReader(p, off)
 	if err != nil {
 		return Record{}, err
 	}
 	g.redo = r
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// The record was delivered, so it is committed: Next returns at once
+	// unless the entry or the log is corrupt (a header still "writing").
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	rec, err := r.Next(ctx)
+	rec, err := r.Next(rctx)
 	if err != nil {
 		return Record{}, fmt.Errorf("mq: group %s partition %d offset %d: %w", g.name, p, off, err)
 	}
@@ -1194,7 +1200,7 @@ func (g *Consumer) readAt(p int, off uint64) (Record, error) {
 
 // deadLetter copies the record at off to the dead-letter log and acks it.
 func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, off uint64, attempts int) error {
-	rec, err := g.readAt(p, off)
+	rec, err := g.readAt(ctx, p, off)
 	if errors.Is(err, ErrOffsetGone) {
 		g.settle(p, index, off, attempts, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
 		return nil

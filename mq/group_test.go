@@ -988,3 +988,52 @@ func TestGroupKilledOwnerPin(t *testing.T) {
 		t.Fatalf("after the acks: %v", err)
 	}
 }
+
+// FuzzGroupSegment writes arbitrary bytes over a live group's partition
+// state and then uses it: Receive, Ack, Nack and Stats return (an error
+// is fine), never panic, and never wait past their context by more than
+// the bounded waits.
+func FuzzGroupSegment(f *testing.F) {
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, uint16(pwCount*8))
+	f.Add([]byte{8, 0, 0, 0, 0, 0, 0, 0}, uint16(pwNext*8))
+	f.Add([]byte{1, 0, 0, 0, 0, 0, 0, 0}, uint16(pwMinDue*8))
+	f.Add([]byte{0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, uint16(partHeader*8))
+	f.Add([]byte{3, 1, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}, uint16(pwPins*8))
+	f.Add([]byte{7, 0, 0, 0}, uint16(pwOwner*8))
+	f.Fuzz(func(t *testing.T, b []byte, at uint16) {
+		l := newLog(t, Config{SegmentSize: 4096})
+		name := fmt.Sprintf("fuzz%d", groupSeq.Add(1))
+		g := join(t, l, name, GroupConfig{MaxInFlight: 4})
+		ctx := timeout(t, 10*time.Second)
+		sendAll(t, ctx, l, 3)
+		m, err := g.Receive(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg, err := shm.OpenSegment(groupName(l.Name(), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer seg.Close()
+		area := partWords(4) * 8
+		off := int(at) % area
+		if off < shm.SeqLockSize {
+			off += shm.SeqLockSize // the lock is shm's, fuzzed there
+		}
+		copy(seg.Data()[gOffParts0+off:gOffParts0+area], b)
+		start := time.Now()
+		short := timeout(t, 20*time.Millisecond)
+		for range 3 {
+			if m2, err := g.Receive(short); err == nil {
+				g.Ack(m2)
+			}
+		}
+		g.Ack(m)
+		g.Nack(m)
+		g.Stats(0)
+		g.Assigned()
+		if d := time.Since(start); d > 5*time.Second {
+			t.Fatalf("took %v", d)
+		}
+	})
+}
