@@ -1,0 +1,1451 @@
+package mq
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// Errors of consumer groups. Match them with errors.Is.
+var (
+	// ErrNotHeld: Ack or Nack of a message this consumer no longer holds:
+	// it was redelivered since (its visibility timeout passed, or its
+	// partition's new owner found this consumer gone), or already acked.
+	ErrNotHeld = errors.New("mq: message no longer held by this consumer")
+	// ErrGroupFull: every member slot of the group is taken by a live
+	// consumer.
+	ErrGroupFull = errors.New("mq: consumer group full")
+)
+
+// GroupConfig is how a consumer takes part in a group. The zero value
+// redelivers a message 30 s after its delivery unless acked, forever, with
+// at most 256 messages in flight per partition.
+type GroupConfig struct {
+	// VisibilityTimeout is how long a delivered message stays with its
+	// consumer before it is redelivered, unless acked (default 30 s).
+	VisibilityTimeout time.Duration
+	// MaxAttempts, if positive, is how many deliveries a message gets:
+	// once its last delivery is nacked or times out it is written to
+	// DeadLetter (which must then be set) and acked. Zero redelivers
+	// forever.
+	MaxAttempts int
+	// DeadLetter is the log that messages out of attempts go to (see
+	// ParseDeadLetter), partition Partition mod its partitions. Its
+	// segments must be at least 24 bytes larger than the log's, for the
+	// largest record and the dead-letter header.
+	DeadLetter *Log
+	// MaxInFlight is how many messages of one partition may be delivered
+	// and not yet acked (default 256, at most 4096); Receive waits when
+	// every partition it owns is at it. The group's first member sets it
+	// for the group; a member asking for another value is refused.
+	MaxInFlight int
+	// Logger gets the group's events: rebalances, members found dead,
+	// messages dead-lettered or lost. Default: slog.Default().
+	Logger *slog.Logger
+
+	// now is the clock of deadlines (time.Now); tests replace it. The
+	// deadlines are in shared memory: every member must use one clock.
+	now func() time.Time
+}
+
+func (c GroupConfig) withDefaults() (GroupConfig, error) {
+	if c.VisibilityTimeout == 0 {
+		c.VisibilityTimeout = 30 * time.Second
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 256
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	switch {
+	case c.VisibilityTimeout < 0:
+		return c, fmt.Errorf("mq: visibility timeout %v", c.VisibilityTimeout)
+	case c.MaxAttempts < 0 || c.MaxAttempts > maxAttempts:
+		return c, fmt.Errorf("mq: %d attempts, want 0 to %d", c.MaxAttempts, maxAttempts)
+	case c.MaxAttempts > 0 && c.DeadLetter == nil:
+		return c, errors.New("mq: MaxAttempts without a DeadLetter log")
+	case c.MaxInFlight < 1 || c.MaxInFlight > maxInFlight:
+		return c, fmt.Errorf("mq: %d in flight, want 1 to %d", c.MaxInFlight, maxInFlight)
+	}
+	return c, nil
+}
+
+// Layout of a group segment, mq-<log>-g-<group> (docs/mq.md, "Consumer
+// groups"). Offsets in its data area; partition words are indexed in
+// 8-byte words from the partition's base.
+const (
+	groupMagic    = 0x315052472d514d75 // "uMQ-GRP1", little endian
+	gOffMagic     = 0
+	gOffParts     = 8
+	gOffInFlight  = 16
+	gOffGen       = line     // the generation: bumped at each join, leave and death
+	gOffBell      = line + 8 // u32 futex word: bumped and woken with the generation and by Nack
+	gOffLock      = 2 * line // SeqLock over the member table and the generation
+	gOffMembers   = 3 * line // maxMembers of {owner, memGen}
+	maxMembers    = 64
+	gOffParts0    = gOffMembers + maxMembers*16
+	maxInFlight   = 4096
+	maxAttempts   = 0xffff
+	partHeader    = 32 // words before a partition's entries
+	entryWords    = 3  // offset, meta, deadline
+	livenessEvery = 10 * time.Millisecond
+	// pollEvery is the longest an idle consumer that owns several
+	// partitions sleeps before it looks at them again.
+	pollEvery = time.Millisecond
+)
+
+// Words of a partition's state in a group segment.
+const (
+	pwLock        = 0 // SeqLock, 4 words
+	pwOwner       = 4 // owning member's slot+1 (0: none) | its memGen<<32
+	pwOwnerGen    = 5 // the group generation in which the owner took it
+	pwNext        = 6 // log offset of the next record not yet delivered
+	pwHead        = 7 // index of the oldest entry (counts up; position head%cap)
+	pwCount       = 8 // entries in flight or acked above the oldest unacked
+	pwMinDue      = 9 // no in-flight entry is due before this (unix ns)
+	pwRedelivered = 10
+	pwDeadLetters = 11
+	pwLost        = 12
+	// pwPins is a table of maxPins pins held in a buddy's name: {the log
+	// reader slot+1 | the holding member's holder word<<8, the process
+	// word the slot is held in the name of}. A member records a pin
+	// before it is in the buddy's name and clears it once it is closed,
+	// so whenever a member dies, every pin it left in a live name is
+	// here; the partition's next owner releases those of members gone
+	// (releaseOrphans). A pin that finds the table full stays in its
+	// holder's own name.
+	pwPins  = 13
+	maxPins = 8
+)
+
+// Entry meta word: attempts (bits 0-15), state (16-17), holder's member
+// slot+1 (24-31), holder's memGen (32-63).
+const (
+	entryInFlight = 1
+	entryAcked    = 2
+)
+
+func entryMeta(attempts int, state uint64, holder uint64) uint64 {
+	return uint64(attempts)&0xffff | state<<16 | holder<<24
+}
+
+func metaAttempts(m uint64) int                 { return int(m & 0xffff) }
+func metaState(m uint64) uint64                 { return (m >> 16) & 3 }
+func metaHolder(m uint64) uint64                { return m >> 24 }
+func holderWord(slot int, memGen uint64) uint64 { return uint64(slot+1) | memGen<<8 }
+
+// The holder packs slot+1 in its low 8 bits and the memGen above (in the
+// entry meta the memGen keeps 32 bits).
+func holderSlot(h uint64) int { return int(h&0xff) - 1 }
+
+func groupName(log, group string) string { return "mq-" + log + "-g-" + group }
+
+func partWords(inFlight int) int { return partHeader + entryWords*inFlight }
+
+func groupSize(parts, inFlight int) int {
+	return gOffParts0 + parts*partWords(inFlight)*8
+}
+
+// Message is a record delivered to a group consumer.
+type Message struct {
+	// Partition and Offset name the record in the log.
+	Partition int
+	Offset    uint64
+	// Payload is the record's bytes in shared memory, valid until the
+	// consumer's next Receive or Close (see Record.Payload).
+	Payload []byte
+	// Attempt counts the deliveries of this record to the group: 1 the
+	// first time, 2 after one redelivery, and so on.
+	Attempt int
+
+	index uint64 // the entry's index in its partition's in-flight ring
+}
+
+// Consumer is a member of a consumer group of a log: it receives the
+// records of the partitions the group assigns it, acks or nacks each, and
+// takes over partitions when members join, leave or die. Receive is for one
+// goroutine at a time; Ack and Nack may be called from any.
+type Consumer struct {
+	l     *Log
+	name  string
+	cfg   GroupConfig
+	seg   *shm.Segment
+	gen   *atomic.Uint64
+	bell  *atomic.Uint32
+	lock  shm.SeqLock
+	mem   []atomic.Uint64 // member slots: {owner, memGen}
+	parts []*groupPart
+	cap   int
+
+	slot   int
+	memGen uint64
+	me     uint64 // holderWord(slot, memGen)
+	pw     uint64 // process word
+
+	mu        sync.Mutex // Receive's state below
+	view      uint64     // the generation the assignment below is for
+	owned     []int
+	next      int // round-robin start among owned
+	redo      *Reader
+	lastAlive time.Time
+	// buddy is the process word pins are held in the name of: the next
+	// live member's (this process's when alone), so that a pin outlives
+	// its owner until a survivor takes the partition over.
+	buddy  atomic.Uint64
+	closed atomic.Bool
+	// life keeps the group segment mapped while Ack, Nack or Stats use
+	// it: Close takes it for writing before it unmaps.
+	life sync.RWMutex
+}
+
+// groupPart is a partition's state in the group segment and, while this
+// consumer owns it, its readers.
+type groupPart struct {
+	lock shm.SeqLock
+	w    []atomic.Uint64 // partHeader words then the entries
+
+	// mu guards the readers below; it is taken after lock, never before.
+	mu     sync.Mutex
+	stream *Reader // at pwNext, while owned
+	pin    *Reader // at the committed offset's segment, while owned
+	// stuck is 1 + the stream offset at which the last read gave up on
+	// a record still being written, or 0 (Receive's goroutine only).
+	stuck uint64
+}
+
+// JoinGroup makes this handle a member of consumer group name of the log,
+// creating the group (its shm segment mq-<log>-g-<name>) if it is new. The
+// members of a group share its partitions: each partition is owned by one
+// member at a time. A new group starts at each partition's oldest record.
+func (l *Log) JoinGroup(name string, c GroupConfig) (*Consumer, error) {
+	if l.closed.Load() {
+		return nil, ErrClosed
+	}
+	c, err := c.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if dl := c.DeadLetter; dl != nil && dl.cfg.SegmentSize < l.cfg.SegmentSize+deadLetterHeader {
+		return nil, fmt.Errorf("mq: dead-letter log %s has %d-byte segments: a record of %s needs %d (its segment size and the %d-byte dead-letter header)",
+			dl.name, dl.cfg.SegmentSize, l.name, l.cfg.SegmentSize+deadLetterHeader, deadLetterHeader)
+	}
+	seg, err := openGroup(l, name, c.MaxInFlight)
+	if err != nil {
+		return nil, err
+	}
+	g, err := newConsumer(l, name, c, seg)
+	if err != nil {
+		seg.Close()
+		return nil, err
+	}
+	if err := g.join(); err != nil {
+		seg.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+// openGroup creates or opens the group segment.
+func openGroup(l *Log, name string, inFlight int) (*shm.Segment, error) {
+	gname := groupName(l.name, name)
+	size := groupSize(l.cfg.Partitions, inFlight)
+	seg, err := shm.CreateSegment(gname, size, &shm.SegmentConfig{Keep: true})
+	if err == nil {
+		for i, v := range []uint64{uint64(l.cfg.Partitions), uint64(inFlight)} {
+			w, _ := seg.Uint64At(gOffParts + 8*i)
+			w.Store(v)
+		}
+		size := uint64(l.cfg.SegmentSize)
+		for p := range l.cfg.Partitions {
+			// A new group starts at each partition's oldest record.
+			w, _ := seg.Uint64At(gOffParts0 + p*partWords(inFlight)*8 + pwNext*8)
+			w.Store(l.parts[p].head.Load() * size)
+		}
+		magic, _ := seg.Uint64At(gOffMagic)
+		magic.Store(groupMagic)
+		ready, _ := seg.Uint32At(gOffMagic)
+		shm.Wake(ready)
+		return seg, nil
+	}
+	if !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("mq: group %s of %s: %w", name, l.name, err)
+	}
+	// Its creator may be making it this moment: missing again (removed)
+	// or not yet sized (shm says corrupt) for a little while.
+	deadline := time.Now().Add(time.Second)
+	for {
+		seg, err = shm.OpenSegment(gname)
+		if err == nil || !errors.Is(err, os.ErrNotExist) && !errors.Is(err, shm.ErrCorrupt) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mq: group %s of %s: %w", name, l.name, err)
+	}
+	if seg.Size() < gOffParts0 {
+		seg.Close()
+		return nil, fmt.Errorf("mq: group %s: segment of %d bytes: %w", name, seg.Size(), shm.ErrCorrupt)
+	}
+	magic, _ := seg.Uint64At(gOffMagic)
+	ready, _ := seg.Uint32At(gOffMagic)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	err = shm.Wait{}.Until(ctx, ready, func(uint32) bool { return magic.Load() == groupMagic })
+	cancel()
+	if err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("mq: group %s is not a group (bad magic): %w", name, shm.ErrCorrupt)
+	}
+	return seg, nil
+}
+
+// newConsumer checks the group segment's shape against the log and c and
+// maps its parts.
+func newConsumer(l *Log, name string, c GroupConfig, seg *shm.Segment) (*Consumer, error) {
+	word := func(off int) *atomic.Uint64 { w, _ := seg.Uint64At(off); return w }
+	parts, inFlight := word(gOffParts).Load(), word(gOffInFlight).Load()
+	if parts != uint64(l.cfg.Partitions) || inFlight < 1 || inFlight > maxInFlight {
+		return nil, fmt.Errorf("mq: group %s: %d partitions and %d in flight, the log has %d partitions: %w", name, parts, inFlight, l.cfg.Partitions, shm.ErrCorrupt)
+	}
+	if inFlight != uint64(c.MaxInFlight) {
+		return nil, fmt.Errorf("mq: group %s has MaxInFlight %d, not %d", name, inFlight, c.MaxInFlight)
+	}
+	if seg.Size() < groupSize(int(parts), int(inFlight)) {
+		return nil, fmt.Errorf("mq: group %s: segment of %d bytes: %w", name, seg.Size(), shm.ErrCorrupt)
+	}
+	lock, err := shm.SeqLockAt(seg, gOffLock)
+	if err != nil {
+		return nil, err
+	}
+	mem, err := seg.Uint64s(gOffMembers, 2*maxMembers)
+	if err != nil {
+		return nil, err
+	}
+	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word()}
+	g.bell, _ = seg.Uint32At(gOffBell)
+	stride := partWords(g.cap) * 8
+	for p := range l.cfg.Partitions {
+		base := gOffParts0 + p*stride
+		pl, err := shm.SeqLockAt(seg, base)
+		if err != nil {
+			return nil, err
+		}
+		w, err := seg.Uint64s(base, partWords(g.cap))
+		if err != nil {
+			return nil, err
+		}
+		g.parts = append(g.parts, &groupPart{lock: pl, w: w})
+	}
+	return g, nil
+}
+
+// lockGroup takes the group lock; a holder that died left at most a member
+// slot or the generation half written, which the generation bump that
+// every locked change ends with repairs.
+func (g *Consumer) lockGroup() error {
+	err := g.lock.Lock(time.Second)
+	if errors.Is(err, shm.ErrOwnerDied) {
+		g.cfg.Logger.Warn("mq: group lock taken over from a dead member", "group", g.name, "err", err)
+		g.gen.Add(1)
+		g.lock.EndWrite()
+		return nil
+	}
+	return err
+}
+
+func (g *Consumer) bumpGeneration() {
+	g.lock.BeginWrite()
+	g.gen.Add(1)
+	g.lock.EndWrite()
+	g.bell.Add(1)
+	shm.Wake(g.bell)
+}
+
+// join takes a member slot.
+func (g *Consumer) join() error {
+	if err := g.lockGroup(); err != nil {
+		return fmt.Errorf("mq: join group %s: %w", g.name, err)
+	}
+	defer g.lock.Unlock()
+	for i := range maxMembers {
+		w := g.mem[2*i].Load()
+		if w != 0 && shm.AliveWord(w) {
+			continue
+		}
+		g.lock.BeginWrite()
+		g.mem[2*i].Store(g.pw)
+		g.memGen = g.mem[2*i+1].Add(1) & 0xffffffff
+		g.slot = i
+		g.me = holderWord(i, g.memGen)
+		g.bumpGeneration()
+		g.cfg.Logger.Debug("mq: joined group", "group", g.name, "member", i)
+		return nil
+	}
+	return fmt.Errorf("mq: group %s: %d members: %w", g.name, maxMembers, ErrGroupFull)
+}
+
+// members reads the member table: the slots of live members, sorted, as of
+// generation gen.
+func (g *Consumer) members() (slots []int, gen uint64, err error) {
+	for {
+		seq, err := g.lock.Begin(time.Second)
+		if errors.Is(err, shm.ErrOwnerDied) {
+			if err := g.lockGroup(); err != nil {
+				return nil, 0, err
+			}
+			g.lock.Unlock()
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		slots = slots[:0]
+		gen = g.gen.Load()
+		for i := range maxMembers {
+			if g.mem[2*i].Load() != 0 {
+				slots = append(slots, i)
+			}
+		}
+		if g.lock.Validate(seq) {
+			return slots, gen, nil
+		}
+	}
+}
+
+// holderAlive reports whether the member named by holder word h (slot+1,
+// memGen) is still that member and alive.
+func (g *Consumer) holderAlive(h uint64) bool {
+	s := holderSlot(h)
+	if s < 0 || s >= maxMembers {
+		return false
+	}
+	w := g.mem[2*s].Load()
+	return w != 0 && g.mem[2*s+1].Load()&0xffffffff == h>>8 && shm.AliveWord(w)
+}
+
+// reapDead removes members whose process died, bumping the generation.
+func (g *Consumer) reapDead() error {
+	var dead []int
+	for i := range maxMembers {
+		if w := g.mem[2*i].Load(); w != 0 && !shm.AliveWord(w) {
+			dead = append(dead, i)
+		}
+	}
+	if len(dead) == 0 {
+		return nil
+	}
+	if err := g.lockGroup(); err != nil {
+		return err
+	}
+	defer g.lock.Unlock()
+	found := false
+	for _, i := range dead {
+		if w := g.mem[2*i].Load(); w != 0 && !shm.AliveWord(w) {
+			g.lock.BeginWrite()
+			g.mem[2*i].Store(0)
+			found = true
+			g.cfg.Logger.Info("mq: group member found dead", "group", g.name, "member", i, "pid", w>>32)
+		}
+	}
+	if found {
+		g.bumpGeneration()
+	}
+	return nil
+}
+
+// assignment is the partitions member slot me gets among the sorted live
+// members: partition p goes to the (p mod n)-th member.
+func assignment(members []int, me, partitions int) []int {
+	var mine []int
+	for i, s := range members {
+		if s != me {
+			continue
+		}
+		for p := i; p < partitions; p += len(members) {
+			mine = append(mine, p)
+		}
+	}
+	return mine
+}
+
+// Assigned returns the partitions this consumer owned at its last Receive.
+func (g *Consumer) Assigned() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]int(nil), g.owned...)
+}
+
+// rebalance brings the consumer's partitions up to the group's generation:
+// it lets go of partitions no longer its own and takes the new ones.
+func (g *Consumer) rebalance() error {
+	members, gen, err := g.members()
+	if err != nil {
+		return err
+	}
+	want := assignment(members, g.slot, len(g.parts))
+	if !contains(members, g.slot) {
+		return fmt.Errorf("mq: group %s: this member (slot %d) was removed: %w", g.name, g.slot, ErrClosed)
+	}
+	keep := g.owned[:0]
+	for _, p := range g.owned {
+		if contains(want, p) {
+			keep = append(keep, p)
+		} else {
+			g.drop(p)
+		}
+	}
+	g.owned = keep
+	for _, p := range want {
+		if contains(g.owned, p) && g.parts[p].w[pwOwner].Load() == g.me {
+			continue
+		}
+		ok, err := g.take(p, gen)
+		if ok && !contains(g.owned, p) {
+			g.owned = append(g.owned, p)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	g.setBuddy(members)
+	for _, p := range g.owned {
+		gp := g.parts[p]
+		if err := g.lockPart(p); err != nil {
+			return err
+		}
+		var err error
+		if gp.w[pwOwner].Load() == g.me {
+			err = g.repin(p, gp) // in the new buddy's name, if it changed
+			// A member that died since this one took the partition may
+			// have left a pin it had not closed yet.
+			g.releaseOrphans(p, gp)
+		}
+		gp.lock.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	g.view = gen
+	g.cfg.Logger.Debug("mq: group rebalanced", "group", g.name, "member", g.slot, "generation", gen, "partitions", g.owned)
+	return nil
+}
+
+// setBuddy picks the member after this one among the sorted members (this
+// process when alone) as the name pins are held in.
+func (g *Consumer) setBuddy(members []int) {
+	buddy := g.pw
+	for i, s := range members {
+		if s == g.slot && len(members) > 1 {
+			if w := g.mem[2*members[(i+1)%len(members)]].Load(); w != 0 {
+				buddy = w
+			}
+		}
+	}
+	g.buddy.Store(buddy)
+}
+
+func contains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// drop lets go of partition p's readers (its new owner takes it).
+func (g *Consumer) drop(p int) {
+	gp := g.parts[p]
+	gp.mu.Lock()
+	defer gp.mu.Unlock()
+	if gp.stream != nil {
+		gp.stream.Close()
+		gp.stream = nil
+	}
+	if gp.pin != nil {
+		g.closePin(gp, gp.pin)
+		gp.pin = nil
+	}
+}
+
+// lockPart takes partition p's lock. A member that died holding it may have
+// left the state half changed: if it no longer makes sense, the in-flight
+// ring is emptied and delivery resumes from the committed offset (the
+// records above it are redelivered: at-least-once).
+func (g *Consumer) lockPart(p int) error {
+	gp := g.parts[p]
+	err := gp.lock.Lock(time.Second)
+	if errors.Is(err, shm.ErrOwnerDied) {
+		if verr := checkPart(gp.w, g.cap); verr != nil {
+			g.cfg.Logger.Warn("mq: partition state repaired after a dead member", "group", g.name, "partition", p, "err", verr)
+			resetPart(gp.w, g.cap)
+		}
+		gp.lock.EndWrite()
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	return nil
+}
+
+// resetPart empties a partition's ring, resuming from its oldest entry's
+// offset if that is sane, else from its next offset.
+func resetPart(w []atomic.Uint64, capacity int) {
+	head, count := w[pwHead].Load(), w[pwCount].Load()
+	if count > 0 && count <= uint64(capacity) {
+		if o := w[partHeader+int(head%uint64(capacity))*entryWords].Load(); o%8 == 0 && o <= w[pwNext].Load() {
+			w[pwNext].Store(o)
+		}
+	}
+	w[pwNext].Store(w[pwNext].Load() &^ 7)
+	if holderSlot(w[pwOwner].Load()) >= maxMembers {
+		w[pwOwner].Store(0) // its assigned member takes it again (dropLost)
+	}
+	w[pwHead].Store(0)
+	w[pwCount].Store(0)
+	w[pwMinDue].Store(0)
+}
+
+// checkPart validates partition state read from shared memory (the lock
+// held, or a snapshot): the ring's bounds and every live entry. An error
+// wraps shm.ErrCorrupt.
+func checkPart(w []atomic.Uint64, capacity int) error {
+	if len(w) < partWords(capacity) {
+		return fmt.Errorf("partition state of %d words: %w", len(w), shm.ErrCorrupt)
+	}
+	next, head, count := w[pwNext].Load(), w[pwHead].Load(), w[pwCount].Load()
+	if next%8 != 0 || count > uint64(capacity) {
+		return fmt.Errorf("partition state next %d, %d entries of %d: %w", next, count, capacity, shm.ErrCorrupt)
+	}
+	if o := w[pwOwner].Load(); o != 0 && holderSlot(o) >= maxMembers {
+		return fmt.Errorf("partition owner %#x: %w", o, shm.ErrCorrupt)
+	}
+	prev := uint64(0)
+	for i := range count {
+		e := w[partHeader+int((head+i)%uint64(capacity))*entryWords:]
+		o, m := e[0].Load(), e[1].Load()
+		s := metaState(m)
+		switch {
+		case o%8 != 0 || o >= next || i > 0 && o <= prev:
+			return fmt.Errorf("entry %d at offset %d (previous %d, next %d): %w", head+i, o, prev, next, shm.ErrCorrupt)
+		case s != entryInFlight && s != entryAcked || metaAttempts(m) == 0 || holderSlot(metaHolder(m)) >= maxMembers:
+			return fmt.Errorf("entry %d meta %#x: %w", head+i, m, shm.ErrCorrupt)
+		case i == 0 && s == entryAcked:
+			return fmt.Errorf("entry %d: the oldest entry is acked: %w", head, shm.ErrCorrupt)
+		}
+		prev = o
+	}
+	return nil
+}
+
+// checkRing is the part of checkPart that costs nothing: the ring's
+// bounds. Receive, Ack and Nack check it each time; the entries they then
+// use are checked where they are used (a redelivered offset must be a
+// record's), and checkPart checks all of them when a partition changes
+// hands.
+func checkRing(w []atomic.Uint64, capacity int) error {
+	if next, count := w[pwNext].Load(), w[pwCount].Load(); next%8 != 0 || count > uint64(capacity) {
+		return fmt.Errorf("partition state next %d, %d entries of %d: %w", next, count, capacity, shm.ErrCorrupt)
+	}
+	return nil
+}
+
+// take makes this consumer partition p's owner as of generation gen,
+// unless a member took it in a later generation. Entries delivered to
+// members that are gone are made due at once; a live member's keep their
+// deadlines (it may still ack them).
+func (g *Consumer) take(p int, gen uint64) (bool, error) {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		return false, err
+	}
+	defer gp.lock.Unlock()
+	if err := checkPart(gp.w, g.cap); err != nil {
+		return false, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	if og := gp.w[pwOwnerGen].Load(); og > gen {
+		if og > g.gen.Load() {
+			return false, fmt.Errorf("mq: group %s partition %d: taken in generation %d, the group is at %d: %w", g.name, p, og, g.gen.Load(), shm.ErrCorrupt)
+		}
+		return false, nil
+	}
+	gp.lock.BeginWrite()
+	defer gp.lock.EndWrite()
+	prev := gp.w[pwOwner].Load()
+	gp.w[pwOwner].Store(g.me)
+	gp.w[pwOwnerGen].Store(gen)
+	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	for i := range count {
+		e := g.entry(gp, head+i)
+		m := e[1].Load()
+		if metaState(m) == entryInFlight && metaHolder(m) != g.me && !g.holderAlive(metaHolder(m)) {
+			e[2].Store(0)
+			gp.w[pwMinDue].Store(0)
+		}
+	}
+	if err := g.openReaders(p, gp); err != nil {
+		return true, err // owned: its polls try to open the readers again
+	}
+	g.releaseOrphans(p, gp) // now that this consumer's pin holds the segments
+	if prev != g.me && prev != 0 {
+		g.cfg.Logger.Info("mq: group partition taken", "group", g.name, "member", g.slot, "partition", p, "from", holderSlot(prev), "committed", committed(gp.w, g.cap), "inflight", count)
+	}
+	return true, nil
+}
+
+func (g *Consumer) entry(gp *groupPart, index uint64) []atomic.Uint64 {
+	at := partHeader + int(index%uint64(g.cap))*entryWords
+	return gp.w[at : at+entryWords : at+entryWords]
+}
+
+// committed is the offset below which every record of the partition is
+// acked: the oldest entry's, or the next offset when none is in flight.
+func committed(w []atomic.Uint64, capacity int) uint64 {
+	if w[pwCount].Load() == 0 {
+		return w[pwNext].Load()
+	}
+	return w[partHeader+int(w[pwHead].Load()%uint64(capacity))*entryWords].Load()
+}
+
+// openReaders opens the partition's stream reader at its next offset and
+// its pin at the committed offset (the partition's lock held). Records
+// retention dropped before the group got to them are counted lost.
+func (g *Consumer) openReaders(p int, gp *groupPart) error {
+	next := gp.w[pwNext].Load()
+	if tail := g.l.parts[p].tail.Load(); next > tail || next%8 != 0 {
+		return fmt.Errorf("mq: group %s partition %d: next offset %d, the log's tail %d: %w", g.name, p, next, tail, shm.ErrCorrupt)
+	}
+	g.drop(p)
+	gp.mu.Lock()
+	defer gp.mu.Unlock()
+	r, err := g.l.NewReader(p, next)
+	if errors.Is(err, ErrOffsetGone) {
+		r, err = g.l.NewReader(p, Oldest)
+		if err == nil {
+			g.lost(p, gp, "retention dropped records the group had not read", next, r.Offset())
+			gp.w[pwNext].Store(r.Offset())
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	gp.stream = r
+	return g.repinLocked(p, gp)
+}
+
+// repin moves the partition's pin to the segment of its committed offset
+// if it is elsewhere: the pin is a Reader slot, which keeps producers
+// under FullBlock and FullFail from dropping the segments of unacked
+// records. The new pin is taken before the old one goes.
+func (g *Consumer) repin(p int, gp *groupPart) error {
+	gp.mu.Lock()
+	defer gp.mu.Unlock()
+	if gp.stream == nil {
+		return nil // not owned here
+	}
+	return g.repinLocked(p, gp)
+}
+
+func (g *Consumer) repinLocked(p int, gp *groupPart) error {
+	size := uint64(g.l.cfg.SegmentSize)
+	c := committed(gp.w, g.cap)
+	buddy := g.buddy.Load()
+	if gp.pin != nil && gp.pin.Offset()/size == c/size && (buddy == 0 || gp.pin.me == buddy) {
+		return nil
+	}
+	pin, err := g.l.NewReader(p, c/size*size)
+	if errors.Is(err, ErrOffsetGone) {
+		pin, err = g.l.NewReader(p, Oldest)
+	}
+	if err != nil {
+		return fmt.Errorf("mq: group %s partition %d: pin: %w", g.name, p, err)
+	}
+	// Hold the pin in the buddy's name: the log frees the slots of dead
+	// processes, and this one must outlive this process until a survivor
+	// takes the partition (take releases it). Its Close frees it as ever.
+	// The partition state names the pins in a buddy's name before they
+	// are so (a slot still in this process's name dies with it), and the
+	// old one until it is closed: whenever this process dies, take finds
+	// every pin it left.
+	if buddy != 0 && buddy != pin.me {
+		if rs := g.readerSlot(pin); rs >= 0 && g.recordPin(gp, rs, buddy) {
+			if pin.owner.CompareAndSwap(pin.me, buddy) {
+				pin.me = buddy
+			}
+		}
+	}
+	if gp.pin != nil {
+		g.closePin(gp, gp.pin)
+	}
+	gp.pin = pin
+	return nil
+}
+
+// recordPin records in partition state that this consumer holds reader
+// slot rs in the name of owner (see pwPins), if the table has room.
+func (g *Consumer) recordPin(gp *groupPart, rs int, owner uint64) bool {
+	for i := range maxPins {
+		w := &gp.w[pwPins+2*i]
+		if w.Load() == 0 {
+			gp.w[pwPins+2*i+1].Store(owner)
+			if w.CompareAndSwap(0, uint64(rs+1)|g.me<<8) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// closePin closes pin r and then clears its record, if it has one. Only
+// the recording member clears its records while alive, so this needs no
+// lock.
+func (g *Consumer) closePin(gp *groupPart, r *Reader) {
+	rs := g.readerSlot(r)
+	r.Close()
+	if rs < 0 {
+		return
+	}
+	for i := range maxPins {
+		w := &gp.w[pwPins+2*i]
+		w.CompareAndSwap(uint64(rs+1)|g.me<<8, 0)
+	}
+}
+
+// releaseOrphans frees the reader slots that members now gone held
+// partition p's pins in, in a live member's name (the partition's lock
+// held, and this consumer's own pin in place). A slot is freed only if it
+// is still held for p in that name.
+func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
+	for i := range maxPins {
+		w := gp.w[pwPins+2*i].Load()
+		if w == 0 || w>>8 == g.me || g.holderAlive(w>>8) {
+			continue
+		}
+		owner := gp.w[pwPins+2*i+1].Load()
+		if rs := w & 0xff; rs >= 1 && rs <= maxReaders && owner != 0 {
+			base := offReaders + int(rs-1)*line
+			o, _ := g.l.meta.Uint64At(base)
+			part, _ := g.l.meta.Uint64At(base + 8)
+			if part.Load() == uint64(p) && o.CompareAndSwap(owner, 0) {
+				g.l.wakeBlocked(g.l.parts[p])
+				g.cfg.Logger.Debug("mq: released a gone member's pin", "group", g.name, "partition", p, "slot", rs-1)
+			}
+		}
+		gp.w[pwPins+2*i].CompareAndSwap(w, 0)
+	}
+}
+
+// readerSlot is the index of r's slot among the log's reader slots.
+func (g *Consumer) readerSlot(r *Reader) int {
+	for i := range maxReaders {
+		if w, _ := g.l.meta.Uint64At(offReaders + i*line); w == r.owner {
+			return i
+		}
+	}
+	return -1
+}
+
+func (g *Consumer) lost(p int, gp *groupPart, why string, from, to uint64) {
+	gp.w[pwLost].Add(1)
+	g.cfg.Logger.Warn("mq: group lost records", "group", g.name, "partition", p, "why", why, "from", from, "to", to)
+}
+
+// Receive returns the next message for this consumer: a record due for
+// redelivery (nacked, or not acked within the visibility timeout) or the
+// next record of a partition it owns. It waits until one comes or ctx ends.
+// A message past its attempts goes to the dead-letter log instead.
+func (g *Consumer) Receive(ctx context.Context) (Message, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed.Load() || g.l.closed.Load() {
+		return Message{}, ErrClosed
+	}
+	if g.redo != nil {
+		g.redo.Close()
+		g.redo = nil
+	}
+	var bo shm.Backoff
+	for {
+		if g.closed.Load() {
+			return Message{}, ErrClosed
+		}
+		if time.Since(g.lastAlive) > livenessEvery {
+			g.lastAlive = time.Now()
+			if err := g.reapDead(); err != nil {
+				return Message{}, err
+			}
+		}
+		if g.gen.Load() != g.view {
+			if err := g.rebalance(); err != nil {
+				return Message{}, err
+			}
+		}
+		for i := range len(g.owned) {
+			p := g.owned[(g.next+i)%len(g.owned)]
+			m, ok, err := g.poll(ctx, p)
+			if err != nil {
+				return Message{}, err
+			}
+			if ok {
+				g.next = (g.next + i + 1) % max(len(g.owned), 1)
+				return m, nil
+			}
+		}
+		g.dropLost()
+		if bo.Pause() {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return Message{}, err
+		}
+		g.sleep(ctx)
+	}
+}
+
+// dropLost forgets partitions whose ownership another member took (it saw a
+// newer generation first); this consumer rebalances when it sees it too.
+func (g *Consumer) dropLost() {
+	keep := g.owned[:0]
+	for _, p := range g.owned {
+		switch g.parts[p].w[pwOwner].Load() {
+		case g.me:
+			keep = append(keep, p)
+		case 0:
+			// Nobody's: a repair of corrupt state reset it. Take it
+			// again at the next rebalance, which this forces.
+			keep = append(keep, p)
+			g.view = ^uint64(0)
+		default:
+			g.drop(p)
+		}
+	}
+	g.owned = keep
+}
+
+// sleep waits for something to do: at most until the earliest deadline of
+// an owned partition, and on the partition's futex word when it owns one
+// partition with room in its ring (a commit wakes it), else on the
+// group's bell (which an ack that makes room rings) for at most pollEvery
+// with several partitions, parkFor with one or none.
+func (g *Consumer) sleep(ctx context.Context) {
+	d := parkFor
+	if len(g.owned) > 1 {
+		d = pollEvery
+	}
+	now := uint64(g.cfg.now().UnixNano())
+	for _, p := range g.owned {
+		if due := g.parts[p].w[pwMinDue].Load(); due <= now {
+			d = 50 * time.Microsecond
+		} else if due-now < uint64(d) {
+			d = time.Duration(due - now)
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	view := g.gen.Load()
+	if len(g.owned) == 1 && g.parts[g.owned[0]].stream != nil && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
+		p := g.owned[0]
+		pt, gp := g.l.parts[p], g.parts[p]
+		_ = park(sctx, pt.seq, pt.sleepers, func() bool {
+			return pt.tail.Load() > gp.stream.Offset() || g.gen.Load() != view
+		})
+		return
+	}
+	bell := g.bell.Load()
+	shm.Wait{Spin: -1}.Until(sctx, g.bell, func(x uint32) bool { return x != bell })
+}
+
+// poll looks for a message in partition p: a due entry first, then the
+// next record of the stream.
+func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
+	gp := g.parts[p]
+	if gp.stream != nil && gp.w[pwOwner].Load() == g.me && gp.w[pwMinDue].Load() > uint64(g.cfg.now().UnixNano()) && gp.w[pwNext].Load() == gp.stream.Offset() {
+		// Nothing is due: the stream, with one lock round trip, not two.
+		// (A Nack read stale here is seen at the next poll.)
+		if gp.w[pwCount].Load() < uint64(g.cap) && g.l.parts[p].tail.Load() > gp.stream.Offset() {
+			return g.pollStream(ctx, p, gp)
+		}
+		return Message{}, false, nil
+	}
+	if err := g.lockPart(p); err != nil {
+		return Message{}, false, err
+	}
+	act, err := g.pollLocked(p, gp)
+	gp.lock.Unlock()
+	if err != nil || act.kind == actNone {
+		return Message{}, false, err
+	}
+	if act.kind == actStream {
+		return g.pollStream(ctx, p, gp)
+	}
+	if act.kind == actDeadLetter {
+		return Message{}, false, g.deadLetter(ctx, p, gp, act.index, act.off, act.attempt)
+	}
+	rec, err := g.readAt(ctx, p, act.off)
+	if errors.Is(err, ErrOffsetGone) {
+		g.settle(p, act.index, act.off, act.attempt, func() { g.lost(p, gp, "retention dropped an unacked record", act.off, act.off) })
+		return Message{}, false, nil
+	}
+	if err != nil {
+		return Message{}, false, err
+	}
+	return Message{Partition: p, Offset: act.off, Payload: rec.Payload, Attempt: act.attempt, index: act.index}, true, nil
+}
+
+// What pollLocked found, for poll to finish without the lock.
+type pollAction struct {
+	kind    int
+	index   uint64
+	off     uint64
+	attempt int
+}
+
+const (
+	actNone       = iota
+	actStream     // read the next record of the stream
+	actRedeliver  // read the record at off, now held with attempt
+	actDeadLetter // copy the record at off to the dead-letter log
+)
+
+// doneCtx is a context that has ended: Reader.Next with it returns a
+// committed record at once and gives up, after its spin, on one that is
+// still being written, so that the consumer goes on to its other
+// partitions.
+var doneCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// pollLocked is poll's work under the partition's lock: it takes a due
+// entry, or says whether to read the stream.
+func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
+	if gp.w[pwOwner].Load() != g.me {
+		return pollAction{}, nil
+	}
+	if err := checkRing(gp.w, g.cap); err != nil {
+		return pollAction{}, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	if gp.stream == nil || gp.w[pwNext].Load() != gp.stream.Offset() {
+		// A repair moved the partition back (lockPart): read from there.
+		// (No stream: opening it failed before.)
+		if err := g.openReaders(p, gp); err != nil {
+			return pollAction{}, err
+		}
+	}
+	now := uint64(g.cfg.now().UnixNano())
+	if gp.w[pwMinDue].Load() <= now {
+		if index, ok := g.due(gp, now); ok {
+			e := g.entry(gp, index)
+			m := e[1].Load()
+			act := pollAction{kind: actRedeliver, index: index, off: e[0].Load(), attempt: min(metaAttempts(m)+1, maxAttempts)}
+			gp.lock.BeginWrite()
+			if g.cfg.MaxAttempts > 0 && metaAttempts(m) >= g.cfg.MaxAttempts {
+				// Out of attempts: hold it while it is copied to the
+				// dead-letter log (a member that dies meanwhile leaves
+				// it due again), then ack it.
+				act.kind, act.attempt = actDeadLetter, metaAttempts(m)
+			} else {
+				gp.w[pwRedelivered].Add(1)
+			}
+			e[1].Store(entryMeta(act.attempt, entryInFlight, g.me))
+			e[2].Store(now + uint64(g.cfg.VisibilityTimeout))
+			gp.lock.EndWrite()
+			return act, nil
+		}
+	}
+	if gp.w[pwCount].Load() >= uint64(g.cap) || g.l.parts[p].tail.Load() <= gp.stream.Offset() {
+		return pollAction{}, g.repin(p, gp)
+	}
+	return pollAction{kind: actStream}, nil
+}
+
+// pollStream reads the next record of partition p's stream, without the
+// partition's lock (only the owner reads the stream), and then, locked,
+// records its delivery, unless the partition changed hands meanwhile (the
+// new owner reads the record again from the partition's next offset).
+// A record its producer is still writing is given up on after the
+// reader's spin; found there again at the next poll, it is waited for
+// with a deadline long enough for the reader to find a dead producer and
+// skip its record.
+func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Message, bool, error) {
+	from := gp.stream.Offset()
+	rctx := doneCtx
+	if gp.stuck == from+1 {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, 3*parkFor)
+		defer cancel()
+	}
+	rec, err := gp.stream.Next(rctx)
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		// Nothing committed yet (or ctx ended: Receive returns ctx.Err()).
+		if gp.stream.Offset() == from {
+			gp.stuck = from + 1
+		}
+		err = nil
+		rec.Payload = nil
+	} else {
+		gp.stuck = 0
+	}
+	if err := g.lockPart(p); err != nil {
+		return Message{}, false, err
+	}
+	defer gp.lock.Unlock()
+	if gp.w[pwOwner].Load() != g.me {
+		return Message{}, false, nil
+	}
+	if err := checkRing(gp.w, g.cap); err != nil {
+		return Message{}, false, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	gp.lock.BeginWrite()
+	defer gp.lock.EndWrite()
+	switch {
+	case errors.Is(err, ErrOffsetGone):
+		gp.w[pwNext].Store(gp.stream.Offset())
+		return Message{}, false, g.openReaders(p, gp) // counts the loss
+	case err != nil:
+		return Message{}, false, err
+	case rec.Payload == nil:
+		gp.w[pwNext].Store(gp.stream.Offset()) // past records aborted on the way
+		return Message{}, false, nil
+	}
+	now := uint64(g.cfg.now().UnixNano())
+	deadline := now + uint64(g.cfg.VisibilityTimeout)
+	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	index := head + count
+	e := g.entry(gp, index)
+	e[0].Store(rec.Offset)
+	e[1].Store(entryMeta(1, entryInFlight, g.me))
+	e[2].Store(deadline)
+	gp.w[pwCount].Store(count + 1)
+	gp.w[pwNext].Store(gp.stream.Offset())
+	if gp.w[pwMinDue].Load() > deadline {
+		gp.w[pwMinDue].Store(deadline)
+	}
+	if count == 0 {
+		if err := g.repin(p, gp); err != nil {
+			return Message{}, false, err
+		}
+	}
+	return Message{Partition: p, Offset: rec.Offset, Payload: rec.Payload, Attempt: 1, index: index}, true, nil
+}
+
+// due finds the oldest in-flight entry whose deadline has passed and
+// lowers the partition's minDue to the earliest deadline of the others.
+func (g *Consumer) due(gp *groupPart, now uint64) (uint64, bool) {
+	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	minDue := ^uint64(0)
+	found, at := false, uint64(0)
+	for i := range count {
+		e := g.entry(gp, head+i)
+		if metaState(e[1].Load()) != entryInFlight {
+			continue
+		}
+		d := e[2].Load()
+		if !found && d <= now {
+			found, at = true, head+i
+			continue // its new deadline is later than now+VT > now
+		}
+		minDue = min(minDue, d)
+	}
+	if found {
+		minDue = min(minDue, now+uint64(g.cfg.VisibilityTimeout))
+	}
+	gp.w[pwMinDue].Store(minDue)
+	return at, found
+}
+
+// readAt reads the record at offset off of partition p with the consumer's
+// redelivery reader, which stays open (so the payload stays mapped) until
+// the next Receive.
+func (g *Consumer) readAt(ctx context.Context, p int, off uint64) (Record, error) {
+	if g.redo != nil {
+		g.redo.Close()
+		g.redo = nil
+	}
+	if tail := g.l.parts[p].tail.Load(); off >= tail {
+		return Record{}, fmt.Errorf("mq: group %s partition %d: an entry at offset %d, past the log's tail %d: %w", g.name, p, off, tail, shm.ErrCorrupt)
+	}
+	r, err := g.l.NewReader(p, off)
+	if err != nil {
+		return Record{}, err
+	}
+	g.redo = r
+	// The record was delivered, so it is committed: Next returns at once
+	// unless the entry or the log is corrupt (a header still "writing").
+	rctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	rec, err := r.Next(rctx)
+	if err != nil {
+		return Record{}, fmt.Errorf("mq: group %s partition %d offset %d: %w", g.name, p, off, err)
+	}
+	if rec.Offset != off {
+		return Record{}, fmt.Errorf("mq: group %s partition %d: entry at offset %d, the record there is at %d: %w", g.name, p, off, rec.Offset, shm.ErrCorrupt)
+	}
+	return rec, nil
+}
+
+// deadLetter copies the record at off to the dead-letter log and acks it.
+func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, off uint64, attempts int) error {
+	rec, err := g.readAt(ctx, p, off)
+	if errors.Is(err, ErrOffsetGone) {
+		g.settle(p, index, off, attempts, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	dl := g.cfg.DeadLetter
+	dp := p % dl.cfg.Partitions
+	res, err := dl.Loan(ctx, dp, deadLetterHeader+len(rec.Payload))
+	if err != nil {
+		return fmt.Errorf("mq: group %s: dead-letter partition %d offset %d: %w", g.name, p, off, err)
+	}
+	b := res.Bytes()
+	binary.LittleEndian.PutUint32(b, deadLetterMagic)
+	binary.LittleEndian.PutUint32(b[4:], uint32(p))
+	binary.LittleEndian.PutUint64(b[8:], off)
+	binary.LittleEndian.PutUint32(b[16:], uint32(attempts))
+	binary.LittleEndian.PutUint32(b[20:], 0)
+	copy(b[deadLetterHeader:], rec.Payload)
+	if err := res.Commit(); err != nil {
+		return fmt.Errorf("mq: group %s: dead-letter: %w", g.name, err)
+	}
+	g.settle(p, index, off, attempts, func() {
+		gp.w[pwDeadLetters].Add(1)
+		g.cfg.Logger.Info("mq: dead-lettered", "group", g.name, "partition", p, "offset", off, "attempts", attempts, "to", dl.Name())
+	})
+	return nil
+}
+
+// Dead-letter records: a header then the original payload.
+const (
+	deadLetterMagic  = 0x4c44516d // "mQDL"
+	deadLetterHeader = 24
+)
+
+// DeadLetter is a record of a dead-letter log, as ParseDeadLetter decodes
+// it: where the message was and how often it was delivered.
+type DeadLetter struct {
+	Partition int
+	Offset    uint64
+	Attempts  int
+	Payload   []byte // the original payload (a subslice of the record's)
+}
+
+// ParseDeadLetter decodes a record a consumer group wrote to its
+// dead-letter log. A payload that is not one is an error.
+func ParseDeadLetter(b []byte) (DeadLetter, error) {
+	if len(b) < deadLetterHeader || binary.LittleEndian.Uint32(b) != deadLetterMagic || binary.LittleEndian.Uint32(b[20:]) != 0 {
+		return DeadLetter{}, fmt.Errorf("mq: not a dead-letter record (%d bytes)", len(b))
+	}
+	p, attempts := binary.LittleEndian.Uint32(b[4:]), binary.LittleEndian.Uint32(b[16:])
+	if p >= maxPartitions || attempts == 0 || attempts > maxAttempts || binary.LittleEndian.Uint64(b[8:])%8 != 0 {
+		return DeadLetter{}, fmt.Errorf("mq: dead-letter record names partition %d, %d attempts", p, attempts)
+	}
+	return DeadLetter{Partition: int(p), Offset: binary.LittleEndian.Uint64(b[8:]), Attempts: int(attempts), Payload: b[deadLetterHeader:]}, nil
+}
+
+// settle acks the entry at index if this consumer still holds it with the
+// given attempt, running then (with the write open) before it returns.
+func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) error {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		return err
+	}
+	defer gp.lock.Unlock()
+	if err := checkRing(gp.w, g.cap); err != nil {
+		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	if index < head || index >= head+count {
+		return ErrNotHeld
+	}
+	e := g.entry(gp, index)
+	if m := e[1].Load(); e[0].Load() != off || m != entryMeta(attempt, entryInFlight, g.me) {
+		return ErrNotHeld
+	}
+	gp.lock.BeginWrite()
+	defer gp.lock.EndWrite()
+	if count == uint64(g.cap) {
+		// The owner may wait for room: wake it.
+		defer func() {
+			g.bell.Add(1)
+			shm.Wake(g.bell)
+		}()
+	}
+	e[1].Store(entryMeta(attempt, entryAcked, g.me))
+	for count > 0 && metaState(g.entry(gp, head)[1].Load()) == entryAcked {
+		head++
+		count--
+	}
+	gp.w[pwHead].Store(head)
+	gp.w[pwCount].Store(count)
+	if then != nil {
+		then()
+	}
+	if gp.w[pwOwner].Load() == g.me {
+		return g.repin(p, gp)
+	}
+	return nil
+}
+
+// Ack settles m: it is not delivered again. It fails with ErrNotHeld if m
+// was redelivered since (its visibility timeout passed) or acked already.
+func (g *Consumer) Ack(m Message) error {
+	g.life.RLock()
+	defer g.life.RUnlock()
+	if g.closed.Load() {
+		return ErrClosed
+	}
+	if m.Partition < 0 || m.Partition >= len(g.parts) {
+		return fmt.Errorf("mq: ack of partition %d: %w", m.Partition, ErrNotHeld)
+	}
+	return g.settle(m.Partition, m.index, m.Offset, m.Attempt, nil)
+}
+
+// Nack gives m back for redelivery at once (to this consumer or the
+// partition's owner), counting as one attempt.
+func (g *Consumer) Nack(m Message) error {
+	g.life.RLock()
+	defer g.life.RUnlock()
+	if g.closed.Load() {
+		return ErrClosed
+	}
+	if m.Partition < 0 || m.Partition >= len(g.parts) {
+		return fmt.Errorf("mq: nack of partition %d: %w", m.Partition, ErrNotHeld)
+	}
+	gp := g.parts[m.Partition]
+	if err := g.lockPart(m.Partition); err != nil {
+		return err
+	}
+	defer gp.lock.Unlock()
+	if err := checkRing(gp.w, g.cap); err != nil {
+		return fmt.Errorf("mq: group %s partition %d: %w", g.name, m.Partition, err)
+	}
+	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	if m.index < head || m.index >= head+count {
+		return ErrNotHeld
+	}
+	e := g.entry(gp, m.index)
+	if e[0].Load() != m.Offset || e[1].Load() != entryMeta(m.Attempt, entryInFlight, g.me) {
+		return ErrNotHeld
+	}
+	gp.lock.BeginWrite()
+	e[2].Store(0)
+	gp.w[pwMinDue].Store(0)
+	gp.lock.EndWrite()
+	g.bell.Add(1)
+	shm.Wake(g.bell)
+	return nil
+}
+
+// GroupStats is a partition's state in a group, read from shared memory.
+type GroupStats struct {
+	// Owner is the member slot that owns the partition, or -1.
+	Owner int
+	// Committed is the log offset below which every record is acked;
+	// Next the offset of the first record not yet delivered.
+	Committed, Next uint64
+	// InFlight counts the entries between them (delivered, not all acked).
+	InFlight int
+	// Redelivered counts redeliveries, DeadLettered records sent to the
+	// dead-letter log, Lost records retention dropped before they were
+	// acked (or ranges of them never read).
+	Redelivered, DeadLettered, Lost uint64
+}
+
+// Stats returns partition p's state in the group.
+func (g *Consumer) Stats(p int) (GroupStats, error) {
+	g.life.RLock()
+	defer g.life.RUnlock()
+	if g.closed.Load() {
+		return GroupStats{}, ErrClosed
+	}
+	if p < 0 || p >= len(g.parts) {
+		return GroupStats{}, fmt.Errorf("mq: partition %d of %d", p, len(g.parts))
+	}
+	gp := g.parts[p]
+	for {
+		seq, err := gp.lock.Begin(time.Second)
+		if err != nil {
+			return GroupStats{}, err
+		}
+		if err := checkPart(gp.w, g.cap); err != nil {
+			if gp.lock.Validate(seq) {
+				return GroupStats{}, err
+			}
+			continue
+		}
+		s := GroupStats{
+			Owner: holderSlot(gp.w[pwOwner].Load()), Committed: committed(gp.w, g.cap), Next: gp.w[pwNext].Load(),
+			InFlight: int(gp.w[pwCount].Load()), Redelivered: gp.w[pwRedelivered].Load(),
+			DeadLettered: gp.w[pwDeadLetters].Load(), Lost: gp.w[pwLost].Load(),
+		}
+		if gp.lock.Validate(seq) {
+			return s, nil
+		}
+	}
+}
+
+// Member is this consumer's member slot in the group.
+func (g *Consumer) Member() int { return g.slot }
+
+// Close leaves the group: the partitions go to the other members, and the
+// messages this consumer holds unacked are redelivered at once. Close
+// consumers before their Log.
+func (g *Consumer) Close() error {
+	if g.closed.Swap(true) {
+		return nil
+	}
+	g.bell.Add(1) // a Receive asleep on it returns
+	shm.Wake(g.bell)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.life.Lock()
+	defer g.life.Unlock()
+	for _, p := range g.owned {
+		g.drop(p)
+	}
+	g.owned = nil
+	if g.redo != nil {
+		g.redo.Close()
+		g.redo = nil
+	}
+	var errs []error
+	if err := g.lockGroup(); err == nil {
+		if g.mem[2*g.slot].Load() == g.pw && g.mem[2*g.slot+1].Load()&0xffffffff == g.memGen {
+			g.lock.BeginWrite()
+			g.mem[2*g.slot].Store(0)
+			g.bumpGeneration()
+		}
+		g.lock.Unlock()
+	} else {
+		errs = append(errs, err)
+	}
+	errs = append(errs, g.seg.Close())
+	return errors.Join(errs...)
+}
+
+// RemoveGroup deletes consumer group group of log: its segment. Members
+// that have it open keep their mappings.
+func RemoveGroup(log, group string) error {
+	seg, err := shm.OpenSegment(groupName(log, group))
+	if err != nil {
+		return fmt.Errorf("mq: remove group %s of %s: %w", group, log, err)
+	}
+	return errors.Join(seg.Unlink(), seg.Close())
+}
