@@ -51,9 +51,9 @@ func TestReadAt(t *testing.T) {
 		off  uint64
 		want error
 	}{
-		{last + 8, shm.ErrCorrupt},  // inside a payload: not a header
-		{last + 3, ErrNotRecord},    // not aligned
-		{st.Tail, ErrNotRecord},     // the tail
+		{last + 8, shm.ErrCorrupt}, // inside a payload: not a header
+		{last + 3, ErrNotRecord},   // not aligned
+		{st.Tail, ErrNotRecord},    // the tail
 		{st.Tail + 4096, ErrNotRecord},
 		{0, ErrOffsetGone},
 	} {
