@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path"
 	"strings"
+	"sync"
 
 	"github.com/apache/pulsar-client-go/pulsar"
 
@@ -92,6 +93,7 @@ type client struct {
 	pulsar.Client
 	o                     Options
 	ownStore, ownResolver bool
+	closeOnce             sync.Once
 }
 
 func (c *client) closeOwn() error {
@@ -106,8 +108,10 @@ func (c *client) closeOwn() error {
 }
 
 func (c *client) Close() {
-	c.Client.Close()
-	c.closeOwn()
+	c.closeOnce.Do(func() {
+		c.Client.Close()
+		c.closeOwn()
+	})
 }
 
 // fullTopic is a topic's full name, as the broker normalises it.
