@@ -44,6 +44,11 @@ func clientOptions(url string) pulsar.ClientOptions {
 	return pulsar.ClientOptions{URL: url, Logger: quietLogger(), ConnectionTimeout: 30 * time.Second, OperationTimeout: 30 * time.Second}
 }
 
+// sendTimeout is every test producer's: a closed producer's timeout
+// goroutine lives SendTimeout on (default 30 s), and testenv.Main's leak
+// check waits 10 s.
+const sendTimeout = 7 * time.Second
+
 var seq atomic.Int64
 
 func unique(what string) string { return fmt.Sprintf("%s-%d-%d", what, os.Getpid(), seq.Add(1)) }
@@ -160,7 +165,7 @@ func run(t *testing.T, client pulsar.Client, topic string, seqn []sent) []receiv
 	defer c.Close()
 	var producers []pulsar.Producer
 	for i := range 3 {
-		p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic, Name: fmt.Sprintf("%s-p%d", topic[strings.LastIndex(topic, "/")+1:], i)})
+		p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic, SendTimeout: sendTimeout, Name: fmt.Sprintf("%s-p%d", topic[strings.LastIndex(topic, "/")+1:], i)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +304,7 @@ func testKilledConsumer(t *testing.T, b *testenv.Pulsar) {
 	topic := "persistent://public/default/" + unique("killed")
 	client := dropIn(t, b.ServiceURL, s, threshold, nil, topic)
 	ctx := timeout(t, 2*time.Minute)
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic, SendTimeout: sendTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,9 +399,7 @@ func testGone(t *testing.T, b *testenv.Pulsar) {
 	ctx := timeout(t, 2*time.Minute)
 	c, err := client.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "s", Type: pulsar.Shared,
 		NackRedeliveryDelay: 100 * time.Millisecond, DLQ: &pulsar.DLQPolicy{MaxDeliveries: 3, DeadLetterTopic: dlq,
-			// A closed producer's timeout goroutine lives SendTimeout
-			// on (default 30 s); testenv.Main's leak check waits 10 s.
-			ProducerOptions: pulsar.ProducerOptions{SendTimeout: 3 * time.Second}}})
+			ProducerOptions: pulsar.ProducerOptions{SendTimeout: sendTimeout}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +410,7 @@ func testGone(t *testing.T, b *testenv.Pulsar) {
 		t.Fatal(err)
 	}
 	defer dead.Close()
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: true, SendTimeout: 3 * time.Second})
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic, DisableBatching: true, SendTimeout: sendTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +482,7 @@ func testRestart(t *testing.T, b *testenv.Pulsar) {
 		t.Fatal(err)
 	}
 	sub.Close()
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic, SendTimeout: sendTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
