@@ -167,7 +167,10 @@ func pulsarOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, er
 		return bench.Measurement{}, err
 	}
 	defer client.Close()
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: a.Topic, MaxPendingMessages: maxPending, DisableBatching: true, SendTimeout: time.Minute})
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: a.Topic, MaxPendingMessages: maxPending, DisableBatching: true,
+		// A closed producer's timeout goroutine lives SendTimeout on (tests
+		// check for leaks 10 s after the end).
+		SendTimeout: 8 * time.Second})
 	if err != nil {
 		return bench.Measurement{}, err
 	}
