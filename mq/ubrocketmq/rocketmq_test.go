@@ -231,6 +231,7 @@ func TestRocketMQ(t *testing.T) {
 	t.Run("Differential", func(t *testing.T) { testDifferential(t, b) })
 	t.Run("KilledConsumer", func(t *testing.T) { testKilledConsumer(t, b) })
 	t.Run("Gone", func(t *testing.T) { testGone(t, b) })
+	t.Run("Example", func(t *testing.T) { testExample(t, b) })
 	t.Run("Restart", func(t *testing.T) { testRestart(t, b) })
 }
 
