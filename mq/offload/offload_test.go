@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net"
 	"os"
@@ -462,3 +463,5 @@ func FuzzResponse(f *testing.F) {
 		}
 	})
 }
+
+func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }

@@ -126,5 +126,3 @@ func (s *Store) Close() error { return s.log.Close() }
 
 // Remove deletes store log name and its payloads.
 func Remove(name string) error { return mq.Remove(name) }
-
-func crcOf(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
