@@ -270,6 +270,10 @@ func TestGone(t *testing.T) {
 	if _, err := local.Get(ctx, noFetch); !errors.Is(err, ErrPayloadGone) {
 		t.Errorf("a log not on this host and no fetch server: %v, want ErrPayloadGone", err)
 	}
+	only := newResolver(t, ResolverConfig{Logs: []string{"offtest-other"}})
+	if _, err := only.Get(ctx, refs[9]); !errors.Is(err, ErrBadRef) {
+		t.Errorf("a log the resolver does not take: %v, want ErrBadRef", err)
+	}
 	big := refs[9]
 	big.Length = 1 << 30
 	if _, err := remote.Get(ctx, big); !errors.Is(err, ErrTooLarge) {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,6 +35,11 @@ type ResolverConfig struct {
 	// Timeout bounds each fetch (default 10 s), within the caller's
 	// context.
 	Timeout time.Duration
+	// Logs, if set, are the only logs references may name (others are
+	// ErrBadRef): a consumer that does not trust every producer of its
+	// topics keeps references from reading its user's other logs.
+	// Default: any.
+	Logs []string
 }
 
 // Resolver resolves references to their payloads: in place from the log
@@ -122,6 +128,9 @@ func (r *Resolver) View(ctx context.Context, ref Ref) (payload []byte, release f
 func (r *Resolver) view(ctx context.Context, ref Ref) ([]byte, func(), bool, error) {
 	if err := ref.check(); err != nil {
 		return nil, nil, false, err
+	}
+	if r.cfg.Logs != nil && !slices.Contains(r.cfg.Logs, ref.Log) {
+		return nil, nil, false, fmt.Errorf("%w: %s: not one of the logs this resolver takes", ErrBadRef, ref)
 	}
 	if int64(ref.Length) > int64(r.cfg.MaxPayload) {
 		return nil, nil, false, fmt.Errorf("offload: %s: at most %d bytes taken: %w", ref, r.cfg.MaxPayload, ErrTooLarge)
