@@ -174,3 +174,11 @@ func (c *client) CreateReader(opts pulsar.ReaderOptions) (pulsar.Reader, error) 
 	}
 	return &reader{Reader: r, c: c}, nil
 }
+
+var (
+	_ pulsar.Client   = (*client)(nil)
+	_ pulsar.Producer = (*producer)(nil)
+	_ pulsar.Consumer = (*consumer)(nil)
+	_ pulsar.Reader   = (*reader)(nil)
+	_ pulsar.Message  = (*message)(nil)
+)

@@ -262,3 +262,8 @@ func (c *pushConsumer) resolve(ctx context.Context, m *primitive.MessageExt) err
 	m.RemoveProperty(PropertyOffload)
 	return nil
 }
+
+var (
+	_ rocketmq.Producer     = (*offloadProducer)(nil)
+	_ rocketmq.PushConsumer = (*pushConsumer)(nil)
+)
