@@ -281,6 +281,19 @@ func rocketmqOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	err = ad.CreateTopic(ctx, admin.WithTopicCreate(a.Topic), admin.WithBrokerAddrCreate(br.BrokerAddr))
+	// The broker registers the topic with the name server on its own
+	// time: ask the name server until it knows the route.
+	for tick := time.NewTicker(100 * time.Millisecond); err == nil; {
+		if qs, qerr := ad.FetchPublishMessageQueues(ctx, a.Topic); qerr == nil && len(qs) > 0 {
+			tick.Stop()
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			err = fmt.Errorf("the name server has no route of %s: %w", a.Topic, ctx.Err())
+		}
+	}
 	cancel()
 	ad.Close()
 	if err != nil {
