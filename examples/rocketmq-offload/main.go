@@ -33,7 +33,8 @@ func main() {
 	check(service.Start())
 	defer service.Shutdown()
 	got := make(chan string, 8)
-	dashboard, err := ubrocketmq.NewPushConsumer(o, consumer.WithNameServer([]string{ns}), consumer.WithGroupName("dashboard"))
+	dashboard, err := ubrocketmq.NewPushConsumer(o, consumer.WithNameServer([]string{ns}), consumer.WithGroupName("dashboard"),
+		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset))
 	check(err)
 	check(dashboard.Subscribe("inference-results", consumer.MessageSelector{}, func(_ context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
 		for _, m := range msgs {
