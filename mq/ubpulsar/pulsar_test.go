@@ -206,6 +206,7 @@ func TestPulsar(t *testing.T) {
 	b := testenv.StartPulsar(t, testenv.BrokerOptions{Durable: true})
 	t.Logf("Pulsar ready in %v", time.Since(start).Round(time.Millisecond))
 	t.Run("Differential", func(t *testing.T) { testDifferential(t, b) })
+	t.Run("NackDifferential", func(t *testing.T) { testNackDifferential(t, b) })
 	t.Run("KilledConsumer", func(t *testing.T) { testKilledConsumer(t, b) })
 	t.Run("Gone", func(t *testing.T) { testGone(t, b) })
 	t.Run("Example", func(t *testing.T) { testExample(t, b) })
