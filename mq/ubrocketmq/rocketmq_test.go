@@ -246,6 +246,7 @@ func TestRocketMQ(t *testing.T) {
 	b := testenv.StartRocketMQ(t, testenv.BrokerOptions{Durable: true})
 	t.Logf("RocketMQ ready in %v", time.Since(start).Round(time.Millisecond))
 	t.Run("Differential", func(t *testing.T) { testDifferential(t, b) })
+	t.Run("RetryDifferential", func(t *testing.T) { testRetryDifferential(t, b) })
 	t.Run("KilledConsumer", func(t *testing.T) { testKilledConsumer(t, b) })
 	t.Run("Gone", func(t *testing.T) { testGone(t, b) })
 	t.Run("Example", func(t *testing.T) { testExample(t, b) })
