@@ -29,7 +29,12 @@ var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 	"ub":        func(o *benchOpts) ([]bench.Case, error) { return ubsuite.Cases(), nil },
 	"transport": func(o *benchOpts) ([]bench.Case, error) { return transportsuite.Cases(), nil },
 	"mesh":      func(o *benchOpts) ([]bench.Case, error) { return meshsuite.Cases(), nil },
-	"mq":        func(o *benchOpts) ([]bench.Case, error) { return mqsuite.Cases(), nil },
+	"mq": func(o *benchOpts) ([]bench.Case, error) {
+		// The offload cases start Pulsar and RocketMQ once, on first use.
+		b := mqsuite.NewBrokers()
+		o.addCleanup(b.Close)
+		return append(mqsuite.Cases(), mqsuite.OffloadCases(b)...), nil
+	},
 	"cache": func(o *benchOpts) ([]bench.Case, error) {
 		// Real redis-server and memcached, started as the cases need them.
 		e := cachesuite.NewEnv()

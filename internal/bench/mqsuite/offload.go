@@ -1,0 +1,429 @@
+package mqsuite
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+	plog "github.com/apache/pulsar-client-go/pulsar/log"
+	"github.com/apache/rocketmq-client-go/v2"
+	"github.com/apache/rocketmq-client-go/v2/admin"
+	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
+	"github.com/apache/rocketmq-client-go/v2/primitive"
+	"github.com/apache/rocketmq-client-go/v2/producer"
+	"github.com/apache/rocketmq-client-go/v2/rlog"
+	"github.com/sirupsen/logrus"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/mq/offload"
+	"github.com/ubkit-io/ubkit/mq/ubpulsar"
+	"github.com/ubkit-io/ubkit/mq/ubrocketmq"
+)
+
+// OffloadSize is the payload of the offload cases.
+const OffloadSize = 1 << 20
+
+// offloadMessages is how many messages one run sends: a fixed count
+// (not a duration), all held by the store's retention (5 of its 8
+// segments of 64 MiB), so the consumer never finds a payload gone.
+// Shorter runs (-quick) send fewer.
+func offloadMessages(d time.Duration) int {
+	if d < time.Second {
+		return 48
+	}
+	return 256
+}
+
+// maxPending bounds the messages a producer has in flight, for both
+// contenders of a case alike: 32 for Pulsar; 4 for RocketMQ, whose
+// broker (512 MiB of heap, as testenv starts it) answers 32 MiB in flight
+// with "broker busy" (TIMEOUT_CLEAN_QUEUE).
+const (
+	maxPending         = 32
+	maxPendingRocketMQ = 4
+)
+
+// warmUp is the payload of the message each run starts with, before it
+// measures: the consumer says ready once it has it, so the time measured
+// holds no subscription or queue assignment.
+var warmUp = []byte("warm-up")
+
+// OffloadCases are the drop-ins' payload-offload cases on brokers b
+// starts once: pulsar-offload-1MiB and rocketmq-offload-1MiB, msg/s of
+// 1 MiB messages from this process to a consumer process through the
+// broker, with offload (ubkit) and with the plain client (the baseline),
+// every payload byte written by the producer and summed by the consumer.
+func OffloadCases(b *Brokers) []bench.Case {
+	return []bench.Case{
+		{Name: "pulsar-offload-1MiB", Unit: "msg/s", Better: "higher", Contenders: []bench.Contender{
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return pulsarOffload(b, d, true) }},
+			{Name: "pulsar", Run: func(d time.Duration) (bench.Measurement, error) { return pulsarOffload(b, d, false) }},
+		}},
+		{Name: "rocketmq-offload-1MiB", Unit: "msg/s", Better: "higher", Contenders: []bench.Contender{
+			{Name: "ubkit", Run: func(d time.Duration) (bench.Measurement, error) { return rocketmqOffload(b, d, true) }},
+			{Name: "rocketmq", Run: func(d time.Duration) (bench.Measurement, error) { return rocketmqOffload(b, d, false) }},
+		}},
+	}
+}
+
+// offloadArgs tell a consumer peer what to read.
+type offloadArgs struct {
+	Broker  string `json:"broker"` // Pulsar's service URL, RocketMQ's name server
+	Topic   string `json:"topic"`
+	N       int    `json:"n"`
+	Offload bool   `json:"offload"`
+}
+
+func init() {
+	bench.RegisterPeer("mq-pulsar-consumer", func(raw json.RawMessage) error {
+		var a offloadArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		return pulsarConsumer(a)
+	})
+	bench.RegisterPeer("mq-rocketmq-consumer", func(raw json.RawMessage) error {
+		var a offloadArgs
+		if err := json.Unmarshal(raw, &a); err != nil {
+			return err
+		}
+		return rocketmqConsumer(a)
+	})
+}
+
+var offloadRun atomic.Uint64
+
+func quietPulsarLogger() plog.Logger {
+	l := logrus.New()
+	l.SetOutput(os.Stderr)
+	l.SetLevel(logrus.ErrorLevel)
+	return plog.NewLoggerWithLogrus(l)
+}
+
+// openStore is a fresh store for one run, big enough for every message
+// of it; remove deletes it.
+func openStore() (*offload.Store, func(), error) {
+	name := fmt.Sprintf("bench-offload-%d-%d", os.Getpid(), offloadRun.Add(1))
+	s, err := offload.OpenStore(name, offload.StoreConfig{SegmentSize: 64 << 20, Segments: 8})
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, func() { s.Close(); offload.Remove(name) }, nil
+}
+
+// runConsumer starts the consumer peer, waits until it is subscribed,
+// runs send and returns the rate at which the consumer got all n
+// messages (from the first send to its report) after checking its
+// count and sum.
+func runConsumer(role string, a offloadArgs, warm func(ctx context.Context) error, send func(ctx context.Context) (sum uint64, err error)) (bench.Measurement, error) {
+	peer, err := bench.StartPeerPipe(role, a)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer peer.Kill()
+	out := bufio.NewReader(peer.Stdout())
+	if line, err := out.ReadString('\n'); err != nil || line != "subscribed\n" {
+		return bench.Measurement{}, fmt.Errorf("%s: %q, %v (%v)", role, line, err, peer.Err())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := warm(ctx); err != nil {
+		return bench.Measurement{}, err
+	}
+	if line, err := out.ReadString('\n'); err != nil || line != "ready\n" {
+		return bench.Measurement{}, fmt.Errorf("%s: %q, %v (%v)", role, line, err, peer.Err())
+	}
+	start := time.Now()
+	sum, err := send(ctx)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	var res result
+	if err := json.NewDecoder(out).Decode(&res); err != nil {
+		return bench.Measurement{}, fmt.Errorf("%s's result: %w (%v)", role, err, peer.Err())
+	}
+	elapsed := time.Since(start)
+	if res.N != uint64(a.N) || res.Sum != sum {
+		return bench.Measurement{}, fmt.Errorf("%s read %d messages (sum %x), %d sent (sum %x)", role, res.N, res.Sum, a.N, sum)
+	}
+	if err := peer.Wait(); err != nil {
+		return bench.Measurement{}, err
+	}
+	return bench.Measurement{Value: float64(a.N) / elapsed.Seconds()}, nil
+}
+
+// pulsarOffload sends 1 MiB messages through Pulsar, with the drop-in
+// offloading them (ubkit) or with the plain client, each payload filled
+// before its send.
+func pulsarOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, error) {
+	br, err := b.Pulsar()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	a := offloadArgs{Broker: br.ServiceURL, Topic: fmt.Sprintf("persistent://public/default/bench-%d-%d", os.Getpid(), offloadRun.Add(1)), N: offloadMessages(d), Offload: off}
+	opts := pulsar.ClientOptions{URL: br.ServiceURL, Logger: quietPulsarLogger(), OperationTimeout: time.Minute}
+	var client pulsar.Client
+	if off {
+		s, remove, err := openStore()
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+		defer remove()
+		client, err = ubpulsar.NewClient(opts, ubpulsar.Options{Topics: []string{a.Topic}, Store: s})
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+	} else if client, err = pulsar.NewClient(opts); err != nil {
+		return bench.Measurement{}, err
+	}
+	defer client.Close()
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: a.Topic, MaxPendingMessages: maxPending, DisableBatching: true,
+		// A closed producer's timeout goroutine lives SendTimeout on (tests
+		// check for leaks 10 s after the end).
+		SendTimeout: 8 * time.Second})
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	defer p.Close()
+	warm := func(ctx context.Context) error {
+		_, err := p.Send(ctx, &pulsar.ProducerMessage{Payload: warmUp})
+		return err
+	}
+	return runConsumer("mq-pulsar-consumer", a, warm, func(ctx context.Context) (uint64, error) {
+		var sum uint64
+		var mu sync.Mutex
+		var sendErr error
+		for i := range a.N {
+			m := &pulsar.ProducerMessage{Payload: make([]byte, OffloadSize)}
+			bench.Fill(m.Payload, uint64(i))
+			sum += bench.FillSum(OffloadSize, uint64(i))
+			p.SendAsync(ctx, m, func(_ pulsar.MessageID, _ *pulsar.ProducerMessage, err error) {
+				if err != nil {
+					mu.Lock()
+					sendErr = err
+					mu.Unlock()
+				}
+			})
+		}
+		if err := p.FlushWithCtx(ctx); err != nil {
+			return 0, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return sum, sendErr
+	})
+}
+
+// pulsarConsumer receives a.N messages on a fresh subscription (made
+// before it says ready), sums every payload byte and acks each.
+func pulsarConsumer(a offloadArgs) error {
+	opts := pulsar.ClientOptions{URL: a.Broker, Logger: quietPulsarLogger(), OperationTimeout: time.Minute}
+	var client pulsar.Client
+	var err error
+	if a.Offload {
+		client, err = ubpulsar.NewClient(opts, ubpulsar.Options{})
+	} else {
+		client, err = pulsar.NewClient(opts)
+	}
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	c, err := client.Subscribe(pulsar.ConsumerOptions{Topic: a.Topic, SubscriptionName: "bench", ReceiverQueueSize: maxPending})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Println("subscribed")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	m, err := c.Receive(ctx)
+	if err != nil {
+		return err
+	}
+	if string(m.Payload()) != string(warmUp) {
+		return fmt.Errorf("a first message of %d bytes, not the warm-up", len(m.Payload()))
+	}
+	c.AckID(m.ID())
+	fmt.Println("ready")
+	var res result
+	for range a.N {
+		m, err := c.Receive(ctx)
+		if err != nil {
+			return err
+		}
+		res.N++
+		res.Sum += bench.Sum(m.Payload())
+		c.AckID(m.ID())
+	}
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// rocketmqOffload is pulsarOffload's RocketMQ twin: async sends of 1 MiB
+// bodies, at most maxPending in flight.
+func rocketmqOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, error) {
+	rlog.SetLogLevel("error")
+	br, err := b.RocketMQ()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	a := offloadArgs{Broker: br.NamesrvAddr, Topic: fmt.Sprintf("bench-%d-%d", os.Getpid(), offloadRun.Add(1)), N: offloadMessages(d), Offload: off}
+	ad, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver([]string{br.NamesrvAddr})))
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	err = ad.CreateTopic(ctx, admin.WithTopicCreate(a.Topic), admin.WithBrokerAddrCreate(br.BrokerAddr))
+	// The broker registers the topic with the name server on its own
+	// time: ask the name server until it knows the route.
+	for tick := time.NewTicker(100 * time.Millisecond); err == nil; {
+		if qs, qerr := ad.FetchPublishMessageQueues(ctx, a.Topic); qerr == nil && len(qs) > 0 {
+			tick.Stop()
+			break
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			err = fmt.Errorf("the name server has no route of %s: %w", a.Topic, ctx.Err())
+		}
+	}
+	cancel()
+	ad.Close()
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	opts := []producer.Option{producer.WithNameServer([]string{br.NamesrvAddr}), producer.WithRetry(1),
+		producer.WithGroupName("bench-" + a.Topic), producer.WithInstanceName(a.Topic), producer.WithSendMsgTimeout(time.Minute)}
+	var p rocketmq.Producer
+	if off {
+		s, remove, err := openStore()
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+		defer remove()
+		p, err = ubrocketmq.NewProducer(ubrocketmq.Options{Topics: []string{a.Topic}, Store: s}, opts...)
+		if err != nil {
+			return bench.Measurement{}, err
+		}
+	} else if p, err = rocketmq.NewProducer(opts...); err != nil {
+		return bench.Measurement{}, err
+	}
+	if err := p.Start(); err != nil {
+		return bench.Measurement{}, err
+	}
+	defer p.Shutdown()
+	warm := func(ctx context.Context) error {
+		_, err := p.SendSync(ctx, primitive.NewMessage(a.Topic, warmUp))
+		return err
+	}
+	return runConsumer("mq-rocketmq-consumer", a, warm, func(ctx context.Context) (uint64, error) {
+		var sum uint64
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var sendErr error
+		inflight := make(chan struct{}, maxPendingRocketMQ)
+		for i := range a.N {
+			body := make([]byte, OffloadSize)
+			bench.Fill(body, uint64(i))
+			sum += bench.FillSum(OffloadSize, uint64(i))
+			inflight <- struct{}{}
+			wg.Add(1)
+			err := p.SendAsync(ctx, func(_ context.Context, r *primitive.SendResult, err error) {
+				if err == nil && r.Status != primitive.SendOK {
+					err = fmt.Errorf("send status %v", r.Status)
+				}
+				if err != nil {
+					mu.Lock()
+					sendErr = err
+					mu.Unlock()
+				}
+				<-inflight
+				wg.Done()
+			}, primitive.NewMessage(a.Topic, body))
+			if err != nil {
+				<-inflight
+				wg.Done()
+				return 0, err
+			}
+		}
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return sum, sendErr
+	})
+}
+
+// rocketmqConsumer consumes a.N messages in a fresh group from the first
+// offset, summing every body byte.
+func rocketmqConsumer(a offloadArgs) error {
+	rlog.SetLogLevel("error")
+	opts := []rmqconsumer.Option{rmqconsumer.WithNameServer([]string{a.Broker}), rmqconsumer.WithGroupName("bench-" + a.Topic),
+		rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset), rmqconsumer.WithInstance(a.Topic)}
+	var c rocketmq.PushConsumer
+	var err error
+	if a.Offload {
+		c, err = ubrocketmq.NewPushConsumer(ubrocketmq.Options{}, opts...)
+	} else {
+		c, err = rocketmq.NewPushConsumer(opts...)
+	}
+	if err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	var res result
+	all, warm := make(chan struct{}), make(chan struct{})
+	warmed := false
+	err = c.Subscribe(a.Topic, rmqconsumer.MessageSelector{}, func(_ context.Context, msgs ...*primitive.MessageExt) (rmqconsumer.ConsumeResult, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range msgs {
+			if string(m.Body) == string(warmUp) {
+				if !warmed {
+					warmed = true
+					close(warm)
+				}
+				continue
+			}
+			if res.N == uint64(a.N) {
+				break // a redelivery beyond the count
+			}
+			res.N++
+			res.Sum += bench.Sum(m.Body)
+			if res.N == uint64(a.N) {
+				close(all)
+			}
+		}
+		return rmqconsumer.ConsumeSuccess, nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.Start(); err != nil {
+		return err
+	}
+	defer c.Shutdown()
+	fmt.Println("subscribed")
+	select {
+	case <-warm:
+	case <-time.After(5 * time.Minute):
+		return errors.New("no warm-up message in 5 minutes")
+	}
+	fmt.Println("ready")
+	select {
+	case <-all:
+	case <-time.After(5 * time.Minute):
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Errorf("%d of %d messages in 5 minutes", res.N, a.N)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return json.NewEncoder(os.Stdout).Encode(res)
+}

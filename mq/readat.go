@@ -1,0 +1,76 @@
+package mq
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// ErrNotRecord: ReadAt's offset does not hold a committed record (it is
+// padding, a record still being written, or an aborted one).
+var ErrNotRecord = errors.New("mq: no committed record at offset")
+
+// ReadAt reads the record at log offset off of partition p in place, as
+// Reader.Next would have returned it, without a reader slot: a random
+// access for holders of an offset (mq/offload's references). The payload
+// is valid until release is called (release once; the segment stays
+// mapped until then, even if retention drops it meanwhile). Everything
+// is validated as Next validates it: an offset retention dropped is
+// ErrOffsetGone, one at or past the tail or not a committed record's
+// ErrNotRecord, a header that makes no sense wraps shm.ErrCorrupt.
+//
+// ReadAt maps the record's segment for each call and does not touch the
+// handle's producer cache; it is for records large enough that one
+// mapping per read does not matter.
+func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
+	pt, err := l.part(p)
+	if err != nil {
+		return Record{}, nil, err
+	}
+	size := uint64(l.cfg.SegmentSize)
+	k, at := off/size, off%size
+	switch {
+	case off%8 != 0 || size-at < headerSize:
+		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrNotRecord)
+	case off < pt.head.Load()*size:
+		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrOffsetGone)
+	case off >= pt.tail.Load():
+		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d is at or past the tail: %w", off, p, ErrNotRecord)
+	}
+	seg, err := shm.OpenSegment(segName(l.name, p, k))
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Record{}, nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
+		}
+		return Record{}, nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
+	}
+	fail := func(err error) (Record, func(), error) {
+		seg.Close()
+		return Record{}, nil, err
+	}
+	if seg.Size() < int(size) {
+		return fail(fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt))
+	}
+	words, err := seg.Uint64s(int(at), 2)
+	if err != nil {
+		return fail(err)
+	}
+	w := words[0].Load()
+	rec, _, err := decode(seg.Data()[:size:size], at, w, words[1].Load(), off)
+	if err != nil {
+		return fail(fmt.Errorf("mq: partition %d offset %d: %w", p, off, err))
+	}
+	if rec == nil {
+		what := "padding"
+		switch w & stateMask {
+		case stateWriting:
+			what = "a record being written"
+		case stateAborted:
+			what = "an aborted record"
+		}
+		return fail(fmt.Errorf("mq: offset %d of partition %d is %s: %w", off, p, what, ErrNotRecord))
+	}
+	return Record{Offset: off, Payload: rec}, func() { seg.Close() }, nil
+}

@@ -1,0 +1,165 @@
+package mq
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// TestReadAt reads every record of a partition by its offset, across
+// segments and padding, and checks what is not a record.
+func TestReadAt(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 3, Full: FullOverwrite})
+	ctx := timeout(t, 10*time.Second)
+	var offs []uint64
+	var want [][]byte
+	for i := range 20 {
+		b := bytes.Repeat([]byte{byte(i + 1)}, 200+97*i)
+		off, err := l.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs, want = append(offs, off), append(want, b)
+	}
+	st, _ := l.Stats(0)
+	kept := 0
+	for i, off := range offs {
+		rec, release, err := l.ReadAt(0, off)
+		if off < st.Oldest {
+			if !errors.Is(err, ErrOffsetGone) {
+				t.Fatalf("record %d at %d, below the oldest %d: %v, want ErrOffsetGone", i, off, st.Oldest, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("record %d at %d: %v", i, off, err)
+		}
+		if rec.Offset != off || !bytes.Equal(rec.Payload, want[i]) {
+			t.Fatalf("record %d at %d: offset %d, %d bytes", i, off, rec.Offset, len(rec.Payload))
+		}
+		release()
+		kept++
+	}
+	if kept == 0 || kept == len(offs) {
+		t.Fatalf("%d of %d records kept: the test wants some dropped and some kept", kept, len(offs))
+	}
+	last := offs[len(offs)-1]
+	for _, c := range []struct {
+		off  uint64
+		want error
+	}{
+		{last + 8, shm.ErrCorrupt}, // inside a payload: not a header
+		{last + 3, ErrNotRecord},   // not aligned
+		{st.Tail, ErrNotRecord},    // the tail
+		{st.Tail + 4096, ErrNotRecord},
+		{0, ErrOffsetGone},
+	} {
+		if _, _, err := l.ReadAt(0, c.off); !errors.Is(err, c.want) {
+			t.Errorf("offset %d: %v, want %v", c.off, err, c.want)
+		}
+	}
+	if _, _, err := l.ReadAt(1, 0); err == nil {
+		t.Error("partition 1 of 1 read")
+	}
+}
+
+// TestReadAtStates: a record being written, an aborted one and one whose
+// payload changed after its commit are not returned.
+func TestReadAtStates(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	loan, err := l.Loan(ctx, 0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.ReadAt(0, loan.Offset()); !errors.Is(err, ErrNotRecord) {
+		t.Fatalf("a record being written: %v, want ErrNotRecord", err)
+	}
+	loan.Abort()
+	if _, _, err := l.ReadAt(0, loan.Offset()); !errors.Is(err, ErrNotRecord) {
+		t.Fatalf("an aborted record: %v, want ErrNotRecord", err)
+	}
+	loan, err = l.Loan(ctx, 0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := loan.Bytes()
+	copy(buf, "payload")
+	if err := loan.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	rec, release, err := l.ReadAt(0, loan.Offset())
+	if err != nil || string(rec.Payload[:7]) != "payload" {
+		t.Fatalf("committed record: %q, %v", rec.Payload, err)
+	}
+	release()
+	// A hostile producer changes the payload after the commit.
+	w, err := l.Loan(ctx, 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Commit()
+	r := newReader(t, l, 0, loan.Offset())
+	got, err := r.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Payload[0] ^= 0xff
+	if _, _, err := l.ReadAt(0, loan.Offset()); !errors.Is(err, shm.ErrCorrupt) {
+		t.Fatalf("a payload changed after its commit: %v, want shm.ErrCorrupt", err)
+	}
+}
+
+// TestReadAtAfterDrop: a record read before retention dropped its segment
+// stays readable until released.
+func TestReadAtAfterDrop(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullOverwrite})
+	ctx := timeout(t, 10*time.Second)
+	want := bytes.Repeat([]byte("x"), 3000)
+	off, err := l.Send(ctx, 0, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, release, err := l.ReadAt(0, off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	for range 4 {
+		if _, err := l.Send(ctx, 0, make([]byte, 3000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := l.ReadAt(0, off); !errors.Is(err, ErrOffsetGone) {
+		t.Fatalf("after the drop: %v, want ErrOffsetGone", err)
+	}
+	if !bytes.Equal(rec.Payload, want) {
+		t.Fatal("a held record changed after its segment was dropped")
+	}
+}
+
+// FuzzReadAt: any offset gives a record or an error, never a panic.
+func FuzzReadAt(f *testing.F) {
+	for _, o := range []uint64{0, 8, 16, 24, 4080, 4088, 4096, 1 << 63, ^uint64(0)} {
+		f.Add(o)
+	}
+	l := newLog(f, Config{SegmentSize: 4096, Segments: 2, Full: FullOverwrite})
+	ctx := timeout(f, 10*time.Second)
+	for i := range 12 {
+		if _, err := l.Send(ctx, 0, bytes.Repeat([]byte{byte(i)}, 200*i)); err != nil {
+			f.Fatal(err)
+		}
+	}
+	f.Fuzz(func(t *testing.T, off uint64) {
+		rec, release, err := l.ReadAt(0, off)
+		if err == nil {
+			if rec.Offset != off {
+				t.Fatalf("offset %d read as %d", off, rec.Offset)
+			}
+			release()
+		}
+	})
+}
