@@ -39,9 +39,16 @@ race:
 	$(GO) test -race -count=1 ./...
 
 # Examples are programs: build and run each one (they are also Go tests).
+# An example that reads PULSAR_URL or ROCKETMQ_NAMESRV runs with that
+# broker, started for it from the jars prereqs resolved.
 examples:
 	@set -e; for d in $$(find examples -name main.go -exec dirname {} \; 2>/dev/null | sort); do \
-		echo "== $$d"; $(GO) run ./$$d; \
+		echo "== $$d"; brokers=""; \
+		if grep -qs PULSAR_URL $$d/*.go; then brokers="$$brokers -pulsar"; fi; \
+		if grep -qs ROCKETMQ_NAMESRV $$d/*.go; then brokers="$$brokers -rocketmq"; fi; \
+		brokers="$$brokers $$(sed -n 's|^// withbrokers: ||p' $$d/*.go)"; \
+		if [ -n "$$(echo $$brokers)" ]; then $(GO) run ./internal/testenv/withbrokers $$brokers -- $(GO) run ./$$d; \
+		else $(GO) run ./$$d; fi; \
 	done
 
 bench:

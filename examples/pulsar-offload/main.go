@@ -5,8 +5,8 @@
 // dashboard consumer in the same program reads them back.
 //
 // It needs a broker: PULSAR_URL=pulsar://host:6650. Without one it says
-// so and does nothing; `go test ./mq/ubpulsar -run TestPulsar/Example`
-// runs it against a Pulsar standalone the test harness starts.
+// so and fails; `make examples` and `go test ./mq/ubpulsar -run
+// TestPulsar/Example` run it against a Pulsar standalone they start.
 package main
 
 import (

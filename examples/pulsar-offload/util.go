@@ -33,13 +33,13 @@ func tensor() []byte {
 	return b
 }
 
-// brokerAddr is the broker's address from the environment variable env,
-// or, if it is not set, the program says it was not run and exits.
+// brokerAddr is the broker's address from the environment variable env;
+// without it the program cannot run, and says so.
 func brokerAddr(env string) string {
 	a := os.Getenv(env)
 	if a == "" {
-		fmt.Println("pulsar-offload: not run: set PULSAR_URL=pulsar://host:port (go test ./mq/ubpulsar -run TestPulsar/Example runs it on a test broker)")
-		os.Exit(0)
+		fmt.Fprintln(os.Stderr, "pulsar-offload: needs a broker: set PULSAR_URL=pulsar://host:port (make examples starts one for it)")
+		os.Exit(2)
 	}
 	return a
 }

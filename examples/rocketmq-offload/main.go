@@ -6,9 +6,11 @@
 // them back.
 //
 // It needs a broker: ROCKETMQ_NAMESRV=host:9876 and the topic
-// inference-results created. Without one it says so and does nothing;
-// `go test ./mq/ubrocketmq -run TestRocketMQ/Example` runs it against a
-// name server and broker the test harness starts.
+// inference-results created. Without one it says so and fails;
+// `make examples` and `go test ./mq/ubrocketmq -run TestRocketMQ/Example`
+// run it against a name server and broker they start.
+//
+// withbrokers: -rocketmq-topics=inference-results
 package main
 
 import (

@@ -44,13 +44,13 @@ func tensor() []byte {
 	return b
 }
 
-// brokerAddr is the broker's address from the environment variable env,
-// or, if it is not set, the program says it was not run and exits.
+// brokerAddr is the broker's address from the environment variable env;
+// without it the program cannot run, and says so.
 func brokerAddr(env string) string {
 	a := os.Getenv(env)
 	if a == "" {
-		fmt.Println("rocketmq-offload: not run: set ROCKETMQ_NAMESRV=host:port (go test ./mq/ubrocketmq -run TestRocketMQ/Example runs it on a test broker)")
-		os.Exit(0)
+		fmt.Fprintln(os.Stderr, "rocketmq-offload: needs a broker: set ROCKETMQ_NAMESRV=host:port (make examples starts one for it)")
+		os.Exit(2)
 	}
 	return a
 }

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/apache/rocketmq-client-go/v2"
-	"github.com/apache/rocketmq-client-go/v2/admin"
 	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
@@ -63,31 +62,8 @@ func store(t testing.TB, c offload.StoreConfig) *offload.Store {
 
 func createTopic(t *testing.T, b *testenv.RocketMQ, topic string, queues int) {
 	t.Helper()
-	a, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver([]string{b.NamesrvAddr})))
-	if err != nil {
+	if err := b.CreateTopic(timeout(t, time.Minute), topic, queues); err != nil {
 		t.Fatal(err)
-	}
-	defer a.Close()
-	ctx := timeout(t, time.Minute)
-	if err := a.CreateTopic(ctx, admin.WithTopicCreate(topic), admin.WithBrokerAddrCreate(b.BrokerAddr),
-		admin.WithReadQueueNums(queues), admin.WithWriteQueueNums(queues)); err != nil {
-		t.Fatal(err)
-	}
-	// The broker registers the topic with the name server on its own
-	// time (under load, after "boot success", seconds later), and the
-	// name server tells nobody: ask it until it knows the route.
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		qs, err := a.FetchPublishMessageQueues(ctx, topic)
-		if err == nil && len(qs) == queues {
-			return
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			t.Fatalf("the name server has no route of %s with %d queues: %v (%d queues)", topic, queues, err, len(qs))
-		}
 	}
 }
 

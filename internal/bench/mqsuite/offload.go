@@ -14,7 +14,6 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 	plog "github.com/apache/pulsar-client-go/pulsar/log"
 	"github.com/apache/rocketmq-client-go/v2"
-	"github.com/apache/rocketmq-client-go/v2/admin"
 	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
@@ -275,27 +274,9 @@ func rocketmqOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, 
 		return bench.Measurement{}, err
 	}
 	a := offloadArgs{Broker: br.NamesrvAddr, Topic: fmt.Sprintf("bench-%d-%d", os.Getpid(), offloadRun.Add(1)), N: offloadMessages(d), Offload: off}
-	ad, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver([]string{br.NamesrvAddr})))
-	if err != nil {
-		return bench.Measurement{}, err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	err = ad.CreateTopic(ctx, admin.WithTopicCreate(a.Topic), admin.WithBrokerAddrCreate(br.BrokerAddr))
-	// The broker registers the topic with the name server on its own
-	// time: ask the name server until it knows the route.
-	for tick := time.NewTicker(100 * time.Millisecond); err == nil; {
-		if qs, qerr := ad.FetchPublishMessageQueues(ctx, a.Topic); qerr == nil && len(qs) > 0 {
-			tick.Stop()
-			break
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			err = fmt.Errorf("the name server has no route of %s: %w", a.Topic, ctx.Err())
-		}
-	}
+	err = br.CreateTopic(ctx, a.Topic, 4)
 	cancel()
-	ad.Close()
 	if err != nil {
 		return bench.Measurement{}, err
 	}
