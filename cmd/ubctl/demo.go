@@ -26,8 +26,10 @@ func demoCmd(args []string, w io.Writer) error {
 	switch {
 	case len(args) == 1 && args[0] == "k8s":
 		return demoK8s(w)
+	case len(args) == 1 && args[0] == "mq":
+		return demoMQBrokers(w)
 	case len(args) > 0:
-		return fmt.Errorf("demo: unknown part %q (the parts: k8s; none runs them all)", strings.Join(args, " "))
+		return fmt.Errorf("demo: unknown part %q (the parts: k8s, mq; none runs the main demo)", strings.Join(args, " "))
 	}
 	fmt.Fprintln(w, "ubkit demo: two processes exchanging messages through shared memory")
 	fmt.Fprintln(w, "(this process and a peer it starts; the same work over a unix socket and TCP loopback)")

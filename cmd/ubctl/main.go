@@ -39,6 +39,10 @@ usage:
         a real Kubernetes control plane with kwok and the SuperNode
         controller: a simulated cm384 as SuperNodes, a node lost and found
         (builds its binaries once if they are not cached: about 15 minutes)
+  ubctl demo mq
+        the Pulsar and RocketMQ drop-ins with payload offload against the
+        plain clients, on real brokers started for it (their jars resolved
+        from Maven Central once)
 `
 
 func main() {

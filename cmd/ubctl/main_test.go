@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"slices"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,26 @@ func TestBenchBadArgs(t *testing.T) {
 	for _, args := range [][]string{{}, {""}, {"nosuch"}, {"shm", "-rounds", "x"}} {
 		if err := benchCmd(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("bench %q succeeded", args)
+		}
+	}
+}
+
+// TestDemoMQ runs `ubctl demo mq` on the real brokers, briefly: both
+// drop-ins' rows with a ratio.
+func TestDemoMQ(t *testing.T) {
+	demoMQOptions = bench.Options{Rounds: 1, Duration: 200 * time.Millisecond}
+	var out bytes.Buffer
+	if err := demoCmd([]string{"mq"}, &out); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	for _, want := range []string{"Pulsar " + testenv.PulsarVersion, "ubkit drop-in", "plain client"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("demo mq output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, row := range []string{"pulsar", "rocketmq"} {
+		if !regexp.MustCompile(`(?m)^  ` + row + ` +\d+ msg/s +\d+ msg/s +[0-9.]+x$`).MatchString(out.String()) {
+			t.Errorf("demo mq output has no %s row with a ratio:\n%s", row, out.String())
 		}
 	}
 }
