@@ -3,8 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"slices"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
