@@ -509,7 +509,7 @@ func testRestart(t *testing.T, b *testenv.Pulsar) {
 			if want := (sent{size: 50 << 10, seed: uint64(i)}).payload(); !bytes.Equal(cm.Payload(), want) {
 				t.Fatalf("message %d after the restart: %d bytes, not the payload sent", i, len(cm.Payload()))
 			}
-			cm.Consumer.Ack(cm.Message)
+			cm.Ack(cm.Message)
 		case <-ctx.Done():
 			t.Fatalf("message %d after the restart: %v", i, ctx.Err())
 		}

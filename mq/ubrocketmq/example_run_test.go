@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -15,7 +14,7 @@ import (
 // must print all 8 results with their checksums verified.
 func testExample(t *testing.T, b *testenv.RocketMQ) {
 	createTopic(t, b, "inference-results", 1)
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "run", "./examples/rocketmq-offload")
+	cmd := exec.Command("go", "run", "./examples/rocketmq-offload")
 	cmd.Dir = filepath.Join("..", "..")
 	cmd.Env = append(os.Environ(), "ROCKETMQ_NAMESRV="+b.NamesrvAddr)
 	out, err := cmd.CombinedOutput()
