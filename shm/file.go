@@ -41,7 +41,9 @@ func CheckDir(dir string) error {
 // CreateFileSegment creates a segment of at least size data bytes backed
 // by a new file at path, mode 0600, made with O_EXCL and O_NOFOLLOW in a
 // directory that passes CheckDir. It fails with an error wrapping
-// os.ErrExist if the file exists. The file stays when the segment is
+// os.ErrExist if the file exists. The file's blocks are allocated
+// before it is mapped: a full disk is an error wrapping ENOSPC here, never
+// a fault when the segment is written. The file stays when the segment is
 // closed (opts.Keep is implied): Unlink removes it. A creator that dies
 // before CreateFileSegment returns may leave a file without a valid header,
 // which OpenFileSegment reports as ErrCorrupt.
@@ -60,6 +62,11 @@ func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	if err != nil {
 		return nil, &os.PathError{Op: "create file segment", Path: path, Err: err}
 	}
+	if err := allocate(fd, total); err != nil {
+		unix.Close(fd)
+		unix.Unlink(path)
+		return nil, &os.PathError{Op: "allocate file segment", Path: path, Err: err}
+	}
 	s, err := newNamed(fd, path, total, opts)
 	if err != nil {
 		return nil, err
@@ -68,6 +75,25 @@ func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	s.initHeader(total)
 	s.commit()
 	return s, nil
+}
+
+// allocate gives the file fd its total bytes of disk now (fallocate), so
+// that a full disk is an error here rather than a SIGBUS (fatal in Go) at
+// the first write to a page of a sparse file through the mapping. A file
+// system without fallocate gets zeros written instead.
+func allocate(fd, total int) error {
+	err := unix.Fallocate(fd, 0, 0, int64(total))
+	if !errors.Is(err, unix.EOPNOTSUPP) {
+		return err
+	}
+	zero := make([]byte, 64<<10)
+	for off := 0; off < total; off += len(zero) {
+		n := min(len(zero), total-off)
+		if _, err := unix.Pwrite(fd, zero[:n], int64(off)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // OpenFileSegment maps the file-backed segment at path after the checks
