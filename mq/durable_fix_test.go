@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/shm"
 )
 
 // Tests of the holes a review of the durability change found (docs/mq.md,
@@ -82,4 +85,77 @@ func TestDurableDiskFull(t *testing.T) {
 		t.Fatalf("the producer filling the disk: %v\n%s", err, stderr.String())
 	}
 	t.Logf("the producer: %s", stderr.String())
+}
+
+// segFiles lists the segment files of partition 0 of log name in dir.
+func segFiles(t *testing.T, dir, name string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, segPrefix(name, 0)+"*.seg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestDurableReopenRefused: a segment file that OpenFileSegment refuses
+// for what it is (a second name, a mode open to the group), not for a
+// missing header, stops a reopen with an error and is left alone. The
+// rebuild used to take every refusal for "its creator died before the
+// header", removing the files from the newest down: OpenDir succeeded
+// with no segment left and none of the records.
+func TestDurableReopenRefused(t *testing.T) {
+	for _, alter := range []string{"chmod", "link"} {
+		t.Run(alter, func(t *testing.T) {
+			l, dir := newDirLog(t, Config{SegmentSize: 4096, Segments: 16})
+			ctx := timeout(t, 30*time.Second)
+			const n = 40
+			for i := range n {
+				if _, err := l.Send(ctx, 0, durablePayload(i)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			name := l.Name()
+			files := segFiles(t, dir, name)
+			if len(files) < 2 {
+				t.Fatalf("%d segment files, want at least 2", len(files))
+			}
+			dropMeta(t, l)
+			newest := l.segPath(0, uint64(len(files)-1))
+			var undo func()
+			switch alter {
+			case "chmod":
+				if err := os.Chmod(newest, 0o640); err != nil {
+					t.Fatal(err)
+				}
+				undo = func() { os.Chmod(newest, 0o600) }
+			case "link":
+				backup := filepath.Join(t.TempDir(), "backup.seg")
+				if err := os.Link(newest, backup); err != nil {
+					t.Fatal(err)
+				}
+				undo = func() { os.Remove(backup) }
+			}
+			if l2, err := OpenDir(name, dir); err == nil {
+				l2.Close()
+				t.Fatalf("OpenDir with a refused segment file succeeded; %d of %d segment files left", len(segFiles(t, dir, name)), len(files))
+			} else if !errors.Is(err, shm.ErrCorrupt) {
+				t.Fatalf("OpenDir: %v, want ErrCorrupt", err)
+			}
+			if got := segFiles(t, dir, name); len(got) != len(files) {
+				t.Fatalf("after the refused reopen: %d segment files, had %d", len(got), len(files))
+			}
+			undo()
+			l2 := reopen(t, name, dir)
+			r := newReader(t, l2, 0, Oldest)
+			for i := range n {
+				rec, err := r.Next(ctx)
+				if err != nil {
+					t.Fatalf("record %d: %v", i, err)
+				}
+				if _, seq := parse(t, rec.Payload); seq != uint64(i) {
+					t.Fatalf("record %d: seq %d", i, seq)
+				}
+			}
+		})
+	}
 }

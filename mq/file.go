@@ -552,13 +552,16 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 		seg, err := l.openSeg(p, k)
 		if err == nil && seg.Size() < int(size) {
 			seg.Close()
-			err = shm.ErrCorrupt
+			err = fmt.Errorf("%d bytes, want %d: %w", seg.Size(), size, shm.ErrCorrupt)
 		}
 		if err == nil {
 			segs = append(segs, seg)
 			break
 		}
-		if !errors.Is(err, shm.ErrCorrupt) || len(segs) > 0 {
+		// Only a file without a header is one nothing was written in; a
+		// file refused for anything else (another owner, mode or name, a
+		// damaged header) stops the rebuild: it may hold records.
+		if !errors.Is(err, shm.ErrNoHeader) || len(segs) > 0 {
 			return fmt.Errorf("segment %d of partition %d: %w", k, p, err)
 		}
 		if err := l.removeSeg(p, k); err != nil {

@@ -45,8 +45,8 @@ func CheckDir(dir string) error {
 // before it is mapped: a full disk is an error wrapping ENOSPC here, never
 // a fault when the segment is written. The file stays when the segment is
 // closed (opts.Keep is implied): Unlink removes it. A creator that dies
-// before CreateFileSegment returns may leave a file without a valid header,
-// which OpenFileSegment reports as ErrCorrupt.
+// before CreateFileSegment returns may leave a file without a header,
+// which OpenFileSegment reports as ErrNoHeader.
 func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, error) {
 	if opts == nil {
 		opts = &SegmentConfig{}
@@ -99,7 +99,8 @@ func allocate(fd, total int) error {
 // OpenFileSegment maps the file-backed segment at path after the checks
 // OpenSegment makes: the file is opened with O_NOFOLLOW and must be a
 // regular file of the effective user with one name and mode 0600 (no
-// permission for group or others), and its header must be valid.
+// permission for group or others), and its header must be valid (a
+// file without one yet is ErrNoHeader).
 func OpenFileSegment(path string) (*Segment, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -118,6 +119,19 @@ func OpenFileSegment(path string) (*Segment, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: mode %#o; ubkit maps only regular files of mode 0600: %w", path, st.Mode&0o7777, ErrCorrupt)
 	}
+	var magic [8]byte
+	if st.Size < HeaderSize {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: %d bytes: %w", path, st.Size, ErrNoHeader)
+	}
+	if n, err := unix.Pread(fd, magic[:], segOffMagic); err != nil || n != len(magic) {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: reading its magic: %d bytes, %v: %w", path, n, err, ErrCorrupt)
+	}
+	if magic == [8]byte{} {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: %w", path, ErrNoHeader)
+	}
 	s, err := mapExisting(fd)
 	if err != nil {
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
@@ -125,6 +139,15 @@ func OpenFileSegment(path string) (*Segment, error) {
 	s.name, s.path = filepath.Base(path), path
 	return s, nil
 }
+
+// ErrNoHeader is the error of OpenFileSegment on a file of this user, with
+// one name and mode 0600, that holds no header yet: shorter than one, or
+// with no magic (zero). Its creator is writing it this moment, or died
+// before it finished (nothing was ever written in such a segment). It
+// wraps ErrCorrupt; any other ErrCorrupt of OpenFileSegment is about a
+// file ubkit would not have made so (another owner or mode, a second
+// name, a damaged header).
+var ErrNoHeader = fmt.Errorf("%w: a segment file without a header yet", ErrCorrupt)
 
 // Sync writes the data bytes [off, off+n) of a file-backed segment to its
 // file and waits for the disk (msync MS_SYNC, from the page that holds off;

@@ -100,27 +100,35 @@ func TestFileSegmentRefused(t *testing.T) {
 	if err := os.Link(good, filepath.Join(dir, "hard")); err != nil {
 		t.Fatal(err)
 	}
-	if err := open("hard"); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("a file with two names: %v, want ErrCorrupt", err)
+	if err := open("hard"); !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNoHeader) {
+		t.Errorf("a file with two names: %v, want ErrCorrupt, not ErrNoHeader", err)
 	}
 	os.Remove(filepath.Join(dir, "hard"))
 	if err := os.Chmod(good, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := open("good"); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("a file of mode 0644: %v, want ErrCorrupt", err)
+	if err := open("good"); !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNoHeader) {
+		t.Errorf("a file of mode 0644: %v, want ErrCorrupt, not ErrNoHeader", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "junk"), make([]byte, 2*HeaderSize), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := open("junk"); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("a file without a header: %v, want ErrCorrupt", err)
+	if err := open("junk"); !errors.Is(err, ErrNoHeader) {
+		t.Errorf("a file without a header: %v, want ErrNoHeader", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "short"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := open("short"); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("a one-byte file: %v, want ErrCorrupt", err)
+	if err := open("short"); !errors.Is(err, ErrNoHeader) {
+		t.Errorf("a one-byte file: %v, want ErrNoHeader", err)
+	}
+	bad := make([]byte, 2*HeaderSize)
+	bad[0] = 1 // a magic, not ubkit's
+	if err := os.WriteFile(filepath.Join(dir, "badmagic"), bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := open("badmagic"); !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNoHeader) {
+		t.Errorf("a file with a wrong magic: %v, want ErrCorrupt, not ErrNoHeader", err)
 	}
 	if err := open("missing"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a missing file: %v, want ErrNotExist", err)
