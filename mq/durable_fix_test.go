@@ -159,3 +159,88 @@ func TestDurableReopenRefused(t *testing.T) {
 		})
 	}
 }
+
+// stuckMaker is the state two reviews' findings need, made for real in
+// one process of three handles on a FlushEverySend log of 16 KiB
+// segments: handle a holds loans d (at 0 of segment 0), c (the next
+// page) and f (most of the rest of segment 0), all in writing, so no
+// commit in segment 0 has synced d's header; handle m's producer moved
+// the tail into segment 1 and stopped in createSeg just after
+// CreateFileSegment (as a maker killed there, or slow); handle b then
+// sent a record into segment 1, and its Send returned.
+type stuckMaker struct {
+	l, a, b *Log
+	d, c, f Reservation
+	bOff    uint64
+}
+
+func newStuckMaker(t *testing.T) *stuckMaker {
+	t.Helper()
+	const size = 16 << 10
+	m, _ := newDirLog(t, Config{SegmentSize: size, Segments: 16, Flush: FlushEverySend})
+	open := func() *Log {
+		l, err := Open(m.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	s := &stuckMaker{l: m, a: open(), b: open()}
+	ctx := timeout(t, 30*time.Second)
+	loan := func(n int) Reservation {
+		r, err := s.a.Loan(ctx, 0, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range r.Bytes() {
+			r.Bytes()[i] = byte(i)
+		}
+		return r
+	}
+	s.d = loan(4096 - headerSize)             // [0, 4096)
+	s.c = loan(100)                           // [4096, 4216)
+	s.f = loan(size - 64 - 4216 - headerSize) // up to 64 bytes before the end
+	stopped, release, sent := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	testSegMade = func(l *Log, _ int, k uint64) {
+		if l == m && k == 1 {
+			close(stopped)
+			<-release
+		}
+	}
+	go func() { // does not fit: a pad, and the tail moves into segment 1
+		_, err := m.Send(ctx, 0, make([]byte, 100))
+		sent <- err
+	}()
+	t.Cleanup(func() {
+		close(release)
+		if err := <-sent; err != nil {
+			t.Errorf("the maker's Send: %v", err)
+		}
+		testSegMade = nil
+	})
+	t.Cleanup(func() { s.d.Abort(); s.c.Abort(); s.f.Abort() })
+	<-stopped
+	var err error
+	if s.bOff, err = s.b.Send(ctx, 0, make([]byte, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if s.bOff != size {
+		t.Fatalf("b's record at %d, want %d (the start of segment 1)", s.bOff, size)
+	}
+	return s
+}
+
+// TestDurableMadeHeaderSynced: under FlushEverySend a record's Send may
+// return only once the header of its segment file is on disk, whoever
+// made the file: without the header a reopen takes the file for one
+// nothing was written in. A producer of another handle than the maker
+// used to sync only the directory and its record's pages, the file's
+// header page left to the maker's sync, which comes last (or never, if
+// the maker dies).
+func TestDurableMadeHeaderSynced(t *testing.T) {
+	s := newStuckMaker(t)
+	if dirty, wb := pageState(t, s.l.segPath(0, 1), 0); dirty || wb {
+		t.Fatalf("b's Send in segment 1 returned with the segment file's header page dirty %v, under writeback %v", dirty, wb)
+	}
+}

@@ -164,18 +164,21 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 		return nil, err
 	}
 	l.setBirth(seg)
+	if f := testSegMade; f != nil {
+		f(l, p, k)
+	}
 	if l.cfg.Flush != FlushNone {
-		// The segment left behind, in full: FlushInterval's ticker
-		// covers only the two newest this handle maps. (A failure
-		// leaves segment k made: the next Loan opens it.)
-		if k > 0 {
-			err = l.syncSeg(p, pt, k-1)
-		}
-		if err == nil {
-			err = seg.SyncAll()
-		}
+		// The new file and its name first (a producer of another
+		// handle that opens it syncs both too: syncMade), then the
+		// segment left behind, in full: FlushInterval's ticker covers
+		// only the two newest this handle maps. (A failure leaves
+		// segment k made: the next Loan opens it.)
+		err = seg.SyncAll()
 		if err == nil {
 			err = shm.SyncDir(l.cfg.Dir)
+		}
+		if err == nil && k > 0 {
+			err = l.syncSeg(p, pt, k-1)
 		}
 		if err != nil {
 			seg.Close()
@@ -185,15 +188,24 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 	return seg, nil
 }
 
-// syncMade makes the name of segment k, which a producer of another
-// handle made and this one is about to write in, durable: its maker may
-// not have synced the directory yet, and a record of this handle must
-// not be on disk in a file that a machine crash would unname. Once per
+// testSegMade, if set, is called by createSeg just after it created a
+// segment file: tests stop a maker there.
+var testSegMade func(l *Log, p int, k uint64)
+
+// syncMade makes segment seg, which a producer of another handle made and
+// this one is about to write in, durable as a file: its header and its
+// name. Its maker may not have synced either yet (it may be about to, be
+// slow, or have died), and a record of this handle must not be on disk in
+// a file that a machine crash would unname, or leave without a header
+// (a reopen takes such a file for one nothing was written in). Once per
 // segment and handle, under a flush policy.
 // skip says there is nothing to do (this handle made it, or reads only).
-func (l *Log) syncMade(skip bool) error {
+func (l *Log) syncMade(seg *shm.Segment, skip bool) error {
 	if skip || l.cfg.Dir == "" || l.cfg.Flush == FlushNone {
 		return nil
+	}
+	if err := seg.SyncAll(); err != nil {
+		return err
 	}
 	return shm.SyncDir(l.cfg.Dir)
 }

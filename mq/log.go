@@ -554,7 +554,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		seg.Close()
 		return nil, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
 	}
-	if err := l.syncMade(!create || madeHere); err != nil {
+	if err := l.syncMade(seg, !create || madeHere); err != nil {
 		seg.Close()
 		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
 	}
