@@ -244,3 +244,29 @@ func TestDurableMadeHeaderSynced(t *testing.T) {
 		t.Fatalf("b's Send in segment 1 returned with the segment file's header page dirty %v, under writeback %v", dirty, wb)
 	}
 }
+
+// TestDurableWatermarkSegment: under FlushEverySend the watermark (headers
+// below it are on disk) may enter segment K+1 only once all of segment K's
+// headers are on disk. A producer in K+1 used to move it there while K's
+// maker had not synced K yet; a late Commit in K then synced only from its
+// own header, and a machine crash could lose the header of a record in
+// writing before it (here d's), where a reopen's walk ends: the committed
+// record after it (c) would be lost though its Commit returned.
+func TestDurableWatermarkSegment(t *testing.T) {
+	s := newStuckMaker(t)
+	// d's writer fills its payload meanwhile: the page of d's header is
+	// dirty again, whatever a sync of the kernel's own (ext4 commits its
+	// journal with the data of other files) wrote of it before.
+	for i := range s.d.Bytes() {
+		s.d.Bytes()[i] ^= 0xff
+	}
+	if dirty, _ := pageState(t, s.l.segPath(0, 0), shm.HeaderSize); !dirty {
+		t.Fatal("the page of d's header is clean just after d's writer wrote in it")
+	}
+	if err := s.c.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if dirty, wb := pageState(t, s.l.segPath(0, 0), shm.HeaderSize); dirty || wb {
+		t.Fatalf("c's Commit returned with the page of d's header (before c's) dirty %v, under writeback %v", dirty, wb)
+	}
+}

@@ -170,15 +170,14 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 	if l.cfg.Flush != FlushNone {
 		// The new file and its name first (a producer of another
 		// handle that opens it syncs both too: syncMade), then the
-		// segment left behind, in full: FlushInterval's ticker covers
-		// only the two newest this handle maps. (A failure leaves
-		// segment k made: the next Loan opens it.)
+		// segments left behind, in full. (A failure leaves segment k
+		// made: the next Loan opens it.)
 		err = seg.SyncAll()
 		if err == nil {
 			err = shm.SyncDir(l.cfg.Dir)
 		}
-		if err == nil && k > 0 {
-			err = l.syncSeg(p, pt, k-1)
+		if err == nil {
+			err = l.syncBehind(p, pt, k)
 		}
 		if err != nil {
 			seg.Close()
@@ -208,6 +207,28 @@ func (l *Log) syncMade(seg *shm.Segment, skip bool) error {
 		return err
 	}
 	return shm.SyncDir(l.cfg.Dir)
+}
+
+// syncBehind writes the segments before segment k to disk in full, from
+// the one the watermark (pt.synced) is in, normally k-1 (more if the
+// maker of one of them died or failed before it got here), and then moves
+// the watermark to the start of k: every header below it is on disk, as
+// the tail has left those segments and every header in them is written.
+// FlushInterval needs it too: its ticker covers only the two newest
+// segments a handle maps. The caller holds pt.mu.
+func (l *Log) syncBehind(p int, pt *partition, k uint64) error {
+	size := uint64(l.cfg.SegmentSize)
+	for j := max(pt.synced.Load()/size, pt.head.Load()); j < k; j++ {
+		if err := l.syncSeg(p, pt, j); err != nil {
+			return err
+		}
+	}
+	for {
+		s := pt.synced.Load()
+		if s >= k*size || pt.synced.CompareAndSwap(s, k*size) {
+			return nil
+		}
+	}
 }
 
 // syncSeg writes segment k of partition p to disk; the caller holds pt.mu.
@@ -253,8 +274,12 @@ func (l *Log) removeSeg(p int, k uint64) error {
 // with every header before it in the segment that no earlier flush
 // covered (another producer's claim, a pad): reopening walks headers from
 // the segment's start, so a header missing on disk would hide the records
-// after it. pt.synced says how far headers are known to be on disk; the
-// segment before m was written in full when m was made.
+// after it. pt.synced says how far headers are known to be on disk. It
+// enters segment m only when m's maker has written the segments before
+// m in full (syncBehind): until then a record in m syncs m from its
+// start and leaves the watermark where it is, since a late Commit in the
+// segment before m must still sync from the watermark there (a header
+// in writing before it may be on no disk yet).
 func (l *Log) flushRecord(pt *partition, m *mapped, at, end uint64) error {
 	base := m.index * uint64(l.cfg.SegmentSize)
 	lo := uint64(0)
@@ -266,7 +291,7 @@ func (l *Log) flushRecord(pt *partition, m *mapped, at, end uint64) error {
 	}
 	for {
 		s := pt.synced.Load()
-		if s >= base+end || pt.synced.CompareAndSwap(s, base+end) {
+		if s < base || s >= base+end || pt.synced.CompareAndSwap(s, base+end) {
 			return nil
 		}
 	}
