@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -39,6 +41,63 @@ func smallDisk(t *testing.T, size string) string {
 		}
 	})
 	return dir
+}
+
+// writebackDisk mounts a fresh 64 MiB ext4 file system with
+// data=writeback on a directory (mode 0700) and unmounts it at the end of
+// the test. The default data=ordered writes a file's other dirty pages
+// with the journal commit that an msync of a page in a fallocated extent
+// makes, which would hide a missing sync of those pages from a test that
+// asks the kernel which pages are dirty; data=writeback writes only the
+// range asked for.
+func writebackDisk(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test mounts a file system, which needs root (uid %d here): run it, as `make test` does, as root", os.Geteuid())
+	}
+	tmp := t.TempDir()
+	img, dir := filepath.Join(tmp, "disk.img"), filepath.Join(tmp, "mnt")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range [][]string{{"mkfs.ext4", "-q", "-F", img}, {"mount", "-o", "loop,data=writeback", img, dir}} {
+		if out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", cmd, err, out)
+		}
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v\n%s", dir, err, out)
+		}
+	})
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// newLogIn is newDirLog in directory dir.
+func newLogIn(t *testing.T, dir string, c Config) *Log {
+	t.Helper()
+	c.Dir = dir
+	name := fmt.Sprintf("durable-%d-%d", os.Getpid(), logSeq.Add(1))
+	l, err := Create(name, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		l.Close()
+		if err := Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("remove: %v", err)
+		}
+	})
+	return l
 }
 
 // durableFillDiskChild creates log MQ_LOG in MQ_DIR, a file system of
@@ -268,5 +327,44 @@ func TestDurableWatermarkSegment(t *testing.T) {
 	}
 	if dirty, wb := pageState(t, s.l.segPath(0, 0), shm.HeaderSize); dirty || wb {
 		t.Fatalf("c's Commit returned with the page of d's header (before c's) dirty %v, under writeback %v", dirty, wb)
+	}
+}
+
+// TestDurableRebuildSynced: a producer killed between its Commit's CAS
+// and its msync leaves a committed record whose header is only in the page
+// cache. A reopen shows it, and the records sent after it depend on that
+// header (a reopen after a machine crash walks the segment from its
+// start): under FlushEverySend the reopen must put it on disk. It used to
+// set the watermark to the tail without a sync, so the next Send synced
+// from the tail only and returned with that header's page dirty.
+func TestDurableRebuildSynced(t *testing.T) {
+	dir := writebackDisk(t)
+	l := newLogIn(t, dir, Config{SegmentSize: 64 << 10, Segments: 4, Flush: FlushEverySend})
+	ctx := timeout(t, 30*time.Second)
+	if _, err := l.Send(ctx, 0, make([]byte, 5000)); err != nil { // [0, 5016)
+		t.Fatal(err)
+	}
+	// The killed producer: its Commit's CAS, not its msync.
+	r, err := l.Loan(ctx, 0, 4000) // [5016, 9032): its header on the third page of the file
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.m.words[r.at/8+1].Store(uint64(crc32.Checksum(r.buf, castagnoli)) | r.offset<<32)
+	if !r.m.words[r.at/8].CompareAndSwap(r.state, r.state&^stateMask|stateCommitted) {
+		t.Fatal("the commit's CAS failed")
+	}
+	r.m.release()
+	at := shm.HeaderSize + r.offset
+	if dirty, _ := pageState(t, l.segPath(0, 0), at); !dirty {
+		t.Fatal("the header of the record committed without its msync is on a clean page")
+	}
+	name := l.Name()
+	dropMeta(t, l)
+	l2 := reopen(t, name, dir)
+	if _, err := l2.Send(ctx, 0, make([]byte, 100)); err != nil { // [9032, ...): the fourth page
+		t.Fatal(err)
+	}
+	if dirty, wb := pageState(t, l2.segPath(0, 0), at); dirty || wb {
+		t.Fatalf("a Send after the reopen returned with the header of the record before it dirty %v, under writeback %v", dirty, wb)
 	}
 }

@@ -650,7 +650,12 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 		if i == 0 {
 			tail = k*size + end
 		}
-		if l.cfg.Flush != FlushNone && a+t > 0 {
+		// Under a flush policy the repairs go to disk, and so does the
+		// newest segment whatever it holds: a producer killed between
+		// its Commit's CAS and its msync left a committed header only
+		// in the page cache, which the records sent after the reopen
+		// depend on (the watermark is set to the tail).
+		if l.cfg.Flush != FlushNone && (a+t > 0 || i == 0) {
 			if err := seg.SyncAll(); err != nil {
 				return err
 			}
