@@ -106,12 +106,19 @@ func OpenFileSegment(path string) (*Segment, error) {
 	if err != nil {
 		return nil, &os.PathError{Op: "open file segment", Path: path, Err: err}
 	}
+	if f := testFileOpened; f != nil {
+		f(path)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
 	switch {
+	case st.Nlink == 0:
+		// Removed since it was opened: as if the open had come later.
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "open file segment", Path: path, Err: unix.ENOENT}
 	case int(st.Uid) != os.Geteuid() || st.Nlink != 1:
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: owned by uid %d with %d names; ubkit maps only this user's files with one name: %w", path, st.Uid, st.Nlink, ErrCorrupt)
@@ -139,6 +146,10 @@ func OpenFileSegment(path string) (*Segment, error) {
 	s.name, s.path = filepath.Base(path), path
 	return s, nil
 }
+
+// testFileOpened, if set, is called by OpenFileSegment between the open
+// and the checks: a test removes the file there.
+var testFileOpened func(path string)
 
 // ErrNoHeader is the error of OpenFileSegment on a file of this user, with
 // one name and mode 0600, that holds no header yet: shorter than one, or

@@ -221,3 +221,31 @@ func TestPrivateFile(t *testing.T) {
 		t.Error("a symbolic link was opened")
 	}
 }
+
+// TestFileSegmentRemovedWhileOpening: a file removed between its open and
+// its checks (retention dropping a segment under a reader) is a file
+// that does not exist, not a corrupt one: its one name is gone, and the
+// one-name check used to say ErrCorrupt ("with 0 names"), which callers
+// do not read as a dropped segment.
+func TestFileSegmentRemovedWhileOpening(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	s, err := CreateFileSegment(path, 100, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	testFileOpened = func(p string) {
+		if err := os.Remove(p); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { testFileOpened = nil }()
+	s, err = OpenFileSegment(path)
+	if err == nil {
+		s.Close()
+		t.Fatal("a removed file opened")
+	}
+	if !errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a file removed while opening: %v, want ErrNotExist", err)
+	}
+}
