@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -366,5 +367,40 @@ func TestDurableRebuildSynced(t *testing.T) {
 	}
 	if dirty, wb := pageState(t, l2.segPath(0, 0), at); dirty || wb {
 		t.Fatalf("a Send after the reopen returned with the header of the record before it dirty %v, under writeback %v", dirty, wb)
+	}
+}
+
+// TestMaxAgeReaderLeftBehind: under FullFail (and FullBlock) producers
+// wait for live readers, but not for one whose segment age retention
+// dropped: it can never read there again (its next read is
+// ErrOffsetGone). Such a reader used to hold the partition: every
+// producer got ErrFull for good.
+func TestMaxAgeReaderLeftBehind(t *testing.T) {
+	for _, full := range []FullPolicy{FullFail, FullBlock} {
+		t.Run(strconv.Itoa(int(full)), func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 4096, Segments: 4, MaxAge: time.Hour, Full: full})
+			now := time.Unix(1_000_000, 0)
+			clock := func() time.Time { return now }
+			l.clock.Store(&clock)
+			ctx := timeout(t, 10*time.Second)
+			r := newReader(t, l, 0, 0) // stays in segment 0
+			send := func(n int) {
+				t.Helper()
+				for i := range n {
+					if _, err := l.Send(ctx, 0, make([]byte, 1000)); err != nil {
+						t.Fatalf("send %d: %v", i, err)
+					}
+				}
+			}
+			send(13) // segments 0, 1, 2 full, one record in 3
+			now = now.Add(time.Hour + time.Second)
+			if n, err := l.Expire(); err != nil || n != 3 {
+				t.Fatalf("Expire: %d, %v; want 3 segments dropped", n, err)
+			}
+			send(4 * 5) // into segments 7 and 8: beyond the reader's segment by more than Segments
+			if _, err := r.Next(ctx); !errors.Is(err, ErrOffsetGone) {
+				t.Fatalf("the reader left behind: %v, want ErrOffsetGone", err)
+			}
+		})
 	}
 }

@@ -701,11 +701,14 @@ func (l *Log) waitFreed(ctx context.Context, pt *partition, ready func() bool) e
 }
 
 // oldestNeeded returns the oldest segment a live reader of partition p is
-// in.
+// in, of those retention has not dropped: a reader in a dropped segment
+// (age retention does not wait for readers) can never read there again,
+// and holding producers for it would hold them for good.
 func (l *Log) oldestNeeded(p int) (uint64, bool) {
 	var oldest uint64
 	found := false
 	size := uint64(l.cfg.SegmentSize)
+	head := l.parts[p].head.Load()
 	for i := range maxReaders {
 		base := offReaders + i*line
 		owner, _ := l.meta.Uint64At(base)
@@ -723,7 +726,7 @@ func (l *Log) oldestNeeded(p int) (uint64, bool) {
 			owner.CompareAndSwap(w, 0)
 			continue
 		}
-		if k := o / size; !found || k < oldest {
+		if k := o / size; k >= head && (!found || k < oldest) {
 			oldest, found = k, true
 		}
 	}
