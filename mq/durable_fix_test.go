@@ -1,6 +1,7 @@
 package mq
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -402,5 +403,122 @@ func TestMaxAgeReaderLeftBehind(t *testing.T) {
 				t.Fatalf("the reader left behind: %v, want ErrOffsetGone", err)
 			}
 		})
+	}
+}
+
+func init() {
+	testenv.RegisterChild("durable-rebuilder", durableRebuilderChild)
+}
+
+// durableRebuilderChild reopens log MQ_LOG from MQ_DIR and stops in the
+// rebuild before partition 1, saying so on standard output, until it is
+// killed.
+func durableRebuilderChild() int {
+	testRebuilding = func(_ string, p int) {
+		if p == 1 {
+			fmt.Println("rebuilding")
+			select {}
+		}
+	}
+	_, err := OpenDir(os.Getenv("MQ_LOG"), os.Getenv("MQ_DIR"))
+	fmt.Fprintln(os.Stderr, "the rebuild ended:", err)
+	return 1
+}
+
+// sendSome sends n records to each partition of l.
+func sendSome(t *testing.T, l *Log, n int) {
+	t.Helper()
+	ctx := timeout(t, 30*time.Second)
+	for p := range l.Config().Partitions {
+		for i := range n {
+			if _, err := l.Send(ctx, p, durablePayload(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// readAll checks that partition p of l holds records durablePayload(0),
+// ..., (n-1).
+func readAll(t *testing.T, l *Log, p, n int) {
+	t.Helper()
+	ctx := timeout(t, 30*time.Second)
+	r := newReader(t, l, p, Oldest)
+	for i := range n {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatalf("partition %d, record %d: %v", p, i, err)
+		}
+		if _, seq := parse(t, rec.Payload); seq != uint64(i) {
+			t.Fatalf("partition %d, record %d: seq %d", p, i, seq)
+		}
+	}
+}
+
+// TestDurableSlowRebuild: a reopen waits for another process's rebuild
+// for as long as the rebuilder lives. It used to wait a second (Open's
+// wait for the magic, and OpenDir's deadline), after which it failed with
+// "not a log (bad magic)": a rebuild reads every page of each partition's
+// newest segment, and a large log after a reboot takes longer. The
+// rebuild here stops for 2.5 s before its second partition.
+func TestDurableSlowRebuild(t *testing.T) {
+	l, dir := newDirLog(t, Config{Partitions: 2, SegmentSize: 4096, Segments: 4})
+	sendSome(t, l, 10)
+	name := l.Name()
+	dropMeta(t, l)
+	stopped := make(chan struct{})
+	testRebuilding = func(n string, p int) {
+		if n == name && p == 1 {
+			close(stopped)
+			time.Sleep(2500 * time.Millisecond) // the slow part of the rebuild itself
+		}
+	}
+	t.Cleanup(func() { testRebuilding = nil })
+	type result struct {
+		l   *Log
+		err error
+	}
+	first, second := make(chan result, 1), make(chan result, 1)
+	go func() { l, err := OpenDir(name, dir); first <- result{l, err} }()
+	<-stopped
+	start := time.Now()
+	go func() { l, err := OpenDir(name, dir); second <- result{l, err} }()
+	for _, c := range []chan result{first, second} {
+		r := <-c
+		if r.err != nil {
+			t.Fatalf("OpenDir during a rebuild of 2.5 s, after %v: %v", time.Since(start), r.err)
+		}
+		t.Cleanup(func() { r.l.Close() })
+		readAll(t, r.l, 1, 10)
+	}
+}
+
+// TestDurableRebuilderKilled: a rebuilder killed midway leaves a meta
+// segment without its magic, made by a dead process; the next reopen
+// removes it and rebuilds. Every later OpenDir used to wait a second and
+// fail with ErrCorrupt (until a sweep of /dev/shm removed it).
+func TestDurableRebuilderKilled(t *testing.T) {
+	l, dir := newDirLog(t, Config{Partitions: 2, SegmentSize: 4096, Segments: 4})
+	sendSome(t, l, 10)
+	name := l.Name()
+	dropMeta(t, l)
+	cmd := testenv.Child(t, "durable-rebuilder", "MQ_LOG="+name, "MQ_DIR="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "rebuilding\n" {
+		t.Fatalf("the rebuilder said %q, %v", line, err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	l2 := reopen(t, name, dir)
+	for p := range 2 {
+		readAll(t, l2, p, 10)
 	}
 }

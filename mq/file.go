@@ -463,12 +463,21 @@ func OpenDir(name, dir string) (*Log, error) {
 	deadline := time.Now().Add(time.Second)
 	for raced := 0; ; {
 		l, err := Open(name)
-		if errors.Is(err, shm.ErrCorrupt) && time.Now().Before(deadline) {
-			// A meta segment its maker has not sized yet (the magic
-			// it then waits for itself): another process is creating
-			// or rebuilding the log this moment.
-			time.Sleep(time.Millisecond)
-			continue
+		if errors.Is(err, shm.ErrCorrupt) {
+			// A meta segment without its magic (Open waited a second
+			// for it): another process is creating or rebuilding the
+			// log, for as long as it lives, or died doing so.
+			switch making, serr := staleMeta(name, dir); {
+			case serr != nil:
+				return nil, serr
+			case making:
+				continue
+			case time.Now().Before(deadline):
+				// Not sized yet (its maker is in CreateSegment), or
+				// removed since: look again.
+				time.Sleep(time.Millisecond)
+				continue
+			}
 		}
 		if err == nil {
 			if l.cfg.Dir != dir {
@@ -489,6 +498,58 @@ func OpenDir(name, dir string) (*Log, error) {
 			return nil, fmt.Errorf("mq: open %s: its meta segment keeps coming and going: %w", name, err)
 		}
 	}
+}
+
+// staleMeta looks at the meta segment of log name, which Open found
+// without its magic. If its maker lives (creating or rebuilding the log),
+// it says making: wait more. If its maker died before the magic (a Create
+// or a rebuild killed midway), nothing uses it, and it removes it, under
+// the configuration file's exclusive lock (a live handle holds it shared:
+// then ErrLocked, as for a rebuild; a concurrent remover holds it
+// exclusive: looked at again) and only if the name still holds that
+// segment; the caller then opens or rebuilds again (making). Else (no
+// sized meta segment, or one with its magic: Open failed on something
+// else) it says neither.
+func staleMeta(name, dir string) (making bool, err error) {
+	meta, err := shm.OpenSegment(metaName(name))
+	if err != nil {
+		return false, nil
+	}
+	defer meta.Close()
+	if meta.Size() < metaSize {
+		return false, nil
+	}
+	if w, _ := meta.Uint64At(offMagic); w.Load() == metaMagic {
+		return false, nil
+	}
+	if meta.Creator().Alive() {
+		return true, nil
+	}
+	f, err := shm.OpenPrivateFile(configPath(dir, name))
+	if err != nil {
+		return false, fmt.Errorf("mq: open %s: %w", name, err)
+	}
+	defer f.Close()
+	if err := shm.TryLockFile(f); err != nil {
+		if errors.Is(err, shm.ErrLocked) && lockedShared(f) {
+			return false, fmt.Errorf("mq: reopen %s: %w", name, err)
+		}
+		return true, nil
+	}
+	if err := meta.Unlink(); err != nil {
+		return false, fmt.Errorf("mq: reopen %s: removing the meta segment of a dead maker: %w", name, err)
+	}
+	return true, nil
+}
+
+// lockedShared says whether f's lock is held shared (by live handles of
+// the log), rather than exclusive (by a reopening process).
+func lockedShared(f *os.File) bool {
+	if err := shm.TryLockFileShared(f); err != nil {
+		return false
+	}
+	shm.UnlockFile(f)
+	return true
 }
 
 // rebuild makes log name's meta segment again from its files in dir.
@@ -530,6 +591,9 @@ func rebuild(name, dir string) (*Log, error) {
 	entries, err := os.ReadDir(dir)
 	if err == nil {
 		for p := range c.Partitions {
+			if f := testRebuilding; f != nil {
+				f(name, p)
+			}
 			if err = l.rebuildPartition(meta, entries, p); err != nil {
 				break
 			}
@@ -552,6 +616,10 @@ func rebuild(name, dir string) (*Log, error) {
 	}
 	return lg, err
 }
+
+// testRebuilding, if set, is called by a rebuild before each partition:
+// tests stop or kill a rebuilder there.
+var testRebuilding func(name string, p int)
 
 // rebuildPartition finds partition p's segments among the files of the
 // directory, repairs them (scanSegment) and writes the partition's words

@@ -229,6 +229,27 @@ func TryLockFile(f *os.File) error {
 	return nil
 }
 
+// TryLockFileShared takes a shared lock (flock) on f without waiting: it
+// fails with ErrLocked if another open file description holds it
+// exclusively.
+func TryLockFileShared(f *os.File) error {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("shm: lock %s: %w", f.Name(), ErrLocked)
+		}
+		return fmt.Errorf("shm: lock %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
+// UnlockFile drops f's lock.
+func UnlockFile(f *os.File) error {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_UN); err != nil {
+		return fmt.Errorf("shm: unlock %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
 // WritePrivateFile creates the file path (O_EXCL, O_NOFOLLOW, mode 0600)
 // in a directory that passes CheckDir, writes data to it and makes both
 // the file and its name durable (fsync of the file and the directory). It
