@@ -3,6 +3,7 @@ package mq
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -520,5 +521,71 @@ func TestDurableRebuilderKilled(t *testing.T) {
 	l2 := reopen(t, name, dir)
 	for p := range 2 {
 		readAll(t, l2, p, 10)
+	}
+}
+
+func init() {
+	testenv.RegisterChild("durable-reopen-fds", durableReopenFdsChild)
+}
+
+// durableReopenFdsChild reopens log MQ_LOG from MQ_DIR with at most 64
+// open files, and reads MQ_N records of partition 0.
+func durableReopenFdsChild() int {
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: 64, Max: 64}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	l, err := OpenDir(os.Getenv("MQ_LOG"), os.Getenv("MQ_DIR"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer l.Close()
+	n, _ := strconv.Atoi(os.Getenv("MQ_N"))
+	r, err := l.NewReader(0, Oldest)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer r.Close()
+	for i := range n {
+		rec, err := r.Next(context.Background())
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "record %d: %v\n", i, err)
+			return 1
+		}
+		if len(rec.Payload) != 1000 || binary.LittleEndian.Uint64(rec.Payload[8:]) != uint64(i) {
+			fmt.Fprintf(os.Stderr, "record %d: %d bytes, % x\n", i, len(rec.Payload), rec.Payload[:16])
+			return 1
+		}
+	}
+	return 0
+}
+
+// TestDurableReopenManySegments: a reopen maps one segment file at a
+// time, so a log of more segments than the process may open files (150
+// here, with 64) reopens. The rebuild used to keep every kept segment of
+// a partition open and mapped at once: "too many open files".
+func TestDurableReopenManySegments(t *testing.T) {
+	l, dir := newDirLog(t, Config{SegmentSize: 4096, Segments: 256})
+	const n = 150 * 4 // four records of 1000 bytes a segment
+	ctx := timeout(t, 30*time.Second)
+	for i := range n {
+		b := make([]byte, 1000)
+		message(b, 7, uint64(i))
+		if _, err := l.Send(ctx, 0, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if files := segFiles(t, dir, l.Name()); len(files) < 100 {
+		t.Fatalf("%d segment files, want more than 100", len(files))
+	}
+	name := l.Name()
+	dropMeta(t, l)
+	cmd := testenv.Child(t, "durable-reopen-fds", "MQ_LOG="+name, "MQ_DIR="+dir, "MQ_N="+strconv.Itoa(n))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("reopening with 64 open files: %v\n%s", err, stderr.String())
 	}
 }

@@ -645,28 +645,34 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 	// The newest file may be one its creator died making (no valid
 	// header): nothing was ever in it.
 	made := uint64(0)
-	var segs []*shm.Segment
+	// One segment mapped at a time: a partition may have more segments
+	// than the process may open files.
+	var seg *shm.Segment
 	defer func() {
-		for _, s := range segs {
-			s.Close()
+		if seg != nil {
+			seg.Close()
 		}
 	}()
-	for len(ks) > 0 {
-		k := ks[len(ks)-1]
-		made = max(made, k+1)
+	openKept := func(k uint64) (*shm.Segment, error) {
 		seg, err := l.openSeg(p, k)
 		if err == nil && seg.Size() < int(size) {
 			seg.Close()
 			err = fmt.Errorf("%d bytes, want %d: %w", seg.Size(), size, shm.ErrCorrupt)
 		}
+		return seg, err
+	}
+	for len(ks) > 0 {
+		k := ks[len(ks)-1]
+		made = max(made, k+1)
+		s, err := openKept(k)
 		if err == nil {
-			segs = append(segs, seg)
+			seg = s
 			break
 		}
 		// Only a file without a header is one nothing was written in; a
 		// file refused for anything else (another owner, mode or name, a
 		// damaged header) stops the rebuild: it may hold records.
-		if !errors.Is(err, shm.ErrNoHeader) || len(segs) > 0 {
+		if !errors.Is(err, shm.ErrNoHeader) {
 			return fmt.Errorf("segment %d of partition %d: %w", k, p, err)
 		}
 		if err := l.removeSeg(p, k); err != nil {
@@ -695,27 +701,23 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 			}
 		}
 	}
-	for k := newest; k > head; k-- {
-		seg, err := l.openSeg(p, k-1)
-		if err == nil && seg.Size() < int(size) {
-			seg.Close()
-			err = shm.ErrCorrupt
-		}
-		if err != nil {
-			return fmt.Errorf("segment %d of partition %d: %w", k-1, p, err)
-		}
-		segs = append(segs, seg)
-	}
 	var aborted, torn, tail uint64
-	for i, seg := range segs { // the newest first
-		k := newest - uint64(i)
+	for k := newest; ; k-- { // the newest first
+		if k != newest {
+			s, err := openKept(k)
+			if err != nil {
+				return fmt.Errorf("segment %d of partition %d: %w", k, p, err)
+			}
+			seg.Close()
+			seg = s
+		}
 		words, err := seg.Uint64s(0, int(size/8))
 		if err != nil {
 			return err
 		}
-		end, a, t := scanSegment(words, seg.Data()[:size:size], k, i == 0)
+		end, a, t := scanSegment(words, seg.Data()[:size:size], k, k == newest)
 		aborted, torn = aborted+a, torn+t
-		if i == 0 {
+		if k == newest {
 			tail = k*size + end
 		}
 		// Under a flush policy the repairs go to disk, and so does the
@@ -723,10 +725,13 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 		// its Commit's CAS and its msync left a committed header only
 		// in the page cache, which the records sent after the reopen
 		// depend on (the watermark is set to the tail).
-		if l.cfg.Flush != FlushNone && (a+t > 0 || i == 0) {
+		if l.cfg.Flush != FlushNone && (a+t > 0 || k == newest) {
 			if err := seg.SyncAll(); err != nil {
 				return err
 			}
+		}
+		if k == head {
+			break
 		}
 	}
 	word(base).Store(tail)
