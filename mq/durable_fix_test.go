@@ -589,3 +589,46 @@ func TestDurableReopenManySegments(t *testing.T) {
 		t.Fatalf("reopening with 64 open files: %v\n%s", err, stderr.String())
 	}
 }
+
+// TestDurableReopenGap: the files a crash (FlushNone) can leave: segments
+// 0 and 1, no 2, and a 3 without a header. The reopen removes 3 and
+// keeps 0 and 1; producers then make segment 2. It used to count segments
+// up to 4 as made (the removed file's number), so the producer reaching
+// segment 2 found it made, missing, and got ErrOffsetGone for good.
+func TestDurableReopenGap(t *testing.T) {
+	l, dir := newDirLog(t, Config{SegmentSize: 4096, Segments: 16})
+	ctx := timeout(t, 30*time.Second)
+	for i := range 8 { // segments 0 and 1 full (four records of 1000 bytes each)
+		b := make([]byte, 1000)
+		message(b, 7, uint64(i))
+		if _, err := l.Send(ctx, 0, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := l.Name()
+	dropMeta(t, l)
+	if err := os.Remove(l.segPath(0, 2)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(l.segPath(0, 3), make([]byte, 2*shm.HeaderSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l2 := reopen(t, name, dir)
+	for i := range 8 {
+		b := make([]byte, 1000)
+		message(b, 7, uint64(8+i))
+		if _, err := l2.Send(ctx, 0, b); err != nil {
+			t.Fatalf("send %d after the reopen: %v", i, err)
+		}
+	}
+	r := newReader(t, l2, 0, Oldest)
+	for i := range 16 {
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatalf("record %d: %v", i, err)
+		}
+		if _, seq := parse(t, rec.Payload); seq != uint64(i) {
+			t.Fatalf("record %d: seq %d", i, seq)
+		}
+	}
+}

@@ -663,10 +663,9 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 	}
 	for len(ks) > 0 {
 		k := ks[len(ks)-1]
-		made = max(made, k+1)
 		s, err := openKept(k)
 		if err == nil {
-			seg = s
+			seg, made = s, k+1 // made again from here, if a file without a header was removed above it
 			break
 		}
 		// Only a file without a header is one nothing was written in; a
