@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -264,12 +265,13 @@ func newStuckMaker(t *testing.T) *stuckMaker {
 	s.c = loan(100)                           // [4096, 4216)
 	s.f = loan(size - 64 - 4216 - headerSize) // up to 64 bytes before the end
 	stopped, release, sent := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	testSegMade = func(l *Log, _ int, k uint64) {
+	hook := func(l *Log, _ int, k uint64) {
 		if l == m && k == 1 {
 			close(stopped)
 			<-release
 		}
 	}
+	testSegMade.Store(&hook)
 	go func() { // does not fit: a pad, and the tail moves into segment 1
 		_, err := m.Send(ctx, 0, make([]byte, 100))
 		sent <- err
@@ -279,7 +281,7 @@ func newStuckMaker(t *testing.T) *stuckMaker {
 		if err := <-sent; err != nil {
 			t.Errorf("the maker's Send: %v", err)
 		}
-		testSegMade = nil
+		testSegMade.Store(nil)
 	})
 	t.Cleanup(func() { s.d.Abort(); s.c.Abort(); s.f.Abort() })
 	<-stopped
@@ -415,12 +417,13 @@ func init() {
 // rebuild before partition 1, saying so on standard output, until it is
 // killed.
 func durableRebuilderChild() int {
-	testRebuilding = func(_ string, p int) {
+	hook := func(_ string, p int) {
 		if p == 1 {
 			fmt.Println("rebuilding")
 			select {}
 		}
 	}
+	testRebuilding.Store(&hook)
 	_, err := OpenDir(os.Getenv("MQ_LOG"), os.Getenv("MQ_DIR"))
 	fmt.Fprintln(os.Stderr, "the rebuild ended:", err)
 	return 1
@@ -468,13 +471,14 @@ func TestDurableSlowRebuild(t *testing.T) {
 	name := l.Name()
 	dropMeta(t, l)
 	stopped := make(chan struct{})
-	testRebuilding = func(n string, p int) {
+	hook := func(n string, p int) {
 		if n == name && p == 1 {
 			close(stopped)
 			time.Sleep(2500 * time.Millisecond) // the slow part of the rebuild itself
 		}
 	}
-	t.Cleanup(func() { testRebuilding = nil })
+	testRebuilding.Store(&hook)
+	t.Cleanup(func() { testRebuilding.Store(nil) })
 	type result struct {
 		l   *Log
 		err error
@@ -631,4 +635,55 @@ func TestDurableReopenGap(t *testing.T) {
 			t.Fatalf("record %d: seq %d", i, seq)
 		}
 	}
+}
+
+// syncFaultOnce makes the next sync of a mapped segment fail with EIO, as
+// a disk that failed a write does: the kernel reports a writeback error
+// once per open file, and the syncs after it succeed. The returned
+// channel is closed when the fault fired.
+func syncFaultOnce(t *testing.T) <-chan struct{} {
+	var fired atomic.Bool
+	done := make(chan struct{})
+	f := func(*mapped) error {
+		if fired.CompareAndSwap(false, true) {
+			close(done)
+			return syscall.EIO
+		}
+		return nil
+	}
+	testSyncFault.Store(&f)
+	t.Cleanup(func() { testSyncFault.Store(nil) })
+	return done
+}
+
+// TestDurableSyncErrorSticks: a failed flush is not forgotten. The kernel
+// reports a writeback error once per open file, and marks the page clean:
+// a later sync of the same range succeeds, though the page that failed
+// (with headers later records depend on) is on no disk. Under
+// FlushEverySend the Commit after a failed one in the same segment used to
+// return nil; under FlushInterval an error the handle's goroutine met was
+// dropped, and Close returned nil.
+func TestDurableSyncErrorSticks(t *testing.T) {
+	t.Run("every-send", func(t *testing.T) {
+		l, _ := newDirLog(t, Config{SegmentSize: 64 << 10, Segments: 4, Flush: FlushEverySend})
+		ctx := timeout(t, 30*time.Second)
+		syncFaultOnce(t)
+		if _, err := l.Send(ctx, 0, make([]byte, 100)); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("the Send whose flush failed: %v, want EIO", err)
+		}
+		if _, err := l.Send(ctx, 0, make([]byte, 100)); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("the next Send in the segment: %v, want the earlier EIO", err)
+		}
+	})
+	t.Run("interval", func(t *testing.T) {
+		l, _ := newDirLog(t, Config{SegmentSize: 64 << 10, Segments: 4, Flush: FlushInterval, FlushPeriod: time.Millisecond})
+		ctx := timeout(t, 30*time.Second)
+		if _, err := l.Send(ctx, 0, make([]byte, 100)); err != nil {
+			t.Fatal(err)
+		}
+		<-syncFaultOnce(t) // met by the handle's goroutine
+		if err := l.Close(); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("Close after the handle's goroutine met a failed flush: %v, want EIO", err)
+		}
+	})
 }

@@ -164,8 +164,8 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 		return nil, err
 	}
 	l.setBirth(seg)
-	if f := testSegMade; f != nil {
-		f(l, p, k)
+	if f := testSegMade.Load(); f != nil {
+		(*f)(l, p, k)
 	}
 	if l.cfg.Flush != FlushNone {
 		// The new file and its name first (a producer of another
@@ -189,7 +189,7 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 
 // testSegMade, if set, is called by createSeg just after it created a
 // segment file: tests stop a maker there.
-var testSegMade func(l *Log, p int, k uint64)
+var testSegMade atomic.Pointer[func(l *Log, p int, k uint64)]
 
 // syncMade makes segment seg, which a producer of another handle made and
 // this one is about to write in, durable as a file: its header and its
@@ -234,7 +234,7 @@ func (l *Log) syncBehind(p int, pt *partition, k uint64) error {
 // syncSeg writes segment k of partition p to disk; the caller holds pt.mu.
 func (l *Log) syncSeg(p int, pt *partition, k uint64) error {
 	if m := pt.segs[k]; m != nil {
-		return m.seg.SyncAll()
+		return l.noteSync(m, m.seg.SyncAll())
 	}
 	seg, err := l.openSeg(p, k)
 	if errors.Is(err, os.ErrNotExist) {
@@ -270,6 +270,32 @@ func (l *Log) removeSeg(p int, k uint64) error {
 	return errors.Join(s.Unlink(), s.Close())
 }
 
+// testSyncFault, if set, is the result of the next syncs of segments
+// this package makes through a handle's mappings (flushRecord, flushAll)
+// when it returns an error: tests play a disk that failed a write, which
+// the kernel reports once per open file.
+var testSyncFault atomic.Pointer[func(m *mapped) error]
+
+// noteSync keeps the first error of a flush of segment m through this
+// handle, and returns err, or else the error kept. The kernel reports a
+// writeback error once per open file and marks the page that failed clean:
+// a later sync of the same pages succeeds though that page, with headers
+// the records after it depend on, is on no disk. So once a flush of a
+// segment failed, every later flush of it through the handle fails too
+// (a Commit in it, the FlushInterval goroutine's), and Close says so.
+func (l *Log) noteSync(m *mapped, err error) error {
+	if err != nil {
+		err = fmt.Errorf("mq: flush of segment %d: %w", m.index, err)
+		m.syncErr.CompareAndSwap(nil, &err)
+		l.flushErr.CompareAndSwap(nil, &err)
+		return err
+	}
+	if p := m.syncErr.Load(); p != nil {
+		return fmt.Errorf("mq: an earlier flush failed, this handle's records in the segment may not be on disk: %w", *p)
+	}
+	return nil
+}
+
 // flushRecord writes the record that ends at end of segment m to disk,
 // with every header before it in the segment that no earlier flush
 // covered (another producer's claim, a pad): reopening walks headers from
@@ -286,8 +312,12 @@ func (l *Log) flushRecord(pt *partition, m *mapped, at, end uint64) error {
 	if s := pt.synced.Load(); s > base {
 		lo = min(s-base, at)
 	}
-	if err := m.seg.Sync(int(lo), int(end-lo)); err != nil {
-		return err
+	err := m.seg.Sync(int(lo), int(end-lo))
+	if f := testSyncFault.Load(); f != nil && err == nil {
+		err = (*f)(m)
+	}
+	if err := l.noteSync(m, err); err != nil {
+		return err // the watermark stays: what failed may be on no disk
 	}
 	for {
 		s := pt.synced.Load()
@@ -311,7 +341,11 @@ func (l *Log) flushAll() error {
 		}
 		pt.mu.Unlock()
 		for _, m := range ms {
-			errs = append(errs, m.seg.SyncAll())
+			err := m.seg.SyncAll()
+			if f := testSyncFault.Load(); f != nil && err == nil {
+				err = (*f)(m)
+			}
+			errs = append(errs, l.noteSync(m, err))
 			m.release()
 		}
 	}
@@ -427,7 +461,7 @@ func (l *Log) startJanitor() {
 			case <-t.C:
 			}
 			if l.cfg.Flush == FlushInterval {
-				l.flushAll() // an error shows again at the next tick, and at Close
+				l.flushAll() // an error sticks (noteSync): Commits and Close return it
 			}
 			l.Expire()
 		}
@@ -443,7 +477,11 @@ func (l *Log) stopJanitor() error {
 	close(l.stop)
 	<-l.done
 	if l.cfg.Flush == FlushInterval {
-		return l.flushAll()
+		err := l.flushAll()
+		if p := l.flushErr.Load(); err == nil && p != nil {
+			err = *p // met by the goroutine, in a segment no longer mapped
+		}
+		return err
 	}
 	return nil
 }
@@ -591,8 +629,8 @@ func rebuild(name, dir string) (*Log, error) {
 	entries, err := os.ReadDir(dir)
 	if err == nil {
 		for p := range c.Partitions {
-			if f := testRebuilding; f != nil {
-				f(name, p)
+			if f := testRebuilding.Load(); f != nil {
+				(*f)(name, p)
 			}
 			if err = l.rebuildPartition(meta, entries, p); err != nil {
 				break
@@ -619,7 +657,7 @@ func rebuild(name, dir string) (*Log, error) {
 
 // testRebuilding, if set, is called by a rebuild before each partition:
 // tests stop or kill a rebuilder there.
-var testRebuilding func(name string, p int)
+var testRebuilding atomic.Pointer[func(name string, p int)]
 
 // rebuildPartition finds partition p's segments among the files of the
 // directory, repairs them (scanSegment) and writes the partition's words

@@ -188,6 +188,9 @@ type mapped struct {
 	words []atomic.Uint64
 	data  []byte
 	refs  atomic.Int64
+	// syncErr is the first failed flush of the segment through this
+	// handle (file.go, noteSync).
+	syncErr atomic.Pointer[error]
 }
 
 // acquire takes a reference, unless the segment is already unmapped.
@@ -248,10 +251,11 @@ type Log struct {
 	unmapping sync.WaitGroup
 
 	// Durability and age (file.go).
-	dirLock *os.File                         // the configuration file, locked shared while open
-	clock   atomic.Pointer[func() time.Time] // tests' clock; nil: time.Now
-	stop    chan struct{}                    // ends the janitor
-	done    chan struct{}                    // closed when the janitor ends
+	dirLock  *os.File                         // the configuration file, locked shared while open
+	clock    atomic.Pointer[func() time.Time] // tests' clock; nil: time.Now
+	flushErr atomic.Pointer[error]            // the first failed flush of this handle, for Close (noteSync)
+	stop     chan struct{}                    // ends the janitor
+	done     chan struct{}                    // closed when the janitor ends
 }
 
 func metaName(name string) string { return "mq-" + name }

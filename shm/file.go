@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -106,8 +107,8 @@ func OpenFileSegment(path string) (*Segment, error) {
 	if err != nil {
 		return nil, &os.PathError{Op: "open file segment", Path: path, Err: err}
 	}
-	if f := testFileOpened; f != nil {
-		f(path)
+	if f := testFileOpened.Load(); f != nil {
+		(*f)(path)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -149,7 +150,7 @@ func OpenFileSegment(path string) (*Segment, error) {
 
 // testFileOpened, if set, is called by OpenFileSegment between the open
 // and the checks: a test removes the file there.
-var testFileOpened func(path string)
+var testFileOpened atomic.Pointer[func(path string)]
 
 // ErrNoHeader is the error of OpenFileSegment on a file of this user, with
 // one name and mode 0600, that holds no header yet: shorter than one, or

@@ -234,12 +234,13 @@ func TestFileSegmentRemovedWhileOpening(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	testFileOpened = func(p string) {
+	hook := func(p string) {
 		if err := os.Remove(p); err != nil {
 			t.Error(err)
 		}
 	}
-	defer func() { testFileOpened = nil }()
+	testFileOpened.Store(&hook)
+	defer testFileOpened.Store(nil)
 	s, err = OpenFileSegment(path)
 	if err == nil {
 		s.Close()
