@@ -106,9 +106,10 @@ func newLogIn(t *testing.T, dir string, c Config) *Log {
 
 // durableFillDiskChild creates log MQ_LOG in MQ_DIR, a file system of
 // 8 MiB, with room for 16 segments of 1 MiB, and sends until Send fails:
-// it exits 0 if the failure is ENOSPC, 3 on another error, 4 if the disk
-// never filled (and dies of SIGBUS if a write through a mapping finds the
-// disk full).
+// it exits 3 if the failure is not ENOSPC, 4 if the disk never filled
+// (and dies of SIGBUS if a write through a mapping finds the disk full).
+// After ENOSPC it removes the file MQ_FILLER and sends again: 0 if that
+// Send succeeds, 5 if not.
 func durableFillDiskChild() int {
 	l, err := Create(os.Getenv("MQ_LOG"), Config{Dir: os.Getenv("MQ_DIR"), SegmentSize: 1 << 20, Segments: 16})
 	if err != nil {
@@ -118,13 +119,25 @@ func durableFillDiskChild() int {
 	defer l.Close()
 	b := make([]byte, 64<<10)
 	for i := range 16 * 16 {
-		if _, err := l.Send(context.Background(), 0, b); err != nil {
-			fmt.Fprintf(os.Stderr, "send %d: %v\n", i, err)
-			if errors.Is(err, syscall.ENOSPC) {
-				return 0
-			}
+		_, err := l.Send(context.Background(), 0, b)
+		if err == nil {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "send %d: %v\n", i, err)
+		if !errors.Is(err, syscall.ENOSPC) {
 			return 3
 		}
+		// Room again: the partition goes on (the segment that could
+		// not be made is made by the next Send).
+		if err := os.Remove(os.Getenv("MQ_FILLER")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 3
+		}
+		if _, err := l.Send(context.Background(), 0, b); err != nil {
+			fmt.Fprintf(os.Stderr, "send with room again: %v\n", err)
+			return 5
+		}
+		return 0
 	}
 	return 4
 }
@@ -132,6 +145,8 @@ func durableFillDiskChild() int {
 // TestDurableDiskFull: a producer that fills the disk gets ENOSPC from
 // Send. Segment files used to be sparse (ftruncate), so the page that
 // found the disk full faulted: SIGBUS, fatal in Go, killed the producer.
+// Once there is room again, Send goes on: the segment that could not be
+// made used to count as made, and every later Send failed.
 func TestDurableDiskFull(t *testing.T) {
 	dir := smallDisk(t, "8m")
 	name := fmt.Sprintf("durable-%d-%d", os.Getpid(), logSeq.Add(1))
@@ -140,7 +155,11 @@ func TestDurableDiskFull(t *testing.T) {
 			t.Errorf("remove: %v", err)
 		}
 	})
-	cmd := testenv.Child(t, "durable-fill-disk", "MQ_LOG="+name, "MQ_DIR="+dir)
+	filler := filepath.Join(dir, "filler")
+	if err := os.WriteFile(filler, make([]byte, 2<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := testenv.Child(t, "durable-fill-disk", "MQ_LOG="+name, "MQ_DIR="+dir, "MQ_FILLER="+filler)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	err := cmd.Run()

@@ -154,13 +154,16 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 	opts := &shm.SegmentConfig{Keep: true, Populate: true}
 	if l.cfg.Dir == "" {
 		seg, err := shm.CreateSegment(segName(l.name, p, k), size, opts)
-		if err == nil {
-			l.setBirth(seg)
+		if err != nil {
+			unmake(pt, k, err)
+			return nil, err
 		}
-		return seg, err
+		l.setBirth(seg)
+		return seg, nil
 	}
 	seg, err := shm.CreateFileSegment(l.segPath(p, k), size, opts)
 	if err != nil {
+		unmake(pt, k, err)
 		return nil, err
 	}
 	l.setBirth(seg)
@@ -185,6 +188,18 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 		}
 	}
 	return seg, nil
+}
+
+// unmake gives back segment k of pt, which its maker counted as made and
+// then failed to create (a full disk, /dev/shm full): the next producer
+// that needs it makes it again, rather than every later one finding it
+// made and missing. Nobody moved made beyond k+1 meanwhile: that takes a
+// tail in segment k+1, which takes segment k. A file that exists is
+// left counted (os.ErrExist: not this maker's to give back).
+func unmake(pt *partition, k uint64, err error) {
+	if !errors.Is(err, os.ErrExist) {
+		pt.made.CompareAndSwap(k+1, k)
+	}
 }
 
 // testSegMade, if set, is called by createSeg just after it created a

@@ -632,16 +632,18 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 		size := l.cfg.SegmentSize
 		// Its birth stays 0 until the tail enters it (entered).
 		seg, err := shm.CreateSegment(segName(l.name, p, k), size+trailer, &shm.SegmentConfig{Keep: true, Populate: true})
-		var words []atomic.Uint64
-		if err == nil {
-			if words, err = seg.Uint64s(0, size/8); err != nil {
-				seg.Close()
-			}
-		}
 		if err != nil {
-			// The producer of this handle that reaches segment k finds it
-			// missing and fails with this error.
+			// Given back: the producer that reaches segment k makes it
+			// in its path (and if that fails too, says why; this error
+			// is for a producer that finds it missing all the same).
 			pt.aheadFail.Store(&aheadFailure{k, err})
+			unmake(pt, k, err)
+			return
+		}
+		words, err := seg.Uint64s(0, size/8)
+		if err != nil {
+			// The segment is there: a producer that reaches it opens it.
+			seg.Close()
 			return
 		}
 		m := &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
