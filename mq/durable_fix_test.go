@@ -706,3 +706,44 @@ func TestDurableSyncErrorSticks(t *testing.T) {
 		}
 	})
 }
+
+// TestMaxAgeReaderAhead: a reader maps the segment after its own ahead
+// (openAhead); when it moves on to it after retention dropped it, it gets
+// ErrOffsetGone, as if it had opened it then. It used to read one more
+// dropped segment from the mapping made ahead.
+func TestMaxAgeReaderAhead(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 100, MaxAge: time.Hour})
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time { return now }
+	l.clock.Store(&clock)
+	ctx := timeout(t, 30*time.Second)
+	for range 13 { // segments 0, 1, 2 full (four records of 1016 bytes), one record in 3
+		if _, err := l.Send(ctx, 0, make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := newReader(t, l, 0, 0)
+	if _, err := r.Next(ctx); err != nil { // maps segment 0, and 1 ahead
+		t.Fatal(err)
+	}
+	r.opening.Wait() // segment 1 mapped ahead, before the drop
+	now = now.Add(time.Hour + time.Second)
+	if n, err := l.Expire(); err != nil || n != 3 {
+		t.Fatalf("Expire: %d, %v; want 3 segments dropped", n, err)
+	}
+	for i := 1; ; i++ {
+		_, err := r.Next(ctx)
+		if errors.Is(err, ErrOffsetGone) {
+			if r.Offset() >= 4096 && r.Offset() < 2*4096 && i >= 4 {
+				return // in segment 1, after the rest of segment 0, mapped before the drop
+			}
+			t.Fatalf("ErrOffsetGone at %d, after %d records", r.Offset(), i)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Offset() > 4096 {
+			t.Fatalf("record %d read at %d, in segment 1, which retention dropped", i, r.Offset()-1016)
+		}
+	}
+}
