@@ -747,3 +747,60 @@ func TestMaxAgeReaderAhead(t *testing.T) {
 		}
 	}
 }
+
+// TestDurableMakerDied: a producer killed after it counted segment K as
+// made (the made CAS) and before the file had its header leaves the
+// file missing or without a header, and nobody making it. The producers
+// that reach K take it over after a second: they make the file (O_EXCL),
+// or give a headerless one whose maker holds no lock on it its header.
+// The partition used to be wedged for good: every Send failed after a
+// second's wait. The states are made by hand here, as the killed maker
+// leaves them.
+func TestDurableMakerDied(t *testing.T) {
+	for _, state := range []string{"missing", "empty", "sized"} {
+		t.Run(state, func(t *testing.T) {
+			l, _ := newDirLog(t, Config{SegmentSize: 4096, Segments: 16, Flush: FlushEverySend})
+			ctx := timeout(t, 30*time.Second)
+			send := func(i int) error {
+				b := make([]byte, 1000)
+				message(b, 7, uint64(i))
+				_, err := l.Send(ctx, 0, b)
+				return err
+			}
+			for i := range 4 { // segment 0 full, as far as records of 1000 bytes go
+				if err := send(i); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pt := l.parts[0]
+			if !pt.made.CompareAndSwap(1, 2) { // the dead maker's CAS
+				t.Fatalf("made %d, want 1", pt.made.Load())
+			}
+			switch state {
+			case "empty": // killed just after its O_EXCL open
+				if err := os.WriteFile(l.segPath(0, 1), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			case "sized": // killed after sizing the file, before the header
+				if err := os.WriteFile(l.segPath(0, 1), make([]byte, shm.HeaderSize+8192), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := 4; i < 8; i++ {
+				if err := send(i); err != nil {
+					t.Fatalf("send %d, into the segment whose maker died: %v", i, err)
+				}
+			}
+			r := newReader(t, l, 0, Oldest)
+			for i := range 8 {
+				rec, err := r.Next(ctx)
+				if err != nil {
+					t.Fatalf("record %d: %v", i, err)
+				}
+				if _, seq := parse(t, rec.Payload); seq != uint64(i) {
+					t.Fatalf("record %d: seq %d", i, seq)
+				}
+			}
+		})
+	}
+}

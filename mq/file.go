@@ -166,10 +166,37 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 		unmake(pt, k, err)
 		return nil, err
 	}
+	return l.madeSeg(p, pt, k, seg)
+}
+
+// takeOver makes segment k of partition p, which another producer
+// counted as made and has not made for a second: it died, after its
+// made CAS (no file yet: made here, O_EXCL) or in CreateFileSegment (a
+// file without a header that no creator holds locked: made in place,
+// shm.RepairFileSegment). It fails with an error wrapping os.ErrExist or
+// shm.ErrLocked if the segment was made meanwhile, or its maker is still
+// at it. The caller holds pt.mu.
+func (l *Log) takeOver(p int, pt *partition, k uint64) (*shm.Segment, error) {
+	size := l.cfg.SegmentSize + trailer
+	opts := &shm.SegmentConfig{Keep: true, Populate: true}
+	seg, err := shm.CreateFileSegment(l.segPath(p, k), size, opts)
+	if errors.Is(err, os.ErrExist) {
+		seg, err = shm.RepairFileSegment(l.segPath(p, k), size, opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return l.madeSeg(p, pt, k, seg)
+}
+
+// madeSeg finishes segment file seg, k of partition p, just made: its
+// birth, and under a flush policy the syncs.
+func (l *Log) madeSeg(p int, pt *partition, k uint64, seg *shm.Segment) (*shm.Segment, error) {
 	l.setBirth(seg)
 	if f := testSegMade.Load(); f != nil {
 		(*f)(l, p, k)
 	}
+	var err error
 	if l.cfg.Flush != FlushNone {
 		// The new file and its name first (a producer of another
 		// handle that opens it syncs both too: syncMade), then the

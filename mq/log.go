@@ -522,6 +522,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	var seg *shm.Segment
 	var err error
 	madeHere := false
+	takeovers := 0
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
 		mk := pt.made.Load()
 		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
@@ -537,6 +538,19 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		// A segment its creator is making this moment is missing or not
 		// yet sized (shm says corrupt): wait for it, creating or reading.
 		making := (errors.Is(err, os.ErrNotExist) || errors.Is(err, shm.ErrCorrupt)) && k < pt.made.Load()
+		if making && create && l.cfg.Dir != "" && k >= pt.head.Load() && time.Now().After(deadline) && takeovers < 3 {
+			// Made, and for a second not there: its maker died (or is
+			// that slow). Made here instead, unless it is there now
+			// or its maker is still at it: then wait again.
+			takeovers++
+			seg, err = l.takeOver(p, pt, k)
+			if errors.Is(err, os.ErrExist) || errors.Is(err, shm.ErrLocked) {
+				deadline = time.Now().Add(time.Second)
+				continue
+			}
+			madeHere = err == nil
+			break
+		}
 		if err == nil || (!create && !making) || k < pt.head.Load() || time.Now().After(deadline) {
 			// Below the head it was dropped: the caller's view of the
 			// tail is stale (retrying for a second here, under the lock,

@@ -63,6 +63,23 @@ func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	if err != nil {
 		return nil, &os.PathError{Op: "create file segment", Path: path, Err: err}
 	}
+	// Locked while it is made: RepairFileSegment takes over a file
+	// without a header only from a creator that holds no lock on it.
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			// A repairer took it over between our open and our lock.
+			return nil, &os.PathError{Op: "create file segment", Path: path, Err: unix.EEXIST}
+		}
+		unix.Unlink(path)
+		return nil, &os.PathError{Op: "lock file segment", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size != 0 {
+		// Taken over and made by a repairer before our lock.
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "create file segment", Path: path, Err: unix.EEXIST}
+	}
 	if err := allocate(fd, total); err != nil {
 		unix.Close(fd)
 		unix.Unlink(path)
@@ -75,7 +92,93 @@ func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	s.name, s.path, s.created, s.keep = filepath.Base(path), path, true, true
 	s.initHeader(total)
 	s.commit()
+	unix.Flock(s.fd, unix.LOCK_UN)
 	return s, nil
+}
+
+// RepairFileSegment is OpenFileSegment, but for a file without a header
+// yet (ErrNoHeader) whose creator no longer makes it (a creator holds a
+// lock on the file while it does; if one is held, ErrLocked): it makes
+// the segment in that file as CreateFileSegment would have, with size
+// data bytes allocated and this process as its creator. Nothing was ever
+// written in such a segment. The caller must know that the file should be
+// a segment (it was counted as made by a creator that died, say).
+func RepairFileSegment(path string, size int, opts *SegmentConfig) (*Segment, error) {
+	s, err := OpenFileSegment(path)
+	if !errors.Is(err, ErrNoHeader) {
+		return s, err
+	}
+	if opts == nil {
+		opts = &SegmentConfig{}
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("shm: segment size %d must be positive", size)
+	}
+	fd, err := openChecked(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("shm: repair %s: its creator is making it: %w", path, ErrLocked)
+		}
+		return nil, fmt.Errorf("shm: repair %s: %w", path, err)
+	}
+	// Under the lock, look again: its creator may have finished.
+	var magic [8]byte
+	if n, _ := unix.Pread(fd, magic[:], segOffMagic); n == len(magic) && magic != [8]byte{} {
+		unix.Close(fd)
+		return OpenFileSegment(path)
+	}
+	total := pageAlign(HeaderSize + size)
+	if err := allocate(fd, total); err == nil {
+		err = unix.Ftruncate(fd, int64(total))
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "repair file segment", Path: path, Err: err}
+	}
+	s, err = mapSegment(fd, total, opts.HugePages, opts.Populate)
+	if err != nil {
+		return nil, err
+	}
+	s.name, s.path, s.created, s.keep = filepath.Base(path), path, true, true
+	s.initHeader(total)
+	s.commit()
+	unix.Flock(s.fd, unix.LOCK_UN)
+	return s, nil
+}
+
+// openChecked opens the file at path for a file segment (O_NOFOLLOW), if
+// it is a regular file of the effective user with one name and mode
+// 0600; a file removed since its open is os.ErrNotExist.
+func openChecked(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "open file segment", Path: path, Err: err}
+	}
+	if f := testFileOpened.Load(); f != nil {
+		(*f)(path)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("shm: open %s: %w", path, err)
+	}
+	switch {
+	case st.Nlink == 0:
+		// Removed since it was opened: as if the open had come later.
+		unix.Close(fd)
+		return -1, &os.PathError{Op: "open file segment", Path: path, Err: unix.ENOENT}
+	case int(st.Uid) != os.Geteuid() || st.Nlink != 1:
+		unix.Close(fd)
+		return -1, fmt.Errorf("shm: open %s: owned by uid %d with %d names; ubkit maps only this user's files with one name: %w", path, st.Uid, st.Nlink, ErrCorrupt)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o077 != 0:
+		unix.Close(fd)
+		return -1, fmt.Errorf("shm: open %s: mode %#o; ubkit maps only regular files of mode 0600: %w", path, st.Mode&0o7777, ErrCorrupt)
+	}
+	return fd, nil
 }
 
 // allocate gives the file fd its total bytes of disk now (fallocate), so
@@ -103,29 +206,14 @@ func allocate(fd, total int) error {
 // permission for group or others), and its header must be valid (a
 // file without one yet is ErrNoHeader).
 func OpenFileSegment(path string) (*Segment, error) {
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, err := openChecked(path)
 	if err != nil {
-		return nil, &os.PathError{Op: "open file segment", Path: path, Err: err}
-	}
-	if f := testFileOpened.Load(); f != nil {
-		(*f)(path)
+		return nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
-	}
-	switch {
-	case st.Nlink == 0:
-		// Removed since it was opened: as if the open had come later.
-		unix.Close(fd)
-		return nil, &os.PathError{Op: "open file segment", Path: path, Err: unix.ENOENT}
-	case int(st.Uid) != os.Geteuid() || st.Nlink != 1:
-		unix.Close(fd)
-		return nil, fmt.Errorf("shm: open %s: owned by uid %d with %d names; ubkit maps only this user's files with one name: %w", path, st.Uid, st.Nlink, ErrCorrupt)
-	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o077 != 0:
-		unix.Close(fd)
-		return nil, fmt.Errorf("shm: open %s: mode %#o; ubkit maps only regular files of mode 0600: %w", path, st.Mode&0o7777, ErrCorrupt)
 	}
 	var magic [8]byte
 	if st.Size < HeaderSize {

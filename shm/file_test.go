@@ -5,6 +5,7 @@ package shm
 import (
 	"bytes"
 	"errors"
+	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"testing"
@@ -248,5 +249,48 @@ func TestFileSegmentRemovedWhileOpening(t *testing.T) {
 	}
 	if !errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrCorrupt) {
 		t.Fatalf("a file removed while opening: %v, want ErrNotExist", err)
+	}
+}
+
+// TestRepairFileSegment: a file without a header is made a segment in
+// place only if no creator holds its lock (one that is making it does);
+// a good segment is opened as it is.
+func TestRepairFileSegment(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "seg")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A live creator, between its open and its header: it holds the lock.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := RepairFileSegment(path, 100, nil); !errors.Is(err, ErrLocked) {
+		if err == nil {
+			s.Close()
+		}
+		t.Fatalf("repairing a file its creator is making: %v, want ErrLocked", err)
+	}
+	f.Close() // the creator died
+	s, err := RepairFileSegment(path, 100, nil)
+	if err != nil {
+		t.Fatalf("repairing a file whose creator died: %v", err)
+	}
+	copy(s.Data(), "kept")
+	s.Close()
+	s, err = RepairFileSegment(path, 100, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(s.Data()[:4]) != "kept" {
+		t.Fatalf("a good segment repaired again: %q", s.Data()[:4])
+	}
+	s.Close()
+	if _, err := CreateFileSegment(path, 100, nil); !errors.Is(err, os.ErrExist) {
+		t.Fatalf("creating over a repaired segment: %v, want ErrExist", err)
 	}
 }
