@@ -132,7 +132,8 @@ func RepairFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 		return OpenFileSegment(path)
 	}
 	total := pageAlign(HeaderSize + size)
-	if err := allocate(fd, total); err == nil {
+	err = allocate(fd, total)
+	if err == nil {
 		err = unix.Ftruncate(fd, int64(total))
 	}
 	if err != nil {

@@ -5,10 +5,11 @@ package shm
 import (
 	"bytes"
 	"errors"
-	"golang.org/x/sys/unix"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestFileSegment(t *testing.T) {
