@@ -154,28 +154,60 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 	opts := &shm.SegmentConfig{Keep: true, Populate: true}
 	if l.cfg.Dir == "" {
 		seg, err := shm.CreateSegment(segName(l.name, p, k), size, opts)
-		if err == nil {
-			l.setBirth(seg)
+		if err != nil {
+			unmake(pt, k, err)
+			return nil, err
 		}
-		return seg, err
+		l.setBirth(seg)
+		return seg, nil
 	}
 	seg, err := shm.CreateFileSegment(l.segPath(p, k), size, opts)
 	if err != nil {
+		unmake(pt, k, err)
 		return nil, err
 	}
+	return l.madeSeg(p, pt, k, seg)
+}
+
+// takeOver makes segment k of partition p, which another producer
+// counted as made and has not made for a second: it died, after its
+// made CAS (no file yet: made here, O_EXCL) or in CreateFileSegment (a
+// file without a header that no creator holds locked: made in place,
+// shm.RepairFileSegment). It fails with an error wrapping os.ErrExist or
+// shm.ErrLocked if the segment was made meanwhile, or its maker is still
+// at it. The caller holds pt.mu.
+func (l *Log) takeOver(p int, pt *partition, k uint64) (*shm.Segment, error) {
+	size := l.cfg.SegmentSize + trailer
+	opts := &shm.SegmentConfig{Keep: true, Populate: true}
+	seg, err := shm.CreateFileSegment(l.segPath(p, k), size, opts)
+	if errors.Is(err, os.ErrExist) {
+		seg, err = shm.RepairFileSegment(l.segPath(p, k), size, opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return l.madeSeg(p, pt, k, seg)
+}
+
+// madeSeg finishes segment file seg, k of partition p, just made: its
+// birth, and under a flush policy the syncs.
+func (l *Log) madeSeg(p int, pt *partition, k uint64, seg *shm.Segment) (*shm.Segment, error) {
 	l.setBirth(seg)
+	if f := testSegMade.Load(); f != nil {
+		(*f)(l, p, k)
+	}
+	var err error
 	if l.cfg.Flush != FlushNone {
-		// The segment left behind, in full: FlushInterval's ticker
-		// covers only the two newest this handle maps. (A failure
-		// leaves segment k made: the next Loan opens it.)
-		if k > 0 {
-			err = l.syncSeg(p, pt, k-1)
-		}
-		if err == nil {
-			err = seg.SyncAll()
-		}
+		// The new file and its name first (a producer of another
+		// handle that opens it syncs both too: syncMade), then the
+		// segments left behind, in full. (A failure leaves segment k
+		// made: the next Loan opens it.)
+		err = seg.SyncAll()
 		if err == nil {
 			err = shm.SyncDir(l.cfg.Dir)
+		}
+		if err == nil {
+			err = l.syncBehind(p, pt, k)
 		}
 		if err != nil {
 			seg.Close()
@@ -185,23 +217,66 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 	return seg, nil
 }
 
-// syncMade makes the name of segment k, which a producer of another
-// handle made and this one is about to write in, durable: its maker may
-// not have synced the directory yet, and a record of this handle must
-// not be on disk in a file that a machine crash would unname. Once per
+// unmake gives back segment k of pt, which its maker counted as made and
+// then failed to create (a full disk, /dev/shm full): the next producer
+// that needs it makes it again, rather than every later one finding it
+// made and missing. Nobody moved made beyond k+1 meanwhile: that takes a
+// tail in segment k+1, which takes segment k. A file that exists is
+// left counted (os.ErrExist: not this maker's to give back).
+func unmake(pt *partition, k uint64, err error) {
+	if !errors.Is(err, os.ErrExist) {
+		pt.made.CompareAndSwap(k+1, k)
+	}
+}
+
+// testSegMade, if set, is called by createSeg just after it created a
+// segment file: tests stop a maker there.
+var testSegMade atomic.Pointer[func(l *Log, p int, k uint64)]
+
+// syncMade makes segment seg, which a producer of another handle made and
+// this one is about to write in, durable as a file: its header and its
+// name. Its maker may not have synced either yet (it may be about to, be
+// slow, or have died), and a record of this handle must not be on disk in
+// a file that a machine crash would unname, or leave without a header
+// (a reopen takes such a file for one nothing was written in). Once per
 // segment and handle, under a flush policy.
 // skip says there is nothing to do (this handle made it, or reads only).
-func (l *Log) syncMade(skip bool) error {
+func (l *Log) syncMade(seg *shm.Segment, skip bool) error {
 	if skip || l.cfg.Dir == "" || l.cfg.Flush == FlushNone {
 		return nil
 	}
+	if err := seg.SyncAll(); err != nil {
+		return err
+	}
 	return shm.SyncDir(l.cfg.Dir)
+}
+
+// syncBehind writes the segments before segment k to disk in full, from
+// the one the watermark (pt.synced) is in, normally k-1 (more if the
+// maker of one of them died or failed before it got here), and then moves
+// the watermark to the start of k: every header below it is on disk, as
+// the tail has left those segments and every header in them is written.
+// FlushInterval needs it too: its ticker covers only the two newest
+// segments a handle maps. The caller holds pt.mu.
+func (l *Log) syncBehind(p int, pt *partition, k uint64) error {
+	size := uint64(l.cfg.SegmentSize)
+	for j := max(pt.synced.Load()/size, pt.head.Load()); j < k; j++ {
+		if err := l.syncSeg(p, pt, j); err != nil {
+			return err
+		}
+	}
+	for {
+		s := pt.synced.Load()
+		if s >= k*size || pt.synced.CompareAndSwap(s, k*size) {
+			return nil
+		}
+	}
 }
 
 // syncSeg writes segment k of partition p to disk; the caller holds pt.mu.
 func (l *Log) syncSeg(p int, pt *partition, k uint64) error {
 	if m := pt.segs[k]; m != nil {
-		return m.seg.SyncAll()
+		return l.noteSync(m, m.seg.SyncAll())
 	}
 	seg, err := l.openSeg(p, k)
 	if errors.Is(err, os.ErrNotExist) {
@@ -237,24 +312,58 @@ func (l *Log) removeSeg(p int, k uint64) error {
 	return errors.Join(s.Unlink(), s.Close())
 }
 
+// testSyncFault, if set, is the result of the next syncs of segments
+// this package makes through a handle's mappings (flushRecord, flushAll)
+// when it returns an error: tests play a disk that failed a write, which
+// the kernel reports once per open file.
+var testSyncFault atomic.Pointer[func(m *mapped) error]
+
+// noteSync keeps the first error of a flush of segment m through this
+// handle, and returns err, or else the error kept. The kernel reports a
+// writeback error once per open file and marks the page that failed clean:
+// a later sync of the same pages succeeds though that page, with headers
+// the records after it depend on, is on no disk. So once a flush of a
+// segment failed, every later flush of it through the handle fails too
+// (a Commit in it, the FlushInterval goroutine's), and Close says so.
+func (l *Log) noteSync(m *mapped, err error) error {
+	if err != nil {
+		err = fmt.Errorf("mq: flush of segment %d: %w", m.index, err)
+		m.syncErr.CompareAndSwap(nil, &err)
+		l.flushErr.CompareAndSwap(nil, &err)
+		return err
+	}
+	if p := m.syncErr.Load(); p != nil {
+		return fmt.Errorf("mq: an earlier flush failed, this handle's records in the segment may not be on disk: %w", *p)
+	}
+	return nil
+}
+
 // flushRecord writes the record that ends at end of segment m to disk,
 // with every header before it in the segment that no earlier flush
 // covered (another producer's claim, a pad): reopening walks headers from
 // the segment's start, so a header missing on disk would hide the records
-// after it. pt.synced says how far headers are known to be on disk; the
-// segment before m was written in full when m was made.
+// after it. pt.synced says how far headers are known to be on disk. It
+// enters segment m only when m's maker has written the segments before
+// m in full (syncBehind): until then a record in m syncs m from its
+// start and leaves the watermark where it is, since a late Commit in the
+// segment before m must still sync from the watermark there (a header
+// in writing before it may be on no disk yet).
 func (l *Log) flushRecord(pt *partition, m *mapped, at, end uint64) error {
 	base := m.index * uint64(l.cfg.SegmentSize)
 	lo := uint64(0)
 	if s := pt.synced.Load(); s > base {
 		lo = min(s-base, at)
 	}
-	if err := m.seg.Sync(int(lo), int(end-lo)); err != nil {
-		return err
+	err := m.seg.Sync(int(lo), int(end-lo))
+	if f := testSyncFault.Load(); f != nil && err == nil {
+		err = (*f)(m)
+	}
+	if err := l.noteSync(m, err); err != nil {
+		return err // the watermark stays: what failed may be on no disk
 	}
 	for {
 		s := pt.synced.Load()
-		if s >= base+end || pt.synced.CompareAndSwap(s, base+end) {
+		if s < base || s >= base+end || pt.synced.CompareAndSwap(s, base+end) {
 			return nil
 		}
 	}
@@ -274,7 +383,11 @@ func (l *Log) flushAll() error {
 		}
 		pt.mu.Unlock()
 		for _, m := range ms {
-			errs = append(errs, m.seg.SyncAll())
+			err := m.seg.SyncAll()
+			if f := testSyncFault.Load(); f != nil && err == nil {
+				err = (*f)(m)
+			}
+			errs = append(errs, l.noteSync(m, err))
 			m.release()
 		}
 	}
@@ -390,7 +503,7 @@ func (l *Log) startJanitor() {
 			case <-t.C:
 			}
 			if l.cfg.Flush == FlushInterval {
-				l.flushAll() // an error shows again at the next tick, and at Close
+				l.flushAll() // an error sticks (noteSync): Commits and Close return it
 			}
 			l.Expire()
 		}
@@ -406,7 +519,11 @@ func (l *Log) stopJanitor() error {
 	close(l.stop)
 	<-l.done
 	if l.cfg.Flush == FlushInterval {
-		return l.flushAll()
+		err := l.flushAll()
+		if p := l.flushErr.Load(); err == nil && p != nil {
+			err = *p // met by the goroutine, in a segment no longer mapped
+		}
+		return err
 	}
 	return nil
 }
@@ -426,12 +543,21 @@ func OpenDir(name, dir string) (*Log, error) {
 	deadline := time.Now().Add(time.Second)
 	for raced := 0; ; {
 		l, err := Open(name)
-		if errors.Is(err, shm.ErrCorrupt) && time.Now().Before(deadline) {
-			// A meta segment its maker has not sized yet (the magic
-			// it then waits for itself): another process is creating
-			// or rebuilding the log this moment.
-			time.Sleep(time.Millisecond)
-			continue
+		if errors.Is(err, shm.ErrCorrupt) {
+			// A meta segment without its magic (Open waited a second
+			// for it): another process is creating or rebuilding the
+			// log, for as long as it lives, or died doing so.
+			switch making, serr := staleMeta(name, dir); {
+			case serr != nil:
+				return nil, serr
+			case making:
+				continue
+			case time.Now().Before(deadline):
+				// Not sized yet (its maker is in CreateSegment), or
+				// removed since: look again.
+				time.Sleep(time.Millisecond)
+				continue
+			}
 		}
 		if err == nil {
 			if l.cfg.Dir != dir {
@@ -452,6 +578,58 @@ func OpenDir(name, dir string) (*Log, error) {
 			return nil, fmt.Errorf("mq: open %s: its meta segment keeps coming and going: %w", name, err)
 		}
 	}
+}
+
+// staleMeta looks at the meta segment of log name, which Open found
+// without its magic. If its maker lives (creating or rebuilding the log),
+// it says making: wait more. If its maker died before the magic (a Create
+// or a rebuild killed midway), nothing uses it, and it removes it, under
+// the configuration file's exclusive lock (a live handle holds it shared:
+// then ErrLocked, as for a rebuild; a concurrent remover holds it
+// exclusive: looked at again) and only if the name still holds that
+// segment; the caller then opens or rebuilds again (making). Else (no
+// sized meta segment, or one with its magic: Open failed on something
+// else) it says neither.
+func staleMeta(name, dir string) (making bool, err error) {
+	meta, err := shm.OpenSegment(metaName(name))
+	if err != nil {
+		return false, nil
+	}
+	defer meta.Close()
+	if meta.Size() < metaSize {
+		return false, nil
+	}
+	if w, _ := meta.Uint64At(offMagic); w.Load() == metaMagic {
+		return false, nil
+	}
+	if meta.Creator().Alive() {
+		return true, nil
+	}
+	f, err := shm.OpenPrivateFile(configPath(dir, name))
+	if err != nil {
+		return false, fmt.Errorf("mq: open %s: %w", name, err)
+	}
+	defer f.Close()
+	if err := shm.TryLockFile(f); err != nil {
+		if errors.Is(err, shm.ErrLocked) && lockedShared(f) {
+			return false, fmt.Errorf("mq: reopen %s: %w", name, err)
+		}
+		return true, nil
+	}
+	if err := meta.Unlink(); err != nil {
+		return false, fmt.Errorf("mq: reopen %s: removing the meta segment of a dead maker: %w", name, err)
+	}
+	return true, nil
+}
+
+// lockedShared says whether f's lock is held shared (by live handles of
+// the log), rather than exclusive (by a reopening process).
+func lockedShared(f *os.File) bool {
+	if err := shm.TryLockFileShared(f); err != nil {
+		return false
+	}
+	shm.UnlockFile(f)
+	return true
 }
 
 // rebuild makes log name's meta segment again from its files in dir.
@@ -493,6 +671,9 @@ func rebuild(name, dir string) (*Log, error) {
 	entries, err := os.ReadDir(dir)
 	if err == nil {
 		for p := range c.Partitions {
+			if f := testRebuilding.Load(); f != nil {
+				(*f)(name, p)
+			}
 			if err = l.rebuildPartition(meta, entries, p); err != nil {
 				break
 			}
@@ -515,6 +696,10 @@ func rebuild(name, dir string) (*Log, error) {
 	}
 	return lg, err
 }
+
+// testRebuilding, if set, is called by a rebuild before each partition:
+// tests stop or kill a rebuilder there.
+var testRebuilding atomic.Pointer[func(name string, p int)]
 
 // rebuildPartition finds partition p's segments among the files of the
 // directory, repairs them (scanSegment) and writes the partition's words
@@ -540,25 +725,33 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 	// The newest file may be one its creator died making (no valid
 	// header): nothing was ever in it.
 	made := uint64(0)
-	var segs []*shm.Segment
+	// One segment mapped at a time: a partition may have more segments
+	// than the process may open files.
+	var seg *shm.Segment
 	defer func() {
-		for _, s := range segs {
-			s.Close()
+		if seg != nil {
+			seg.Close()
 		}
 	}()
-	for len(ks) > 0 {
-		k := ks[len(ks)-1]
-		made = max(made, k+1)
+	openKept := func(k uint64) (*shm.Segment, error) {
 		seg, err := l.openSeg(p, k)
 		if err == nil && seg.Size() < int(size) {
 			seg.Close()
-			err = shm.ErrCorrupt
+			err = fmt.Errorf("%d bytes, want %d: %w", seg.Size(), size, shm.ErrCorrupt)
 		}
+		return seg, err
+	}
+	for len(ks) > 0 {
+		k := ks[len(ks)-1]
+		s, err := openKept(k)
 		if err == nil {
-			segs = append(segs, seg)
+			seg, made = s, k+1 // made again from here, if a file without a header was removed above it
 			break
 		}
-		if !errors.Is(err, shm.ErrCorrupt) || len(segs) > 0 {
+		// Only a file without a header is one nothing was written in; a
+		// file refused for anything else (another owner, mode or name, a
+		// damaged header) stops the rebuild: it may hold records.
+		if !errors.Is(err, shm.ErrNoHeader) {
 			return fmt.Errorf("segment %d of partition %d: %w", k, p, err)
 		}
 		if err := l.removeSeg(p, k); err != nil {
@@ -587,33 +780,37 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 			}
 		}
 	}
-	for k := newest; k > head; k-- {
-		seg, err := l.openSeg(p, k-1)
-		if err == nil && seg.Size() < int(size) {
-			seg.Close()
-			err = shm.ErrCorrupt
-		}
-		if err != nil {
-			return fmt.Errorf("segment %d of partition %d: %w", k-1, p, err)
-		}
-		segs = append(segs, seg)
-	}
 	var aborted, torn, tail uint64
-	for i, seg := range segs { // the newest first
-		k := newest - uint64(i)
+	for k := newest; ; k-- { // the newest first
+		if k != newest {
+			s, err := openKept(k)
+			if err != nil {
+				return fmt.Errorf("segment %d of partition %d: %w", k, p, err)
+			}
+			seg.Close()
+			seg = s
+		}
 		words, err := seg.Uint64s(0, int(size/8))
 		if err != nil {
 			return err
 		}
-		end, a, t := scanSegment(words, seg.Data()[:size:size], k, i == 0)
+		end, a, t := scanSegment(words, seg.Data()[:size:size], k, k == newest)
 		aborted, torn = aborted+a, torn+t
-		if i == 0 {
+		if k == newest {
 			tail = k*size + end
 		}
-		if l.cfg.Flush != FlushNone && a+t > 0 {
+		// Under a flush policy the repairs go to disk, and so does the
+		// newest segment whatever it holds: a producer killed between
+		// its Commit's CAS and its msync left a committed header only
+		// in the page cache, which the records sent after the reopen
+		// depend on (the watermark is set to the tail).
+		if l.cfg.Flush != FlushNone && (a+t > 0 || k == newest) {
 			if err := seg.SyncAll(); err != nil {
 				return err
 			}
+		}
+		if k == head {
+			break
 		}
 	}
 	word(base).Store(tail)

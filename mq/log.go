@@ -188,6 +188,9 @@ type mapped struct {
 	words []atomic.Uint64
 	data  []byte
 	refs  atomic.Int64
+	// syncErr is the first failed flush of the segment through this
+	// handle (file.go, noteSync).
+	syncErr atomic.Pointer[error]
 }
 
 // acquire takes a reference, unless the segment is already unmapped.
@@ -248,10 +251,11 @@ type Log struct {
 	unmapping sync.WaitGroup
 
 	// Durability and age (file.go).
-	dirLock *os.File                         // the configuration file, locked shared while open
-	clock   atomic.Pointer[func() time.Time] // tests' clock; nil: time.Now
-	stop    chan struct{}                    // ends the janitor
-	done    chan struct{}                    // closed when the janitor ends
+	dirLock  *os.File                         // the configuration file, locked shared while open
+	clock    atomic.Pointer[func() time.Time] // tests' clock; nil: time.Now
+	flushErr atomic.Pointer[error]            // the first failed flush of this handle, for Close (noteSync)
+	stop     chan struct{}                    // ends the janitor
+	done     chan struct{}                    // closed when the janitor ends
 }
 
 func metaName(name string) string { return "mq-" + name }
@@ -518,6 +522,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	var seg *shm.Segment
 	var err error
 	madeHere := false
+	takeovers := 0
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
 		mk := pt.made.Load()
 		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
@@ -533,6 +538,19 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		// A segment its creator is making this moment is missing or not
 		// yet sized (shm says corrupt): wait for it, creating or reading.
 		making := (errors.Is(err, os.ErrNotExist) || errors.Is(err, shm.ErrCorrupt)) && k < pt.made.Load()
+		if making && create && l.cfg.Dir != "" && k >= pt.head.Load() && time.Now().After(deadline) && takeovers < 3 {
+			// Made, and for a second not there: its maker died (or is
+			// that slow). Made here instead, unless it is there now
+			// or its maker is still at it: then wait again.
+			takeovers++
+			seg, err = l.takeOver(p, pt, k)
+			if errors.Is(err, os.ErrExist) || errors.Is(err, shm.ErrLocked) {
+				deadline = time.Now().Add(time.Second)
+				continue
+			}
+			madeHere = err == nil
+			break
+		}
 		if err == nil || (!create && !making) || k < pt.head.Load() || time.Now().After(deadline) {
 			// Below the head it was dropped: the caller's view of the
 			// tail is stale (retrying for a second here, under the lock,
@@ -554,7 +572,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		seg.Close()
 		return nil, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
 	}
-	if err := l.syncMade(!create || madeHere); err != nil {
+	if err := l.syncMade(seg, !create || madeHere); err != nil {
 		seg.Close()
 		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
 	}
@@ -628,16 +646,18 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 		size := l.cfg.SegmentSize
 		// Its birth stays 0 until the tail enters it (entered).
 		seg, err := shm.CreateSegment(segName(l.name, p, k), size+trailer, &shm.SegmentConfig{Keep: true, Populate: true})
-		var words []atomic.Uint64
-		if err == nil {
-			if words, err = seg.Uint64s(0, size/8); err != nil {
-				seg.Close()
-			}
-		}
 		if err != nil {
-			// The producer of this handle that reaches segment k finds it
-			// missing and fails with this error.
+			// Given back: the producer that reaches segment k makes it
+			// in its path (and if that fails too, says why; this error
+			// is for a producer that finds it missing all the same).
 			pt.aheadFail.Store(&aheadFailure{k, err})
+			unmake(pt, k, err)
+			return
+		}
+		words, err := seg.Uint64s(0, size/8)
+		if err != nil {
+			// The segment is there: a producer that reaches it opens it.
+			seg.Close()
 			return
 		}
 		m := &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
@@ -701,11 +721,14 @@ func (l *Log) waitFreed(ctx context.Context, pt *partition, ready func() bool) e
 }
 
 // oldestNeeded returns the oldest segment a live reader of partition p is
-// in.
+// in, of those retention has not dropped: a reader in a dropped segment
+// (age retention does not wait for readers) can never read there again,
+// and holding producers for it would hold them for good.
 func (l *Log) oldestNeeded(p int) (uint64, bool) {
 	var oldest uint64
 	found := false
 	size := uint64(l.cfg.SegmentSize)
+	head := l.parts[p].head.Load()
 	for i := range maxReaders {
 		base := offReaders + i*line
 		owner, _ := l.meta.Uint64At(base)
@@ -723,7 +746,7 @@ func (l *Log) oldestNeeded(p int) (uint64, bool) {
 			owner.CompareAndSwap(w, 0)
 			continue
 		}
-		if k := o / size; !found || k < oldest {
+		if k := o / size; k >= head && (!found || k < oldest) {
 			oldest, found = k, true
 		}
 	}

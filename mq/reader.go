@@ -163,12 +163,18 @@ func (r *Reader) mapping(k uint64) (*mapped, error) {
 	r.opening.Wait()
 	if n := r.next; n != nil {
 		r.next = nil
-		if n.index == k {
+		// Retention may have dropped it since it was mapped ahead: then
+		// the reader is told, as if it opened it now (below).
+		if n.index == k && k >= r.pt.head.Load() {
 			r.m = n
 			r.openAhead(k + 1)
 			return n, nil
 		}
 		r.l.unmapLater(n.seg)
+	}
+	if k < r.pt.head.Load() {
+		// Dropped, its file perhaps not yet removed.
+		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, r.p, ErrOffsetGone)
 	}
 	m, err := r.open(k)
 	if err != nil {

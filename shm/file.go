@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -41,10 +42,12 @@ func CheckDir(dir string) error {
 // CreateFileSegment creates a segment of at least size data bytes backed
 // by a new file at path, mode 0600, made with O_EXCL and O_NOFOLLOW in a
 // directory that passes CheckDir. It fails with an error wrapping
-// os.ErrExist if the file exists. The file stays when the segment is
+// os.ErrExist if the file exists. The file's blocks are allocated
+// before it is mapped: a full disk is an error wrapping ENOSPC here, never
+// a fault when the segment is written. The file stays when the segment is
 // closed (opts.Keep is implied): Unlink removes it. A creator that dies
-// before CreateFileSegment returns may leave a file without a valid header,
-// which OpenFileSegment reports as ErrCorrupt.
+// before CreateFileSegment returns may leave a file without a header,
+// which OpenFileSegment reports as ErrNoHeader.
 func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, error) {
 	if opts == nil {
 		opts = &SegmentConfig{}
@@ -60,6 +63,28 @@ func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	if err != nil {
 		return nil, &os.PathError{Op: "create file segment", Path: path, Err: err}
 	}
+	// Locked while it is made: RepairFileSegment takes over a file
+	// without a header only from a creator that holds no lock on it.
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			// A repairer took it over between our open and our lock.
+			return nil, &os.PathError{Op: "create file segment", Path: path, Err: unix.EEXIST}
+		}
+		unix.Unlink(path)
+		return nil, &os.PathError{Op: "lock file segment", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size != 0 {
+		// Taken over and made by a repairer before our lock.
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "create file segment", Path: path, Err: unix.EEXIST}
+	}
+	if err := allocate(fd, total); err != nil {
+		unix.Close(fd)
+		unix.Unlink(path)
+		return nil, &os.PathError{Op: "allocate file segment", Path: path, Err: err}
+	}
 	s, err := newNamed(fd, path, total, opts)
 	if err != nil {
 		return nil, err
@@ -67,30 +92,142 @@ func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	s.name, s.path, s.created, s.keep = filepath.Base(path), path, true, true
 	s.initHeader(total)
 	s.commit()
+	unix.Flock(s.fd, unix.LOCK_UN)
 	return s, nil
+}
+
+// RepairFileSegment is OpenFileSegment, but for a file without a header
+// yet (ErrNoHeader) whose creator no longer makes it (a creator holds a
+// lock on the file while it does; if one is held, ErrLocked): it makes
+// the segment in that file as CreateFileSegment would have, with size
+// data bytes allocated and this process as its creator. Nothing was ever
+// written in such a segment. The caller must know that the file should be
+// a segment (it was counted as made by a creator that died, say).
+func RepairFileSegment(path string, size int, opts *SegmentConfig) (*Segment, error) {
+	s, err := OpenFileSegment(path)
+	if !errors.Is(err, ErrNoHeader) {
+		return s, err
+	}
+	if opts == nil {
+		opts = &SegmentConfig{}
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("shm: segment size %d must be positive", size)
+	}
+	fd, err := openChecked(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("shm: repair %s: its creator is making it: %w", path, ErrLocked)
+		}
+		return nil, fmt.Errorf("shm: repair %s: %w", path, err)
+	}
+	// Under the lock, look again: its creator may have finished.
+	var magic [8]byte
+	if n, _ := unix.Pread(fd, magic[:], segOffMagic); n == len(magic) && magic != [8]byte{} {
+		unix.Close(fd)
+		return OpenFileSegment(path)
+	}
+	total := pageAlign(HeaderSize + size)
+	err = allocate(fd, total)
+	if err == nil {
+		err = unix.Ftruncate(fd, int64(total))
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "repair file segment", Path: path, Err: err}
+	}
+	s, err = mapSegment(fd, total, opts.HugePages, opts.Populate)
+	if err != nil {
+		return nil, err
+	}
+	s.name, s.path, s.created, s.keep = filepath.Base(path), path, true, true
+	s.initHeader(total)
+	s.commit()
+	unix.Flock(s.fd, unix.LOCK_UN)
+	return s, nil
+}
+
+// openChecked opens the file at path for a file segment (O_NOFOLLOW), if
+// it is a regular file of the effective user with one name and mode
+// 0600; a file removed since its open is os.ErrNotExist.
+func openChecked(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "open file segment", Path: path, Err: err}
+	}
+	if f := testFileOpened.Load(); f != nil {
+		(*f)(path)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("shm: open %s: %w", path, err)
+	}
+	switch {
+	case st.Nlink == 0:
+		// Removed since it was opened: as if the open had come later.
+		unix.Close(fd)
+		return -1, &os.PathError{Op: "open file segment", Path: path, Err: unix.ENOENT}
+	case int(st.Uid) != os.Geteuid() || st.Nlink != 1:
+		unix.Close(fd)
+		return -1, fmt.Errorf("shm: open %s: owned by uid %d with %d names; ubkit maps only this user's files with one name: %w", path, st.Uid, st.Nlink, ErrCorrupt)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o077 != 0:
+		unix.Close(fd)
+		return -1, fmt.Errorf("shm: open %s: mode %#o; ubkit maps only regular files of mode 0600: %w", path, st.Mode&0o7777, ErrCorrupt)
+	}
+	return fd, nil
+}
+
+// allocate gives the file fd its total bytes of disk now (fallocate), so
+// that a full disk is an error here rather than a SIGBUS (fatal in Go) at
+// the first write to a page of a sparse file through the mapping. A file
+// system without fallocate gets zeros written instead.
+func allocate(fd, total int) error {
+	err := unix.Fallocate(fd, 0, 0, int64(total))
+	if !errors.Is(err, unix.EOPNOTSUPP) {
+		return err
+	}
+	zero := make([]byte, 64<<10)
+	for off := 0; off < total; off += len(zero) {
+		n := min(len(zero), total-off)
+		if _, err := unix.Pwrite(fd, zero[:n], int64(off)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // OpenFileSegment maps the file-backed segment at path after the checks
 // OpenSegment makes: the file is opened with O_NOFOLLOW and must be a
 // regular file of the effective user with one name and mode 0600 (no
-// permission for group or others), and its header must be valid.
+// permission for group or others), and its header must be valid (a
+// file without one yet is ErrNoHeader).
 func OpenFileSegment(path string) (*Segment, error) {
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	fd, err := openChecked(path)
 	if err != nil {
-		return nil, &os.PathError{Op: "open file segment", Path: path, Err: err}
+		return nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
-	switch {
-	case int(st.Uid) != os.Geteuid() || st.Nlink != 1:
+	var magic [8]byte
+	if st.Size < HeaderSize {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shm: open %s: owned by uid %d with %d names; ubkit maps only this user's files with one name: %w", path, st.Uid, st.Nlink, ErrCorrupt)
-	case st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o077 != 0:
+		return nil, fmt.Errorf("shm: open %s: %d bytes: %w", path, st.Size, ErrNoHeader)
+	}
+	if n, err := unix.Pread(fd, magic[:], segOffMagic); err != nil || n != len(magic) {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shm: open %s: mode %#o; ubkit maps only regular files of mode 0600: %w", path, st.Mode&0o7777, ErrCorrupt)
+		return nil, fmt.Errorf("shm: open %s: reading its magic: %d bytes, %v: %w", path, n, err, ErrCorrupt)
+	}
+	if magic == [8]byte{} {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: open %s: %w", path, ErrNoHeader)
 	}
 	s, err := mapExisting(fd)
 	if err != nil {
@@ -99,6 +236,19 @@ func OpenFileSegment(path string) (*Segment, error) {
 	s.name, s.path = filepath.Base(path), path
 	return s, nil
 }
+
+// testFileOpened, if set, is called by OpenFileSegment between the open
+// and the checks: a test removes the file there.
+var testFileOpened atomic.Pointer[func(path string)]
+
+// ErrNoHeader is the error of OpenFileSegment on a file of this user, with
+// one name and mode 0600, that holds no header yet: shorter than one, or
+// with no magic (zero). Its creator is writing it this moment, or died
+// before it finished (nothing was ever written in such a segment). It
+// wraps ErrCorrupt; any other ErrCorrupt of OpenFileSegment is about a
+// file ubkit would not have made so (another owner or mode, a second
+// name, a damaged header).
+var ErrNoHeader = fmt.Errorf("%w: a segment file without a header yet", ErrCorrupt)
 
 // Sync writes the data bytes [off, off+n) of a file-backed segment to its
 // file and waits for the disk (msync MS_SYNC, from the page that holds off;
@@ -165,6 +315,27 @@ func TryLockFile(f *os.File) error {
 			return fmt.Errorf("shm: lock %s: %w", f.Name(), ErrLocked)
 		}
 		return fmt.Errorf("shm: lock %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
+// TryLockFileShared takes a shared lock (flock) on f without waiting: it
+// fails with ErrLocked if another open file description holds it
+// exclusively.
+func TryLockFileShared(f *os.File) error {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("shm: lock %s: %w", f.Name(), ErrLocked)
+		}
+		return fmt.Errorf("shm: lock %s: %w", f.Name(), err)
+	}
+	return nil
+}
+
+// UnlockFile drops f's lock.
+func UnlockFile(f *os.File) error {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_UN); err != nil {
+		return fmt.Errorf("shm: unlock %s: %w", f.Name(), err)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ package shm
 
 import (
 	"errors"
+	"fmt"
 	"os"
 )
 
@@ -38,3 +39,19 @@ func WritePrivateFile(path string, data []byte) error { return errUnsupported }
 
 // OpenPrivateFile fails: it is used only with file-backed segments.
 func OpenPrivateFile(path string) (*os.File, error) { return nil, errUnsupported }
+
+// RepairFileSegment fails: file-backed segments need Linux.
+func RepairFileSegment(path string, size int, opts *SegmentConfig) (*Segment, error) {
+	return nil, errUnsupported
+}
+
+// ErrNoHeader is the error of OpenFileSegment on a file without a header
+// yet (on Linux).
+var ErrNoHeader = fmt.Errorf("%w: a segment file without a header yet", ErrCorrupt)
+
+// TryLockFileShared fails: file locks are used only with file-backed
+// segments.
+func TryLockFileShared(f *os.File) error { return errUnsupported }
+
+// UnlockFile fails: file locks are used only with file-backed segments.
+func UnlockFile(f *os.File) error { return errUnsupported }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestFileSegment(t *testing.T) {
@@ -100,27 +102,35 @@ func TestFileSegmentRefused(t *testing.T) {
 	if err := os.Link(good, filepath.Join(dir, "hard")); err != nil {
 		t.Fatal(err)
 	}
-	if err := open("hard"); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("a file with two names: %v, want ErrCorrupt", err)
+	if err := open("hard"); !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNoHeader) {
+		t.Errorf("a file with two names: %v, want ErrCorrupt, not ErrNoHeader", err)
 	}
 	os.Remove(filepath.Join(dir, "hard"))
 	if err := os.Chmod(good, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := open("good"); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("a file of mode 0644: %v, want ErrCorrupt", err)
+	if err := open("good"); !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNoHeader) {
+		t.Errorf("a file of mode 0644: %v, want ErrCorrupt, not ErrNoHeader", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "junk"), make([]byte, 2*HeaderSize), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := open("junk"); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("a file without a header: %v, want ErrCorrupt", err)
+	if err := open("junk"); !errors.Is(err, ErrNoHeader) {
+		t.Errorf("a file without a header: %v, want ErrNoHeader", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "short"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := open("short"); !errors.Is(err, ErrCorrupt) {
-		t.Errorf("a one-byte file: %v, want ErrCorrupt", err)
+	if err := open("short"); !errors.Is(err, ErrNoHeader) {
+		t.Errorf("a one-byte file: %v, want ErrNoHeader", err)
+	}
+	bad := make([]byte, 2*HeaderSize)
+	bad[0] = 1 // a magic, not ubkit's
+	if err := os.WriteFile(filepath.Join(dir, "badmagic"), bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := open("badmagic"); !errors.Is(err, ErrCorrupt) || errors.Is(err, ErrNoHeader) {
+		t.Errorf("a file with a wrong magic: %v, want ErrCorrupt, not ErrNoHeader", err)
 	}
 	if err := open("missing"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a missing file: %v, want ErrNotExist", err)
@@ -211,5 +221,77 @@ func TestPrivateFile(t *testing.T) {
 	if f, err := OpenPrivateFile(filepath.Join(dir, "link")); err == nil {
 		f.Close()
 		t.Error("a symbolic link was opened")
+	}
+}
+
+// TestFileSegmentRemovedWhileOpening: a file removed between its open and
+// its checks (retention dropping a segment under a reader) is a file
+// that does not exist, not a corrupt one: its one name is gone, and the
+// one-name check used to say ErrCorrupt ("with 0 names"), which callers
+// do not read as a dropped segment.
+func TestFileSegmentRemovedWhileOpening(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seg")
+	s, err := CreateFileSegment(path, 100, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	hook := func(p string) {
+		if err := os.Remove(p); err != nil {
+			t.Error(err)
+		}
+	}
+	testFileOpened.Store(&hook)
+	defer testFileOpened.Store(nil)
+	s, err = OpenFileSegment(path)
+	if err == nil {
+		s.Close()
+		t.Fatal("a removed file opened")
+	}
+	if !errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a file removed while opening: %v, want ErrNotExist", err)
+	}
+}
+
+// TestRepairFileSegment: a file without a header is made a segment in
+// place only if no creator holds its lock (one that is making it does);
+// a good segment is opened as it is.
+func TestRepairFileSegment(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "seg")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A live creator, between its open and its header: it holds the lock.
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := RepairFileSegment(path, 100, nil); !errors.Is(err, ErrLocked) {
+		if err == nil {
+			s.Close()
+		}
+		t.Fatalf("repairing a file its creator is making: %v, want ErrLocked", err)
+	}
+	f.Close() // the creator died
+	s, err := RepairFileSegment(path, 100, nil)
+	if err != nil {
+		t.Fatalf("repairing a file whose creator died: %v", err)
+	}
+	copy(s.Data(), "kept")
+	s.Close()
+	s, err = RepairFileSegment(path, 100, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(s.Data()[:4]) != "kept" {
+		t.Fatalf("a good segment repaired again: %q", s.Data()[:4])
+	}
+	s.Close()
+	if _, err := CreateFileSegment(path, 100, nil); !errors.Is(err, os.ErrExist) {
+		t.Fatalf("creating over a repaired segment: %v, want ErrExist", err)
 	}
 }
