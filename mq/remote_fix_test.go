@@ -1,0 +1,129 @@
+package mq
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// Regression tests of the review of the remote reader and replication
+// (docs/mq.md, "Across the super node").
+
+// TestNewReaderOnlyAtRecords: NewReader accepts an offset where a record
+// (committed, aborted or padding) starts, a segment's start and the tail,
+// and refuses every other 8-aligned offset, beyond the tail too; a reader
+// from each record's offset reads that record.
+func TestNewReaderOnlyAtRecords(t *testing.T) {
+	const size = 4096
+	l := newLog(t, Config{SegmentSize: size, Segments: 8})
+	ctx := context.Background()
+	boundary := map[uint64]bool{}
+	committed := map[uint64]int{} // offset: payload length
+	for i := range 40 {
+		n := (i * 53) % 700
+		res, err := l.Loan(ctx, 0, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := res.Offset()
+		boundary[o], boundary[o+align8(headerSize+uint64(n))] = true, true
+		for j := range res.Bytes() {
+			res.Bytes()[j] = byte(i + j)
+		}
+		if i%5 == 3 {
+			res.Abort()
+			continue
+		}
+		if err := res.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		committed[o] = n
+	}
+	st, _ := l.Stats(0)
+	if st.Tail < 3*size {
+		t.Fatalf("tail %d: the test wants records in three segments", st.Tail)
+	}
+	for k := uint64(0); k*size <= st.Tail; k++ {
+		boundary[k*size] = true
+	}
+	for o := uint64(0); o <= st.Tail+64; o += 8 {
+		r, err := l.NewReader(0, o)
+		if !boundary[o] || o > st.Tail {
+			if err == nil {
+				r.Close()
+				t.Fatalf("NewReader from %d (no record's, tail %d): accepted", o, st.Tail)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("NewReader from %d (a record's): %v", o, err)
+		}
+		if n, ok := committed[o]; ok {
+			rec, err := r.Next(timeout(t, time.Second))
+			if err != nil || rec.Offset != o || len(rec.Payload) != n {
+				t.Fatalf("reader from %d: record at %d of %d bytes, %v; want %d bytes", o, rec.Offset, len(rec.Payload), err, n)
+			}
+		}
+		r.Close()
+	}
+	if st, _ := l.Stats(0); st.Aborted != 0 {
+		t.Errorf("readers aborted %d records", st.Aborted)
+	}
+}
+
+// TestRemoteFromInsidePayload: a dialer asking for an 8-aligned offset
+// inside a committed payload whose words look like the header of a dead
+// producer's record is refused; before the fix its server-side Reader
+// aborted that "record", writing into the committed payload, and every
+// reader of the partition then failed on it with shm.ErrCorrupt.
+func TestRemoteFromInsidePayload(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		word uint64 // the payload word at from
+		at   int    // its place in the payload
+	}{
+		{"a free slot's writing header", 255<<4 | stateWriting, 0},
+		{"little-endian 1", 1, 8},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 64 << 10})
+			ctx := timeout(t, 10*time.Second)
+			payload := make([]byte, 32)
+			binary.LittleEndian.PutUint64(payload[c.at:], c.word)
+			if _, err := l.Send(ctx, 0, payload); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := l.Send(ctx, 0, []byte("after")); err != nil {
+				t.Fatal(err)
+			}
+			_, addr := serve(t, l, tcpPath, ServeConfig{})
+			from := uint64(headerSize + c.at)
+			r, err := tcpPath.dialer(t, nil).DialReader(ctx, addr, l.Name(), 0, from)
+			if err == nil {
+				defer r.Close()
+				rctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				rec, err := r.Next(rctx)
+				cancel()
+				t.Errorf("a reader from %d, inside a payload, was accepted: %+v %v", from, rec, err)
+			} else if !errors.Is(err, ErrProtocol) {
+				t.Errorf("a reader from %d: %v, want ErrProtocol (no record's offset)", from, err)
+			}
+			lr := newReader(t, l, 0, 0)
+			for _, want := range [][]byte{payload, []byte("after")} {
+				rec, err := lr.Next(ctx)
+				if err != nil || string(rec.Payload) != string(want) {
+					t.Fatalf("local reader: %q %v, want %q", rec.Payload, err, want)
+				}
+			}
+			if st, _ := l.Stats(0); st.Aborted != 0 {
+				t.Errorf("%d records aborted", st.Aborted)
+			}
+		})
+	}
+}
+
+var _ = shm.ErrCorrupt
