@@ -368,15 +368,26 @@ func (s *Server) stream(ctx context.Context, c net.Conn, r *Reader, st *stream, 
 		return nil
 	}
 	for {
+		var rec Record
+		var got bool
+		var err error
 		if count > 0 {
-			// Gather only what is there: send the batch rather than wait.
-			if ps, err := s.l.Stats(p); err != nil || ps.Tail <= r.Offset() {
+			// Gather only what is there: send the batch rather than wait
+			// (for the tail to move, or for a record being written, held
+			// or left by a dead producer, after the batch's records).
+			if ps, serr := s.l.Stats(p); serr != nil || ps.Tail <= r.Offset() {
+				if err := flush(); err != nil {
+					return err
+				}
+			} else if rec, got, err = nextNow(r); err == nil && !got {
 				if err := flush(); err != nil {
 					return err
 				}
 			}
 		}
-		rec, err := r.Next(ctx)
+		if !got && err == nil {
+			rec, err = r.Next(ctx)
+		}
 		if err != nil {
 			if ferr := flush(); ferr != nil {
 				return ferr
@@ -436,6 +447,26 @@ func (s *Server) stream(ctx context.Context, c net.Conn, r *Reader, st *stream, 
 		count++
 		payload += len(rec.Payload)
 	}
+}
+
+// done is a context that has ended, for nextNow.
+var done = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// nextNow is r.Next without the wait: got is false when the next
+// committed record is not there yet (the tail has not moved on, or the
+// record at the reader's offset is still being written, or its writer
+// died and a waiting Next will abort it). It spins at most the Backoff
+// ladder's spin phase (shm.DefaultSpin) before it says so.
+func nextNow(r *Reader) (rec Record, got bool, err error) {
+	rec, err = r.Next(done)
+	if errors.Is(err, context.Canceled) {
+		return Record{}, false, nil
+	}
+	return rec, err == nil, err
 }
 
 // Dialer dials remote readers. The zero value dials with transport.Dial

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"testing"
 	"time"
-
-	"github.com/ubkit-io/ubkit/shm"
 )
 
 // Regression tests of the review of the remote reader and replication
@@ -126,4 +124,105 @@ func TestRemoteFromInsidePayload(t *testing.T) {
 	}
 }
 
-var _ = shm.ErrCorrupt
+// TestRemoteSendsBeforeAHeldRecord: records committed before a record
+// that is still being written (a held Loan), or that was aborted with
+// nothing after it, reach a remote reader at once, as a local reader
+// gets them; before the fix the server waited for a later record before
+// it sent its batch.
+func TestRemoteSendsBeforeAHeldRecord(t *testing.T) {
+	for _, held := range []bool{true, false} {
+		name := map[bool]string{true: "held loan", false: "aborted loan"}[held]
+		t.Run(name, func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 64 << 10})
+			ctx := timeout(t, 10*time.Second)
+			offA, err := l.Send(ctx, 0, []byte("A"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := l.Loan(ctx, 0, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if held {
+				defer res.Abort()
+			} else {
+				res.Abort()
+			}
+			_, addr := serve(t, l, tcpPath, ServeConfig{})
+			r := dialReader(t, tcpPath.dialer(t, nil), addr, l.Name(), 0, 0)
+			rec, err := r.Next(timeout(t, 2*time.Second))
+			if err != nil || rec.Offset != offA || string(rec.Payload) != "A" {
+				t.Fatalf("remote reader: %d %q %v, want A at %d, committed before the %s", rec.Offset, rec.Payload, err, offA, name)
+			}
+			if held {
+				// The held record goes once it is committed.
+				copy(res.Bytes(), "0123456789")
+				if err := res.Commit(); err != nil {
+					t.Fatal(err)
+				}
+				if rec, err := r.Next(timeout(t, 2*time.Second)); err != nil || rec.Offset != res.Offset() || string(rec.Payload) != "0123456789" {
+					t.Fatalf("remote reader after the commit: %d %q %v", rec.Offset, rec.Payload, err)
+				}
+			}
+		})
+	}
+}
+
+// TestReplicaPostsBeforeAHeldRecord: the same on the replication path:
+// under AckFollower the record before a held or aborted Loan is posted
+// and acknowledged at once; before the fix it waited for a later record,
+// so a Send on a quiet partition did not return.
+func TestReplicaPostsBeforeAHeldRecord(t *testing.T) {
+	t.Run("held loan", func(t *testing.T) {
+		n0, n1, _ := simNodes(t)
+		leader := newLog(t, Config{SegmentSize: 16 << 10, Segments: 16})
+		follower := newLog(t, Config{SegmentSize: 16 << 10, Segments: 16})
+		ctx := timeout(t, 10*time.Second)
+		offA, err := leader.Send(ctx, 0, []byte("A"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := leader.Loan(ctx, 0, 10) // another producer, filling its loan
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Abort()
+		r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{})
+		if err := r.WaitAcked(timeout(t, 2*time.Second), offA); err != nil {
+			t.Fatalf("A, committed before the held loan, not on the follower after 2 s: %v; leader %+v follower %+v", err, r.Stats(), f.Stats())
+		}
+		lr := newReader(t, follower, 0, 0)
+		if rec, err := lr.Next(timeout(t, time.Second)); err != nil || string(rec.Payload) != "A" {
+			t.Fatalf("follower: %q %v", rec.Payload, err)
+		}
+	})
+	t.Run("aborted loan", func(t *testing.T) {
+		n0, n1, _ := simNodes(t)
+		leader := newLog(t, Config{SegmentSize: 16 << 10, Segments: 16})
+		follower := newLog(t, Config{SegmentSize: 16 << 10, Segments: 16})
+		r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{})
+		ctx := timeout(t, 10*time.Second)
+		// A loan held before A keeps the replica's reader before A, so
+		// that it finds A and then a loan aborted after it.
+		res, err := leader.Loan(ctx, 0, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offA, err := leader.Send(ctx, 0, []byte("A"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res2, err := leader.Loan(ctx, 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Bytes()[0] = 'z'
+		if err := res.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		res2.Abort()
+		if err := r.WaitAcked(timeout(t, 2*time.Second), offA); err != nil {
+			t.Fatalf("A not acknowledged after 2 s: %v; leader %+v follower %+v", err, r.Stats(), f.Stats())
+		}
+	})
+}

@@ -341,8 +341,23 @@ func (r *Replica) send(reader *Reader) {
 	pending := false // entries written into staging, not yet posted
 	var start uint64 // the ring position of the first of them
 	for {
+		var rec Record
+		var got bool
+		var err error
 		if pending {
-			if ps, err := r.l.Stats(r.p); err != nil || ps.Tail <= reader.Offset() || r.tail-start >= sendBatch {
+			// Post what is staged rather than wait (for the tail, or for
+			// a record after it that is being written, held or left by
+			// a dead producer): the follower, and Sends under
+			// AckFollower, must not wait for a later record.
+			post := r.tail-start >= sendBatch
+			if !post {
+				if ps, serr := r.l.Stats(r.p); serr != nil || ps.Tail <= reader.Offset() {
+					post = true
+				} else if rec, got, err = nextNow(reader); err == nil && !got {
+					post = true
+				}
+			}
+			if post && err == nil {
 				if err := r.post(start); err != nil {
 					r.fault(err)
 					return
@@ -350,7 +365,9 @@ func (r *Replica) send(reader *Reader) {
 				pending = false
 			}
 		}
-		rec, err := reader.Next(r.ctx)
+		if !got && err == nil {
+			rec, err = reader.Next(r.ctx)
+		}
 		if err != nil {
 			if r.ctx.Err() == nil {
 				r.fault(fmt.Errorf("reading the partition: %w", err))
