@@ -73,6 +73,11 @@ const (
 	ackSegSize   = 64
 	userRecv     = 1 << 63
 	userDoorbell = 1 << 62
+	userPing     = 1 << 61
+	// pingImm is the immediate of a heartbeat (leader to follower) and of
+	// its answer (follower to leader): no ring position, which stays
+	// below 2^63, is it.
+	pingImm = 1 << 63
 	sendBatch    = 256 << 10
 )
 
@@ -178,7 +183,9 @@ type Replica struct {
 	freeUntil uint64        // ackedRing + size: staging must stop there
 	ackedRing uint64
 	bells     []doorbell
-	lastBell  time.Time
+	lastPing  time.Time // when the latest heartbeat was sent
+	pingOut   time.Time // when the oldest heartbeat not answered was sent, or zero
+	lastHeard time.Time // when the follower last said anything (an ack, an answer)
 	acked     uint64
 	down      error
 	behind    bool
@@ -265,7 +272,7 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 		return fail(err)
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
-	r.lastBell = time.Now()
+	r.lastPing, r.lastHeard = time.Now(), time.Now()
 	r.wg.Go(func() { r.send(reader) })
 	r.wg.Go(r.complete)
 	r.wg.Go(r.monitor)
@@ -473,7 +480,6 @@ func (r *Replica) post(start uint64) error {
 }
 
 // ringLocked posts wrs and a doorbell announcing r.posted; r.mu is held.
-// A heartbeat is a doorbell alone, announcing nothing new.
 func (r *Replica) ringLocked(wrs []ub.WR) error {
 	wrs = append(wrs, ub.WR{Op: ub.OpWriteImm, UserCtx: userDoorbell, Target: r.target, Imm: r.posted,
 		Local:  ub.Local{Seg: r.staging, Offset: int(r.size), Len: 8},
@@ -481,10 +487,43 @@ func (r *Replica) ringLocked(wrs []ub.WR) error {
 	if _, err := r.jetty.PostSend(wrs); err != nil {
 		return fmt.Errorf("posting to the follower: %w: %w", ErrReplicaDown, err)
 	}
-	r.lastBell = time.Now()
-	r.bells = append(r.bells, doorbell{ring: r.posted, next: r.postNext, posted: r.lastBell})
+	r.bells = append(r.bells, doorbell{ring: r.posted, next: r.postNext, posted: time.Now()})
 	r.stats.Doorbells++
 	return nil
+}
+
+// pingLocked sends a heartbeat, which the follower answers at once, busy
+// or not (its acknowledgements wait for its log): liveness apart from
+// progress. r.mu is held.
+func (r *Replica) pingLocked(now time.Time) error {
+	_, err := r.jetty.PostSend([]ub.WR{{Op: ub.OpWriteImm, UserCtx: userPing, Target: r.target, Imm: pingImm,
+		Local:  ub.Local{Seg: r.staging, Offset: int(r.size), Len: 8},
+		Remote: ub.Remote{Seg: r.ring}}})
+	if err != nil {
+		return fmt.Errorf("posting a heartbeat to the follower: %w: %w", ErrReplicaDown, err)
+	}
+	r.lastPing = now
+	if r.pingOut.IsZero() {
+		r.pingOut = now
+	}
+	r.stats.Doorbells++
+	return nil
+}
+
+// silentFor is how long the follower has left something unanswered (a
+// doorbell or a heartbeat) without saying anything; r.mu is held.
+func (r *Replica) silentFor(now time.Time) time.Duration {
+	oldest := r.pingOut
+	if len(r.bells) > 0 && (oldest.IsZero() || r.bells[0].posted.Before(oldest)) {
+		oldest = r.bells[0].posted
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	if r.lastHeard.After(oldest) {
+		oldest = r.lastHeard
+	}
+	return now.Sub(oldest)
 }
 
 // complete is the goroutine that takes the completions: the follower's
@@ -523,6 +562,11 @@ func (r *Replica) completion(c ub.Completion) error {
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		r.lastHeard = time.Now()
+		if c.Imm == pingImm { // the answer to the heartbeats sent so far
+			r.pingOut = time.Time{}
+			return nil
+		}
 		if len(r.bells) == 0 || r.bells[0].ring != c.Imm {
 			return protoErr("an acknowledgement of ring position %d, none such rung", c.Imm)
 		}
@@ -538,9 +582,10 @@ func (r *Replica) completion(c ub.Completion) error {
 	return nil
 }
 
-// monitor is the goroutine that rings heartbeats when the leader is idle,
-// declares the follower unreachable when a doorbell goes unacknowledged
-// for DeadAfter, and watches the lag.
+// monitor is the goroutine that sends heartbeats, declares the follower
+// unreachable when it has answered neither a doorbell nor a heartbeat
+// for DeadAfter, and watches the lag (a follower that answers heartbeats
+// but is slow to acknowledge is behind, not down).
 func (r *Replica) monitor() {
 	t := time.NewTicker(r.cfg.Heartbeat)
 	defer t.Stop()
@@ -551,10 +596,10 @@ func (r *Replica) monitor() {
 		case now := <-t.C:
 			r.mu.Lock()
 			var err error
-			if len(r.bells) > 0 && now.Sub(r.bells[0].posted) > r.cfg.DeadAfter {
-				err = fmt.Errorf("no acknowledgement for %v: %w", now.Sub(r.bells[0].posted).Round(time.Millisecond), ErrReplicaDown)
-			} else if now.Sub(r.lastBell) >= r.cfg.Heartbeat && len(r.bells) < maxDoorbells {
-				err = r.ringLocked(nil)
+			if d := r.silentFor(now); d > r.cfg.DeadAfter {
+				err = fmt.Errorf("no answer for %v: %w", d.Round(time.Millisecond), ErrReplicaDown)
+			} else if now.Sub(r.lastPing) >= r.cfg.Heartbeat {
+				err = r.pingLocked(now)
 			}
 			var behind error
 			if ps, serr := r.l.Stats(r.p); serr == nil && ps.Tail >= r.acked {

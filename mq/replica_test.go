@@ -369,26 +369,68 @@ func TestReplicaBehind(t *testing.T) {
 	}
 }
 
-// TestReplicaSilentFollower: a follower that stops acknowledging (its
-// log is full, a local consumer holds it) with the link up is declared
-// unreachable after DeadAfter; under AckFollower the waiting Send fails.
-func TestReplicaSilentFollower(t *testing.T) {
+// TestReplicaSlowFollower: a follower that cannot take records (its log
+// is full, a local consumer holds it) with the link up answers the
+// heartbeats: it is reported behind (ErrFollowerBehind), not down, the
+// replication goes on, and under AckFollower the waiting Send completes
+// once the consumer moves on. Before liveness was apart from progress it
+// was declared unreachable after DeadAfter and replication ended.
+func TestReplicaSlowFollower(t *testing.T) {
 	n0, n1, _ := simNodes(t)
 	leader := newLog(t, Config{SegmentSize: 8 << 10, Segments: 64})
 	follower := newLog(t, Config{SegmentSize: 8 << 10, Segments: 2})
-	newReader(t, follower, 0, 0) // never reads
+	stuck, err := follower.NewReader(0, 0) // does not read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	ctx := timeout(t, 30*time.Second)
+	fl := newFaults()
+	rc := ReplicaConfig{Heartbeat: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, MaxLag: 16 << 10, OnFault: fl.add}
+	r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 8 << 10})
+	payload := make([]byte, 1000)
+	var last uint64
+	for range 60 { // 60 KB: more than the follower's 16 KiB and its ring
+		if last, err = r.Send(ctx, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fl.wait(ctx, t, ErrFollowerBehind)
+	// Five times DeadAfter: the follower is not declared unreachable.
+	wctx, cancel := context.WithTimeout(ctx, 5*rc.DeadAfter)
+	err = r.WaitAcked(wctx, last)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || r.Err() != nil || f.Err() != nil {
+		t.Fatalf("a slow follower: %v; leader %+v follower %+v", err, r.Stats(), f.Stats())
+	}
+	stuck.Close() // the follower's log frees up: it catches up
+	if err := r.WaitAcked(ctx, last); err != nil {
+		t.Fatalf("after the follower's consumer went: %v; leader %+v follower %+v", err, r.Stats(), f.Stats())
+	}
+	if st := r.Stats(); !st.Behind && st.BehindEvents == 0 || st.Down != nil {
+		t.Errorf("leader %+v: want a behind event and no fault", st)
+	}
+}
+
+// TestReplicaHungFollower: a follower that says nothing any more (its
+// goroutines stopped, the link and the control connection up, as a hung
+// process's) is declared unreachable after DeadAfter, and a Send under
+// AckFollower fails.
+func TestReplicaHungFollower(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	leader := newLog(t, Config{SegmentSize: 8 << 10, Segments: 64})
+	follower := newLog(t, Config{SegmentSize: 8 << 10})
 	ctx := timeout(t, 30*time.Second)
 	fl := newFaults()
 	rc := ReplicaConfig{Ack: AckFollower, Heartbeat: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, OnFault: fl.add}
-	r, _ := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 8 << 10})
-	payload := make([]byte, 1000)
-	start := time.Now()
-	var err error
-	for i := 0; err == nil && i < 1000; i++ {
-		_, err = r.Send(ctx, payload)
+	r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{})
+	if _, err := r.Send(ctx, []byte("before")); err != nil {
+		t.Fatal(err)
 	}
-	if !errors.Is(err, ErrReplicaDown) || ctx.Err() != nil {
-		t.Fatalf("Send to a silent follower: %v", err)
+	f.cancel() // hang: no more answers, nothing closed
+	start := time.Now()
+	if _, err := r.Send(ctx, []byte("after")); !errors.Is(err, ErrReplicaDown) || ctx.Err() != nil {
+		t.Fatalf("Send to a hung follower: %v", err)
 	}
 	at := fl.wait(ctx, t, ErrReplicaDown)
 	t.Logf("declared unreachable after %v: %v", at.Sub(start), r.Err())
