@@ -151,6 +151,9 @@ func (s *Server) Serve(ln net.Listener) error {
 			refusing := s.refusing < s.cfg.MaxConns
 			if refusing {
 				s.refusing++
+				// Counted under the lock that Close takes before it
+				// waits, so that it waits for this goroutine too.
+				s.wg.Add(1)
 			}
 			s.mu.Unlock()
 			s.refused.Add(1)
@@ -160,17 +163,20 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 			// A reader over the limit is told so rather than left
 			// hanging, by at most MaxConns goroutines at a time.
-			s.wg.Go(func() {
+			go func() {
+				defer s.wg.Done()
 				s.refuse(c, fmt.Errorf("mq: %d readers already: %w", s.cfg.MaxConns, ErrBusy))
 				s.mu.Lock()
 				s.refusing--
 				s.mu.Unlock()
-			})
+			}()
 			continue
 		}
 		s.conns[c] = struct{}{}
+		s.wg.Add(1)
 		s.mu.Unlock()
-		s.wg.Go(func() {
+		go func() {
+			defer s.wg.Done()
 			defer func() {
 				s.mu.Lock()
 				delete(s.conns, c)
@@ -180,7 +186,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			if err := s.serveConn(c); err != nil {
 				s.cfg.Logger.Debug("mq: remote reader ended", "peer", c.RemoteAddr(), "err", err)
 			}
-		})
+		}()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
 	"testing"
 	"time"
 )
@@ -225,4 +226,45 @@ func TestReplicaPostsBeforeAHeldRecord(t *testing.T) {
 			t.Fatalf("A not acknowledged after 2 s: %v; leader %+v follower %+v", err, r.Stats(), f.Stats())
 		}
 	})
+}
+
+// TestServerCloseWhileAccepting: Close while dialers keep coming waits
+// for every goroutine the server started (they were counted after the
+// lock, racing Close's Wait), and leaves no connection served. A stress
+// test: run it with -race.
+func TestServerCloseWhileAccepting(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 64 << 10})
+	for range 30 {
+		ln, _ := tcpPath.listen(t)
+		s := NewServer(l, ServeConfig{MaxConns: 2})
+		served := make(chan error, 1)
+		go func() { served <- s.Serve(ln) }()
+		stop := make(chan struct{})
+		dialed := make(chan struct{})
+		go func() {
+			defer close(dialed)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := net.Dial("tcp", ln.Addr().String())
+				if err != nil {
+					return // the listener is closed
+				}
+				c.Write(appendHello(nil, hello{name: l.Name(), from: 0, window: MinWindow}))
+				defer c.Close()
+			}
+		}()
+		s.Close()
+		close(stop)
+		<-dialed
+		if err := <-served; err != nil && !errors.Is(err, ErrClosed) {
+			t.Fatalf("Serve: %v", err)
+		}
+		if st := s.Stats(); st.Active != 0 {
+			t.Fatalf("after Close: %+v", st)
+		}
+	}
 }
