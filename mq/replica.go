@@ -77,8 +77,8 @@ const (
 	// pingImm is the immediate of a heartbeat (leader to follower) and of
 	// its answer (follower to leader): no ring position, which stays
 	// below 2^63, is it.
-	pingImm = 1 << 63
-	sendBatch    = 256 << 10
+	pingImm   = 1 << 63
+	sendBatch = 256 << 10
 )
 
 // ReplicaConfig configures a leader's replication. The zero value is
