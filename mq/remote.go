@@ -46,8 +46,29 @@ type ServeConfig struct {
 	// HandshakeTimeout bounds the wait for a dialer's hello (default 5 s).
 	HandshakeTimeout time.Duration
 	// WriteTimeout bounds each write to a reader (default 10 s): a reader
-	// that gives credit but does not read is dropped after it.
+	// that gives credit but does not read is dropped after it. A record
+	// larger than a batch is written in batch-sized pieces, each with
+	// its own WriteTimeout.
 	WriteTimeout time.Duration
+	// CreditTimeout bounds the wait for a reader's credit while records
+	// wait for it (default 30 s): a reader that holds its window and
+	// returns no credit for that long is dropped, so that it does not
+	// hold a connection and a reader slot of the log (which under
+	// FullBlock holds producers back) for ever.
+	CreditTimeout time.Duration
+	// MaxConnsPerPeer is how many of the MaxConns one peer may hold
+	// (default a quarter of MaxConns, at least 1): beyond it the peer
+	// gets ErrBusy. A peer is a transport.Addr's node, a TCP address's
+	// IP, or else the remote address's string.
+	MaxConnsPerPeer int
+	// Authorize, if set, is asked about each reader after its hello
+	// (its connection, for the peer's address or a transport.Conn's
+	// path, and the partition asked for): an error refuses it, and the
+	// reader gets ErrDenied. Unset, anyone who can connect reads every
+	// partition: serve a plain net.Listener only on a network where
+	// that is meant, and prefer transport listeners (docs/mq.md, "Who
+	// may connect").
+	Authorize func(c net.Conn, partition int) error
 	// Logger gets the connections that failed, and why. Default: nothing.
 	Logger *slog.Logger
 }
@@ -66,6 +87,12 @@ func (c ServeConfig) withDefaults() ServeConfig {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
 	}
+	if c.CreditTimeout <= 0 {
+		c.CreditTimeout = 30 * time.Second
+	}
+	if c.MaxConnsPerPeer <= 0 {
+		c.MaxConnsPerPeer = max(c.MaxConns/4, 1)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -82,6 +109,7 @@ type Server struct {
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	peers  map[string]int // connections held by each peer (peerOf)
 	lns    map[net.Listener]struct{}
 	closed bool
 	// refusing counts the goroutines telling dialers over MaxConns so.
@@ -104,7 +132,7 @@ type ServerStats struct {
 
 // NewServer returns a server of l's partitions. Close it before l.
 func NewServer(l *Log, cfg ServeConfig) *Server {
-	return &Server{l: l, cfg: cfg.withDefaults(), conns: map[net.Conn]struct{}{}, lns: map[net.Listener]struct{}{}}
+	return &Server{l: l, cfg: cfg.withDefaults(), conns: map[net.Conn]struct{}{}, peers: map[string]int{}, lns: map[net.Listener]struct{}{}}
 }
 
 // Serve serves remote readers of l from ln until ln fails or is closed,
@@ -141,13 +169,18 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 			return err
 		}
+		peer := peerOf(c.RemoteAddr())
 		s.mu.Lock()
 		switch {
 		case s.closed:
 			s.mu.Unlock()
 			c.Close()
 			return nil
-		case len(s.conns) >= s.cfg.MaxConns:
+		case len(s.conns) >= s.cfg.MaxConns || s.peers[peer] >= s.cfg.MaxConnsPerPeer:
+			limit := fmt.Errorf("mq: %d readers already: %w", s.cfg.MaxConns, ErrBusy)
+			if len(s.conns) < s.cfg.MaxConns {
+				limit = fmt.Errorf("mq: %d readers of %s already: %w", s.cfg.MaxConnsPerPeer, peer, ErrBusy)
+			}
 			refusing := s.refusing < s.cfg.MaxConns
 			if refusing {
 				s.refusing++
@@ -165,7 +198,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			// hanging, by at most MaxConns goroutines at a time.
 			go func() {
 				defer s.wg.Done()
-				s.refuse(c, fmt.Errorf("mq: %d readers already: %w", s.cfg.MaxConns, ErrBusy))
+				s.refuse(c, limit)
 				s.mu.Lock()
 				s.refusing--
 				s.mu.Unlock()
@@ -173,6 +206,7 @@ func (s *Server) Serve(ln net.Listener) error {
 			continue
 		}
 		s.conns[c] = struct{}{}
+		s.peers[peer]++
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
@@ -180,6 +214,9 @@ func (s *Server) Serve(ln net.Listener) error {
 			defer func() {
 				s.mu.Lock()
 				delete(s.conns, c)
+				if s.peers[peer]--; s.peers[peer] <= 0 {
+					delete(s.peers, peer)
+				}
 				s.mu.Unlock()
 				c.Close()
 			}()
@@ -188,6 +225,22 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 		}()
 	}
+}
+
+// peerOf names the peer at a: a transport address's node, a TCP
+// address's IP, or else its string.
+func peerOf(a net.Addr) string {
+	switch a := a.(type) {
+	case transport.Addr:
+		return "node " + a.Node
+	case *transport.Addr:
+		return "node " + a.Node
+	case *net.TCPAddr:
+		return a.IP.String()
+	case nil:
+		return ""
+	}
+	return a.String()
 }
 
 // Close closes the server's listeners and connections and waits for its
@@ -254,6 +307,12 @@ func (s *Server) serveConn(c net.Conn) error {
 		err = fmt.Errorf("mq: log %q is not served here (%q is): %w", h.name, s.l.Name(), os.ErrNotExist)
 	case int64(h.partition) >= int64(s.l.Config().Partitions):
 		err = fmt.Errorf("mq: partition %d of %d: %w", h.partition, s.l.Config().Partitions, errNoPartition)
+	case s.cfg.Authorize != nil:
+		if aerr := s.cfg.Authorize(c, int(h.partition)); aerr != nil {
+			err = fmt.Errorf("mq: %v: %w", aerr, ErrDenied)
+			break
+		}
+		fallthrough
 	default:
 		r, err = s.l.NewReader(int(h.partition), h.from)
 	}
@@ -272,7 +331,7 @@ func (s *Server) serveConn(c net.Conn) error {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st := &stream{credit: int64(window), window: int64(window), more: make(chan struct{}, 1)}
+	st := &stream{credit: int64(window), window: int64(window), more: make(chan struct{}, 1), timeout: s.cfg.CreditTimeout}
 	var creditErr error
 	done := make(chan struct{})
 	go func() {
@@ -293,6 +352,7 @@ func (s *Server) serveConn(c net.Conn) error {
 // still send.
 type stream struct {
 	credit, window int64
+	timeout        time.Duration // CreditTimeout
 	mu             sync.Mutex
 	more           chan struct{} // a token when credit grew
 }
@@ -326,8 +386,13 @@ func (st *stream) takeCredit(br *bufio.Reader) error {
 	}
 }
 
-// await waits until the stream has need bytes of credit, and takes them.
+// errNoCredit: a reader returned no credit for CreditTimeout.
+var errNoCredit = errors.New("mq: the reader returned no credit")
+
+// await waits until the stream has need bytes of credit, and takes them,
+// for at most the stream's timeout.
 func (st *stream) await(ctx context.Context, need int64) error {
+	var timer *time.Timer
 	for {
 		st.mu.Lock()
 		if st.credit >= need {
@@ -336,10 +401,17 @@ func (st *stream) await(ctx context.Context, need int64) error {
 			return nil
 		}
 		st.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(st.timeout)
+			defer timer.Stop()
+		}
 		select {
 		case <-st.more:
+			timer.Reset(st.timeout)
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-timer.C:
+			return fmt.Errorf("%w for %v", errNoCredit, st.timeout)
 		}
 	}
 }

@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/ubkit-io/ubkit/transport"
 )
 
 // Regression tests of the review of the remote reader and replication
@@ -266,5 +270,98 @@ func TestServerCloseWhileAccepting(t *testing.T) {
 		if st := s.Stats(); st.Active != 0 {
 			t.Fatalf("after Close: %+v", st)
 		}
+	}
+}
+
+// TestRemoteCreditTimeout: a reader that says hello and then never
+// returns credit, with records waiting, is dropped after CreditTimeout
+// (before, it held its connection, and a reader slot of the log, for
+// ever), having been sent no more than its window.
+func TestRemoteCreditTimeout(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 64 << 10, Segments: 8})
+	ctx := timeout(t, 10*time.Second)
+	for range 200 {
+		if _, err := l.Send(ctx, 0, make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, addr := serve(t, l, tcpPath, ServeConfig{CreditTimeout: 200 * time.Millisecond})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(appendHello(nil, hello{name: l.Name(), from: 0, window: MinWindow})); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	n, err := io.Copy(io.Discard, c)
+	if err != nil {
+		t.Fatalf("a reader returning no credit was not dropped: %v after %v, %d bytes (server %+v)", err, time.Since(start), n, s.Stats())
+	}
+	if n > MinWindow+64 {
+		t.Errorf("%d bytes sent to a reader of a %d-byte window", n, MinWindow)
+	}
+	t.Logf("dropped after %v, %d bytes sent", time.Since(start).Round(time.Millisecond), n)
+}
+
+// TestRemotePeerLimit: one peer holds at most MaxConnsPerPeer of the
+// server's connections; beyond, it gets ErrBusy.
+func TestRemotePeerLimit(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 64 << 10})
+	_, addr := serve(t, l, tcpPath, ServeConfig{MaxConns: 8, MaxConnsPerPeer: 2})
+	d := tcpPath.dialer(t, nil)
+	dialReader(t, d, addr, l.Name(), 0, 0)
+	dialReader(t, d, addr, l.Name(), 0, 0)
+	if r, err := d.DialReader(timeout(t, 10*time.Second), addr, l.Name(), 0, 0); !errors.Is(err, ErrBusy) {
+		if err == nil {
+			r.Close()
+		}
+		t.Fatalf("a third reader from one peer with MaxConnsPerPeer 2: %v, want ErrBusy", err)
+	}
+	if got := NewServer(l, ServeConfig{}).cfg.MaxConnsPerPeer; got != 4 {
+		t.Errorf("default MaxConnsPerPeer %d, want a quarter of 16", got)
+	}
+}
+
+// TestRemoteAuthorize: ServeConfig.Authorize sees each reader's
+// connection (over TCP its address, over the ub path the dialer's node)
+// and the partition; what it refuses is ErrDenied on the reader.
+func TestRemoteAuthorize(t *testing.T) {
+	for _, path := range []remotePath{tcpPath, ubPath()} {
+		t.Run(path.name, func(t *testing.T) {
+			l := newLog(t, Config{Partitions: 2, SegmentSize: 64 << 10})
+			ctx := timeout(t, 10*time.Second)
+			if _, err := l.Send(ctx, 0, []byte("ok")); err != nil {
+				t.Fatal(err)
+			}
+			peers := make(chan string, 4)
+			_, addr := serve(t, l, path, ServeConfig{Authorize: func(c net.Conn, p int) error {
+				peers <- peerOf(c.RemoteAddr())
+				if p != 0 {
+					return fmt.Errorf("partition %d is not for %s", p, c.RemoteAddr())
+				}
+				return nil
+			}})
+			var got transport.Path
+			d := path.dialer(t, &got)
+			if _, err := d.DialReader(ctx, addr, l.Name(), 1, 0); !errors.Is(err, ErrDenied) {
+				t.Fatalf("partition 1: %v, want ErrDenied", err)
+			}
+			r := dialReader(t, d, addr, l.Name(), 0, 0)
+			if rec, err := r.Next(ctx); err != nil || string(rec.Payload) != "ok" {
+				t.Fatalf("partition 0: %q %v", rec.Payload, err)
+			}
+			want := "127.0.0.1"
+			if path.name == "ub" {
+				want = "node n1"
+			}
+			for range 2 {
+				if p := <-peers; p != want {
+					t.Errorf("Authorize saw peer %q, want %q", p, want)
+				}
+			}
+		})
 	}
 }
