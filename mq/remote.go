@@ -500,9 +500,21 @@ func (s *Server) stream(ctx context.Context, c net.Conn, r *Reader, st *stream, 
 			binary.LittleEndian.PutUint32(hdr[frameHeader:], 1)
 			binary.LittleEndian.PutUint64(hdr[recordsHeader:], rec.Offset)
 			binary.LittleEndian.PutUint32(hdr[recordsHeader+8:], uint32(len(rec.Payload)))
+			// In batch-sized pieces, each with its own deadline: a slow
+			// reader that keeps reading is not dropped for a large record.
 			c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-			bw.Write(hdr[:])
-			bw.Write(rec.Payload)
+			if _, err := bw.Write(hdr[:]); err != nil {
+				return err
+			}
+			for rest := rec.Payload; len(rest) > 0; {
+				n := min(len(rest), batchBytes)
+				c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+				if _, err := bw.Write(rest[:n]); err != nil {
+					return err
+				}
+				rest = rest[n:]
+			}
+			c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 			if err := bw.Flush(); err != nil {
 				return err
 			}

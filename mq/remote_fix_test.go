@@ -1,12 +1,14 @@
 package mq
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -364,4 +366,98 @@ func TestRemoteAuthorize(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pipeListener is a listener whose connections are net.Pipes (no socket
+// buffers: a write waits for the reader), made by its dial.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+// dial returns the client end of a new pipe whose reads take at most
+// chunk bytes, each after pause: a slow link.
+func (l *pipeListener) dial(chunk int, pause time.Duration) (net.Conn, error) {
+	c, s := net.Pipe()
+	select {
+	case l.conns <- s:
+		return &slowConn{Conn: c, chunk: chunk, pause: pause}, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }
+
+type slowConn struct {
+	net.Conn
+	chunk int
+	pause time.Duration
+}
+
+func (c *slowConn) Read(b []byte) (int, error) {
+	time.Sleep(c.pause) // the link's pace, not a synchronisation
+	return c.Conn.Read(b[:min(len(b), c.chunk)])
+}
+
+// TestRemoteLargeRecordSlowReader: a 2 MiB record to a reader that reads
+// steadily but takes longer than WriteTimeout for all of it (16 KiB per
+// 5 ms, about 650 ms, with a 200 ms WriteTimeout) arrives: the deadline
+// is per piece written, not per record (before, the reader was dropped).
+func TestRemoteLargeRecordSlowReader(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4 << 20, Segments: 2})
+	ctx := timeout(t, 20*time.Second)
+	big := make([]byte, 2<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	if _, err := l.Send(ctx, 0, big); err != nil {
+		t.Fatal(err)
+	}
+	ln := newPipeListener()
+	s := NewServer(l, ServeConfig{WriteTimeout: 200 * time.Millisecond})
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ln) }()
+	defer func() {
+		s.Close()
+		<-served
+	}()
+	d := &Dialer{Window: 4 << 20, Dial: func(context.Context, string) (net.Conn, error) {
+		return ln.dial(16<<10, 5*time.Millisecond)
+	}}
+	r, err := d.DialReader(ctx, "pipe", l.Name(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	start := time.Now()
+	rec, err := r.Next(ctx)
+	if err != nil || !bytes.Equal(rec.Payload, big) {
+		t.Fatalf("a 2 MiB record to a slow reader: %d bytes, %v after %v", len(rec.Payload), err, time.Since(start))
+	}
+	t.Logf("took %v", time.Since(start).Round(time.Millisecond))
 }
