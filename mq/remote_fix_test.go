@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/transport"
+	"github.com/ubkit-io/ubkit/ub"
 )
 
 // Regression tests of the review of the remote reader and replication
@@ -460,4 +461,69 @@ func TestRemoteLargeRecordSlowReader(t *testing.T) {
 		t.Fatalf("a 2 MiB record to a slow reader: %d bytes, %v after %v", len(rec.Payload), err, time.Since(start))
 	}
 	t.Logf("took %v", time.Since(start).Round(time.Millisecond))
+}
+
+// replicatePair dials a control connection to a Follow on n1 and calls
+// Replicate on n0 over it, returning both results: the follower's
+// without closing anything the test did not ask for.
+func replicatePair(t *testing.T, leader *Log, n0, n1 ub.Context, follower *Log, rc ReplicaConfig, fc FollowerConfig) (*Replica, error, *Follower, error) {
+	t.Helper()
+	ctx := timeout(t, 10*time.Second)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type res struct {
+		f   *Follower
+		err error
+	}
+	fch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			fch <- res{nil, err}
+			return
+		}
+		f, err := Follow(ctx, follower, n1, c, fc)
+		fch <- res{f, err}
+	}()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, rerr := Replicate(ctx, leader, 0, n0, c, rc)
+	fr := <-fch
+	t.Cleanup(func() {
+		if r != nil {
+			r.Close()
+		}
+		if fr.f != nil {
+			fr.f.Close()
+		}
+		c.Close()
+	})
+	return r, rerr, fr.f, fr.err
+}
+
+// TestReplicateFailsAfterAccept: a Replicate that fails after the
+// follower accepted (here the follower's ring is beyond the leader's
+// MaxRing) tells the follower why and closes the control connection:
+// the follower stops, rather than waiting for a leader that is not there
+// (before, it waited until someone closed the connection).
+func TestReplicateFailsAfterAccept(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	leader := newLog(t, Config{SegmentSize: 8 << 10})
+	follower := newLog(t, Config{SegmentSize: 8 << 10})
+	fl := newFaults()
+	r, rerr, f, ferr := replicatePair(t, leader, n0, n1, follower, ReplicaConfig{MaxRing: 64 << 10},
+		FollowerConfig{RingSize: 1 << 20, DeadAfter: time.Minute, OnFault: fl.add})
+	if r != nil || !errors.Is(rerr, ErrProtocol) || ferr != nil {
+		t.Fatalf("Replicate %v, want ErrProtocol; Follow %v, want it accepted", rerr, ferr)
+	}
+	fl.wait(timeout(t, 5*time.Second), t, ErrClosed)
+	if err := f.Err(); err == nil {
+		t.Fatal("follower: no fault")
+	}
 }

@@ -196,16 +196,27 @@ type Replica struct {
 
 // Replicate starts replicating partition p of l, from its oldest kept
 // segment, to the follower at the other end of ctrl (a connection to a
-// process that called Follow), through dev, this node's ub context.
+// process that called Follow; an authenticated one: see docs/mq.md,
+// "Replication"), through dev, this node's ub context. A Replicate that
+// fails tells the follower why (if it got that far) and closes ctrl.
 // Close the Replica before l and dev.
 func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn, cfg ReplicaConfig) (*Replica, error) {
 	st, err := l.Stats(p)
 	if err != nil {
+		ctrl.Close()
 		return nil, err
 	}
 	r := &Replica{l: l, p: p, cfg: cfg.withDefaults(), base: st.Oldest, dev: dev, ctrl: ctrl, changed: make(chan struct{})}
 	r.acked, r.lastNext, r.postNext = r.base, r.base, r.base
+	offered := false
 	fail := func(err error) (*Replica, error) {
+		if offered {
+			// The follower may have accepted: it must not wait for a
+			// leader that is not there.
+			ctrl.SetWriteDeadline(time.Now().Add(time.Second))
+			ctrl.Write(appendError(nil, err))
+		}
+		ctrl.Close()
 		r.closeUB()
 		return nil, fmt.Errorf("mq: replicate %s partition %d: %w", l.Name(), p, err)
 	}
@@ -232,6 +243,7 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 		stop()
 		return fail(closedErr(err))
 	}
+	offered = true
 	typ, body, err := readFrame(bufio.NewReader(ctrl), maxControl, nil)
 	if !stop() && err == nil {
 		err = ctx.Err()
