@@ -510,8 +510,9 @@ func replicatePair(t *testing.T, leader *Log, n0, n1 ub.Context, follower *Log, 
 // TestReplicateFailsAfterAccept: a Replicate that fails after the
 // follower accepted (here the follower's ring is beyond the leader's
 // MaxRing) tells the follower why and closes the control connection:
-// the follower stops, rather than waiting for a leader that is not there
-// (before, it waited until someone closed the connection).
+// the follower stops with the leader's reason, rather than waiting for a
+// leader that is not there (before, it waited until someone closed the
+// connection, and then knew no reason).
 func TestReplicateFailsAfterAccept(t *testing.T) {
 	n0, n1, _ := simNodes(t)
 	leader := newLog(t, Config{SegmentSize: 8 << 10})
@@ -522,8 +523,38 @@ func TestReplicateFailsAfterAccept(t *testing.T) {
 	if r != nil || !errors.Is(rerr, ErrProtocol) || ferr != nil {
 		t.Fatalf("Replicate %v, want ErrProtocol; Follow %v, want it accepted", rerr, ferr)
 	}
-	fl.wait(timeout(t, 5*time.Second), t, ErrClosed)
-	if err := f.Err(); err == nil {
-		t.Fatal("follower: no fault")
+	fl.wait(timeout(t, 5*time.Second), t, ErrProtocol)
+	if err := f.Err(); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("follower: %v, want the leader's reason", err)
+	}
+}
+
+// TestReplicaFollowerFaultReachesLeader: a follower that stops on a
+// fault (here ErrDiverged: someone else wrote its partition) says why on
+// the control connection: the leader's replication ends at once with
+// ErrReplicaDown wrapping that reason (before, the leader learnt nothing
+// until DeadAfter, here a minute, and then no reason).
+func TestReplicaFollowerFaultReachesLeader(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	leader := newLog(t, Config{SegmentSize: 8 << 10})
+	follower := newLog(t, Config{SegmentSize: 8 << 10})
+	fl := newFaults()
+	r, rerr, f, ferr := replicatePair(t, leader, n0, n1, follower, ReplicaConfig{DeadAfter: time.Minute, OnFault: fl.add}, FollowerConfig{})
+	if rerr != nil || ferr != nil {
+		t.Fatal(rerr, ferr)
+	}
+	ctx := timeout(t, 10*time.Second)
+	if _, err := follower.Send(ctx, 0, []byte("not the leader's")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Send(ctx, []byte("leader's")); err != nil {
+		t.Fatal(err)
+	}
+	fl.wait(timeout(t, 5*time.Second), t, ErrDiverged)
+	if err := r.Err(); !errors.Is(err, ErrReplicaDown) || !errors.Is(err, ErrDiverged) {
+		t.Fatalf("leader: %v, want ErrReplicaDown with ErrDiverged", err)
+	}
+	if err := f.Err(); !errors.Is(err, ErrDiverged) {
+		t.Fatalf("follower: %v", err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -213,8 +212,7 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 		if offered {
 			// The follower may have accepted: it must not wait for a
 			// leader that is not there.
-			ctrl.SetWriteDeadline(time.Now().Add(time.Second))
-			ctrl.Write(appendError(nil, err))
+			tellEnd(ctrl, err)
 		}
 		ctrl.Close()
 		r.closeUB()
@@ -244,7 +242,8 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 		return fail(closedErr(err))
 	}
 	offered = true
-	typ, body, err := readFrame(bufio.NewReader(ctrl), maxControl, nil)
+	br := bufio.NewReader(ctrl)
+	typ, body, err := readFrame(br, maxControl, nil)
 	if !stop() && err == nil {
 		err = ctx.Err()
 	}
@@ -289,11 +288,39 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 	r.wg.Go(r.complete)
 	r.wg.Go(r.monitor)
 	r.wg.Go(func() {
-		// The follower closing the control connection ends replication.
-		io.Copy(io.Discard, ctrl)
-		r.fault(fmt.Errorf("the follower closed the control connection: %w", ErrReplicaDown))
+		// The follower ending the control connection ends replication:
+		// with its reason (ErrDiverged, shm.ErrCorrupt, ErrProtocol...),
+		// if it said one.
+		said, err := peerEnd(br)
+		if said != nil {
+			r.fault(fmt.Errorf("the follower stopped: %w: %w", ErrReplicaDown, said))
+			return
+		}
+		r.fault(fmt.Errorf("the follower closed the control connection: %w: %w", ErrReplicaDown, err))
 	})
 	return r, nil
+}
+
+// peerEnd reads a control connection after the handshake, where the
+// only frame is an error saying why the peer ended: it returns what the
+// peer said, or why the connection ended without a word.
+func peerEnd(br *bufio.Reader) (said, err error) {
+	typ, body, err := readFrame(br, maxControl, nil)
+	switch {
+	case err != nil:
+		return nil, err
+	case typ == frameError:
+		return decodeError(body), nil
+	}
+	return protoErr("frame type %d on the control connection", typ), nil
+}
+
+// tellEnd writes why replication ended to the peer, if it can in a
+// second, and closes the control connection.
+func tellEnd(c net.Conn, err error) {
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	c.Write(appendError(nil, err))
+	c.Close()
 }
 
 func randomToken() ub.Token {
@@ -342,7 +369,7 @@ func (r *Replica) fault(err error) {
 	r.broadcast()
 	r.mu.Unlock()
 	r.cancel()
-	r.ctrl.Close() // the follower learns that replication ended
+	tellEnd(r.ctrl, err) // the follower learns that replication ended, and why
 	r.cfg.OnFault(err)
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -164,7 +163,12 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.wg.Go(f.receive)
 	f.wg.Go(func() {
-		io.Copy(io.Discard, br) // the leader closing the control connection ends it
+		// The leader ending the control connection ends it, with its
+		// reason if it said one.
+		if said, _ := peerEnd(br); said != nil {
+			f.fault(fmt.Errorf("the leader ended replication: %w", said))
+			return
+		}
 		f.fault(fmt.Errorf("the leader closed the control connection: %w", ErrClosed))
 	})
 	return f, nil
@@ -179,6 +183,7 @@ func (f *Follower) fault(err error) {
 	f.stats.Down = err
 	f.mu.Unlock()
 	f.cancel()
+	tellEnd(f.ctrl, err) // the leader learns why
 	f.cfg.OnFault(err)
 }
 

@@ -288,9 +288,10 @@ func TestReplicaLinkCut(t *testing.T) {
 			if !errors.Is(r.Stats().Down, ErrReplicaDown) {
 				t.Errorf("stats: %+v", r.Stats())
 			}
-			// The leader's end of replication reaches the follower (over
-			// the control connection, which the cut does not touch).
-			ffl.wait(ctx, t, ErrClosed)
+			// The leader's end of replication reaches the follower, with
+			// its reason (over the control connection, which the cut does
+			// not touch).
+			ffl.wait(ctx, t, ErrReplicaDown)
 			if f.Err() == nil {
 				t.Error("the follower still runs")
 			}

@@ -21,7 +21,10 @@ import (
 // A segment desc is provider (u8 length, bytes) | EID (16 bytes) | name
 // (u16 length, bytes) | size u64; a jetty desc the same without the size.
 // After the handshake the data moves over ub (see replica.go) and the
-// control connection only says, by closing, that replication ended.
+// control connection only says that replication ended: the side that
+// ends it writes an error frame with its reason (ErrDiverged,
+// shm.ErrCorrupt, ErrProtocol, ErrReplicaDown, ErrClosed...) and closes
+// it. Any other frame then is ErrProtocol.
 const (
 	replMagic   = 0x464d5175 // "uMQF"
 	frameOffer  = 6
