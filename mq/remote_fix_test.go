@@ -558,3 +558,37 @@ func TestReplicaFollowerFaultReachesLeader(t *testing.T) {
 		t.Fatalf("follower: %v", err)
 	}
 }
+
+// TestReplicaGapBeyondFollowerRetention: a run of aborted records on the
+// leader longer than the follower's whole retention (40 KB of aborted
+// loans, the follower keeping 16 KiB) is filled, within the leader's
+// retention: the records after it arrive at their offsets (before, the
+// follower refused the gap as ErrProtocol).
+func TestReplicaGapBeyondFollowerRetention(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	leader := newLog(t, Config{SegmentSize: 8 << 10, Segments: 16})
+	follower := newLog(t, Config{SegmentSize: 8 << 10, Segments: 2})
+	ctx := timeout(t, 10*time.Second)
+	if _, err := leader.Send(ctx, 0, []byte("A")); err != nil {
+		t.Fatal(err)
+	}
+	for range 40 {
+		res, err := leader.Loan(ctx, 0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Abort()
+	}
+	offB, err := leader.Send(ctx, 0, []byte("B"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{RingSize: 8 << 10})
+	if err := r.WaitAcked(ctx, offB); err != nil {
+		t.Fatalf("B after a %d-byte gap: %v; follower %+v", offB, err, f.Stats())
+	}
+	rd := newReader(t, follower, 0, offB-r.Stats().Base)
+	if rec, err := rd.Next(ctx); err != nil || string(rec.Payload) != "B" || rec.Offset != offB-r.Stats().Base {
+		t.Fatalf("follower: %q at %d, %v; want B at %d", rec.Payload, rec.Offset, err, offB)
+	}
+}

@@ -58,6 +58,7 @@ type Follower struct {
 	cfg  FollowerConfig
 	base uint64
 	seg  uint64 // the log's segment size
+	keep uint64 // the leader's retention in bytes: no gap between two records is longer
 
 	dev    ub.Context
 	cq     ub.CQ
@@ -129,6 +130,7 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 		return refuse(fmt.Errorf("partition %d is not empty (tail %d): %w", cfg.Partition, st.Tail, ErrDiverged))
 	}
 	f.base = o.base
+	f.keep = uint64(o.segments) * seg
 	f.stats.Base, f.stats.Next = o.base, o.base
 	tokens := [2]ub.Token{randomToken(), randomToken()}
 	if f.cq, err = dev.NewCQ(ub.CQConfig{Depth: 1024}); err != nil {
@@ -320,10 +322,12 @@ func (f *Follower) take(tail uint64) error {
 		if off-f.base > 1<<62 || off < f.base {
 			return protoErr("a record at leader offset %d below the base %d", off, f.base)
 		}
-		// Gaps (aborted records, padding) are filled record by record: a
-		// leader cannot make the follower fill more than its retention.
-		if gap, keep := off-next, uint64(f.l.Config().Segments)*f.seg; gap > keep {
-			return protoErr("a gap of %d bytes before leader offset %d, more than the %d this log keeps", gap, off, keep)
+		// Gaps (aborted records, padding) are filled with an aborted
+		// record per segment. Two records the leader sent are at most
+		// its retention apart (its reader read both): a leader cannot
+		// make the follower fill more, however little the follower keeps.
+		if gap := off - next; gap > f.keep {
+			return protoErr("a gap of %d bytes before leader offset %d, more than the leader's %d-byte retention", gap, off, f.keep)
 		}
 		if err := f.append(off-f.base, data[phys+ringEntry:phys+ringEntry+uint64(n)], crc); err != nil {
 			return err

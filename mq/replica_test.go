@@ -483,7 +483,7 @@ func TestReplicaHostileLeader(t *testing.T) {
 			return 24
 		}, shm.ErrCorrupt},
 		{"a tail beyond the ring", func(b []byte) uint64 { return 1 << 40 }, ErrProtocol},
-		{"a gap beyond the follower's retention", func(b []byte) uint64 {
+		{"a gap beyond the leader's retention", func(b []byte) uint64 {
 			binary.LittleEndian.PutUint64(b, 1<<40)
 			return 16
 		}, ErrProtocol},
@@ -526,7 +526,7 @@ func TestReplicaHostileLeader(t *testing.T) {
 func FuzzReplicaWire(f *testing.F) {
 	seg := ub.SegmentDesc{Provider: "sim", Name: "n0/shm/x", Size: 4096}
 	jt := ub.JettyDesc{Provider: "sim", Name: "n0/shm/j"}
-	f.Add(appendOffer(nil, offer{partition: 1, segSize: 8192, base: 8192, ackSeg: seg, ackToken: 5, jetty: jt, jtToken: 6}))
+	f.Add(appendOffer(nil, offer{partition: 1, segSize: 8192, base: 8192, segments: 8, ackSeg: seg, ackToken: 5, jetty: jt, jtToken: 6}))
 	f.Add(appendAccept(nil, accept{ring: ub.SegmentDesc{Provider: "sim", Name: "r", Size: 8192 + ringData}, ringToken: 7, ringSize: 8192, jetty: jt, jtToken: 8}))
 	f.Add(make([]byte, 24))
 	f.Fuzz(func(t *testing.T, b []byte) {
