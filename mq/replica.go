@@ -236,8 +236,8 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 	}
 	stop := handshakeDeadline(ctx, ctrl)
 	_, err = ctrl.Write(appendOffer(nil, offer{partition: uint32(p), segSize: uint64(l.Config().SegmentSize), base: r.base,
-		segments: uint32(min(l.Config().Segments, maxOfferSegments)),
-		ackSeg: r.ackSeg.Desc(), ackToken: tokens[0], jetty: r.jetty.Desc(), jtToken: tokens[1]}))
+		segments: uint32(min(l.Config().Segments, maxOfferSegments)), ackSeg: r.ackSeg.Desc(), ackToken: tokens[0],
+		jetty: r.jetty.Desc(), jtToken: tokens[1]}))
 	if err != nil {
 		stop()
 		return fail(closedErr(err))
