@@ -41,7 +41,8 @@ type ServeConfig struct {
 	// MaxWindow caps the window a reader may ask for (default 4 MiB).
 	// A reader never has more than its window of records unacknowledged,
 	// so a reader that stops reading costs the server nothing but a
-	// blocked goroutine pair and one 64 KiB batch buffer.
+	// blocked goroutine pair and one 64 KiB batch buffer, for at most
+	// CreditTimeout.
 	MaxWindow int
 	// HandshakeTimeout bounds the wait for a dialer's hello (default 5 s).
 	HandshakeTimeout time.Duration
