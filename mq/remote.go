@@ -58,9 +58,11 @@ type ServeConfig struct {
 	// FullBlock holds producers back) for ever.
 	CreditTimeout time.Duration
 	// MaxConnsPerPeer is how many of the MaxConns one peer may hold
-	// (default a quarter of MaxConns, at least 1): beyond it the peer
-	// gets ErrBusy. A peer is a transport.Addr's node, a TCP address's
-	// IP, or else the remote address's string.
+	// (default half of MaxConns, at least 1), so that no one peer takes
+	// them all: beyond it the peer gets ErrBusy. A peer is a
+	// transport.Addr's node (so every reader on one node, a reader per
+	// partition say, counts), a TCP address's IP, or else the remote
+	// address's string.
 	MaxConnsPerPeer int
 	// Authorize, if set, is asked about each reader after its hello
 	// (its connection, for the peer's address or a transport.Conn's
@@ -92,7 +94,7 @@ func (c ServeConfig) withDefaults() ServeConfig {
 		c.CreditTimeout = 30 * time.Second
 	}
 	if c.MaxConnsPerPeer <= 0 {
-		c.MaxConnsPerPeer = max(c.MaxConns/4, 1)
+		c.MaxConnsPerPeer = max(c.MaxConns/2, 1)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -323,8 +323,8 @@ func TestRemotePeerLimit(t *testing.T) {
 		}
 		t.Fatalf("a third reader from one peer with MaxConnsPerPeer 2: %v, want ErrBusy", err)
 	}
-	if got := NewServer(l, ServeConfig{}).cfg.MaxConnsPerPeer; got != 4 {
-		t.Errorf("default MaxConnsPerPeer %d, want a quarter of 16", got)
+	if got := NewServer(l, ServeConfig{}).cfg.MaxConnsPerPeer; got != 8 {
+		t.Errorf("default MaxConnsPerPeer %d, want half of 16", got)
 	}
 }
 
