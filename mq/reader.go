@@ -99,7 +99,50 @@ func (l *Log) NewReader(p int, from uint64) (*Reader, error) {
 		}
 		return nil, fmt.Errorf("mq: offset %d of partition %d: %w", from, p, ErrOffsetGone)
 	}
+	if err := r.boundary(from); err != nil {
+		r.Close()
+		return nil, err
+	}
 	return r, nil
+}
+
+// boundary checks that a record starts at from, by walking the headers
+// of its segment from the segment's start (at most a segment's worth):
+// a reader from inside a payload would take payload words for headers,
+// and might abort one "written by a dead producer", that is, write into
+// a committed record. Headers below the tail are claimed (a producer
+// moves the tail past a header only once it holds it), and a header's
+// length never changes once claimed, so the walk holds for good.
+func (r *Reader) boundary(from uint64) error {
+	size := uint64(r.l.cfg.SegmentSize)
+	at := from % size
+	if at == 0 {
+		return nil
+	}
+	if tail := r.pt.tail.Load(); from > tail {
+		return fmt.Errorf("mq: offset %d of partition %d is beyond its tail %d, not a record's", from, r.p, tail)
+	}
+	m, err := r.mapping(from / size)
+	if err != nil {
+		return err
+	}
+	pos := uint64(0)
+	for pos < at && size-pos >= headerSize {
+		w := m.words[pos/8].Load()
+		n := w >> 32
+		if w == 0 || n > size-pos-headerSize {
+			return fmt.Errorf("mq: header %#x at offset %d of partition %d: %w", w, from-at+pos, r.p, shm.ErrCorrupt)
+		}
+		if w&flagPad != 0 {
+			pos = size
+			break
+		}
+		pos += align8(headerSize + n)
+	}
+	if pos != at {
+		return fmt.Errorf("mq: offset %d of partition %d is not a record's", from, r.p)
+	}
+	return nil
 }
 
 // Offset is the log offset the next Next reads from.

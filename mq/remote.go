@@ -41,13 +41,37 @@ type ServeConfig struct {
 	// MaxWindow caps the window a reader may ask for (default 4 MiB).
 	// A reader never has more than its window of records unacknowledged,
 	// so a reader that stops reading costs the server nothing but a
-	// blocked goroutine pair and one 64 KiB batch buffer.
+	// blocked goroutine pair and one 64 KiB batch buffer, for at most
+	// CreditTimeout.
 	MaxWindow int
 	// HandshakeTimeout bounds the wait for a dialer's hello (default 5 s).
 	HandshakeTimeout time.Duration
 	// WriteTimeout bounds each write to a reader (default 10 s): a reader
-	// that gives credit but does not read is dropped after it.
+	// that gives credit but does not read is dropped after it. A record
+	// larger than a batch is written in batch-sized pieces, each with
+	// its own WriteTimeout.
 	WriteTimeout time.Duration
+	// CreditTimeout bounds the wait for a reader's credit while records
+	// wait for it (default 30 s): a reader that holds its window and
+	// returns no credit for that long is dropped, so that it does not
+	// hold a connection and a reader slot of the log (which under
+	// FullBlock holds producers back) for ever.
+	CreditTimeout time.Duration
+	// MaxConnsPerPeer is how many of the MaxConns one peer may hold
+	// (default half of MaxConns, at least 1), so that no one peer takes
+	// them all: beyond it the peer gets ErrBusy. A peer is a
+	// transport.Addr's node (so every reader on one node, a reader per
+	// partition say, counts), a TCP address's IP, or else the remote
+	// address's string.
+	MaxConnsPerPeer int
+	// Authorize, if set, is asked about each reader after its hello
+	// (its connection, for the peer's address or a transport.Conn's
+	// path, and the partition asked for): an error refuses it, and the
+	// reader gets ErrDenied. Unset, anyone who can connect reads every
+	// partition: serve a plain net.Listener only on a network where
+	// that is meant, and prefer transport listeners (docs/mq.md, "Who
+	// may connect").
+	Authorize func(c net.Conn, partition int) error
 	// Logger gets the connections that failed, and why. Default: nothing.
 	Logger *slog.Logger
 }
@@ -66,6 +90,12 @@ func (c ServeConfig) withDefaults() ServeConfig {
 	if c.WriteTimeout <= 0 {
 		c.WriteTimeout = 10 * time.Second
 	}
+	if c.CreditTimeout <= 0 {
+		c.CreditTimeout = 30 * time.Second
+	}
+	if c.MaxConnsPerPeer <= 0 {
+		c.MaxConnsPerPeer = max(c.MaxConns/2, 1)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -82,6 +112,7 @@ type Server struct {
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
+	peers  map[string]int // connections held by each peer (peerOf)
 	lns    map[net.Listener]struct{}
 	closed bool
 	// refusing counts the goroutines telling dialers over MaxConns so.
@@ -104,7 +135,7 @@ type ServerStats struct {
 
 // NewServer returns a server of l's partitions. Close it before l.
 func NewServer(l *Log, cfg ServeConfig) *Server {
-	return &Server{l: l, cfg: cfg.withDefaults(), conns: map[net.Conn]struct{}{}, lns: map[net.Listener]struct{}{}}
+	return &Server{l: l, cfg: cfg.withDefaults(), conns: map[net.Conn]struct{}{}, peers: map[string]int{}, lns: map[net.Listener]struct{}{}}
 }
 
 // Serve serves remote readers of l from ln until ln fails or is closed,
@@ -141,16 +172,24 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 			return err
 		}
+		peer := peerOf(c.RemoteAddr())
 		s.mu.Lock()
 		switch {
 		case s.closed:
 			s.mu.Unlock()
 			c.Close()
 			return nil
-		case len(s.conns) >= s.cfg.MaxConns:
+		case len(s.conns) >= s.cfg.MaxConns || s.peers[peer] >= s.cfg.MaxConnsPerPeer:
+			limit := fmt.Errorf("mq: %d readers already: %w", s.cfg.MaxConns, ErrBusy)
+			if len(s.conns) < s.cfg.MaxConns {
+				limit = fmt.Errorf("mq: %d readers of %s already: %w", s.cfg.MaxConnsPerPeer, peer, ErrBusy)
+			}
 			refusing := s.refusing < s.cfg.MaxConns
 			if refusing {
 				s.refusing++
+				// Counted under the lock that Close takes before it
+				// waits, so that it waits for this goroutine too.
+				s.wg.Add(1)
 			}
 			s.mu.Unlock()
 			s.refused.Add(1)
@@ -160,28 +199,51 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 			// A reader over the limit is told so rather than left
 			// hanging, by at most MaxConns goroutines at a time.
-			s.wg.Go(func() {
-				s.refuse(c, fmt.Errorf("mq: %d readers already: %w", s.cfg.MaxConns, ErrBusy))
+			go func() {
+				defer s.wg.Done()
+				s.refuse(c, limit)
 				s.mu.Lock()
 				s.refusing--
 				s.mu.Unlock()
-			})
+			}()
 			continue
 		}
 		s.conns[c] = struct{}{}
+		s.peers[peer]++
+		s.wg.Add(1)
 		s.mu.Unlock()
-		s.wg.Go(func() {
+		go func() {
+			defer s.wg.Done()
 			defer func() {
 				s.mu.Lock()
 				delete(s.conns, c)
+				if s.peers[peer]--; s.peers[peer] <= 0 {
+					delete(s.peers, peer)
+				}
 				s.mu.Unlock()
 				c.Close()
 			}()
 			if err := s.serveConn(c); err != nil {
 				s.cfg.Logger.Debug("mq: remote reader ended", "peer", c.RemoteAddr(), "err", err)
 			}
-		})
+		}()
 	}
+}
+
+// peerOf names the peer at a: a transport address's node, a TCP
+// address's IP, or else its string.
+func peerOf(a net.Addr) string {
+	switch a := a.(type) {
+	case transport.Addr:
+		return "node " + a.Node
+	case *transport.Addr:
+		return "node " + a.Node
+	case *net.TCPAddr:
+		return a.IP.String()
+	case nil:
+		return ""
+	}
+	return a.String()
 }
 
 // Close closes the server's listeners and connections and waits for its
@@ -248,6 +310,12 @@ func (s *Server) serveConn(c net.Conn) error {
 		err = fmt.Errorf("mq: log %q is not served here (%q is): %w", h.name, s.l.Name(), os.ErrNotExist)
 	case int64(h.partition) >= int64(s.l.Config().Partitions):
 		err = fmt.Errorf("mq: partition %d of %d: %w", h.partition, s.l.Config().Partitions, errNoPartition)
+	case s.cfg.Authorize != nil:
+		if aerr := s.cfg.Authorize(c, int(h.partition)); aerr != nil {
+			err = fmt.Errorf("mq: %v: %w", aerr, ErrDenied)
+			break
+		}
+		fallthrough
 	default:
 		r, err = s.l.NewReader(int(h.partition), h.from)
 	}
@@ -266,7 +334,7 @@ func (s *Server) serveConn(c net.Conn) error {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st := &stream{credit: int64(window), window: int64(window), more: make(chan struct{}, 1)}
+	st := &stream{credit: int64(window), window: int64(window), more: make(chan struct{}, 1), timeout: s.cfg.CreditTimeout}
 	var creditErr error
 	done := make(chan struct{})
 	go func() {
@@ -287,6 +355,7 @@ func (s *Server) serveConn(c net.Conn) error {
 // still send.
 type stream struct {
 	credit, window int64
+	timeout        time.Duration // CreditTimeout
 	mu             sync.Mutex
 	more           chan struct{} // a token when credit grew
 }
@@ -320,8 +389,13 @@ func (st *stream) takeCredit(br *bufio.Reader) error {
 	}
 }
 
-// await waits until the stream has need bytes of credit, and takes them.
+// errNoCredit: a reader returned no credit for CreditTimeout.
+var errNoCredit = errors.New("mq: the reader returned no credit")
+
+// await waits until the stream has need bytes of credit, and takes them,
+// for at most the stream's timeout.
 func (st *stream) await(ctx context.Context, need int64) error {
+	var timer *time.Timer
 	for {
 		st.mu.Lock()
 		if st.credit >= need {
@@ -330,10 +404,17 @@ func (st *stream) await(ctx context.Context, need int64) error {
 			return nil
 		}
 		st.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(st.timeout)
+			defer timer.Stop()
+		}
 		select {
 		case <-st.more:
+			timer.Reset(st.timeout)
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-timer.C:
+			return fmt.Errorf("%w for %v", errNoCredit, st.timeout)
 		}
 	}
 }
@@ -368,15 +449,26 @@ func (s *Server) stream(ctx context.Context, c net.Conn, r *Reader, st *stream, 
 		return nil
 	}
 	for {
+		var rec Record
+		var got bool
+		var err error
 		if count > 0 {
-			// Gather only what is there: send the batch rather than wait.
-			if ps, err := s.l.Stats(p); err != nil || ps.Tail <= r.Offset() {
+			// Gather only what is there: send the batch rather than wait
+			// (for the tail to move, or for a record being written, held
+			// or left by a dead producer, after the batch's records).
+			if ps, serr := s.l.Stats(p); serr != nil || ps.Tail <= r.Offset() {
+				if err := flush(); err != nil {
+					return err
+				}
+			} else if rec, got, err = nextNow(r); err == nil && !got {
 				if err := flush(); err != nil {
 					return err
 				}
 			}
 		}
-		rec, err := r.Next(ctx)
+		if !got && err == nil {
+			rec, err = r.Next(ctx)
+		}
 		if err != nil {
 			if ferr := flush(); ferr != nil {
 				return ferr
@@ -411,9 +503,21 @@ func (s *Server) stream(ctx context.Context, c net.Conn, r *Reader, st *stream, 
 			binary.LittleEndian.PutUint32(hdr[frameHeader:], 1)
 			binary.LittleEndian.PutUint64(hdr[recordsHeader:], rec.Offset)
 			binary.LittleEndian.PutUint32(hdr[recordsHeader+8:], uint32(len(rec.Payload)))
+			// In batch-sized pieces, each with its own deadline: a slow
+			// reader that keeps reading is not dropped for a large record.
 			c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-			bw.Write(hdr[:])
-			bw.Write(rec.Payload)
+			if _, err := bw.Write(hdr[:]); err != nil {
+				return err
+			}
+			for rest := rec.Payload; len(rest) > 0; {
+				n := min(len(rest), batchBytes)
+				c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+				if _, err := bw.Write(rest[:n]); err != nil {
+					return err
+				}
+				rest = rest[n:]
+			}
+			c.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 			if err := bw.Flush(); err != nil {
 				return err
 			}
@@ -436,6 +540,26 @@ func (s *Server) stream(ctx context.Context, c net.Conn, r *Reader, st *stream, 
 		count++
 		payload += len(rec.Payload)
 	}
+}
+
+// done is a context that has ended, for nextNow.
+var done = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// nextNow is r.Next without the wait: got is false when the next
+// committed record is not there yet (the tail has not moved on, or the
+// record at the reader's offset is still being written, or its writer
+// died and a waiting Next will abort it). It spins at most the Backoff
+// ladder's spin phase (shm.DefaultSpin) before it says so.
+func nextNow(r *Reader) (rec Record, got bool, err error) {
+	rec, err = r.Next(done)
+	if errors.Is(err, context.Canceled) {
+		return Record{}, false, nil
+	}
+	return rec, err == nil, err
 }
 
 // Dialer dials remote readers. The zero value dials with transport.Dial

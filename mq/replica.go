@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -73,7 +72,12 @@ const (
 	ackSegSize   = 64
 	userRecv     = 1 << 63
 	userDoorbell = 1 << 62
-	sendBatch    = 256 << 10
+	userPing     = 1 << 61
+	// pingImm is the immediate of a heartbeat (leader to follower) and of
+	// its answer (follower to leader): no ring position, which stays
+	// below 2^63, is it.
+	pingImm   = 1 << 63
+	sendBatch = 256 << 10
 )
 
 // ReplicaConfig configures a leader's replication. The zero value is
@@ -178,7 +182,9 @@ type Replica struct {
 	freeUntil uint64        // ackedRing + size: staging must stop there
 	ackedRing uint64
 	bells     []doorbell
-	lastBell  time.Time
+	lastPing  time.Time // when the latest heartbeat was sent
+	pingOut   time.Time // when the oldest heartbeat not answered was sent, or zero
+	lastHeard time.Time // when the follower last said anything (an ack, an answer)
 	acked     uint64
 	down      error
 	behind    bool
@@ -189,16 +195,26 @@ type Replica struct {
 
 // Replicate starts replicating partition p of l, from its oldest kept
 // segment, to the follower at the other end of ctrl (a connection to a
-// process that called Follow), through dev, this node's ub context.
+// process that called Follow; an authenticated one: see docs/mq.md,
+// "Replication"), through dev, this node's ub context. A Replicate that
+// fails tells the follower why (if it got that far) and closes ctrl.
 // Close the Replica before l and dev.
 func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn, cfg ReplicaConfig) (*Replica, error) {
 	st, err := l.Stats(p)
 	if err != nil {
+		ctrl.Close()
 		return nil, err
 	}
 	r := &Replica{l: l, p: p, cfg: cfg.withDefaults(), base: st.Oldest, dev: dev, ctrl: ctrl, changed: make(chan struct{})}
 	r.acked, r.lastNext, r.postNext = r.base, r.base, r.base
+	offered := false
 	fail := func(err error) (*Replica, error) {
+		if offered {
+			// The follower may have accepted: it must not wait for a
+			// leader that is not there.
+			tellEnd(ctrl, err)
+		}
+		ctrl.Close()
 		r.closeUB()
 		return nil, fmt.Errorf("mq: replicate %s partition %d: %w", l.Name(), p, err)
 	}
@@ -220,12 +236,15 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 	}
 	stop := handshakeDeadline(ctx, ctrl)
 	_, err = ctrl.Write(appendOffer(nil, offer{partition: uint32(p), segSize: uint64(l.Config().SegmentSize), base: r.base,
-		ackSeg: r.ackSeg.Desc(), ackToken: tokens[0], jetty: r.jetty.Desc(), jtToken: tokens[1]}))
+		segments: uint32(min(l.Config().Segments, maxOfferSegments)), ackSeg: r.ackSeg.Desc(), ackToken: tokens[0],
+		jetty: r.jetty.Desc(), jtToken: tokens[1]}))
 	if err != nil {
 		stop()
 		return fail(closedErr(err))
 	}
-	typ, body, err := readFrame(bufio.NewReader(ctrl), maxControl, nil)
+	offered = true
+	br := bufio.NewReader(ctrl)
+	typ, body, err := readFrame(br, maxControl, nil)
 	if !stop() && err == nil {
 		err = ctx.Err()
 	}
@@ -265,16 +284,44 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 		return fail(err)
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
-	r.lastBell = time.Now()
+	r.lastPing, r.lastHeard = time.Now(), time.Now()
 	r.wg.Go(func() { r.send(reader) })
 	r.wg.Go(r.complete)
 	r.wg.Go(r.monitor)
 	r.wg.Go(func() {
-		// The follower closing the control connection ends replication.
-		io.Copy(io.Discard, ctrl)
-		r.fault(fmt.Errorf("the follower closed the control connection: %w", ErrReplicaDown))
+		// The follower ending the control connection ends replication:
+		// with its reason (ErrDiverged, shm.ErrCorrupt, ErrProtocol...),
+		// if it said one.
+		said, err := peerEnd(br)
+		if said != nil {
+			r.fault(fmt.Errorf("the follower stopped: %w: %w", ErrReplicaDown, said))
+			return
+		}
+		r.fault(fmt.Errorf("the follower closed the control connection: %w: %w", ErrReplicaDown, err))
 	})
 	return r, nil
+}
+
+// peerEnd reads a control connection after the handshake, where the
+// only frame is an error saying why the peer ended: it returns what the
+// peer said, or why the connection ended without a word.
+func peerEnd(br *bufio.Reader) (said, err error) {
+	typ, body, err := readFrame(br, maxControl, nil)
+	switch {
+	case err != nil:
+		return nil, err
+	case typ == frameError:
+		return decodeError(body), nil
+	}
+	return protoErr("frame type %d on the control connection", typ), nil
+}
+
+// tellEnd writes why replication ended to the peer, if it can in a
+// second, and closes the control connection.
+func tellEnd(c net.Conn, err error) {
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	c.Write(appendError(nil, err))
+	c.Close()
 }
 
 func randomToken() ub.Token {
@@ -323,7 +370,7 @@ func (r *Replica) fault(err error) {
 	r.broadcast()
 	r.mu.Unlock()
 	r.cancel()
-	r.ctrl.Close() // the follower learns that replication ended
+	tellEnd(r.ctrl, err) // the follower learns that replication ended, and why
 	r.cfg.OnFault(err)
 }
 
@@ -341,8 +388,23 @@ func (r *Replica) send(reader *Reader) {
 	pending := false // entries written into staging, not yet posted
 	var start uint64 // the ring position of the first of them
 	for {
+		var rec Record
+		var got bool
+		var err error
 		if pending {
-			if ps, err := r.l.Stats(r.p); err != nil || ps.Tail <= reader.Offset() || r.tail-start >= sendBatch {
+			// Post what is staged rather than wait (for the tail, or for
+			// a record after it that is being written, held or left by
+			// a dead producer): the follower, and Sends under
+			// AckFollower, must not wait for a later record.
+			post := r.tail-start >= sendBatch
+			if !post {
+				if ps, serr := r.l.Stats(r.p); serr != nil || ps.Tail <= reader.Offset() {
+					post = true
+				} else if rec, got, err = nextNow(reader); err == nil && !got {
+					post = true
+				}
+			}
+			if post && err == nil {
 				if err := r.post(start); err != nil {
 					r.fault(err)
 					return
@@ -350,7 +412,9 @@ func (r *Replica) send(reader *Reader) {
 				pending = false
 			}
 		}
-		rec, err := reader.Next(r.ctx)
+		if !got && err == nil {
+			rec, err = reader.Next(r.ctx)
+		}
 		if err != nil {
 			if r.ctx.Err() == nil {
 				r.fault(fmt.Errorf("reading the partition: %w", err))
@@ -456,7 +520,6 @@ func (r *Replica) post(start uint64) error {
 }
 
 // ringLocked posts wrs and a doorbell announcing r.posted; r.mu is held.
-// A heartbeat is a doorbell alone, announcing nothing new.
 func (r *Replica) ringLocked(wrs []ub.WR) error {
 	wrs = append(wrs, ub.WR{Op: ub.OpWriteImm, UserCtx: userDoorbell, Target: r.target, Imm: r.posted,
 		Local:  ub.Local{Seg: r.staging, Offset: int(r.size), Len: 8},
@@ -464,10 +527,43 @@ func (r *Replica) ringLocked(wrs []ub.WR) error {
 	if _, err := r.jetty.PostSend(wrs); err != nil {
 		return fmt.Errorf("posting to the follower: %w: %w", ErrReplicaDown, err)
 	}
-	r.lastBell = time.Now()
-	r.bells = append(r.bells, doorbell{ring: r.posted, next: r.postNext, posted: r.lastBell})
+	r.bells = append(r.bells, doorbell{ring: r.posted, next: r.postNext, posted: time.Now()})
 	r.stats.Doorbells++
 	return nil
+}
+
+// pingLocked sends a heartbeat, which the follower answers at once, busy
+// or not (its acknowledgements wait for its log): liveness apart from
+// progress. r.mu is held.
+func (r *Replica) pingLocked(now time.Time) error {
+	_, err := r.jetty.PostSend([]ub.WR{{Op: ub.OpWriteImm, UserCtx: userPing, Target: r.target, Imm: pingImm,
+		Local:  ub.Local{Seg: r.staging, Offset: int(r.size), Len: 8},
+		Remote: ub.Remote{Seg: r.ring}}})
+	if err != nil {
+		return fmt.Errorf("posting a heartbeat to the follower: %w: %w", ErrReplicaDown, err)
+	}
+	r.lastPing = now
+	if r.pingOut.IsZero() {
+		r.pingOut = now
+	}
+	r.stats.Doorbells++
+	return nil
+}
+
+// silentFor is how long the follower has left something unanswered (a
+// doorbell or a heartbeat) without saying anything; r.mu is held.
+func (r *Replica) silentFor(now time.Time) time.Duration {
+	oldest := r.pingOut
+	if len(r.bells) > 0 && (oldest.IsZero() || r.bells[0].posted.Before(oldest)) {
+		oldest = r.bells[0].posted
+	}
+	if oldest.IsZero() {
+		return 0
+	}
+	if r.lastHeard.After(oldest) {
+		oldest = r.lastHeard
+	}
+	return now.Sub(oldest)
 }
 
 // complete is the goroutine that takes the completions: the follower's
@@ -506,6 +602,11 @@ func (r *Replica) completion(c ub.Completion) error {
 		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		r.lastHeard = time.Now()
+		if c.Imm == pingImm { // the answer to the heartbeats sent so far
+			r.pingOut = time.Time{}
+			return nil
+		}
 		if len(r.bells) == 0 || r.bells[0].ring != c.Imm {
 			return protoErr("an acknowledgement of ring position %d, none such rung", c.Imm)
 		}
@@ -521,9 +622,10 @@ func (r *Replica) completion(c ub.Completion) error {
 	return nil
 }
 
-// monitor is the goroutine that rings heartbeats when the leader is idle,
-// declares the follower unreachable when a doorbell goes unacknowledged
-// for DeadAfter, and watches the lag.
+// monitor is the goroutine that sends heartbeats, declares the follower
+// unreachable when it has answered neither a doorbell nor a heartbeat
+// for DeadAfter, and watches the lag (a follower that answers heartbeats
+// but is slow to acknowledge is behind, not down).
 func (r *Replica) monitor() {
 	t := time.NewTicker(r.cfg.Heartbeat)
 	defer t.Stop()
@@ -534,10 +636,10 @@ func (r *Replica) monitor() {
 		case now := <-t.C:
 			r.mu.Lock()
 			var err error
-			if len(r.bells) > 0 && now.Sub(r.bells[0].posted) > r.cfg.DeadAfter {
-				err = fmt.Errorf("no acknowledgement for %v: %w", now.Sub(r.bells[0].posted).Round(time.Millisecond), ErrReplicaDown)
-			} else if now.Sub(r.lastBell) >= r.cfg.Heartbeat && len(r.bells) < maxDoorbells {
-				err = r.ringLocked(nil)
+			if d := r.silentFor(now); d > r.cfg.DeadAfter {
+				err = fmt.Errorf("no answer for %v: %w", d.Round(time.Millisecond), ErrReplicaDown)
+			} else if now.Sub(r.lastPing) >= r.cfg.Heartbeat {
+				err = r.pingLocked(now)
 			}
 			var behind error
 			if ps, serr := r.l.Stats(r.p); serr == nil && ps.Tail >= r.acked {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -59,6 +58,7 @@ type Follower struct {
 	cfg  FollowerConfig
 	base uint64
 	seg  uint64 // the log's segment size
+	keep uint64 // the leader's retention in bytes: no gap between two records is longer
 
 	dev    ub.Context
 	cq     ub.CQ
@@ -130,6 +130,7 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 		return refuse(fmt.Errorf("partition %d is not empty (tail %d): %w", cfg.Partition, st.Tail, ErrDiverged))
 	}
 	f.base = o.base
+	f.keep = uint64(o.segments) * seg
 	f.stats.Base, f.stats.Next = o.base, o.base
 	tokens := [2]ub.Token{randomToken(), randomToken()}
 	if f.cq, err = dev.NewCQ(ub.CQConfig{Depth: 1024}); err != nil {
@@ -164,7 +165,12 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.wg.Go(f.receive)
 	f.wg.Go(func() {
-		io.Copy(io.Discard, br) // the leader closing the control connection ends it
+		// The leader ending the control connection ends it, with its
+		// reason if it said one.
+		if said, _ := peerEnd(br); said != nil {
+			f.fault(fmt.Errorf("the leader ended replication: %w", said))
+			return
+		}
 		f.fault(fmt.Errorf("the leader closed the control connection: %w", ErrClosed))
 	})
 	return f, nil
@@ -179,14 +185,21 @@ func (f *Follower) fault(err error) {
 	f.stats.Down = err
 	f.mu.Unlock()
 	f.cancel()
+	tellEnd(f.ctrl, err) // the leader learns why
 	f.cfg.OnFault(err)
 }
 
-// receive is the goroutine that takes doorbells, moves the ring's
-// records into the log, and acknowledges.
+// receive is the goroutine that takes doorbells and heartbeats: it
+// answers each heartbeat at once and hands the doorbells to work, so
+// that a follower whose own log is slow (a full partition under
+// FullBlock, a slow flush) is seen by the leader as behind, not dead.
 func (f *Follower) receive() {
 	cs := make([]ub.Completion, 64)
-	var tails []uint64
+	// The leader has at most maxDoorbells unacknowledged: one more is a
+	// protocol error, not a wait.
+	bells := make(chan uint64, maxDoorbells)
+	f.wg.Go(func() { f.work(bells) })
+	defer close(bells)
 	silent := false
 	for {
 		wctx, cancel := context.WithTimeout(f.ctx, f.cfg.DeadAfter)
@@ -214,14 +227,13 @@ func (f *Follower) receive() {
 			f.fault(err)
 			return
 		}
-		tails = tails[:0]
 		for _, c := range cs[:n] {
 			if err := c.Err(); err != nil {
 				f.fault(fmt.Errorf("%v with the leader: %w: %w", c.Op, ErrReplicaDown, err))
 				return
 			}
 			if c.UserCtx&userRecv == 0 {
-				continue // an acknowledgement went out
+				continue // an acknowledgement or an answer went out
 			}
 			if _, err := f.jetty.PostRecv([]ub.RecvWR{{UserCtx: c.UserCtx, Buf: ub.Local{Seg: f.scrap, Offset: 8, Len: 8}}}); err != nil {
 				f.fault(err)
@@ -231,25 +243,52 @@ func (f *Follower) receive() {
 				f.fault(protoErr("a leader's message without an immediate"))
 				return
 			}
-			tails = append(tails, c.Imm)
-		}
-		if len(tails) > 0 {
 			silent = false
-		}
-		for _, t := range tails {
-			if err := f.take(t); err != nil {
-				f.fault(err)
-				return
+			f.mu.Lock()
+			f.stats.Doorbells++
+			f.mu.Unlock()
+			if c.Imm == pingImm {
+				if err := f.send(pingImm); err != nil {
+					f.fault(err)
+					return
+				}
+				continue
 			}
-			// One acknowledgement per doorbell, naming its tail.
-			_, err := f.jetty.PostSend([]ub.WR{{Op: ub.OpWriteImm, Target: f.target, Imm: t,
-				Local: ub.Local{Seg: f.scrap, Len: 8}, Remote: ub.Remote{Seg: f.ackSeg}}})
-			if err != nil {
-				f.fault(fmt.Errorf("acknowledging: %w: %w", ErrReplicaDown, err))
+			select {
+			case bells <- c.Imm:
+			default:
+				f.fault(protoErr("more than %d doorbells unacknowledged", maxDoorbells))
 				return
 			}
 		}
 	}
+}
+
+// work is the goroutine that moves the ring's records into the log, a
+// doorbell at a time, and acknowledges each.
+func (f *Follower) work(bells <-chan uint64) {
+	for t := range bells {
+		if err := f.take(t); err != nil {
+			f.fault(err)
+			return
+		}
+		// One acknowledgement per doorbell, naming its tail.
+		if err := f.send(t); err != nil {
+			f.fault(err)
+			return
+		}
+	}
+}
+
+// send writes imm into the leader's ack segment: an acknowledgement, or
+// the answer to a heartbeat.
+func (f *Follower) send(imm uint64) error {
+	_, err := f.jetty.PostSend([]ub.WR{{Op: ub.OpWriteImm, Target: f.target, Imm: imm,
+		Local: ub.Local{Seg: f.scrap, Len: 8}, Remote: ub.Remote{Seg: f.ackSeg}}})
+	if err != nil {
+		return fmt.Errorf("answering the leader: %w: %w", ErrReplicaDown, err)
+	}
+	return nil
 }
 
 // take moves the ring's entries up to tail into the log.
@@ -258,7 +297,6 @@ func (f *Follower) take(tail uint64) error {
 		return protoErr("a doorbell at ring position %d with %d consumed of a %d-byte ring", tail, f.consumed, f.size)
 	}
 	f.mu.Lock()
-	f.stats.Doorbells++
 	next := f.stats.Next
 	f.mu.Unlock()
 	data := f.ring.Bytes()[ringData : ringData+f.size]
@@ -284,10 +322,12 @@ func (f *Follower) take(tail uint64) error {
 		if off-f.base > 1<<62 || off < f.base {
 			return protoErr("a record at leader offset %d below the base %d", off, f.base)
 		}
-		// Gaps (aborted records, padding) are filled record by record: a
-		// leader cannot make the follower fill more than its retention.
-		if gap, keep := off-next, uint64(f.l.Config().Segments)*f.seg; gap > keep {
-			return protoErr("a gap of %d bytes before leader offset %d, more than the %d this log keeps", gap, off, keep)
+		// Gaps (aborted records, padding) are filled with an aborted
+		// record per segment. Two records the leader sent are at most
+		// its retention apart (its reader read both): a leader cannot
+		// make the follower fill more, however little the follower keeps.
+		if gap := off - next; gap > f.keep {
+			return protoErr("a gap of %d bytes before leader offset %d, more than the leader's %d-byte retention", gap, off, f.keep)
 		}
 		if err := f.append(off-f.base, data[phys+ringEntry:phys+ringEntry+uint64(n)], crc); err != nil {
 			return err

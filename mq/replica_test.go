@@ -288,9 +288,10 @@ func TestReplicaLinkCut(t *testing.T) {
 			if !errors.Is(r.Stats().Down, ErrReplicaDown) {
 				t.Errorf("stats: %+v", r.Stats())
 			}
-			// The leader's end of replication reaches the follower (over
-			// the control connection, which the cut does not touch).
-			ffl.wait(ctx, t, ErrClosed)
+			// The leader's end of replication reaches the follower, with
+			// its reason (over the control connection, which the cut does
+			// not touch).
+			ffl.wait(ctx, t, ErrReplicaDown)
 			if f.Err() == nil {
 				t.Error("the follower still runs")
 			}
@@ -369,26 +370,68 @@ func TestReplicaBehind(t *testing.T) {
 	}
 }
 
-// TestReplicaSilentFollower: a follower that stops acknowledging (its
-// log is full, a local consumer holds it) with the link up is declared
-// unreachable after DeadAfter; under AckFollower the waiting Send fails.
-func TestReplicaSilentFollower(t *testing.T) {
+// TestReplicaSlowFollower: a follower that cannot take records (its log
+// is full, a local consumer holds it) with the link up answers the
+// heartbeats: it is reported behind (ErrFollowerBehind), not down, the
+// replication goes on, and under AckFollower the waiting Send completes
+// once the consumer moves on. Before liveness was apart from progress it
+// was declared unreachable after DeadAfter and replication ended.
+func TestReplicaSlowFollower(t *testing.T) {
 	n0, n1, _ := simNodes(t)
 	leader := newLog(t, Config{SegmentSize: 8 << 10, Segments: 64})
 	follower := newLog(t, Config{SegmentSize: 8 << 10, Segments: 2})
-	newReader(t, follower, 0, 0) // never reads
+	stuck, err := follower.NewReader(0, 0) // does not read
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck.Close()
+	ctx := timeout(t, 30*time.Second)
+	fl := newFaults()
+	rc := ReplicaConfig{Heartbeat: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, MaxLag: 16 << 10, OnFault: fl.add}
+	r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 8 << 10})
+	payload := make([]byte, 1000)
+	var last uint64
+	for range 60 { // 60 KB: more than the follower's 16 KiB and its ring
+		if last, err = r.Send(ctx, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fl.wait(ctx, t, ErrFollowerBehind)
+	// Five times DeadAfter: the follower is not declared unreachable.
+	wctx, cancel := context.WithTimeout(ctx, 5*rc.DeadAfter)
+	err = r.WaitAcked(wctx, last)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || r.Err() != nil || f.Err() != nil {
+		t.Fatalf("a slow follower: %v; leader %+v follower %+v", err, r.Stats(), f.Stats())
+	}
+	stuck.Close() // the follower's log frees up: it catches up
+	if err := r.WaitAcked(ctx, last); err != nil {
+		t.Fatalf("after the follower's consumer went: %v; leader %+v follower %+v", err, r.Stats(), f.Stats())
+	}
+	if st := r.Stats(); !st.Behind && st.BehindEvents == 0 || st.Down != nil {
+		t.Errorf("leader %+v: want a behind event and no fault", st)
+	}
+}
+
+// TestReplicaHungFollower: a follower that says nothing any more (its
+// goroutines stopped, the link and the control connection up, as a hung
+// process's) is declared unreachable after DeadAfter, and a Send under
+// AckFollower fails.
+func TestReplicaHungFollower(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	leader := newLog(t, Config{SegmentSize: 8 << 10, Segments: 64})
+	follower := newLog(t, Config{SegmentSize: 8 << 10})
 	ctx := timeout(t, 30*time.Second)
 	fl := newFaults()
 	rc := ReplicaConfig{Ack: AckFollower, Heartbeat: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, OnFault: fl.add}
-	r, _ := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 8 << 10})
-	payload := make([]byte, 1000)
-	start := time.Now()
-	var err error
-	for i := 0; err == nil && i < 1000; i++ {
-		_, err = r.Send(ctx, payload)
+	r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{})
+	if _, err := r.Send(ctx, []byte("before")); err != nil {
+		t.Fatal(err)
 	}
-	if !errors.Is(err, ErrReplicaDown) || ctx.Err() != nil {
-		t.Fatalf("Send to a silent follower: %v", err)
+	f.cancel() // hang: no more answers, nothing closed
+	start := time.Now()
+	if _, err := r.Send(ctx, []byte("after")); !errors.Is(err, ErrReplicaDown) || ctx.Err() != nil {
+		t.Fatalf("Send to a hung follower: %v", err)
 	}
 	at := fl.wait(ctx, t, ErrReplicaDown)
 	t.Logf("declared unreachable after %v: %v", at.Sub(start), r.Err())
@@ -440,7 +483,7 @@ func TestReplicaHostileLeader(t *testing.T) {
 			return 24
 		}, shm.ErrCorrupt},
 		{"a tail beyond the ring", func(b []byte) uint64 { return 1 << 40 }, ErrProtocol},
-		{"a gap beyond the follower's retention", func(b []byte) uint64 {
+		{"a gap beyond the leader's retention", func(b []byte) uint64 {
 			binary.LittleEndian.PutUint64(b, 1<<40)
 			return 16
 		}, ErrProtocol},
@@ -483,7 +526,7 @@ func TestReplicaHostileLeader(t *testing.T) {
 func FuzzReplicaWire(f *testing.F) {
 	seg := ub.SegmentDesc{Provider: "sim", Name: "n0/shm/x", Size: 4096}
 	jt := ub.JettyDesc{Provider: "sim", Name: "n0/shm/j"}
-	f.Add(appendOffer(nil, offer{partition: 1, segSize: 8192, base: 8192, ackSeg: seg, ackToken: 5, jetty: jt, jtToken: 6}))
+	f.Add(appendOffer(nil, offer{partition: 1, segSize: 8192, base: 8192, segments: 8, ackSeg: seg, ackToken: 5, jetty: jt, jtToken: 6}))
 	f.Add(appendAccept(nil, accept{ring: ub.SegmentDesc{Provider: "sim", Name: "r", Size: 8192 + ringData}, ringToken: 7, ringSize: 8192, jetty: jt, jtToken: 8}))
 	f.Add(make([]byte, 24))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -66,6 +66,8 @@ var (
 	ErrPeerClosed = errors.New("mq: peer closed the connection")
 	// ErrBusy: the server holds all the connections it allows.
 	ErrBusy = errors.New("mq: server busy")
+	// ErrDenied: the server's ServeConfig.Authorize refused the reader.
+	ErrDenied = errors.New("mq: reader not authorized")
 )
 
 func protoErr(format string, a ...any) error {
@@ -174,6 +176,7 @@ const (
 	codeClosed
 	codeDiverged
 	codeDown
+	codeDenied
 )
 
 func errorCode(err error) byte {
@@ -184,6 +187,8 @@ func errorCode(err error) byte {
 		return codeTooLarge
 	case errors.Is(err, ErrBusy):
 		return codeBusy
+	case errors.Is(err, ErrDenied):
+		return codeDenied
 	case errors.Is(err, ErrNoSlot):
 		return codeNoSlot
 	case errors.Is(err, shm.ErrCorrupt):
@@ -212,6 +217,8 @@ func codeError(code byte) error {
 		return ErrTooLarge
 	case codeBusy:
 		return ErrBusy
+	case codeDenied:
+		return ErrDenied
 	case codeNoSlot:
 		return ErrNoSlot
 	case codeCorrupt:

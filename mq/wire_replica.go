@@ -12,6 +12,7 @@ import (
 //
 //	offer  (6), leader to follower: magic u32 "uMQF" | version u8 |
 //	       partition u32 | segment size u64 | base u64 |
+//	       segments kept u32 (the leader's Config.Segments) |
 //	       ack segment (a segment desc) | ack token u32 |
 //	       jetty (a jetty desc) | jetty token u32
 //	accept (7), follower to leader: ring segment | ring token u32 |
@@ -21,18 +22,26 @@ import (
 // A segment desc is provider (u8 length, bytes) | EID (16 bytes) | name
 // (u16 length, bytes) | size u64; a jetty desc the same without the size.
 // After the handshake the data moves over ub (see replica.go) and the
-// control connection only says, by closing, that replication ended.
+// control connection only says that replication ended: the side that
+// ends it writes an error frame with its reason (ErrDiverged,
+// shm.ErrCorrupt, ErrProtocol, ErrReplicaDown, ErrClosed...) and closes
+// it. Any other frame then is ErrProtocol.
 const (
 	replMagic   = 0x464d5175 // "uMQF"
 	frameOffer  = 6
 	frameAccept = 7
 	maxDescName = 1024
+	// maxOfferSegments bounds the retention a leader may claim, and so
+	// the gap of aborted records and padding it can make a follower fill
+	// (one aborted record per segment).
+	maxOfferSegments = 1 << 16
 )
 
 type offer struct {
 	partition uint32
 	segSize   uint64
 	base      uint64
+	segments  uint32 // the leader's retention, in segments
 	ackSeg    ub.SegmentDesc
 	ackToken  ub.Token
 	jetty     ub.JettyDesc
@@ -145,6 +154,7 @@ func appendOffer(b []byte, o offer) []byte {
 	b = binary.LittleEndian.AppendUint32(b, o.partition)
 	b = binary.LittleEndian.AppendUint64(b, o.segSize)
 	b = binary.LittleEndian.AppendUint64(b, o.base)
+	b = binary.LittleEndian.AppendUint32(b, o.segments)
 	b = appendDesc(b, o.ackSeg.Provider, o.ackSeg.EID, o.ackSeg.Name)
 	b = binary.LittleEndian.AppendUint64(b, uint64(o.ackSeg.Size))
 	b = binary.LittleEndian.AppendUint32(b, uint32(o.ackToken))
@@ -161,7 +171,7 @@ func decodeOffer(body []byte) (offer, error) {
 	if v := r.u8(); r.err == nil && v != wireVersion {
 		return offer{}, protoErr("wire version %d, want %d", v, wireVersion)
 	}
-	o := offer{partition: r.u32(), segSize: r.u64(), base: r.u64()}
+	o := offer{partition: r.u32(), segSize: r.u64(), base: r.u64(), segments: r.u32()}
 	o.ackSeg = r.segDesc()
 	o.ackToken = ub.Token(r.u32())
 	o.jetty = r.jettyDesc()
@@ -169,8 +179,9 @@ func decodeOffer(body []byte) (offer, error) {
 	if err := r.end(); err != nil {
 		return offer{}, err
 	}
-	if o.segSize < 4096 || o.segSize > maxLen || o.segSize%8 != 0 || o.base%o.segSize != 0 || o.ackSeg.Size < 16 {
-		return offer{}, protoErr("offer of segments of %d bytes from %d, an ack segment of %d", o.segSize, o.base, o.ackSeg.Size)
+	if o.segSize < 4096 || o.segSize > maxLen || o.segSize%8 != 0 || o.base%o.segSize != 0 || o.ackSeg.Size < 16 ||
+		o.segments < 2 || o.segments > maxOfferSegments {
+		return offer{}, protoErr("offer of %d segments of %d bytes from %d, an ack segment of %d", o.segments, o.segSize, o.base, o.ackSeg.Size)
 	}
 	return o, nil
 }
