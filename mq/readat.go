@@ -39,7 +39,7 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	case off >= pt.tail.Load():
 		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d is at or past the tail: %w", off, p, ErrNotRecord)
 	}
-	seg, err := shm.OpenSegment(segName(l.name, p, k))
+	seg, err := l.openSeg(p, k) // in /dev/shm or, for a log with a Dir, its file
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return Record{}, nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)

@@ -163,3 +163,23 @@ func FuzzReadAt(f *testing.F) {
 		}
 	})
 }
+
+// TestReadAtFile reads a record of a log backed by files: ReadAt opens the
+// segment where the log keeps it (it opened /dev/shm only, and a log with
+// a Dir has no segment there).
+func TestReadAtFile(t *testing.T) {
+	l, _ := newDirLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	off, err := l.Send(ctx, 0, []byte("in a file"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, release, err := l.ReadAt(0, off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if string(rec.Payload) != "in a file" {
+		t.Fatalf("ReadAt: %q", rec.Payload)
+	}
+}
