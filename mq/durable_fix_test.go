@@ -15,10 +15,10 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/fdlimit"
 	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -38,12 +38,12 @@ func smallDisk(t *testing.T, size string) string {
 		t.Fatalf("this test mounts a small file system to fill, which needs root (uid %d here): run it, as `make test` does, as root", os.Geteuid())
 	}
 	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
-		t.Fatal(err)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size+",mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount a tmpfs on %s: %v\n%s", dir, err, out)
 	}
 	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, 0); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v\n%s", dir, err, out)
 		}
 	})
 	return dir
@@ -126,7 +126,7 @@ func durableFillDiskChild() int {
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "send %d: %v\n", i, err)
-		if !errors.Is(err, syscall.ENOSPC) {
+		if !errors.Is(err, shm.ErrNoSpace) {
 			return 3
 		}
 		// Room again: the partition goes on (the segment that could
@@ -556,7 +556,7 @@ func init() {
 // durableReopenFdsChild reopens log MQ_LOG from MQ_DIR with at most 64
 // open files, and reads MQ_N records of partition 0.
 func durableReopenFdsChild() int {
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: 64, Max: 64}); err != nil {
+	if err := fdlimit.SetLimit(64); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -668,7 +668,7 @@ func syncFaultOnce(t *testing.T) <-chan struct{} {
 	f := func(*mapped) error {
 		if fired.CompareAndSwap(false, true) {
 			close(done)
-			return syscall.EIO
+			return shm.ErrIO
 		}
 		return nil
 	}
@@ -689,10 +689,10 @@ func TestDurableSyncErrorSticks(t *testing.T) {
 		l, _ := newDirLog(t, Config{SegmentSize: 64 << 10, Segments: 4, Flush: FlushEverySend})
 		ctx := timeout(t, 30*time.Second)
 		syncFaultOnce(t)
-		if _, err := l.Send(ctx, 0, make([]byte, 100)); !errors.Is(err, syscall.EIO) {
+		if _, err := l.Send(ctx, 0, make([]byte, 100)); !errors.Is(err, shm.ErrIO) {
 			t.Fatalf("the Send whose flush failed: %v, want EIO", err)
 		}
-		if _, err := l.Send(ctx, 0, make([]byte, 100)); !errors.Is(err, syscall.EIO) {
+		if _, err := l.Send(ctx, 0, make([]byte, 100)); !errors.Is(err, shm.ErrIO) {
 			t.Fatalf("the next Send in the segment: %v, want the earlier EIO", err)
 		}
 	})
@@ -703,7 +703,7 @@ func TestDurableSyncErrorSticks(t *testing.T) {
 			t.Fatal(err)
 		}
 		<-syncFaultOnce(t) // met by the handle's goroutine
-		if err := l.Close(); !errors.Is(err, syscall.EIO) {
+		if err := l.Close(); !errors.Is(err, shm.ErrIO) {
 			t.Fatalf("Close after the handle's goroutine met a failed flush: %v, want EIO", err)
 		}
 	})

@@ -19,4 +19,10 @@ var (
 	// ErrAddrInUse reports a listen on an address that is taken
 	// (EADDRINUSE).
 	ErrAddrInUse error = syscall.EADDRINUSE
+	// ErrNoSpace reports a file system that is full (ENOSPC): a file
+	// segment that could not be allocated.
+	ErrNoSpace error = syscall.ENOSPC
+	// ErrIO reports a device that failed a read or a write (EIO), such
+	// as a flush of a file segment to disk.
+	ErrIO error = syscall.EIO
 )

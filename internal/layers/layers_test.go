@@ -70,6 +70,7 @@ var layers = []struct {
 	{"internal/testenv", layerTestSupport},         // real servers, other users, network namespaces
 	{"internal/testenv/brokers", layerTestSupport}, // tests of testenv's real brokers with the upstream clients
 	{"internal/testenv/k8sbin", layerProgram},      // make prereqs's build of the Kubernetes test binaries
+	{"internal/testenv/withbrokers", layerProgram}, // make examples's runner of the examples that need brokers
 	{"internal/bench", layerTestSupport},           // measurements, reports, benchmark peer processes
 	{"internal/bench/benchtest", layerTestSupport}, // the suites' shared test helpers
 

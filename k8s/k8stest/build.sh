@@ -32,9 +32,17 @@ export GOFLAGS="${GOFLAGS:-} -p=2"
 export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0
 nice=(nice -n 10)
 
-# Temporary build directories, removed however the script ends.
+# Temporary build directories, removed however the script ends: those of
+# every set this run holds the lock of (nobody else builds them), so that
+# a signal between a mktemp and its tmps+= leaves nothing behind either.
 tmps=()
-trap 'for d in "${tmps[@]}"; do rm -rf "$d"; done' EXIT
+locked=()
+cleanup() {
+	local d s
+	for d in "${tmps[@]}"; do rm -rf "$d"; done
+	for s in "${locked[@]}"; do rm -rf "$root/.$s-build."*; done
+}
+trap cleanup EXIT
 
 # newmod <dir>: an empty throwaway module in dir.
 newmod() {
@@ -49,6 +57,7 @@ lock() {
 	local fd
 	exec {fd}>"$root/.$1.lock"
 	flock "$fd"
+	locked+=("$1")
 	rm -rf "$root/.$1-build."*
 }
 
