@@ -24,11 +24,28 @@ func (r *RocketMQ) CreateTopic(ctx context.Context, topic string, queues int) er
 		admin.WithReadQueueNums(queues), admin.WithWriteQueueNums(queues)); err != nil {
 		return fmt.Errorf("testenv: create topic %s: %w", topic, err)
 	}
+	return r.waitRoute(ctx, a, topic, queues)
+}
+
+// WaitTopic waits until the name server has a route of topic, as after a
+// Restart: the broker registers its topics again on its own time.
+func (r *RocketMQ) WaitTopic(ctx context.Context, topic string) error {
+	a, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver([]string{r.NamesrvAddr})))
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	return r.waitRoute(ctx, a, topic, 0)
+}
+
+// waitRoute asks the name server for topic's route until it has queues
+// queues (any, if 0).
+func (r *RocketMQ) waitRoute(ctx context.Context, a admin.Admin, topic string, queues int) error {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		qs, err := a.FetchPublishMessageQueues(ctx, topic)
-		if err == nil && len(qs) == queues {
+		if err == nil && (len(qs) == queues || queues == 0 && len(qs) > 0) {
 			return nil
 		}
 		select {

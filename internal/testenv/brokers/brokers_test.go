@@ -13,7 +13,6 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 	plog "github.com/apache/pulsar-client-go/pulsar/log"
 	"github.com/apache/rocketmq-client-go/v2"
-	"github.com/apache/rocketmq-client-go/v2/admin"
 	"github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
 	"github.com/apache/rocketmq-client-go/v2/producer"
@@ -215,15 +214,6 @@ func rocketmqReceive(ctx context.Context, namesrv, topic, group string, from, to
 	}
 }
 
-func rocketmqCreateTopic(ctx context.Context, namesrv, broker, topic string) error {
-	a, err := admin.NewAdmin(admin.WithResolver(primitive.NewPassthroughResolver([]string{namesrv})))
-	if err != nil {
-		return err
-	}
-	defer a.Close()
-	return a.CreateTopic(ctx, admin.WithTopicCreate(topic), admin.WithBrokerAddrCreate(broker))
-}
-
 // TestRocketMQ round-trips messages through a real RocketMQ name server
 // and broker with rocketmq-client-go (a push consumer), and reads them
 // again after both were stopped (SIGTERM) and restarted on the same store.
@@ -238,7 +228,7 @@ func TestRocketMQ(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const topic = "testenv-roundtrip"
-	if err := rocketmqCreateTopic(ctx, b.NamesrvAddr, b.BrokerAddr, topic); err != nil {
+	if err := b.CreateTopic(ctx, topic, 4); err != nil {
 		t.Fatal(err)
 	}
 	if err := rocketmqSend(ctx, b.NamesrvAddr, topic, 0, 100); err != nil {
@@ -251,6 +241,9 @@ func TestRocketMQ(t *testing.T) {
 	start = time.Now()
 	b.Restart(true)
 	t.Logf("RocketMQ stopped with SIGTERM and ready again in %v", time.Since(start).Round(time.Millisecond))
+	if err := b.WaitTopic(ctx, topic); err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
 	if err := rocketmqReceive(ctx, b.NamesrvAddr, topic, "testenv-2", 0, 100); err != nil {
 		t.Fatalf("after the restart: %v", err)
 	}
