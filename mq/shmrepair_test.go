@@ -4,12 +4,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,8 +26,9 @@ func init() {
 
 // shmMakerDiesChild sends records of producer 1 to partition 0 of log
 // MQ_LOG, saying "sent i" after each, until a maker of its counts segment
-// MQ_K or later as made: then it says "claimed k" and waits, before
-// creating it, to be killed.
+// MQ_K or later as made: then it says "claimed k" and stops (SIGSTOP),
+// before creating it, to be killed: stopped, its other producer cannot
+// take the segment over itself after a second.
 func shmMakerDiesChild() int {
 	l, err := Open(os.Getenv("MQ_LOG"))
 	if err != nil {
@@ -38,7 +39,8 @@ func shmMakerDiesChild() int {
 	hook := func(_ *Log, p int, k uint64) {
 		if p == 0 && k >= from {
 			fmt.Printf("claimed %d\n", k)
-			io.Copy(io.Discard, os.Stdin) // until killed
+			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			select {} // not reached: killed while stopped
 		}
 	}
 	testSegClaimed.Store(&hook)
@@ -69,9 +71,6 @@ func killMakerAt(t *testing.T, l *Log, state string) (k uint64, sent int) {
 	cmd := testenv.Child(t, "shm-maker-dies", "MQ_LOG="+l.Name(), "MQ_K=2")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cmd.StdinPipe(); err != nil { // held open: the child waits on it
 		t.Fatal(err)
 	}
 	cmd.Stderr = os.Stderr
