@@ -99,6 +99,15 @@ func killMakerAt(t *testing.T, l *Log, state string) (k uint64, sent int) {
 		cmd.Wait()
 		t.Fatal("the child never claimed a segment")
 	}
+	// Held open, as a reader would: a Sweep (shm's tests run one) removes
+	// the segments of a dead creator that nobody holds.
+	for i := range k {
+		seg, err := shm.OpenSegment(segName(l.Name(), 0, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { seg.Close() })
+	}
 	cmd.Process.Kill()
 	for lines.Scan() { // a Send that returned before the kill
 		if f := strings.Fields(lines.Text()); len(f) == 2 && f[0] == "sent" {
