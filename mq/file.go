@@ -153,6 +153,9 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 	size := l.cfg.SegmentSize + trailer
 	opts := &shm.SegmentConfig{Keep: true, Populate: true}
 	if l.cfg.Dir == "" {
+		if f := testSegClaimed.Load(); f != nil {
+			(*f)(l, p, k)
+		}
 		seg, err := shm.CreateSegment(segName(l.name, p, k), size, opts)
 		if err != nil {
 			unmake(pt, k, err)
@@ -171,14 +174,19 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 
 // takeOver makes segment k of partition p, which another producer
 // counted as made and has not made for a second: it died, after its
-// made CAS (no file yet: made here, O_EXCL) or in CreateFileSegment (a
-// file without a header that no creator holds locked: made in place,
-// shm.RepairFileSegment). It fails with an error wrapping os.ErrExist or
-// shm.ErrLocked if the segment was made meanwhile, or its maker is still
-// at it. The caller holds pt.mu.
+// made CAS (no file yet: made here, O_EXCL) or in CreateFileSegment or
+// shm.CreateSegment (a file without a header that no creator holds
+// locked: made in place, shm.RepairFileSegment, shm.RepairSegment). It
+// fails with an error wrapping os.ErrExist or shm.ErrLocked if the
+// segment was made meanwhile, or its maker is still at it. The caller
+// holds pt.mu.
 func (l *Log) takeOver(p int, pt *partition, k uint64) (*shm.Segment, error) {
 	size := l.cfg.SegmentSize + trailer
 	opts := &shm.SegmentConfig{Keep: true, Populate: true}
+	if l.cfg.Dir == "" {
+		// Its birth is stamped as the tail enters it (entered).
+		return shm.RepairSegment(segName(l.name, p, k), size, opts)
+	}
 	seg, err := shm.CreateFileSegment(l.segPath(p, k), size, opts)
 	if errors.Is(err, os.ErrExist) {
 		seg, err = shm.RepairFileSegment(l.segPath(p, k), size, opts)
@@ -306,6 +314,13 @@ func (l *Log) removeSeg(p int, k uint64) error {
 		return nil
 	}
 	s, err := shm.OpenSegment(segName(l.name, p, k))
+	if errors.Is(err, shm.ErrCorrupt) {
+		// Counted as made, and not (yet) sized or without a header:
+		// its maker died there, or is making it this moment. Made
+		// here (in place, when no maker holds it), to remove it; a
+		// malformed file is left alone.
+		s, err = shm.RepairSegment(segName(l.name, p, k), 1, nil)
+	}
 	if err != nil {
 		return nil
 	}

@@ -527,6 +527,11 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		mk := pt.made.Load()
 		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
 			seg, err = l.createSeg(p, pt, k)
+			if errors.Is(err, os.ErrExist) {
+				// Made meanwhile by a producer that took us for dead
+				// (takeOver): open it, as any other producer does.
+				continue
+			}
 			madeHere = true
 			break
 		}
@@ -538,7 +543,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		// A segment its creator is making this moment is missing or not
 		// yet sized (shm says corrupt): wait for it, creating or reading.
 		making := (errors.Is(err, os.ErrNotExist) || errors.Is(err, shm.ErrCorrupt)) && k < pt.made.Load()
-		if making && create && l.cfg.Dir != "" && k >= pt.head.Load() && time.Now().After(deadline) && takeovers < 3 {
+		if making && create && k >= pt.head.Load() && time.Now().After(deadline) && takeovers < 3 {
 			// Made, and for a second not there: its maker died (or is
 			// that slow). Made here instead, unless it is there now
 			// or its maker is still at it: then wait again.
@@ -643,6 +648,9 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 		if !pt.made.CompareAndSwap(k, k+1) {
 			return
 		}
+		if f := testSegClaimed.Load(); f != nil {
+			(*f)(l, p, k)
+		}
 		size := l.cfg.SegmentSize
 		// Its birth stays 0 until the tail enters it (entered).
 		seg, err := shm.CreateSegment(segName(l.name, p, k), size+trailer, &shm.SegmentConfig{Keep: true, Populate: true})
@@ -650,6 +658,9 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 			// Given back: the producer that reaches segment k makes it
 			// in its path (and if that fails too, says why; this error
 			// is for a producer that finds it missing all the same).
+			// ErrExist stays made: a producer that took this maker for
+			// dead made it (takeOver), and the producers open it; or
+			// something else is in the way, which this error names.
 			pt.aheadFail.Store(&aheadFailure{k, err})
 			unmake(pt, k, err)
 			return
@@ -672,6 +683,11 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 		pt.segs[k] = m
 	}()
 }
+
+// testSegClaimed, if set, is called by a maker of a segment in /dev/shm
+// (createSeg, makeAhead) just after it counted the segment as made and
+// before it creates it: tests kill a maker there.
+var testSegClaimed atomic.Pointer[func(l *Log, p int, k uint64)]
 
 // ensureRoom makes sure partition p may have segment k, dropping the
 // oldest segments as retention allows, and waiting or failing by policy.

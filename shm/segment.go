@@ -136,11 +136,15 @@ func CreateSegment(name string, size int, opts *SegmentConfig) (*Segment, error)
 	}
 	// A creator of the same name that found another user's file in the way
 	// (createAlt) waits on this lock for our decision: the segment is ours
-	// unless a record names another file for it now.
-	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
-		unix.Unlink(path)
+	// unless a record names another file for it now. Held until the magic
+	// is written: RepairSegment makes a file without a header in place
+	// only if no creator holds its lock.
+	if err := lockNew(fd, path); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("shm: lock new segment %s: %w", path, err)
+		if !errors.Is(err, unix.EEXIST) {
+			unix.Unlink(path)
+		}
+		return nil, err
 	}
 	if alt, ok := liveAlt(name); ok {
 		unix.Unlink(path)
@@ -151,6 +155,172 @@ func CreateSegment(name string, size int, opts *SegmentConfig) (*Segment, error)
 		createHook("checked")
 	}
 	s, err := newNamed(fd, path, total, opts)
+	if err != nil {
+		return nil, err
+	}
+	s.name, s.file, s.created, s.keep = name, file, true, opts.Keep
+	s.initHeader(total)
+	s.commit()
+	if err := holdLock(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// lockNew locks the file just created at path, open as fd, exclusively
+// for its creator. Until it does, a RepairSegment may take the empty file
+// over (its creator looks dead to it): then the lock is the repairer's, or
+// the file is sized, and lockNew fails with an error wrapping EEXIST (the
+// segment is made, by another). Anyone else holds the lock briefly (an
+// opener that finds no header, createAlt reading the magic).
+func lockNew(fd int, path string) error {
+	var b Backoff
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err != nil && !errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("shm: lock new segment %s: %w", path, err)
+		}
+		var st, now unix.Stat_t
+		if ferr := unix.Fstat(fd, &st); ferr != nil {
+			return fmt.Errorf("shm: lock new segment %s: %w", path, ferr)
+		}
+		if st.Size != 0 || unix.Lstat(path, &now) != nil || statID(&now) != statID(&st) {
+			return &os.PathError{Op: "create segment", Path: path, Err: unix.EEXIST}
+		}
+		if err == nil {
+			return nil
+		}
+		b.Pause()
+	}
+}
+
+// RepairSegment is OpenSegment for a segment that must exist because a
+// creator counted it as made (package mq's made count, say) and that
+// creator may have died before it finished: if this user's segment name
+// has a header, it is opened; if there is none, it is created (O_EXCL, as
+// CreateSegment; a creator that races and wins makes RepairSegment open
+// its segment); if this user's file for it exists without a header (shorter
+// than one, or no magic) and no creator holds its lock, the segment is
+// made in that file in place, with size data bytes and this process as its
+// creator, as CreateSegment would have (nothing was ever written in such a
+// segment). If a creator holds the lock, the error wraps ErrLocked: it is
+// making the segment this moment, and the caller waits and tries again.
+// Another user's file in the way is neither trusted nor touched: the
+// segment is made in an alternative file then (see CreateSegment). A file
+// of this user with a damaged header (a magic that is not ubkit's) is
+// ErrCorrupt, and left alone.
+func RepairSegment(name string, size int, opts *SegmentConfig) (*Segment, error) {
+	s, err := OpenSegment(name)
+	switch {
+	case err == nil:
+		return s, nil
+	case errors.Is(err, os.ErrNotExist):
+		s, err = CreateSegment(name, size, opts)
+		if errors.Is(err, os.ErrExist) {
+			// Another creator or repairer won; it may be making it.
+			s, err = OpenSegment(name)
+			if errors.Is(err, ErrCorrupt) || errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("shm: repair segment %s: made by another this moment: %w (%v)", name, ErrLocked, err)
+			}
+		}
+		return s, err
+	case !errors.Is(err, ErrCorrupt):
+		return nil, err
+	}
+	if opts == nil {
+		opts = &SegmentConfig{}
+	}
+	if size <= 0 {
+		return nil, fmt.Errorf("shm: segment size %d must be positive", size)
+	}
+	// The file OpenSegment found without a header: a live record's, if one
+	// names the segment (CreateSegment gives up its predictable file then),
+	// else the predictable one.
+	file, alt := userPrefix()+name, false
+	if a, ok := liveAlt(name); ok {
+		file, alt = a, true
+	}
+	s, err = repairNamed(name, file, alt, size, opts)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// errHeader is repairNamed's finding that the file holds a header now.
+var errHeader = errors.New("the segment has a header")
+
+// repairNamed makes segment name in place in file, a name in ShmDir, if
+// the file is this user's, private, without a header, and unlocked; alt
+// says file is the name's alternative file.
+func repairNamed(name, file string, alt bool, size int, opts *SegmentConfig) (*Segment, error) {
+	path := filepath.Join(ShmDir, file)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			// Removed since: a creator's that gave up, or by Unlink.
+			return nil, fmt.Errorf("shm: repair segment %s: %s went away: %w", name, path, ErrLocked)
+		}
+		return nil, &os.PathError{Op: "repair segment", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: repair %s: %w", path, err)
+	}
+	if !ownRegular(&st) || st.Mode&0o077 != 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: repair %s: uid %d, %d names, mode %#o; only this user's regular files with one name and mode 0600 are made segments: %w", path, st.Uid, st.Nlink, st.Mode&0o7777, ErrCorrupt)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("shm: repair %s: its creator is making it: %w", path, ErrLocked)
+		}
+		return nil, fmt.Errorf("shm: repair %s: %w", path, err)
+	}
+	// Under the lock, look again: the name may have gone or been reused,
+	// its creator may have finished, a record may have appeared.
+	herr := func() error {
+		var now unix.Stat_t
+		if unix.Lstat(path, &now) != nil || statID(&now) != statID(&st) {
+			return fmt.Errorf("shm: repair segment %s: %s was replaced: %w", name, path, ErrLocked)
+		}
+		if err := unix.Fstat(fd, &st); err != nil {
+			return fmt.Errorf("shm: repair %s: %w", path, err)
+		}
+		var magic [8]byte
+		if n, _ := unix.Pread(fd, magic[:], segOffMagic); n == len(magic) && magic != [8]byte{} {
+			if binary.LittleEndian.Uint64(magic[:]) == segMagic {
+				return errHeader
+			}
+			return fmt.Errorf("shm: repair %s: %w", path, corruptf("not a ubkit segment (bad magic)"))
+		}
+		if !alt {
+			if _, ok := liveAlt(name); ok {
+				return fmt.Errorf("shm: repair segment %s: a creator records another file for it: %w", name, ErrLocked)
+			}
+		} else if committed, err := primaryCommitted(name); err != nil || committed {
+			if err != nil {
+				return fmt.Errorf("shm: repair segment %s: %w", name, err)
+			}
+			return errHeader
+		}
+		return nil
+	}()
+	if herr != nil {
+		unix.Close(fd)
+		if errors.Is(herr, errHeader) {
+			return OpenSegment(name)
+		}
+		return nil, herr
+	}
+	total := pageAlign(HeaderSize + size)
+	if err := unix.Ftruncate(fd, int64(total)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: repair: size segment %s to %d bytes: %w (is /dev/shm full?)", path, total, err)
+	}
+	s, err := mapSegment(fd, total, opts.HugePages, opts.Populate)
 	if err != nil {
 		return nil, err
 	}
