@@ -427,7 +427,8 @@ func (c *slowConn) Read(b []byte) (int, error) {
 
 // TestRemoteLargeRecordSlowReader: a 2 MiB record to a reader that reads
 // steadily but takes longer than WriteTimeout for all of it (16 KiB per
-// 5 ms, about 650 ms, with a 200 ms WriteTimeout) arrives: the deadline
+// 25 ms, about 3.3 s, with a 1 s WriteTimeout: slack for a loaded machine
+// between pieces of 64 KiB, 100 ms each) arrives: the deadline
 // is per piece written, not per record (before, the reader was dropped).
 func TestRemoteLargeRecordSlowReader(t *testing.T) {
 	l := newLog(t, Config{SegmentSize: 4 << 20, Segments: 2})
@@ -440,7 +441,7 @@ func TestRemoteLargeRecordSlowReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln := newPipeListener()
-	s := NewServer(l, ServeConfig{WriteTimeout: 200 * time.Millisecond})
+	s := NewServer(l, ServeConfig{WriteTimeout: time.Second})
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ln) }()
 	defer func() {
@@ -448,7 +449,7 @@ func TestRemoteLargeRecordSlowReader(t *testing.T) {
 		<-served
 	}()
 	d := &Dialer{Window: 4 << 20, Dial: func(context.Context, string) (net.Conn, error) {
-		return ln.dial(16<<10, 5*time.Millisecond)
+		return ln.dial(16<<10, 25*time.Millisecond)
 	}}
 	r, err := d.DialReader(ctx, "pipe", l.Name(), 0, 0)
 	if err != nil {
