@@ -687,7 +687,7 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	prev := gp.w[pwOwner].Load()
 	gp.w[pwOwner].Store(g.me)
 	gp.w[pwOwnerGen].Store(gen)
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
 	for i := range count {
 		e := g.entry(gp, head+i)
 		m := e[1].Load()
@@ -704,6 +704,13 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 		g.cfg.Logger.Info("mq: group partition taken", "group", g.name, "member", g.slot, "partition", p, "from", holderSlot(prev), "committed", committed(gp.w, g.cap), "inflight", count)
 	}
 	return true, nil
+}
+
+// ringCount is the partition's entry count, at most the ring's capacity:
+// the word is in shared memory, and a writer may change it between a check
+// and a loop over it.
+func (g *Consumer) ringCount(gp *groupPart) uint64 {
+	return min(gp.w[pwCount].Load(), uint64(g.cap))
 }
 
 func (g *Consumer) entry(gp *groupPart, index uint64) []atomic.Uint64 {
@@ -1110,6 +1117,12 @@ func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Messag
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return Message{}, false, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
+	if gp.w[pwNext].Load() != from {
+		// A repair moved next (lockPart, after a dead holder) while the
+		// stream was read: what was read is not next. Read from there.
+		gp.stuck = 0
+		return Message{}, false, g.openReaders(p, gp)
+	}
 	gp.lock.BeginWrite()
 	defer gp.lock.EndWrite()
 	switch {
@@ -1124,7 +1137,10 @@ func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Messag
 	}
 	now := uint64(g.cfg.now().UnixNano())
 	deadline := now + uint64(g.cfg.VisibilityTimeout)
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
+	if count >= uint64(g.cap) {
+		return Message{}, false, nil // full after all (a writer changed it): read again later
+	}
 	index := head + count
 	e := g.entry(gp, index)
 	e[0].Store(rec.Offset)
@@ -1146,7 +1162,7 @@ func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Messag
 // due finds the oldest in-flight entry whose deadline has passed and
 // lowers the partition's minDue to the earliest deadline of the others.
 func (g *Consumer) due(gp *groupPart, now uint64) (uint64, bool) {
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
 	minDue := ^uint64(0)
 	found, at := false, uint64(0)
 	for i := range count {
@@ -1270,7 +1286,7 @@ func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) er
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
 	if index < head || index >= head+count {
 		return ErrNotHeld
 	}
@@ -1336,7 +1352,7 @@ func (g *Consumer) Nack(m Message) error {
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return fmt.Errorf("mq: group %s partition %d: %w", g.name, m.Partition, err)
 	}
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
 	if m.index < head || m.index >= head+count {
 		return ErrNotHeld
 	}
