@@ -509,6 +509,11 @@ func (g *Consumer) rebalance() error {
 	g.owned = keep
 	for _, p := range want {
 		if contains(g.owned, p) && g.parts[p].w[pwOwner].Load() == g.me {
+			// Kept: say so as of gen, so that a take by a member
+			// still working from an older member list is refused.
+			if err := g.keep(p, gen); err != nil {
+				return err
+			}
 			continue
 		}
 		ok, err := g.take(p, gen)
@@ -554,6 +559,22 @@ func (g *Consumer) setBuddy(members []int) {
 		}
 	}
 	g.buddy.Store(buddy)
+}
+
+// keep records that this consumer owns partition p as of generation gen,
+// if it still owns it.
+func (g *Consumer) keep(p int, gen uint64) error {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		return err
+	}
+	defer gp.lock.Unlock()
+	if gp.w[pwOwner].Load() == g.me && gp.w[pwOwnerGen].Load() < gen {
+		gp.lock.BeginWrite()
+		gp.w[pwOwnerGen].Store(gen)
+		gp.lock.EndWrite()
+	}
+	return nil
 }
 
 func contains(s []int, v int) bool {
@@ -923,7 +944,10 @@ func (g *Consumer) Receive(ctx context.Context) (Message, error) {
 }
 
 // dropLost forgets partitions whose ownership another member took (it saw a
-// newer generation first); this consumer rebalances when it sees it too.
+// newer generation first, or took it from a stale member list, or the
+// owner word is garbage). It forces a rebalance: one from a newer
+// generation leaves the partition to its taker, and a stale or bogus owner
+// loses it again to this member (take refuses only a later generation's).
 func (g *Consumer) dropLost() {
 	keep := g.owned[:0]
 	for _, p := range g.owned {
@@ -937,6 +961,7 @@ func (g *Consumer) dropLost() {
 			g.view = ^uint64(0)
 		default:
 			g.drop(p)
+			g.view = ^uint64(0)
 		}
 	}
 	g.owned = keep
