@@ -507,6 +507,7 @@ func (g *Consumer) rebalance() error {
 		}
 	}
 	g.owned = keep
+	g.setBuddy(members) // before the takes: they pin in its name
 	for _, p := range want {
 		if contains(g.owned, p) && g.parts[p].w[pwOwner].Load() == g.me {
 			// Kept: say so as of gen, so that a take by a member
@@ -524,7 +525,6 @@ func (g *Consumer) rebalance() error {
 			return err
 		}
 	}
-	g.setBuddy(members)
 	for _, p := range g.owned {
 		gp := g.parts[p]
 		if err := g.lockPart(p); err != nil {
@@ -547,15 +547,21 @@ func (g *Consumer) rebalance() error {
 	return nil
 }
 
-// setBuddy picks the member after this one among the sorted members (this
-// process when alone) as the name pins are held in.
+// setBuddy picks the name pins are held in: the first live member after
+// this one among the sorted members whose process is not this one (a pin
+// in this process's name dies with it); this process when there is none.
 func (g *Consumer) setBuddy(members []int) {
 	buddy := g.pw
+	at := 0
 	for i, s := range members {
-		if s == g.slot && len(members) > 1 {
-			if w := g.mem[2*members[(i+1)%len(members)]].Load(); w != 0 {
-				buddy = w
-			}
+		if s == g.slot {
+			at = i
+		}
+	}
+	for i := 1; i < len(members); i++ {
+		if w := g.mem[2*members[(at+i)%len(members)]].Load(); w != 0 && w != g.pw && shm.AliveWord(w) {
+			buddy = w
+			break
 		}
 	}
 	g.buddy.Store(buddy)
