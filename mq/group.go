@@ -503,7 +503,7 @@ func (g *Consumer) rebalance() error {
 		if contains(want, p) {
 			keep = append(keep, p)
 		} else {
-			g.drop(p)
+			g.handOver(p)
 		}
 	}
 	g.owned = keep
@@ -605,6 +605,66 @@ func (g *Consumer) drop(p int) {
 		g.closePin(gp, gp.pin)
 		gp.pin = nil
 	}
+}
+
+// handOver lets go of partition p as drop does, except that a pin still
+// needed stays held: while this consumer is still the partition's owner
+// (its next owner has not taken it), nothing else pins its unacked and
+// unread records, so the pin's reader slot is left held in the name it is
+// in, recorded in pwPins with no holder, and the next owner's
+// releaseOrphans frees it once its own pin is in place (or the group's
+// last member, at its Close). A partition already taken by another member
+// is pinned by it: the pin is closed.
+func (g *Consumer) handOver(p int) {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		g.drop(p)
+		return
+	}
+	defer gp.lock.Unlock()
+	gp.mu.Lock()
+	defer gp.mu.Unlock()
+	if gp.stream != nil {
+		gp.stream.Close()
+		gp.stream = nil
+	}
+	pin := gp.pin
+	if pin == nil {
+		return
+	}
+	gp.pin = nil
+	if gp.w[pwOwner].Load() == g.me {
+		if rs := g.readerSlot(pin); rs >= 0 && g.recordHandOver(gp, rs, pin.me) {
+			pin.me = 0 // its Close unmaps and leaves the slot held
+			pin.Close()
+			return
+		}
+	}
+	g.closePin(gp, pin)
+}
+
+// recordHandOver records in pwPins that reader slot rs, held in the name
+// of owner, has no holder (see handOver): this consumer's record of it
+// becomes so, or a free entry (the partition's lock held).
+func (g *Consumer) recordHandOver(gp *groupPart, rs int, owner uint64) bool {
+	mine := uint64(rs+1) | g.me<<8
+	for i := range maxPins {
+		w := &gp.w[pwPins+2*i]
+		if w.Load() == mine && gp.w[pwPins+2*i+1].Load() == owner {
+			w.Store(uint64(rs + 1))
+			return true
+		}
+	}
+	for i := range maxPins {
+		w := &gp.w[pwPins+2*i]
+		if w.Load() == 0 {
+			gp.w[pwPins+2*i+1].Store(owner)
+			if w.CompareAndSwap(0, uint64(rs+1)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lockPart takes partition p's lock. A member that died holding it may have
@@ -762,9 +822,13 @@ func (g *Consumer) openReaders(p int, gp *groupPart) error {
 	if tail := g.l.parts[p].tail.Load(); next > tail || next%8 != 0 {
 		return fmt.Errorf("mq: group %s partition %d: next offset %d, the log's tail %d: %w", g.name, p, next, tail, shm.ErrCorrupt)
 	}
-	g.drop(p)
 	gp.mu.Lock()
 	defer gp.mu.Unlock()
+	if gp.stream != nil {
+		gp.stream.Close()
+		gp.stream = nil
+	}
+	// The old pin stays until repinLocked has the new one.
 	r, err := g.l.NewReader(p, next)
 	if errors.Is(err, ErrOffsetGone) {
 		r, err = g.l.NewReader(p, Oldest)
@@ -966,7 +1030,7 @@ func (g *Consumer) dropLost() {
 			keep = append(keep, p)
 			g.view = ^uint64(0)
 		default:
-			g.drop(p)
+			g.handOver(p)
 			g.view = ^uint64(0)
 		}
 	}
@@ -1464,10 +1528,30 @@ func (g *Consumer) Close() error {
 	defer g.mu.Unlock()
 	g.life.Lock()
 	defer g.life.Unlock()
+	others := false
+	for i := range maxMembers {
+		if w := g.mem[2*i].Load(); i != g.slot && w != 0 && shm.AliveWord(w) {
+			others = true
+		}
+	}
 	for _, p := range g.owned {
-		g.drop(p)
+		if others {
+			g.handOver(p) // the pin holds the partition until one takes it
+		} else {
+			g.drop(p)
+		}
 	}
 	g.owned = nil
+	if !others {
+		// The last member: nobody takes the partitions to release the
+		// pins handed over to them.
+		for p, gp := range g.parts {
+			if g.lockPart(p) == nil {
+				g.releaseOrphans(p, gp)
+				gp.lock.Unlock()
+			}
+		}
+	}
 	if g.redo != nil {
 		g.redo.Close()
 		g.redo = nil
