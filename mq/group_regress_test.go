@@ -403,7 +403,7 @@ func slotsInUse(l *Log) int {
 // nacks, while one stays: the pins handed over at each leave are released,
 // and after the last Close no reader slot of the log is held.
 func TestGroupSlotLeak(t *testing.T) {
-	l := newLog(t, Config{Partitions: 4, SegmentSize: 4096, Segments: 4})
+	l := newLog(t, Config{Partitions: 4, SegmentSize: 4096, Segments: 4, Full: FullFail})
 	ctx := timeout(t, 30*time.Second)
 	name := fmt.Sprintf("slots%d", groupSeq.Add(1))
 	defer RemoveGroup(l.Name(), name)
@@ -419,7 +419,7 @@ func TestGroupSlotLeak(t *testing.T) {
 		}
 		for range 10 {
 			for p := range 4 {
-				l.Send(ctx, p, b)
+				l.Send(ctx, p, b) // ErrFull once the group is behind
 			}
 		}
 		for _, c := range []*Consumer{keep, g, keep, g} {
