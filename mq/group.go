@@ -532,6 +532,11 @@ func (g *Consumer) rebalance() error {
 		}
 		var err error
 		if gp.w[pwOwner].Load() == g.me {
+			// A member that left or died since this one took the
+			// partition may have held some of its entries.
+			gp.lock.BeginWrite()
+			g.dueGone(gp)
+			gp.lock.EndWrite()
 			err = g.repin(p, gp) // in the new buddy's name, if it changed
 			// A member that died since this one took the partition may
 			// have left a pin it had not closed yet.
@@ -774,15 +779,7 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	prev := gp.w[pwOwner].Load()
 	gp.w[pwOwner].Store(g.me)
 	gp.w[pwOwnerGen].Store(gen)
-	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
-	for i := range count {
-		e := g.entry(gp, head+i)
-		m := e[1].Load()
-		if metaState(m) == entryInFlight && metaHolder(m) != g.me && !g.holderAlive(metaHolder(m)) {
-			e[2].Store(0)
-			gp.w[pwMinDue].Store(0)
-		}
-	}
+	count := g.dueGone(gp)
 	if err := g.openReaders(p, gp); err != nil {
 		return true, err // owned: its polls try to open the readers again
 	}
@@ -798,6 +795,21 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 // and a loop over it.
 func (g *Consumer) ringCount(gp *groupPart) uint64 {
 	return min(gp.w[pwCount].Load(), uint64(g.cap))
+}
+
+// dueGone makes the in-flight entries held by members that are gone due at
+// once (the partition's lock held, its write open) and returns the count.
+func (g *Consumer) dueGone(gp *groupPart) uint64 {
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
+	for i := range count {
+		e := g.entry(gp, head+i)
+		m := e[1].Load()
+		if metaState(m) == entryInFlight && metaHolder(m) != g.me && e[2].Load() != 0 && !g.holderAlive(metaHolder(m)) {
+			e[2].Store(0)
+			gp.w[pwMinDue].Store(0)
+		}
+	}
+	return count
 }
 
 func (g *Consumer) entry(gp *groupPart, index uint64) []atomic.Uint64 {

@@ -448,3 +448,98 @@ func TestGroupSlotLeak(t *testing.T) {
 		t.Errorf("%d reader slots leaked", n)
 	}
 }
+
+// TestGroupCloseAfterHandover: a holds a message of partition 1 when b
+// joins and takes partition 1 (a is alive: the entry keeps its deadline);
+// a then Closes: its message is redelivered at once, not after the
+// visibility timeout (an hour).
+func TestGroupCloseAfterHandover(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	cfg := GroupConfig{VisibilityTimeout: time.Hour}
+	a := join(t, l, "handover", cfg)
+	if _, err := l.Send(ctx, 1, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	held := receive(t, ctx, a)
+	b := join(t, l, "handover", cfg)
+	if m, err := b.Receive(timeout(t, 100*time.Millisecond)); err == nil {
+		t.Fatalf("b got partition %d offset %d", m.Partition, m.Offset)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.Receive(timeout(t, time.Second))
+	if err != nil || m.Offset != held.Offset || m.Attempt != 2 {
+		st, _ := b.Stats(1)
+		t.Fatalf("a closed holding partition 1 offset %d: b got offset %d attempt %d, %v; stats %+v", held.Offset, m.Offset, m.Attempt, err, st)
+	}
+}
+
+// TestGroupBogusOwner: garbage in a partition's owner word that names a
+// plausible member (slot 5, free) does not wedge the partition: its
+// assigned member takes it back and delivers the pending records.
+func TestGroupBogusOwner(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := "bogusowner"
+	g := join(t, l, name, GroupConfig{MaxInFlight: 4})
+	sendAll(t, ctx, l, 3)
+	if err := g.Ack(receive(t, ctx, g)); err != nil {
+		t.Fatal(err)
+	}
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	w, _ := seg.Uint64At(gOffParts0 + pwOwner*8)
+	w.Store(holderWord(5, 7))
+	got := 0
+	for range 3 {
+		if m, err := g.Receive(timeout(t, 300*time.Millisecond)); err == nil {
+			got++
+			g.Ack(m)
+		}
+	}
+	if got != 2 {
+		t.Errorf("%d of the 2 pending records delivered after a bogus owner word (assigned %v)", got, g.Assigned())
+	}
+}
+
+// TestGroupCorruptStarves: one partition's corrupt state (a ring count
+// past the capacity) is reported once and does not starve the member's
+// healthy partition.
+func TestGroupCorruptStarves(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	name := fmt.Sprintf("starve%d", groupSeq.Add(1))
+	g := join(t, l, name, GroupConfig{})
+	ctx := timeout(t, 5*time.Second)
+	sendAll(t, ctx, l, 5)
+	if m := receive(t, ctx, g); m.Partition != 0 {
+		t.Fatalf("first message from partition %d", m.Partition)
+	} else {
+		g.Ack(m)
+	}
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	w, _ := seg.Uint64At(gOffParts0 + partWords(256)*8 + pwCount*8)
+	w.Store(1 << 20)
+	got, errs := 0, 0
+	for range 20 {
+		m, err := g.Receive(timeout(t, 10*time.Millisecond))
+		switch {
+		case err == nil && m.Partition == 0:
+			got++
+			g.Ack(m)
+		case errors.Is(err, shm.ErrCorrupt):
+			errs++
+		}
+	}
+	if got != 4 || errs != 1 {
+		t.Errorf("partition 0 (healthy, 4 records left): %d delivered in 20 Receives, %d corrupt errors (want 4 and 1)", got, errs)
+	}
+}
