@@ -223,6 +223,9 @@ type groupPart struct {
 	// stuck is 1 + the stream offset at which the last read gave up on
 	// a record still being written, or 0 (Receive's goroutine only).
 	stuck uint64
+	// bad: the last poll found the partition's state corrupt, and
+	// Receive said so (Receive's goroutine only).
+	bad bool
 }
 
 // JoinGroup makes this handle a member of consumer group name of the log,
@@ -1006,9 +1009,22 @@ func (g *Consumer) Receive(ctx context.Context) (Message, error) {
 		for i := range len(g.owned) {
 			p := g.owned[(g.next+i)%len(g.owned)]
 			m, ok, err := g.poll(ctx, p)
+			gp := g.parts[p]
+			if err != nil && errors.Is(err, shm.ErrCorrupt) {
+				// One corrupt partition does not starve the others:
+				// Receive reports it once, then goes on without it
+				// until a poll of it succeeds.
+				if !gp.bad {
+					gp.bad = true
+					g.cfg.Logger.Error("mq: group partition state corrupt; serving the others", "group", g.name, "partition", p, "err", err)
+					return Message{}, err
+				}
+				continue
+			}
 			if err != nil {
 				return Message{}, err
 			}
+			gp.bad = false
 			if ok {
 				g.next = (g.next + i + 1) % max(len(g.owned), 1)
 				return m, nil
