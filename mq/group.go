@@ -198,7 +198,7 @@ type Consumer struct {
 	view      uint64     // the generation the assignment below is for
 	owned     []int
 	next      int // round-robin start among owned
-	redo      *Reader
+	redo      func() // releases the last redelivered record's mapping (Log.ReadAt)
 	lastAlive time.Time
 	// buddy is the process word pins are held in the name of: the next
 	// live member's (this process's when alone), so that a pin outlives
@@ -987,7 +987,7 @@ func (g *Consumer) Receive(ctx context.Context) (Message, error) {
 		return Message{}, ErrClosed
 	}
 	if g.redo != nil {
-		g.redo.Close()
+		g.redo()
 		g.redo = nil
 	}
 	var bo shm.Backoff
@@ -1307,33 +1307,29 @@ func (g *Consumer) due(gp *groupPart, now uint64) (uint64, bool) {
 	return at, found
 }
 
-// readAt reads the record at offset off of partition p with the consumer's
-// redelivery reader, which stays open (so the payload stays mapped) until
-// the next Receive.
+// readAt reads the record at offset off of partition p in place
+// (Log.ReadAt); its segment stays mapped, so the payload stays valid, until
+// the next Receive or Close.
 func (g *Consumer) readAt(ctx context.Context, p int, off uint64) (Record, error) {
 	if g.redo != nil {
-		g.redo.Close()
+		g.redo()
 		g.redo = nil
 	}
 	if tail := g.l.parts[p].tail.Load(); off >= tail {
 		return Record{}, fmt.Errorf("mq: group %s partition %d: an entry at offset %d, past the log's tail %d: %w", g.name, p, off, tail, shm.ErrCorrupt)
 	}
-	r, err := g.l.NewReader(p, off)
-	if err != nil {
-		return Record{}, err
+	// The record was delivered, so it is committed: anything else at off
+	// means the entry or the log is corrupt. ReadAt maps just the
+	// record's segment (a Reader would map the next one ahead, touching
+	// every page).
+	rec, release, err := g.l.ReadAt(p, off)
+	if errors.Is(err, ErrNotRecord) {
+		return Record{}, fmt.Errorf("mq: group %s partition %d: an entry at offset %d: %w (%w)", g.name, p, off, shm.ErrCorrupt, err)
 	}
-	g.redo = r
-	// The record was delivered, so it is committed: Next returns at once
-	// unless the entry or the log is corrupt (a header still "writing").
-	rctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	rec, err := r.Next(rctx)
 	if err != nil {
 		return Record{}, fmt.Errorf("mq: group %s partition %d offset %d: %w", g.name, p, off, err)
 	}
-	if rec.Offset != off {
-		return Record{}, fmt.Errorf("mq: group %s partition %d: entry at offset %d, the record there is at %d: %w", g.name, p, off, rec.Offset, shm.ErrCorrupt)
-	}
+	g.redo = release
 	return rec, nil
 }
 
@@ -1581,7 +1577,7 @@ func (g *Consumer) Close() error {
 		}
 	}
 	if g.redo != nil {
-		g.redo.Close()
+		g.redo()
 		g.redo = nil
 	}
 	var errs []error
