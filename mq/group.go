@@ -198,6 +198,9 @@ type Consumer struct {
 	view      uint64     // the generation the assignment below is for
 	owned     []int
 	next      int // round-robin start among owned
+	// assigned is a copy of owned for Assigned, which must not wait for
+	// a Receive (it holds mu while it waits).
+	assigned atomic.Pointer[[]int]
 	redo      func() // releases the last redelivered record's mapping (Log.ReadAt)
 	lastAlive time.Time
 	// buddy is the process word pins are held in the name of: the next
@@ -483,11 +486,19 @@ func assignment(members []int, me, partitions int) []int {
 	return mine
 }
 
-// Assigned returns the partitions this consumer owned at its last Receive.
+// Assigned returns the partitions this consumer owned at its last Receive
+// (without waiting for a Receive under way).
 func (g *Consumer) Assigned() []int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return append([]int(nil), g.owned...)
+	if a := g.assigned.Load(); a != nil {
+		return append([]int(nil), (*a)...)
+	}
+	return nil
+}
+
+// publishOwned updates what Assigned returns (g.mu held).
+func (g *Consumer) publishOwned() {
+	a := append([]int(nil), g.owned...)
+	g.assigned.Store(&a)
 }
 
 // rebalance brings the consumer's partitions up to the group's generation:
@@ -551,6 +562,7 @@ func (g *Consumer) rebalance() error {
 		}
 	}
 	g.view = gen
+	g.publishOwned()
 	g.cfg.Logger.Debug("mq: group rebalanced", "group", g.name, "member", g.slot, "generation", gen, "partitions", g.owned)
 	return nil
 }
@@ -1063,6 +1075,7 @@ func (g *Consumer) dropLost() {
 		}
 	}
 	g.owned = keep
+	g.publishOwned()
 }
 
 // sleep waits for something to do: at most until the earliest deadline of
@@ -1566,6 +1579,7 @@ func (g *Consumer) Close() error {
 		}
 	}
 	g.owned = nil
+	g.publishOwned()
 	if !others {
 		// The last member: nobody takes the partitions to release the
 		// pins handed over to them.

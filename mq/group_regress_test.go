@@ -571,3 +571,26 @@ func TestGroupRedeliveryReadAt(t *testing.T) {
 		m = r
 	}
 }
+
+// TestGroupAssignedDoesNotWait: Assigned answers while a Receive is under
+// way (Receive holds the consumer's lock while it waits).
+func TestGroupAssignedDoesNotWait(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	g := join(t, l, "", GroupConfig{})
+	g.Receive(timeout(t, 10*time.Millisecond))
+	g.mu.Lock() // as a Receive under way holds it
+	done := make(chan []int, 1)
+	go func() { done <- g.Assigned() }()
+	select {
+	case a := <-done:
+		if len(a) != 2 {
+			t.Errorf("Assigned() = %v, want both partitions", a)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Assigned waits for the Receive under way")
+		g.mu.Unlock()
+		<-done
+		return
+	}
+	g.mu.Unlock()
+}
