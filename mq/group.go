@@ -194,13 +194,13 @@ type Consumer struct {
 	me     uint64 // holderWord(slot, memGen)
 	pw     uint64 // process word
 
-	mu        sync.Mutex // Receive's state below
-	view      uint64     // the generation the assignment below is for
-	owned     []int
-	next      int // round-robin start among owned
+	mu    sync.Mutex // Receive's state below
+	view  uint64     // the generation the assignment below is for
+	owned []int
+	next  int // round-robin start among owned
 	// assigned is a copy of owned for Assigned, which must not wait for
 	// a Receive (it holds mu while it waits).
-	assigned atomic.Pointer[[]int]
+	assigned  atomic.Pointer[[]int]
 	redo      func() // releases the last redelivered record's mapping (Log.ReadAt)
 	lastAlive time.Time
 	// buddy is the process word pins are held in the name of: the next
