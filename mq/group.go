@@ -194,11 +194,14 @@ type Consumer struct {
 	me     uint64 // holderWord(slot, memGen)
 	pw     uint64 // process word
 
-	mu        sync.Mutex // Receive's state below
-	view      uint64     // the generation the assignment below is for
-	owned     []int
-	next      int // round-robin start among owned
-	redo      *Reader
+	mu    sync.Mutex // Receive's state below
+	view  uint64     // the generation the assignment below is for
+	owned []int
+	next  int // round-robin start among owned
+	// assigned is a copy of owned for Assigned, which must not wait for
+	// a Receive (it holds mu while it waits).
+	assigned  atomic.Pointer[[]int]
+	redo      func() // releases the last redelivered record's mapping (Log.ReadAt)
 	lastAlive time.Time
 	// buddy is the process word pins are held in the name of: the next
 	// live member's (this process's when alone), so that a pin outlives
@@ -223,6 +226,9 @@ type groupPart struct {
 	// stuck is 1 + the stream offset at which the last read gave up on
 	// a record still being written, or 0 (Receive's goroutine only).
 	stuck uint64
+	// bad: the last poll found the partition's state corrupt, and
+	// Receive said so (Receive's goroutine only).
+	bad bool
 }
 
 // JoinGroup makes this handle a member of consumer group name of the log,
@@ -480,11 +486,19 @@ func assignment(members []int, me, partitions int) []int {
 	return mine
 }
 
-// Assigned returns the partitions this consumer owned at its last Receive.
+// Assigned returns the partitions this consumer owned at its last Receive
+// (without waiting for a Receive under way).
 func (g *Consumer) Assigned() []int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return append([]int(nil), g.owned...)
+	if a := g.assigned.Load(); a != nil {
+		return append([]int(nil), (*a)...)
+	}
+	return nil
+}
+
+// publishOwned updates what Assigned returns (g.mu held).
+func (g *Consumer) publishOwned() {
+	a := append([]int(nil), g.owned...)
+	g.assigned.Store(&a)
 }
 
 // rebalance brings the consumer's partitions up to the group's generation:
@@ -503,12 +517,18 @@ func (g *Consumer) rebalance() error {
 		if contains(want, p) {
 			keep = append(keep, p)
 		} else {
-			g.drop(p)
+			g.handOver(p)
 		}
 	}
 	g.owned = keep
+	g.setBuddy(members) // before the takes: they pin in its name
 	for _, p := range want {
 		if contains(g.owned, p) && g.parts[p].w[pwOwner].Load() == g.me {
+			// Kept: say so as of gen, so that a take by a member
+			// still working from an older member list is refused.
+			if err := g.keep(p, gen); err != nil {
+				return err
+			}
 			continue
 		}
 		ok, err := g.take(p, gen)
@@ -519,7 +539,6 @@ func (g *Consumer) rebalance() error {
 			return err
 		}
 	}
-	g.setBuddy(members)
 	for _, p := range g.owned {
 		gp := g.parts[p]
 		if err := g.lockPart(p); err != nil {
@@ -527,6 +546,11 @@ func (g *Consumer) rebalance() error {
 		}
 		var err error
 		if gp.w[pwOwner].Load() == g.me {
+			// A member that left or died since this one took the
+			// partition may have held some of its entries.
+			gp.lock.BeginWrite()
+			g.dueGone(gp)
+			gp.lock.EndWrite()
 			err = g.repin(p, gp) // in the new buddy's name, if it changed
 			// A member that died since this one took the partition may
 			// have left a pin it had not closed yet.
@@ -538,22 +562,45 @@ func (g *Consumer) rebalance() error {
 		}
 	}
 	g.view = gen
+	g.publishOwned()
 	g.cfg.Logger.Debug("mq: group rebalanced", "group", g.name, "member", g.slot, "generation", gen, "partitions", g.owned)
 	return nil
 }
 
-// setBuddy picks the member after this one among the sorted members (this
-// process when alone) as the name pins are held in.
+// setBuddy picks the name pins are held in: the first live member after
+// this one among the sorted members whose process is not this one (a pin
+// in this process's name dies with it); this process when there is none.
 func (g *Consumer) setBuddy(members []int) {
 	buddy := g.pw
+	at := 0
 	for i, s := range members {
-		if s == g.slot && len(members) > 1 {
-			if w := g.mem[2*members[(i+1)%len(members)]].Load(); w != 0 {
-				buddy = w
-			}
+		if s == g.slot {
+			at = i
+		}
+	}
+	for i := 1; i < len(members); i++ {
+		if w := g.mem[2*members[(at+i)%len(members)]].Load(); w != 0 && w != g.pw && shm.AliveWord(w) {
+			buddy = w
+			break
 		}
 	}
 	g.buddy.Store(buddy)
+}
+
+// keep records that this consumer owns partition p as of generation gen,
+// if it still owns it.
+func (g *Consumer) keep(p int, gen uint64) error {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		return err
+	}
+	defer gp.lock.Unlock()
+	if gp.w[pwOwner].Load() == g.me && gp.w[pwOwnerGen].Load() < gen {
+		gp.lock.BeginWrite()
+		gp.w[pwOwnerGen].Store(gen)
+		gp.lock.EndWrite()
+	}
+	return nil
 }
 
 func contains(s []int, v int) bool {
@@ -578,6 +625,66 @@ func (g *Consumer) drop(p int) {
 		g.closePin(gp, gp.pin)
 		gp.pin = nil
 	}
+}
+
+// handOver lets go of partition p as drop does, except that a pin still
+// needed stays held: while this consumer is still the partition's owner
+// (its next owner has not taken it), nothing else pins its unacked and
+// unread records, so the pin's reader slot is left held in the name it is
+// in, recorded in pwPins with no holder, and the next owner's
+// releaseOrphans frees it once its own pin is in place (or the group's
+// last member, at its Close). A partition already taken by another member
+// is pinned by it: the pin is closed.
+func (g *Consumer) handOver(p int) {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		g.drop(p)
+		return
+	}
+	defer gp.lock.Unlock()
+	gp.mu.Lock()
+	defer gp.mu.Unlock()
+	if gp.stream != nil {
+		gp.stream.Close()
+		gp.stream = nil
+	}
+	pin := gp.pin
+	if pin == nil {
+		return
+	}
+	gp.pin = nil
+	if gp.w[pwOwner].Load() == g.me {
+		if rs := g.readerSlot(pin); rs >= 0 && g.recordHandOver(gp, rs, pin.me) {
+			pin.me = 0 // its Close unmaps and leaves the slot held
+			pin.Close()
+			return
+		}
+	}
+	g.closePin(gp, pin)
+}
+
+// recordHandOver records in pwPins that reader slot rs, held in the name
+// of owner, has no holder (see handOver): this consumer's record of it
+// becomes so, or a free entry (the partition's lock held).
+func (g *Consumer) recordHandOver(gp *groupPart, rs int, owner uint64) bool {
+	mine := uint64(rs+1) | g.me<<8
+	for i := range maxPins {
+		w := &gp.w[pwPins+2*i]
+		if w.Load() == mine && gp.w[pwPins+2*i+1].Load() == owner {
+			w.Store(uint64(rs + 1))
+			return true
+		}
+	}
+	for i := range maxPins {
+		w := &gp.w[pwPins+2*i]
+		if w.Load() == 0 {
+			gp.w[pwPins+2*i+1].Store(owner)
+			if w.CompareAndSwap(0, uint64(rs+1)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lockPart takes partition p's lock. A member that died holding it may have
@@ -687,15 +794,7 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 	prev := gp.w[pwOwner].Load()
 	gp.w[pwOwner].Store(g.me)
 	gp.w[pwOwnerGen].Store(gen)
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
-	for i := range count {
-		e := g.entry(gp, head+i)
-		m := e[1].Load()
-		if metaState(m) == entryInFlight && metaHolder(m) != g.me && !g.holderAlive(metaHolder(m)) {
-			e[2].Store(0)
-			gp.w[pwMinDue].Store(0)
-		}
-	}
+	count := g.dueGone(gp)
 	if err := g.openReaders(p, gp); err != nil {
 		return true, err // owned: its polls try to open the readers again
 	}
@@ -704,6 +803,28 @@ func (g *Consumer) take(p int, gen uint64) (bool, error) {
 		g.cfg.Logger.Info("mq: group partition taken", "group", g.name, "member", g.slot, "partition", p, "from", holderSlot(prev), "committed", committed(gp.w, g.cap), "inflight", count)
 	}
 	return true, nil
+}
+
+// ringCount is the partition's entry count, at most the ring's capacity:
+// the word is in shared memory, and a writer may change it between a check
+// and a loop over it.
+func (g *Consumer) ringCount(gp *groupPart) uint64 {
+	return min(gp.w[pwCount].Load(), uint64(g.cap))
+}
+
+// dueGone makes the in-flight entries held by members that are gone due at
+// once (the partition's lock held, its write open) and returns the count.
+func (g *Consumer) dueGone(gp *groupPart) uint64 {
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
+	for i := range count {
+		e := g.entry(gp, head+i)
+		m := e[1].Load()
+		if metaState(m) == entryInFlight && metaHolder(m) != g.me && e[2].Load() != 0 && !g.holderAlive(metaHolder(m)) {
+			e[2].Store(0)
+			gp.w[pwMinDue].Store(0)
+		}
+	}
+	return count
 }
 
 func (g *Consumer) entry(gp *groupPart, index uint64) []atomic.Uint64 {
@@ -728,9 +849,13 @@ func (g *Consumer) openReaders(p int, gp *groupPart) error {
 	if tail := g.l.parts[p].tail.Load(); next > tail || next%8 != 0 {
 		return fmt.Errorf("mq: group %s partition %d: next offset %d, the log's tail %d: %w", g.name, p, next, tail, shm.ErrCorrupt)
 	}
-	g.drop(p)
 	gp.mu.Lock()
 	defer gp.mu.Unlock()
+	if gp.stream != nil {
+		gp.stream.Close()
+		gp.stream = nil
+	}
+	// The old pin stays until repinLocked has the new one.
 	r, err := g.l.NewReader(p, next)
 	if errors.Is(err, ErrOffsetGone) {
 		r, err = g.l.NewReader(p, Oldest)
@@ -874,7 +999,7 @@ func (g *Consumer) Receive(ctx context.Context) (Message, error) {
 		return Message{}, ErrClosed
 	}
 	if g.redo != nil {
-		g.redo.Close()
+		g.redo()
 		g.redo = nil
 	}
 	var bo shm.Backoff
@@ -896,9 +1021,22 @@ func (g *Consumer) Receive(ctx context.Context) (Message, error) {
 		for i := range len(g.owned) {
 			p := g.owned[(g.next+i)%len(g.owned)]
 			m, ok, err := g.poll(ctx, p)
+			gp := g.parts[p]
+			if err != nil && errors.Is(err, shm.ErrCorrupt) {
+				// One corrupt partition does not starve the others:
+				// Receive reports it once, then goes on without it
+				// until a poll of it succeeds.
+				if !gp.bad {
+					gp.bad = true
+					g.cfg.Logger.Error("mq: group partition state corrupt; serving the others", "group", g.name, "partition", p, "err", err)
+					return Message{}, err
+				}
+				continue
+			}
 			if err != nil {
 				return Message{}, err
 			}
+			gp.bad = false
 			if ok {
 				g.next = (g.next + i + 1) % max(len(g.owned), 1)
 				return m, nil
@@ -916,7 +1054,10 @@ func (g *Consumer) Receive(ctx context.Context) (Message, error) {
 }
 
 // dropLost forgets partitions whose ownership another member took (it saw a
-// newer generation first); this consumer rebalances when it sees it too.
+// newer generation first, or took it from a stale member list, or the
+// owner word is garbage). It forces a rebalance: one from a newer
+// generation leaves the partition to its taker, and a stale or bogus owner
+// loses it again to this member (take refuses only a later generation's).
 func (g *Consumer) dropLost() {
 	keep := g.owned[:0]
 	for _, p := range g.owned {
@@ -929,10 +1070,12 @@ func (g *Consumer) dropLost() {
 			keep = append(keep, p)
 			g.view = ^uint64(0)
 		default:
-			g.drop(p)
+			g.handOver(p)
+			g.view = ^uint64(0)
 		}
 	}
 	g.owned = keep
+	g.publishOwned()
 }
 
 // sleep waits for something to do: at most until the earliest deadline of
@@ -1110,6 +1253,12 @@ func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Messag
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return Message{}, false, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
+	if gp.w[pwNext].Load() != from {
+		// A repair moved next (lockPart, after a dead holder) while the
+		// stream was read: what was read is not next. Read from there.
+		gp.stuck = 0
+		return Message{}, false, g.openReaders(p, gp)
+	}
 	gp.lock.BeginWrite()
 	defer gp.lock.EndWrite()
 	switch {
@@ -1124,7 +1273,10 @@ func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Messag
 	}
 	now := uint64(g.cfg.now().UnixNano())
 	deadline := now + uint64(g.cfg.VisibilityTimeout)
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
+	if count >= uint64(g.cap) {
+		return Message{}, false, nil // full after all (a writer changed it): read again later
+	}
 	index := head + count
 	e := g.entry(gp, index)
 	e[0].Store(rec.Offset)
@@ -1146,7 +1298,7 @@ func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Messag
 // due finds the oldest in-flight entry whose deadline has passed and
 // lowers the partition's minDue to the earliest deadline of the others.
 func (g *Consumer) due(gp *groupPart, now uint64) (uint64, bool) {
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
 	minDue := ^uint64(0)
 	found, at := false, uint64(0)
 	for i := range count {
@@ -1168,33 +1320,29 @@ func (g *Consumer) due(gp *groupPart, now uint64) (uint64, bool) {
 	return at, found
 }
 
-// readAt reads the record at offset off of partition p with the consumer's
-// redelivery reader, which stays open (so the payload stays mapped) until
-// the next Receive.
+// readAt reads the record at offset off of partition p in place
+// (Log.ReadAt); its segment stays mapped, so the payload stays valid, until
+// the next Receive or Close.
 func (g *Consumer) readAt(ctx context.Context, p int, off uint64) (Record, error) {
 	if g.redo != nil {
-		g.redo.Close()
+		g.redo()
 		g.redo = nil
 	}
 	if tail := g.l.parts[p].tail.Load(); off >= tail {
 		return Record{}, fmt.Errorf("mq: group %s partition %d: an entry at offset %d, past the log's tail %d: %w", g.name, p, off, tail, shm.ErrCorrupt)
 	}
-	r, err := g.l.NewReader(p, off)
-	if err != nil {
-		return Record{}, err
+	// The record was delivered, so it is committed: anything else at off
+	// means the entry or the log is corrupt. ReadAt maps just the
+	// record's segment (a Reader would map the next one ahead, touching
+	// every page).
+	rec, release, err := g.l.ReadAt(p, off)
+	if errors.Is(err, ErrNotRecord) {
+		return Record{}, fmt.Errorf("mq: group %s partition %d: an entry at offset %d: %w (%w)", g.name, p, off, shm.ErrCorrupt, err)
 	}
-	g.redo = r
-	// The record was delivered, so it is committed: Next returns at once
-	// unless the entry or the log is corrupt (a header still "writing").
-	rctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	rec, err := r.Next(rctx)
 	if err != nil {
 		return Record{}, fmt.Errorf("mq: group %s partition %d offset %d: %w", g.name, p, off, err)
 	}
-	if rec.Offset != off {
-		return Record{}, fmt.Errorf("mq: group %s partition %d: entry at offset %d, the record there is at %d: %w", g.name, p, off, rec.Offset, shm.ErrCorrupt)
-	}
+	g.redo = release
 	return rec, nil
 }
 
@@ -1270,7 +1418,7 @@ func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) er
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
 	if index < head || index >= head+count {
 		return ErrNotHeld
 	}
@@ -1336,7 +1484,7 @@ func (g *Consumer) Nack(m Message) error {
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return fmt.Errorf("mq: group %s partition %d: %w", g.name, m.Partition, err)
 	}
-	head, count := gp.w[pwHead].Load(), gp.w[pwCount].Load()
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
 	if m.index < head || m.index >= head+count {
 		return ErrNotHeld
 	}
@@ -1417,12 +1565,33 @@ func (g *Consumer) Close() error {
 	defer g.mu.Unlock()
 	g.life.Lock()
 	defer g.life.Unlock()
+	others := false
+	for i := range maxMembers {
+		if w := g.mem[2*i].Load(); i != g.slot && w != 0 && shm.AliveWord(w) {
+			others = true
+		}
+	}
 	for _, p := range g.owned {
-		g.drop(p)
+		if others {
+			g.handOver(p) // the pin holds the partition until one takes it
+		} else {
+			g.drop(p)
+		}
 	}
 	g.owned = nil
+	g.publishOwned()
+	if !others {
+		// The last member: nobody takes the partitions to release the
+		// pins handed over to them.
+		for p, gp := range g.parts {
+			if g.lockPart(p) == nil {
+				g.releaseOrphans(p, gp)
+				gp.lock.Unlock()
+			}
+		}
+	}
 	if g.redo != nil {
-		g.redo.Close()
+		g.redo()
 		g.redo = nil
 	}
 	var errs []error

@@ -473,6 +473,14 @@ func memberChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	if os.Getenv("MQ_SECOND") != "" {
+		// A second consumer of the group in this process (idle), as a
+		// process with a consumer per worker goroutine has.
+		if _, err := l.JoinGroup(os.Getenv("MQ_GROUP"), GroupConfig{VisibilityTimeout: time.Hour}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
 	out := bufio.NewWriter(os.Stdout)
 	fmt.Fprintln(out, "joined")
 	out.Flush()

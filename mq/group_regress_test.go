@@ -1,0 +1,596 @@
+package mq
+
+// Regression tests for holes a review found in consumer groups (docs/mq.md,
+// "Consumer groups", "Holes fixed"). Each failed before its fix.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// sendUntilFull sends 1000-byte records to partition p until the log says
+// ErrFull or 20 records went; it returns how many went and the last error.
+func sendUntilFull(t *testing.T, ctx context.Context, l *Log, p, sent int) (int, error) {
+	t.Helper()
+	buf := make([]byte, 1000)
+	var err error
+	for ; sent < 20; sent++ {
+		if _, err = l.Send(ctx, p, buf); err != nil {
+			break
+		}
+	}
+	return sent, err
+}
+
+// TestGroupClosePin: a member that Closes holding an unacked record in a
+// segment it has read past hands its pin over: until a survivor takes the
+// partition, a producer under FullFail gets ErrFull instead of dropping the
+// record's segment, and the survivor redelivers the record.
+func TestGroupClosePin(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullFail})
+	ctx := timeout(t, 10*time.Second)
+	a := join(t, l, "closepin", GroupConfig{})
+	b := join(t, l, "closepin", GroupConfig{})
+	if _, err := sendUntilFull(t, ctx, l, 0, 13); err != nil {
+		t.Fatal(err)
+	}
+	first := receive(t, ctx, a)
+	for range 6 {
+		if err := a.Ack(receive(t, ctx, a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if sent, err := sendUntilFull(t, ctx, l, 0, 7); !errors.Is(err, ErrFull) {
+		t.Errorf("after a's Close, %d records sent without ErrFull (%v): the unacked record's segment was dropped", sent, err)
+	}
+	m, err := b.Receive(timeout(t, time.Second))
+	st, _ := b.Stats(0)
+	if err != nil || m.Offset != first.Offset || m.Attempt != 2 {
+		t.Fatalf("b: offset %d attempt %d %v, want offset %d attempt 2; stats %+v", m.Offset, m.Attempt, err, first.Offset, st)
+	}
+	if err := b.Ack(m); err != nil {
+		t.Fatal(err)
+	}
+	// b's own pin took over and the handed-over one is released: with
+	// everything acked, the producer goes on.
+	for {
+		m, err := b.Receive(timeout(t, 20*time.Millisecond))
+		if err != nil {
+			break
+		}
+		if err := b.Ack(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.Send(ctx, 0, make([]byte, 1000)); err != nil {
+		t.Errorf("everything acked, the producer still fails: %v (the handed-over pin was not released)", err)
+	}
+}
+
+// TestGroupJoinPin: a join moves partition 1 from a to b; a lets go of it
+// at its next Receive, before b has taken it: the pin a hands over holds
+// a's unacked record's segment meanwhile.
+func TestGroupJoinPin(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096, Segments: 2, Full: FullFail})
+	ctx := timeout(t, 10*time.Second)
+	a := join(t, l, "joinpin", GroupConfig{})
+	if _, err := sendUntilFull(t, ctx, l, 1, 13); err != nil {
+		t.Fatal(err)
+	}
+	first := receive(t, ctx, a)
+	for range 6 {
+		if err := a.Ack(receive(t, ctx, a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := join(t, l, "joinpin", GroupConfig{})
+	// a's next Receive sees the join and lets partition 1 go.
+	if m, err := a.Receive(timeout(t, 50*time.Millisecond)); err == nil {
+		t.Fatalf("a got partition %d offset %d", m.Partition, m.Offset)
+	}
+	if got := a.Assigned(); len(got) != 1 || got[0] != 0 {
+		t.Fatalf("a owns %v, want [0]", got)
+	}
+	if sent, err := sendUntilFull(t, ctx, l, 1, 7); !errors.Is(err, ErrFull) {
+		t.Errorf("after the rebalance, %d records sent without ErrFull (%v): a's unacked record's segment dropped", sent, err)
+	}
+	if err := a.Nack(first); err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.Receive(timeout(t, time.Second))
+	st, _ := b.Stats(1)
+	if err != nil || m.Offset != first.Offset {
+		t.Fatalf("b: offset %d attempt %d %v, want the nacked offset %d; stats %+v", m.Offset, m.Attempt, err, first.Offset, st)
+	}
+}
+
+// TestGroupLeaveStress: members leave (Close) while records flow under
+// FullBlock: every record is delivered at least once.
+func TestGroupLeaveStress(t *testing.T) {
+	const parts, per = 8, 3000
+	l := newLog(t, Config{Partitions: parts, SegmentSize: 64 << 10, Segments: 64, Full: FullBlock})
+	ctx := timeout(t, 60*time.Second)
+	name := fmt.Sprintf("leave%d", groupSeq.Add(1))
+	var mu sync.Mutex
+	seen := map[[2]uint64]bool{}
+	var wg sync.WaitGroup
+	run := func(g *Consumer, quit <-chan struct{}) {
+		defer wg.Done()
+		defer g.Close()
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			m, err := g.Receive(timeout(t, 20*time.Millisecond))
+			if err != nil {
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Error(err)
+					return
+				}
+				continue
+			}
+			mu.Lock()
+			seen[[2]uint64{uint64(m.Partition), m.Offset}] = true
+			mu.Unlock()
+			g.Ack(m)
+		}
+	}
+	sendDone := make(chan struct{})
+	go func() {
+		defer close(sendDone)
+		b := make([]byte, 50)
+		for range per {
+			for p := range parts {
+				if _, err := l.Send(ctx, p, b); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}
+	}()
+	quits := []chan struct{}{make(chan struct{}), make(chan struct{}), make(chan struct{})}
+	counts := func() int { mu.Lock(); defer mu.Unlock(); return len(seen) }
+	for _, q := range quits {
+		g, err := l.JoinGroup(name, GroupConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go run(g, q)
+	}
+	// Leave while records flow: after a sixth and after a third of them.
+	for _, at := range []int{parts * per / 6, parts * per / 3} {
+		for counts() < at && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		if at == parts*per/6 {
+			close(quits[1])
+		} else {
+			close(quits[2])
+		}
+	}
+	for counts() < parts*per && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(quits[0])
+	wg.Wait()
+	<-sendDone
+	if n := counts(); n != parts*per {
+		t.Errorf("%d of %d records never delivered", parts*per-n, parts*per)
+	}
+	RemoveGroup(l.Name(), name)
+}
+
+// TestGroupStaleTake: a member's take of a partition from a member list of
+// an older generation must not leave the partition owned by nobody. n's
+// rebalance reads the members at gen2 (p3 is n's), x joins (gen3: p3 is
+// m's again), m keeps p3 at gen3, then n's take of p3 at gen2 comes.
+func TestGroupStaleTake(t *testing.T) {
+	l := newLog(t, Config{Partitions: 4, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := "staletake"
+	m := join(t, l, name, GroupConfig{})
+	m.Receive(timeout(t, 20*time.Millisecond)) // m owns 0-3
+	n := join(t, l, name, GroupConfig{})
+	_, gen2, err := n.members()
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := join(t, l, name, GroupConfig{})
+	m.Receive(timeout(t, 20*time.Millisecond)) // m rebalances at gen3, keeps p3
+	n.mu.Lock()
+	n.take(3, gen2) // the rest of n's stale rebalance
+	n.mu.Unlock()
+	for range 2 {
+		for _, c := range []*Consumer{n, x, m} {
+			c.Receive(timeout(t, 20*time.Millisecond))
+		}
+	}
+	if _, err := l.Send(ctx, 3, []byte("p3")); err != nil {
+		t.Fatal(err)
+	}
+	got := false
+	for _, c := range []*Consumer{m, n, x, m, n, x} {
+		if msg, err := c.Receive(timeout(t, 100*time.Millisecond)); err == nil && msg.Partition == 3 {
+			got = true
+		}
+	}
+	if !got {
+		st, _ := m.Stats(3)
+		t.Errorf("a record of p3 is never delivered (m %v, n %v, x %v): %+v", m.Assigned(), n.Assigned(), x.Assigned(), st)
+	}
+}
+
+// TestGroupRepairDuringStreamRead: a repair (a dead holder's lock taken
+// over, the ring emptied, next moved back) that lands while the owner
+// reads its stream without the lock: the owner discards what it read, and
+// the delivered, unacked records are delivered again.
+func TestGroupRepairDuringStreamRead(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := fmt.Sprintf("repairread%d", groupSeq.Add(1))
+	g := join(t, l, name, GroupConfig{VisibilityTimeout: time.Hour})
+	offs := sendAll(t, ctx, l, 4)
+	if err := g.Ack(receive(t, ctx, g)); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, ctx, g)
+	receive(t, ctx, g) // records 1 and 2 in flight
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	word := func(off int) *atomic.Uint64 { w, _ := seg.Uint64At(off); return w }
+	base := gOffParts0
+	head := word(base + pwHead*8).Load()
+	word(base + (partHeader+int((head+1)%256)*entryWords+1)*8).Store(0) // a half-written entry
+	// What Receive does next, with the lock's holder dying while the
+	// stream is read (before pollStream's lockPart).
+	g.mu.Lock()
+	word(base).Store(uint64(0x7ffffff0)<<32 | 1) // the lock's owner: no such process
+	word(base + 8).Add(1)                        // its write open
+	m, ok, err := g.pollStream(ctx, 0, g.parts[0])
+	g.mu.Unlock()
+	if ok {
+		g.Ack(m)
+	}
+	got := map[uint64]bool{}
+	for {
+		m, err := g.Receive(timeout(t, 100*time.Millisecond))
+		if err != nil {
+			break
+		}
+		got[m.Offset] = true
+		g.Ack(m)
+	}
+	for _, i := range []int{1, 2} {
+		if !got[offs[0][i]] {
+			st, _ := g.Stats(0)
+			t.Errorf("record %d (offset %d, delivered, never acked) is never delivered again (pollStream: %d %v %v; delivered after %v; %+v)", i, offs[0][i], m.Offset, ok, err, got, st)
+		}
+	}
+}
+
+// TestGroupCountTOCTOU: a ring count that flips between a sane value and
+// a huge one between its check and its use never makes Receive loop over
+// the huge one.
+func TestGroupCountTOCTOU(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := fmt.Sprintf("toctou%d", groupSeq.Add(1))
+	g, err := l.JoinGroup(name, GroupConfig{MaxInFlight: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer RemoveGroup(l.Name(), name)
+	sendAll(t, ctx, l, 3)
+	g.Nack(receive(t, ctx, g)) // minDue 0: every poll scans the ring (due)
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	w, _ := seg.Uint64At(gOffParts0 + pwCount*8)
+	due, _ := seg.Uint64At(gOffParts0 + pwMinDue*8)
+	stop := make(chan struct{})
+	flipped := make(chan struct{})
+	go func() {
+		defer close(flipped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			w.Store(1)
+			due.Store(0)
+			w.Store(1 << 40)
+			runtime.Gosched()
+		}
+	}()
+	for i := range 2000 {
+		done := make(chan error, 1)
+		go func() {
+			_, err := g.Receive(timeout(t, 5*time.Millisecond))
+			done <- err
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			buf := make([]byte, 1<<20)
+			n := runtime.Stack(buf, true)
+			for _, gr := range strings.Split(string(buf[:n]), "\n\n") {
+				if strings.Contains(gr, "Receive") {
+					t.Log(gr)
+				}
+			}
+			close(stop)
+			t.Fatalf("Receive %d has not returned in 5 s (a loop over a count of 1<<40)", i) // g stays open: its Receive holds it
+		}
+	}
+	close(stop)
+	<-flipped
+	g.Close()
+}
+
+// TestGroupKilledOwnerPinSameProcessBuddy: TestGroupKilledOwnerPin with a
+// second, idle member of the group in the owner's process: the buddy the
+// pin is held in the name of must be in another process, else the pin dies
+// with its owner.
+func TestGroupKilledOwnerPinSameProcessBuddy(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullFail})
+	ctx := timeout(t, 30*time.Second)
+	const group = "ownerpin2"
+	b := make([]byte, 1000)
+	var first uint64
+	for i := range 7 {
+		off, err := l.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = off
+		}
+	}
+	child := startMember(t, l, group, "MQ_WAIT=1", "MQ_HOLD=1", "MQ_THEN_ACK=6", "MQ_SECOND=1") // members 0 and 1
+	g := join(t, l, group, GroupConfig{VisibilityTimeout: time.Hour})                           // member 2
+	if _, err := io.WriteString(child.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	for child.lines.Scan() && child.lines.Text() != "holding" {
+	}
+	child.cmd.Process.Kill()
+	child.cmd.Wait()
+	if sent, err := sendUntilFull(t, ctx, l, 0, 7); !errors.Is(err, ErrFull) {
+		t.Errorf("after %d records no ErrFull (%v): the dead owner's pin died with it (its buddy was in its process)", sent, err)
+	}
+	m, err := g.Receive(timeout(t, time.Second))
+	if err != nil || m.Offset != first || m.Attempt != 2 {
+		st, _ := g.Stats(0)
+		t.Fatalf("survivor: offset %d attempt %d %v, want %d attempt 2; stats %+v", m.Offset, m.Attempt, err, first, st)
+	}
+}
+
+// slotsInUse counts the log's reader slots held.
+func slotsInUse(l *Log) int {
+	n := 0
+	for i := range maxReaders {
+		w, _ := l.meta.Uint64At(offReaders + i*line)
+		if w.Load() != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// TestGroupSlotLeak: members join and leave thirty times, with acks and
+// nacks, while one stays: the pins handed over at each leave are released,
+// and after the last Close no reader slot of the log is held.
+func TestGroupSlotLeak(t *testing.T) {
+	l := newLog(t, Config{Partitions: 4, SegmentSize: 4096, Segments: 4, Full: FullFail})
+	ctx := timeout(t, 30*time.Second)
+	name := fmt.Sprintf("slots%d", groupSeq.Add(1))
+	defer RemoveGroup(l.Name(), name)
+	b := make([]byte, 500)
+	keep, err := l.JoinGroup(name, GroupConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		g, err := l.JoinGroup(name, GroupConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 10 {
+			for p := range 4 {
+				l.Send(ctx, p, b) // ErrFull once the group is behind
+			}
+		}
+		for _, c := range []*Consumer{keep, g, keep, g} {
+			if m, err := c.Receive(timeout(t, 5*time.Millisecond)); err == nil {
+				if i%2 == 0 {
+					c.Nack(m)
+				} else {
+					c.Ack(m)
+				}
+			}
+		}
+		g.Close()
+	}
+	for {
+		m, err := keep.Receive(timeout(t, 50*time.Millisecond))
+		if err != nil {
+			break
+		}
+		keep.Ack(m)
+	}
+	if n := slotsInUse(l); n > 2*4+1 {
+		t.Errorf("keep owns %v; %d reader slots in use, want at most 2 per partition + 1", keep.Assigned(), n)
+	}
+	keep.Close()
+	if n := slotsInUse(l); n != 0 {
+		t.Errorf("%d reader slots leaked", n)
+	}
+}
+
+// TestGroupCloseAfterHandover: a holds a message of partition 1 when b
+// joins and takes partition 1 (a is alive: the entry keeps its deadline);
+// a then Closes: its message is redelivered at once, not after the
+// visibility timeout (an hour).
+func TestGroupCloseAfterHandover(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	cfg := GroupConfig{VisibilityTimeout: time.Hour}
+	a := join(t, l, "handover", cfg)
+	if _, err := l.Send(ctx, 1, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	held := receive(t, ctx, a)
+	b := join(t, l, "handover", cfg)
+	if m, err := b.Receive(timeout(t, 100*time.Millisecond)); err == nil {
+		t.Fatalf("b got partition %d offset %d", m.Partition, m.Offset)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.Receive(timeout(t, time.Second))
+	if err != nil || m.Offset != held.Offset || m.Attempt != 2 {
+		st, _ := b.Stats(1)
+		t.Fatalf("a closed holding partition 1 offset %d: b got offset %d attempt %d, %v; stats %+v", held.Offset, m.Offset, m.Attempt, err, st)
+	}
+}
+
+// TestGroupBogusOwner: garbage in a partition's owner word that names a
+// plausible member (slot 5, free) does not wedge the partition: its
+// assigned member takes it back and delivers the pending records.
+func TestGroupBogusOwner(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := "bogusowner"
+	g := join(t, l, name, GroupConfig{MaxInFlight: 4})
+	sendAll(t, ctx, l, 3)
+	if err := g.Ack(receive(t, ctx, g)); err != nil {
+		t.Fatal(err)
+	}
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	w, _ := seg.Uint64At(gOffParts0 + pwOwner*8)
+	w.Store(holderWord(5, 7))
+	got := 0
+	for range 3 {
+		if m, err := g.Receive(timeout(t, 300*time.Millisecond)); err == nil {
+			got++
+			g.Ack(m)
+		}
+	}
+	if got != 2 {
+		t.Errorf("%d of the 2 pending records delivered after a bogus owner word (assigned %v)", got, g.Assigned())
+	}
+}
+
+// TestGroupCorruptStarves: one partition's corrupt state (a ring count
+// past the capacity) is reported once and does not starve the member's
+// healthy partition.
+func TestGroupCorruptStarves(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	name := fmt.Sprintf("starve%d", groupSeq.Add(1))
+	g := join(t, l, name, GroupConfig{})
+	ctx := timeout(t, 5*time.Second)
+	sendAll(t, ctx, l, 5)
+	if m := receive(t, ctx, g); m.Partition != 0 {
+		t.Fatalf("first message from partition %d", m.Partition)
+	} else {
+		g.Ack(m)
+	}
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	w, _ := seg.Uint64At(gOffParts0 + partWords(256)*8 + pwCount*8)
+	w.Store(1 << 20)
+	got, errs := 0, 0
+	for range 20 {
+		m, err := g.Receive(timeout(t, 10*time.Millisecond))
+		switch {
+		case err == nil && m.Partition == 0:
+			got++
+			g.Ack(m)
+		case errors.Is(err, shm.ErrCorrupt):
+			errs++
+		}
+	}
+	if got != 4 || errs != 1 {
+		t.Errorf("partition 0 (healthy, 4 records left): %d delivered in 20 Receives, %d corrupt errors (want 4 and 1)", got, errs)
+	}
+}
+
+// TestGroupRedeliveryReadAt: a redelivery reads its record with
+// Log.ReadAt, not a Reader of its own: no reader slot for it (a Reader
+// also mapped the next segment ahead, touching its pages, for each
+// redelivery: 6 ms with 64 MiB segments).
+func TestGroupRedeliveryReadAt(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 64 << 10, Segments: 4})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{})
+	sendAll(t, ctx, l, 2)
+	m := receive(t, ctx, g)
+	for range 3 {
+		if err := g.Nack(m); err != nil {
+			t.Fatal(err)
+		}
+		r := receive(t, ctx, g)
+		if r.Offset != m.Offset || r.Attempt != m.Attempt+1 || len(r.Payload) != 100 {
+			t.Fatalf("redelivered offset %d attempt %d (%d bytes), want offset %d attempt %d", r.Offset, r.Attempt, len(r.Payload), m.Offset, m.Attempt+1)
+		}
+		if _, seq := parse(t, r.Payload); seq != 0 {
+			t.Fatalf("redelivered seq %d, want 0", seq)
+		}
+		if n := slotsInUse(l); n != 2 {
+			t.Errorf("%d reader slots in use while a redelivered payload is held, want 2 (stream and pin)", n)
+		}
+		m = r
+	}
+}
+
+// TestGroupAssignedDoesNotWait: Assigned answers while a Receive is under
+// way (Receive holds the consumer's lock while it waits).
+func TestGroupAssignedDoesNotWait(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	g := join(t, l, "", GroupConfig{})
+	g.Receive(timeout(t, 10*time.Millisecond))
+	g.mu.Lock() // as a Receive under way holds it
+	done := make(chan []int, 1)
+	go func() { done <- g.Assigned() }()
+	select {
+	case a := <-done:
+		if len(a) != 2 {
+			t.Errorf("Assigned() = %v, want both partitions", a)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Assigned waits for the Receive under way")
+		g.mu.Unlock()
+		<-done
+		return
+	}
+	g.mu.Unlock()
+}
