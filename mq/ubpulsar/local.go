@@ -247,7 +247,7 @@ func (p *localProducer) LastSequenceID() int64 {
 }
 
 // Flush has nothing to do: every send is in the log when it returns.
-func (p *localProducer) Flush() error                      { return nil }
+func (p *localProducer) Flush() error                       { return nil }
 func (p *localProducer) FlushWithCtx(context.Context) error { return nil }
 func (p *localProducer) Close()                             { p.closed.Store(true) }
 
