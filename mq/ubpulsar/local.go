@@ -671,3 +671,14 @@ var (
 	_ pulsar.Message   = (*localMessage)(nil)
 	_ pulsar.MessageID = (*localID)(nil)
 )
+
+// RemoveLocal deletes local topic topic: its log and the consumer groups
+// of subscriptions subs. Processes that have them open keep their
+// mappings.
+func RemoveLocal(topic string, subs ...string) error {
+	var errs []error
+	for _, s := range subs {
+		errs = append(errs, mq.RemoveGroup(LocalLogName(topic), localGroupName(s)))
+	}
+	return errors.Join(append(errs, mq.Remove(LocalLogName(topic)))...)
+}

@@ -503,3 +503,14 @@ func closedChan() chan struct{} {
 	close(c)
 	return c
 }
+
+// RemoveLocal deletes local topic topic: its log and the state of
+// consumer groups groups on it. Processes that have them open keep their
+// mappings.
+func RemoveLocal(topic string, groups ...string) error {
+	var errs []error
+	for _, g := range groups {
+		errs = append(errs, mq.RemoveGroup(LocalLogName(topic), localGroupName(g)))
+	}
+	return errors.Join(append(errs, mq.Remove(LocalLogName(topic)))...)
+}
