@@ -501,10 +501,12 @@ func (w *localConsumer) startChan() {
 					return
 				}
 				w.logger.Error("ubpulsar: local topic receive", "topic", w.topic, "err", err)
+				t := time.NewTimer(100 * time.Millisecond) // not a spin on a lasting error
 				select {
 				case <-w.done:
+					t.Stop()
 					return
-				case <-time.After(100 * time.Millisecond):
+				case <-t.C:
 				}
 				continue
 			}

@@ -388,10 +388,12 @@ func (c *localConsumer) run(ctx context.Context, s *localSub) {
 				return
 			}
 			c.logger.Error("ubrocketmq: local topic receive", "topic", s.topic, "err", err)
+			t := time.NewTimer(100 * time.Millisecond) // not a spin on a lasting error
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
-			case <-time.After(100 * time.Millisecond):
+			case <-t.C:
 			}
 			continue
 		}

@@ -308,7 +308,7 @@ func (c *pushConsumer) Shutdown() error {
 //
 // A local topic's subscription delivers one message per callback, from
 // one goroutine per topic, in queue order (docs/mq.md, "Local topics").
-func (c *pushConsumer) Subscribe(topic string, selector consumer.MessageSelector, f func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error)) error {
+func (c *pushConsumer) Subscribe(topic string, selector consumer.MessageSelector, f func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error)) (err error) {
 	if c.local.lt.local(topic) {
 		return c.local.subscribe(topic, selector, f)
 	}
@@ -316,9 +316,13 @@ func (c *pushConsumer) Subscribe(topic string, selector consumer.MessageSelector
 	defer c.mu.Unlock()
 	c.brokerSubs++
 	if c.started && !c.brokerStarted {
+		// The first broker subscription after Start starts the upstream
+		// consumer.
 		defer func() {
-			c.brokerStarted = true
-			c.PushConsumer.Start()
+			if err == nil {
+				c.brokerStarted = true
+				err = c.PushConsumer.Start()
+			}
 		}()
 	}
 	return c.PushConsumer.Subscribe(topic, selector, func(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
