@@ -103,6 +103,7 @@ type client struct {
 
 	logsMu     sync.Mutex
 	logs       map[string]*mq.Log // local topics' logs, by name
+	consumers  map[*localConsumer]struct{}
 	logsClosed bool
 	producers  atomic.Int64
 }
@@ -122,7 +123,7 @@ func (c *client) Close() {
 	c.closeOnce.Do(func() {
 		c.Client.Close()
 		c.closeOwn()
-		c.closeLogs()
+		c.closeLocal()
 	})
 }
 

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -118,10 +120,18 @@ func (c *client) localLog(topic string, dlq bool) (*mq.Log, error) {
 	return l, nil
 }
 
-func (c *client) closeLogs() error {
+// closeLocal closes the local consumers still open (as the upstream
+// client closes its consumers), then the logs.
+func (c *client) closeLocal() error {
+	c.logsMu.Lock()
+	c.logsClosed = true
+	open := slices.Collect(maps.Keys(c.consumers))
+	c.logsMu.Unlock()
+	for _, w := range open {
+		w.Close()
+	}
 	c.logsMu.Lock()
 	defer c.logsMu.Unlock()
-	c.logsClosed = true
 	var errs []error
 	for _, l := range c.logs {
 		errs = append(errs, l.Close())
@@ -384,7 +394,7 @@ func (c *client) subscribeLocal(opts pulsar.ConsumerOptions) (pulsar.Consumer, e
 		gc.MaxAttempts, gc.DeadLetter = int(opts.DLQ.MaxDeliveries), dl
 	}
 	group := localGroupName(opts.SubscriptionName)
-	w := &localConsumer{l: l, topic: fullTopic(opts.Topic), sub: opts.SubscriptionName, group: group,
+	w := &localConsumer{c: c, l: l, topic: fullTopic(opts.Topic), sub: opts.SubscriptionName, group: group,
 		name: opts.Name, logger: c.o.Logger, nackDelay: opts.NackRedeliveryDelay, done: make(chan struct{}), timers: map[*time.Timer]struct{}{}}
 	if w.nackDelay <= 0 {
 		w.nackDelay = time.Minute // Pulsar's default
@@ -404,6 +414,17 @@ func (c *client) subscribeLocal(opts pulsar.ConsumerOptions) (pulsar.Consumer, e
 		return nil, fmt.Errorf("ubpulsar: subscribe to %s: %w", w.topic, err)
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
+	c.logsMu.Lock()
+	if c.logsClosed {
+		c.logsMu.Unlock()
+		w.Close()
+		return nil, fmt.Errorf("ubpulsar: client closed: %w", mq.ErrClosed)
+	}
+	if c.consumers == nil {
+		c.consumers = map[*localConsumer]struct{}{}
+	}
+	c.consumers[w] = struct{}{}
+	c.logsMu.Unlock()
 	if opts.MessageChannel != nil {
 		w.ch = opts.MessageChannel
 		w.chanOnce.Do(w.startChan)
@@ -414,6 +435,7 @@ func (c *client) subscribeLocal(opts pulsar.ConsumerOptions) (pulsar.Consumer, e
 // localConsumer is a pulsar.Consumer of a local topic: a member of the
 // log's consumer group named after the subscription.
 type localConsumer struct {
+	c                       *client
 	l                       *mq.Log
 	g                       *mq.Consumer
 	topic, sub, group, name string
@@ -647,6 +669,9 @@ func (w *localConsumer) Close() {
 		if w.excl != nil {
 			w.excl.Close()
 		}
+		w.c.logsMu.Lock()
+		delete(w.c.consumers, w)
+		w.c.logsMu.Unlock()
 	})
 }
 

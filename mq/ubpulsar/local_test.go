@@ -38,14 +38,16 @@ func localOptions(parts int, topics ...string) Options {
 // groups are removed after the test.
 func localClient(t testing.TB, url string, o Options, topics ...string) pulsar.Client {
 	t.Helper()
+	// Removed after the client's Close (cleanups run newest first),
+	// which waits for the segments its logs make ahead.
+	for _, topic := range topics {
+		t.Cleanup(func() { mq.Remove(LocalLogName(topic)) })
+	}
 	c, err := NewClient(clientOptions(url), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	for _, topic := range topics {
-		t.Cleanup(func() { mq.Remove(LocalLogName(topic)) })
-	}
 	return c
 }
 
