@@ -3,7 +3,12 @@ package ubpulsar
 import (
 	"bytes"
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/ubkit-io/ubkit/mq"
 )
 
 func encodeLocal(r localRecord) []byte {
@@ -58,4 +63,25 @@ func FuzzLocalRecord(f *testing.F) {
 			t.Fatalf("decoded %q, re-encoded %q", b, again)
 		}
 	})
+}
+
+// TestLocalNames: the longest topic and subscription names still make
+// valid segment names for the log, its segments and the group.
+func TestLocalNames(t *testing.T) {
+	long := strings.Repeat("x/y:", 100)
+	topic := "persistent://public/default/" + long
+	c, err := NewClient(clientOptions("pulsar://127.0.0.1:1"), Options{Local: LocalConfig{Topics: []string{topic}, Log: mq.Config{SegmentSize: 4096, Segments: 2}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer RemoveLocal(topic, long)
+	defer c.Close()
+	s, err := c.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: long})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if LocalLogName(topic) == LocalLogName(topic+"x") || localGroupName("a/b") == localGroupName("a_b") {
+		t.Fatal("names that map alike are not told apart")
+	}
 }

@@ -71,8 +71,10 @@ func safeName(s string) string {
 			b[i] = '_'
 		}
 	}
-	if len(b) > 80 {
-		b = b[len(b)-80:]
+	// Short enough that a group's segment (mq-<log>-g-<group>, with
+	// shm's user prefix) stays within shm's 200 characters.
+	if len(b) > 64 {
+		b = b[len(b)-64:]
 	}
 	return string(b) + "-" + strconv.FormatUint(uint64(h.Sum32()), 36)
 }
