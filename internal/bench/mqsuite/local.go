@@ -216,7 +216,8 @@ func pulsarLocalConsumer(a localArgs) error {
 	var client pulsar.Client
 	var err error
 	if a.Local {
-		client, err = ubpulsar.NewClient(opts, ubpulsar.Options{Local: ubpulsar.LocalConfig{Topics: []string{a.Topic}}})
+		// One partition, as the producer's (whichever makes the log).
+		client, err = ubpulsar.NewClient(opts, ubpulsar.Options{Local: ubpulsar.LocalConfig{Topics: []string{a.Topic}, Partitions: 1}})
 	} else {
 		client, err = pulsar.NewClient(opts)
 	}
@@ -307,7 +308,7 @@ func rocketmqLocalConsumer(a localArgs) error {
 	var c rocketmq.PushConsumer
 	var err error
 	if a.Local {
-		c, err = ubrocketmq.NewPushConsumer(ubrocketmq.Options{Local: ubrocketmq.LocalConfig{Topics: []string{a.Topic}, Group: group}}, opts...)
+		c, err = ubrocketmq.NewPushConsumer(ubrocketmq.Options{Local: ubrocketmq.LocalConfig{Topics: []string{a.Topic}, Queues: 1, Group: group}}, opts...)
 	} else {
 		c, err = rocketmq.NewPushConsumer(opts...)
 	}
