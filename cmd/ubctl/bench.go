@@ -33,7 +33,7 @@ var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 		// The offload cases start Pulsar and RocketMQ once, on first use.
 		b := mqsuite.NewBrokers()
 		o.addCleanup(b.Close)
-		return append(mqsuite.Cases(), mqsuite.OffloadCases(b)...), nil
+		return append(append(mqsuite.Cases(), mqsuite.OffloadCases(b)...), mqsuite.LocalCases(b)...), nil
 	},
 	"cache": func(o *benchOpts) ([]bench.Case, error) {
 		// Real redis-server and memcached, started as the cases need them.

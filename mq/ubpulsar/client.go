@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"path"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/apache/pulsar-client-go/pulsar"
 
+	"github.com/ubkit-io/ubkit/mq"
 	"github.com/ubkit-io/ubkit/mq/offload"
 )
 
@@ -44,6 +47,9 @@ type Options struct {
 	// Logger gets the references that could not be resolved (and were
 	// nacked). Default: slog.Default().
 	Logger *slog.Logger
+	// Local configures local topics, served by mq.Log instead of the
+	// broker (local.go).
+	Local LocalConfig
 }
 
 // NewClient returns a pulsar.Client for opts (pulsar.NewClient's) that
@@ -55,7 +61,7 @@ func NewClient(opts pulsar.ClientOptions, o Options) (pulsar.Client, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	for _, p := range o.Topics {
+	for _, p := range append(o.Topics[:len(o.Topics):len(o.Topics)], o.Local.Topics...) {
 		if _, err := path.Match(p, ""); err != nil {
 			return nil, fmt.Errorf("ubpulsar: topic pattern %q: %w", p, err)
 		}
@@ -94,6 +100,12 @@ type client struct {
 	o                     Options
 	ownStore, ownResolver bool
 	closeOnce             sync.Once
+
+	logsMu     sync.Mutex
+	logs       map[string]*mq.Log // local topics' logs, by name
+	consumers  map[*localConsumer]struct{}
+	logsClosed bool
+	producers  atomic.Int64
 }
 
 func (c *client) closeOwn() error {
@@ -111,6 +123,7 @@ func (c *client) Close() {
 	c.closeOnce.Do(func() {
 		c.Client.Close()
 		c.closeOwn()
+		c.closeLocal()
 	})
 }
 
@@ -140,6 +153,9 @@ func (c *client) offloads(topic string) bool {
 }
 
 func (c *client) CreateProducer(opts pulsar.ProducerOptions) (pulsar.Producer, error) {
+	if c.local(opts.Topic) {
+		return c.createLocalProducer(opts)
+	}
 	p, err := c.Client.CreateProducer(opts)
 	if err != nil || !c.offloads(opts.Topic) {
 		return p, err
@@ -148,6 +164,9 @@ func (c *client) CreateProducer(opts pulsar.ProducerOptions) (pulsar.Producer, e
 }
 
 func (c *client) Subscribe(opts pulsar.ConsumerOptions) (pulsar.Consumer, error) {
+	if c.local(opts.Topic) || slices.ContainsFunc(opts.Topics, c.local) {
+		return c.subscribeLocal(opts)
+	}
 	w := &consumer{c: c, done: make(chan struct{})}
 	user := opts.MessageChannel
 	if user != nil {
@@ -168,11 +187,21 @@ func (c *client) Subscribe(opts pulsar.ConsumerOptions) (pulsar.Consumer, error)
 }
 
 func (c *client) CreateReader(opts pulsar.ReaderOptions) (pulsar.Reader, error) {
+	if c.local(opts.Topic) {
+		return nil, fmt.Errorf("ubpulsar: readers: %w", ErrLocalUnsupported)
+	}
 	r, err := c.Client.CreateReader(opts)
 	if err != nil {
 		return nil, err
 	}
 	return &reader{Reader: r, c: c}, nil
+}
+
+func (c *client) TopicPartitions(topic string) ([]string, error) {
+	if c.local(topic) {
+		return c.localPartitions(topic)
+	}
+	return c.Client.TopicPartitions(topic)
 }
 
 var (

@@ -211,6 +211,9 @@ func TestPulsar(t *testing.T) {
 	t.Run("Gone", func(t *testing.T) { testGone(t, b) })
 	t.Run("Example", func(t *testing.T) { testExample(t, b) })
 	t.Run("Restart", func(t *testing.T) { testRestart(t, b) })
+	t.Run("LocalDifferential", func(t *testing.T) { testLocalDifferential(t, b) })
+	t.Run("LocalProducerProcess", func(t *testing.T) { testLocalProducerProcess(t, b) })
+	t.Run("LocalKilledConsumer", func(t *testing.T) { testLocalKilledConsumer(t, b) })
 }
 
 // testDifferential runs one random sequence through the drop-in (offload

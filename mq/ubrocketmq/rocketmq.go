@@ -47,6 +47,9 @@ type Options struct {
 	// Logger gets the references that could not be resolved (their
 	// batch is retried later). Default: slog.Default().
 	Logger *slog.Logger
+	// Local configures local topics, served by mq.Log instead of the
+	// broker (local.go).
+	Local LocalConfig
 }
 
 func (o *Options) defaults() error {
@@ -56,7 +59,7 @@ func (o *Options) defaults() error {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	for _, p := range o.Topics {
+	for _, p := range append(o.Topics[:len(o.Topics):len(o.Topics)], o.Local.Topics...) {
 		if _, err := path.Match(p, ""); err != nil {
 			return fmt.Errorf("ubrocketmq: topic pattern %q: %w", p, err)
 		}
@@ -70,7 +73,7 @@ func NewProducer(o Options, opts ...producer.Option) (rocketmq.Producer, error) 
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	p := &offloadProducer{o: o}
+	p := &offloadProducer{o: o, local: &localProducer{lt: &localTopics{cfg: o.Local}}}
 	if o.Store == nil && len(o.Topics) > 0 {
 		name := o.StoreName
 		if name == "" {
@@ -98,10 +101,11 @@ type offloadProducer struct {
 	o        Options
 	ownStore bool
 	once     sync.Once
+	local    *localProducer
 }
 
 func (p *offloadProducer) Shutdown() error {
-	err := p.Producer.Shutdown()
+	err := errors.Join(p.Producer.Shutdown(), p.local.lt.close())
 	if p.ownStore {
 		p.once.Do(func() { err = errors.Join(err, p.o.Store.Close()) })
 	}
@@ -150,6 +154,12 @@ func (p *offloadProducer) offload(ctx context.Context, msgs []*primitive.Message
 }
 
 func (p *offloadProducer) SendSync(ctx context.Context, msgs ...*primitive.Message) (*primitive.SendResult, error) {
+	if local, err := p.local.split(msgs); local || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return p.local.send(ctx, msgs)
+	}
 	out, err := p.offload(ctx, msgs)
 	if err != nil {
 		return nil, err
@@ -157,7 +167,19 @@ func (p *offloadProducer) SendSync(ctx context.Context, msgs ...*primitive.Messa
 	return p.Producer.SendSync(ctx, out...)
 }
 
+// SendAsync of local topics sends synchronously (an append to shared
+// memory) and calls f before it returns.
 func (p *offloadProducer) SendAsync(ctx context.Context, f func(context.Context, *primitive.SendResult, error), msgs ...*primitive.Message) error {
+	if local, err := p.local.split(msgs); local || err != nil {
+		if err != nil {
+			return err
+		}
+		r, err := p.local.send(ctx, msgs)
+		if f != nil {
+			f(ctx, r, err)
+		}
+		return nil
+	}
 	out, err := p.offload(ctx, msgs)
 	if err != nil {
 		return err
@@ -166,6 +188,13 @@ func (p *offloadProducer) SendAsync(ctx context.Context, f func(context.Context,
 }
 
 func (p *offloadProducer) SendOneWay(ctx context.Context, msgs ...*primitive.Message) error {
+	if local, err := p.local.split(msgs); local || err != nil {
+		if err != nil {
+			return err
+		}
+		_, err := p.local.send(ctx, msgs)
+		return err
+	}
 	out, err := p.offload(ctx, msgs)
 	if err != nil {
 		return err
@@ -174,6 +203,9 @@ func (p *offloadProducer) SendOneWay(ctx context.Context, msgs ...*primitive.Mes
 }
 
 func (p *offloadProducer) Request(ctx context.Context, ttl time.Duration, msg *primitive.Message) (*primitive.Message, error) {
+	if msg != nil && p.local.lt.local(msg.Topic) {
+		return nil, fmt.Errorf("ubrocketmq: request-reply: %w", ErrLocalUnsupported)
+	}
 	out, err := p.offload(ctx, []*primitive.Message{msg})
 	if err != nil {
 		return nil, err
@@ -188,7 +220,7 @@ func NewPushConsumer(o Options, opts ...consumer.Option) (rocketmq.PushConsumer,
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	c := &pushConsumer{o: o}
+	c := &pushConsumer{o: o, local: &localConsumer{lt: &localTopics{cfg: o.Local}, paused: closedChan(), logger: o.Logger}}
 	if o.Resolver == nil {
 		r, err := offload.NewResolver(o.ResolverConfig)
 		if err != nil {
@@ -212,10 +244,54 @@ type pushConsumer struct {
 	o           Options
 	ownResolver bool
 	once        sync.Once
+	local       *localConsumer
+
+	mu                     sync.Mutex
+	started, brokerStarted bool
+	brokerSubs             int
+}
+
+// Start starts the local subscriptions, and the upstream consumer if it
+// has broker subscriptions.
+func (c *pushConsumer) Start() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.started = true
+	if err := c.local.start(); err != nil {
+		return err
+	}
+	if c.brokerSubs > 0 && !c.brokerStarted {
+		c.brokerStarted = true
+		return c.PushConsumer.Start()
+	}
+	return nil
+}
+
+func (c *pushConsumer) Suspend() {
+	c.local.suspend()
+	c.PushConsumer.Suspend()
+}
+
+func (c *pushConsumer) Resume() {
+	c.local.resume()
+	c.PushConsumer.Resume()
+}
+
+func (c *pushConsumer) Unsubscribe(topic string) error {
+	if c.local.lt.local(topic) {
+		return c.local.unsubscribe(topic)
+	}
+	return c.PushConsumer.Unsubscribe(topic)
 }
 
 func (c *pushConsumer) Shutdown() error {
-	err := c.PushConsumer.Shutdown()
+	c.mu.Lock()
+	var err error
+	if c.brokerStarted || !c.started {
+		err = c.PushConsumer.Shutdown()
+	}
+	c.mu.Unlock()
+	err = errors.Join(err, c.local.shutdown())
 	if c.ownResolver {
 		c.once.Do(func() { err = errors.Join(err, c.o.Resolver.Close()) })
 	}
@@ -229,7 +305,26 @@ func (c *pushConsumer) Shutdown() error {
 // redelivers it (through the group's retry topic and, after its
 // retries, to its DLQ topic), or, for an orderly consumer, as
 // SuspendCurrentQueueAMoment (retried in place).
-func (c *pushConsumer) Subscribe(topic string, selector consumer.MessageSelector, f func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error)) error {
+//
+// A local topic's subscription delivers one message per callback, from
+// one goroutine per topic, in queue order (docs/mq.md, "Local topics").
+func (c *pushConsumer) Subscribe(topic string, selector consumer.MessageSelector, f func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error)) (err error) {
+	if c.local.lt.local(topic) {
+		return c.local.subscribe(topic, selector, f)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.brokerSubs++
+	if c.started && !c.brokerStarted {
+		// The first broker subscription after Start starts the upstream
+		// consumer.
+		defer func() {
+			if err == nil {
+				c.brokerStarted = true
+				err = c.PushConsumer.Start()
+			}
+		}()
+	}
 	return c.PushConsumer.Subscribe(topic, selector, func(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
 		for _, m := range msgs {
 			if m.GetProperty(PropertyOffload) == "" {

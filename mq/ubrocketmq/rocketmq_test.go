@@ -227,6 +227,7 @@ func TestRocketMQ(t *testing.T) {
 	t.Run("Gone", func(t *testing.T) { testGone(t, b) })
 	t.Run("Example", func(t *testing.T) { testExample(t, b) })
 	t.Run("Restart", func(t *testing.T) { testRestart(t, b) })
+	t.Run("LocalDifferential", func(t *testing.T) { testLocalDifferential(t, b) })
 }
 
 // testDifferential runs one random sequence through the drop-ins and
