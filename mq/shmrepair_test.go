@@ -9,10 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ubkit-io/ubkit/internal/osproc"
 	"github.com/ubkit-io/ubkit/internal/testenv"
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -39,7 +39,7 @@ func shmMakerDiesChild() int {
 	hook := func(_ *Log, p int, k uint64) {
 		if p == 0 && k >= from {
 			fmt.Printf("claimed %d\n", k)
-			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			osproc.StopSelf()
 			select {} // not reached: killed while stopped
 		}
 	}

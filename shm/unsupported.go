@@ -57,6 +57,11 @@ func CreateSegment(name string, size int, opts *SegmentConfig) (*Segment, error)
 // OpenSegment fails: shared memory needs Linux.
 func OpenSegment(name string) (*Segment, error) { return nil, errUnsupported }
 
+// RepairSegment fails: shared memory needs Linux.
+func RepairSegment(name string, size int, opts *SegmentConfig) (*Segment, error) {
+	return nil, errUnsupported
+}
+
 // CreateMemfd fails: shared memory needs Linux.
 func CreateMemfd(name string, size int, opts *SegmentConfig) (*Segment, error) {
 	return nil, errUnsupported

@@ -182,14 +182,13 @@ func (c *client) createLocalProducer(opts pulsar.ProducerOptions) (pulsar.Produc
 // localProducer is a pulsar.Producer of a local topic: it appends each
 // message to the topic's log, encoded in place in the log's memory.
 type localProducer struct {
-	l       *mq.Log
-	topic   string
-	name    string
-	router  func(*pulsar.ProducerMessage, pulsar.TopicMetadata) int
-	mu      sync.Mutex // orders sequence ids with appends
-	seq     int64
-	closed  atomic.Bool
-	pending sync.WaitGroup
+	l      *mq.Log
+	topic  string
+	name   string
+	router func(*pulsar.ProducerMessage, pulsar.TopicMetadata) int
+	mu     sync.Mutex // orders sequence ids with appends
+	seq    int64
+	closed atomic.Bool
 }
 
 func (p *localProducer) Topic() string { return p.topic }
