@@ -662,3 +662,40 @@ func waitAhead(t *testing.T, pt *partition) {
 		bo.Pause()
 	}
 }
+
+// TestMadeAheadWhenFull: a partition that keeps all the segments it may
+// (the steady state of a log that has run a while) still makes the next
+// segment ahead, so that its producers do not make one in their path at
+// every segment; the partition then holds at most Segments+1 segments,
+// and the ones retention dropped are removed.
+func TestMadeAheadWhenFull(t *testing.T) {
+	const size, keep = 4096, 2
+	l := newLog(t, Config{SegmentSize: size, Segments: keep})
+	ctx := timeout(t, 10*time.Second)
+	b := make([]byte, 1000)
+	pt := l.parts[0]
+	for k := uint64(0); k < 6; k++ {
+		for pt.tail.Load() < k*size+1 {
+			if _, err := l.Send(ctx, 0, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitAhead(t, pt)
+		if got := pt.made.Load(); got != k+2 {
+			t.Fatalf("in segment %d (head %d), %d segments made, want %d (one ahead)", k, pt.head.Load(), got, k+2)
+		}
+	}
+	// The dropped segments go, by another goroutine: wait for it.
+	l.unmapping.Wait()
+	var there []uint64
+	for k := uint64(0); k < 7; k++ {
+		s, err := shm.OpenSegment(segName(l.Name(), 0, k))
+		if err == nil {
+			there = append(there, k)
+			s.Close()
+		}
+	}
+	if head := pt.head.Load(); len(there) > keep+1 || len(there) == 0 || there[0] != head {
+		t.Fatalf("segments %v in /dev/shm with the head at %d: want the head and at most %d more", there, head, keep)
+	}
+}
