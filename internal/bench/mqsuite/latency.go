@@ -1,17 +1,13 @@
 package mqsuite
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math/bits"
-	"os"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
-	"github.com/ubkit-io/ubkit/mq"
 )
 
 // offered is log-100B-p99's offered load, in records per second.
@@ -27,21 +23,14 @@ const (
 // latencyResult is what the latency consumer reports: records read, the
 // sum of their bytes and percentiles of their latency in ns.
 type latencyResult struct {
-	N    uint64  `json:"n"`
-	Sum  uint64  `json:"sum"`
+	result
 	P50  float64 `json:"p50"`
 	P99  float64 `json:"p99"`
 	P999 float64 `json:"p999"`
 }
 
 func init() {
-	bench.RegisterPeer("mq-log-latency", func(raw json.RawMessage) error {
-		var a peerArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		return latencyConsumer(a)
-	})
+	registerPeer("mq-log-latency", latencyConsumer)
 }
 
 // logLatency offers rate records of size bytes a second to a one-partition
@@ -53,21 +42,18 @@ func init() {
 // Both ends read CLOCK_REALTIME through Go's time.Now, one clock for the
 // host.
 func logLatency(d time.Duration, size, rate int) (bench.Measurement, error) {
-	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), logCounter.Add(1))
-	l, err := mq.Create(name, mq.Config{})
+	l, remove, err := newLog()
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	defer mq.Remove(name)
-	defer l.Close()
-	peer, err := bench.StartPeerPipe("mq-log-latency", peerArgs{Log: name})
+	defer remove()
+	peer, err := startConsumer("mq consumer", "mq-log-latency", peerArgs{Log: l.Name()})
 	if err != nil {
 		return bench.Measurement{}, err
 	}
 	defer peer.Kill()
-	out := bufio.NewReader(peer.Stdout())
-	if line, err := out.ReadString('\n'); err != nil || line != "ready\n" {
-		return bench.Measurement{}, fmt.Errorf("mq consumer: %q, %v (%v)", line, err, peer.Err())
+	if err := peer.expect("ready"); err != nil {
+		return bench.Measurement{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
 	defer cancel()
@@ -99,11 +85,8 @@ func logLatency(d time.Duration, size, rate int) (bench.Measurement, error) {
 		return bench.Measurement{}, err
 	}
 	var res latencyResult
-	if err := json.NewDecoder(out).Decode(&res); err != nil {
-		return bench.Measurement{}, fmt.Errorf("mq consumer's result: %w", err)
-	}
-	if res.N != n || res.Sum != sum {
-		return bench.Measurement{}, fmt.Errorf("mq consumer read %d records (sum %x), %d sent (sum %x)", res.N, res.Sum, n, sum)
+	if err := peer.report(&res, n, sum); err != nil {
+		return bench.Measurement{}, err
 	}
 	if err := peer.Wait(); err != nil {
 		return bench.Measurement{}, err
@@ -114,39 +97,13 @@ func logLatency(d time.Duration, size, rate int) (bench.Measurement, error) {
 // latencyConsumer reads the log from offset 0 until an empty record and
 // reports the latency percentiles of what it read.
 func latencyConsumer(a peerArgs) error {
-	l, err := mq.Open(a.Log)
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	r, err := l.NewReader(0, 0)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	fmt.Println("ready")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	var res latencyResult
 	var h histogram
-	for {
-		rec, err := r.Next(ctx)
-		if err != nil {
-			return err
-		}
-		if len(rec.Payload) == 0 {
-			break
-		}
-		if len(rec.Payload) < 8 {
-			return fmt.Errorf("mq consumer: a %d B record has no time stamp", len(rec.Payload))
-		}
-		now := time.Now().UnixNano()
-		h.add(now - int64(binary.LittleEndian.Uint64(rec.Payload)))
-		res.N++
-		res.Sum += bench.Sum(rec.Payload)
-	}
-	res.P50, res.P99, res.P999 = h.quantile(0.5), h.quantile(0.99), h.quantile(0.999)
-	return json.NewEncoder(os.Stdout).Encode(res)
+	return readLog(a, tally{
+		add: func(payload []byte) error { return h.record(payload, time.Now().UnixNano()) },
+		report: func(res result) any {
+			return latencyResult{result: res, P50: h.quantile(0.5), P99: h.quantile(0.99), P999: h.quantile(0.999)}
+		},
+	})
 }
 
 // histogram counts latencies in buckets of 8 ns below 1 µs and, above, of
@@ -161,6 +118,16 @@ const (
 	histShift  = 10                  // 1024 ns: where the buckets turn logarithmic
 	histLinear = 1 << histShift >> 3 // buckets of 8 ns below that
 )
+
+// record adds the latency of a record read at now (ns since the epoch)
+// to h: the time since the stamp in its first 8 bytes.
+func (h *histogram) record(payload []byte, now int64) error {
+	if len(payload) < 8 {
+		return fmt.Errorf("mq consumer: a %d B record has no time stamp", len(payload))
+	}
+	h.add(now - int64(binary.LittleEndian.Uint64(payload)))
+	return nil
+}
 
 func (h *histogram) add(ns int64) {
 	ns = max(ns, 0)
