@@ -62,6 +62,23 @@ func (c *consumerPeer) expect(want string) error {
 	return nil
 }
 
+// warmUp is the payload of the message each broker case's run starts
+// with, before it measures: the consumer says ready once it has it, so
+// the time measured holds no subscription or queue assignment.
+var warmUp = []byte("warm-up")
+
+// warmUp waits until a broker consumer has subscribed, sends the warm-up
+// message with send and waits until the consumer has it.
+func (c *consumerPeer) warmUp(ctx context.Context, send func(ctx context.Context, payload []byte) error) error {
+	if err := c.expect("subscribed"); err != nil {
+		return err
+	}
+	if err := send(ctx, warmUp); err != nil {
+		return err
+	}
+	return c.expect("ready")
+}
+
 // report decodes the consumer's report into v and checks its count and
 // sum against the n records, summing to sum, that were sent.
 func (c *consumerPeer) report(v interface{ counted() result }, n, sum uint64) error {
