@@ -2,9 +2,11 @@
 // every payload byte written by the producer and read by the consumer.
 // log-100B streams small records from one process to another, against
 // ubkit's own SPSC ring (package shm) streaming the same messages with
-// Send; log-100B-p99 offers 1M records a second and takes their latency;
-// log-fanout-4 streams to four consumer processes. The cases of the Pulsar
-// and RocketMQ drop-ins against their brokers are planned (docs/mq.md).
+// Send; log-100B-p99 offers 1M records a second and takes their latency,
+// after a warm-up at the same rate whose records it counts but does not
+// time; log-fanout-4 streams to four consumer processes. The cases of the
+// Pulsar and RocketMQ drop-ins against their brokers are planned
+// (docs/mq.md).
 package mqsuite
 
 import (
