@@ -1,13 +1,10 @@
 package mqsuite
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math/bits"
-	"os"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
@@ -27,21 +24,14 @@ const (
 // latencyResult is what the latency consumer reports: records read, the
 // sum of their bytes and percentiles of their latency in ns.
 type latencyResult struct {
-	N    uint64  `json:"n"`
-	Sum  uint64  `json:"sum"`
+	result
 	P50  float64 `json:"p50"`
 	P99  float64 `json:"p99"`
 	P999 float64 `json:"p999"`
 }
 
 func init() {
-	bench.RegisterPeer("mq-log-latency", func(raw json.RawMessage) error {
-		var a peerArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		return latencyConsumer(a)
-	})
+	registerPeer("mq-log-latency", latencyConsumer)
 }
 
 // logLatency offers rate records of size bytes a second to a one-partition
@@ -52,58 +42,50 @@ func init() {
 // the time from its stamp to its arrival; the value is the p99 in µs.
 // Both ends read CLOCK_REALTIME through Go's time.Now, one clock for the
 // host.
+//
+// The measured phase follows a warm-up at the same rate (warmUpFor):
+// the first records of a run wait for the consumer to map and fault in
+// its first segment and for the producer's first segment, multi-ms
+// latencies that would make a short run's p99. The warm-up's records are
+// stamped 0: the consumer counts and sums them (the checks cover every
+// record) but does not time them. The measured phase's schedule starts
+// at its own start, so a warm-up that fell behind does not charge its
+// lag to the first measured records.
 func logLatency(d time.Duration, size, rate int) (bench.Measurement, error) {
-	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), logCounter.Add(1))
-	l, err := mq.Create(name, mq.Config{})
+	l, remove, err := newLog()
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	defer mq.Remove(name)
-	defer l.Close()
-	peer, err := bench.StartPeerPipe("mq-log-latency", peerArgs{Log: name})
+	defer remove()
+	peer, err := startConsumer("mq consumer", "mq-log-latency", peerArgs{Log: l.Name()})
 	if err != nil {
 		return bench.Measurement{}, err
 	}
 	defer peer.Kill()
-	out := bufio.NewReader(peer.Stdout())
-	if line, err := out.ReadString('\n'); err != nil || line != "ready\n" {
-		return bench.Measurement{}, fmt.Errorf("mq consumer: %q, %v (%v)", line, err, peer.Err())
+	if err := peer.expect("ready"); err != nil {
+		return bench.Measurement{}, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
+	warm := warmUpFor(d)
+	ctx, cancel := context.WithTimeout(context.Background(), warm+d+30*time.Second)
 	defer cancel()
 	interval := time.Second / time.Duration(rate)
-	var n, sum uint64
-	start := time.Now()
-	epoch := start.UnixNano()
-	for {
-		elapsed := time.Since(start)
-		if elapsed >= d {
-			break
-		}
-		for due := uint64(elapsed / interval); n <= due; n++ {
-			r, err := l.Loan(ctx, 0, size)
-			if err != nil {
-				return bench.Measurement{}, err
-			}
-			b := r.Bytes()
-			bench.Fill(b, n)
-			binary.LittleEndian.PutUint64(b, uint64(epoch+int64(n)*int64(interval)))
-			sum += bench.Sum(b)
-			if err := r.Commit(); err != nil {
-				return bench.Measurement{}, err
-			}
-		}
+	n, sum, err := offer(ctx, l, size, interval, warm, 0, false)
+	if err != nil {
+		return bench.Measurement{}, err
 	}
-	sent := float64(n) / time.Since(start).Seconds()
+	start := time.Now()
+	timed, timedSum, err := offer(ctx, l, size, interval, d, n, true)
+	if err != nil {
+		return bench.Measurement{}, err
+	}
+	sent := float64(timed) / time.Since(start).Seconds()
+	n, sum = n+timed, sum+timedSum
 	if _, err := l.Send(ctx, 0, nil); err != nil {
 		return bench.Measurement{}, err
 	}
 	var res latencyResult
-	if err := json.NewDecoder(out).Decode(&res); err != nil {
-		return bench.Measurement{}, fmt.Errorf("mq consumer's result: %w", err)
-	}
-	if res.N != n || res.Sum != sum {
-		return bench.Measurement{}, fmt.Errorf("mq consumer read %d records (sum %x), %d sent (sum %x)", res.N, res.Sum, n, sum)
+	if err := peer.report(&res, n, sum); err != nil {
+		return bench.Measurement{}, err
 	}
 	if err := peer.Wait(); err != nil {
 		return bench.Measurement{}, err
@@ -111,42 +93,56 @@ func logLatency(d time.Duration, size, rate int) (bench.Measurement, error) {
 	return bench.Measurement{Value: res.P99 / 1e3, Extra: map[string]float64{extraP50: res.P50, extraP999: res.P999, extraRate: sent}}, nil
 }
 
+// warmUpFor is the warm-up of a log-100B-p99 run of d: 100 ms, or a
+// fifth of a shorter run (-quick's 200 ms runs warm up for 40 ms, past
+// the ~12 ms of slow first records and the backlog they leave).
+func warmUpFor(d time.Duration) time.Duration { return min(100*time.Millisecond, d/5) }
+
+// offer loans, fills and commits one record of size bytes into partition
+// 0 every interval for d, seeded first, first+1, ... It stamps each
+// record's first 8 bytes with the wall-clock time the record was due,
+// counted from offer's start (a record the producer got to late carries
+// its delay), if timed, and with 0 otherwise: a warm-up record, which
+// the consumer counts and sums but leaves out of the histogram. It
+// returns how many records it committed and the sum of their bytes.
+func offer(ctx context.Context, l *mq.Log, size int, interval, d time.Duration, first uint64, timed bool) (n, sum uint64, err error) {
+	start := time.Now()
+	epoch := start.UnixNano()
+	for {
+		elapsed := time.Since(start)
+		if elapsed >= d {
+			return n, sum, nil
+		}
+		for due := uint64(elapsed / interval); n <= due; n++ {
+			r, err := l.Loan(ctx, 0, size)
+			if err != nil {
+				return n, sum, err
+			}
+			b := r.Bytes()
+			bench.Fill(b, first+n)
+			var stamp uint64
+			if timed {
+				stamp = uint64(epoch + int64(n)*int64(interval))
+			}
+			binary.LittleEndian.PutUint64(b, stamp)
+			sum += bench.Sum(b)
+			if err := r.Commit(); err != nil {
+				return n, sum, err
+			}
+		}
+	}
+}
+
 // latencyConsumer reads the log from offset 0 until an empty record and
 // reports the latency percentiles of what it read.
 func latencyConsumer(a peerArgs) error {
-	l, err := mq.Open(a.Log)
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	r, err := l.NewReader(0, 0)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	fmt.Println("ready")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	var res latencyResult
 	var h histogram
-	for {
-		rec, err := r.Next(ctx)
-		if err != nil {
-			return err
-		}
-		if len(rec.Payload) == 0 {
-			break
-		}
-		if len(rec.Payload) < 8 {
-			return fmt.Errorf("mq consumer: a %d B record has no time stamp", len(rec.Payload))
-		}
-		now := time.Now().UnixNano()
-		h.add(now - int64(binary.LittleEndian.Uint64(rec.Payload)))
-		res.N++
-		res.Sum += bench.Sum(rec.Payload)
-	}
-	res.P50, res.P99, res.P999 = h.quantile(0.5), h.quantile(0.99), h.quantile(0.999)
-	return json.NewEncoder(os.Stdout).Encode(res)
+	return readLog(a, tally{
+		add: func(payload []byte) error { return h.record(payload, time.Now().UnixNano()) },
+		report: func(res result) any {
+			return latencyResult{result: res, P50: h.quantile(0.5), P99: h.quantile(0.99), P999: h.quantile(0.999)}
+		},
+	})
 }
 
 // histogram counts latencies in buckets of 8 ns below 1 µs and, above, of
@@ -161,6 +157,21 @@ const (
 	histShift  = 10                  // 1024 ns: where the buckets turn logarithmic
 	histLinear = 1 << histShift >> 3 // buckets of 8 ns below that
 )
+
+// record adds the latency of a record read at now (ns since the epoch)
+// to h: the time since the stamp in its first 8 bytes, unless the stamp
+// is 0 (a warm-up record).
+func (h *histogram) record(payload []byte, now int64) error {
+	if len(payload) < 8 {
+		return fmt.Errorf("mq consumer: a %d B record has no time stamp", len(payload))
+	}
+	stamp := binary.LittleEndian.Uint64(payload)
+	if stamp == 0 {
+		return nil // a warm-up record: counted and summed, not timed
+	}
+	h.add(now - int64(stamp))
+	return nil
+}
 
 func (h *histogram) add(ns int64) {
 	ns = max(ns, 0)

@@ -1,9 +1,12 @@
 package mqsuite
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/ubkit-io/ubkit/internal/bench"
 )
 
 // TestBuckets: every latency lies in its bucket, within 3.2% of its upper
@@ -51,5 +54,37 @@ func TestQuantile(t *testing.T) {
 		if got < want || got > want*1.033+8 {
 			t.Errorf("quantile %v: %v, the samples say %v", q, got, want)
 		}
+	}
+}
+
+// TestWarmUpNotTimed: the consumer takes the latency of stamped records
+// only; the warm-up's records, stamped 0, would otherwise count as
+// decades late.
+func TestWarmUpNotTimed(t *testing.T) {
+	const now = int64(1_800_000_000_000_000_000)
+	var h histogram
+	b := make([]byte, size)
+	for i := range 1000 {
+		bench.Fill(b, uint64(i))
+		binary.LittleEndian.PutUint64(b, 0)
+		if err := h.record(b, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 100 {
+		bench.Fill(b, uint64(1000+i))
+		binary.LittleEndian.PutUint64(b, uint64(now-500))
+		if err := h.record(b, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h.n != 100 {
+		t.Errorf("%d latencies taken of 100 stamped records (1000 more of the warm-up)", h.n)
+	}
+	if p := h.quantile(1); p != 500 {
+		t.Errorf("largest latency %v ns, want 500", p)
+	}
+	if err := h.record(b[:7], now); err == nil {
+		t.Error("a 7-byte record has no stamp, and no error")
 	}
 }

@@ -1,22 +1,15 @@
 package mqsuite
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/apache/pulsar-client-go/pulsar"
 	"github.com/apache/rocketmq-client-go/v2"
-	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
-	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/apache/rocketmq-client-go/v2/rlog"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
@@ -85,26 +78,13 @@ type localArgs struct {
 // localResult is what a consumer peer reports: messages, the sum of
 // their bytes, and each one's latency in ns.
 type localResult struct {
-	N       int       `json:"n"`
-	Sum     uint64    `json:"sum"`
+	result
 	Samples []float64 `json:"samples"`
 }
 
 func init() {
-	bench.RegisterPeer("mq-pulsar-local", func(raw json.RawMessage) error {
-		var a localArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		return pulsarLocalConsumer(a)
-	})
-	bench.RegisterPeer("mq-rocketmq-local", func(raw json.RawMessage) error {
-		var a localArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		return rocketmqLocalConsumer(a)
-	})
+	registerPeer("mq-pulsar-local", pulsarLocalConsumer)
+	registerPeer("mq-rocketmq-local", rocketmqLocalConsumer)
 }
 
 // stamped is message i's payload: filled, with the send time in its
@@ -124,47 +104,44 @@ func latencyOf(b []byte) (float64, error) {
 	return float64(time.Now().UnixNano() - int64(binary.LittleEndian.Uint64(b))), nil
 }
 
+// latencies is the local-latency consumers' tally: each of n messages'
+// latency, in the order received.
+func latencies(n int) tally {
+	samples := make([]float64, 0, n)
+	return tally{
+		add: func(payload []byte) error {
+			lat, err := latencyOf(payload)
+			samples = append(samples, lat)
+			return err
+		},
+		report: func(res result) any { return localResult{result: res, Samples: samples} },
+	}
+}
+
 // runLocal starts the consumer peer, warms the path up (a message the
 // consumer answers ready to), sends a.N stamped messages one every
 // localInterval and checks the consumer's count and sum.
 func runLocal(role string, a localArgs, send func(ctx context.Context, payload []byte) error) (bench.Measurement, error) {
-	peer, err := bench.StartPeerPipe(role, a)
+	var res localResult
+	_, err := runBroker(role, a, &res, send, func(ctx context.Context) (uint64, uint64, error) {
+		var sum uint64
+		next := time.Now()
+		for i := range a.N {
+			b := stamped(i)
+			sum += bench.Sum(b)
+			if err := send(ctx, b); err != nil {
+				return 0, 0, err
+			}
+			next = next.Add(localInterval)
+			time.Sleep(time.Until(next)) // pacing: the offered load
+		}
+		return uint64(a.N), sum, nil
+	})
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	defer peer.Kill()
-	out := bufio.NewReader(peer.Stdout())
-	if line, err := out.ReadString('\n'); err != nil || line != "subscribed\n" {
-		return bench.Measurement{}, fmt.Errorf("%s: %q, %v (%v)", role, line, err, peer.Err())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if err := send(ctx, warmUp); err != nil {
-		return bench.Measurement{}, err
-	}
-	if line, err := out.ReadString('\n'); err != nil || line != "ready\n" {
-		return bench.Measurement{}, fmt.Errorf("%s: %q, %v (%v)", role, line, err, peer.Err())
-	}
-	var sum uint64
-	next := time.Now()
-	for i := range a.N {
-		b := stamped(i)
-		sum += bench.Sum(b)
-		if err := send(ctx, b); err != nil {
-			return bench.Measurement{}, err
-		}
-		next = next.Add(localInterval)
-		time.Sleep(time.Until(next)) // pacing: the offered load
-	}
-	var res localResult
-	if err := json.NewDecoder(out).Decode(&res); err != nil {
-		return bench.Measurement{}, fmt.Errorf("%s's result: %w (%v)", role, err, peer.Err())
-	}
-	if res.N != a.N || res.Sum != sum || len(res.Samples) != a.N {
-		return bench.Measurement{}, fmt.Errorf("%s read %d messages (sum %x), %d sent (sum %x)", role, res.N, res.Sum, a.N, sum)
-	}
-	if err := peer.Wait(); err != nil {
-		return bench.Measurement{}, err
+	if len(res.Samples) != a.N {
+		return bench.Measurement{}, fmt.Errorf("%s: %d latencies of %d messages", role, len(res.Samples), a.N)
 	}
 	return bench.Measurement{Value: median(res.Samples), Samples: res.Samples}, nil
 }
@@ -186,7 +163,7 @@ func pulsarLocal(b *Brokers, d time.Duration, local bool) (bench.Measurement, er
 		return bench.Measurement{}, err
 	}
 	a := localArgs{Broker: br.ServiceURL, Topic: fmt.Sprintf("persistent://public/default/bench-local-%d-%d", os.Getpid(), offloadRun.Add(1)), N: localMessages(d), Local: local}
-	opts := pulsar.ClientOptions{URL: br.ServiceURL, Logger: quietPulsarLogger(), OperationTimeout: time.Minute}
+	opts := pulsarOptions(br.ServiceURL)
 	var client pulsar.Client
 	if local {
 		client, err = ubpulsar.NewClient(opts, ubpulsar.Options{Local: ubpulsar.LocalConfig{Topics: []string{a.Topic}, Log: mq.Config{SegmentSize: 4 << 20, Segments: 4}}})
@@ -203,16 +180,13 @@ func pulsarLocal(b *Brokers, d time.Duration, local bool) (bench.Measurement, er
 		return bench.Measurement{}, err
 	}
 	defer p.Close()
-	return runLocal("mq-pulsar-local", a, func(ctx context.Context, b []byte) error {
-		_, err := p.Send(ctx, &pulsar.ProducerMessage{Payload: b})
-		return err
-	})
+	return runLocal("mq-pulsar-local", a, pulsarSend(p))
 }
 
 // pulsarLocalConsumer receives a.N messages after the warm-up, taking
 // each one's latency and summing its bytes.
 func pulsarLocalConsumer(a localArgs) error {
-	opts := pulsar.ClientOptions{URL: a.Broker, Logger: quietPulsarLogger(), OperationTimeout: time.Minute}
+	opts := pulsarOptions(a.Broker)
 	var client pulsar.Client
 	var err error
 	if a.Local {
@@ -225,39 +199,7 @@ func pulsarLocalConsumer(a localArgs) error {
 		return err
 	}
 	defer client.Close()
-	c, err := client.Subscribe(pulsar.ConsumerOptions{Topic: a.Topic, SubscriptionName: "bench", SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	fmt.Println("subscribed")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	m, err := c.Receive(ctx)
-	if err != nil {
-		return err
-	}
-	if string(m.Payload()) != string(warmUp) {
-		return fmt.Errorf("a first message of %d bytes, not the warm-up", len(m.Payload()))
-	}
-	c.Ack(m)
-	fmt.Println("ready")
-	res := localResult{Samples: make([]float64, 0, a.N)}
-	for range a.N {
-		m, err := c.Receive(ctx)
-		if err != nil {
-			return err
-		}
-		lat, err := latencyOf(m.Payload())
-		if err != nil {
-			return err
-		}
-		res.Samples = append(res.Samples, lat)
-		res.N++
-		res.Sum += bench.Sum(m.Payload())
-		c.Ack(m)
-	}
-	return json.NewEncoder(os.Stdout).Encode(res)
+	return pulsarReceive(client, pulsar.ConsumerOptions{Topic: a.Topic, SubscriptionName: "bench", SubscriptionInitialPosition: pulsar.SubscriptionPositionEarliest}, a.N, latencies(a.N))
 }
 
 // rocketmqLocal is pulsarLocal's RocketMQ twin.
@@ -268,12 +210,11 @@ func rocketmqLocal(b *Brokers, d time.Duration, local bool) (bench.Measurement, 
 		return bench.Measurement{}, err
 	}
 	a := localArgs{Broker: br.NamesrvAddr, Topic: fmt.Sprintf("bench-local-%d-%d", os.Getpid(), offloadRun.Add(1)), N: localMessages(d), Local: local}
-	opts := []producer.Option{producer.WithNameServer([]string{br.NamesrvAddr}), producer.WithRetry(1),
-		producer.WithGroupName("bench-" + a.Topic), producer.WithInstanceName(a.Topic), producer.WithSendMsgTimeout(time.Minute)}
+	opts := rocketmqProducerOptions(br.NamesrvAddr, a.Topic)
 	var p rocketmq.Producer
 	if local {
 		p, err = ubrocketmq.NewProducer(ubrocketmq.Options{Local: ubrocketmq.LocalConfig{Topics: []string{a.Topic}, Queues: 1, Log: mq.Config{SegmentSize: 4 << 20, Segments: 4}}}, opts...)
-		defer ubrocketmq.RemoveLocal(a.Topic, "bench-"+a.Topic)
+		defer ubrocketmq.RemoveLocal(a.Topic, rocketmqGroup(a.Topic))
 	} else {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err = br.CreateTopic(ctx, a.Topic, 1)
@@ -289,89 +230,23 @@ func rocketmqLocal(b *Brokers, d time.Duration, local bool) (bench.Measurement, 
 		return bench.Measurement{}, err
 	}
 	defer p.Shutdown()
-	return runLocal("mq-rocketmq-local", a, func(ctx context.Context, b []byte) error {
-		r, err := p.SendSync(ctx, primitive.NewMessage(a.Topic, b))
-		if err == nil && r.Status != primitive.SendOK {
-			err = fmt.Errorf("send status %v", r.Status)
-		}
-		return err
-	})
+	return runLocal("mq-rocketmq-local", a, rocketmqSend(p, a.Topic))
 }
 
 // rocketmqLocalConsumer consumes a.N messages after the warm-up, in a
 // fresh group from the first offset.
 func rocketmqLocalConsumer(a localArgs) error {
 	rlog.SetLogLevel("error")
-	group := "bench-" + a.Topic
-	opts := []rmqconsumer.Option{rmqconsumer.WithNameServer([]string{a.Broker}), rmqconsumer.WithGroupName(group),
-		rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset), rmqconsumer.WithInstance(a.Topic)}
+	opts := rocketmqConsumerOptions(a.Broker, a.Topic)
 	var c rocketmq.PushConsumer
 	var err error
 	if a.Local {
-		c, err = ubrocketmq.NewPushConsumer(ubrocketmq.Options{Local: ubrocketmq.LocalConfig{Topics: []string{a.Topic}, Queues: 1, Group: group}}, opts...)
+		c, err = ubrocketmq.NewPushConsumer(ubrocketmq.Options{Local: ubrocketmq.LocalConfig{Topics: []string{a.Topic}, Queues: 1, Group: rocketmqGroup(a.Topic)}}, opts...)
 	} else {
 		c, err = rocketmq.NewPushConsumer(opts...)
 	}
 	if err != nil {
 		return err
 	}
-	var mu sync.Mutex
-	res := localResult{Samples: make([]float64, 0, a.N)}
-	var bad error
-	all, warm := make(chan struct{}), make(chan struct{})
-	warmed := false
-	err = c.Subscribe(a.Topic, rmqconsumer.MessageSelector{}, func(_ context.Context, msgs ...*primitive.MessageExt) (rmqconsumer.ConsumeResult, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, m := range msgs {
-			if string(m.Body) == string(warmUp) {
-				if !warmed {
-					warmed = true
-					close(warm)
-				}
-				continue
-			}
-			if res.N == a.N {
-				break // a redelivery beyond the count
-			}
-			lat, err := latencyOf(m.Body)
-			if err != nil {
-				bad = err
-			}
-			res.Samples = append(res.Samples, lat)
-			res.N++
-			res.Sum += bench.Sum(m.Body)
-			if res.N == a.N {
-				close(all)
-			}
-		}
-		return rmqconsumer.ConsumeSuccess, nil
-	})
-	if err != nil {
-		return err
-	}
-	if err := c.Start(); err != nil {
-		return err
-	}
-	defer c.Shutdown()
-	fmt.Println("subscribed")
-	select {
-	case <-warm:
-	case <-time.After(5 * time.Minute):
-		return errors.New("no warm-up message in 5 minutes")
-	}
-	fmt.Println("ready")
-	select {
-	case <-all:
-	case <-time.After(5 * time.Minute):
-		mu.Lock()
-		defer mu.Unlock()
-		return fmt.Errorf("%d of %d messages in 5 minutes", res.N, a.N)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if bad != nil {
-		return bad
-	}
-	return json.NewEncoder(os.Stdout).Encode(res)
+	return rocketmqReceive(c, a.Topic, a.N, latencies(a.N))
 }

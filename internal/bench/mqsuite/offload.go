@@ -1,10 +1,7 @@
 package mqsuite
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -14,9 +11,7 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 	plog "github.com/apache/pulsar-client-go/pulsar/log"
 	"github.com/apache/rocketmq-client-go/v2"
-	rmqconsumer "github.com/apache/rocketmq-client-go/v2/consumer"
 	"github.com/apache/rocketmq-client-go/v2/primitive"
-	"github.com/apache/rocketmq-client-go/v2/producer"
 	"github.com/apache/rocketmq-client-go/v2/rlog"
 	"github.com/sirupsen/logrus"
 
@@ -49,11 +44,6 @@ const (
 	maxPendingRocketMQ = 4
 )
 
-// warmUp is the payload of the message each run starts with, before it
-// measures: the consumer says ready once it has it, so the time measured
-// holds no subscription or queue assignment.
-var warmUp = []byte("warm-up")
-
 // OffloadCases are the drop-ins' payload-offload cases on brokers b
 // starts once: pulsar-offload-1MiB and rocketmq-offload-1MiB, msg/s of
 // 1 MiB messages from this process to a consumer process through the
@@ -81,20 +71,8 @@ type offloadArgs struct {
 }
 
 func init() {
-	bench.RegisterPeer("mq-pulsar-consumer", func(raw json.RawMessage) error {
-		var a offloadArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		return pulsarConsumer(a)
-	})
-	bench.RegisterPeer("mq-rocketmq-consumer", func(raw json.RawMessage) error {
-		var a offloadArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		return rocketmqConsumer(a)
-	})
+	registerPeer("mq-pulsar-consumer", pulsarConsumer)
+	registerPeer("mq-rocketmq-consumer", rocketmqConsumer)
 }
 
 var offloadRun atomic.Uint64
@@ -117,42 +95,15 @@ func openStore() (*offload.Store, func(), error) {
 	return s, func() { s.Close(); offload.Remove(name) }, nil
 }
 
-// runConsumer starts the consumer peer, waits until it is subscribed,
-// runs send and returns the rate at which the consumer got all n
-// messages (from the first send to its report) after checking its
-// count and sum.
-func runConsumer(role string, a offloadArgs, warm func(ctx context.Context) error, send func(ctx context.Context) (sum uint64, err error)) (bench.Measurement, error) {
-	peer, err := bench.StartPeerPipe(role, a)
+// runOffload runs a case's measured phase, send, after the warm-up, and
+// returns the rate at which the consumer got all n messages (from the
+// first send to its report) after checking its count and sum.
+func runOffload(role string, a offloadArgs, warm func(ctx context.Context, payload []byte) error, send func(ctx context.Context) (sum uint64, err error)) (bench.Measurement, error) {
+	elapsed, err := runBroker(role, a, &result{}, warm, func(ctx context.Context) (uint64, uint64, error) {
+		sum, err := send(ctx)
+		return uint64(a.N), sum, err
+	})
 	if err != nil {
-		return bench.Measurement{}, err
-	}
-	defer peer.Kill()
-	out := bufio.NewReader(peer.Stdout())
-	if line, err := out.ReadString('\n'); err != nil || line != "subscribed\n" {
-		return bench.Measurement{}, fmt.Errorf("%s: %q, %v (%v)", role, line, err, peer.Err())
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if err := warm(ctx); err != nil {
-		return bench.Measurement{}, err
-	}
-	if line, err := out.ReadString('\n'); err != nil || line != "ready\n" {
-		return bench.Measurement{}, fmt.Errorf("%s: %q, %v (%v)", role, line, err, peer.Err())
-	}
-	start := time.Now()
-	sum, err := send(ctx)
-	if err != nil {
-		return bench.Measurement{}, err
-	}
-	var res result
-	if err := json.NewDecoder(out).Decode(&res); err != nil {
-		return bench.Measurement{}, fmt.Errorf("%s's result: %w (%v)", role, err, peer.Err())
-	}
-	elapsed := time.Since(start)
-	if res.N != uint64(a.N) || res.Sum != sum {
-		return bench.Measurement{}, fmt.Errorf("%s read %d messages (sum %x), %d sent (sum %x)", role, res.N, res.Sum, a.N, sum)
-	}
-	if err := peer.Wait(); err != nil {
 		return bench.Measurement{}, err
 	}
 	return bench.Measurement{Value: float64(a.N) / elapsed.Seconds()}, nil
@@ -167,7 +118,7 @@ func pulsarOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, er
 		return bench.Measurement{}, err
 	}
 	a := offloadArgs{Broker: br.ServiceURL, Topic: fmt.Sprintf("persistent://public/default/bench-%d-%d", os.Getpid(), offloadRun.Add(1)), N: offloadMessages(d), Offload: off}
-	opts := pulsar.ClientOptions{URL: br.ServiceURL, Logger: quietPulsarLogger(), OperationTimeout: time.Minute}
+	opts := pulsarOptions(br.ServiceURL)
 	var client pulsar.Client
 	if off {
 		s, remove, err := openStore()
@@ -191,11 +142,7 @@ func pulsarOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, er
 		return bench.Measurement{}, err
 	}
 	defer p.Close()
-	warm := func(ctx context.Context) error {
-		_, err := p.Send(ctx, &pulsar.ProducerMessage{Payload: warmUp})
-		return err
-	}
-	return runConsumer("mq-pulsar-consumer", a, warm, func(ctx context.Context) (uint64, error) {
+	return runOffload("mq-pulsar-consumer", a, pulsarSend(p), func(ctx context.Context) (uint64, error) {
 		var sum uint64
 		var mu sync.Mutex
 		var sendErr error
@@ -221,9 +168,9 @@ func pulsarOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, er
 }
 
 // pulsarConsumer receives a.N messages on a fresh subscription (made
-// before it says ready), sums every payload byte and acks each.
+// before it says subscribed), sums every payload byte and acks each.
 func pulsarConsumer(a offloadArgs) error {
-	opts := pulsar.ClientOptions{URL: a.Broker, Logger: quietPulsarLogger(), OperationTimeout: time.Minute}
+	opts := pulsarOptions(a.Broker)
 	var client pulsar.Client
 	var err error
 	if a.Offload {
@@ -235,34 +182,7 @@ func pulsarConsumer(a offloadArgs) error {
 		return err
 	}
 	defer client.Close()
-	c, err := client.Subscribe(pulsar.ConsumerOptions{Topic: a.Topic, SubscriptionName: "bench", ReceiverQueueSize: maxPending})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	fmt.Println("subscribed")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	m, err := c.Receive(ctx)
-	if err != nil {
-		return err
-	}
-	if string(m.Payload()) != string(warmUp) {
-		return fmt.Errorf("a first message of %d bytes, not the warm-up", len(m.Payload()))
-	}
-	c.AckID(m.ID())
-	fmt.Println("ready")
-	var res result
-	for range a.N {
-		m, err := c.Receive(ctx)
-		if err != nil {
-			return err
-		}
-		res.N++
-		res.Sum += bench.Sum(m.Payload())
-		c.AckID(m.ID())
-	}
-	return json.NewEncoder(os.Stdout).Encode(res)
+	return pulsarReceive(client, pulsar.ConsumerOptions{Topic: a.Topic, SubscriptionName: "bench", ReceiverQueueSize: maxPending}, a.N, tally{})
 }
 
 // rocketmqOffload is pulsarOffload's RocketMQ twin: async sends of 1 MiB
@@ -280,8 +200,7 @@ func rocketmqOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, 
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	opts := []producer.Option{producer.WithNameServer([]string{br.NamesrvAddr}), producer.WithRetry(1),
-		producer.WithGroupName("bench-" + a.Topic), producer.WithInstanceName(a.Topic), producer.WithSendMsgTimeout(time.Minute)}
+	opts := rocketmqProducerOptions(br.NamesrvAddr, a.Topic)
 	var p rocketmq.Producer
 	if off {
 		s, remove, err := openStore()
@@ -300,11 +219,7 @@ func rocketmqOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, 
 		return bench.Measurement{}, err
 	}
 	defer p.Shutdown()
-	warm := func(ctx context.Context) error {
-		_, err := p.SendSync(ctx, primitive.NewMessage(a.Topic, warmUp))
-		return err
-	}
-	return runConsumer("mq-rocketmq-consumer", a, warm, func(ctx context.Context) (uint64, error) {
+	return runOffload("mq-rocketmq-consumer", a, rocketmqSend(p, a.Topic), func(ctx context.Context) (uint64, error) {
 		var sum uint64
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -345,8 +260,7 @@ func rocketmqOffload(b *Brokers, d time.Duration, off bool) (bench.Measurement, 
 // offset, summing every body byte.
 func rocketmqConsumer(a offloadArgs) error {
 	rlog.SetLogLevel("error")
-	opts := []rmqconsumer.Option{rmqconsumer.WithNameServer([]string{a.Broker}), rmqconsumer.WithGroupName("bench-" + a.Topic),
-		rmqconsumer.WithConsumeFromWhere(rmqconsumer.ConsumeFromFirstOffset), rmqconsumer.WithInstance(a.Topic)}
+	opts := rocketmqConsumerOptions(a.Broker, a.Topic)
 	var c rocketmq.PushConsumer
 	var err error
 	if a.Offload {
@@ -357,54 +271,5 @@ func rocketmqConsumer(a offloadArgs) error {
 	if err != nil {
 		return err
 	}
-	var mu sync.Mutex
-	var res result
-	all, warm := make(chan struct{}), make(chan struct{})
-	warmed := false
-	err = c.Subscribe(a.Topic, rmqconsumer.MessageSelector{}, func(_ context.Context, msgs ...*primitive.MessageExt) (rmqconsumer.ConsumeResult, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, m := range msgs {
-			if string(m.Body) == string(warmUp) {
-				if !warmed {
-					warmed = true
-					close(warm)
-				}
-				continue
-			}
-			if res.N == uint64(a.N) {
-				break // a redelivery beyond the count
-			}
-			res.N++
-			res.Sum += bench.Sum(m.Body)
-			if res.N == uint64(a.N) {
-				close(all)
-			}
-		}
-		return rmqconsumer.ConsumeSuccess, nil
-	})
-	if err != nil {
-		return err
-	}
-	if err := c.Start(); err != nil {
-		return err
-	}
-	defer c.Shutdown()
-	fmt.Println("subscribed")
-	select {
-	case <-warm:
-	case <-time.After(5 * time.Minute):
-		return errors.New("no warm-up message in 5 minutes")
-	}
-	fmt.Println("ready")
-	select {
-	case <-all:
-	case <-time.After(5 * time.Minute):
-		mu.Lock()
-		defer mu.Unlock()
-		return fmt.Errorf("%d of %d messages in 5 minutes", res.N, a.N)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	return json.NewEncoder(os.Stdout).Encode(res)
+	return rocketmqReceive(c, a.Topic, a.N, tally{})
 }

@@ -1,11 +1,8 @@
 package mqsuite
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
@@ -19,29 +16,26 @@ import (
 // The value is msg/s per consumer: the records each read over the time
 // until the last one reported (so the slowest consumer sets it).
 func logStream(d time.Duration, size, consumers int) (bench.Measurement, error) {
-	name := fmt.Sprintf("bench-%d-%d", os.Getpid(), logCounter.Add(1))
-	l, err := mq.Create(name, mq.Config{})
+	l, remove, err := newLog()
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	defer mq.Remove(name)
-	defer l.Close()
-	outs := make([]*bufio.Reader, consumers)
-	peers := make([]*bench.Peer, consumers)
+	defer remove()
+	peers := make([]*consumerPeer, consumers)
 	for i := range peers {
-		peer, err := bench.StartPeerPipe("mq-log-consumer", peerArgs{Log: name})
+		peer, err := startConsumer(fmt.Sprintf("mq consumer %d", i), "mq-log-consumer", peerArgs{Log: l.Name()})
 		if err != nil {
 			return bench.Measurement{}, err
 		}
 		defer peer.Kill()
-		peers[i], outs[i] = peer, bufio.NewReader(peer.Stdout())
+		peers[i] = peer
 	}
 	// Every consumer registers its reader at offset 0 before it says
 	// ready, so that under FullBlock the producer keeps what any has not
 	// read.
-	for i, out := range outs {
-		if line, err := out.ReadString('\n'); err != nil || line != "ready\n" {
-			return bench.Measurement{}, fmt.Errorf("mq consumer %d: %q, %v (%v)", i, line, err, peers[i].Err())
+	for _, peer := range peers {
+		if err := peer.expect("ready"); err != nil {
+			return bench.Measurement{}, err
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
@@ -50,13 +44,9 @@ func logStream(d time.Duration, size, consumers int) (bench.Measurement, error) 
 	if err != nil {
 		return bench.Measurement{}, err
 	}
-	for i, out := range outs {
-		var res result
-		if err := json.NewDecoder(out).Decode(&res); err != nil {
-			return bench.Measurement{}, fmt.Errorf("mq consumer %d's result: %w", i, err)
-		}
-		if res.N != n || res.Sum != sum {
-			return bench.Measurement{}, fmt.Errorf("mq consumer %d read %d records (sum %x), %d sent (sum %x)", i, res.N, res.Sum, n, sum)
+	for _, peer := range peers {
+		if err := peer.report(&result{}, n, sum); err != nil {
+			return bench.Measurement{}, err
 		}
 	}
 	elapsed := time.Since(start)

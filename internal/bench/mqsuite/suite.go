@@ -2,22 +2,19 @@
 // every payload byte written by the producer and read by the consumer.
 // log-100B streams small records from one process to another, against
 // ubkit's own SPSC ring (package shm) streaming the same messages with
-// Send; log-100B-p99 offers 1M records a second and takes their latency;
-// log-fanout-4 streams to four consumer processes. The cases of the Pulsar
-// and RocketMQ drop-ins against their brokers are planned (docs/mq.md).
+// Send; log-100B-p99 offers 1M records a second and takes their latency,
+// after a warm-up at the same rate whose records it counts but does not
+// time; log-fanout-4 streams to four consumer processes. The cases of the
+// Pulsar and RocketMQ drop-ins against their brokers are planned
+// (docs/mq.md).
 package mqsuite
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
-	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
-	"github.com/ubkit-io/ubkit/mq"
 )
 
 // size is the payload of the log-100B case.
@@ -69,24 +66,9 @@ type peerArgs struct {
 	Log string `json:"log"`
 }
 
-// result is what the consumer reports: records read and the sum of their
-// payloads' bytes.
-type result struct {
-	N   uint64 `json:"n"`
-	Sum uint64 `json:"sum"`
-}
-
 func init() {
-	bench.RegisterPeer("mq-log-consumer", func(raw json.RawMessage) error {
-		var a peerArgs
-		if err := json.Unmarshal(raw, &a); err != nil {
-			return err
-		}
-		return consumer(a)
-	})
+	registerPeer("mq-log-consumer", func(a peerArgs) error { return readLog(a, tally{}) })
 }
-
-var logCounter atomic.Uint64
 
 // DemoCases are ubctl demo's: one producer process streaming records the
 // size of an inference service's results (1 KiB) to a consumer process
@@ -99,34 +81,3 @@ func DemoCases() []bench.Case {
 
 // DemoSize is the payload of DemoCases.
 const DemoSize = 1 << 10
-
-// consumer reads the log from offset 0 until an empty record, then
-// reports what it read on standard output.
-func consumer(a peerArgs) error {
-	l, err := mq.Open(a.Log)
-	if err != nil {
-		return err
-	}
-	defer l.Close()
-	r, err := l.NewReader(0, 0)
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	fmt.Println("ready")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	var res result
-	for {
-		rec, err := r.Next(ctx)
-		if err != nil {
-			return err
-		}
-		if len(rec.Payload) == 0 {
-			break
-		}
-		res.N++
-		res.Sum += bench.Sum(rec.Payload)
-	}
-	return json.NewEncoder(os.Stdout).Encode(res)
-}

@@ -11,7 +11,7 @@ import (
 
 func TestMain(m *testing.M) {
 	bench.RunPeerIfChild()
-	testenv.Main(m)
+	testenv.Main(m, testBrokers.Close)
 }
 
 // TestCasesRun runs every case briefly across processes; the contenders
