@@ -3,6 +3,7 @@ package ubpulsar
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"maps"
 	"strconv"
 	"testing"
@@ -391,5 +392,95 @@ func TestLocalReaderPartitioned(t *testing.T) {
 	client.Close()
 	if _, err := r.Next(ctx); !errors.Is(err, mq.ErrClosed) {
 		t.Fatalf("Next after the client's Close: %v", err)
+	}
+}
+
+// TestLocalReaderRetention: a reader whose next message retention
+// dropped gets an error wrapping mq.ErrOffsetGone (it does not skip);
+// a start id retention dropped starts at the oldest message kept; an
+// open reader holds the log's segments, so under FullFail a producer
+// that would drop its segment fails.
+func TestLocalReaderRetention(t *testing.T) {
+	topic := "persistent://public/default/" + unique("local-reader-ret")
+	o := Options{Local: LocalConfig{Topics: []string{topic}, Log: mq.Config{SegmentSize: 4096, Segments: 2, Full: mq.FullOverwrite}}}
+	client := localClient(t, "pulsar://127.0.0.1:1", o, topic)
+	ctx := timeout(t, time.Minute)
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ids := sendLocal(t, ctx, p, 0, 1)
+	behind := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
+	for i := 1; i < 100; i++ {
+		ids = append(ids, sendLocal(t, ctx, p, i, 1)...)
+	}
+	if _, err := behind.Next(ctx); !errors.Is(err, mq.ErrOffsetGone) {
+		t.Fatalf("a reader behind retention: %v", err)
+	}
+	oldest := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
+	first := index(t, next(t, ctx, oldest))
+	if first == 0 {
+		t.Fatal("nothing dropped: the test tests nothing")
+	}
+	fromGone := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: ids[0]})
+	if i := index(t, next(t, ctx, fromGone)); i != first {
+		t.Fatalf("from a dropped id: message %d, the oldest kept is %d", i, first)
+	}
+
+	failing := "persistent://public/default/" + unique("local-reader-full")
+	o = Options{Local: LocalConfig{Topics: []string{failing}, Log: mq.Config{SegmentSize: 4096, Segments: 2, Full: mq.FullFail}}}
+	client = localClient(t, "pulsar://127.0.0.1:1", o, failing)
+	if p, err = client.CreateProducer(pulsar.ProducerOptions{Topic: failing}); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	newLocalReader(t, client, pulsar.ReaderOptions{Topic: failing, StartMessageID: pulsar.EarliestMessageID()})
+	for i := range 100 {
+		_, err := p.Send(ctx, &pulsar.ProducerMessage{Payload: make([]byte, 200)})
+		if errors.Is(err, mq.ErrFull) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	t.Fatal("100 sends past an open reader at the oldest record, under FullFail")
+}
+
+// TestLocalReaderHostile: a record that is not a local topic's (a
+// hostile or buggy writer's) is logged and skipped, by Next and HasNext.
+func TestLocalReaderHostile(t *testing.T) {
+	topic := "persistent://public/default/" + unique("local-reader-bad")
+	o := localOptions(1, topic)
+	o.Logger = slog.New(slog.DiscardHandler)
+	client := localClient(t, "pulsar://127.0.0.1:1", o, topic)
+	ctx := timeout(t, time.Minute)
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
+	l, err := mq.Open(LocalLogName(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Send(ctx, 0, []byte("not a local record")); err != nil {
+		t.Fatal(err)
+	}
+	if r.HasNext() {
+		t.Fatal("HasNext with only a record that does not decode")
+	}
+	if _, err := l.Send(ctx, 0, []byte("uPL1 nor this")); err != nil {
+		t.Fatal(err)
+	}
+	sendLocal(t, ctx, p, 0, 1)
+	if !r.HasNext() {
+		t.Fatal("HasNext false with a message after the bad records")
+	}
+	if i := index(t, next(t, ctx, r)); i != 0 {
+		t.Fatalf("message %d", i)
 	}
 }
