@@ -292,7 +292,8 @@ func (r *localReader) readErr(ctx context.Context, err error) error {
 }
 
 // waitAny waits on every partition at once until one has a message
-// (others may have one too: all are kept in pending) or ctx ends.
+// (others may have one too: all are kept in pending), one fails, or ctx
+// ends.
 func (r *localReader) waitAny(ctx context.Context) error {
 	if len(r.parts) == 1 {
 		for {
@@ -315,6 +316,7 @@ func (r *localReader) waitAny(ctx context.Context) error {
 				rec, err := mr.Next(wait)
 				if err != nil {
 					errs[p] = err
+					found() // a partition's error ends the wait too
 					return
 				}
 				if r.pending[p] = r.message(p, rec); r.pending[p] != nil {
