@@ -699,3 +699,55 @@ func TestMadeAheadWhenFull(t *testing.T) {
 		t.Fatalf("segments %v in /dev/shm with the head at %d: want the head and at most %d more", there, head, keep)
 	}
 }
+
+// TestNextBelow: NextBelow returns the committed records below its
+// limit, skips padding and aborted records, and returns at the limit
+// without waiting, also when what is left below it is an aborted record.
+func TestNextBelow(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 64})
+	ctx := timeout(t, 10*time.Second)
+	var offsets []uint64
+	for i := range 30 { // 30 records of 500 bytes: padding at each segment's end
+		b := make([]byte, 500)
+		message(b, 0, uint64(i))
+		off, err := l.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offsets = append(offsets, off)
+	}
+	a, err := l.Loan(ctx, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Abort()
+	st, _ := l.Stats(0)
+	r := newReader(t, l, 0, Oldest)
+	for i := range 30 {
+		rec, ok, err := r.NextBelow(ctx, st.Tail)
+		if err != nil || !ok {
+			t.Fatalf("record %d: ok %v, %v", i, ok, err)
+		}
+		if _, seq := parse(t, rec.Payload); seq != uint64(i) || rec.Offset != offsets[i] {
+			t.Fatalf("record %d: seq %d at %d, sent at %d", i, seq, rec.Offset, offsets[i])
+		}
+	}
+	if _, ok, err := r.NextBelow(ctx, st.Tail); ok || err != nil {
+		t.Fatalf("at the limit (an aborted record below it): ok %v, %v", ok, err)
+	}
+	if r.Offset() != st.Tail {
+		t.Fatalf("offset %d after the aborted record, tail %d", r.Offset(), st.Tail)
+	}
+	// A limit at a record: the records before it.
+	r2 := newReader(t, l, 0, offsets[3])
+	if rec, ok, err := r2.NextBelow(ctx, offsets[4]); !ok || err != nil || rec.Offset != offsets[3] {
+		t.Fatalf("from %d below %d: %d %v %v", offsets[3], offsets[4], rec.Offset, ok, err)
+	}
+	if _, ok, err := r2.NextBelow(ctx, offsets[4]); ok || err != nil {
+		t.Fatalf("at the limit: ok %v, %v", ok, err)
+	}
+	r2.Close()
+	if _, _, err := r2.NextBelow(ctx, st.Tail); !errors.Is(err, ErrClosed) {
+		t.Fatalf("closed: %v", err)
+	}
+}

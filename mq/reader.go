@@ -282,8 +282,22 @@ const pageWords = 4096 / 8
 // A header that makes no sense is an error wrapping shm.ErrCorrupt (the
 // reader stays at that offset).
 func (r *Reader) Next(ctx context.Context) (Record, error) {
+	rec, _, err := r.read(ctx, ^uint64(0))
+	return rec, err
+}
+
+// NextBelow is Next for records below log offset limit: it returns
+// ok false, without waiting, once the reader's offset reaches limit (a
+// tail from Log.Stats, say). Below the tail every record is claimed, so
+// it waits only for records still being written there (until their
+// writer commits them or dies).
+func (r *Reader) NextBelow(ctx context.Context, limit uint64) (rec Record, ok bool, err error) {
+	return r.read(ctx, limit)
+}
+
+func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 	if r.closed || r.l.closed.Load() {
-		return Record{}, ErrClosed
+		return Record{}, false, ErrClosed
 	}
 	size := uint64(r.l.cfg.SegmentSize)
 	var bo shm.Backoff
@@ -294,23 +308,26 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 			r.moveTo((k + 1) * size)
 			continue
 		}
+		if o >= limit {
+			return Record{}, false, nil
+		}
 		if o >= r.tail {
 			if r.tail = r.pt.tail.Load(); o >= r.tail {
 				if err := r.wait(ctx, &bo, func() bool { return r.pt.tail.Load() > o }, nil); err != nil {
-					return Record{}, err
+					return Record{}, false, err
 				}
 			}
 			continue
 		}
 		m, err := r.mapping(k)
 		if err != nil {
-			return Record{}, err
+			return Record{}, false, err
 		}
 		hw := &m.words[at/8]
 		w := hw.Load()
 		rec, next, err := decode(m.data, at, w, m.words[at/8+1].Load(), o)
 		if err != nil {
-			return Record{}, fmt.Errorf("mq: partition %d offset %d: %w", r.p, o, err)
+			return Record{}, false, fmt.Errorf("mq: partition %d offset %d: %w", r.p, o, err)
 		}
 		switch w & stateMask {
 		case stateWriting:
@@ -325,7 +342,7 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 				return true
 			}
 			if err := r.wait(ctx, &bo, func() bool { return hw.Load() != w }, dead); err != nil {
-				return Record{}, err
+				return Record{}, false, err
 			}
 			continue
 		case stateCommitted:
@@ -333,7 +350,7 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 			if rec == nil {
 				continue // padding
 			}
-			return Record{Offset: o, Payload: rec}, nil
+			return Record{Offset: o, Payload: rec}, true, nil
 		default: // aborted
 			r.moveTo(o + next)
 		}

@@ -104,6 +104,7 @@ type client struct {
 	logsMu     sync.Mutex
 	logs       map[string]*mq.Log // local topics' logs, by name
 	consumers  map[*localConsumer]struct{}
+	readers    map[*localReader]struct{}
 	logsClosed bool
 	producers  atomic.Int64
 }
@@ -188,7 +189,7 @@ func (c *client) Subscribe(opts pulsar.ConsumerOptions) (pulsar.Consumer, error)
 
 func (c *client) CreateReader(opts pulsar.ReaderOptions) (pulsar.Reader, error) {
 	if c.local(opts.Topic) {
-		return nil, fmt.Errorf("ubpulsar: readers: %w", ErrLocalUnsupported)
+		return c.createLocalReader(opts)
 	}
 	r, err := c.Client.CreateReader(opts)
 	if err != nil {

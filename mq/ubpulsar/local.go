@@ -122,15 +122,19 @@ func (c *client) localLog(topic string, dlq bool) (*mq.Log, error) {
 	return l, nil
 }
 
-// closeLocal closes the local consumers still open (as the upstream
-// client closes its consumers), then the logs.
+// closeLocal closes the local consumers and readers still open (as the
+// upstream client closes its consumers), then the logs.
 func (c *client) closeLocal() error {
 	c.logsMu.Lock()
 	c.logsClosed = true
 	open := slices.Collect(maps.Keys(c.consumers))
+	readers := slices.Collect(maps.Keys(c.readers))
 	c.logsMu.Unlock()
 	for _, w := range open {
 		w.Close()
+	}
+	for _, r := range readers {
+		r.Close()
 	}
 	c.logsMu.Lock()
 	defer c.logsMu.Unlock()
@@ -476,23 +480,33 @@ func (w *localConsumer) Receive(ctx context.Context) (pulsar.Message, error) {
 			}
 			return nil, err
 		}
-		b := m.Payload
-		if dl, err := mq.ParseDeadLetter(b); err == nil {
-			b = dl.Payload
-		}
-		rec, err := decodeLocal(b)
+		rec, err := decodeDelivered(m.Payload)
 		if err != nil {
 			w.logger.Error("ubpulsar: a record of a local topic does not decode; acked away", "topic", w.topic,
 				"partition", m.Partition, "offset", m.Offset, "err", err)
 			w.g.Ack(m)
 			continue
 		}
-		rec.payload = append([]byte(nil), rec.payload...) // m.Payload is valid until the next Receive
 		d := m
 		d.Payload = nil
 		return &localMessage{topic: w.topic, rec: rec, attempt: m.Attempt,
 			id: &localID{partition: int32(m.Partition), offset: m.Offset, delivery: &d, consumer: w}}, nil
 	}
+}
+
+// decodeDelivered decodes a record as read from a local topic's log: a
+// dead letter unwrapped, and the payload copied, since the record's
+// bytes are the log's (valid until the next read).
+func decodeDelivered(b []byte) (localRecord, error) {
+	if dl, err := mq.ParseDeadLetter(b); err == nil {
+		b = dl.Payload
+	}
+	rec, err := decodeLocal(b)
+	if err != nil {
+		return rec, err
+	}
+	rec.payload = append([]byte(nil), rec.payload...)
+	return rec, nil
 }
 
 // mergeDone is ctx, ended also when other ends.

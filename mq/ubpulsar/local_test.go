@@ -448,9 +448,6 @@ func TestLocalSemantics(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if _, err := client.CreateReader(pulsar.ReaderOptions{Topic: topic}); !errors.Is(err, ErrLocalUnsupported) {
-		t.Errorf("reader: %v", err)
-	}
 	ex, err := client.Subscribe(pulsar.ConsumerOptions{Topic: topic, SubscriptionName: "ex", Type: pulsar.Exclusive})
 	if err != nil {
 		t.Fatal(err)

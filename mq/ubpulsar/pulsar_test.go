@@ -214,6 +214,7 @@ func TestPulsar(t *testing.T) {
 	t.Run("LocalDifferential", func(t *testing.T) { testLocalDifferential(t, b) })
 	t.Run("LocalProducerProcess", func(t *testing.T) { testLocalProducerProcess(t, b) })
 	t.Run("LocalKilledConsumer", func(t *testing.T) { testLocalKilledConsumer(t, b) })
+	t.Run("LocalReaderDifferential", func(t *testing.T) { testLocalReaderDifferential(t, b) })
 }
 
 // testDifferential runs one random sequence through the drop-in (offload

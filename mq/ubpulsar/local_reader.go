@@ -1,0 +1,497 @@
+package ubpulsar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/ubkit-io/ubkit/mq"
+)
+
+// createLocalReader is CreateReader for a local topic: an mq.Reader per
+// partition of the topic's log, as the upstream reader of a partitioned
+// topic reads every partition.
+func (c *client) createLocalReader(opts pulsar.ReaderOptions) (pulsar.Reader, error) {
+	switch {
+	case opts.StartMessageID == nil:
+		return nil, errors.New("ubpulsar: a reader needs a StartMessageID")
+	case opts.Schema != nil:
+		return nil, fmt.Errorf("ubpulsar: a schema: %w", ErrLocalUnsupported)
+	case opts.Decryption != nil:
+		return nil, fmt.Errorf("ubpulsar: decryption (local messages are never encrypted): %w", ErrLocalUnsupported)
+	case opts.ReadCompacted:
+		return nil, fmt.Errorf("ubpulsar: ReadCompacted (local topics are not compacted): %w", ErrLocalUnsupported)
+	case opts.MessageChannel != nil:
+		return nil, fmt.Errorf("ubpulsar: a reader's MessageChannel (call Next): %w", ErrLocalUnsupported)
+	}
+	start, err := startOf(opts.StartMessageID, opts.StartMessageIDInclusive)
+	if err != nil {
+		return nil, err
+	}
+	l, err := c.localLog(opts.Topic, false)
+	if err != nil {
+		return nil, err
+	}
+	np := l.Config().Partitions
+	if start.id != nil && np > 1 {
+		return nil, fmt.Errorf("ubpulsar: a StartMessageID on partitioned local topic %s (start at Earliest or Latest): %w", fullTopic(opts.Topic), ErrLocalUnsupported)
+	}
+	r := &localReader{c: c, l: l, topic: fullTopic(opts.Topic), inclusive: opts.StartMessageIDInclusive, logger: c.o.Logger,
+		parts: make([]*mq.Reader, np), pending: make([]*localMessage, np)}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	for p := range np {
+		if r.parts[p], err = r.position(p, start); err != nil {
+			r.Close()
+			return nil, err
+		}
+	}
+	c.logsMu.Lock()
+	if c.logsClosed {
+		c.logsMu.Unlock()
+		r.Close()
+		return nil, fmt.Errorf("ubpulsar: client closed: %w", mq.ErrClosed)
+	}
+	if c.readers == nil {
+		c.readers = map[*localReader]struct{}{}
+	}
+	c.readers[r] = struct{}{}
+	c.logsMu.Unlock()
+	return r, nil
+}
+
+// startPosition is where a reader starts or seeks to: the oldest
+// record, the next one sent (latest), or a record of a local topic.
+type startPosition struct {
+	latest    bool
+	id        *localID
+	inclusive bool // the record named (latest: the last record) is read first
+}
+
+// startOf is the position of a StartMessageID or a Seek's id.
+func startOf(id pulsar.MessageID, inclusive bool) (startPosition, error) {
+	if l, ok := id.(*localID); ok {
+		return startPosition{id: l, inclusive: inclusive}, nil
+	}
+	switch {
+	case id.LedgerID() == -1 && id.EntryID() == -1 && id.PartitionIdx() == -1:
+		return startPosition{}, nil
+	case id.LedgerID() == math.MaxInt64 && id.EntryID() == math.MaxInt64:
+		return startPosition{latest: true, inclusive: inclusive}, nil
+	}
+	return startPosition{}, fmt.Errorf("ubpulsar: message id %v is not a local topic's (a local topic's ids come from its producers, consumers and readers)", id)
+}
+
+// localReader is a pulsar.Reader of a local topic. It reads each
+// partition of the log with its own mq.Reader and takes no part in any
+// consumer group.
+type localReader struct {
+	c         *client
+	l         *mq.Log
+	topic     string
+	inclusive bool
+	logger    *slog.Logger
+	ctx       context.Context // ended by Close
+	cancel    context.CancelFunc
+
+	// mu serialises the methods: an mq.Reader is for one goroutine at a
+	// time.
+	mu      sync.Mutex
+	parts   []*mq.Reader
+	pending []*localMessage // read ahead, by HasNext or a Next that waited on every partition
+	rr      int             // the partition Next looks at first
+	closed  bool
+}
+
+var errReaderClosed = fmt.Errorf("ubpulsar: reader closed: %w", mq.ErrClosed)
+
+func (r *localReader) Topic() string { return r.topic }
+
+// position returns a reader of partition p at start.
+func (r *localReader) position(p int, start startPosition) (*mq.Reader, error) {
+	switch {
+	case start.id == nil && !start.latest:
+		return r.newReader(p, mq.Oldest)
+	case start.latest && !start.inclusive:
+		return r.newReader(p, mq.Newest)
+	case start.latest:
+		last, ok, err := r.last(p)
+		if err != nil || !ok {
+			if err == nil {
+				return r.newReader(p, mq.Newest)
+			}
+			return nil, err
+		}
+		return r.newReader(p, last)
+	}
+	id := start.id
+	if int(id.partition) != p {
+		return nil, fmt.Errorf("ubpulsar: message id %v names partition %d of local topic %s, which has %d", id, id.partition, r.topic, len(r.parts))
+	}
+	st, err := r.l.Stats(p)
+	if err != nil {
+		return nil, err
+	}
+	if id.offset >= st.Tail {
+		return nil, fmt.Errorf("ubpulsar: message id %v is beyond the last message of local topic %s (an id of another topic?)", id, r.topic)
+	}
+	mr, err := r.l.NewReader(p, id.offset)
+	if errors.Is(err, mq.ErrOffsetGone) {
+		// As the broker: a position retention dropped is the oldest
+		// message kept.
+		return r.newReader(p, mq.Oldest)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ubpulsar: reader of %s at %v: %w", r.topic, id, err)
+	}
+	if !start.inclusive {
+		// Past the record id names (committed, as it was read or sent).
+		if _, _, err := mr.NextBelow(r.ctx, id.offset+1); err != nil {
+			mr.Close()
+			return nil, fmt.Errorf("ubpulsar: reader of %s after %v: %w", r.topic, id, err)
+		}
+	}
+	return mr, nil
+}
+
+func (r *localReader) newReader(p int, from uint64) (*mq.Reader, error) {
+	mr, err := r.l.NewReader(p, from)
+	if err != nil {
+		return nil, fmt.Errorf("ubpulsar: reader of %s: %w", r.topic, err)
+	}
+	return mr, nil
+}
+
+// last is the offset of partition p's last committed record, if it has
+// one: the records of the tail's segment (or, if it has none, of the
+// segments before it) read up to the tail.
+func (r *localReader) last(p int) (uint64, bool, error) {
+	st, err := r.l.Stats(p)
+	if err != nil || st.Tail == st.Oldest {
+		return 0, false, err
+	}
+	size := uint64(r.l.Config().SegmentSize)
+	for k := (st.Tail - 1) / size; k >= st.Oldest/size; k-- {
+		mr, err := r.l.NewReader(p, k*size)
+		if errors.Is(err, mq.ErrOffsetGone) {
+			return 0, false, nil
+		}
+		if err != nil {
+			return 0, false, fmt.Errorf("ubpulsar: last message of %s: %w", r.topic, err)
+		}
+		var last uint64
+		found := false
+		for {
+			rec, ok, err := mr.NextBelow(r.ctx, st.Tail)
+			if err != nil {
+				mr.Close()
+				return 0, false, fmt.Errorf("ubpulsar: last message of %s: %w", r.topic, err)
+			}
+			if !ok {
+				break
+			}
+			last, found = rec.Offset, true
+		}
+		mr.Close()
+		if found || k == 0 {
+			return last, found, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// message is the local message of record rec of partition p, or nil
+// (logged) if the record does not decode: a hostile writer's.
+func (r *localReader) message(p int, rec mq.Record) *localMessage {
+	lr, err := decodeDelivered(rec.Payload)
+	if err != nil {
+		r.logger.Error("ubpulsar: a record of a local topic does not decode; skipped", "topic", r.topic,
+			"partition", p, "offset", rec.Offset, "err", err)
+		return nil
+	}
+	return &localMessage{topic: r.topic, rec: lr, attempt: 1, id: &localID{partition: int32(p), offset: rec.Offset}}
+}
+
+// poll returns partition p's next message if one is committed below the
+// tail, without waiting for the tail to move.
+func (r *localReader) poll(ctx context.Context, p int) (*localMessage, error) {
+	if m := r.pending[p]; m != nil {
+		return m, nil
+	}
+	for {
+		st, err := r.l.Stats(p)
+		if err != nil {
+			return nil, err
+		}
+		rec, ok, err := r.parts[p].NextBelow(ctx, st.Tail)
+		if err != nil || !ok {
+			return nil, err
+		}
+		if m := r.message(p, rec); m != nil {
+			r.pending[p] = m
+			return m, nil
+		}
+	}
+}
+
+// take returns the message read ahead of the first partition from rr
+// that has one.
+func (r *localReader) take() *localMessage {
+	for i := range r.pending {
+		p := (r.rr + i) % len(r.pending)
+		if m := r.pending[p]; m != nil {
+			r.pending[p] = nil
+			r.rr = p + 1
+			return m
+		}
+	}
+	return nil
+}
+
+// Next returns the next message, waiting for one until ctx ends or the
+// reader closes. Each partition's messages come in order; across
+// partitions, round robin among those with a message.
+func (r *localReader) Next(ctx context.Context) (pulsar.Message, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, errReaderClosed
+	}
+	ctx, stop := mergeDone(ctx, r.ctx)
+	defer stop()
+	for {
+		for i := range r.parts {
+			if _, err := r.poll(ctx, (r.rr+i)%len(r.parts)); err != nil {
+				return nil, r.readErr(ctx, err)
+			}
+			if m := r.take(); m != nil {
+				return m, nil
+			}
+		}
+		if err := r.waitAny(ctx); err != nil {
+			return nil, r.readErr(ctx, err)
+		}
+	}
+}
+
+// readErr is err of a read under ctx: the reader's close, ctx's end, or
+// the log's error.
+func (r *localReader) readErr(ctx context.Context, err error) error {
+	switch {
+	case r.ctx.Err() != nil:
+		return errReaderClosed
+	case ctx.Err() != nil:
+		return ctx.Err()
+	}
+	return fmt.Errorf("ubpulsar: read %s: %w", r.topic, err)
+}
+
+// waitAny waits on every partition at once until one has a message
+// (others may have one too: all are kept in pending), one fails, or ctx
+// ends.
+func (r *localReader) waitAny(ctx context.Context) error {
+	if len(r.parts) == 1 {
+		for {
+			rec, err := r.parts[0].Next(ctx)
+			if err != nil {
+				return err
+			}
+			if r.pending[0] = r.message(0, rec); r.pending[0] != nil {
+				return nil
+			}
+		}
+	}
+	wait, found := context.WithCancel(ctx)
+	defer found()
+	errs := make([]error, len(r.parts))
+	var wg sync.WaitGroup
+	for p, mr := range r.parts {
+		wg.Go(func() {
+			for {
+				rec, err := mr.Next(wait)
+				if err != nil {
+					errs[p] = err
+					found() // a partition's error ends the wait too
+					return
+				}
+				if r.pending[p] = r.message(p, rec); r.pending[p] != nil {
+					found()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, m := range r.pending {
+		if m != nil {
+			return nil
+		}
+	}
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.Join(errs...)
+}
+
+// HasNext reports whether a message is committed beyond the reader's
+// position (read ahead, for Next to return). It is false after Close
+// and on errors, as upstream's.
+func (r *localReader) HasNext() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	for p := range r.parts {
+		m, err := r.poll(r.ctx, p)
+		if err != nil {
+			r.logger.Error("ubpulsar: local reader HasNext", "topic", r.topic, "partition", p, "err", err)
+			return false
+		}
+		if m != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Seek moves the reader of a one-partition topic to msgID, a message id
+// of this topic, read first if StartMessageIDInclusive. As upstream's,
+// it refuses a partitioned topic and ids without a partition (Earliest,
+// Latest).
+func (r *localReader) Seek(msgID pulsar.MessageID) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.closed:
+		return fmt.Errorf("ubpulsar: seek: %w", errReaderClosed)
+	case msgID == nil:
+		return errors.New("ubpulsar: seek to a nil message id")
+	case msgID.PartitionIdx() < 0:
+		return errors.New("ubpulsar: seek msgId must include partitionIndex")
+	case len(r.parts) > 1:
+		return errors.New("ubpulsar: for partition topic, seek command should perform on the individual partitions")
+	}
+	start, err := startOf(msgID, r.inclusive)
+	if err != nil {
+		return err
+	}
+	mr, err := r.position(0, start)
+	if err != nil {
+		return err
+	}
+	r.parts[0].Close()
+	r.parts[0], r.pending[0] = mr, nil
+	return nil
+}
+
+// SeekByTime moves every partition's reader to its first message
+// published at or after t (to the millisecond, as the broker compares),
+// or to its tail if none is. It reads every retained record's header
+// to find it: a scan, not the broker's binary search.
+func (r *localReader) SeekByTime(t time.Time) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("ubpulsar: seek: %w", errReaderClosed)
+	}
+	ms := t.UnixMilli()
+	moved := make([]*mq.Reader, len(r.parts))
+	fail := func(err error) error {
+		for _, mr := range moved {
+			if mr != nil {
+				mr.Close()
+			}
+		}
+		return fmt.Errorf("ubpulsar: seek %s by time: %w", r.topic, err)
+	}
+	for p := range r.parts {
+		scan, err := r.l.NewReader(p, mq.Oldest)
+		if err != nil {
+			return fail(err)
+		}
+		st, err := r.l.Stats(p)
+		if err != nil {
+			scan.Close()
+			return fail(err)
+		}
+		for moved[p] == nil {
+			rec, ok, err := scan.NextBelow(r.ctx, st.Tail)
+			if err != nil {
+				scan.Close()
+				return fail(err)
+			}
+			if !ok { // none: the scan stopped at the tail
+				moved[p] = scan
+				break
+			}
+			lr, err := decodeDelivered(rec.Payload)
+			if err != nil || lr.publishTime/int64(time.Millisecond) < ms {
+				continue
+			}
+			scan.Close()
+			if moved[p], err = r.l.NewReader(p, rec.Offset); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	for p, mr := range moved {
+		r.parts[p].Close()
+		r.parts[p], r.pending[p] = mr, nil
+	}
+	return nil
+}
+
+// GetLastMessageID is the id of the last message of a one-partition
+// topic; EarliestMessageID if it has none. As upstream's, it refuses a
+// partitioned topic.
+func (r *localReader) GetLastMessageID() (pulsar.MessageID, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.closed:
+		return nil, fmt.Errorf("ubpulsar: last message id: %w", errReaderClosed)
+	case len(r.parts) > 1:
+		return nil, errors.New("ubpulsar: GetLastMessageID is not supported for multi-topics reader")
+	}
+	off, ok, err := r.last(0)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return pulsar.EarliestMessageID(), nil
+	}
+	return &localID{partition: 0, offset: off}, nil
+}
+
+// Close closes the partitions' readers (a blocked Next returns an
+// error); later calls do nothing, and the other methods fail.
+func (r *localReader) Close() {
+	r.cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	r.closed = true
+	for _, mr := range r.parts {
+		if mr != nil {
+			mr.Close()
+		}
+	}
+	r.c.logsMu.Lock()
+	delete(r.c.readers, r)
+	r.c.logsMu.Unlock()
+}
+
+var _ pulsar.Reader = (*localReader)(nil)
