@@ -54,6 +54,10 @@ type GroupConfig struct {
 	// now is the clock of deadlines (time.Now); tests replace it. The
 	// deadlines are in shared memory: every member must use one clock.
 	now func() time.Time
+	// parkFor bounds a sleep that only a wake-up or a deadline should end
+	// (default parkFor); tests make it long, so that a missing wake-up
+	// fails them instead of costing its bound.
+	parkFor time.Duration
 }
 
 func (c GroupConfig) withDefaults() (GroupConfig, error) {
@@ -68,6 +72,9 @@ func (c GroupConfig) withDefaults() (GroupConfig, error) {
 	}
 	if c.now == nil {
 		c.now = time.Now
+	}
+	if c.parkFor == 0 {
+		c.parkFor = parkFor
 	}
 	switch {
 	case c.VisibilityTimeout < 0:
@@ -366,6 +373,7 @@ func (g *Consumer) lockGroup() error {
 		g.cfg.Logger.Warn("mq: group lock taken over from a dead member", "group", g.name, "err", err)
 		g.gen.Add(1)
 		g.lock.EndWrite()
+		g.ring(-1)
 		return nil
 	}
 	return err
@@ -375,8 +383,25 @@ func (g *Consumer) bumpGeneration() {
 	g.lock.BeginWrite()
 	g.gen.Add(1)
 	g.lock.EndWrite()
+	g.ring(-1)
+}
+
+// ring wakes the members asleep in Receive: those on the group's bell, and
+// a member that owns one partition, which sleeps on the partition's futex
+// word (the log's producers wake it) and would otherwise see a Nack or a
+// new generation only at the end of its sleep. p is the partition
+// concerned, or -1 for all (a new generation: the group does not record
+// who sleeps where; a wake of a partition nobody sleeps on is one load).
+func (g *Consumer) ring(p int) {
 	g.bell.Add(1)
 	shm.Wake(g.bell)
+	if p >= 0 {
+		g.l.parts[p].wakeReaders()
+		return
+	}
+	for _, pt := range g.l.parts {
+		pt.wakeReaders()
+	}
 }
 
 // join takes a member slot.
@@ -1082,9 +1107,9 @@ func (g *Consumer) dropLost() {
 // an owned partition, and on the partition's futex word when it owns one
 // partition with room in its ring (a commit wakes it), else on the
 // group's bell (which an ack that makes room rings) for at most pollEvery
-// with several partitions, parkFor with one or none.
+// with several partitions, cfg.parkFor with one or none.
 func (g *Consumer) sleep(ctx context.Context) {
-	d := parkFor
+	d := g.cfg.parkFor
 	if len(g.owned) > 1 {
 		d = pollEvery
 	}
@@ -1102,8 +1127,11 @@ func (g *Consumer) sleep(ctx context.Context) {
 	if len(g.owned) == 1 && g.parts[g.owned[0]].stream != nil && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
 		p := g.owned[0]
 		pt, gp := g.l.parts[p], g.parts[p]
-		_ = park(sctx, pt.seq, pt.sleepers, func() bool {
-			return pt.tail.Load() > gp.stream.Offset() || g.gen.Load() != view
+		// ring wakes this word too: a Nack (minDue), a new generation,
+		// Close.
+		sleepOn(sctx, pt.seq, pt.sleepers, func() bool {
+			return pt.tail.Load() > gp.stream.Offset() || g.gen.Load() != view || g.closed.Load() ||
+				gp.w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano())
 		})
 		return
 	}
@@ -1229,7 +1257,7 @@ func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Messag
 	rctx := doneCtx
 	if gp.stuck == from+1 {
 		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeout(ctx, 3*parkFor)
+		rctx, cancel = context.WithTimeout(ctx, 3*g.cfg.parkFor)
 		defer cancel()
 	}
 	rec, err := gp.stream.Next(rctx)
@@ -1496,8 +1524,7 @@ func (g *Consumer) Nack(m Message) error {
 	e[2].Store(0)
 	gp.w[pwMinDue].Store(0)
 	gp.lock.EndWrite()
-	g.bell.Add(1)
-	shm.Wake(g.bell)
+	g.ring(m.Partition)
 	return nil
 }
 
@@ -1559,8 +1586,7 @@ func (g *Consumer) Close() error {
 	if g.closed.Swap(true) {
 		return nil
 	}
-	g.bell.Add(1) // a Receive asleep on it returns
-	shm.Wake(g.bell)
+	g.ring(-1) // a Receive asleep returns
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.life.Lock()

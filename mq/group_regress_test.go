@@ -594,3 +594,108 @@ func TestGroupAssignedDoesNotWait(t *testing.T) {
 	}
 	g.mu.Unlock()
 }
+
+// until polls cond until it holds, failing the test if ctx ends first.
+func until(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		if ctx.Err() != nil {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// receiveAsync runs g.Receive in a goroutine, until the test ends (the
+// caller's ctx bounds the wait for its result: a Receive whose ctx ended
+// still returns a message it finds then).
+func receiveAsync(t *testing.T, g *Consumer) <-chan receiveResult {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // before g's Close, which waits for the Receive
+	done := make(chan receiveResult, 1)
+	go func() {
+		m, err := g.Receive(ctx)
+		done <- receiveResult{m, err}
+	}()
+	return done
+}
+
+// result waits for done until ctx ends.
+func result(t *testing.T, ctx context.Context, done <-chan receiveResult, what string) receiveResult {
+	t.Helper()
+	select {
+	case r := <-done:
+		return r
+	case <-ctx.Done():
+		t.Fatalf("no message: %s", what)
+		return receiveResult{}
+	}
+}
+
+// asleep waits until a Receive sleeps on partition p's futex word: the
+// count of its sleepers is zeroed first (an earlier sleep left it up),
+// and the sleeper counts itself just before its ready check and the
+// futex wait.
+func asleep(t *testing.T, ctx context.Context, l *Log, p int, receive func()) {
+	t.Helper()
+	pt := l.parts[p]
+	pt.sleepers.Store(0)
+	receive()
+	until(t, ctx, fmt.Sprintf("a Receive asleep on partition %d", p), func() bool { return pt.sleepers.Load() != 0 })
+}
+
+type receiveResult struct {
+	m   Message
+	err error
+}
+
+// TestGroupNackWakesSleeper: a member that owns one partition sleeps on
+// the partition's futex word; a Nack must wake it (its sleep is made an
+// hour long here: without the wake-up, the redelivery waits for it).
+func TestGroupNackWakesSleeper(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour})
+	sendAll(t, ctx, l, 1)
+	m := receive(t, ctx, g)
+	var done <-chan receiveResult
+	asleep(t, ctx, l, 0, func() { done = receiveAsync(t, g) })
+	if err := g.Nack(m); err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "the nacked message is not redelivered (the sleeper was not woken)")
+	if r.err != nil || r.m.Offset != m.Offset || r.m.Attempt != 2 {
+		t.Fatalf("after a Nack: offset %d attempt %d, %v; want offset %d attempt 2 (the sleeper was not woken)", r.m.Offset, r.m.Attempt, r.err, m.Offset)
+	}
+}
+
+// TestGroupLeaveWakesSleeper: a member asleep on its one partition's
+// futex word must see a generation change (here another member's Close,
+// which gives it a partition with a record waiting) at once, not at the
+// end of its sleep (an hour here).
+func TestGroupLeaveWakesSleeper(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := fmt.Sprintf("leavewake%d", groupSeq.Add(1))
+	cfg := GroupConfig{parkFor: time.Hour}
+	a := join(t, l, name, cfg)
+	b := join(t, l, name, cfg)
+	a.Receive(timeout(t, 10*time.Millisecond))
+	b.Receive(timeout(t, 10*time.Millisecond))
+	if got := a.Assigned(); len(got) != 1 || got[0] != 0 {
+		t.Fatalf("a owns %v, want [0]", got)
+	}
+	off, err := l.Send(ctx, 1, []byte("p1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done <-chan receiveResult
+	asleep(t, ctx, l, 0, func() { done = receiveAsync(t, a) })
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "partition 1's record is not delivered (a was not woken)")
+	if r.err != nil || r.m.Partition != 1 || r.m.Offset != off {
+		t.Fatalf("after b's Close: partition %d offset %d, %v; want partition 1 offset %d (a was not woken)", r.m.Partition, r.m.Offset, r.err, off)
+	}
+}
