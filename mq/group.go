@@ -231,7 +231,9 @@ type groupPart struct {
 	stream *Reader // at pwNext, while owned
 	pin    *Reader // at the committed offset's segment, while owned
 	// stuck is 1 + the stream offset at which the last read gave up on
-	// a record still being written, or 0 (Receive's goroutine only).
+	// a record still being written, or 0 (Receive's goroutine only): a
+	// member asleep on the partition then waits for its commit (which
+	// wakes it) rather than for the tail to pass the stream.
 	stuck uint64
 	// bad: the last poll found the partition's state corrupt, and
 	// Receive said so (Receive's goroutine only).
@@ -1129,8 +1131,13 @@ func (g *Consumer) sleep(ctx context.Context) {
 		pt, gp := g.l.parts[p], g.parts[p]
 		// ring wakes this word too: a Nack (minDue), a new generation,
 		// Close.
+		// A record being written at the stream's head: its commit or
+		// abort wakes this word, and a dead producer is looked for at
+		// the end of the sleep.
+		at := gp.stream.Offset()
+		stuck := gp.stuck == at+1
 		sleepOn(sctx, pt.seq, pt.sleepers, func() bool {
-			return pt.tail.Load() > gp.stream.Offset() || g.gen.Load() != view || g.closed.Load() ||
+			return !stuck && pt.tail.Load() > at || g.gen.Load() != view || g.closed.Load() ||
 				gp.w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano())
 		})
 		return
@@ -1249,18 +1256,13 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 // records its delivery, unless the partition changed hands meanwhile (the
 // new owner reads the record again from the partition's next offset).
 // A record its producer is still writing is given up on after the
-// reader's spin; found there again at the next poll, it is waited for
-// with a deadline long enough for the reader to find a dead producer and
-// skip its record.
+// reader's spin, at every look: a look never waits for it, so a live
+// producer's open loan holds up none of the member's other partitions
+// (it used to cost a synchronous wait per round); a look that finds the
+// producer dead skips its record (Reader.Next asks before giving up).
 func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Message, bool, error) {
 	from := gp.stream.Offset()
-	rctx := doneCtx
-	if gp.stuck == from+1 {
-		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeout(ctx, 3*g.cfg.parkFor)
-		defer cancel()
-	}
-	rec, err := gp.stream.Next(rctx)
+	rec, err := gp.stream.Next(doneCtx)
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// Nothing committed yet (or ctx ended: Receive returns ctx.Err()).
 		if gp.stream.Offset() == from {

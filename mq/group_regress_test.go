@@ -699,3 +699,65 @@ func TestGroupLeaveWakesSleeper(t *testing.T) {
 		t.Fatalf("after b's Close: partition %d offset %d, %v; want partition 1 offset %d (a was not woken)", r.m.Partition, r.m.Offset, r.err, off)
 	}
 }
+
+// TestGroupOpenLoanNoHeadOfLine: a live producer's open loan in one
+// partition does not hold up the member's other partition: every look at
+// the loaned record gives up after the reader's spin (a dead producer's
+// record is skipped at the look that finds it dead). A second look used to
+// wait for it synchronously (60 ms each round; an hour here, with the
+// member's sleep bound).
+func TestGroupOpenLoanNoHeadOfLine(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{parkFor: time.Hour})
+	res, err := l.Loan(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offs []uint64
+	for i := range 3 {
+		off, err := l.Send(ctx, 1, []byte{byte(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs = append(offs, off)
+	}
+	for i, want := range offs {
+		r := result(t, ctx, receiveAsync(t, g), fmt.Sprintf("record %d of partition 1 held up behind partition 0's open loan", i))
+		if r.err != nil || r.m.Partition != 1 || r.m.Offset != want {
+			t.Fatalf("record %d: partition %d offset %d, %v; want partition 1 offset %d", i, r.m.Partition, r.m.Offset, r.err, want)
+		}
+		g.Ack(r.m)
+	}
+	// The loan's commit wakes the member, asleep with nothing to do.
+	done := receiveAsync(t, g)
+	if err := res.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "the committed loan is not delivered")
+	if r.err != nil || r.m.Partition != 0 || r.m.Offset != res.Offset() {
+		t.Fatalf("after the commit: partition %d offset %d, %v; want partition 0 offset %d", r.m.Partition, r.m.Offset, r.err, res.Offset())
+	}
+}
+
+// TestGroupOpenLoanOnePartition: a member of one partition with a live
+// producer's open loan at its stream's head sleeps until the commit
+// instead of spinning: the commit wakes it.
+func TestGroupOpenLoanOnePartition(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{parkFor: time.Hour})
+	res, err := l.Loan(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done <-chan receiveResult
+	asleep(t, ctx, l, 0, func() { done = receiveAsync(t, g) })
+	if err := res.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "the committed loan is not delivered")
+	if r.err != nil || r.m.Offset != res.Offset() {
+		t.Fatalf("offset %d, %v; want %d", r.m.Offset, r.err, res.Offset())
+	}
+}
