@@ -98,7 +98,7 @@ const (
 	gOffParts     = 8
 	gOffInFlight  = 16
 	gOffGen       = line     // the generation: bumped at each join, leave and death
-	gOffBell      = line + 8 // u32 futex word: bumped and woken with the generation and by Nack
+	gOffBell      = line + 8 // u32 word: bumped with the generation and by Nack (members sleep on the log's words now)
 	gOffLock      = 2 * line // SeqLock over the member table and the generation
 	gOffMembers   = 3 * line // maxMembers of {owner, memGen}
 	maxMembers    = 64
@@ -108,9 +108,6 @@ const (
 	partHeader    = 32 // words before a partition's entries
 	entryWords    = 3  // offset, meta, deadline
 	livenessEvery = 10 * time.Millisecond
-	// pollEvery is the longest an idle consumer that owns several
-	// partitions sleeps before it looks at them again.
-	pollEvery = time.Millisecond
 )
 
 // Words of a partition's state in a group segment.
@@ -210,6 +207,7 @@ type Consumer struct {
 	assigned  atomic.Pointer[[]int]
 	redo      func() // releases the last redelivered record's mapping (Log.ReadAt)
 	lastAlive time.Time
+	naps      atomic.Uint64 // sleeps in Receive, for tests to tell a poll from a sleep
 	// buddy is the process word pins are held in the name of: the next
 	// live member's (this process's when alone), so that a pin outlives
 	// its owner until a survivor takes the partition over.
@@ -388,17 +386,16 @@ func (g *Consumer) bumpGeneration() {
 	g.ring(-1)
 }
 
-// ring wakes the members asleep in Receive: those on the group's bell, and
-// a member that owns one partition, which sleeps on the partition's futex
-// word (the log's producers wake it) and would otherwise see a Nack or a
-// new generation only at the end of its sleep. p is the partition
-// concerned, or -1 for all (a new generation: the group does not record
-// who sleeps where; a wake of a partition nobody sleeps on is one load).
+// ring wakes the members asleep in Receive. They sleep on the log's futex
+// words, which its producers wake: a member that owns one partition on
+// the partition's, the others on the log's word for any partition
+// (sleep). p is the partition concerned, or -1 for all (a new generation:
+// the group does not record who sleeps where; a wake of a word nobody
+// sleeps on is one load).
 func (g *Consumer) ring(p int) {
 	g.bell.Add(1)
-	shm.Wake(g.bell)
 	if p >= 0 {
-		g.l.parts[p].wakeReaders()
+		g.l.parts[p].wakeReaders() // and the log's word for any partition
 		return
 	}
 	for _, pt := range g.l.parts {
@@ -1105,16 +1102,17 @@ func (g *Consumer) dropLost() {
 	g.publishOwned()
 }
 
-// sleep waits for something to do: at most until the earliest deadline of
-// an owned partition, and on the partition's futex word when it owns one
-// partition with room in its ring (a commit wakes it), else on the
-// group's bell (which an ack that makes room rings) for at most pollEvery
-// with several partitions, cfg.parkFor with one or none.
+// sleep waits for something to do, at most until the earliest deadline of
+// an owned partition, else for cfg.parkFor (the liveness of the others is
+// looked at after it): on the partition's futex word when it owns one
+// partition with room in its ring, else on the log's word for any
+// partition. The log's producers wake both at every commit, and ring
+// (Nack, an Ack that makes room, a new generation, Close) wakes them too,
+// so an idle member sleeps instead of polling; a member with several
+// partitions is woken by commits to partitions it does not own as well
+// (once per sleep).
 func (g *Consumer) sleep(ctx context.Context) {
 	d := g.cfg.parkFor
-	if len(g.owned) > 1 {
-		d = pollEvery
-	}
 	now := uint64(g.cfg.now().UnixNano())
 	for _, p := range g.owned {
 		if due := g.parts[p].w[pwMinDue].Load(); due <= now {
@@ -1125,25 +1123,41 @@ func (g *Consumer) sleep(ctx context.Context) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	g.naps.Add(1)
 	view := g.gen.Load()
+	// ready: something to do in partition p. A record being written at
+	// the stream's head (stuck) is not: its commit or abort wakes the
+	// sleeper, and a dead producer is looked for at the end of the sleep.
+	ready := func(p int) bool {
+		gp := g.parts[p]
+		if gp.w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano()) {
+			return true
+		}
+		if gp.stream == nil || gp.w[pwCount].Load() >= uint64(g.cap) {
+			return false // ring wakes it when an Ack makes room
+		}
+		at := gp.stream.Offset()
+		return gp.stuck != at+1 && g.l.parts[p].tail.Load() > at
+	}
+	others := func() bool { return g.gen.Load() != view || g.closed.Load() }
 	if len(g.owned) == 1 && g.parts[g.owned[0]].stream != nil && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
 		p := g.owned[0]
-		pt, gp := g.l.parts[p], g.parts[p]
-		// ring wakes this word too: a Nack (minDue), a new generation,
-		// Close.
-		// A record being written at the stream's head: its commit or
-		// abort wakes this word, and a dead producer is looked for at
-		// the end of the sleep.
-		at := gp.stream.Offset()
-		stuck := gp.stuck == at+1
-		sleepOn(sctx, pt.seq, pt.sleepers, func() bool {
-			return !stuck && pt.tail.Load() > at || g.gen.Load() != view || g.closed.Load() ||
-				gp.w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano())
-		})
+		pt := g.l.parts[p]
+		sleepOn(sctx, pt.seq, pt.sleepers, func() bool { return others() || ready(p) })
 		return
 	}
-	bell := g.bell.Load()
-	shm.Wait{Spin: -1}.Until(sctx, g.bell, func(x uint32) bool { return x != bell })
+	pt0 := g.l.parts[0] // its anySeq is the log's
+	sleepOn(sctx, pt0.anySeq, pt0.anySleepers, func() bool {
+		if others() {
+			return true
+		}
+		for _, p := range g.owned {
+			if ready(p) {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // poll looks for a message in partition p: a due entry first, then the
@@ -1460,10 +1474,7 @@ func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) er
 	defer gp.lock.EndWrite()
 	if count == uint64(g.cap) {
 		// The owner may wait for room: wake it.
-		defer func() {
-			g.bell.Add(1)
-			shm.Wake(g.bell)
-		}()
+		defer g.ring(p)
 	}
 	e[1].Store(entryMeta(attempt, entryAcked, g.me))
 	for count > 0 && metaState(g.entry(gp, head)[1].Load()) == entryAcked {

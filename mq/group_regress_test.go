@@ -761,3 +761,48 @@ func TestGroupOpenLoanOnePartition(t *testing.T) {
 		t.Fatalf("offset %d, %v; want %d", r.m.Offset, r.err, res.Offset())
 	}
 }
+
+// TestGroupIdleDoesNotPoll: an idle member that owns several partitions
+// sleeps until a producer commits to one of them (or a Nack, or a new
+// generation), instead of waking every millisecond to look (its sleep
+// bound is an hour here).
+func TestGroupIdleDoesNotPoll(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour})
+	g.Receive(timeout(t, 10*time.Millisecond))
+	if got := g.Assigned(); len(got) != 2 {
+		t.Fatalf("owns %v", got)
+	}
+	naps := g.naps.Load()
+	done := receiveAsync(t, g)
+	until(t, ctx, "the member asleep", func() bool { return g.naps.Load() > naps })
+	// A sleep ends only when something wakes it: none comes for 200 ms
+	// (a loaded machine can hide a poll, not invent one).
+	watch := timeout(t, 200*time.Millisecond)
+	for watch.Err() == nil {
+		if n := g.naps.Load() - naps; n > 2 {
+			t.Fatalf("an idle member slept %d times in 200 ms: it polls", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	off, err := l.Send(ctx, 1, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "a commit did not wake the idle member")
+	if r.err != nil || r.m.Partition != 1 || r.m.Offset != off {
+		t.Fatalf("partition %d offset %d, %v; want partition 1 offset %d", r.m.Partition, r.m.Offset, r.err, off)
+	}
+	// A Nack wakes it too.
+	naps = g.naps.Load()
+	done = receiveAsync(t, g)
+	until(t, ctx, "the member asleep", func() bool { return g.naps.Load() > naps })
+	if err := g.Nack(r.m); err != nil {
+		t.Fatal(err)
+	}
+	again := result(t, ctx, done, "a Nack did not wake the idle member")
+	if again.err != nil || again.m.Offset != off || again.m.Attempt != 2 {
+		t.Fatalf("after the Nack: offset %d attempt %d, %v", again.m.Offset, again.m.Attempt, again.err)
+	}
+}
