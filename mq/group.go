@@ -208,6 +208,10 @@ type Consumer struct {
 	redo      func() // releases the last redelivered record's mapping (Log.ReadAt)
 	lastAlive time.Time
 	naps      atomic.Uint64 // sleeps in Receive, for tests to tell a poll from a sleep
+	// torn, if set, runs between an optimistic read of the member table
+	// or a partition's state and its validation (tests: a writer that
+	// keeps changing the sequence word).
+	torn func()
 	// buddy is the process word pins are held in the name of: the next
 	// live member's (this process's when alone), so that a pin outlives
 	// its owner until a survivor takes the partition over.
@@ -426,10 +430,25 @@ func (g *Consumer) join() error {
 	return fmt.Errorf("mq: group %s: %d members: %w", g.name, maxMembers, ErrGroupFull)
 }
 
+// optimisticReads is how many lock-free reads of a seqlocked record a
+// reader tries before it reads under the lock: a writer that keeps
+// changing the sequence word (or garbage that does) cannot make it retry
+// forever.
+const optimisticReads = 64
+
 // members reads the member table: the slots of live members, sorted, as of
 // generation gen.
 func (g *Consumer) members() (slots []int, gen uint64, err error) {
-	for {
+	read := func() {
+		slots = slots[:0]
+		gen = g.gen.Load()
+		for i := range maxMembers {
+			if g.mem[2*i].Load() != 0 {
+				slots = append(slots, i)
+			}
+		}
+	}
+	for range optimisticReads {
 		seq, err := g.lock.Begin(time.Second)
 		if errors.Is(err, shm.ErrOwnerDied) {
 			if err := g.lockGroup(); err != nil {
@@ -441,17 +460,20 @@ func (g *Consumer) members() (slots []int, gen uint64, err error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		slots = slots[:0]
-		gen = g.gen.Load()
-		for i := range maxMembers {
-			if g.mem[2*i].Load() != 0 {
-				slots = append(slots, i)
-			}
+		read()
+		if g.torn != nil {
+			g.torn()
 		}
 		if g.lock.Validate(seq) {
 			return slots, gen, nil
 		}
 	}
+	if err := g.lockGroup(); err != nil {
+		return nil, 0, fmt.Errorf("mq: group %s: members: %w", g.name, err)
+	}
+	defer g.lock.Unlock()
+	read()
+	return slots, gen, nil
 }
 
 // holderAlive reports whether the member named by holder word h (slot+1,
@@ -1567,7 +1589,14 @@ func (g *Consumer) Stats(p int) (GroupStats, error) {
 		return GroupStats{}, fmt.Errorf("mq: partition %d of %d", p, len(g.parts))
 	}
 	gp := g.parts[p]
-	for {
+	read := func() GroupStats {
+		return GroupStats{
+			Owner: holderSlot(gp.w[pwOwner].Load()), Committed: committed(gp.w, g.cap), Next: gp.w[pwNext].Load(),
+			InFlight: int(gp.w[pwCount].Load()), Redelivered: gp.w[pwRedelivered].Load(),
+			DeadLettered: gp.w[pwDeadLetters].Load(), Lost: gp.w[pwLost].Load(),
+		}
+	}
+	for range optimisticReads {
 		seq, err := gp.lock.Begin(time.Second)
 		if err != nil {
 			return GroupStats{}, err
@@ -1578,15 +1607,22 @@ func (g *Consumer) Stats(p int) (GroupStats, error) {
 			}
 			continue
 		}
-		s := GroupStats{
-			Owner: holderSlot(gp.w[pwOwner].Load()), Committed: committed(gp.w, g.cap), Next: gp.w[pwNext].Load(),
-			InFlight: int(gp.w[pwCount].Load()), Redelivered: gp.w[pwRedelivered].Load(),
-			DeadLettered: gp.w[pwDeadLetters].Load(), Lost: gp.w[pwLost].Load(),
+		s := read()
+		if g.torn != nil {
+			g.torn()
 		}
 		if gp.lock.Validate(seq) {
 			return s, nil
 		}
 	}
+	if err := g.lockPart(p); err != nil {
+		return GroupStats{}, err
+	}
+	defer gp.lock.Unlock()
+	if err := checkPart(gp.w, g.cap); err != nil {
+		return GroupStats{}, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	return read(), nil
 }
 
 // Member is this consumer's member slot in the group.

@@ -806,3 +806,62 @@ func TestGroupIdleDoesNotPoll(t *testing.T) {
 		t.Fatalf("after the Nack: offset %d attempt %d, %v", again.m.Offset, again.m.Attempt, again.err)
 	}
 }
+
+// TestGroupTornReads: members() and Stats read without a lock and retry
+// a read that a write overlapped; under a writer that keeps changing the
+// sequence word (here: between every read and its validation) they must
+// still return, not retry forever.
+func TestGroupTornReads(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := fmt.Sprintf("torn%d", groupSeq.Add(1))
+	g := join(t, l, name, GroupConfig{})
+	sendAll(t, ctx, l, 1)
+	m := receive(t, ctx, g)
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	groupSeqWord, _ := seg.Uint64At(gOffLock + 8)
+	partSeqWord, _ := seg.Uint64At(gOffParts0 + 8)
+	var stop atomic.Bool // the test failed: let the reads through, to end them
+	g.torn = func() {
+		if !stop.Load() {
+			groupSeqWord.Add(2)
+			partSeqWord.Add(2)
+		}
+	}
+	type answer struct {
+		what string
+		err  error
+	}
+	done := make(chan answer, 2)
+	go func() {
+		slots, _, err := g.members()
+		if err == nil && (len(slots) != 1 || slots[0] != g.Member()) {
+			err = fmt.Errorf("members %v, want [%d]", slots, g.Member())
+		}
+		done <- answer{"members", err}
+	}()
+	go func() {
+		st, err := g.Stats(0)
+		if err == nil && (st.InFlight != 1 || st.Committed != m.Offset) {
+			err = fmt.Errorf("stats %+v, want one in flight at %d", st, m.Offset)
+		}
+		done <- answer{"Stats", err}
+	}()
+	for i := 0; i < 2; i++ {
+		select {
+		case a := <-done:
+			if a.err != nil {
+				t.Errorf("%s: %v", a.what, a.err)
+			}
+		case <-ctx.Done():
+			if !stop.Swap(true) {
+				t.Error("members() or Stats retries forever under a writer that keeps changing the sequence")
+			}
+			i--
+		}
+	}
+}
