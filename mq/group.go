@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"sync"
@@ -195,6 +196,7 @@ type Consumer struct {
 
 	slot   int
 	memGen uint64
+	tag    uint64 // the group's identity in its pins' reader slots (pinTag)
 	me     uint64 // holderWord(slot, memGen)
 	pw     uint64 // process word
 
@@ -350,7 +352,10 @@ func newConsumer(l *Log, name string, c GroupConfig, seg *shm.Segment) (*Consume
 	if err != nil {
 		return nil, err
 	}
-	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word()}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word(),
+		tag: 1<<32 | uint64(h.Sum32())}
 	g.bell, _ = seg.Uint32At(gOffBell)
 	stride := partWords(g.cap) * 8
 	for p := range l.cfg.Partitions {
@@ -714,6 +719,7 @@ func (g *Consumer) handOver(p int) {
 // becomes so, or a free entry (the partition's lock held).
 func (g *Consumer) recordHandOver(gp *groupPart, rs int, owner uint64) bool {
 	mine := uint64(rs+1) | g.me<<8
+	g.tagPin(rs, uint64(rs+1)) // before the record says so
 	for i := range maxPins {
 		w := &gp.w[pwPins+2*i]
 		if w.Load() == mine && gp.w[pwPins+2*i+1].Load() == owner {
@@ -968,6 +974,7 @@ func (g *Consumer) repinLocked(p int, gp *groupPart) error {
 // recordPin records in partition state that this consumer holds reader
 // slot rs in the name of owner (see pwPins), if the table has room.
 func (g *Consumer) recordPin(gp *groupPart, rs int, owner uint64) bool {
+	g.tagPin(rs, uint64(rs+1)|g.me<<8)
 	for i := range maxPins {
 		w := &gp.w[pwPins+2*i]
 		if w.Load() == 0 {
@@ -985,6 +992,11 @@ func (g *Consumer) recordPin(gp *groupPart, rs int, owner uint64) bool {
 // lock.
 func (g *Consumer) closePin(gp *groupPart, r *Reader) {
 	rs := g.readerSlot(r)
+	if rs >= 0 {
+		// Untagged first: a record this consumer leaves behind (it dies
+		// before clearing it) then names a slot no release frees.
+		g.tagPin(rs, 0)
+	}
 	r.Close()
 	if rs < 0 {
 		return
@@ -998,7 +1010,9 @@ func (g *Consumer) closePin(gp *groupPart, r *Reader) {
 // releaseOrphans frees the reader slots that members now gone held
 // partition p's pins in, in a live member's name (the partition's lock
 // held, and this consumer's own pin in place). A slot is freed only if it
-// is still held for p in that name.
+// is still held for p in that name, and tagged as this group's pin with
+// this very record (pinTag): a garbage record, or a stale one whose slot
+// has been taken since for another reader, frees nothing.
 func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
 	for i := range maxPins {
 		w := gp.w[pwPins+2*i].Load()
@@ -1010,13 +1024,39 @@ func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
 			base := offReaders + int(rs-1)*line
 			o, _ := g.l.meta.Uint64At(base)
 			part, _ := g.l.meta.Uint64At(base + 8)
-			if part.Load() == uint64(p) && o.CompareAndSwap(owner, 0) {
+			tag := pinTag(g.l, int(rs-1))
+			if part.Load() == uint64(p) && tag[0].Load() == g.tag && tag[1].Load() == w && o.CompareAndSwap(owner, 0) {
+				g.tagPin(int(rs-1), 0)
 				g.l.wakeBlocked(g.l.parts[p])
 				g.cfg.Logger.Debug("mq: released a gone member's pin", "group", g.name, "partition", p, "slot", rs-1)
 			}
 		}
 		gp.w[pwPins+2*i].CompareAndSwap(w, 0)
 	}
+}
+
+// pinTag is the two words of reader slot rs that say whether a consumer
+// group's pin holds it: the group's tag (Consumer.tag) and the pin's
+// record in the partition state (pwPins), or zeros. NewReader zeroes them
+// when it takes the slot.
+func pinTag(l *Log, rs int) [2]*atomic.Uint64 {
+	base := offReaders + rs*line
+	group, _ := l.meta.Uint64At(base + 24)
+	rec, _ := l.meta.Uint64At(base + 32)
+	return [2]*atomic.Uint64{group, rec}
+}
+
+// tagPin tags reader slot rs, which this consumer holds, as this group's
+// pin recorded as rec (or untags it: rec 0).
+func (g *Consumer) tagPin(rs int, rec uint64) {
+	t := pinTag(g.l, rs)
+	if rec == 0 {
+		t[1].Store(0)
+		t[0].Store(0)
+		return
+	}
+	t[0].Store(g.tag)
+	t[1].Store(rec)
 }
 
 // readerSlot is the index of r's slot among the log's reader slots.

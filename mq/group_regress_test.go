@@ -865,3 +865,37 @@ func TestGroupTornReads(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupGarbagePinRecord: a pin record in the partition state that
+// names a gone member and a live reader slot of the same partition (here
+// the owner's own stream reader, in its own name) is garbage: releasing
+// it must not free that slot. Only a slot that a group pin holds, as that
+// record says, is freed.
+func TestGroupGarbagePinRecord(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{})
+	sendAll(t, ctx, l, 2)
+	receive(t, ctx, g)
+	gp := g.parts[0]
+	rs := g.readerSlot(gp.stream)
+	if rs < 0 {
+		t.Fatal("no reader slot for the stream")
+	}
+	owner, _ := l.meta.Uint64At(offReaders + rs*line)
+	held := owner.Load()
+	last := pwPins + 2*(maxPins-1)
+	gp.w[last+1].Store(held)
+	gp.w[last].Store(uint64(rs+1) | holderWord(5, 7)<<8) // member 5 is gone
+	if err := g.lockPart(0); err != nil {
+		t.Fatal(err)
+	}
+	g.releaseOrphans(0, gp)
+	gp.lock.Unlock()
+	if w := owner.Load(); w != held {
+		t.Fatalf("the stream's reader slot %d was freed by a garbage pin record (owner %#x, was %#x)", rs, w, held)
+	}
+	if m, err := g.Receive(ctx); err != nil || m.Attempt != 1 {
+		t.Fatalf("after the garbage record: offset %d attempt %d, %v", m.Offset, m.Attempt, err)
+	}
+}

@@ -78,6 +78,11 @@ func (l *Log) NewReader(p int, from uint64) (*Reader, error) {
 		part, _ := l.meta.Uint64At(base + 8)
 		r.off, _ = l.meta.Uint64At(base + 16)
 		part.Store(uint64(p))
+		// A pin tag (consumer groups: pinTag) left by the slot's last
+		// holder is not this reader's.
+		for _, w := range pinTag(l, i) {
+			w.Store(0)
+		}
 		break
 	}
 	if r.owner == nil {
