@@ -80,8 +80,9 @@ func (c GroupConfig) withDefaults() (GroupConfig, error) {
 	switch {
 	case c.VisibilityTimeout < 0:
 		return c, fmt.Errorf("mq: visibility timeout %v", c.VisibilityTimeout)
-	case c.MaxAttempts < 0 || c.MaxAttempts > maxAttempts:
-		return c, fmt.Errorf("mq: %d attempts, want 0 to %d", c.MaxAttempts, maxAttempts)
+	case c.MaxAttempts < 0 || c.MaxAttempts >= maxAttempts:
+		// The dead-letter copy holds the entry as one attempt more.
+		return c, fmt.Errorf("mq: %d attempts, want 0 to %d", c.MaxAttempts, maxAttempts-1)
 	case c.MaxAttempts > 0 && c.DeadLetter == nil:
 		return c, errors.New("mq: MaxAttempts without a DeadLetter log")
 	case c.MaxInFlight < 1 || c.MaxInFlight > maxInFlight:
@@ -219,6 +220,11 @@ type Consumer struct {
 	// its owner until a survivor takes the partition over.
 	buddy  atomic.Uint64
 	closed atomic.Bool
+	// closing ends when Close begins: a wait without a bound of its own
+	// (a dead-letter copy to a full FullBlock log) ends with it, so that
+	// Close does not wait for it.
+	closing     context.Context
+	stopClosing context.CancelFunc
 	// life keeps the group segment mapped while Ack, Nack or Stats use
 	// it: Close takes it for writing before it unmaps.
 	life sync.RWMutex
@@ -356,6 +362,7 @@ func newConsumer(l *Log, name string, c GroupConfig, seg *shm.Segment) (*Consume
 	h.Write([]byte(name))
 	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word(),
 		tag: 1<<32 | uint64(h.Sum32())}
+	g.closing, g.stopClosing = context.WithCancel(context.Background())
 	g.bell, _ = seg.Uint32At(gOffBell)
 	stride := partWords(g.cap) * 8
 	for p := range l.cfg.Partitions {
@@ -1250,8 +1257,7 @@ func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 	}
 	rec, err := g.readAt(ctx, p, act.off)
 	if errors.Is(err, ErrOffsetGone) {
-		g.settle(p, act.index, act.off, act.attempt, func() { g.lost(p, gp, "retention dropped an unacked record", act.off, act.off) })
-		return Message{}, false, nil
+		return Message{}, false, g.settleTaken(p, act.index, act.off, act.attempt, func() { g.lost(p, gp, "retention dropped an unacked record", act.off, act.off) })
 	}
 	if err != nil {
 		return Message{}, false, err
@@ -1310,8 +1316,10 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 			if g.cfg.MaxAttempts > 0 && metaAttempts(m) >= g.cfg.MaxAttempts {
 				// Out of attempts: hold it while it is copied to the
 				// dead-letter log (a member that dies meanwhile leaves
-				// it due again), then ack it.
-				act.kind, act.attempt = actDeadLetter, metaAttempts(m)
+				// it due again), then ack it. The hold counts as an
+				// attempt, so that the last delivery's handle, nacked
+				// or timed out, can no longer ack it meanwhile.
+				act.kind = actDeadLetter
 			} else {
 				gp.w[pwRedelivered].Add(1)
 			}
@@ -1452,20 +1460,28 @@ func (g *Consumer) readAt(ctx context.Context, p int, off uint64) (Record, error
 	return rec, nil
 }
 
-// deadLetter copies the record at off to the dead-letter log and acks it.
-func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, off uint64, attempts int) error {
+// deadLetter copies the record at off, held as attempt hold (one more than
+// its deliveries), to the dead-letter log and acks it. The copy's wait for
+// room (a full log under FullBlock) ends with ctx or Close.
+func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, off uint64, hold int) error {
+	attempts := max(min(hold-1, g.cfg.MaxAttempts), 1) // deliveries (a redelivered copy's hold is higher)
 	rec, err := g.readAt(ctx, p, off)
 	if errors.Is(err, ErrOffsetGone) {
-		g.settle(p, index, off, attempts, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
-		return nil
+		return g.settleTaken(p, index, off, hold, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
 	}
 	if err != nil {
 		return err
 	}
 	dl := g.cfg.DeadLetter
 	dp := p % dl.cfg.Partitions
-	res, err := dl.Loan(ctx, dp, deadLetterHeader+len(rec.Payload))
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(g.closing, cancel)()
+	res, err := dl.Loan(lctx, dp, deadLetterHeader+len(rec.Payload))
 	if err != nil {
+		if g.closing.Err() != nil {
+			return ErrClosed // the entry stays held: the next owner finds this member gone
+		}
 		return fmt.Errorf("mq: group %s: dead-letter partition %d offset %d: %w", g.name, p, off, err)
 	}
 	b := res.Bytes()
@@ -1478,11 +1494,23 @@ func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, 
 	if err := res.Commit(); err != nil {
 		return fmt.Errorf("mq: group %s: dead-letter: %w", g.name, err)
 	}
-	g.settle(p, index, off, attempts, func() {
+	return g.settleTaken(p, index, off, hold, func() {
 		gp.w[pwDeadLetters].Add(1)
 		g.cfg.Logger.Info("mq: dead-lettered", "group", g.name, "partition", p, "offset", off, "attempts", attempts, "to", dl.Name())
 	})
-	return nil
+}
+
+// settleTaken settles an entry Receive took (a redelivery whose record
+// retention dropped, a dead-letter copy). ErrNotHeld is no error there:
+// the partition's next owner took the entry meanwhile (and delivers or
+// dead-letters it again); any other error is Receive's.
+func (g *Consumer) settleTaken(p int, index, off uint64, attempt int, then func()) error {
+	err := g.settle(p, index, off, attempt, then)
+	if errors.Is(err, ErrNotHeld) {
+		g.cfg.Logger.Warn("mq: group entry taken over before it was settled: it may come again", "group", g.name, "partition", p, "offset", off)
+		return nil
+	}
+	return err
 }
 
 // Dead-letter records: a header then the original payload.
@@ -1675,7 +1703,8 @@ func (g *Consumer) Close() error {
 	if g.closed.Swap(true) {
 		return nil
 	}
-	g.ring(-1) // a Receive asleep returns
+	g.stopClosing() // a dead-letter copy under way ends
+	g.ring(-1)      // a Receive asleep returns
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.life.Lock()

@@ -899,3 +899,55 @@ func TestGroupGarbagePinRecord(t *testing.T) {
 		t.Fatalf("after the garbage record: offset %d attempt %d, %v", m.Offset, m.Attempt, err)
 	}
 }
+
+// TestGroupDeadLetterBlocked: a record out of attempts is being copied to
+// a dead-letter log under FullBlock that is full (a reader holds its
+// oldest segment), so the copy waits. Meanwhile the delivery nacked
+// before can no longer be acked (the copy holds the entry as a new
+// attempt), and Close does not wait for the copy: it ends it.
+func TestGroupDeadLetterBlocked(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	dl := newLog(t, Config{SegmentSize: 4096 + deadLetterHeader, Segments: 2, Full: FullBlock})
+	ctx := timeout(t, 10*time.Second)
+	dr := newReader(t, dl, 0, Oldest) // holds segment 0
+	for range 8 {                     // four records of 1,016 bytes fill a segment
+		if _, err := dl.Send(ctx, 0, make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := dl.Send(doneCtx, 0, make([]byte, 100)); err == nil {
+		t.Fatal("the dead-letter log is not full")
+	}
+	g, err := l.JoinGroup(fmt.Sprintf("dlblock%d", groupSeq.Add(1)), GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close(); RemoveGroup(l.Name(), g.name) })
+	sendAll(t, ctx, l, 1)
+	m := receive(t, ctx, g)
+	if err := g.Nack(m); err != nil {
+		t.Fatal(err)
+	}
+	pt := dl.parts[0]
+	pt.blocked.Store(0) // the check above counted itself
+	done := receiveAsync(t, g)
+	until(t, ctx, "the dead-letter copy blocked on the full log", func() bool { return pt.blocked.Load() != 0 })
+	if err := g.Ack(m); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("the nacked delivery acked while it is being dead-lettered: %v, want ErrNotHeld", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- g.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-ctx.Done():
+		t.Error("Close waits for a dead-letter copy blocked on a full log")
+		dr.Close() // frees the log: the copy, then Close, go on
+		<-closed
+	}
+	if r := <-done; !errors.Is(r.err, ErrClosed) {
+		t.Errorf("the Receive under way: %v, want ErrClosed", r.err)
+	}
+}
