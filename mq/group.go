@@ -266,7 +266,7 @@ func (l *Log) JoinGroup(name string, c GroupConfig) (*Consumer, error) {
 		return nil, fmt.Errorf("mq: dead-letter log %s has %d-byte segments: a record of %s needs %d (its segment size and the %d-byte dead-letter header)",
 			dl.name, dl.cfg.SegmentSize, l.name, l.cfg.SegmentSize+deadLetterHeader, deadLetterHeader)
 	}
-	seg, err := openGroup(l, name, c.MaxInFlight)
+	seg, err := openGroup(l, name, c.MaxInFlight, c.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -282,58 +282,88 @@ func (l *Log) JoinGroup(name string, c GroupConfig) (*Consumer, error) {
 	return g, nil
 }
 
-// openGroup creates or opens the group segment.
-func openGroup(l *Log, name string, inFlight int) (*shm.Segment, error) {
+// openGroup creates or opens the group segment, and initializes it if
+// nobody has: under the group lock, so that a creator that dies before it
+// wrote the magic (which comes last) leaves the group to the next member
+// to join, not unusable until RemoveGroup.
+func openGroup(l *Log, name string, inFlight int, logger *slog.Logger) (*shm.Segment, error) {
 	gname := groupName(l.name, name)
 	size := groupSize(l.cfg.Partitions, inFlight)
 	seg, err := shm.CreateSegment(gname, size, &shm.SegmentConfig{Keep: true})
-	if err == nil {
-		for i, v := range []uint64{uint64(l.cfg.Partitions), uint64(inFlight)} {
-			w, _ := seg.Uint64At(gOffParts + 8*i)
-			w.Store(v)
+	if errors.Is(err, os.ErrExist) {
+		// Its creator may be making it this moment (then RepairSegment
+		// says ErrLocked for a little while), or may have died before
+		// the segment had a header (RepairSegment makes it in place).
+		deadline := time.Now().Add(time.Second)
+		for {
+			seg, err = shm.RepairSegment(gname, size, &shm.SegmentConfig{Keep: true})
+			if err == nil || !errors.Is(err, shm.ErrLocked) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(time.Millisecond)
 		}
-		size := uint64(l.cfg.SegmentSize)
-		for p := range l.cfg.Partitions {
-			// A new group starts at each partition's oldest record.
-			w, _ := seg.Uint64At(gOffParts0 + p*partWords(inFlight)*8 + pwNext*8)
-			w.Store(l.parts[p].head.Load() * size)
-		}
-		magic, _ := seg.Uint64At(gOffMagic)
-		magic.Store(groupMagic)
-		ready, _ := seg.Uint32At(gOffMagic)
-		shm.Wake(ready)
-		return seg, nil
-	}
-	if !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("mq: group %s of %s: %w", name, l.name, err)
-	}
-	// Its creator may be making it this moment: missing again (removed)
-	// or not yet sized (shm says corrupt) for a little while.
-	deadline := time.Now().Add(time.Second)
-	for {
-		seg, err = shm.OpenSegment(gname)
-		if err == nil || !errors.Is(err, os.ErrNotExist) && !errors.Is(err, shm.ErrCorrupt) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("mq: group %s of %s: %w", name, l.name, err)
 	}
-	if seg.Size() < gOffParts0 {
+	if err := initGroup(l, name, seg, inFlight, logger); err != nil {
 		seg.Close()
-		return nil, fmt.Errorf("mq: group %s: segment of %d bytes: %w", name, seg.Size(), shm.ErrCorrupt)
-	}
-	magic, _ := seg.Uint64At(gOffMagic)
-	ready, _ := seg.Uint32At(gOffMagic)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	err = shm.Wait{}.Until(ctx, ready, func(uint32) bool { return magic.Load() == groupMagic })
-	cancel()
-	if err != nil {
-		seg.Close()
-		return nil, fmt.Errorf("mq: group %s is not a group (bad magic): %w", name, shm.ErrCorrupt)
+		return nil, err
 	}
 	return seg, nil
+}
+
+// initGroup writes a new group's header and partition starts, unless
+// there is a group already (its magic is set). The group lock makes one
+// member do it; a member that died doing it (the lock's owner dead) left
+// it to the next, which starts over.
+func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, logger *slog.Logger) error {
+	if seg.Size() < gOffParts0 {
+		return fmt.Errorf("mq: group %s: segment of %d bytes: %w", name, seg.Size(), shm.ErrCorrupt)
+	}
+	magic, _ := seg.Uint64At(gOffMagic)
+	switch m := magic.Load(); {
+	case m == groupMagic:
+		return nil
+	case m != 0:
+		// Not a creator that died before it wrote it: garbage, which
+		// is not wiped.
+		return fmt.Errorf("mq: group %s is not a group (bad magic %#x): %w", name, m, shm.ErrCorrupt)
+	}
+	lock, err := shm.SeqLockAt(seg, gOffLock)
+	if err != nil {
+		return err
+	}
+	err = lock.Lock(time.Second)
+	if err != nil && !errors.Is(err, shm.ErrOwnerDied) {
+		return fmt.Errorf("mq: group %s: initialize: %w", name, err)
+	}
+	defer lock.Unlock()
+	if err != nil {
+		logger.Warn("mq: group lock taken over from a dead member before the group was made", "group", name, "err", err)
+		defer lock.EndWrite() // before the Unlock
+	}
+	if m := magic.Load(); m != 0 {
+		if m != groupMagic {
+			return fmt.Errorf("mq: group %s is not a group (bad magic %#x): %w", name, m, shm.ErrCorrupt)
+		}
+		return nil // made while this member waited for the lock
+	}
+	if need := groupSize(l.cfg.Partitions, inFlight); seg.Size() < need {
+		return fmt.Errorf("mq: group %s: an unfinished group segment of %d bytes, %d needed for MaxInFlight %d (RemoveGroup it): %w", name, seg.Size(), need, inFlight, shm.ErrCorrupt)
+	}
+	for i, v := range []uint64{uint64(l.cfg.Partitions), uint64(inFlight)} {
+		w, _ := seg.Uint64At(gOffParts + 8*i)
+		w.Store(v)
+	}
+	size := uint64(l.cfg.SegmentSize)
+	for p := range l.cfg.Partitions {
+		// A new group starts at each partition's oldest record.
+		w, _ := seg.Uint64At(gOffParts0 + p*partWords(inFlight)*8 + pwNext*8)
+		w.Store(l.parts[p].head.Load() * size)
+	}
+	magic.Store(groupMagic)
+	return nil
 }
 
 // newConsumer checks the group segment's shape against the log and c and

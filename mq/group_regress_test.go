@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -949,5 +950,49 @@ func TestGroupDeadLetterBlocked(t *testing.T) {
 	}
 	if r := <-done; !errors.Is(r.err, ErrClosed) {
 		t.Errorf("the Receive under way: %v, want ErrClosed", r.err)
+	}
+}
+
+// TestGroupCreatorDied: a group whose creator died before it wrote the
+// magic is made usable by the next member to join, not left refused
+// until RemoveGroup: the creator died with an empty segment ("empty"),
+// with nothing but the segment's file ("file": before its header), or
+// holding the group lock with its write open halfway through ("locked").
+func TestGroupCreatorDied(t *testing.T) {
+	for _, state := range []string{"empty", "file", "locked"} {
+		t.Run(state, func(t *testing.T) {
+			l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+			ctx := timeout(t, 10*time.Second)
+			name := fmt.Sprintf("creator%d", groupSeq.Add(1))
+			gname := groupName(l.Name(), name)
+			t.Cleanup(func() { RemoveGroup(l.Name(), name) })
+			if state == "file" {
+				f, err := os.OpenFile(shmFile(gname), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.Close()
+				t.Cleanup(func() { os.Remove(shmFile(gname)) })
+			} else {
+				seg, err := shm.CreateSegment(gname, groupSize(2, 256), &shm.SegmentConfig{Keep: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if state == "locked" {
+					w := func(off int) *atomic.Uint64 { w, _ := seg.Uint64At(off); return w }
+					w(gOffParts).Store(2)
+					w(gOffLock).Store(uint64(0x7ffffff0)<<32 | 1) // the lock's owner: no such process
+					w(gOffLock + 8).Store(1)                      // its write open
+				}
+				seg.Close()
+			}
+			g := join(t, l, name, GroupConfig{})
+			sendAll(t, ctx, l, 1)
+			for range 2 {
+				if err := g.Ack(receive(t, ctx, g)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }
