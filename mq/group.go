@@ -95,12 +95,14 @@ func (c GroupConfig) withDefaults() (GroupConfig, error) {
 // groups"). Offsets in its data area; partition words are indexed in
 // 8-byte words from the partition's base.
 const (
-	groupMagic    = 0x315052472d514d75 // "uMQ-GRP1", little endian
-	gOffMagic     = 0
-	gOffParts     = 8
-	gOffInFlight  = 16
-	gOffGen       = line     // the generation: bumped at each join, leave and death
-	gOffBell      = line + 8 // u32 word: bumped with the generation and by Nack (members sleep on the log's words now)
+	groupMagic   = 0x315052472d514d75 // "uMQ-GRP1", little endian
+	gOffMagic    = 0
+	gOffParts    = 8
+	gOffInFlight = 16
+	// gOffGen is the generation, bumped at each join, leave and death.
+	// (The word after it was the bell, a futex word idle members slept
+	// on; they sleep on the log's futex words now: Consumer.sleep.)
+	gOffGen       = line
 	gOffLock      = 2 * line // SeqLock over the member table and the generation
 	gOffMembers   = 3 * line // maxMembers of {owner, memGen}
 	maxMembers    = 64
@@ -189,7 +191,6 @@ type Consumer struct {
 	cfg   GroupConfig
 	seg   *shm.Segment
 	gen   *atomic.Uint64
-	bell  *atomic.Uint32
 	lock  shm.SeqLock
 	mem   []atomic.Uint64 // member slots: {owner, memGen}
 	parts []*groupPart
@@ -393,7 +394,6 @@ func newConsumer(l *Log, name string, c GroupConfig, seg *shm.Segment) (*Consume
 	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word(),
 		tag: 1<<32 | uint64(h.Sum32())}
 	g.closing, g.stopClosing = context.WithCancel(context.Background())
-	g.bell, _ = seg.Uint32At(gOffBell)
 	stride := partWords(g.cap) * 8
 	for p := range l.cfg.Partitions {
 		base := gOffParts0 + p*stride
@@ -439,7 +439,6 @@ func (g *Consumer) bumpGeneration() {
 // the group does not record who sleeps where; a wake of a word nobody
 // sleeps on is one load).
 func (g *Consumer) ring(p int) {
-	g.bell.Add(1)
 	if p >= 0 {
 		g.l.parts[p].wakeReaders() // and the log's word for any partition
 		return
