@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"sync"
@@ -54,6 +55,10 @@ type GroupConfig struct {
 	// now is the clock of deadlines (time.Now); tests replace it. The
 	// deadlines are in shared memory: every member must use one clock.
 	now func() time.Time
+	// parkFor bounds a sleep that only a wake-up or a deadline should end
+	// (default parkFor); tests make it long, so that a missing wake-up
+	// fails them instead of costing its bound.
+	parkFor time.Duration
 }
 
 func (c GroupConfig) withDefaults() (GroupConfig, error) {
@@ -69,11 +74,15 @@ func (c GroupConfig) withDefaults() (GroupConfig, error) {
 	if c.now == nil {
 		c.now = time.Now
 	}
+	if c.parkFor == 0 {
+		c.parkFor = parkFor
+	}
 	switch {
 	case c.VisibilityTimeout < 0:
 		return c, fmt.Errorf("mq: visibility timeout %v", c.VisibilityTimeout)
-	case c.MaxAttempts < 0 || c.MaxAttempts > maxAttempts:
-		return c, fmt.Errorf("mq: %d attempts, want 0 to %d", c.MaxAttempts, maxAttempts)
+	case c.MaxAttempts < 0 || c.MaxAttempts >= maxAttempts:
+		// The dead-letter copy holds the entry as one attempt more.
+		return c, fmt.Errorf("mq: %d attempts, want 0 to %d", c.MaxAttempts, maxAttempts-1)
 	case c.MaxAttempts > 0 && c.DeadLetter == nil:
 		return c, errors.New("mq: MaxAttempts without a DeadLetter log")
 	case c.MaxInFlight < 1 || c.MaxInFlight > maxInFlight:
@@ -86,12 +95,14 @@ func (c GroupConfig) withDefaults() (GroupConfig, error) {
 // groups"). Offsets in its data area; partition words are indexed in
 // 8-byte words from the partition's base.
 const (
-	groupMagic    = 0x315052472d514d75 // "uMQ-GRP1", little endian
-	gOffMagic     = 0
-	gOffParts     = 8
-	gOffInFlight  = 16
-	gOffGen       = line     // the generation: bumped at each join, leave and death
-	gOffBell      = line + 8 // u32 futex word: bumped and woken with the generation and by Nack
+	groupMagic   = 0x315052472d514d75 // "uMQ-GRP1", little endian
+	gOffMagic    = 0
+	gOffParts    = 8
+	gOffInFlight = 16
+	// gOffGen is the generation, bumped at each join, leave and death.
+	// (The word after it was the bell, a futex word idle members slept
+	// on; they sleep on the log's futex words now: Consumer.sleep.)
+	gOffGen       = line
 	gOffLock      = 2 * line // SeqLock over the member table and the generation
 	gOffMembers   = 3 * line // maxMembers of {owner, memGen}
 	maxMembers    = 64
@@ -101,9 +112,6 @@ const (
 	partHeader    = 32 // words before a partition's entries
 	entryWords    = 3  // offset, meta, deadline
 	livenessEvery = 10 * time.Millisecond
-	// pollEvery is the longest an idle consumer that owns several
-	// partitions sleeps before it looks at them again.
-	pollEvery = time.Millisecond
 )
 
 // Words of a partition's state in a group segment.
@@ -183,7 +191,6 @@ type Consumer struct {
 	cfg   GroupConfig
 	seg   *shm.Segment
 	gen   *atomic.Uint64
-	bell  *atomic.Uint32
 	lock  shm.SeqLock
 	mem   []atomic.Uint64 // member slots: {owner, memGen}
 	parts []*groupPart
@@ -191,6 +198,7 @@ type Consumer struct {
 
 	slot   int
 	memGen uint64
+	tag    uint64 // the group's identity in its pins' reader slots (pinTag)
 	me     uint64 // holderWord(slot, memGen)
 	pw     uint64 // process word
 
@@ -203,11 +211,21 @@ type Consumer struct {
 	assigned  atomic.Pointer[[]int]
 	redo      func() // releases the last redelivered record's mapping (Log.ReadAt)
 	lastAlive time.Time
+	naps      atomic.Uint64 // sleeps in Receive, for tests to tell a poll from a sleep
+	// torn, if set, runs between an optimistic read of the member table
+	// or a partition's state and its validation (tests: a writer that
+	// keeps changing the sequence word).
+	torn func()
 	// buddy is the process word pins are held in the name of: the next
 	// live member's (this process's when alone), so that a pin outlives
 	// its owner until a survivor takes the partition over.
 	buddy  atomic.Uint64
 	closed atomic.Bool
+	// closing ends when Close begins: a wait without a bound of its own
+	// (a dead-letter copy to a full FullBlock log) ends with it, so that
+	// Close does not wait for it.
+	closing     context.Context
+	stopClosing context.CancelFunc
 	// life keeps the group segment mapped while Ack, Nack or Stats use
 	// it: Close takes it for writing before it unmaps.
 	life sync.RWMutex
@@ -224,7 +242,9 @@ type groupPart struct {
 	stream *Reader // at pwNext, while owned
 	pin    *Reader // at the committed offset's segment, while owned
 	// stuck is 1 + the stream offset at which the last read gave up on
-	// a record still being written, or 0 (Receive's goroutine only).
+	// a record still being written, or 0 (Receive's goroutine only): a
+	// member asleep on the partition then waits for its commit (which
+	// wakes it) rather than for the tail to pass the stream.
 	stuck uint64
 	// bad: the last poll found the partition's state corrupt, and
 	// Receive said so (Receive's goroutine only).
@@ -247,7 +267,7 @@ func (l *Log) JoinGroup(name string, c GroupConfig) (*Consumer, error) {
 		return nil, fmt.Errorf("mq: dead-letter log %s has %d-byte segments: a record of %s needs %d (its segment size and the %d-byte dead-letter header)",
 			dl.name, dl.cfg.SegmentSize, l.name, l.cfg.SegmentSize+deadLetterHeader, deadLetterHeader)
 	}
-	seg, err := openGroup(l, name, c.MaxInFlight)
+	seg, err := openGroup(l, name, c.MaxInFlight, c.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -263,58 +283,88 @@ func (l *Log) JoinGroup(name string, c GroupConfig) (*Consumer, error) {
 	return g, nil
 }
 
-// openGroup creates or opens the group segment.
-func openGroup(l *Log, name string, inFlight int) (*shm.Segment, error) {
+// openGroup creates or opens the group segment, and initializes it if
+// nobody has: under the group lock, so that a creator that dies before it
+// wrote the magic (which comes last) leaves the group to the next member
+// to join, not unusable until RemoveGroup.
+func openGroup(l *Log, name string, inFlight int, logger *slog.Logger) (*shm.Segment, error) {
 	gname := groupName(l.name, name)
 	size := groupSize(l.cfg.Partitions, inFlight)
 	seg, err := shm.CreateSegment(gname, size, &shm.SegmentConfig{Keep: true})
-	if err == nil {
-		for i, v := range []uint64{uint64(l.cfg.Partitions), uint64(inFlight)} {
-			w, _ := seg.Uint64At(gOffParts + 8*i)
-			w.Store(v)
+	if errors.Is(err, os.ErrExist) {
+		// Its creator may be making it this moment (then RepairSegment
+		// says ErrLocked for a little while), or may have died before
+		// the segment had a header (RepairSegment makes it in place).
+		deadline := time.Now().Add(time.Second)
+		for {
+			seg, err = shm.RepairSegment(gname, size, &shm.SegmentConfig{Keep: true})
+			if err == nil || !errors.Is(err, shm.ErrLocked) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(time.Millisecond)
 		}
-		size := uint64(l.cfg.SegmentSize)
-		for p := range l.cfg.Partitions {
-			// A new group starts at each partition's oldest record.
-			w, _ := seg.Uint64At(gOffParts0 + p*partWords(inFlight)*8 + pwNext*8)
-			w.Store(l.parts[p].head.Load() * size)
-		}
-		magic, _ := seg.Uint64At(gOffMagic)
-		magic.Store(groupMagic)
-		ready, _ := seg.Uint32At(gOffMagic)
-		shm.Wake(ready)
-		return seg, nil
-	}
-	if !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("mq: group %s of %s: %w", name, l.name, err)
-	}
-	// Its creator may be making it this moment: missing again (removed)
-	// or not yet sized (shm says corrupt) for a little while.
-	deadline := time.Now().Add(time.Second)
-	for {
-		seg, err = shm.OpenSegment(gname)
-		if err == nil || !errors.Is(err, os.ErrNotExist) && !errors.Is(err, shm.ErrCorrupt) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("mq: group %s of %s: %w", name, l.name, err)
 	}
-	if seg.Size() < gOffParts0 {
+	if err := initGroup(l, name, seg, inFlight, logger); err != nil {
 		seg.Close()
-		return nil, fmt.Errorf("mq: group %s: segment of %d bytes: %w", name, seg.Size(), shm.ErrCorrupt)
-	}
-	magic, _ := seg.Uint64At(gOffMagic)
-	ready, _ := seg.Uint32At(gOffMagic)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	err = shm.Wait{}.Until(ctx, ready, func(uint32) bool { return magic.Load() == groupMagic })
-	cancel()
-	if err != nil {
-		seg.Close()
-		return nil, fmt.Errorf("mq: group %s is not a group (bad magic): %w", name, shm.ErrCorrupt)
+		return nil, err
 	}
 	return seg, nil
+}
+
+// initGroup writes a new group's header and partition starts, unless
+// there is a group already (its magic is set). The group lock makes one
+// member do it; a member that died doing it (the lock's owner dead) left
+// it to the next, which starts over.
+func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, logger *slog.Logger) error {
+	if seg.Size() < gOffParts0 {
+		return fmt.Errorf("mq: group %s: segment of %d bytes: %w", name, seg.Size(), shm.ErrCorrupt)
+	}
+	magic, _ := seg.Uint64At(gOffMagic)
+	switch m := magic.Load(); {
+	case m == groupMagic:
+		return nil
+	case m != 0:
+		// Not a creator that died before it wrote it: garbage, which
+		// is not wiped.
+		return fmt.Errorf("mq: group %s is not a group (bad magic %#x): %w", name, m, shm.ErrCorrupt)
+	}
+	lock, err := shm.SeqLockAt(seg, gOffLock)
+	if err != nil {
+		return err
+	}
+	err = lock.Lock(time.Second)
+	if err != nil && !errors.Is(err, shm.ErrOwnerDied) {
+		return fmt.Errorf("mq: group %s: initialize: %w", name, err)
+	}
+	defer lock.Unlock()
+	if err != nil {
+		logger.Warn("mq: group lock taken over from a dead member before the group was made", "group", name, "err", err)
+		defer lock.EndWrite() // before the Unlock
+	}
+	if m := magic.Load(); m != 0 {
+		if m != groupMagic {
+			return fmt.Errorf("mq: group %s is not a group (bad magic %#x): %w", name, m, shm.ErrCorrupt)
+		}
+		return nil // made while this member waited for the lock
+	}
+	if need := groupSize(l.cfg.Partitions, inFlight); seg.Size() < need {
+		return fmt.Errorf("mq: group %s: an unfinished group segment of %d bytes, %d needed for MaxInFlight %d (RemoveGroup it): %w", name, seg.Size(), need, inFlight, shm.ErrCorrupt)
+	}
+	for i, v := range []uint64{uint64(l.cfg.Partitions), uint64(inFlight)} {
+		w, _ := seg.Uint64At(gOffParts + 8*i)
+		w.Store(v)
+	}
+	size := uint64(l.cfg.SegmentSize)
+	for p := range l.cfg.Partitions {
+		// A new group starts at each partition's oldest record.
+		w, _ := seg.Uint64At(gOffParts0 + p*partWords(inFlight)*8 + pwNext*8)
+		w.Store(l.parts[p].head.Load() * size)
+	}
+	magic.Store(groupMagic)
+	return nil
 }
 
 // newConsumer checks the group segment's shape against the log and c and
@@ -339,8 +389,11 @@ func newConsumer(l *Log, name string, c GroupConfig, seg *shm.Segment) (*Consume
 	if err != nil {
 		return nil, err
 	}
-	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word()}
-	g.bell, _ = seg.Uint32At(gOffBell)
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word(),
+		tag: 1<<32 | uint64(h.Sum32())}
+	g.closing, g.stopClosing = context.WithCancel(context.Background())
 	stride := partWords(g.cap) * 8
 	for p := range l.cfg.Partitions {
 		base := gOffParts0 + p*stride
@@ -366,6 +419,7 @@ func (g *Consumer) lockGroup() error {
 		g.cfg.Logger.Warn("mq: group lock taken over from a dead member", "group", g.name, "err", err)
 		g.gen.Add(1)
 		g.lock.EndWrite()
+		g.ring(-1)
 		return nil
 	}
 	return err
@@ -375,8 +429,23 @@ func (g *Consumer) bumpGeneration() {
 	g.lock.BeginWrite()
 	g.gen.Add(1)
 	g.lock.EndWrite()
-	g.bell.Add(1)
-	shm.Wake(g.bell)
+	g.ring(-1)
+}
+
+// ring wakes the members asleep in Receive. They sleep on the log's futex
+// words, which its producers wake: a member that owns one partition on
+// the partition's, the others on the log's word for any partition
+// (sleep). p is the partition concerned, or -1 for all (a new generation:
+// the group does not record who sleeps where; a wake of a word nobody
+// sleeps on is one load).
+func (g *Consumer) ring(p int) {
+	if p >= 0 {
+		g.l.parts[p].wakeReaders() // and the log's word for any partition
+		return
+	}
+	for _, pt := range g.l.parts {
+		pt.wakeReaders()
+	}
 }
 
 // join takes a member slot.
@@ -402,10 +471,25 @@ func (g *Consumer) join() error {
 	return fmt.Errorf("mq: group %s: %d members: %w", g.name, maxMembers, ErrGroupFull)
 }
 
+// optimisticReads is how many lock-free reads of a seqlocked record a
+// reader tries before it reads under the lock: a writer that keeps
+// changing the sequence word (or garbage that does) cannot make it retry
+// forever.
+const optimisticReads = 64
+
 // members reads the member table: the slots of live members, sorted, as of
 // generation gen.
 func (g *Consumer) members() (slots []int, gen uint64, err error) {
-	for {
+	read := func() {
+		slots = slots[:0]
+		gen = g.gen.Load()
+		for i := range maxMembers {
+			if g.mem[2*i].Load() != 0 {
+				slots = append(slots, i)
+			}
+		}
+	}
+	for range optimisticReads {
 		seq, err := g.lock.Begin(time.Second)
 		if errors.Is(err, shm.ErrOwnerDied) {
 			if err := g.lockGroup(); err != nil {
@@ -417,17 +501,20 @@ func (g *Consumer) members() (slots []int, gen uint64, err error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		slots = slots[:0]
-		gen = g.gen.Load()
-		for i := range maxMembers {
-			if g.mem[2*i].Load() != 0 {
-				slots = append(slots, i)
-			}
+		read()
+		if g.torn != nil {
+			g.torn()
 		}
 		if g.lock.Validate(seq) {
 			return slots, gen, nil
 		}
 	}
+	if err := g.lockGroup(); err != nil {
+		return nil, 0, fmt.Errorf("mq: group %s: members: %w", g.name, err)
+	}
+	defer g.lock.Unlock()
+	read()
+	return slots, gen, nil
 }
 
 // holderAlive reports whether the member named by holder word h (slot+1,
@@ -668,6 +755,7 @@ func (g *Consumer) handOver(p int) {
 // becomes so, or a free entry (the partition's lock held).
 func (g *Consumer) recordHandOver(gp *groupPart, rs int, owner uint64) bool {
 	mine := uint64(rs+1) | g.me<<8
+	g.tagPin(rs, uint64(rs+1)) // before the record says so
 	for i := range maxPins {
 		w := &gp.w[pwPins+2*i]
 		if w.Load() == mine && gp.w[pwPins+2*i+1].Load() == owner {
@@ -922,6 +1010,7 @@ func (g *Consumer) repinLocked(p int, gp *groupPart) error {
 // recordPin records in partition state that this consumer holds reader
 // slot rs in the name of owner (see pwPins), if the table has room.
 func (g *Consumer) recordPin(gp *groupPart, rs int, owner uint64) bool {
+	g.tagPin(rs, uint64(rs+1)|g.me<<8)
 	for i := range maxPins {
 		w := &gp.w[pwPins+2*i]
 		if w.Load() == 0 {
@@ -939,6 +1028,11 @@ func (g *Consumer) recordPin(gp *groupPart, rs int, owner uint64) bool {
 // lock.
 func (g *Consumer) closePin(gp *groupPart, r *Reader) {
 	rs := g.readerSlot(r)
+	if rs >= 0 {
+		// Untagged first: a record this consumer leaves behind (it dies
+		// before clearing it) then names a slot no release frees.
+		g.tagPin(rs, 0)
+	}
 	r.Close()
 	if rs < 0 {
 		return
@@ -952,7 +1046,9 @@ func (g *Consumer) closePin(gp *groupPart, r *Reader) {
 // releaseOrphans frees the reader slots that members now gone held
 // partition p's pins in, in a live member's name (the partition's lock
 // held, and this consumer's own pin in place). A slot is freed only if it
-// is still held for p in that name.
+// is still held for p in that name, and tagged as this group's pin with
+// this very record (pinTag): a garbage record, or a stale one whose slot
+// has been taken since for another reader, frees nothing.
 func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
 	for i := range maxPins {
 		w := gp.w[pwPins+2*i].Load()
@@ -964,13 +1060,39 @@ func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
 			base := offReaders + int(rs-1)*line
 			o, _ := g.l.meta.Uint64At(base)
 			part, _ := g.l.meta.Uint64At(base + 8)
-			if part.Load() == uint64(p) && o.CompareAndSwap(owner, 0) {
+			tag := pinTag(g.l, int(rs-1))
+			if part.Load() == uint64(p) && tag[0].Load() == g.tag && tag[1].Load() == w && o.CompareAndSwap(owner, 0) {
+				g.tagPin(int(rs-1), 0)
 				g.l.wakeBlocked(g.l.parts[p])
 				g.cfg.Logger.Debug("mq: released a gone member's pin", "group", g.name, "partition", p, "slot", rs-1)
 			}
 		}
 		gp.w[pwPins+2*i].CompareAndSwap(w, 0)
 	}
+}
+
+// pinTag is the two words of reader slot rs that say whether a consumer
+// group's pin holds it: the group's tag (Consumer.tag) and the pin's
+// record in the partition state (pwPins), or zeros. NewReader zeroes them
+// when it takes the slot.
+func pinTag(l *Log, rs int) [2]*atomic.Uint64 {
+	base := offReaders + rs*line
+	group, _ := l.meta.Uint64At(base + 24)
+	rec, _ := l.meta.Uint64At(base + 32)
+	return [2]*atomic.Uint64{group, rec}
+}
+
+// tagPin tags reader slot rs, which this consumer holds, as this group's
+// pin recorded as rec (or untags it: rec 0).
+func (g *Consumer) tagPin(rs int, rec uint64) {
+	t := pinTag(g.l, rs)
+	if rec == 0 {
+		t[1].Store(0)
+		t[0].Store(0)
+		return
+	}
+	t[0].Store(g.tag)
+	t[1].Store(rec)
 }
 
 // readerSlot is the index of r's slot among the log's reader slots.
@@ -1078,16 +1200,17 @@ func (g *Consumer) dropLost() {
 	g.publishOwned()
 }
 
-// sleep waits for something to do: at most until the earliest deadline of
-// an owned partition, and on the partition's futex word when it owns one
-// partition with room in its ring (a commit wakes it), else on the
-// group's bell (which an ack that makes room rings) for at most pollEvery
-// with several partitions, parkFor with one or none.
+// sleep waits for something to do, at most until the earliest deadline of
+// an owned partition, else for cfg.parkFor (the liveness of the others is
+// looked at after it): on the partition's futex word when it owns one
+// partition with room in its ring, else on the log's word for any
+// partition. The log's producers wake both at every commit, and ring
+// (Nack, an Ack that makes room, a new generation, Close) wakes them too,
+// so an idle member sleeps instead of polling; a member with several
+// partitions is woken by commits to partitions it does not own as well
+// (once per sleep).
 func (g *Consumer) sleep(ctx context.Context) {
-	d := parkFor
-	if len(g.owned) > 1 {
-		d = pollEvery
-	}
+	d := g.cfg.parkFor
 	now := uint64(g.cfg.now().UnixNano())
 	for _, p := range g.owned {
 		if due := g.parts[p].w[pwMinDue].Load(); due <= now {
@@ -1098,17 +1221,41 @@ func (g *Consumer) sleep(ctx context.Context) {
 	}
 	sctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	g.naps.Add(1)
 	view := g.gen.Load()
+	// ready: something to do in partition p. A record being written at
+	// the stream's head (stuck) is not: its commit or abort wakes the
+	// sleeper, and a dead producer is looked for at the end of the sleep.
+	ready := func(p int) bool {
+		gp := g.parts[p]
+		if gp.w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano()) {
+			return true
+		}
+		if gp.stream == nil || gp.w[pwCount].Load() >= uint64(g.cap) {
+			return false // ring wakes it when an Ack makes room
+		}
+		at := gp.stream.Offset()
+		return gp.stuck != at+1 && g.l.parts[p].tail.Load() > at
+	}
+	others := func() bool { return g.gen.Load() != view || g.closed.Load() }
 	if len(g.owned) == 1 && g.parts[g.owned[0]].stream != nil && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
 		p := g.owned[0]
-		pt, gp := g.l.parts[p], g.parts[p]
-		_ = park(sctx, pt.seq, pt.sleepers, func() bool {
-			return pt.tail.Load() > gp.stream.Offset() || g.gen.Load() != view
-		})
+		pt := g.l.parts[p]
+		sleepOn(sctx, pt.seq, pt.sleepers, func() bool { return others() || ready(p) })
 		return
 	}
-	bell := g.bell.Load()
-	shm.Wait{Spin: -1}.Until(sctx, g.bell, func(x uint32) bool { return x != bell })
+	pt0 := g.l.parts[0] // its anySeq is the log's
+	sleepOn(sctx, pt0.anySeq, pt0.anySleepers, func() bool {
+		if others() {
+			return true
+		}
+		for _, p := range g.owned {
+			if ready(p) {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // poll looks for a message in partition p: a due entry first, then the
@@ -1139,8 +1286,7 @@ func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 	}
 	rec, err := g.readAt(ctx, p, act.off)
 	if errors.Is(err, ErrOffsetGone) {
-		g.settle(p, act.index, act.off, act.attempt, func() { g.lost(p, gp, "retention dropped an unacked record", act.off, act.off) })
-		return Message{}, false, nil
+		return Message{}, false, g.settleTaken(p, act.index, act.off, act.attempt, func() { g.lost(p, gp, "retention dropped an unacked record", act.off, act.off) })
 	}
 	if err != nil {
 		return Message{}, false, err
@@ -1199,8 +1345,10 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 			if g.cfg.MaxAttempts > 0 && metaAttempts(m) >= g.cfg.MaxAttempts {
 				// Out of attempts: hold it while it is copied to the
 				// dead-letter log (a member that dies meanwhile leaves
-				// it due again), then ack it.
-				act.kind, act.attempt = actDeadLetter, metaAttempts(m)
+				// it due again), then ack it. The hold counts as an
+				// attempt, so that the last delivery's handle, nacked
+				// or timed out, can no longer ack it meanwhile.
+				act.kind = actDeadLetter
 			} else {
 				gp.w[pwRedelivered].Add(1)
 			}
@@ -1221,18 +1369,13 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 // records its delivery, unless the partition changed hands meanwhile (the
 // new owner reads the record again from the partition's next offset).
 // A record its producer is still writing is given up on after the
-// reader's spin; found there again at the next poll, it is waited for
-// with a deadline long enough for the reader to find a dead producer and
-// skip its record.
+// reader's spin, at every look: a look never waits for it, so a live
+// producer's open loan holds up none of the member's other partitions
+// (it used to cost a synchronous wait per round); a look that finds the
+// producer dead skips its record (Reader.Next asks before giving up).
 func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Message, bool, error) {
 	from := gp.stream.Offset()
-	rctx := doneCtx
-	if gp.stuck == from+1 {
-		var cancel context.CancelFunc
-		rctx, cancel = context.WithTimeout(ctx, 3*parkFor)
-		defer cancel()
-	}
-	rec, err := gp.stream.Next(rctx)
+	rec, err := gp.stream.Next(doneCtx)
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// Nothing committed yet (or ctx ended: Receive returns ctx.Err()).
 		if gp.stream.Offset() == from {
@@ -1346,20 +1489,28 @@ func (g *Consumer) readAt(ctx context.Context, p int, off uint64) (Record, error
 	return rec, nil
 }
 
-// deadLetter copies the record at off to the dead-letter log and acks it.
-func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, off uint64, attempts int) error {
+// deadLetter copies the record at off, held as attempt hold (one more than
+// its deliveries), to the dead-letter log and acks it. The copy's wait for
+// room (a full log under FullBlock) ends with ctx or Close.
+func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, off uint64, hold int) error {
+	attempts := max(min(hold-1, g.cfg.MaxAttempts), 1) // deliveries (a redelivered copy's hold is higher)
 	rec, err := g.readAt(ctx, p, off)
 	if errors.Is(err, ErrOffsetGone) {
-		g.settle(p, index, off, attempts, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
-		return nil
+		return g.settleTaken(p, index, off, hold, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
 	}
 	if err != nil {
 		return err
 	}
 	dl := g.cfg.DeadLetter
 	dp := p % dl.cfg.Partitions
-	res, err := dl.Loan(ctx, dp, deadLetterHeader+len(rec.Payload))
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(g.closing, cancel)()
+	res, err := dl.Loan(lctx, dp, deadLetterHeader+len(rec.Payload))
 	if err != nil {
+		if g.closing.Err() != nil {
+			return ErrClosed // the entry stays held: the next owner finds this member gone
+		}
 		return fmt.Errorf("mq: group %s: dead-letter partition %d offset %d: %w", g.name, p, off, err)
 	}
 	b := res.Bytes()
@@ -1372,11 +1523,23 @@ func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, 
 	if err := res.Commit(); err != nil {
 		return fmt.Errorf("mq: group %s: dead-letter: %w", g.name, err)
 	}
-	g.settle(p, index, off, attempts, func() {
+	return g.settleTaken(p, index, off, hold, func() {
 		gp.w[pwDeadLetters].Add(1)
 		g.cfg.Logger.Info("mq: dead-lettered", "group", g.name, "partition", p, "offset", off, "attempts", attempts, "to", dl.Name())
 	})
-	return nil
+}
+
+// settleTaken settles an entry Receive took (a redelivery whose record
+// retention dropped, a dead-letter copy). ErrNotHeld is no error there:
+// the partition's next owner took the entry meanwhile (and delivers or
+// dead-letters it again); any other error is Receive's.
+func (g *Consumer) settleTaken(p int, index, off uint64, attempt int, then func()) error {
+	err := g.settle(p, index, off, attempt, then)
+	if errors.Is(err, ErrNotHeld) {
+		g.cfg.Logger.Warn("mq: group entry taken over before it was settled: it may come again", "group", g.name, "partition", p, "offset", off)
+		return nil
+	}
+	return err
 }
 
 // Dead-letter records: a header then the original payload.
@@ -1430,10 +1593,7 @@ func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) er
 	defer gp.lock.EndWrite()
 	if count == uint64(g.cap) {
 		// The owner may wait for room: wake it.
-		defer func() {
-			g.bell.Add(1)
-			shm.Wake(g.bell)
-		}()
+		defer g.ring(p)
 	}
 	e[1].Store(entryMeta(attempt, entryAcked, g.me))
 	for count > 0 && metaState(g.entry(gp, head)[1].Load()) == entryAcked {
@@ -1496,8 +1656,7 @@ func (g *Consumer) Nack(m Message) error {
 	e[2].Store(0)
 	gp.w[pwMinDue].Store(0)
 	gp.lock.EndWrite()
-	g.bell.Add(1)
-	shm.Wake(g.bell)
+	g.ring(m.Partition)
 	return nil
 }
 
@@ -1527,7 +1686,14 @@ func (g *Consumer) Stats(p int) (GroupStats, error) {
 		return GroupStats{}, fmt.Errorf("mq: partition %d of %d", p, len(g.parts))
 	}
 	gp := g.parts[p]
-	for {
+	read := func() GroupStats {
+		return GroupStats{
+			Owner: holderSlot(gp.w[pwOwner].Load()), Committed: committed(gp.w, g.cap), Next: gp.w[pwNext].Load(),
+			InFlight: int(gp.w[pwCount].Load()), Redelivered: gp.w[pwRedelivered].Load(),
+			DeadLettered: gp.w[pwDeadLetters].Load(), Lost: gp.w[pwLost].Load(),
+		}
+	}
+	for range optimisticReads {
 		seq, err := gp.lock.Begin(time.Second)
 		if err != nil {
 			return GroupStats{}, err
@@ -1538,15 +1704,22 @@ func (g *Consumer) Stats(p int) (GroupStats, error) {
 			}
 			continue
 		}
-		s := GroupStats{
-			Owner: holderSlot(gp.w[pwOwner].Load()), Committed: committed(gp.w, g.cap), Next: gp.w[pwNext].Load(),
-			InFlight: int(gp.w[pwCount].Load()), Redelivered: gp.w[pwRedelivered].Load(),
-			DeadLettered: gp.w[pwDeadLetters].Load(), Lost: gp.w[pwLost].Load(),
+		s := read()
+		if g.torn != nil {
+			g.torn()
 		}
 		if gp.lock.Validate(seq) {
 			return s, nil
 		}
 	}
+	if err := g.lockPart(p); err != nil {
+		return GroupStats{}, err
+	}
+	defer gp.lock.Unlock()
+	if err := checkPart(gp.w, g.cap); err != nil {
+		return GroupStats{}, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	return read(), nil
 }
 
 // Member is this consumer's member slot in the group.
@@ -1559,8 +1732,8 @@ func (g *Consumer) Close() error {
 	if g.closed.Swap(true) {
 		return nil
 	}
-	g.bell.Add(1) // a Receive asleep on it returns
-	shm.Wake(g.bell)
+	g.stopClosing() // a dead-letter copy under way ends
+	g.ring(-1)      // a Receive asleep returns
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.life.Lock()

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -593,4 +594,405 @@ func TestGroupAssignedDoesNotWait(t *testing.T) {
 		return
 	}
 	g.mu.Unlock()
+}
+
+// until polls cond until it holds, failing the test if ctx ends first.
+func until(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		if ctx.Err() != nil {
+			t.Fatalf("never: %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// receiveAsync runs g.Receive in a goroutine, until the test ends (the
+// caller's ctx bounds the wait for its result: a Receive whose ctx ended
+// still returns a message it finds then).
+func receiveAsync(t *testing.T, g *Consumer) <-chan receiveResult {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // before g's Close, which waits for the Receive
+	done := make(chan receiveResult, 1)
+	go func() {
+		m, err := g.Receive(ctx)
+		done <- receiveResult{m, err}
+	}()
+	return done
+}
+
+// result waits for done until ctx ends.
+func result(t *testing.T, ctx context.Context, done <-chan receiveResult, what string) receiveResult {
+	t.Helper()
+	select {
+	case r := <-done:
+		return r
+	case <-ctx.Done():
+		t.Fatalf("no message: %s", what)
+		return receiveResult{}
+	}
+}
+
+// asleep waits until a Receive sleeps on partition p's futex word: the
+// count of its sleepers is zeroed first (an earlier sleep left it up),
+// and the sleeper counts itself just before its ready check and the
+// futex wait.
+func asleep(t *testing.T, ctx context.Context, l *Log, p int, receive func()) {
+	t.Helper()
+	pt := l.parts[p]
+	pt.sleepers.Store(0)
+	receive()
+	until(t, ctx, fmt.Sprintf("a Receive asleep on partition %d", p), func() bool { return pt.sleepers.Load() != 0 })
+}
+
+type receiveResult struct {
+	m   Message
+	err error
+}
+
+// TestGroupNackWakesSleeper: a member that owns one partition sleeps on
+// the partition's futex word; a Nack must wake it (its sleep is made an
+// hour long here: without the wake-up, the redelivery waits for it).
+func TestGroupNackWakesSleeper(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour})
+	sendAll(t, ctx, l, 1)
+	m := receive(t, ctx, g)
+	var done <-chan receiveResult
+	asleep(t, ctx, l, 0, func() { done = receiveAsync(t, g) })
+	if err := g.Nack(m); err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "the nacked message is not redelivered (the sleeper was not woken)")
+	if r.err != nil || r.m.Offset != m.Offset || r.m.Attempt != 2 {
+		t.Fatalf("after a Nack: offset %d attempt %d, %v; want offset %d attempt 2 (the sleeper was not woken)", r.m.Offset, r.m.Attempt, r.err, m.Offset)
+	}
+}
+
+// TestGroupLeaveWakesSleeper: a member asleep on its one partition's
+// futex word must see a generation change (here another member's Close,
+// which gives it a partition with a record waiting) at once, not at the
+// end of its sleep (an hour here).
+func TestGroupLeaveWakesSleeper(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := fmt.Sprintf("leavewake%d", groupSeq.Add(1))
+	cfg := GroupConfig{parkFor: time.Hour}
+	a := join(t, l, name, cfg)
+	b := join(t, l, name, cfg)
+	a.Receive(timeout(t, 10*time.Millisecond))
+	b.Receive(timeout(t, 10*time.Millisecond))
+	if got := a.Assigned(); len(got) != 1 || got[0] != 0 {
+		t.Fatalf("a owns %v, want [0]", got)
+	}
+	off, err := l.Send(ctx, 1, []byte("p1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done <-chan receiveResult
+	asleep(t, ctx, l, 0, func() { done = receiveAsync(t, a) })
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "partition 1's record is not delivered (a was not woken)")
+	if r.err != nil || r.m.Partition != 1 || r.m.Offset != off {
+		t.Fatalf("after b's Close: partition %d offset %d, %v; want partition 1 offset %d (a was not woken)", r.m.Partition, r.m.Offset, r.err, off)
+	}
+}
+
+// TestGroupOpenLoanNoHeadOfLine: a live producer's open loan in one
+// partition does not hold up the member's other partition: every look at
+// the loaned record gives up after the reader's spin (a dead producer's
+// record is skipped at the look that finds it dead). A second look used to
+// wait for it synchronously (60 ms each round; an hour here, with the
+// member's sleep bound).
+func TestGroupOpenLoanNoHeadOfLine(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{parkFor: time.Hour})
+	res, err := l.Loan(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var offs []uint64
+	for i := range 3 {
+		off, err := l.Send(ctx, 1, []byte{byte(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs = append(offs, off)
+	}
+	for i, want := range offs {
+		r := result(t, ctx, receiveAsync(t, g), fmt.Sprintf("record %d of partition 1 held up behind partition 0's open loan", i))
+		if r.err != nil || r.m.Partition != 1 || r.m.Offset != want {
+			t.Fatalf("record %d: partition %d offset %d, %v; want partition 1 offset %d", i, r.m.Partition, r.m.Offset, r.err, want)
+		}
+		g.Ack(r.m)
+	}
+	// The loan's commit wakes the member, asleep with nothing to do.
+	done := receiveAsync(t, g)
+	if err := res.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "the committed loan is not delivered")
+	if r.err != nil || r.m.Partition != 0 || r.m.Offset != res.Offset() {
+		t.Fatalf("after the commit: partition %d offset %d, %v; want partition 0 offset %d", r.m.Partition, r.m.Offset, r.err, res.Offset())
+	}
+}
+
+// TestGroupOpenLoanOnePartition: a member of one partition with a live
+// producer's open loan at its stream's head sleeps until the commit
+// instead of spinning: the commit wakes it.
+func TestGroupOpenLoanOnePartition(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{parkFor: time.Hour})
+	res, err := l.Loan(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var done <-chan receiveResult
+	asleep(t, ctx, l, 0, func() { done = receiveAsync(t, g) })
+	if err := res.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "the committed loan is not delivered")
+	if r.err != nil || r.m.Offset != res.Offset() {
+		t.Fatalf("offset %d, %v; want %d", r.m.Offset, r.err, res.Offset())
+	}
+}
+
+// TestGroupIdleDoesNotPoll: an idle member that owns several partitions
+// sleeps until a producer commits to one of them (or a Nack, or a new
+// generation), instead of waking every millisecond to look (its sleep
+// bound is an hour here).
+func TestGroupIdleDoesNotPoll(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour})
+	g.Receive(timeout(t, 10*time.Millisecond))
+	if got := g.Assigned(); len(got) != 2 {
+		t.Fatalf("owns %v", got)
+	}
+	naps := g.naps.Load()
+	done := receiveAsync(t, g)
+	until(t, ctx, "the member asleep", func() bool { return g.naps.Load() > naps })
+	// A sleep ends only when something wakes it: none comes for 200 ms
+	// (a loaded machine can hide a poll, not invent one).
+	watch := timeout(t, 200*time.Millisecond)
+	for watch.Err() == nil {
+		if n := g.naps.Load() - naps; n > 2 {
+			t.Fatalf("an idle member slept %d times in 200 ms: it polls", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	off, err := l.Send(ctx, 1, []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := result(t, ctx, done, "a commit did not wake the idle member")
+	if r.err != nil || r.m.Partition != 1 || r.m.Offset != off {
+		t.Fatalf("partition %d offset %d, %v; want partition 1 offset %d", r.m.Partition, r.m.Offset, r.err, off)
+	}
+	// A Nack wakes it too.
+	naps = g.naps.Load()
+	done = receiveAsync(t, g)
+	until(t, ctx, "the member asleep", func() bool { return g.naps.Load() > naps })
+	if err := g.Nack(r.m); err != nil {
+		t.Fatal(err)
+	}
+	again := result(t, ctx, done, "a Nack did not wake the idle member")
+	if again.err != nil || again.m.Offset != off || again.m.Attempt != 2 {
+		t.Fatalf("after the Nack: offset %d attempt %d, %v", again.m.Offset, again.m.Attempt, again.err)
+	}
+}
+
+// TestGroupTornReads: members() and Stats read without a lock and retry
+// a read that a write overlapped; under a writer that keeps changing the
+// sequence word (here: between every read and its validation) they must
+// still return, not retry forever.
+func TestGroupTornReads(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := fmt.Sprintf("torn%d", groupSeq.Add(1))
+	g := join(t, l, name, GroupConfig{})
+	sendAll(t, ctx, l, 1)
+	m := receive(t, ctx, g)
+	seg, err := shm.OpenSegment(groupName(l.Name(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	groupSeqWord, _ := seg.Uint64At(gOffLock + 8)
+	partSeqWord, _ := seg.Uint64At(gOffParts0 + 8)
+	var stop atomic.Bool // the test failed: let the reads through, to end them
+	g.torn = func() {
+		if !stop.Load() {
+			groupSeqWord.Add(2)
+			partSeqWord.Add(2)
+		}
+	}
+	type answer struct {
+		what string
+		err  error
+	}
+	done := make(chan answer, 2)
+	go func() {
+		slots, _, err := g.members()
+		if err == nil && (len(slots) != 1 || slots[0] != g.Member()) {
+			err = fmt.Errorf("members %v, want [%d]", slots, g.Member())
+		}
+		done <- answer{"members", err}
+	}()
+	go func() {
+		st, err := g.Stats(0)
+		if err == nil && (st.InFlight != 1 || st.Committed != m.Offset) {
+			err = fmt.Errorf("stats %+v, want one in flight at %d", st, m.Offset)
+		}
+		done <- answer{"Stats", err}
+	}()
+	for i := 0; i < 2; i++ {
+		select {
+		case a := <-done:
+			if a.err != nil {
+				t.Errorf("%s: %v", a.what, a.err)
+			}
+		case <-ctx.Done():
+			if !stop.Swap(true) {
+				t.Error("members() or Stats retries forever under a writer that keeps changing the sequence")
+			}
+			i--
+		}
+	}
+}
+
+// TestGroupGarbagePinRecord: a pin record in the partition state that
+// names a gone member and a live reader slot of the same partition (here
+// the owner's own stream reader, in its own name) is garbage: releasing
+// it must not free that slot. Only a slot that a group pin holds, as that
+// record says, is freed.
+func TestGroupGarbagePinRecord(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, "", GroupConfig{})
+	sendAll(t, ctx, l, 2)
+	receive(t, ctx, g)
+	gp := g.parts[0]
+	rs := g.readerSlot(gp.stream)
+	if rs < 0 {
+		t.Fatal("no reader slot for the stream")
+	}
+	owner, _ := l.meta.Uint64At(offReaders + rs*line)
+	held := owner.Load()
+	last := pwPins + 2*(maxPins-1)
+	gp.w[last+1].Store(held)
+	gp.w[last].Store(uint64(rs+1) | holderWord(5, 7)<<8) // member 5 is gone
+	if err := g.lockPart(0); err != nil {
+		t.Fatal(err)
+	}
+	g.releaseOrphans(0, gp)
+	gp.lock.Unlock()
+	if w := owner.Load(); w != held {
+		t.Fatalf("the stream's reader slot %d was freed by a garbage pin record (owner %#x, was %#x)", rs, w, held)
+	}
+	if m, err := g.Receive(ctx); err != nil || m.Attempt != 1 {
+		t.Fatalf("after the garbage record: offset %d attempt %d, %v", m.Offset, m.Attempt, err)
+	}
+}
+
+// TestGroupDeadLetterBlocked: a record out of attempts is being copied to
+// a dead-letter log under FullBlock that is full (a reader holds its
+// oldest segment), so the copy waits. Meanwhile the delivery nacked
+// before can no longer be acked (the copy holds the entry as a new
+// attempt), and Close does not wait for the copy: it ends it.
+func TestGroupDeadLetterBlocked(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	dl := newLog(t, Config{SegmentSize: 4096 + deadLetterHeader, Segments: 2, Full: FullBlock})
+	ctx := timeout(t, 10*time.Second)
+	dr := newReader(t, dl, 0, Oldest) // holds segment 0
+	for range 8 {                     // four records of 1,016 bytes fill a segment
+		if _, err := dl.Send(ctx, 0, make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := dl.Send(doneCtx, 0, make([]byte, 100)); err == nil {
+		t.Fatal("the dead-letter log is not full")
+	}
+	g, err := l.JoinGroup(fmt.Sprintf("dlblock%d", groupSeq.Add(1)), GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close(); RemoveGroup(l.Name(), g.name) })
+	sendAll(t, ctx, l, 1)
+	m := receive(t, ctx, g)
+	if err := g.Nack(m); err != nil {
+		t.Fatal(err)
+	}
+	pt := dl.parts[0]
+	pt.blocked.Store(0) // the check above counted itself
+	done := receiveAsync(t, g)
+	until(t, ctx, "the dead-letter copy blocked on the full log", func() bool { return pt.blocked.Load() != 0 })
+	if err := g.Ack(m); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("the nacked delivery acked while it is being dead-lettered: %v, want ErrNotHeld", err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- g.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-ctx.Done():
+		t.Error("Close waits for a dead-letter copy blocked on a full log")
+		dr.Close() // frees the log: the copy, then Close, go on
+		<-closed
+	}
+	if r := <-done; !errors.Is(r.err, ErrClosed) {
+		t.Errorf("the Receive under way: %v, want ErrClosed", r.err)
+	}
+}
+
+// TestGroupCreatorDied: a group whose creator died before it wrote the
+// magic is made usable by the next member to join, not left refused
+// until RemoveGroup: the creator died with an empty segment ("empty"),
+// with nothing but the segment's file ("file": before its header), or
+// holding the group lock with its write open halfway through ("locked").
+func TestGroupCreatorDied(t *testing.T) {
+	for _, state := range []string{"empty", "file", "locked"} {
+		t.Run(state, func(t *testing.T) {
+			l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+			ctx := timeout(t, 10*time.Second)
+			name := fmt.Sprintf("creator%d", groupSeq.Add(1))
+			gname := groupName(l.Name(), name)
+			t.Cleanup(func() { RemoveGroup(l.Name(), name) })
+			if state == "file" {
+				f, err := os.OpenFile(shmFile(gname), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.Close()
+				t.Cleanup(func() { os.Remove(shmFile(gname)) })
+			} else {
+				seg, err := shm.CreateSegment(gname, groupSize(2, 256), &shm.SegmentConfig{Keep: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if state == "locked" {
+					w := func(off int) *atomic.Uint64 { w, _ := seg.Uint64At(off); return w }
+					w(gOffParts).Store(2)
+					w(gOffLock).Store(uint64(0x7ffffff0)<<32 | 1) // the lock's owner: no such process
+					w(gOffLock + 8).Store(1)                      // its write open
+				}
+				seg.Close()
+			}
+			g := join(t, l, name, GroupConfig{})
+			sendAll(t, ctx, l, 1)
+			for range 2 {
+				if err := g.Ack(receive(t, ctx, g)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -116,6 +116,12 @@ const (
 	offFlush    = 40 // Config.Flush
 	offPeriod   = 48 // Config.FlushPeriod in ns
 	offMaxAge   = 56 // Config.MaxAge in ns
+	// offAnySeq is a u32 futex word that every commit or abort in any
+	// partition wakes when offAnySleepers (u32) says somebody sleeps on
+	// it: a consumer group member that owns several partitions sleeps
+	// there (a futex waits on one word), instead of polling them.
+	offAnySeq      = 64
+	offAnySleepers = 68
 
 	maxProducers  = 256
 	offProducers  = line // maxProducers slots of {owner, gen}
@@ -162,6 +168,7 @@ type partition struct {
 	torn                *atomic.Uint64 // records reopening found torn (file.go)
 	synced              *atomic.Uint64 // FlushEverySend: headers below it are on disk (file.go)
 	seq, sleepers       *atomic.Uint32 // readers asleep wait on seq
+	anySeq, anySleepers *atomic.Uint32 // the log's: waiters on any partition (offAnySeq)
 	freed, blocked      *atomic.Uint32 // producers blocked on a full partition wait on freed
 
 	mu   sync.Mutex
@@ -424,6 +431,7 @@ func open(name string, meta *shm.Segment, lock *os.File) (*Log, error) {
 			torn: word(base + line + 24), synced: word(base + line + 32),
 			seq: word32(base + 2*line), sleepers: word32(base + 2*line + 4),
 			freed: word32(base + 2*line + 8), blocked: word32(base + 2*line + 12),
+			anySeq: word32(offAnySeq), anySleepers: word32(offAnySleepers),
 			segs: map[uint64]*mapped{},
 		})
 	}
@@ -857,8 +865,12 @@ func (r Reservation) Abort() {
 	r.pt.wakeReaders()
 }
 
-// wakeReaders wakes the readers asleep on the partition, if any.
-func (pt *partition) wakeReaders() { wake(pt.seq, pt.sleepers) }
+// wakeReaders wakes the readers asleep on the partition, if any, and the
+// waiters on any partition of the log (one load when there are none).
+func (pt *partition) wakeReaders() {
+	wake(pt.seq, pt.sleepers)
+	wake(pt.anySeq, pt.anySleepers)
+}
 
 // Loan reserves n bytes of payload at the tail of partition p. Producers of
 // every process append concurrently: each claims the header at the tail by

@@ -78,6 +78,11 @@ func (l *Log) NewReader(p int, from uint64) (*Reader, error) {
 		part, _ := l.meta.Uint64At(base + 8)
 		r.off, _ = l.meta.Uint64At(base + 16)
 		part.Store(uint64(p))
+		// A pin tag (consumer groups: pinTag) left by the slot's last
+		// holder is not this reader's.
+		for _, w := range pinTag(l, i) {
+			w.Store(0)
+		}
 		break
 	}
 	if r.owner == nil {
@@ -404,17 +409,22 @@ func (l *Log) writerDead(w uint64) bool {
 
 // wait is one pause of a reader waiting for ready: a step of the Backoff
 // ladder, or, once it says park, a sleep of at most 20 ms (see park).
-// dead, if set, is asked before each sleep whether the writer waited for
-// is gone (it then handled the record: the wait ends).
+// dead, if set, is asked before each sleep, and before giving up on an
+// ended ctx, whether the writer waited for is gone (it then handled the
+// record: the wait ends).
 func (r *Reader) wait(ctx context.Context, bo *shm.Backoff, ready func() bool, dead func() bool) error {
 	if bo.Pause() {
 		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
+	// A dead writer's record is skipped even when ctx has ended: a
+	// consumer group looks with an ended ctx (it gives up on a record
+	// being written after the spin, to serve its other partitions) and
+	// must still get past a dead producer's record.
 	if dead != nil && dead() {
 		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	return park(ctx, r.pt.seq, r.pt.sleepers, ready)
 }

@@ -18,15 +18,21 @@ const parkFor = 20 * time.Millisecond
 // sleepers is the count of sleepers on word that wakers look at (see
 // wake).
 func park(ctx context.Context, word, sleepers *atomic.Uint32, ready func() bool) error {
+	sctx, cancel := context.WithTimeout(ctx, parkFor)
+	defer cancel()
+	sleepOn(sctx, word, sleepers, ready)
+	return ctx.Err()
+}
+
+// sleepOn is park without its bound: the caller's ctx must end (a consumer
+// group bounds its sleeps by its own deadlines).
+func sleepOn(ctx context.Context, word, sleepers *atomic.Uint32, ready func() bool) {
 	sleepers.Add(1) // the waker takes it
 	v := word.Load()
 	if ready() {
-		return nil
+		return
 	}
-	sctx, cancel := context.WithTimeout(ctx, parkFor)
-	defer cancel()
-	shm.Wait{Spin: -1}.Until(sctx, word, func(x uint32) bool { return x != v })
-	return ctx.Err()
+	shm.Wait{Spin: -1}.Until(ctx, word, func(x uint32) bool { return x != v })
 }
 
 // wake wakes the sleepers park put on word. The first waker takes the
