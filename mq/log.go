@@ -516,7 +516,8 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	}
 	if create && k < pt.head.Load() {
 		// Dropped: the caller's view of the tail is stale. Its file may
-		// still be there (removeSegs), but nothing goes there any more.
+		// still be there (the producer that dropped it is removing it),
+		// but nothing goes there any more.
 		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
 	}
 	if m := pt.segs[k]; m != nil {
@@ -742,27 +743,16 @@ func (l *Log) ensureRoom(ctx context.Context, p int, pt *partition, k uint64) er
 }
 
 // removeSegs removes segments [from, to) of partition p, which retention
-// dropped. In /dev/shm the removal gives the segments' pages back to the
-// kernel, which took the producer that dropped them about 5% of its time
-// in log-100B: another goroutine does it (Close waits for it). Readers
-// and producers already take a segment below the head for gone, whether
-// or not its name is there yet. A file-backed log removes its files in
-// the producer's path, so that a reopening after a crash finds no more
-// than retention kept.
+// dropped, in the producer's path. Removing them in another goroutine
+// (giving 8 MiB of pages back took several hundred µs) was tried: removals
+// fell behind a fast producer (29 segments of a Segments-2 partition in
+// /dev/shm at once), and a process killed with removals pending left
+// segments behind the head that Remove never looks at, which a log made
+// again under the same name then read as its own.
 func (l *Log) removeSegs(p int, from, to uint64) {
-	if l.cfg.Dir != "" {
-		for i := from; i < to; i++ {
-			l.removeSeg(p, i)
-		}
-		return
+	for i := from; i < to; i++ {
+		l.removeSeg(p, i)
 	}
-	l.unmapping.Add(1)
-	go func() {
-		defer l.unmapping.Done()
-		for i := from; i < to; i++ {
-			l.removeSeg(p, i)
-		}
-	}()
 }
 
 // waitFreed waits until ready, woken by readers that move to a new
