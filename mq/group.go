@@ -1222,10 +1222,15 @@ func (g *Consumer) sleep(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	g.naps.Add(1)
-	view := g.gen.Load()
+	// The generation this member acted on, not the current one: a
+	// join or leave during the poll pass rang before this sleeper
+	// registered.
+	view := g.view
 	// ready: something to do in partition p. A record being written at
-	// the stream's head (stuck) is not: its commit or abort wakes the
-	// sleeper, and a dead producer is looked for at the end of the sleep.
+	// the stream's head (stuck) is not, while its live producer holds it:
+	// its commit or abort wakes the sleeper. It is looked at again here,
+	// as the commit may have come between the poll's look and this
+	// sleeper's registration, whose wake-up then found nobody.
 	ready := func(p int) bool {
 		gp := g.parts[p]
 		if gp.w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano()) {
@@ -1235,7 +1240,10 @@ func (g *Consumer) sleep(ctx context.Context) {
 			return false // ring wakes it when an Ack makes room
 		}
 		at := gp.stream.Offset()
-		return gp.stuck != at+1 && g.l.parts[p].tail.Load() > at
+		if gp.stuck == at+1 {
+			return !gp.stream.held()
+		}
+		return g.l.parts[p].tail.Load() > at
 	}
 	others := func() bool { return g.gen.Load() != view || g.closed.Load() }
 	if len(g.owned) == 1 && g.parts[g.owned[0]].stream != nil && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
@@ -1375,7 +1383,16 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 // producer dead skips its record (Reader.Next asks before giving up).
 func (g *Consumer) pollStream(ctx context.Context, p int, gp *groupPart) (Message, bool, error) {
 	from := gp.stream.Offset()
-	rec, err := gp.stream.Next(doneCtx)
+	var rec Record
+	var err error
+	if gp.stuck == from+1 && gp.stream.held() {
+		// Still held by its live producer: one look at its header, not
+		// a reader's spin (50 µs a look, in which the member's other
+		// partitions waited).
+		err = context.Canceled
+	} else {
+		rec, err = gp.stream.Next(doneCtx)
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		// Nothing committed yet (or ctx ended: Receive returns ctx.Err()).
 		if gp.stream.Offset() == from {

@@ -55,3 +55,37 @@ func BenchmarkGroupReceiveAck100B(b *testing.B) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkGroupReceiveOpenLoan: a member owns two partitions; partition
+// 0 has a record whose live producer holds its loan open, and the member
+// receives and acks records of partition 1. Each Receive looks at the
+// held record first (round robin): one header load, not a reader's spin
+// (with the spin, 2,000 receives took about 190 times as long as with
+// no loan open).
+func BenchmarkGroupReceiveOpenLoan(b *testing.B) {
+	l := newLog(b, Config{Partitions: 2, SegmentSize: 1 << 20})
+	ctx := context.Background()
+	g := join(b, l, "", GroupConfig{})
+	res, err := l.Loan(ctx, 0, 8)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer res.Abort()
+	payload := make([]byte, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := l.Send(ctx, 1, payload); err != nil {
+			b.Fatal(err)
+		}
+		m, err := g.Receive(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if m.Partition != 1 {
+			b.Fatalf("a record of partition %d, want 1", m.Partition)
+		}
+		if err := g.Ack(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -996,3 +996,100 @@ func TestGroupCreatorDied(t *testing.T) {
 		})
 	}
 }
+
+// calledFrom reports whether the caller of the function that calls it is
+// fn (a suffix such as ".(*Consumer).sleep"): the tests below act from a
+// group's clock at the moment its sleep asks for the time.
+func calledFrom(fn string) bool {
+	pc, _, _, ok := runtime.Caller(2)
+	if !ok {
+		return false
+	}
+	f := runtime.FuncForPC(pc)
+	return f != nil && strings.HasSuffix(f.Name(), fn)
+}
+
+// TestGroupStuckCommitBeforeSleep: a member gives up on a record at its
+// stream's head whose producer holds the loan, and the producer commits
+// it after that look but before the member registers as a sleeper (here:
+// from the clock at the start of sleep). The commit's wake-up finds
+// nobody asleep; a sleeper that trusted its last look (stuck) slept its
+// whole bound, an hour here (20 ms by default), with a committed record
+// at its head (review finding). With one partition and with two.
+func TestGroupStuckCommitBeforeSleep(t *testing.T) {
+	for _, parts := range []int{1, 2} {
+		t.Run(fmt.Sprint(parts), func(t *testing.T) {
+			l := newLog(t, Config{Partitions: parts, SegmentSize: 4096})
+			ctx := timeout(t, 10*time.Second)
+			res, err := l.Loan(ctx, 0, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var g *Consumer
+			var committed atomic.Bool
+			cfg := GroupConfig{parkFor: time.Hour, now: func() time.Time {
+				if g != nil && g.parts[0].stuck != 0 && calledFrom(".(*Consumer).sleep") && !committed.Swap(true) {
+					if err := res.Commit(); err != nil {
+						panic(err)
+					}
+				}
+				return time.Now()
+			}}
+			g = join(t, l, "", cfg)
+			m, err := g.Receive(ctx)
+			if err != nil || m.Offset != res.Offset() || !committed.Load() {
+				t.Fatalf("committed in the window: %v; offset %d, %v; want the committed loan at %d", committed.Load(), m.Offset, err, res.Offset())
+			}
+			// A lost wake-up ends the sleep at ctx's deadline, after
+			// which Receive polls and finds the record all the same.
+			if ctx.Err() != nil {
+				t.Fatal("the member slept until its context ended: the commit did not wake it")
+			}
+		})
+	}
+}
+
+// TestGroupGenChangeBeforeSleep: a member's leave that lands after
+// Receive compared generations but before the other member sleeps (from
+// its clock at the start of sleep) rang before the sleeper registered: a
+// sleeper that compared with the generation it found then, and not with
+// the one it acted on, slept its whole bound (an hour here) before taking
+// over the partition the leaver had (review finding).
+func TestGroupGenChangeBeforeSleep(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	name := fmt.Sprintf("genwake%d", groupSeq.Add(1))
+	var b *Consumer
+	var armed, fired atomic.Bool
+	cfg := GroupConfig{parkFor: time.Hour}
+	acfg := cfg
+	acfg.now = func() time.Time {
+		if armed.Load() && calledFrom(".(*Consumer).sleep") && !fired.Swap(true) {
+			b.Close()
+		}
+		return time.Now()
+	}
+	a := join(t, l, name, acfg)
+	b = join(t, l, name, cfg)
+	owns := func(g *Consumer, p int) bool { got := g.Assigned(); return len(got) == 1 && got[0] == p }
+	for !owns(a, 0) || !owns(b, 1) {
+		a.Receive(timeout(t, 10*time.Millisecond))
+		b.Receive(timeout(t, 10*time.Millisecond))
+		if ctx.Err() != nil {
+			t.Fatalf("a owns %v and b %v, want [0] and [1]", a.Assigned(), b.Assigned())
+		}
+	}
+	off, err := l.Send(ctx, 1, []byte("p1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	rctx := timeout(t, 10*time.Second)
+	m, err := a.Receive(rctx)
+	if err != nil || m.Partition != 1 || m.Offset != off || !fired.Load() {
+		t.Fatalf("b left in the window: %v; partition %d offset %d, %v; want partition 1's record", fired.Load(), m.Partition, m.Offset, err)
+	}
+	if rctx.Err() != nil {
+		t.Fatal("a slept until its context ended: b's leave did not wake it")
+	}
+}

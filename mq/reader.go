@@ -363,6 +363,21 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 	}
 }
 
+// held reports whether the record at the reader's offset is claimed and
+// still being written by a producer that is alive: Next would wait for
+// it. It looks at the header only if the reader has its segment mapped
+// (Next looked there before); otherwise it says false, and Next looks.
+func (r *Reader) held() bool {
+	size := uint64(r.l.cfg.SegmentSize)
+	o := r.offset
+	k, at := o/size, o%size
+	if r.closed || r.m == nil || r.m.index != k || size-at < headerSize || o >= r.tail {
+		return false
+	}
+	w := r.m.words[at/8].Load()
+	return w&stateMask == stateWriting && !r.l.writerDead(w)
+}
+
 // decode checks the record header (w, w1) at offset at of a segment's data
 // for log offset o and returns the payload (nil for padding and records
 // not committed) and the record's size. Everything in it came from shared
