@@ -470,6 +470,11 @@ func testRestart(t *testing.T, b *testenv.RocketMQ) {
 	}
 	p.Shutdown()
 	b.Restart(false)
+	// The restarted broker registers the topic's route on its own time:
+	// a consumer started before that fails (route info not found).
+	if err := b.WaitTopic(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	all := make(chan struct{})
 	consume(t, b, o, topic, unique("restart-g"), func(_ context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
