@@ -149,6 +149,10 @@ func readLog(a peerArgs, t tally) error {
 			return err
 		}
 		if len(rec.Payload) == 0 {
+			// The stream's end: write the profile now (`ubctl bench
+			// -cpuprofile`), as the producer may kill this process as
+			// soon as it has the report.
+			bench.PeerFinished()
 			return t.print(res)
 		}
 		if t.add != nil {
