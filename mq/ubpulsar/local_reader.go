@@ -45,16 +45,14 @@ func (c *client) createLocalReader(opts pulsar.ReaderOptions) (pulsar.Reader, er
 	r := &localReader{c: c, l: l, topic: fullTopic(opts.Topic), inclusive: opts.StartMessageIDInclusive, logger: c.o.Logger,
 		parts: make([]*mq.Reader, np), pending: make([]*localMessage, np)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
-	for p := range np {
-		if r.parts[p], err = r.position(p, start); err != nil {
-			r.Close()
-			return nil, err
-		}
-	}
+	// Registered before its positions are made, and positioned under
+	// r.mu: the client's Close closes it (waiting for r.mu) before it
+	// closes the log, and a reader Close reached fails here.
+	r.mu.Lock()
 	c.logsMu.Lock()
 	if c.logsClosed {
 		c.logsMu.Unlock()
-		r.Close()
+		r.mu.Unlock()
 		return nil, fmt.Errorf("ubpulsar: client closed: %w", mq.ErrClosed)
 	}
 	if c.readers == nil {
@@ -62,6 +60,19 @@ func (c *client) createLocalReader(opts pulsar.ReaderOptions) (pulsar.Reader, er
 	}
 	c.readers[r] = struct{}{}
 	c.logsMu.Unlock()
+	for p := range np {
+		if r.parts[p], err = r.position(p, start); err != nil {
+			break
+		}
+	}
+	if r.ctx.Err() != nil { // the client's Close came
+		err = fmt.Errorf("ubpulsar: client closed: %w", mq.ErrClosed)
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
 	return r, nil
 }
 
