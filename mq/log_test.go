@@ -698,6 +698,49 @@ func TestMadeAheadWhenFull(t *testing.T) {
 	}
 }
 
+// TestNextBelowHeld: NextBelow stops at a record being written by a live
+// producer (ok false, the reader stays there) instead of waiting for it,
+// and returns it once committed.
+func TestNextBelowHeld(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 64})
+	ctx := timeout(t, 10*time.Second)
+	send := func(seq uint64) uint64 {
+		b := make([]byte, 100)
+		message(b, 0, seq)
+		off, err := l.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return off
+	}
+	first := send(0)
+	held, err := l.Loan(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	message(held.Bytes(), 0, 1)
+	last := send(2)
+	st, _ := l.Stats(0)
+	r := newReader(t, l, 0, Oldest)
+	if rec, ok, err := r.NextBelow(ctx, st.Tail); !ok || err != nil || rec.Offset != first {
+		t.Fatalf("first: %d %v %v", rec.Offset, ok, err)
+	}
+	if _, ok, err := r.NextBelow(ctx, st.Tail); ok || err != nil {
+		t.Fatalf("at a held record: ok %v, %v", ok, err)
+	}
+	if r.Offset() != held.Offset() {
+		t.Fatalf("offset %d after a held record at %d", r.Offset(), held.Offset())
+	}
+	if err := held.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []uint64{held.Offset(), last} {
+		if rec, ok, err := r.NextBelow(ctx, st.Tail); !ok || err != nil || rec.Offset != want {
+			t.Fatalf("after the commit: %d %v %v, want %d", rec.Offset, ok, err, want)
+		}
+	}
+}
+
 // TestNextBelow: NextBelow returns the committed records below its
 // limit, skips padding and aborted records, and returns at the limit
 // without waiting, also when what is left below it is an aborted record.

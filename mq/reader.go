@@ -293,14 +293,17 @@ func (r *Reader) Next(ctx context.Context) (Record, error) {
 
 // NextBelow is Next for records below log offset limit: it returns
 // ok false, without waiting, once the reader's offset reaches limit (a
-// tail from Log.Stats, say). Below the tail every record is claimed, so
-// it waits only for records still being written there (until their
-// writer commits them or dies).
+// tail from Log.Stats, say). It does not wait for a record being
+// written either: at a record its live writer has not committed yet it
+// returns ok false after a short spin, and the reader stays there (a
+// later call, or Next, reads it once committed). A dead writer's record
+// is aborted and skipped, as Next does.
 func (r *Reader) NextBelow(ctx context.Context, limit uint64) (rec Record, ok bool, err error) {
 	return r.read(ctx, limit)
 }
 
 func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
+	below := limit != ^uint64(0)
 	if r.closed || r.l.closed.Load() {
 		return Record{}, false, ErrClosed
 	}
@@ -345,6 +348,13 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 					r.aborted++
 				}
 				return true
+			}
+			if below {
+				// NextBelow: a held record ends what is there to read.
+				if !bo.Pause() && !dead() {
+					return Record{}, false, nil
+				}
+				continue
 			}
 			if err := r.wait(ctx, &bo, func() bool { return hw.Load() != w }, dead); err != nil {
 				return Record{}, false, err

@@ -12,6 +12,7 @@ import (
 	"github.com/apache/pulsar-client-go/pulsar"
 
 	"github.com/ubkit-io/ubkit/mq"
+	"github.com/ubkit-io/ubkit/shm"
 )
 
 // createLocalReader is CreateReader for a local topic: an mq.Reader per
@@ -45,16 +46,14 @@ func (c *client) createLocalReader(opts pulsar.ReaderOptions) (pulsar.Reader, er
 	r := &localReader{c: c, l: l, topic: fullTopic(opts.Topic), inclusive: opts.StartMessageIDInclusive, logger: c.o.Logger,
 		parts: make([]*mq.Reader, np), pending: make([]*localMessage, np)}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
-	for p := range np {
-		if r.parts[p], err = r.position(p, start); err != nil {
-			r.Close()
-			return nil, err
-		}
-	}
+	// Registered before its positions are made, and positioned under
+	// r.mu: the client's Close closes it (waiting for r.mu) before it
+	// closes the log, and a reader Close reached fails here.
+	r.mu.Lock()
 	c.logsMu.Lock()
 	if c.logsClosed {
 		c.logsMu.Unlock()
-		r.Close()
+		r.mu.Unlock()
 		return nil, fmt.Errorf("ubpulsar: client closed: %w", mq.ErrClosed)
 	}
 	if c.readers == nil {
@@ -62,6 +61,19 @@ func (c *client) createLocalReader(opts pulsar.ReaderOptions) (pulsar.Reader, er
 	}
 	c.readers[r] = struct{}{}
 	c.logsMu.Unlock()
+	for p := range np {
+		if r.parts[p], err = r.position(p, start); err != nil {
+			break
+		}
+	}
+	if r.ctx.Err() != nil { // the client's Close came
+		err = fmt.Errorf("ubpulsar: client closed: %w", mq.ErrClosed)
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -133,7 +145,7 @@ func (r *localReader) position(p int, start startPosition) (*mq.Reader, error) {
 	if int(id.partition) != p {
 		return nil, fmt.Errorf("ubpulsar: message id %v names partition %d of local topic %s, which has %d", id, id.partition, r.topic, len(r.parts))
 	}
-	st, err := r.l.Stats(p)
+	st, err := r.stats(p)
 	if err != nil {
 		return nil, err
 	}
@@ -167,11 +179,25 @@ func (r *localReader) newReader(p int, from uint64) (*mq.Reader, error) {
 	return mr, nil
 }
 
+// stats is partition p's Stats, checked: a meta segment (corrupt or
+// hostile) whose tail is below its oldest offset is an error wrapping
+// shm.ErrCorrupt, not a scan of 2^52 segments.
+func (r *localReader) stats(p int) (mq.Stats, error) {
+	st, err := r.l.Stats(p)
+	if err != nil {
+		return st, fmt.Errorf("ubpulsar: local topic %s partition %d: %w", r.topic, p, err)
+	}
+	if st.Tail < st.Oldest {
+		return st, fmt.Errorf("ubpulsar: local topic %s partition %d: tail %d below the oldest offset %d: %w", r.topic, p, st.Tail, st.Oldest, shm.ErrCorrupt)
+	}
+	return st, nil
+}
+
 // last is the offset of partition p's last committed record, if it has
 // one: the records of the tail's segment (or, if it has none, of the
 // segments before it) read up to the tail.
 func (r *localReader) last(p int) (uint64, bool, error) {
-	st, err := r.l.Stats(p)
+	st, err := r.stats(p)
 	if err != nil || st.Tail == st.Oldest {
 		return 0, false, err
 	}
@@ -224,7 +250,7 @@ func (r *localReader) poll(ctx context.Context, p int) (*localMessage, error) {
 		return m, nil
 	}
 	for {
-		st, err := r.l.Stats(p)
+		st, err := r.stats(p)
 		if err != nil {
 			return nil, err
 		}
@@ -420,7 +446,7 @@ func (r *localReader) SeekByTime(t time.Time) error {
 		if err != nil {
 			return fail(err)
 		}
-		st, err := r.l.Stats(p)
+		st, err := r.stats(p)
 		if err != nil {
 			scan.Close()
 			return fail(err)

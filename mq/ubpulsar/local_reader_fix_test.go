@@ -1,0 +1,192 @@
+package ubpulsar
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/pulsar-client-go/pulsar"
+
+	"github.com/ubkit-io/ubkit/mq"
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// TestLocalReaderCreateVsClose: CreateReader racing with the client's
+// Close either gets a reader (closed by Close) or fails with
+// mq.ErrClosed; it never reads a log Close unmapped (a SIGSEGV, as a
+// review found: the reader was registered only after its positions).
+func TestLocalReaderCreateVsClose(t *testing.T) {
+	for range 30 {
+		topic := "persistent://public/default/" + unique("local-rclose")
+		c, err := NewClient(clientOptions("pulsar://127.0.0.1:1"), localOptions(1, topic))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := c.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sendLocal(t, timeout(t, time.Minute), p, 0, 200)
+		p.Close()
+		var wg sync.WaitGroup
+		started := make(chan struct{}, 4)
+		for range 4 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					r, err := c.CreateReader(pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.LatestMessageID(), StartMessageIDInclusive: true})
+					if err != nil {
+						if !errors.Is(err, mq.ErrClosed) {
+							t.Errorf("CreateReader: %v", err)
+						}
+						return
+					}
+					r.Close()
+					if i == 0 {
+						started <- struct{}{}
+					}
+				}
+			})
+		}
+		for range 4 {
+			<-started
+		}
+		c.Close()
+		wg.Wait()
+		mq.Remove(LocalLogName(topic))
+	}
+}
+
+// TestLocalReaderHeldRecord: a record loaned and not committed while its
+// writer is alive ends what HasNext, GetLastMessageID, SeekByTime and
+// CreateReader(Latest, inclusive) see, as upstream's do not see
+// uncommitted messages: none of them waits for it. Next reads it once
+// committed.
+func TestLocalReaderHeldRecord(t *testing.T) {
+	topic := "persistent://public/default/" + unique("local-rheld")
+	client := localClient(t, "pulsar://127.0.0.1:1", localOptions(1, topic), topic)
+	ctx := timeout(t, time.Minute)
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ids := sendLocal(t, ctx, p, 0, 2)
+	l, err := mq.Open(LocalLogName(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	held, err := l.Loan(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Abort()
+	sendLocal(t, ctx, p, 2, 1) // committed, after the held record
+	// Each call in a goroutine: a wait on the held record fails the test
+	// at ctx's end instead of hanging it.
+	done := func(what string, f func()) {
+		t.Helper()
+		ch := make(chan struct{})
+		go func() { defer close(ch); f() }()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			t.Fatalf("%s waits on a held record", what)
+		}
+	}
+	r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
+	if got := readAll(t, ctx, r, 2); got[0] != 0 || got[1] != 1 {
+		t.Fatalf("read %v", got)
+	}
+	var has bool
+	done("HasNext", func() { has = r.HasNext() })
+	if has {
+		t.Fatal("HasNext true at a held record")
+	}
+	var last pulsar.MessageID
+	done("GetLastMessageID", func() { last, err = r.GetLastMessageID() })
+	if err != nil || last.String() != ids[1].String() {
+		t.Fatalf("GetLastMessageID %v, %v; want %v", last, err, ids[1])
+	}
+	done("SeekByTime", func() { err = r.SeekByTime(time.Now().Add(time.Hour)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r2 pulsar.Reader
+	done("CreateReader(Latest, inclusive)", func() {
+		r2, err = client.CreateReader(pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.LatestMessageID(), StartMessageIDInclusive: true})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
+	held.Abort()
+	if got := readAll(t, ctx, r2, 2); got[0] != 1 || got[1] != 2 {
+		t.Fatalf("Latest inclusive read %v, want [1 2] (from the last record before the held one)", got)
+	}
+}
+
+// TestLocalReaderTailBelowHead: a meta segment (corrupt or hostile) whose
+// tail is below its head makes the reader's methods fail with an error
+// wrapping shm.ErrCorrupt; GetLastMessageID looped ~2^52 times under the
+// reader's lock, as a review found, Close blocking behind it.
+func TestLocalReaderTailBelowHead(t *testing.T) {
+	topic := "persistent://public/default/" + unique("local-rtail")
+	o := Options{Local: LocalConfig{Topics: []string{topic}, Log: mq.Config{SegmentSize: 4096, Segments: 2, Full: mq.FullOverwrite}}}
+	client := localClient(t, "pulsar://127.0.0.1:1", o, topic)
+	ctx := timeout(t, time.Minute)
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sendLocal(t, ctx, p, 0, 400)
+	r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
+	meta, err := shm.OpenSegment("mq-" + LocalLogName(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer meta.Close()
+	// Partition 0's tail and head words (mq/log.go's meta layout:
+	// offParts0 = 128 + 256 producers x 16 + 64 readers x 128).
+	const offParts0 = 128 + 256*16 + 64*128
+	tail, err := meta.Uint64At(offParts0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, err := meta.Uint64At(offParts0 + 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if head.Load() == 0 {
+		t.Fatal("nothing dropped: the test needs a head above 0")
+	}
+	good := tail.Load()
+	tail.Store(0)
+	defer tail.Store(good)
+	calls := map[string]func() error{
+		"GetLastMessageID": func() error { _, err := r.GetLastMessageID(); return err },
+		"SeekByTime":       func() error { return r.SeekByTime(time.Unix(0, 0)) },
+		"CreateReader(Latest, inclusive)": func() error {
+			r2, err := client.CreateReader(pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.LatestMessageID(), StartMessageIDInclusive: true})
+			if err == nil {
+				r2.Close()
+			}
+			return err
+		},
+	}
+	for what, f := range calls {
+		ch := make(chan error, 1)
+		go func() { ch <- f() }()
+		select {
+		case err := <-ch:
+			if !errors.Is(err, shm.ErrCorrupt) {
+				t.Errorf("%s with the tail below the head: %v, want shm.ErrCorrupt", what, err)
+			}
+		case <-ctx.Done():
+			tail.Store(good)
+			t.Fatalf("%s with the tail below the head: still running", what)
+		}
+	}
+}
