@@ -100,9 +100,14 @@ const (
 	gOffParts    = 8
 	gOffInFlight = 16
 	// gOffGen is the generation, bumped at each join, leave and death.
-	// (The word after it was the bell, a futex word idle members slept
-	// on; they sleep on the log's futex words now: Consumer.sleep.)
-	gOffGen       = line
+	gOffGen = line
+	// gOffBell is the group's futex word (u32) and its sleeper count
+	// (u32): members that a commit cannot make ready (no partition, or
+	// every owned ring full) sleep on it, and only ring wakes it
+	// (Consumer.sleep). The words were the old, unused bell: an old
+	// segment has the bell's count there, which is a futex word's value
+	// like any other, and zero sleepers.
+	gOffBell      = line + 8
 	gOffLock      = 2 * line // SeqLock over the member table and the generation
 	gOffMembers   = 3 * line // maxMembers of {owner, memGen}
 	maxMembers    = 64
@@ -195,6 +200,8 @@ type Consumer struct {
 	mem   []atomic.Uint64 // member slots: {owner, memGen}
 	parts []*groupPart
 	cap   int
+	// bell and bellSleepers: the group's futex word (gOffBell).
+	bell, bellSleepers *atomic.Uint32
 
 	slot   int
 	memGen uint64
@@ -394,6 +401,8 @@ func newConsumer(l *Log, name string, c GroupConfig, seg *shm.Segment) (*Consume
 	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word(),
 		tag: 1<<32 | uint64(h.Sum32())}
 	g.closing, g.stopClosing = context.WithCancel(context.Background())
+	g.bell, _ = seg.Uint32At(gOffBell)
+	g.bellSleepers, _ = seg.Uint32At(gOffBell + 4)
 	stride := partWords(g.cap) * 8
 	for p := range l.cfg.Partitions {
 		base := gOffParts0 + p*stride
@@ -432,13 +441,15 @@ func (g *Consumer) bumpGeneration() {
 	g.ring(-1)
 }
 
-// ring wakes the members asleep in Receive. They sleep on the log's futex
-// words, which its producers wake: a member that owns one partition on
-// the partition's, the others on the log's word for any partition
+// ring wakes the members asleep in Receive. Those that a commit may make
+// ready sleep on the log's futex words, which its producers wake: a member
+// that owns one partition on the partition's, the others on the log's word
+// for any partition; the others on the group's bell, which only ring wakes
 // (sleep). p is the partition concerned, or -1 for all (a new generation:
 // the group does not record who sleeps where; a wake of a word nobody
 // sleeps on is one load).
 func (g *Consumer) ring(p int) {
+	wake(g.bell, g.bellSleepers)
 	if p >= 0 {
 		g.l.parts[p].wakeReaders() // and the log's word for any partition
 		return
@@ -1202,21 +1213,28 @@ func (g *Consumer) dropLost() {
 
 // sleep waits for something to do, at most until the earliest deadline of
 // an owned partition, else for cfg.parkFor (the liveness of the others is
-// looked at after it): on the partition's futex word when it owns one
-// partition with room in its ring, else on the log's word for any
-// partition. The log's producers wake both at every commit, and ring
-// (Nack, an Ack that makes room, a new generation, Close) wakes them too,
-// so an idle member sleeps instead of polling; a member with several
-// partitions is woken by commits to partitions it does not own as well
-// (once per sleep).
+// looked at after it). A member that a commit may make ready (an owned
+// partition with room in its ring) sleeps on the log's futex words, which
+// its producers wake at every commit and abort: on the partition's when it
+// owns one, else on the log's word for any partition (a member with
+// several is woken by commits to partitions it does not own as well, once
+// per sleep). A member that no commit can make ready (it owns nothing, or
+// every owned ring is full) sleeps on the group's bell, which commits do
+// not wake. ring (Nack, an Ack that makes room, a new generation, Close)
+// wakes all three.
 func (g *Consumer) sleep(ctx context.Context) {
 	d := g.cfg.parkFor
 	now := uint64(g.cfg.now().UnixNano())
+	var room []int // owned partitions a commit may make ready
 	for _, p := range g.owned {
-		if due := g.parts[p].w[pwMinDue].Load(); due <= now {
+		gp := g.parts[p]
+		if due := gp.w[pwMinDue].Load(); due <= now {
 			d = 50 * time.Microsecond
 		} else if due-now < uint64(d) {
 			d = time.Duration(due - now)
+		}
+		if gp.stream != nil && gp.w[pwCount].Load() < uint64(g.cap) {
+			room = append(room, p)
 		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, d)
@@ -1226,6 +1244,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 	// join or leave during the poll pass rang before this sleeper
 	// registered.
 	view := g.view
+	due := func(p int) bool { return g.parts[p].w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano()) }
 	// ready: something to do in partition p. A record being written at
 	// the stream's head (stuck) is not, while its live producer holds it:
 	// its commit or abort wakes the sleeper. It is looked at again here,
@@ -1233,7 +1252,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 	// sleeper's registration, whose wake-up then found nobody.
 	ready := func(p int) bool {
 		gp := g.parts[p]
-		if gp.w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano()) {
+		if due(p) {
 			return true
 		}
 		if gp.stream == nil || gp.w[pwCount].Load() >= uint64(g.cap) {
@@ -1246,24 +1265,40 @@ func (g *Consumer) sleep(ctx context.Context) {
 		return g.l.parts[p].tail.Load() > at
 	}
 	others := func() bool { return g.gen.Load() != view || g.closed.Load() }
-	if len(g.owned) == 1 && g.parts[g.owned[0]].stream != nil && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
+	switch {
+	case len(room) == 0:
+		// On the bell. Ready also when a ring got room after the look
+		// above (its Ack rang before this sleeper registered): the
+		// member goes round and sleeps where commits wake it.
+		sleepOn(sctx, g.bell, g.bellSleepers, func() bool {
+			if others() {
+				return true
+			}
+			for _, p := range g.owned {
+				if gp := g.parts[p]; due(p) || gp.stream != nil && gp.w[pwCount].Load() < uint64(g.cap) {
+					return true
+				}
+			}
+			return false
+		})
+	case len(g.owned) == 1:
 		p := g.owned[0]
 		pt := g.l.parts[p]
 		sleepOn(sctx, pt.seq, pt.sleepers, func() bool { return others() || ready(p) })
-		return
-	}
-	pt0 := g.l.parts[0] // its anySeq is the log's
-	sleepOn(sctx, pt0.anySeq, pt0.anySleepers, func() bool {
-		if others() {
-			return true
-		}
-		for _, p := range g.owned {
-			if ready(p) {
+	default:
+		pt0 := g.l.parts[0] // its anySeq is the log's
+		sleepOn(sctx, pt0.anySeq, pt0.anySleepers, func() bool {
+			if others() {
 				return true
 			}
-		}
-		return false
-	})
+			for _, p := range g.owned {
+				if ready(p) {
+					return true
+				}
+			}
+			return false
+		})
+	}
 }
 
 // poll looks for a message in partition p: a due entry first, then the

@@ -1093,3 +1093,78 @@ func TestGroupGenChangeBeforeSleep(t *testing.T) {
 		t.Fatal("a slept until its context ended: b's leave did not wake it")
 	}
 }
+
+// TestGroupCommitsDoNotWakeUnreadyMember: a member that no commit can make
+// ready (its ring full, waiting for an Ack; two partitions with full
+// rings; no partition at all, more members than partitions) sleeps
+// through commits: only ring (an Ack that makes room, a new generation)
+// wakes it. It used to sleep on the log's word for any partition, which
+// every commit wakes: a sleep per commit. After each commit the test waits
+// for the member to be registered asleep again (a commit takes the
+// sleepers it wakes), so a member woken by commits sleeps once per commit.
+func TestGroupCommitsDoNotWakeUnreadyMember(t *testing.T) {
+	const commits = 200
+	for _, c := range []struct {
+		name  string
+		parts int
+	}{{"full ring", 1}, {"full rings", 2}, {"no partition", 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLog(t, Config{Partitions: c.parts, SegmentSize: 1 << 20})
+			ctx := timeout(t, 20*time.Second)
+			name := fmt.Sprintf("unready%d", groupSeq.Add(1))
+			cfg := GroupConfig{MaxInFlight: 1, VisibilityTimeout: time.Hour, parkFor: time.Hour}
+			g := join(t, l, name, cfg)
+			var other *Consumer
+			var held []Message
+			if c.name == "no partition" {
+				g.Receive(timeout(t, 10*time.Millisecond))
+				other = join(t, l, name, cfg)
+				other.Receive(timeout(t, 10*time.Millisecond))
+				g.Receive(timeout(t, 10*time.Millisecond))
+				if got := other.Assigned(); len(got) != 0 {
+					t.Fatalf("the second member owns %v, want nothing", got)
+				}
+				g, other = other, g
+			} else {
+				sendAll(t, ctx, l, 1)
+				for range c.parts {
+					held = append(held, receive(t, ctx, g)) // every ring full
+				}
+			}
+			asleep := func() bool {
+				return l.parts[0].anySleepers.Load() != 0 || l.parts[0].sleepers.Load() != 0 || g.bellSleepers.Load() != 0
+			}
+			naps := g.naps.Load()
+			done := receiveAsync(t, g)
+			until(t, ctx, "the member asleep", func() bool { return g.naps.Load() > naps && asleep() })
+			naps = g.naps.Load()
+			for range commits {
+				if _, err := l.Send(ctx, 0, []byte("x")); err != nil {
+					t.Fatal(err)
+				}
+				until(t, ctx, "the member asleep again", asleep)
+			}
+			if n := g.naps.Load() - naps; n > 2 {
+				t.Fatalf("the member slept %d times during %d commits: commits wake it", n, commits)
+			}
+			// What does wake it: an Ack that makes room, a leave.
+			if other != nil {
+				if err := other.Close(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				for _, m := range held {
+					if m.Partition == 0 {
+						if err := g.Ack(m); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			r := result(t, ctx, done, "the member was not woken")
+			if r.err != nil || r.m.Partition != 0 {
+				t.Fatalf("partition %d offset %d, %v", r.m.Partition, r.m.Offset, r.err)
+			}
+		})
+	}
+}
