@@ -223,6 +223,10 @@ type Consumer struct {
 	// or a partition's state and its validation (tests: a writer that
 	// keeps changing the sequence word).
 	torn func()
+	// pinStep, if set, runs between the steps of a pin's tagging
+	// (closePin, recordHandOver, releaseOrphans), named by step (tests:
+	// a member that dies there).
+	pinStep func(step string)
 	// buddy is the process word pins are held in the name of: the next
 	// live member's (this process's when alone), so that a pin outlives
 	// its owner until a survivor takes the partition over.
@@ -763,14 +767,21 @@ func (g *Consumer) handOver(p int) {
 
 // recordHandOver records in pwPins that reader slot rs, held in the name
 // of owner, has no holder (see handOver): this consumer's record of it
-// becomes so, or a free entry (the partition's lock held).
+// becomes so, or a free entry (the partition's lock held). The record
+// changes before the tag: a member that dies between the two leaves a
+// record with no holder and a tag naming it, which releaseOrphans takes
+// for a match (the tag's holder is gone). A new record (the pin had none:
+// it is in this process's name, and dies with it) is tagged after it is
+// written.
 func (g *Consumer) recordHandOver(gp *groupPart, rs int, owner uint64) bool {
 	mine := uint64(rs+1) | g.me<<8
-	g.tagPin(rs, uint64(rs+1)) // before the record says so
 	for i := range maxPins {
 		w := &gp.w[pwPins+2*i]
 		if w.Load() == mine && gp.w[pwPins+2*i+1].Load() == owner {
 			w.Store(uint64(rs + 1))
+			g.step("handOver:recorded")
+			pinTag(g.l, rs)[1].CompareAndSwap(mine, uint64(rs+1))
+			g.step("handOver:tagged")
 			return true
 		}
 	}
@@ -779,6 +790,7 @@ func (g *Consumer) recordHandOver(gp *groupPart, rs int, owner uint64) bool {
 		if w.Load() == 0 {
 			gp.w[pwPins+2*i+1].Store(owner)
 			if w.CompareAndSwap(0, uint64(rs+1)) {
+				g.tagPin(rs, uint64(rs+1))
 				return true
 			}
 		}
@@ -1036,21 +1048,31 @@ func (g *Consumer) recordPin(gp *groupPart, rs int, owner uint64) bool {
 
 // closePin closes pin r and then clears its record, if it has one. Only
 // the recording member clears its records while alive, so this needs no
-// lock.
+// lock. Its steps are ordered so that a death between any two leaks
+// nothing (TestGroupPinCrashWindows): the slot first goes into this
+// process's name (a death from there on frees it with the process; before,
+// the record and tag still match and the next owner releases it), then its
+// tag goes (while the slot is held, so that a stale tag never names a
+// slot a reader takes next; a compare, so that it is this pin's), then
+// the slot, then the record (a stale record matches no tag).
 func (g *Consumer) closePin(gp *groupPart, r *Reader) {
 	rs := g.readerSlot(r)
-	if rs >= 0 {
-		// Untagged first: a record this consumer leaves behind (it dies
-		// before clearing it) then names a slot no release frees.
-		g.tagPin(rs, 0)
-	}
-	r.Close()
 	if rs < 0 {
+		r.Close()
 		return
 	}
+	rec := uint64(rs+1) | g.me<<8
+	if r.me != g.pw && r.owner.CompareAndSwap(r.me, g.pw) {
+		r.me = g.pw
+	}
+	g.step("closePin:own")
+	pinTag(g.l, rs)[1].CompareAndSwap(rec, 0)
+	g.step("closePin:untagged")
+	r.Close()
+	g.step("closePin:closed")
 	for i := range maxPins {
 		w := &gp.w[pwPins+2*i]
-		w.CompareAndSwap(uint64(rs+1)|g.me<<8, 0)
+		w.CompareAndSwap(rec, 0)
 	}
 }
 
@@ -1058,8 +1080,19 @@ func (g *Consumer) closePin(gp *groupPart, r *Reader) {
 // partition p's pins in, in a live member's name (the partition's lock
 // held, and this consumer's own pin in place). A slot is freed only if it
 // is still held for p in that name, and tagged as this group's pin with
-// this very record (pinTag): a garbage record, or a stale one whose slot
-// has been taken since for another reader, frees nothing.
+// this very record (pinTag), or, for a handed-over record (no holder),
+// with the record a gone holder had before (it died between rewriting the
+// record and the tag: recordHandOver): a garbage record, or a stale one
+// whose slot has been taken since for another reader, frees nothing. The
+// untag after the free compares: a reader that took the slot meanwhile,
+// and the member that tagged it, keep their tag (TestGroupReleaseLateUntag).
+//
+// What remains: a stale tag can sit in a free slot (a member died between
+// freeing it and untagging it, here or in closePin's last steps), and
+// NewReader zeroes a slot's tag just after it takes it. A release that
+// looks in between, at a reader taken in the buddy's process for this
+// partition in that very slot, would free it: a death and a take within
+// a few instructions of each other, which no test makes.
 func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
 	for i := range maxPins {
 		w := gp.w[pwPins+2*i].Load()
@@ -1072,13 +1105,23 @@ func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
 			o, _ := g.l.meta.Uint64At(base)
 			part, _ := g.l.meta.Uint64At(base + 8)
 			tag := pinTag(g.l, int(rs-1))
-			if part.Load() == uint64(p) && tag[0].Load() == g.tag && tag[1].Load() == w && o.CompareAndSwap(owner, 0) {
-				g.tagPin(int(rs-1), 0)
+			tv := tag[1].Load()
+			match := tv == w || w>>8 == 0 && tv&0xff == w && tv>>8 != 0 && !g.holderAlive(tv>>8)
+			if part.Load() == uint64(p) && tag[0].Load() == g.tag && match && o.CompareAndSwap(owner, 0) {
+				g.step("release:freed")
+				tag[1].CompareAndSwap(tv, 0)
 				g.l.wakeBlocked(g.l.parts[p])
 				g.cfg.Logger.Debug("mq: released a gone member's pin", "group", g.name, "partition", p, "slot", rs-1)
 			}
 		}
 		gp.w[pwPins+2*i].CompareAndSwap(w, 0)
+	}
+}
+
+// step runs the pinStep hook, if set.
+func (g *Consumer) step(name string) {
+	if g.pinStep != nil {
+		g.pinStep(name)
 	}
 }
 
