@@ -294,6 +294,11 @@ func (l *Log) JoinGroup(name string, c GroupConfig) (*Consumer, error) {
 	return g, nil
 }
 
+// groupHook, if set, is told of group creation's steps (tests): "created"
+// when this process made a group segment, before it initializes it;
+// "waiting" when a joiner waits for a live creator to finish.
+var groupHook func(step, name string)
+
 // openGroup creates or opens the group segment, and initializes it if
 // nobody has: under the group lock, so that a creator that dies before it
 // wrote the magic (which comes last) leaves the group to the next member
@@ -302,6 +307,10 @@ func openGroup(l *Log, name string, inFlight int, logger *slog.Logger) (*shm.Seg
 	gname := groupName(l.name, name)
 	size := groupSize(l.cfg.Partitions, inFlight)
 	seg, err := shm.CreateSegment(gname, size, &shm.SegmentConfig{Keep: true})
+	created := err == nil
+	if created && groupHook != nil {
+		groupHook("created", name)
+	}
 	if errors.Is(err, os.ErrExist) {
 		// Its creator may be making it this moment (then RepairSegment
 		// says ErrLocked for a little while), or may have died before
@@ -318,18 +327,25 @@ func openGroup(l *Log, name string, inFlight int, logger *slog.Logger) (*shm.Seg
 	if err != nil {
 		return nil, fmt.Errorf("mq: group %s of %s: %w", name, l.name, err)
 	}
-	if err := initGroup(l, name, seg, inFlight, logger); err != nil {
+	if err := initGroup(l, name, seg, inFlight, created, logger); err != nil {
 		seg.Close()
 		return nil, err
 	}
 	return seg, nil
 }
 
+// creatorPatience bounds how long a joiner waits for the live creator of
+// a group segment to initialize it before it does so itself.
+const creatorPatience = time.Second
+
 // initGroup writes a new group's header and partition starts, unless
-// there is a group already (its magic is set). The group lock makes one
-// member do it; a member that died doing it (the lock's owner dead) left
-// it to the next, which starts over.
-func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, logger *slog.Logger) error {
+// there is a group already (its magic is set). The segment's creator does
+// it: a joiner that opened it first waits for its magic while the creator
+// lives (up to creatorPatience; the creator's MaxInFlight is the group's,
+// not the first to take the lock's). The group lock makes one member do
+// it; a member that died doing it (the lock's owner dead) left it to the
+// next, which starts over.
+func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, created bool, logger *slog.Logger) error {
 	if seg.Size() < gOffParts0 {
 		return fmt.Errorf("mq: group %s: segment of %d bytes: %w", name, seg.Size(), shm.ErrCorrupt)
 	}
@@ -341,6 +357,20 @@ func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, logger *slog
 		// Not a creator that died before it wrote it: garbage, which
 		// is not wiped.
 		return fmt.Errorf("mq: group %s is not a group (bad magic %#x): %w", name, m, shm.ErrCorrupt)
+	}
+	if !created && seg.Creator().Alive() {
+		if groupHook != nil {
+			groupHook("waiting", name)
+		}
+		// Polled: the creator has no word to wake a joiner on before
+		// its header exists, and this happens once per group.
+		deadline := time.Now().Add(creatorPatience)
+		for magic.Load() == 0 && seg.Creator().Alive() && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if m := magic.Load(); m == groupMagic {
+			return nil
+		}
 	}
 	lock, err := shm.SeqLockAt(seg, gOffLock)
 	if err != nil {
@@ -362,7 +392,11 @@ func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, logger *slog
 		return nil // made while this member waited for the lock
 	}
 	if need := groupSize(l.cfg.Partitions, inFlight); seg.Size() < need {
-		return fmt.Errorf("mq: group %s: an unfinished group segment of %d bytes, %d needed for MaxInFlight %d (RemoveGroup it): %w", name, seg.Size(), need, inFlight, shm.ErrCorrupt)
+		fit := inFlight
+		for fit > 0 && groupSize(l.cfg.Partitions, fit) > seg.Size() {
+			fit--
+		}
+		return fmt.Errorf("mq: group %s: an unfinished group segment of %d bytes holds MaxInFlight up to %d, not %d (join with that, or RemoveGroup it): %w", name, seg.Size(), fit, inFlight, shm.ErrCorrupt)
 	}
 	for i, v := range []uint64{uint64(l.cfg.Partitions), uint64(inFlight)} {
 		w, _ := seg.Uint64At(gOffParts + 8*i)

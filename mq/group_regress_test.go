@@ -1325,3 +1325,94 @@ func TestGroupReleaseLateUntag(t *testing.T) {
 	}
 	owner.CompareAndSwap(h.pw, 0)
 }
+
+// TestGroupJoinerWaitsForCreator: a joiner that opens a group segment its
+// live creator made but has not initialized yet waits for the creator:
+// the creator's MaxInFlight is the group's, and the joiner asking for
+// another is refused with both values named. It used to initialize the
+// group itself with its own MaxInFlight, and the creator was refused.
+func TestGroupJoinerWaitsForCreator(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	name := fmt.Sprintf("creator%d", groupSeq.Add(1))
+	t.Cleanup(func() { RemoveGroup(l.Name(), name) })
+	created, release := make(chan struct{}), make(chan struct{})
+	waiting := make(chan struct{}, 1)
+	groupHook = func(step, n string) {
+		switch {
+		case n != name:
+		case step == "created":
+			close(created)
+			<-release
+		case step == "waiting":
+			select {
+			case waiting <- struct{}{}:
+			default:
+			}
+		}
+	}
+	t.Cleanup(func() { groupHook = nil })
+	type joined struct {
+		g   *Consumer
+		err error
+	}
+	creator, joiner := make(chan joined, 1), make(chan joined, 1)
+	go func() {
+		g, err := l.JoinGroup(name, GroupConfig{MaxInFlight: 16})
+		creator <- joined{g, err}
+	}()
+	<-created
+	go func() {
+		g, err := l.JoinGroup(name, GroupConfig{MaxInFlight: 8})
+		joiner <- joined{g, err}
+	}()
+	var j joined
+	select {
+	case <-waiting: // the fix: it waits for the creator
+	case j = <-joiner: // made the group itself meanwhile
+		joiner <- j
+	}
+	close(release)
+	c := <-creator
+	j = <-joiner
+	for _, x := range []joined{c, j} {
+		if x.g != nil {
+			x.g.Close()
+		}
+	}
+	if c.err != nil {
+		t.Errorf("the creator (MaxInFlight 16) was refused: %v", c.err)
+	}
+	if j.err == nil || !strings.Contains(j.err.Error(), "16") || !strings.Contains(j.err.Error(), "8") {
+		t.Errorf("the joiner (MaxInFlight 8): %v, want a refusal naming 16 and 8", j.err)
+	}
+}
+
+// TestGroupUnfinishedTooSmall: a group segment left without its magic by a
+// creator that is gone, too small for the joiner's MaxInFlight: the
+// refusal names the largest MaxInFlight the segment holds.
+func TestGroupUnfinishedTooSmall(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	name := fmt.Sprintf("small%d", groupSeq.Add(1))
+	t.Cleanup(func() { RemoveGroup(l.Name(), name) })
+	seg, err := shm.CreateSegment(groupName(l.Name(), name), groupSize(1, 8), &shm.SegmentConfig{Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fit := maxInFlight
+	for groupSize(1, fit) > seg.Size() {
+		fit--
+	}
+	seg.Close()
+	g, err := l.JoinGroup(name, GroupConfig{MaxInFlight: maxInFlight})
+	if err == nil {
+		g.Close()
+		t.Fatal("joined with a MaxInFlight the segment cannot hold")
+	}
+	if !strings.Contains(err.Error(), fmt.Sprintf("up to %d", fit)) || !strings.Contains(err.Error(), fmt.Sprint(maxInFlight)) {
+		t.Errorf("%v: want the largest MaxInFlight the segment holds (%d) and the one asked for (%d)", err, fit, maxInFlight)
+	}
+	g = join(t, l, name, GroupConfig{MaxInFlight: fit}) // what it holds is fine
+	if g.cap != fit {
+		t.Errorf("MaxInFlight %d, want %d", g.cap, fit)
+	}
+}
