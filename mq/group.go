@@ -100,9 +100,14 @@ const (
 	gOffParts    = 8
 	gOffInFlight = 16
 	// gOffGen is the generation, bumped at each join, leave and death.
-	// (The word after it was the bell, a futex word idle members slept
-	// on; they sleep on the log's futex words now: Consumer.sleep.)
-	gOffGen       = line
+	gOffGen = line
+	// gOffBell is the group's futex word (u32) and its sleeper count
+	// (u32): members that a commit cannot make ready (no partition, or
+	// every owned ring full) sleep on it, and only ring wakes it
+	// (Consumer.sleep). The words were the old, unused bell: an old
+	// segment has the bell's count there, which is a futex word's value
+	// like any other, and zero sleepers.
+	gOffBell      = line + 8
 	gOffLock      = 2 * line // SeqLock over the member table and the generation
 	gOffMembers   = 3 * line // maxMembers of {owner, memGen}
 	maxMembers    = 64
@@ -195,6 +200,8 @@ type Consumer struct {
 	mem   []atomic.Uint64 // member slots: {owner, memGen}
 	parts []*groupPart
 	cap   int
+	// bell and bellSleepers: the group's futex word (gOffBell).
+	bell, bellSleepers *atomic.Uint32
 
 	slot   int
 	memGen uint64
@@ -216,6 +223,10 @@ type Consumer struct {
 	// or a partition's state and its validation (tests: a writer that
 	// keeps changing the sequence word).
 	torn func()
+	// pinStep, if set, runs between the steps of a pin's tagging
+	// (closePin, recordHandOver, releaseOrphans), named by step (tests:
+	// a member that dies there).
+	pinStep func(step string)
 	// buddy is the process word pins are held in the name of: the next
 	// live member's (this process's when alone), so that a pin outlives
 	// its owner until a survivor takes the partition over.
@@ -283,6 +294,11 @@ func (l *Log) JoinGroup(name string, c GroupConfig) (*Consumer, error) {
 	return g, nil
 }
 
+// groupHook, if set, is told of group creation's steps (tests): "created"
+// when this process made a group segment, before it initializes it;
+// "waiting" when a joiner waits for a live creator to finish.
+var groupHook func(step, name string)
+
 // openGroup creates or opens the group segment, and initializes it if
 // nobody has: under the group lock, so that a creator that dies before it
 // wrote the magic (which comes last) leaves the group to the next member
@@ -291,6 +307,10 @@ func openGroup(l *Log, name string, inFlight int, logger *slog.Logger) (*shm.Seg
 	gname := groupName(l.name, name)
 	size := groupSize(l.cfg.Partitions, inFlight)
 	seg, err := shm.CreateSegment(gname, size, &shm.SegmentConfig{Keep: true})
+	created := err == nil
+	if created && groupHook != nil {
+		groupHook("created", name)
+	}
 	if errors.Is(err, os.ErrExist) {
 		// Its creator may be making it this moment (then RepairSegment
 		// says ErrLocked for a little while), or may have died before
@@ -307,18 +327,25 @@ func openGroup(l *Log, name string, inFlight int, logger *slog.Logger) (*shm.Seg
 	if err != nil {
 		return nil, fmt.Errorf("mq: group %s of %s: %w", name, l.name, err)
 	}
-	if err := initGroup(l, name, seg, inFlight, logger); err != nil {
+	if err := initGroup(l, name, seg, inFlight, created, logger); err != nil {
 		seg.Close()
 		return nil, err
 	}
 	return seg, nil
 }
 
+// creatorPatience bounds how long a joiner waits for the live creator of
+// a group segment to initialize it before it does so itself.
+const creatorPatience = time.Second
+
 // initGroup writes a new group's header and partition starts, unless
-// there is a group already (its magic is set). The group lock makes one
-// member do it; a member that died doing it (the lock's owner dead) left
-// it to the next, which starts over.
-func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, logger *slog.Logger) error {
+// there is a group already (its magic is set). The segment's creator does
+// it: a joiner that opened it first waits for its magic while the creator
+// lives (up to creatorPatience; the creator's MaxInFlight is the group's,
+// not the first to take the lock's). The group lock makes one member do
+// it; a member that died doing it (the lock's owner dead) left it to the
+// next, which starts over.
+func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, created bool, logger *slog.Logger) error {
 	if seg.Size() < gOffParts0 {
 		return fmt.Errorf("mq: group %s: segment of %d bytes: %w", name, seg.Size(), shm.ErrCorrupt)
 	}
@@ -330,6 +357,20 @@ func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, logger *slog
 		// Not a creator that died before it wrote it: garbage, which
 		// is not wiped.
 		return fmt.Errorf("mq: group %s is not a group (bad magic %#x): %w", name, m, shm.ErrCorrupt)
+	}
+	if !created && seg.Creator().Alive() {
+		if groupHook != nil {
+			groupHook("waiting", name)
+		}
+		// Polled: the creator has no word to wake a joiner on before
+		// its header exists, and this happens once per group.
+		deadline := time.Now().Add(creatorPatience)
+		for magic.Load() == 0 && seg.Creator().Alive() && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if m := magic.Load(); m == groupMagic {
+			return nil
+		}
 	}
 	lock, err := shm.SeqLockAt(seg, gOffLock)
 	if err != nil {
@@ -351,7 +392,11 @@ func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, logger *slog
 		return nil // made while this member waited for the lock
 	}
 	if need := groupSize(l.cfg.Partitions, inFlight); seg.Size() < need {
-		return fmt.Errorf("mq: group %s: an unfinished group segment of %d bytes, %d needed for MaxInFlight %d (RemoveGroup it): %w", name, seg.Size(), need, inFlight, shm.ErrCorrupt)
+		fit := inFlight
+		for fit > 0 && groupSize(l.cfg.Partitions, fit) > seg.Size() {
+			fit--
+		}
+		return fmt.Errorf("mq: group %s: an unfinished group segment of %d bytes holds MaxInFlight up to %d, not %d (join with that, or RemoveGroup it): %w", name, seg.Size(), fit, inFlight, shm.ErrCorrupt)
 	}
 	for i, v := range []uint64{uint64(l.cfg.Partitions), uint64(inFlight)} {
 		w, _ := seg.Uint64At(gOffParts + 8*i)
@@ -394,6 +439,8 @@ func newConsumer(l *Log, name string, c GroupConfig, seg *shm.Segment) (*Consume
 	g := &Consumer{l: l, name: name, cfg: c, seg: seg, gen: word(gOffGen), lock: lock, mem: mem, cap: int(inFlight), pw: shm.Self().Word(),
 		tag: 1<<32 | uint64(h.Sum32())}
 	g.closing, g.stopClosing = context.WithCancel(context.Background())
+	g.bell, _ = seg.Uint32At(gOffBell)
+	g.bellSleepers, _ = seg.Uint32At(gOffBell + 4)
 	stride := partWords(g.cap) * 8
 	for p := range l.cfg.Partitions {
 		base := gOffParts0 + p*stride
@@ -432,13 +479,15 @@ func (g *Consumer) bumpGeneration() {
 	g.ring(-1)
 }
 
-// ring wakes the members asleep in Receive. They sleep on the log's futex
-// words, which its producers wake: a member that owns one partition on
-// the partition's, the others on the log's word for any partition
+// ring wakes the members asleep in Receive. Those that a commit may make
+// ready sleep on the log's futex words, which its producers wake: a member
+// that owns one partition on the partition's, the others on the log's word
+// for any partition; the others on the group's bell, which only ring wakes
 // (sleep). p is the partition concerned, or -1 for all (a new generation:
 // the group does not record who sleeps where; a wake of a word nobody
 // sleeps on is one load).
 func (g *Consumer) ring(p int) {
+	wake(g.bell, g.bellSleepers)
 	if p >= 0 {
 		g.l.parts[p].wakeReaders() // and the log's word for any partition
 		return
@@ -752,14 +801,21 @@ func (g *Consumer) handOver(p int) {
 
 // recordHandOver records in pwPins that reader slot rs, held in the name
 // of owner, has no holder (see handOver): this consumer's record of it
-// becomes so, or a free entry (the partition's lock held).
+// becomes so, or a free entry (the partition's lock held). The record
+// changes before the tag: a member that dies between the two leaves a
+// record with no holder and a tag naming it, which releaseOrphans takes
+// for a match (the tag's holder is gone). A new record (the pin had none:
+// it is in this process's name, and dies with it) is tagged after it is
+// written.
 func (g *Consumer) recordHandOver(gp *groupPart, rs int, owner uint64) bool {
 	mine := uint64(rs+1) | g.me<<8
-	g.tagPin(rs, uint64(rs+1)) // before the record says so
 	for i := range maxPins {
 		w := &gp.w[pwPins+2*i]
 		if w.Load() == mine && gp.w[pwPins+2*i+1].Load() == owner {
 			w.Store(uint64(rs + 1))
+			g.step("handOver:recorded")
+			pinTag(g.l, rs)[1].CompareAndSwap(mine, uint64(rs+1))
+			g.step("handOver:tagged")
 			return true
 		}
 	}
@@ -768,6 +824,7 @@ func (g *Consumer) recordHandOver(gp *groupPart, rs int, owner uint64) bool {
 		if w.Load() == 0 {
 			gp.w[pwPins+2*i+1].Store(owner)
 			if w.CompareAndSwap(0, uint64(rs+1)) {
+				g.tagPin(rs, uint64(rs+1))
 				return true
 			}
 		}
@@ -1025,21 +1082,31 @@ func (g *Consumer) recordPin(gp *groupPart, rs int, owner uint64) bool {
 
 // closePin closes pin r and then clears its record, if it has one. Only
 // the recording member clears its records while alive, so this needs no
-// lock.
+// lock. Its steps are ordered so that a death between any two leaks
+// nothing (TestGroupPinCrashWindows): the slot first goes into this
+// process's name (a death from there on frees it with the process; before,
+// the record and tag still match and the next owner releases it), then its
+// tag goes (while the slot is held, so that a stale tag never names a
+// slot a reader takes next; a compare, so that it is this pin's), then
+// the slot, then the record (a stale record matches no tag).
 func (g *Consumer) closePin(gp *groupPart, r *Reader) {
 	rs := g.readerSlot(r)
-	if rs >= 0 {
-		// Untagged first: a record this consumer leaves behind (it dies
-		// before clearing it) then names a slot no release frees.
-		g.tagPin(rs, 0)
-	}
-	r.Close()
 	if rs < 0 {
+		r.Close()
 		return
 	}
+	rec := uint64(rs+1) | g.me<<8
+	if r.me != g.pw && r.owner.CompareAndSwap(r.me, g.pw) {
+		r.me = g.pw
+	}
+	g.step("closePin:own")
+	pinTag(g.l, rs)[1].CompareAndSwap(rec, 0)
+	g.step("closePin:untagged")
+	r.Close()
+	g.step("closePin:closed")
 	for i := range maxPins {
 		w := &gp.w[pwPins+2*i]
-		w.CompareAndSwap(uint64(rs+1)|g.me<<8, 0)
+		w.CompareAndSwap(rec, 0)
 	}
 }
 
@@ -1047,8 +1114,19 @@ func (g *Consumer) closePin(gp *groupPart, r *Reader) {
 // partition p's pins in, in a live member's name (the partition's lock
 // held, and this consumer's own pin in place). A slot is freed only if it
 // is still held for p in that name, and tagged as this group's pin with
-// this very record (pinTag): a garbage record, or a stale one whose slot
-// has been taken since for another reader, frees nothing.
+// this very record (pinTag), or, for a handed-over record (no holder),
+// with the record a gone holder had before (it died between rewriting the
+// record and the tag: recordHandOver): a garbage record, or a stale one
+// whose slot has been taken since for another reader, frees nothing. The
+// untag after the free compares: a reader that took the slot meanwhile,
+// and the member that tagged it, keep their tag (TestGroupReleaseLateUntag).
+//
+// What remains: a stale tag can sit in a free slot (a member died between
+// freeing it and untagging it, here or in closePin's last steps), and
+// NewReader zeroes a slot's tag just after it takes it. A release that
+// looks in between, at a reader taken in the buddy's process for this
+// partition in that very slot, would free it: a death and a take within
+// a few instructions of each other, which no test makes.
 func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
 	for i := range maxPins {
 		w := gp.w[pwPins+2*i].Load()
@@ -1061,13 +1139,23 @@ func (g *Consumer) releaseOrphans(p int, gp *groupPart) {
 			o, _ := g.l.meta.Uint64At(base)
 			part, _ := g.l.meta.Uint64At(base + 8)
 			tag := pinTag(g.l, int(rs-1))
-			if part.Load() == uint64(p) && tag[0].Load() == g.tag && tag[1].Load() == w && o.CompareAndSwap(owner, 0) {
-				g.tagPin(int(rs-1), 0)
+			tv := tag[1].Load()
+			match := tv == w || w>>8 == 0 && tv&0xff == w && tv>>8 != 0 && !g.holderAlive(tv>>8)
+			if part.Load() == uint64(p) && tag[0].Load() == g.tag && match && o.CompareAndSwap(owner, 0) {
+				g.step("release:freed")
+				tag[1].CompareAndSwap(tv, 0)
 				g.l.wakeBlocked(g.l.parts[p])
 				g.cfg.Logger.Debug("mq: released a gone member's pin", "group", g.name, "partition", p, "slot", rs-1)
 			}
 		}
 		gp.w[pwPins+2*i].CompareAndSwap(w, 0)
+	}
+}
+
+// step runs the pinStep hook, if set.
+func (g *Consumer) step(name string) {
+	if g.pinStep != nil {
+		g.pinStep(name)
 	}
 }
 
@@ -1202,21 +1290,28 @@ func (g *Consumer) dropLost() {
 
 // sleep waits for something to do, at most until the earliest deadline of
 // an owned partition, else for cfg.parkFor (the liveness of the others is
-// looked at after it): on the partition's futex word when it owns one
-// partition with room in its ring, else on the log's word for any
-// partition. The log's producers wake both at every commit, and ring
-// (Nack, an Ack that makes room, a new generation, Close) wakes them too,
-// so an idle member sleeps instead of polling; a member with several
-// partitions is woken by commits to partitions it does not own as well
-// (once per sleep).
+// looked at after it). A member that a commit may make ready (an owned
+// partition with room in its ring) sleeps on the log's futex words, which
+// its producers wake at every commit and abort: on the partition's when it
+// owns one, else on the log's word for any partition (a member with
+// several is woken by commits to partitions it does not own as well, once
+// per sleep). A member that no commit can make ready (it owns nothing, or
+// every owned ring is full) sleeps on the group's bell, which commits do
+// not wake. ring (Nack, an Ack that makes room, a new generation, Close)
+// wakes all three.
 func (g *Consumer) sleep(ctx context.Context) {
 	d := g.cfg.parkFor
 	now := uint64(g.cfg.now().UnixNano())
+	var room []int // owned partitions a commit may make ready
 	for _, p := range g.owned {
-		if due := g.parts[p].w[pwMinDue].Load(); due <= now {
+		gp := g.parts[p]
+		if due := gp.w[pwMinDue].Load(); due <= now {
 			d = 50 * time.Microsecond
 		} else if due-now < uint64(d) {
 			d = time.Duration(due - now)
+		}
+		if gp.stream != nil && gp.w[pwCount].Load() < uint64(g.cap) {
+			room = append(room, p)
 		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, d)
@@ -1226,6 +1321,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 	// join or leave during the poll pass rang before this sleeper
 	// registered.
 	view := g.view
+	due := func(p int) bool { return g.parts[p].w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano()) }
 	// ready: something to do in partition p. A record being written at
 	// the stream's head (stuck) is not, while its live producer holds it:
 	// its commit or abort wakes the sleeper. It is looked at again here,
@@ -1233,7 +1329,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 	// sleeper's registration, whose wake-up then found nobody.
 	ready := func(p int) bool {
 		gp := g.parts[p]
-		if gp.w[pwMinDue].Load() <= uint64(g.cfg.now().UnixNano()) {
+		if due(p) {
 			return true
 		}
 		if gp.stream == nil || gp.w[pwCount].Load() >= uint64(g.cap) {
@@ -1246,24 +1342,40 @@ func (g *Consumer) sleep(ctx context.Context) {
 		return g.l.parts[p].tail.Load() > at
 	}
 	others := func() bool { return g.gen.Load() != view || g.closed.Load() }
-	if len(g.owned) == 1 && g.parts[g.owned[0]].stream != nil && g.parts[g.owned[0]].w[pwCount].Load() < uint64(g.cap) {
+	switch {
+	case len(room) == 0:
+		// On the bell. Ready also when a ring got room after the look
+		// above (its Ack rang before this sleeper registered): the
+		// member goes round and sleeps where commits wake it.
+		sleepOn(sctx, g.bell, g.bellSleepers, func() bool {
+			if others() {
+				return true
+			}
+			for _, p := range g.owned {
+				if gp := g.parts[p]; due(p) || gp.stream != nil && gp.w[pwCount].Load() < uint64(g.cap) {
+					return true
+				}
+			}
+			return false
+		})
+	case len(g.owned) == 1:
 		p := g.owned[0]
 		pt := g.l.parts[p]
 		sleepOn(sctx, pt.seq, pt.sleepers, func() bool { return others() || ready(p) })
-		return
-	}
-	pt0 := g.l.parts[0] // its anySeq is the log's
-	sleepOn(sctx, pt0.anySeq, pt0.anySleepers, func() bool {
-		if others() {
-			return true
-		}
-		for _, p := range g.owned {
-			if ready(p) {
+	default:
+		pt0 := g.l.parts[0] // its anySeq is the log's
+		sleepOn(sctx, pt0.anySeq, pt0.anySleepers, func() bool {
+			if others() {
 				return true
 			}
-		}
-		return false
-	})
+			for _, p := range g.owned {
+				if ready(p) {
+					return true
+				}
+			}
+			return false
+		})
+	}
 }
 
 // poll looks for a message in partition p: a due entry first, then the

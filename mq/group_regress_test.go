@@ -1093,3 +1093,326 @@ func TestGroupGenChangeBeforeSleep(t *testing.T) {
 		t.Fatal("a slept until its context ended: b's leave did not wake it")
 	}
 }
+
+// TestGroupCommitsDoNotWakeUnreadyMember: a member that no commit can make
+// ready (its ring full, waiting for an Ack; two partitions with full
+// rings; no partition at all, more members than partitions) sleeps
+// through commits: only ring (an Ack that makes room, a new generation)
+// wakes it. It used to sleep on the log's word for any partition, which
+// every commit wakes: a sleep per commit. After each commit the test waits
+// for the member to be registered asleep again (a commit takes the
+// sleepers it wakes), so a member woken by commits sleeps once per commit.
+func TestGroupCommitsDoNotWakeUnreadyMember(t *testing.T) {
+	const commits = 200
+	for _, c := range []struct {
+		name  string
+		parts int
+	}{{"full ring", 1}, {"full rings", 2}, {"no partition", 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newLog(t, Config{Partitions: c.parts, SegmentSize: 1 << 20})
+			ctx := timeout(t, 20*time.Second)
+			name := fmt.Sprintf("unready%d", groupSeq.Add(1))
+			cfg := GroupConfig{MaxInFlight: 1, VisibilityTimeout: time.Hour, parkFor: time.Hour}
+			g := join(t, l, name, cfg)
+			var other *Consumer
+			var held []Message
+			if c.name == "no partition" {
+				g.Receive(timeout(t, 10*time.Millisecond))
+				other = join(t, l, name, cfg)
+				other.Receive(timeout(t, 10*time.Millisecond))
+				g.Receive(timeout(t, 10*time.Millisecond))
+				if got := other.Assigned(); len(got) != 0 {
+					t.Fatalf("the second member owns %v, want nothing", got)
+				}
+				g, other = other, g
+			} else {
+				sendAll(t, ctx, l, 1)
+				for range c.parts {
+					held = append(held, receive(t, ctx, g)) // every ring full
+				}
+			}
+			asleep := func() bool {
+				return l.parts[0].anySleepers.Load() != 0 || l.parts[0].sleepers.Load() != 0 || g.bellSleepers.Load() != 0
+			}
+			naps := g.naps.Load()
+			done := receiveAsync(t, g)
+			until(t, ctx, "the member asleep", func() bool { return g.naps.Load() > naps && asleep() })
+			naps = g.naps.Load()
+			for range commits {
+				if _, err := l.Send(ctx, 0, []byte("x")); err != nil {
+					t.Fatal(err)
+				}
+				until(t, ctx, "the member asleep again", asleep)
+			}
+			if n := g.naps.Load() - naps; n > 2 {
+				t.Fatalf("the member slept %d times during %d commits: commits wake it", n, commits)
+			}
+			// What does wake it: an Ack that makes room, a leave.
+			if other != nil {
+				if err := other.Close(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				for _, m := range held {
+					if m.Partition == 0 {
+						if err := g.Ack(m); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			r := result(t, ctx, done, "the member was not woken")
+			if r.err != nil || r.m.Partition != 0 {
+				t.Fatalf("partition %d offset %d, %v", r.m.Partition, r.m.Offset, r.err)
+			}
+		})
+	}
+}
+
+// errCrash is what a pinStep hook panics with: the member "dies" there.
+var errCrash = errors.New("crashed here")
+
+// pinInBuddy makes a group whose one member owns partition 0 with its pin
+// held in the name of a live process other than this one (the test's
+// parent stands in for a buddy in another process: its word is buddy)
+// and recorded.
+func pinInBuddy(t *testing.T) (l *Log, name string, g *Consumer, rs int, buddy uint64) {
+	t.Helper()
+	l = newLog(t, Config{SegmentSize: 4096})
+	name = fmt.Sprintf("pincrash%d", groupSeq.Add(1))
+	g = join(t, l, name, GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour})
+	g.Receive(timeout(t, 10*time.Millisecond))
+	parent, err := shm.LookupProcess(os.Getppid())
+	if err != nil || !shm.AliveWord(parent.Word()) {
+		t.Fatalf("no live parent process to stand in for a buddy: %v", err)
+	}
+	gp := g.parts[0]
+	g.buddy.Store(parent.Word())
+	if err := g.lockPart(0); err != nil {
+		t.Fatal(err)
+	}
+	err = g.repin(0, gp)
+	gp.lock.Unlock()
+	if err != nil || gp.pin == nil || gp.pin.me != parent.Word() {
+		t.Fatalf("pin not in the buddy's name: %v", err)
+	}
+	if rs = g.readerSlot(gp.pin); rs < 0 {
+		t.Fatal("no reader slot for the pin")
+	}
+	return l, name, g, rs, parent.Word()
+}
+
+// crashAt runs f with g's pinStep hook panicking at step, and reports
+// whether it did.
+func crashAt(g *Consumer, step string, f func()) (crashed bool) {
+	g.pinStep = func(s string) {
+		if s == step {
+			panic(errCrash)
+		}
+	}
+	defer func() {
+		g.pinStep = nil
+		if r := recover(); r != nil {
+			if r != errCrash {
+				panic(r)
+			}
+			crashed = true
+		}
+	}()
+	f()
+	return false
+}
+
+// deadWord is a process word no live process has.
+const deadWord = uint64(0x7ffffff0)<<32 | 1
+
+// die makes g look like a member whose process died: its member slot, and
+// reader slot rs if it is in g's process's name (the log reclaims the slots
+// of dead processes).
+func die(t *testing.T, l *Log, g *Consumer, rs int) {
+	g.closed.Store(true) // its Close does nothing: it is dead
+	t.Cleanup(func() {   // but its process lives on: unmap what it had
+		for _, gp := range g.parts {
+			for _, r := range []*Reader{gp.stream, gp.pin} {
+				if r != nil {
+					r.Close()
+				}
+			}
+		}
+		g.seg.Close()
+	})
+	g.mem[2*g.slot].Store(deadWord)
+	owner, _ := l.meta.Uint64At(offReaders + rs*line)
+	owner.CompareAndSwap(g.pw, deadWord)
+}
+
+// TestGroupPinCrashWindows: a member that dies between two steps of a
+// pin's tagging (closing a pin, handing it over) leaves a state the
+// partition's next owner cleans: the pin's reader slot ends free or in a
+// dead process's name (the log reclaims it), never held in a live buddy's
+// name with nothing left to release it. It used to be leaked: closePin
+// untagged the slot before it closed it, and recordHandOver retagged it
+// before it rewrote the record, so the record no longer matched the tag.
+func TestGroupPinCrashWindows(t *testing.T) {
+	for _, c := range []struct {
+		step string
+		do   func(g *Consumer)
+	}{
+		{"closePin:own", repinOwn},
+		{"closePin:untagged", repinOwn},
+		{"closePin:closed", repinOwn},
+		{"handOver:recorded", func(g *Consumer) { g.handOver(0) }},
+		{"handOver:tagged", func(g *Consumer) { g.handOver(0) }},
+	} {
+		t.Run(c.step, func(t *testing.T) {
+			l, name, g, rs, buddy := pinInBuddy(t)
+			if !crashAt(g, c.step, func() { c.do(g) }) {
+				t.Fatalf("never at step %s", c.step)
+			}
+			die(t, l, g, rs)
+			h := join(t, l, name, GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour})
+			h.Receive(timeout(t, 10*time.Millisecond)) // takes partition 0 over
+			if got := h.Assigned(); len(got) != 1 || got[0] != 0 {
+				t.Fatalf("the survivor owns %v", got)
+			}
+			owner, _ := l.meta.Uint64At(offReaders + rs*line)
+			if w := owner.Load(); w == buddy {
+				t.Fatalf("reader slot %d of the dead member's pin is still held in the buddy's name: leaked", rs)
+			}
+		})
+	}
+}
+
+// repinOwn moves g's pin of partition 0 back into its own process's name:
+// the pin in the buddy's name is closed.
+func repinOwn(g *Consumer) {
+	g.buddy.Store(g.pw)
+	if err := g.lockPart(0); err != nil {
+		panic(err)
+	}
+	defer g.parts[0].lock.Unlock()
+	g.repin(0, g.parts[0])
+}
+
+// TestGroupReleaseLateUntag: the next owner frees a dead member's pin slot
+// and then untags it; a reader that takes the slot in between and a
+// member that tags it as its own pin keep their tag (the untag compares).
+// It used to erase it: the new pin's record then named a slot no release
+// frees.
+func TestGroupReleaseLateUntag(t *testing.T) {
+	l, name, g, rs, _ := pinInBuddy(t)
+	die(t, l, g, rs)
+	h := join(t, l, name, GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour})
+	owner, _ := l.meta.Uint64At(offReaders + rs*line)
+	tag := pinTag(l, rs)
+	other := uint64(rs+1) | holderWord(9, 9)<<8
+	fired := false
+	h.pinStep = func(s string) {
+		if s == "release:freed" && !fired {
+			fired = true
+			owner.Store(h.pw) // a new reader, and another member's pin
+			tag[0].Store(h.tag)
+			tag[1].Store(other)
+		}
+	}
+	h.Receive(timeout(t, 10*time.Millisecond))
+	h.pinStep = nil
+	if !fired {
+		t.Fatal("the dead member's pin was not released")
+	}
+	if tag[0].Load() != h.tag || tag[1].Load() != other {
+		t.Errorf("the slot's new tag {%#x %#x} was erased by the release's late untag: {%#x %#x}", h.tag, other, tag[0].Load(), tag[1].Load())
+	}
+	owner.CompareAndSwap(h.pw, 0)
+}
+
+// TestGroupJoinerWaitsForCreator: a joiner that opens a group segment its
+// live creator made but has not initialized yet waits for the creator:
+// the creator's MaxInFlight is the group's, and the joiner asking for
+// another is refused with both values named. It used to initialize the
+// group itself with its own MaxInFlight, and the creator was refused.
+func TestGroupJoinerWaitsForCreator(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	name := fmt.Sprintf("creator%d", groupSeq.Add(1))
+	t.Cleanup(func() { RemoveGroup(l.Name(), name) })
+	created, release := make(chan struct{}), make(chan struct{})
+	waiting := make(chan struct{}, 1)
+	groupHook = func(step, n string) {
+		switch {
+		case n != name:
+		case step == "created":
+			close(created)
+			<-release
+		case step == "waiting":
+			select {
+			case waiting <- struct{}{}:
+			default:
+			}
+		}
+	}
+	t.Cleanup(func() { groupHook = nil })
+	type joined struct {
+		g   *Consumer
+		err error
+	}
+	creator, joiner := make(chan joined, 1), make(chan joined, 1)
+	go func() {
+		g, err := l.JoinGroup(name, GroupConfig{MaxInFlight: 16})
+		creator <- joined{g, err}
+	}()
+	<-created
+	go func() {
+		g, err := l.JoinGroup(name, GroupConfig{MaxInFlight: 8})
+		joiner <- joined{g, err}
+	}()
+	var j joined
+	select {
+	case <-waiting: // the fix: it waits for the creator
+	case j = <-joiner: // made the group itself meanwhile
+		joiner <- j
+	}
+	close(release)
+	c := <-creator
+	j = <-joiner
+	for _, x := range []joined{c, j} {
+		if x.g != nil {
+			x.g.Close()
+		}
+	}
+	if c.err != nil {
+		t.Errorf("the creator (MaxInFlight 16) was refused: %v", c.err)
+	}
+	if j.err == nil || !strings.Contains(j.err.Error(), "16") || !strings.Contains(j.err.Error(), "8") {
+		t.Errorf("the joiner (MaxInFlight 8): %v, want a refusal naming 16 and 8", j.err)
+	}
+}
+
+// TestGroupUnfinishedTooSmall: a group segment left without its magic by a
+// creator that is gone, too small for the joiner's MaxInFlight: the
+// refusal names the largest MaxInFlight the segment holds.
+func TestGroupUnfinishedTooSmall(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	name := fmt.Sprintf("small%d", groupSeq.Add(1))
+	t.Cleanup(func() { RemoveGroup(l.Name(), name) })
+	seg, err := shm.CreateSegment(groupName(l.Name(), name), groupSize(1, 8), &shm.SegmentConfig{Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fit := maxInFlight
+	for groupSize(1, fit) > seg.Size() {
+		fit--
+	}
+	seg.Close()
+	g, err := l.JoinGroup(name, GroupConfig{MaxInFlight: maxInFlight})
+	if err == nil {
+		g.Close()
+		t.Fatal("joined with a MaxInFlight the segment cannot hold")
+	}
+	if !strings.Contains(err.Error(), fmt.Sprintf("up to %d", fit)) || !strings.Contains(err.Error(), fmt.Sprint(maxInFlight)) {
+		t.Errorf("%v: want the largest MaxInFlight the segment holds (%d) and the one asked for (%d)", err, fit, maxInFlight)
+	}
+	g = join(t, l, name, GroupConfig{MaxInFlight: fit}) // what it holds is fine
+	if g.cap != fit {
+		t.Errorf("MaxInFlight %d, want %d", g.cap, fit)
+	}
+}
