@@ -792,3 +792,77 @@ func TestNextBelow(t *testing.T) {
 		t.Fatalf("closed: %v", err)
 	}
 }
+
+// TestReaderSeek: Seek moves a reader in its own slot to a record, Oldest
+// or Newest, refuses an offset inside a record or one retention dropped
+// (the reader stays where it was and reads on), and keeps the reader's
+// place from retention while it checks the new one.
+func TestReaderSeek(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 4, Full: FullOverwrite})
+	ctx := timeout(t, 10*time.Second)
+	var offs []uint64
+	send := func(seq uint64) {
+		b := make([]byte, 100)
+		message(b, 0, seq)
+		off, err := l.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs = append(offs, off)
+	}
+	for i := range 10 {
+		send(uint64(i))
+	}
+	r := newReader(t, l, 0, Oldest)
+	expect := func(want uint64) {
+		t.Helper()
+		rec, err := r.Next(ctx)
+		if err != nil || rec.Offset != want {
+			t.Fatalf("Next: %d, %v; want %d", rec.Offset, err, want)
+		}
+	}
+	if err := r.Seek(offs[5]); err != nil {
+		t.Fatal(err)
+	}
+	expect(offs[5])
+	if err := r.Seek(offs[2] + 8); err == nil {
+		t.Fatal("Seek inside a record succeeded")
+	}
+	if err := r.Seek(offs[2] + 4); err == nil {
+		t.Fatal("Seek to an unaligned offset succeeded")
+	}
+	expect(offs[6]) // stayed where it was
+	if err := r.Seek(Newest); err != nil || r.Offset() != offs[9]+align8(headerSize+100) {
+		t.Fatalf("Seek(Newest): %v, offset %d", err, r.Offset())
+	}
+	if err := r.Seek(Oldest); err != nil {
+		t.Fatal(err)
+	}
+	expect(offs[0])
+	// Overwrite until segment 0 is dropped; the reader is in it (under
+	// FullOverwrite a reader holds nothing back).
+	for i := 10; l.parts[0].head.Load() == 0; i++ {
+		send(uint64(i))
+	}
+	if err := r.Seek(offs[1]); !errors.Is(err, ErrOffsetGone) {
+		t.Fatalf("Seek to a dropped offset: %v, want ErrOffsetGone", err)
+	}
+	if r.Offset() != offs[1] {
+		t.Fatalf("offset %d after a failed Seek, want %d (unchanged)", r.Offset(), offs[1])
+	}
+	if err := r.Seek(Oldest); err != nil || r.Offset() != l.parts[0].head.Load()*4096 {
+		t.Fatalf("Seek(Oldest): %v, offset %d", err, r.Offset())
+	}
+	// A failed Seek back leaves the slot (what producers see) where the
+	// reader is.
+	if err := r.Seek(offs[1]); !errors.Is(err, ErrOffsetGone) {
+		t.Fatalf("Seek back to a dropped offset: %v", err)
+	}
+	if got := r.off.Load(); got/4096 != r.Offset()/4096 {
+		t.Fatalf("slot at %d after a failed Seek back, reader at %d", got, r.Offset())
+	}
+	r.Close()
+	if err := r.Seek(Oldest); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Seek after Close: %v", err)
+	}
+}

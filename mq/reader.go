@@ -153,6 +153,47 @@ func (r *Reader) boundary(from uint64) error {
 // Offset is the log offset the next Next reads from.
 func (r *Reader) Offset() uint64 { return r.offset }
 
+// Seek moves the reader to log offset to (an offset a record had, 0,
+// Oldest or Newest) in its own slot, checked as NewReader checks it: a
+// dropped offset is ErrOffsetGone, an offset inside a record or beyond
+// the tail an error. On an error the reader stays where it was (its
+// place was kept from retention meanwhile). Records returned before are
+// not to be used after it, as after Next.
+func (r *Reader) Seek(to uint64) error {
+	if r.closed || r.l.closed.Load() {
+		return ErrClosed
+	}
+	size := uint64(r.l.cfg.SegmentSize)
+	switch to {
+	case Oldest:
+		to = r.pt.head.Load() * size
+	case Newest:
+		to = r.pt.tail.Load()
+	}
+	if to%8 != 0 {
+		return fmt.Errorf("mq: offset %d is not a record's", to)
+	}
+	// The slot holds the lower of the two places while to is checked, so
+	// that retention keeps both.
+	if to < r.offset {
+		r.off.Store(to)
+	}
+	var err error
+	if to < r.pt.head.Load()*size {
+		err = fmt.Errorf("mq: offset %d of partition %d: %w", to, r.p, ErrOffsetGone)
+	} else {
+		err = r.boundary(to)
+	}
+	if err != nil {
+		r.off.Store(r.offset)
+		return err
+	}
+	r.offset = to
+	r.off.Store(to)
+	r.l.wakeBlocked(r.pt)
+	return nil
+}
+
 // Aborted counts the records this reader aborted and skipped because their
 // writer died before committing them.
 func (r *Reader) Aborted() uint64 { return r.aborted }

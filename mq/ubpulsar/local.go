@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/apache/pulsar-client-go/pulsar"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/ubkit-io/ubkit/mq"
 	"github.com/ubkit-io/ubkit/shm"
@@ -275,21 +276,47 @@ type localID struct {
 	consumer  *localConsumer
 }
 
-// Serialize is 4 bytes of partition and 8 of offset, big endian.
+// localEntryID is the EntryID of every local topic's message id: no
+// broker's (its entries count from 0, and -1 is Earliest's), so an id
+// that pulsar.DeserializeMessageID made of a local id's Serialize is
+// known for one.
+const localEntryID = -2
+
+// Serialize is what upstream's ids serialize to, a MessageIdData in
+// protobuf's wire format: ledgerId the offset, entryId localEntryID,
+// partition, batch_index -1, batch_size 0. pulsar.DeserializeMessageID
+// makes of it an id that CreateReader, Seek and localIDOf take for this
+// one.
 func (id *localID) Serialize() []byte {
-	b := make([]byte, 12)
-	for i := range 4 {
-		b[i] = byte(uint32(id.partition) >> (24 - 8*i))
+	b := make([]byte, 0, 40)
+	field := func(n protowire.Number, v uint64) {
+		b = protowire.AppendTag(b, n, protowire.VarintType)
+		b = protowire.AppendVarint(b, v)
 	}
-	for i := range 8 {
-		b[4+i] = byte(id.offset >> (56 - 8*i))
-	}
+	field(1, id.offset)
+	entry, batch := int64(localEntryID), int64(-1)
+	field(2, uint64(entry))
+	field(3, uint64(int64(id.partition)))
+	field(4, uint64(batch))
+	field(6, 0)
 	return b
+}
+
+// localIDOf is id if it is a local id, or the local id a deserialized
+// one names (see Serialize).
+func localIDOf(id pulsar.MessageID) (*localID, bool) {
+	if l, ok := id.(*localID); ok {
+		return l, true
+	}
+	if id.EntryID() == localEntryID && id.LedgerID() >= 0 && id.PartitionIdx() >= 0 {
+		return &localID{partition: id.PartitionIdx(), offset: uint64(id.LedgerID())}, true
+	}
+	return nil, false
 }
 
 // LedgerID is the record's offset in its partition's log.
 func (id *localID) LedgerID() int64     { return int64(id.offset) }
-func (id *localID) EntryID() int64      { return 0 }
+func (id *localID) EntryID() int64      { return localEntryID }
 func (id *localID) BatchIdx() int32     { return -1 }
 func (id *localID) PartitionIdx() int32 { return id.partition }
 func (id *localID) BatchSize() int32    { return 0 }

@@ -62,7 +62,7 @@ func (c *client) createLocalReader(opts pulsar.ReaderOptions) (pulsar.Reader, er
 	c.readers[r] = struct{}{}
 	c.logsMu.Unlock()
 	for p := range np {
-		if r.parts[p], err = r.position(p, start); err != nil {
+		if r.parts[p], err = r.position(p, start, nil); err != nil {
 			break
 		}
 	}
@@ -87,7 +87,7 @@ type startPosition struct {
 
 // startOf is the position of a StartMessageID or a Seek's id.
 func startOf(id pulsar.MessageID, inclusive bool) (startPosition, error) {
-	if l, ok := id.(*localID); ok {
+	if l, ok := localIDOf(id); ok {
 		return startPosition{id: l, inclusive: inclusive}, nil
 	}
 	switch {
@@ -124,22 +124,40 @@ var errReaderClosed = fmt.Errorf("ubpulsar: reader closed: %w", mq.ErrClosed)
 
 func (r *localReader) Topic() string { return r.topic }
 
-// position returns a reader of partition p at start.
-func (r *localReader) position(p int, start startPosition) (*mq.Reader, error) {
+// position returns a reader of partition p at start: reuse moved there,
+// if it is given (it is left somewhere on an error: the caller puts it
+// back), else a new one.
+func (r *localReader) position(p int, start startPosition, reuse *mq.Reader) (*mq.Reader, error) {
 	switch {
 	case start.id == nil && !start.latest:
-		return r.newReader(p, mq.Oldest)
+		return r.at(p, mq.Oldest, reuse)
 	case start.latest && !start.inclusive:
-		return r.newReader(p, mq.Newest)
+		return r.at(p, mq.Newest, reuse)
 	case start.latest:
-		last, ok, err := r.last(p)
-		if err != nil || !ok {
-			if err == nil {
-				return r.newReader(p, mq.Newest)
-			}
+		// The last record, found with the reader it returns: a scan
+		// takes no slot of its own.
+		if _, err := r.stats(p); err != nil {
 			return nil, err
 		}
-		return r.newReader(p, last)
+		mr, err := r.at(p, mq.Newest, reuse)
+		if err != nil {
+			return nil, err
+		}
+		newest := mr.Offset()
+		last, ok, err := r.last(p, mr)
+		if err == nil {
+			if !ok {
+				last = newest
+			}
+			err = mr.Seek(last)
+		}
+		if err != nil {
+			if mr != reuse {
+				mr.Close()
+			}
+			return nil, fmt.Errorf("ubpulsar: reader of %s at its last message: %w", r.topic, err)
+		}
+		return mr, nil
 	}
 	id := start.id
 	if int(id.partition) != p {
@@ -152,11 +170,11 @@ func (r *localReader) position(p int, start startPosition) (*mq.Reader, error) {
 	if id.offset >= st.Tail {
 		return nil, fmt.Errorf("ubpulsar: message id %v is beyond the last message of local topic %s (an id of another topic?)", id, r.topic)
 	}
-	mr, err := r.l.NewReader(p, id.offset)
+	mr, err := r.at(p, id.offset, reuse)
 	if errors.Is(err, mq.ErrOffsetGone) {
 		// As the broker: a position retention dropped is the oldest
 		// message kept.
-		return r.newReader(p, mq.Oldest)
+		return r.at(p, mq.Oldest, reuse)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("ubpulsar: reader of %s at %v: %w", r.topic, id, err)
@@ -164,19 +182,62 @@ func (r *localReader) position(p int, start startPosition) (*mq.Reader, error) {
 	if !start.inclusive {
 		// Past the record id names (committed, as it was read or sent).
 		if _, _, err := mr.NextBelow(r.ctx, id.offset+1); err != nil {
-			mr.Close()
+			if mr != reuse {
+				mr.Close()
+			}
 			return nil, fmt.Errorf("ubpulsar: reader of %s after %v: %w", r.topic, id, err)
 		}
 	}
 	return mr, nil
 }
 
-func (r *localReader) newReader(p int, from uint64) (*mq.Reader, error) {
+// at returns reuse moved to log offset from, if reuse is given, else a
+// new reader of partition p there. Errors wrap mq's (ErrOffsetGone).
+func (r *localReader) at(p int, from uint64, reuse *mq.Reader) (*mq.Reader, error) {
+	if reuse != nil {
+		if err := reuse.Seek(from); err != nil {
+			return nil, fmt.Errorf("ubpulsar: reader of %s: %w", r.topic, err)
+		}
+		return reuse, nil
+	}
 	mr, err := r.l.NewReader(p, from)
 	if err != nil {
 		return nil, fmt.Errorf("ubpulsar: reader of %s: %w", r.topic, err)
 	}
 	return mr, nil
+}
+
+// scan calls f with a reader of partition p at from that f may move: a
+// reader of its own, closed after, or, when every reader slot of the log
+// is taken, the partition's own reader, put back where it was after (if
+// retention dropped that place meanwhile, at the oldest record, logged).
+// Seek, SeekByTime and GetLastMessageID work with a reader's one slot.
+func (r *localReader) scan(p int, from uint64, f func(*mq.Reader) error) error {
+	mr, err := r.l.NewReader(p, from)
+	if err == nil {
+		defer mr.Close()
+		return f(mr)
+	}
+	own := r.parts[p]
+	if !errors.Is(err, mq.ErrNoSlot) || own == nil {
+		return err
+	}
+	back := own.Offset()
+	if err := own.Seek(from); err != nil {
+		return err
+	}
+	ferr := f(own)
+	if err := own.Seek(back); err != nil {
+		if !errors.Is(err, mq.ErrOffsetGone) {
+			return errors.Join(ferr, err)
+		}
+		r.logger.Warn("ubpulsar: a local reader's place was dropped by retention while it scanned; it reads on from the oldest message", "topic", r.topic, "partition", p, "offset", back)
+		r.pending[p] = nil
+		if err := own.Seek(mq.Oldest); err != nil {
+			return errors.Join(ferr, err)
+		}
+	}
+	return ferr
 }
 
 // stats is partition p's Stats, checked: a meta segment (corrupt or
@@ -195,15 +256,15 @@ func (r *localReader) stats(p int) (mq.Stats, error) {
 
 // last is the offset of partition p's last committed record, if it has
 // one: the records of the tail's segment (or, if it has none, of the
-// segments before it) read up to the tail.
-func (r *localReader) last(p int) (uint64, bool, error) {
+// segments before it) read up to the tail with mr, which it moves.
+func (r *localReader) last(p int, mr *mq.Reader) (uint64, bool, error) {
 	st, err := r.stats(p)
 	if err != nil || st.Tail == st.Oldest {
 		return 0, false, err
 	}
 	size := uint64(r.l.Config().SegmentSize)
 	for k := (st.Tail - 1) / size; k >= st.Oldest/size; k-- {
-		mr, err := r.l.NewReader(p, k*size)
+		err := mr.Seek(k * size)
 		if errors.Is(err, mq.ErrOffsetGone) {
 			return 0, false, nil
 		}
@@ -215,7 +276,6 @@ func (r *localReader) last(p int) (uint64, bool, error) {
 		for {
 			rec, ok, err := mr.NextBelow(r.ctx, st.Tail)
 			if err != nil {
-				mr.Close()
 				return 0, false, fmt.Errorf("ubpulsar: last message of %s: %w", r.topic, err)
 			}
 			if !ok {
@@ -223,7 +283,6 @@ func (r *localReader) last(p int) (uint64, bool, error) {
 			}
 			last, found = rec.Offset, true
 		}
-		mr.Close()
 		if found || k == 0 {
 			return last, found, nil
 		}
@@ -412,12 +471,18 @@ func (r *localReader) Seek(msgID pulsar.MessageID) error {
 	if err != nil {
 		return err
 	}
-	mr, err := r.position(0, start)
-	if err != nil {
+	// In the reader's own slot: a second one may not be free.
+	own := r.parts[0]
+	back := own.Offset()
+	if _, err := r.position(0, start, own); err != nil {
+		if perr := own.Seek(back); perr != nil {
+			r.logger.Warn("ubpulsar: a local reader whose seek failed could not go back to its place; it reads on from the oldest message", "topic", r.topic, "offset", back, "err", perr)
+			r.pending[0] = nil
+			own.Seek(mq.Oldest)
+		}
 		return err
 	}
-	r.parts[0].Close()
-	r.parts[0], r.pending[0] = mr, nil
+	r.pending[0] = nil
 	return nil
 }
 
@@ -432,48 +497,50 @@ func (r *localReader) SeekByTime(t time.Time) error {
 		return fmt.Errorf("ubpulsar: seek: %w", errReaderClosed)
 	}
 	ms := t.UnixMilli()
-	moved := make([]*mq.Reader, len(r.parts))
 	fail := func(err error) error {
-		for _, mr := range moved {
-			if mr != nil {
-				mr.Close()
-			}
-		}
 		return fmt.Errorf("ubpulsar: seek %s by time: %w", r.topic, err)
 	}
+	// Where each partition's reader goes, found by a scan (see scan),
+	// then the moves, undone if one fails.
+	to := make([]uint64, len(r.parts))
 	for p := range r.parts {
-		scan, err := r.l.NewReader(p, mq.Oldest)
-		if err != nil {
-			return fail(err)
-		}
 		st, err := r.stats(p)
 		if err != nil {
-			scan.Close()
 			return fail(err)
 		}
-		for moved[p] == nil {
-			rec, ok, err := scan.NextBelow(r.ctx, st.Tail)
-			if err != nil {
-				scan.Close()
-				return fail(err)
+		err = r.scan(p, mq.Oldest, func(scan *mq.Reader) error {
+			for {
+				rec, ok, err := scan.NextBelow(r.ctx, st.Tail)
+				if err != nil {
+					return err
+				}
+				if !ok { // none: the scan stopped at the tail
+					to[p] = scan.Offset()
+					return nil
+				}
+				lr, err := decodeDelivered(rec.Payload)
+				if err == nil && lr.publishTime/int64(time.Millisecond) >= ms {
+					to[p] = rec.Offset
+					return nil
+				}
 			}
-			if !ok { // none: the scan stopped at the tail
-				moved[p] = scan
-				break
-			}
-			lr, err := decodeDelivered(rec.Payload)
-			if err != nil || lr.publishTime/int64(time.Millisecond) < ms {
-				continue
-			}
-			scan.Close()
-			if moved[p], err = r.l.NewReader(p, rec.Offset); err != nil {
-				return fail(err)
-			}
+		})
+		if err != nil {
+			return fail(err)
 		}
 	}
-	for p, mr := range moved {
-		r.parts[p].Close()
-		r.parts[p], r.pending[p] = mr, nil
+	back := make([]uint64, len(r.parts))
+	for p, mr := range r.parts {
+		back[p] = mr.Offset()
+		if err := mr.Seek(to[p]); err != nil {
+			for q := range p {
+				r.parts[q].Seek(back[q])
+			}
+			return fail(err)
+		}
+	}
+	for p := range r.parts {
+		r.pending[p] = nil
 	}
 	return nil
 }
@@ -490,7 +557,15 @@ func (r *localReader) GetLastMessageID() (pulsar.MessageID, error) {
 	case len(r.parts) > 1:
 		return nil, errors.New("ubpulsar: GetLastMessageID is not supported for multi-topics reader")
 	}
-	off, ok, err := r.last(0)
+	if _, err := r.stats(0); err != nil {
+		return nil, err
+	}
+	var off uint64
+	var ok bool
+	err := r.scan(0, mq.Newest, func(mr *mq.Reader) (err error) {
+		off, ok, err = r.last(0, mr)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

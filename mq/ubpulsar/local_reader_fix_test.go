@@ -190,3 +190,122 @@ func TestLocalReaderTailBelowHead(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalReaderOneSlot: with every other reader slot of the log taken,
+// a reader still Seeks (forward, back), answers
+// GetLastMessageID and SeekByTime, in its own slot, and reads on from
+// where each put it. Each used to take a second slot before it gave its
+// own up, and failed with mq.ErrNoSlot.
+func TestLocalReaderOneSlot(t *testing.T) {
+	topic := "persistent://public/default/" + unique("local-rslot")
+	client := localClient(t, "pulsar://127.0.0.1:1", localOptions(1, topic), topic)
+	ctx := timeout(t, time.Minute)
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ids := sendLocal(t, ctx, p, 0, 6)
+	r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID(), StartMessageIDInclusive: true})
+	l, err := mq.Open(LocalLogName(topic))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var held []*mq.Reader
+	defer func() {
+		for _, mr := range held {
+			mr.Close()
+		}
+	}()
+	for {
+		mr, err := l.NewReader(0, mq.Oldest)
+		if errors.Is(err, mq.ErrNoSlot) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, mr)
+	}
+	if got := readAll(t, ctx, r, 1); got[0] != 0 {
+		t.Fatalf("read %v", got)
+	}
+	if err := r.Seek(ids[3]); err != nil {
+		t.Fatalf("Seek forward: %v", err)
+	}
+	if got := readAll(t, ctx, r, 1); got[0] != 3 {
+		t.Fatalf("after Seek(3): %v", got)
+	}
+	if err := r.Seek(ids[1]); err != nil {
+		t.Fatalf("Seek back: %v", err)
+	}
+	if got := readAll(t, ctx, r, 1); got[0] != 1 {
+		t.Fatalf("after Seek(1): %v", got)
+	}
+	last, err := r.GetLastMessageID()
+	if err != nil || last.String() != ids[5].String() {
+		t.Fatalf("GetLastMessageID: %v, %v; want %v", last, err, ids[5])
+	}
+	if got := readAll(t, ctx, r, 1); got[0] != 2 {
+		t.Fatalf("after GetLastMessageID: %v, want [2] (where it was)", got)
+	}
+	if err := r.SeekByTime(time.Unix(0, 0)); err != nil {
+		t.Fatalf("SeekByTime: %v", err)
+	}
+	if got := readAll(t, ctx, r, 1); got[0] != 0 {
+		t.Fatalf("after SeekByTime(0): %v", got)
+	}
+	// A failed Seek leaves it where it was.
+	if err := r.Seek(&localID{partition: 0, offset: 1 << 40}); err == nil {
+		t.Fatal("Seek beyond the tail succeeded")
+	}
+	if got := readAll(t, ctx, r, 1); got[0] != 1 {
+		t.Fatalf("after a failed Seek: %v", got)
+	}
+}
+
+// TestLocalIDSerialize: a local message id's Serialize is what
+// pulsar.DeserializeMessageID reads (upstream's way to keep a reader's
+// place across restarts), and the id it makes starts a reader and seeks
+// one to the same message. DeserializeMessageID failed on the 12 bytes
+// Serialize used to return.
+func TestLocalIDSerialize(t *testing.T) {
+	topic := "persistent://public/default/" + unique("local-rser")
+	client := localClient(t, "pulsar://127.0.0.1:1", localOptions(1, topic), topic)
+	ctx := timeout(t, time.Minute)
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ids := sendLocal(t, ctx, p, 0, 4)
+	for i, id := range ids {
+		back, err := pulsar.DeserializeMessageID(id.Serialize())
+		if err != nil {
+			t.Fatalf("DeserializeMessageID of %v: %v", id, err)
+		}
+		if back.LedgerID() != id.LedgerID() || back.EntryID() != id.EntryID() || back.PartitionIdx() != id.PartitionIdx() || back.BatchIdx() != id.BatchIdx() {
+			t.Fatalf("%v came back as %v", id, back)
+		}
+		for _, inclusive := range []bool{true, false} {
+			r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: back, StartMessageIDInclusive: inclusive})
+			want := i
+			if !inclusive {
+				want++
+			}
+			if want < len(ids) {
+				if got := readAll(t, ctx, r, 1); got[0] != want {
+					t.Fatalf("a reader from deserialized %v (inclusive %v) read %v, want %d", id, inclusive, got, want)
+				}
+			}
+			if err := r.Seek(back); err != nil {
+				t.Fatalf("Seek to deserialized %v: %v", id, err)
+			}
+		}
+	}
+	// A broker's id is not taken for a local one.
+	if _, err := client.CreateReader(pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.NewMessageID(3, 0, -1, 0)}); err == nil {
+		t.Fatal("a reader of a local topic from a broker's message id")
+	}
+}
