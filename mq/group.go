@@ -306,10 +306,18 @@ var groupHook func(step, name string)
 func openGroup(l *Log, name string, inFlight int, logger *slog.Logger) (*shm.Segment, error) {
 	gname := groupName(l.name, name)
 	size := groupSize(l.cfg.Partitions, inFlight)
+	// Marked before the create, so that a joiner of this process never
+	// finds a segment this process is making unmarked.
+	creating.add(gname, 1)
 	seg, err := shm.CreateSegment(gname, size, &shm.SegmentConfig{Keep: true})
 	created := err == nil
-	if created && groupHook != nil {
-		groupHook("created", name)
+	if created {
+		defer creating.add(gname, -1)
+		if groupHook != nil {
+			groupHook("created", name)
+		}
+	} else {
+		creating.add(gname, -1)
 	}
 	if errors.Is(err, os.ErrExist) {
 		// Its creator may be making it this moment (then RepairSegment
@@ -332,6 +340,31 @@ func openGroup(l *Log, name string, inFlight int, logger *slog.Logger) (*shm.Seg
 		return nil, err
 	}
 	return seg, nil
+}
+
+// creating counts, per group segment name, the JoinGroups of this
+// process between their create of the segment and its initialization:
+// a joiner waits for a creator of its own process only then (a segment
+// that RepairSegment remade names this process as its creator too).
+var creating = nameCounts{n: map[string]int{}}
+
+type nameCounts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *nameCounts) add(name string, d int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[name] += d; c.n[name] == 0 {
+		delete(c.n, name)
+	}
+}
+
+func (c *nameCounts) has(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[name] > 0
 }
 
 // creatorPatience bounds how long a joiner waits for the live creator of
@@ -358,7 +391,7 @@ func initGroup(l *Log, name string, seg *shm.Segment, inFlight int, created bool
 		// is not wiped.
 		return fmt.Errorf("mq: group %s is not a group (bad magic %#x): %w", name, m, shm.ErrCorrupt)
 	}
-	if !created && seg.Creator().Alive() {
+	if c, me := seg.Creator().Word(), shm.Self().Word(); !created && (c == me && creating.has(seg.Name()) || c != me && shm.AliveWord(c)) {
 		if groupHook != nil {
 			groupHook("waiting", name)
 		}

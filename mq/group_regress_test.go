@@ -986,7 +986,19 @@ func TestGroupCreatorDied(t *testing.T) {
 				}
 				seg.Close()
 			}
+			// A segment RepairSegment remakes names this process as its
+			// creator: the join must not wait for itself.
+			var waited atomic.Bool
+			groupHook = func(step, n string) {
+				if step == "waiting" && n == name {
+					waited.Store(true)
+				}
+			}
+			t.Cleanup(func() { groupHook = nil })
 			g := join(t, l, name, GroupConfig{})
+			if waited.Load() {
+				t.Error("the join waited for a creator that is gone")
+			}
 			sendAll(t, ctx, l, 1)
 			for range 2 {
 				if err := g.Ack(receive(t, ctx, g)); err != nil {

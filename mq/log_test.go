@@ -831,6 +831,14 @@ func TestReaderSeek(t *testing.T) {
 	if err := r.Seek(offs[2] + 4); err == nil {
 		t.Fatal("Seek to an unaligned offset succeeded")
 	}
+	for _, beyond := range []uint64{1 << 40, 64 * 4096} { // aligned to a segment too
+		if err := r.Seek(beyond); err == nil {
+			t.Fatalf("Seek(%d) beyond the tail succeeded", beyond)
+		}
+		if _, err := l.NewReader(0, beyond); err == nil {
+			t.Fatalf("NewReader at %d beyond the tail succeeded", beyond)
+		}
+	}
 	expect(offs[6]) // stayed where it was
 	if err := r.Seek(Newest); err != nil || r.Offset() != offs[9]+align8(headerSize+100) {
 		t.Fatalf("Seek(Newest): %v, offset %d", err, r.Offset())
@@ -864,5 +872,68 @@ func TestReaderSeek(t *testing.T) {
 	r.Close()
 	if err := r.Seek(Oldest); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Seek after Close: %v", err)
+	}
+}
+
+// TestNewScanner: a scanner takes no reader slot (it works with every
+// slot taken) and holds nothing back: a FullFail producer drops the
+// segment it is in instead of failing, and the scanner, which keeps its
+// segment mapped, reads on in it and then says ErrOffsetGone.
+func TestNewScanner(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullFail})
+	ctx := timeout(t, 10*time.Second)
+	send := func(seq uint64) (uint64, error) {
+		b := make([]byte, 100)
+		message(b, 0, seq)
+		return l.Send(ctx, 0, b)
+	}
+	first, err := send(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Take every slot, for a partition the log has not (they hold no
+	// segment of partition 0).
+	var taken []*atomic.Uint64
+	for i := range maxReaders {
+		owner, _ := l.meta.Uint64At(offReaders + i*line)
+		if owner.CompareAndSwap(0, shm.Self().Word()) {
+			part, _ := l.meta.Uint64At(offReaders + i*line + 8)
+			part.Store(99)
+			taken = append(taken, owner)
+		}
+	}
+	defer func() {
+		for _, o := range taken {
+			o.Store(0)
+		}
+	}()
+	if _, err := l.NewReader(0, Oldest); !errors.Is(err, ErrNoSlot) {
+		t.Fatalf("NewReader with every slot taken: %v", err)
+	}
+	sc, err := l.NewScanner(0, Oldest)
+	if err != nil {
+		t.Fatalf("NewScanner with every slot taken: %v", err)
+	}
+	defer sc.Close()
+	if rec, err := sc.Next(ctx); err != nil || rec.Offset != first {
+		t.Fatalf("Next: %d, %v", rec.Offset, err)
+	}
+	for i := uint64(1); l.parts[0].head.Load() < 2; i++ {
+		if _, err := send(i); err != nil {
+			t.Fatalf("send %d with a scanner at the oldest segment: %v (a scanner holds nothing back)", i, err)
+		}
+	}
+	var err2 error
+	for n := 0; err2 == nil; n++ {
+		_, err2 = sc.Next(ctx)
+		if n > 100 {
+			t.Fatal("the scanner read on past its segment")
+		}
+	}
+	if !errors.Is(err2, ErrOffsetGone) {
+		t.Fatalf("the scanner after its next segment was dropped: %v, want ErrOffsetGone", err2)
+	}
+	if _, err := l.NewScanner(0, 1<<40); err == nil {
+		t.Fatal("NewScanner beyond the tail succeeded")
 	}
 }

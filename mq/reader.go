@@ -111,6 +111,40 @@ func (l *Log) NewReader(p int, from uint64) (*Reader, error) {
 	return r, nil
 }
 
+// NewScanner returns a reader of partition p from log offset from (as
+// NewReader's) that takes no reader slot: it never fails for want of one,
+// and holds nothing back. Retention may drop segments ahead of it, and
+// its Next then fails with ErrOffsetGone; the segment it is in stays
+// mapped for it, so it never reads a segment made again under the same
+// name. For scans that must not hold retention, or cannot have a slot:
+// finding a topic's last record, a position by time.
+func (l *Log) NewScanner(p int, from uint64) (*Reader, error) {
+	pt, err := l.part(p)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{l: l, p: p, pt: pt, me: shm.Self().Word(), off: new(atomic.Uint64)}
+	size := uint64(l.cfg.SegmentSize)
+	switch from {
+	case Oldest:
+		from = pt.head.Load() * size
+	case Newest:
+		from = pt.tail.Load()
+	}
+	r.offset = from
+	if from%8 != 0 {
+		return nil, fmt.Errorf("mq: offset %d is not a record's", from)
+	}
+	if from < pt.head.Load()*size {
+		return nil, fmt.Errorf("mq: offset %d of partition %d: %w", from, p, ErrOffsetGone)
+	}
+	if err := r.boundary(from); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
 // boundary checks that a record starts at from, by walking the headers
 // of its segment from the segment's start (at most a segment's worth):
 // a reader from inside a payload would take payload words for headers,
@@ -121,11 +155,11 @@ func (l *Log) NewReader(p int, from uint64) (*Reader, error) {
 func (r *Reader) boundary(from uint64) error {
 	size := uint64(r.l.cfg.SegmentSize)
 	at := from % size
-	if at == 0 {
-		return nil
-	}
 	if tail := r.pt.tail.Load(); from > tail {
 		return fmt.Errorf("mq: offset %d of partition %d is beyond its tail %d, not a record's", from, r.p, tail)
+	}
+	if at == 0 {
+		return nil
 	}
 	m, err := r.mapping(from / size)
 	if err != nil {
@@ -173,8 +207,12 @@ func (r *Reader) Seek(to uint64) error {
 	if to%8 != 0 {
 		return fmt.Errorf("mq: offset %d is not a record's", to)
 	}
+	if to < r.pt.head.Load()*size {
+		return fmt.Errorf("mq: offset %d of partition %d: %w", to, r.p, ErrOffsetGone)
+	}
 	// The slot holds the lower of the two places while to is checked, so
-	// that retention keeps both.
+	// that retention keeps both; then the head is looked at again (a
+	// segment dropped before the slot held it is gone).
 	if to < r.offset {
 		r.off.Store(to)
 	}
@@ -185,7 +223,10 @@ func (r *Reader) Seek(to uint64) error {
 		err = r.boundary(to)
 	}
 	if err != nil {
-		r.off.Store(r.offset)
+		if to < r.offset {
+			r.off.Store(r.offset)
+			r.l.wakeBlocked(r.pt)
+		}
 		return err
 	}
 	r.offset = to
@@ -215,7 +256,7 @@ func (r *Reader) Close() error {
 		err = r.m.seg.Close()
 		r.m = nil
 	}
-	if !r.l.closed.Load() { // else the slot went with the Log's mapping
+	if r.owner != nil && !r.l.closed.Load() { // else no slot (a scanner), or it went with the Log's mapping
 		r.owner.CompareAndSwap(r.me, 0)
 		r.l.wakeBlocked(r.pt)
 	}

@@ -134,30 +134,19 @@ func (r *localReader) position(p int, start startPosition, reuse *mq.Reader) (*m
 	case start.latest && !start.inclusive:
 		return r.at(p, mq.Newest, reuse)
 	case start.latest:
-		// The last record, found with the reader it returns: a scan
-		// takes no slot of its own.
-		if _, err := r.stats(p); err != nil {
-			return nil, err
-		}
-		mr, err := r.at(p, mq.Newest, reuse)
+		last, ok, err := r.last(p)
 		if err != nil {
 			return nil, err
 		}
-		newest := mr.Offset()
-		last, ok, err := r.last(p, mr)
-		if err == nil {
-			if !ok {
-				last = newest
-			}
-			err = mr.Seek(last)
+		if !ok {
+			return r.at(p, mq.Newest, reuse)
 		}
-		if err != nil {
-			if mr != reuse {
-				mr.Close()
-			}
-			return nil, fmt.Errorf("ubpulsar: reader of %s at its last message: %w", r.topic, err)
+		mr, err := r.at(p, last, reuse)
+		if errors.Is(err, mq.ErrOffsetGone) {
+			// Dropped since it was found: what is kept is after it.
+			return r.at(p, mq.Oldest, reuse)
 		}
-		return mr, nil
+		return mr, err
 	}
 	id := start.id
 	if int(id.partition) != p {
@@ -181,7 +170,11 @@ func (r *localReader) position(p int, start startPosition, reuse *mq.Reader) (*m
 	}
 	if !start.inclusive {
 		// Past the record id names (committed, as it was read or sent).
-		if _, _, err := mr.NextBelow(r.ctx, id.offset+1); err != nil {
+		_, ok, err := mr.NextBelow(r.ctx, id.offset+1)
+		if err == nil && !ok && mr.Offset() == id.offset {
+			err = errors.New("it names a message not yet sent")
+		}
+		if err != nil {
 			if mr != reuse {
 				mr.Close()
 			}
@@ -207,37 +200,16 @@ func (r *localReader) at(p int, from uint64, reuse *mq.Reader) (*mq.Reader, erro
 	return mr, nil
 }
 
-// scan calls f with a reader of partition p at from that f may move: a
-// reader of its own, closed after, or, when every reader slot of the log
-// is taken, the partition's own reader, put back where it was after (if
-// retention dropped that place meanwhile, at the oldest record, logged).
-// Seek, SeekByTime and GetLastMessageID work with a reader's one slot.
+// scan calls f with a scanner of partition p at from (mq.NewScanner):
+// it takes no reader slot, so it works when every slot is taken, and it
+// holds nothing back, so the reader's own place stays held throughout.
 func (r *localReader) scan(p int, from uint64, f func(*mq.Reader) error) error {
-	mr, err := r.l.NewReader(p, from)
-	if err == nil {
-		defer mr.Close()
-		return f(mr)
-	}
-	own := r.parts[p]
-	if !errors.Is(err, mq.ErrNoSlot) || own == nil {
+	sc, err := r.l.NewScanner(p, from)
+	if err != nil {
 		return err
 	}
-	back := own.Offset()
-	if err := own.Seek(from); err != nil {
-		return err
-	}
-	ferr := f(own)
-	if err := own.Seek(back); err != nil {
-		if !errors.Is(err, mq.ErrOffsetGone) {
-			return errors.Join(ferr, err)
-		}
-		r.logger.Warn("ubpulsar: a local reader's place was dropped by retention while it scanned; it reads on from the oldest message", "topic", r.topic, "partition", p, "offset", back)
-		r.pending[p] = nil
-		if err := own.Seek(mq.Oldest); err != nil {
-			return errors.Join(ferr, err)
-		}
-	}
-	return ferr
+	defer sc.Close()
+	return f(sc)
 }
 
 // stats is partition p's Stats, checked: a meta segment (corrupt or
@@ -256,32 +228,30 @@ func (r *localReader) stats(p int) (mq.Stats, error) {
 
 // last is the offset of partition p's last committed record, if it has
 // one: the records of the tail's segment (or, if it has none, of the
-// segments before it) read up to the tail with mr, which it moves.
-func (r *localReader) last(p int, mr *mq.Reader) (uint64, bool, error) {
+// segments before it) read up to the tail by a scanner.
+func (r *localReader) last(p int) (uint64, bool, error) {
 	st, err := r.stats(p)
 	if err != nil || st.Tail == st.Oldest {
 		return 0, false, err
 	}
 	size := uint64(r.l.Config().SegmentSize)
 	for k := (st.Tail - 1) / size; k >= st.Oldest/size; k-- {
-		err := mr.Seek(k * size)
+		var last uint64
+		found := false
+		err := r.scan(p, k*size, func(sc *mq.Reader) error {
+			for {
+				rec, ok, err := sc.NextBelow(r.ctx, st.Tail)
+				if err != nil || !ok {
+					return err
+				}
+				last, found = rec.Offset, true
+			}
+		})
 		if errors.Is(err, mq.ErrOffsetGone) {
 			return 0, false, nil
 		}
 		if err != nil {
 			return 0, false, fmt.Errorf("ubpulsar: last message of %s: %w", r.topic, err)
-		}
-		var last uint64
-		found := false
-		for {
-			rec, ok, err := mr.NextBelow(r.ctx, st.Tail)
-			if err != nil {
-				return 0, false, fmt.Errorf("ubpulsar: last message of %s: %w", r.topic, err)
-			}
-			if !ok {
-				break
-			}
-			last, found = rec.Offset, true
 		}
 		if found || k == 0 {
 			return last, found, nil
@@ -475,6 +445,9 @@ func (r *localReader) Seek(msgID pulsar.MessageID) error {
 	own := r.parts[0]
 	back := own.Offset()
 	if _, err := r.position(0, start, own); err != nil {
+		if own.Offset() == back {
+			return err // it did not move
+		}
 		if perr := own.Seek(back); perr != nil {
 			r.logger.Warn("ubpulsar: a local reader whose seek failed could not go back to its place; it reads on from the oldest message", "topic", r.topic, "offset", back, "err", perr)
 			r.pending[0] = nil
@@ -532,9 +505,18 @@ func (r *localReader) SeekByTime(t time.Time) error {
 	back := make([]uint64, len(r.parts))
 	for p, mr := range r.parts {
 		back[p] = mr.Offset()
-		if err := mr.Seek(to[p]); err != nil {
+		err := mr.Seek(to[p])
+		if errors.Is(err, mq.ErrOffsetGone) {
+			// Dropped since the scan: what is kept is after it.
+			err = mr.Seek(mq.Oldest)
+		}
+		if err != nil {
 			for q := range p {
-				r.parts[q].Seek(back[q])
+				if err := r.parts[q].Seek(back[q]); err != nil {
+					r.logger.Warn("ubpulsar: a local reader whose seek by time failed could not go back to its place; it reads on from the oldest message", "topic", r.topic, "partition", q, "offset", back[q], "err", err)
+					r.pending[q] = nil
+					r.parts[q].Seek(mq.Oldest)
+				}
 			}
 			return fail(err)
 		}
@@ -560,12 +542,7 @@ func (r *localReader) GetLastMessageID() (pulsar.MessageID, error) {
 	if _, err := r.stats(0); err != nil {
 		return nil, err
 	}
-	var off uint64
-	var ok bool
-	err := r.scan(0, mq.Newest, func(mr *mq.Reader) (err error) {
-		off, ok, err = r.last(0, mr)
-		return err
-	})
+	off, ok, err := r.last(0)
 	if err != nil {
 		return nil, err
 	}

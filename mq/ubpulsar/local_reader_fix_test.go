@@ -113,6 +113,13 @@ func TestLocalReaderHeldRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An exclusive start at the held record (an id that names it, as a
+	// forged or deserialized one can) is refused: the message after it
+	// is not known yet.
+	if r3, err := client.CreateReader(pulsar.ReaderOptions{Topic: topic, StartMessageID: &localID{partition: 0, offset: held.Offset()}}); err == nil {
+		r3.Close()
+		t.Fatal("a reader after a message not yet sent")
+	}
 	var r2 pulsar.Reader
 	done("CreateReader(Latest, inclusive)", func() {
 		r2, err = client.CreateReader(pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.LatestMessageID(), StartMessageIDInclusive: true})
@@ -243,12 +250,15 @@ func TestLocalReaderOneSlot(t *testing.T) {
 	if got := readAll(t, ctx, r, 1); got[0] != 1 {
 		t.Fatalf("after Seek(1): %v", got)
 	}
+	if !r.HasNext() { // reads message 2 ahead
+		t.Fatal("HasNext false")
+	}
 	last, err := r.GetLastMessageID()
 	if err != nil || last.String() != ids[5].String() {
 		t.Fatalf("GetLastMessageID: %v, %v; want %v", last, err, ids[5])
 	}
-	if got := readAll(t, ctx, r, 1); got[0] != 2 {
-		t.Fatalf("after GetLastMessageID: %v, want [2] (where it was)", got)
+	if got := readAll(t, ctx, r, 2); got[0] != 2 || got[1] != 3 {
+		t.Fatalf("after GetLastMessageID: %v, want [2 3] (where it was)", got)
 	}
 	if err := r.SeekByTime(time.Unix(0, 0)); err != nil {
 		t.Fatalf("SeekByTime: %v", err)
@@ -301,6 +311,13 @@ func TestLocalIDSerialize(t *testing.T) {
 			}
 			if err := r.Seek(back); err != nil {
 				t.Fatalf("Seek to deserialized %v: %v", id, err)
+			}
+			if want < len(ids) {
+				if got := readAll(t, ctx, r, 1); got[0] != want {
+					t.Fatalf("after Seek to deserialized %v (inclusive %v): read %v, want %d", id, inclusive, got, want)
+				}
+			} else if r.HasNext() {
+				t.Fatalf("after Seek past the last message: HasNext true")
 			}
 		}
 	}
