@@ -21,4 +21,7 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, func() { shm.Sweep() })
 }
 
-func TestConformance(t *testing.T) { ubtest.Run(t, open) }
+// shm registers only memory in named shm segments.
+func TestConformance(t *testing.T) {
+	ubtest.RunWith(t, open, ubtest.Options{Memory: ubtest.ShmMemory})
+}
