@@ -10,8 +10,10 @@
 //
 //	func TestConformance(t *testing.T) { ubtest.Run(t, open) }
 //
-// where open returns a fresh ub.Context of the provider. The suite checks
-// one-sided Write and Read, token, permission and bounds checks, Send and
+// where open returns a fresh ub.Context of the provider (RunWith takes
+// Options: where to get memory the provider can register). The suite
+// checks one-sided Write and Read, memory registered with
+// RegisterSegment, token, permission and bounds checks, Send and
 // Recv with ordering per jetty, immediate data, receive overrun, atomics
 // under contention from several processes, the unreliable mode's rules,
 // completion semantics (one completion per request, with its UserCtx, in
