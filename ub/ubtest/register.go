@@ -95,4 +95,17 @@ func testRegister(t *testing.T, open Open, opts Options) {
 	// The other registration of the same memory is untouched.
 	r = p.remote("read", peerToken, 16, 9, ro.Desc())
 	wantRemote("read of the other registration after the first's Close", r, ub.StatusSuccess)
+
+	// The context's Close deregisters what it registered, as it closes
+	// what it allocated; the memory is still the caller's.
+	if err := l.c.Close(); err != nil {
+		t.Fatalf("close the context: %v", err)
+	}
+	copy(mem[size+16:], "caller's!")
+	if r := p.remote("read", peerToken, 16, 9, ro.Desc()); r.Status == ub.StatusSuccess.String() {
+		t.Errorf("a registration of a closed context is still readable (%q)", r.Data)
+	}
+	if got := string(mem[size+16 : size+25]); got != "caller's!" {
+		t.Errorf("the memory is not the caller's after its context closed: %q", got)
+	}
 }
