@@ -171,10 +171,15 @@ func (c *Context) importRegistration(desc ub.SegmentDesc, token ub.Token) (ub.Re
 	}
 	if err != nil {
 		rs.Close()
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, shm.ErrCorrupt) {
+		switch _, outOfFDs := fdlimit.Errno(err); {
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, shm.ErrCorrupt):
 			return nil, fmt.Errorf("shmprov: %w: %s registers memory in %s, which is gone (unlinked since; importers that mapped it before keep their mapping): %w", ub.ErrBadDescriptor, desc.Name, reg.target, err)
+		case outOfFDs:
+			return nil, fmt.Errorf("shmprov: import %s: open its memory's segment %s: %w", desc.Name, reg.target, fdlimit.Hint(err))
 		}
-		return nil, fmt.Errorf("shmprov: import %s: open its memory's segment %s: %w", desc.Name, reg.target, fdlimit.Hint(err))
+		// A name shm would never make, a file not this user's: nothing
+		// a registrant of this user could have registered.
+		return nil, fmt.Errorf("shmprov: %w: %s registers memory in %s, which cannot be opened: %w", ub.ErrBadDescriptor, desc.Name, reg.target, err)
 	}
 	fail := func(why string) (ub.RemoteSegment, error) {
 		target.Close()

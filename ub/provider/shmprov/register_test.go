@@ -281,6 +281,7 @@ func TestRegisterCorruptHeader(t *testing.T) {
 		{"a size beyond the target", 16, 8, 1 << 40},
 		{"an offset beyond the target", 48, 8, 1 << 40},
 		{"another target file", 40, 8, 12345},
+		{"a target name shm never makes", 64, 4, uint64(binary.LittleEndian.Uint32([]byte("../x")))},
 	} {
 		reg, err := owner.RegisterSegment(s.Data()[:64], ub.SegmentConfig{Access: ub.AccessWrite, Token: regToken})
 		if err != nil {
