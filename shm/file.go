@@ -93,7 +93,7 @@ func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	s.initHeader(total)
 	s.commit()
 	unix.Flock(s.fd, unix.LOCK_UN)
-	return s, nil
+	return published(s, nil)
 }
 
 // RepairFileSegment is OpenFileSegment, but for a file without a header
@@ -148,7 +148,7 @@ func RepairFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	s.initHeader(total)
 	s.commit()
 	unix.Flock(s.fd, unix.LOCK_UN)
-	return s, nil
+	return published(s, nil)
 }
 
 // openChecked opens the file at path for a file segment (O_NOFOLLOW), if
@@ -234,7 +234,7 @@ func OpenFileSegment(path string) (*Segment, error) {
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
 	s.name, s.path = filepath.Base(path), path
-	return s, nil
+	return published(s, nil)
 }
 
 // testFileOpened, if set, is called by OpenFileSegment between the open

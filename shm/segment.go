@@ -132,7 +132,7 @@ func CreateSegment(name string, size int, opts *SegmentConfig) (*Segment, error)
 		if ownRegular(&st) {
 			return nil, &os.PathError{Op: "create segment", Path: path, Err: unix.EEXIST}
 		}
-		return createAlt(name, total, opts, fmt.Sprintf("%s belongs to uid %d", path, st.Uid))
+		return published(createAlt(name, total, opts, fmt.Sprintf("%s belongs to uid %d", path, st.Uid)))
 	}
 	// A creator of the same name that found another user's file in the way
 	// (createAlt) waits on this lock for our decision: the segment is ours
@@ -164,7 +164,7 @@ func CreateSegment(name string, size int, opts *SegmentConfig) (*Segment, error)
 	if err := holdLock(s); err != nil {
 		return nil, err
 	}
-	return s, nil
+	return published(s, nil)
 }
 
 // lockNew locks the file just created at path, open as fd, exclusively
@@ -223,7 +223,7 @@ func RepairSegment(name string, size int, opts *SegmentConfig) (*Segment, error)
 				return nil, fmt.Errorf("shm: repair segment %s: made by another this moment: %w (%v)", name, ErrLocked, err)
 			}
 		}
-		return s, err
+		return published(s, err)
 	case !errors.Is(err, ErrCorrupt):
 		return nil, err
 	}
@@ -240,11 +240,7 @@ func RepairSegment(name string, size int, opts *SegmentConfig) (*Segment, error)
 	if a, ok := liveAlt(name); ok {
 		file, alt = a, true
 	}
-	s, err = repairNamed(name, file, alt, size, opts)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
+	return published(repairNamed(name, file, alt, size, opts))
 }
 
 // errHeader is repairNamed's finding that the file holds a header now.
@@ -393,7 +389,7 @@ func OpenSegment(name string) (*Segment, error) {
 		return nil, err
 	}
 	s.name = name
-	return s, nil
+	return published(s, nil)
 }
 
 // openNamed maps the segment in file, a name in ShmDir, if it is this
@@ -706,6 +702,9 @@ func (s *Segment) Close() error {
 	if s.created && !s.keep {
 		errs = append(errs, s.Unlink())
 	}
+	// Out of the table before the memory goes: MappingOf never finds
+	// memory that is unmapped.
+	s.unpublish()
 	if err := unix.Munmap(s.mem); err != nil {
 		errs = append(errs, fmt.Errorf("shm: munmap: %w", err))
 	}

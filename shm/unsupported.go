@@ -219,3 +219,6 @@ func (w *PipeWriter) TryWrite(b []byte) (int, error) { return 0, errUnsupported 
 
 // AllowedCPU is not supported on this system.
 func AllowedCPU(n int) (int, error) { return 0, errUnsupported }
+
+// MappingOf fails: shared memory needs Linux.
+func MappingOf(b []byte) (Mapping, error) { return Mapping{}, errUnsupported }

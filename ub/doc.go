@@ -6,7 +6,9 @@
 //
 //   - [Context]: a device endpoint, named by its [EID] (urma_create_context).
 //   - [Segment]: local memory registered for remote access, with access
-//     flags and a [Token] (urma_register_seg); a peer reaches it through a
+//     flags and a [Token] (urma_register_seg): memory the provider
+//     allocates (Context.AllocSegment) or memory the caller already has
+//     (Context.RegisterSegment); a peer reaches it through a
 //     [RemoteSegment] it imports with the segment's descriptor and token
 //     (urma_import_seg).
 //   - [Jetty]: a send queue and a receive queue (urma_create_jetty), in

@@ -31,7 +31,8 @@ var (
 	// malformed, or names no object the provider can find.
 	ErrBadDescriptor = errors.New("bad descriptor")
 	// ErrInvalidArgument: a size, mode, depth or buffer range is out of
-	// range, or a Bind is not allowed (not a reliable-connection jetty, or
-	// bound already).
+	// range, memory given to RegisterSegment is empty or cannot be exposed
+	// by the provider, or a Bind is not allowed (not a reliable-connection
+	// jetty, or bound already).
 	ErrInvalidArgument = errors.New("invalid argument")
 )

@@ -72,17 +72,22 @@ type SegmentDesc struct {
 	Size int    `json:"size"`
 }
 
-// Segment is local memory registered for remote access.
+// Segment is local memory registered for remote access: allocated by the
+// provider (Context.AllocSegment) or the caller's own
+// (Context.RegisterSegment).
 type Segment interface {
-	// Bytes is the registered memory, zeroed when allocated. Peers may
-	// read and write it at any time, within the segment's access flags.
-	// It must not be used after Close.
+	// Bytes is the registered memory: zeroed when allocated, the caller's
+	// mem itself when registered. Peers may read and write it at any time,
+	// within the segment's access flags. An allocated segment's must not
+	// be used after Close; registered memory stays the caller's.
 	Bytes() []byte
 	// Desc describes the segment for peers.
 	Desc() SegmentDesc
 	// Close deregisters the segment: peers' later accesses complete with
 	// StatusNoPermission, and work requests that name it as their local
 	// buffer with StatusLocalLength. Operations in progress never fault.
+	// It frees an allocated segment's memory, but never unmaps or frees
+	// registered memory: the caller may go on using it.
 	Close() error
 }
 
@@ -239,6 +244,16 @@ type Context interface {
 	// access (memory a provider can expose to peers). A size that is not
 	// positive fails with ErrInvalidArgument.
 	AllocSegment(size int, cfg SegmentConfig) (Segment, error)
+	// RegisterSegment registers memory the caller already has for remote
+	// access (URMA's urma_register_seg): the segment's Bytes is mem
+	// itself, and mem stays the caller's, who keeps it valid (mapped)
+	// while it is registered. Peers reach it as they reach an allocated
+	// segment, with the same descriptor, token and access checks. Close
+	// deregisters it only. Empty mem fails with ErrInvalidArgument, and
+	// so does memory the provider cannot expose to peers (for "shm",
+	// memory outside a named shm segment mapped in this process;
+	// docs/ub.md has each provider's rules).
+	RegisterSegment(mem []byte, cfg SegmentConfig) (Segment, error)
 	// ImportSegment makes a peer's segment reachable with token. A
 	// descriptor of another provider, or a malformed one, fails with
 	// ErrBadDescriptor; a wrong token is found out by each access

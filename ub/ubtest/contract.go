@@ -47,20 +47,20 @@ func (foreignRemote) Close() error                  { return nil }
 func (foreignTarget) Desc() ub.JettyDesc            { return ub.JettyDesc{Provider: "ubtest-foreign"} }
 func (foreignTarget) Close() error                  { return nil }
 
-func testErrors(t *testing.T, open Open) {
-	t.Run("ClosedContext", func(t *testing.T) { testClosedContext(t, open) })
+func testErrors(t *testing.T, open Open, opts Options) {
+	t.Run("ClosedContext", func(t *testing.T) { testClosedContext(t, open, opts) })
 	t.Run("ClosedObjects", func(t *testing.T) { testClosedObjects(t, open) })
 	t.Run("CQFull", func(t *testing.T) { testCQFull(t, open) })
 	t.Run("RecvQueueFull", func(t *testing.T) { testRecvQueueFull(t, open) })
 	t.Run("BadDescriptors", func(t *testing.T) { testBadDescriptors(t, open) })
 	t.Run("ForeignObjects", func(t *testing.T) { testForeign(t, open) })
-	t.Run("InvalidArguments", func(t *testing.T) { testInvalid(t, open) })
+	t.Run("InvalidArguments", func(t *testing.T) { testInvalid(t, open, opts) })
 }
 
 // testClosedContext: once a context is closed, its constructors, imports
 // and the objects it made fail with ub.ErrClosed, and every Close after
 // the first returns nil.
-func testClosedContext(t *testing.T, open Open) {
+func testClosedContext(t *testing.T, open Open, opts Options) {
 	l := newLocal(t, open, ub.ReliableMessage)
 	other := newLocal(t, open, ub.ReliableMessage)
 	r := l.importSegment(t, l.seg.Desc(), peerToken)
@@ -70,6 +70,8 @@ func testClosedContext(t *testing.T, open Open) {
 	}
 	_, err := l.c.AllocSegment(4096, ub.SegmentConfig{})
 	wantErr(t, "AllocSegment on a closed context", err, ub.ErrClosed)
+	_, err = l.c.RegisterSegment(opts.memory(t, 4096), ub.SegmentConfig{})
+	wantErr(t, "RegisterSegment on a closed context", err, ub.ErrClosed)
 	_, err = l.c.NewCQ(ub.CQConfig{})
 	wantErr(t, "NewCQ on a closed context", err, ub.ErrClosed)
 	_, err = l.c.NewJetty(ub.JettyConfig{SendCQ: l.cq, RecvCQ: l.cq})
@@ -277,11 +279,19 @@ func testForeign(t *testing.T, open Open) {
 
 // testInvalid: sizes, modes and ranges out of range, and Binds that are
 // not allowed, fail with ErrInvalidArgument.
-func testInvalid(t *testing.T, open Open) {
+func testInvalid(t *testing.T, open Open, opts Options) {
 	l := newLocal(t, open, ub.ReliableMessage)
 	for _, size := range []int{0, -1} {
 		_, err := l.c.AllocSegment(size, ub.SegmentConfig{})
 		wantErr(t, "a segment of size "+strconv.Itoa(size), err, ub.ErrInvalidArgument)
+	}
+	mem := opts.memory(t, 4096)
+	for what, b := range map[string][]byte{"nil": nil, "empty": mem[:0], "empty at the end": mem[len(mem):]} {
+		s, err := l.c.RegisterSegment(b, ub.SegmentConfig{Access: ub.AccessWrite})
+		wantErr(t, "RegisterSegment of "+what+" memory", err, ub.ErrInvalidArgument)
+		if s != nil {
+			s.Close()
+		}
 	}
 	_, err := l.c.NewJetty(ub.JettyConfig{Mode: 99, SendCQ: l.cq, RecvCQ: l.cq})
 	wantErr(t, "a jetty of mode 99", err, ub.ErrInvalidArgument)

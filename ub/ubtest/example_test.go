@@ -29,3 +29,20 @@ func Example() {
 	}
 	_ = func(t *testing.T) { ubtest.Run(t, open) }
 }
+
+// A provider that registers only some memory (shm: memory in a named shm
+// segment) tells the suite where to get memory for its RegisterSegment
+// checks.
+func ExampleRunWith() {
+	open := func() (ub.Context, error) {
+		return ub.Open(context.Background(), "my-provider", ub.Config{})
+	}
+	// In the provider's _test.go, with RunPeerIfChild in TestMain:
+	//
+	//	func TestConformance(t *testing.T) {
+	//		ubtest.RunWith(t, open, ubtest.Options{Memory: ubtest.ShmMemory})
+	//	}
+	_ = func(t *testing.T) {
+		ubtest.RunWith(t, open, ubtest.Options{Memory: ubtest.ShmMemory})
+	}
+}

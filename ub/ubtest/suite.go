@@ -99,8 +99,13 @@ func wantStatus(t *testing.T, what string, c ub.Completion, want ub.Status) {
 }
 
 // Run runs the conformance suite against the provider open opens. The test
-// binary must call RunPeerIfChild(open) in TestMain.
-func Run(t *testing.T, open Open) {
+// binary must call RunPeerIfChild(open) in TestMain. It is RunWith with
+// no Options: the RegisterSegment checks register Go slices.
+func Run(t *testing.T, open Open) { RunWith(t, open, Options{}) }
+
+// RunWith runs the conformance suite with opts (a provider that registers
+// only some memory says where to get it).
+func RunWith(t *testing.T, open Open, opts Options) {
 	t.Run("UnknownProvider", func(t *testing.T) {
 		_, err := ub.Open(context.Background(), "no-such-provider", ub.Config{})
 		if err == nil {
@@ -125,7 +130,8 @@ func Run(t *testing.T, open Open) {
 	t.Run("FlushOnClose", func(t *testing.T) { testFlush(t, open) })
 	t.Run("PeerDeath", func(t *testing.T) { testPeerDeath(t, open) })
 	t.Run("CloseUnderLoad", func(t *testing.T) { testCloseUnderLoad(t, open) })
-	t.Run("Errors", func(t *testing.T) { testErrors(t, open) })
+	t.Run("RegisterSegment", func(t *testing.T) { testRegister(t, open, opts) })
+	t.Run("Errors", func(t *testing.T) { testErrors(t, open, opts) })
 	t.Run("Interrupt", func(t *testing.T) { testInterrupt(t, open) })
 }
 

@@ -10,8 +10,10 @@
 //
 //	func TestConformance(t *testing.T) { ubtest.Run(t, open) }
 //
-// where open returns a fresh ub.Context of the provider. The suite checks
-// one-sided Write and Read, token, permission and bounds checks, Send and
+// where open returns a fresh ub.Context of the provider (RunWith takes
+// Options: where to get memory the provider can register). The suite
+// checks one-sided Write and Read, memory registered with
+// RegisterSegment, token, permission and bounds checks, Send and
 // Recv with ordering per jetty, immediate data, receive overrun, atomics
 // under contention from several processes, the unreliable mode's rules,
 // completion semantics (one completion per request, with its UserCtx, in
@@ -35,15 +37,38 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/osproc"
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 )
 
 // Open returns a new context of the provider under test.
 type Open func() (ub.Context, error)
+
+// Memory returns size bytes of memory that the provider under test can
+// register (Context.RegisterSegment), valid until the test ends: it
+// cleans up with t.Cleanup.
+type Memory func(t testing.TB, size int) []byte
+
+// Options gives the suite what some providers need beyond a context.
+type Options struct {
+	// Memory is where the RegisterSegment checks get their memory. Nil
+	// gives a Go slice, which a provider that serves peers from its own
+	// process (tcp) registers; shm needs memory in a named shm segment
+	// (shm.CreateSegment's Data).
+	Memory Memory
+}
+
+func (o Options) memory(t testing.TB, size int) []byte {
+	if o.Memory != nil {
+		return o.Memory(t, size)
+	}
+	return make([]byte, size)
+}
 
 const (
 	// EnvPeerWrap, if set, is a command prefix the suite starts its peer
@@ -114,6 +139,10 @@ func servePeer(open Open) error {
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<20)
 	recvBase := PeerSegmentSize / 2
+	// Imports made by "remote", kept by descriptor and token so that an
+	// access after the owner deregistered goes through the import made
+	// before.
+	imports := map[string]ub.RemoteSegment{}
 	for in.Scan() {
 		line := in.Text()
 		f := strings.Fields(line)
@@ -172,6 +201,16 @@ func servePeer(open Open) error {
 				break
 			}
 			reply = remoteAdds(c, cq, desc, arg(1), arg(2))
+		case "remote": // remote OP TOKEN OFF ARG SEGJSON: one one-sided operation
+			// OP is write (ARG the bytes), read (ARG the length) or add
+			// (ARG the increment); the descriptor is the rest of the line.
+			rest := strings.SplitN(line, " ", 6)
+			var desc ub.SegmentDesc
+			if len(rest) < 6 || json.Unmarshal([]byte(rest[5]), &desc) != nil {
+				reply = "remote: want OP TOKEN OFF ARG and a segment descriptor in JSON"
+				break
+			}
+			reply = remoteOp(c, cq, seg, imports, rest[1], ub.Token(arg(2)), arg(3), rest[4], desc)
 		case "closejetty":
 			reply = errString(j.Close())
 		case "exit":
@@ -228,6 +267,61 @@ func remoteAdds(c ub.Context, cq ub.CQ, desc ub.SegmentDesc, off, n int) string 
 		}
 	}
 	return "ok"
+}
+
+// remoteResult is the answer to a "remote" command.
+type remoteResult struct {
+	Status string `json:"status"`
+	Data   string `json:"data"`
+	Value  uint64 `json:"value"`
+	Err    string `json:"err"`
+}
+
+// remoteOp runs one Write, Read or FetchAdd on a peer's segment through an
+// import made (and kept in imports) with token, using the start of the
+// peer's own segment seg as its local buffer.
+func remoteOp(c ub.Context, cq ub.CQ, seg ub.Segment, imports map[string]ub.RemoteSegment, op string, token ub.Token, off int, arg string, desc ub.SegmentDesc) remoteResult {
+	key, _ := json.Marshal(desc)
+	k := fmt.Sprintf("%d %s", token, key)
+	r := imports[k]
+	if r == nil {
+		var err error
+		if r, err = c.ImportSegment(desc, token); err != nil {
+			return remoteResult{Err: "import: " + err.Error()}
+		}
+		imports[k] = r
+	}
+	j, err := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		return remoteResult{Err: err.Error()}
+	}
+	defer j.Close()
+	const scratch = 4096
+	wr := ub.WR{Remote: ub.Remote{Seg: r, Offset: off}}
+	n, _ := strconv.Atoi(arg)
+	switch op {
+	case "write":
+		copy(seg.Bytes()[scratch:], arg)
+		wr.Op, wr.Local = ub.OpWrite, ub.Local{Seg: seg, Offset: scratch, Len: len(arg)}
+	case "read":
+		wr.Op, wr.Local = ub.OpRead, ub.Local{Seg: seg, Offset: scratch, Len: n}
+	case "add":
+		wr.Op, wr.Add = ub.OpFetchAdd, uint64(n)
+	default:
+		return remoteResult{Err: "unknown operation " + op}
+	}
+	if _, err := j.PostSend([]ub.WR{wr}); err != nil {
+		return remoteResult{Err: err.Error()}
+	}
+	comp := make([]ub.Completion, 1)
+	if err := waitOne(cq, comp); err != nil {
+		return remoteResult{Err: err.Error()}
+	}
+	res := remoteResult{Status: comp[0].Status.String(), Value: comp[0].Value}
+	if op == "read" && comp[0].Status == ub.StatusSuccess {
+		res.Data = string(seg.Bytes()[scratch : scratch+n])
+	}
+	return res
 }
 
 // waitOne waits for one completion (providers may complete asynchronously).
@@ -306,6 +400,19 @@ func startPeer(t testing.TB) *peer {
 	return p
 }
 
+// remote has the peer run one one-sided operation on the segment desc
+// describes (see remoteOp).
+func (p *peer) remote(op string, token ub.Token, off int, arg any, desc ub.SegmentDesc) remoteResult {
+	p.t.Helper()
+	d, err := json.Marshal(desc)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	var r remoteResult
+	p.do(&r, "remote", op, uint32(token), off, arg, string(d))
+	return r
+}
+
 func (p *peer) do(reply any, cmd string, args ...any) {
 	p.t.Helper()
 	fmt.Fprintln(p.in, append([]any{cmd}, args...)...)
@@ -320,4 +427,21 @@ func (p *peer) do(reply any, cmd string, args ...any) {
 func (p *peer) kill() {
 	p.cmd.Process.Kill()
 	p.cmd.Wait()
+}
+
+// shmMemorySeq numbers ShmMemory's segments.
+var shmMemorySeq atomic.Uint64
+
+// ShmMemory is a Memory in a new named shm segment (shm.CreateSegment),
+// closed and removed when the test ends: memory that every provider of
+// ubkit registers, shm included.
+func ShmMemory(t testing.TB, size int) []byte {
+	t.Helper()
+	name := fmt.Sprintf("ubtest-mem-%d-%d", os.Getpid(), shmMemorySeq.Add(1))
+	s, err := shm.CreateSegment(name, size, nil)
+	if err != nil {
+		t.Fatalf("memory to register: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s.Data()[:size:size]
 }

@@ -170,6 +170,19 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 	return s, nil
 }
 
+// RegisterSegment registers the caller's memory: every access goes
+// through this process, so any memory will do.
+func (c *Context) RegisterSegment(mem []byte, cfg ub.SegmentConfig) (ub.Segment, error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("refprov: %w: no memory to register", ub.ErrInvalidArgument)
+	}
+	s := &segment{c: c, access: cfg.Access.Normalize(), token: cfg.Token, bytes: mem[:len(mem):len(mem)]}
+	if err := c.track(s, func(id uint32) { s.id, c.segs[id] = id, s }); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 func (s *segment) Bytes() []byte { return s.bytes }
 
 func (s *segment) Desc() ub.SegmentDesc {

@@ -3,8 +3,10 @@ package shmprov_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	_ "github.com/ubkit-io/ubkit/ub/provider/shmprov" // registers "shm"
 )
@@ -87,4 +89,59 @@ func complete(ctx context.Context, cq ub.CQ) ub.Completion {
 			panic(err)
 		}
 	}
+}
+
+// Memory the owner already has, in a named shm segment (a log's partition,
+// say), registered so that a peer writes into it one-sided. Deregistering
+// leaves the memory to the owner.
+func ExampleContext_RegisterSegment() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	part, err := shm.CreateSegment(fmt.Sprintf("example-partition-%d", os.Getpid()), 4096, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer part.Close()
+
+	owner, err := ub.Open(ctx, "shm", ub.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer owner.Close()
+	reg, err := owner.RegisterSegment(part.Data()[1024:2048], ub.SegmentConfig{Access: ub.AccessWrite, Token: 7})
+	if err != nil {
+		panic(err)
+	}
+
+	user, err := ub.Open(ctx, "shm", ub.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer user.Close()
+	local, _ := user.AllocSegment(64, ub.SegmentConfig{})
+	cq, _ := user.NewCQ(ub.CQConfig{})
+	jetty, _ := user.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq})
+	remote, err := user.ImportSegment(reg.Desc(), 7)
+	if err != nil {
+		panic(err)
+	}
+	copy(local.Bytes(), "entry 1")
+	if _, err := jetty.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: local, Len: 7}, Remote: ub.Remote{Seg: remote}}}); err != nil {
+		panic(err)
+	}
+	fmt.Println("write:", complete(ctx, cq).Status)
+	fmt.Printf("the partition holds: %s\n", part.Data()[1024:1031])
+
+	reg.Close() // deregister: the peer's next write is refused
+	if _, err := jetty.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: local, Len: 7}, Remote: ub.Remote{Seg: remote}}}); err != nil {
+		panic(err)
+	}
+	fmt.Println("write after Close:", complete(ctx, cq).Status)
+	copy(part.Data()[1024:], "entry 2") // still the owner's memory
+	fmt.Printf("the partition holds: %s\n", part.Data()[1024:1031])
+	// Output:
+	// write: success
+	// the partition holds: entry 1
+	// write after Close: no permission
+	// the partition holds: entry 2
 }

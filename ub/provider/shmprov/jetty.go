@@ -173,6 +173,11 @@ func (j *jetty) PostRecv(wrs []ub.RecvWR) (int, error) {
 		if s.closed {
 			return i, fmt.Errorf("shmprov: receive buffer: %w", ub.ErrClosed)
 		}
+		if s.registered {
+			// A sender finds a receive's memory by the segment's name,
+			// and a registration's name is not where its memory is.
+			return i, fmt.Errorf("shmprov: %w: a receive buffer in a registered segment (RegisterSegment) is not supported by shm: post receives in an allocated segment", ub.ErrInvalidArgument)
+		}
 		if !verbs.InRange(wr.Buf.Offset, wr.Buf.Len, len(s.bytes)) || wr.Buf.Len > 1<<31 {
 			return i, fmt.Errorf("shmprov: %w: receive buffer [%d, +%d) outside its %d-byte segment", ub.ErrInvalidArgument, wr.Buf.Offset, wr.Buf.Len, len(s.bytes))
 		}
@@ -295,6 +300,12 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 	if wr.Remote.Offset%8 != 0 {
 		return ub.Completion{Status: ub.StatusMisaligned}
 	}
+	// In range (checked): an error is registered memory whose word at
+	// an aligned offset is not 8-byte aligned in memory.
+	w, err := shm.WordIn(r.mem, wr.Remote.Offset)
+	if err != nil {
+		return ub.Completion{Status: ub.StatusMisaligned}
+	}
 	var out []byte
 	if wr.Local.Seg != nil {
 		wr.Local.Len = 8
@@ -303,10 +314,6 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 			return ub.Completion{Status: st}
 		}
 		out = b
-	}
-	w, err := r.seg.Uint64At(segHeader + wr.Remote.Offset)
-	if err != nil {
-		return ub.Completion{Status: ub.StatusOutOfBounds}
 	}
 	var old uint64
 	if wr.Op == ub.OpCAS {

@@ -2,9 +2,13 @@ package shmprov
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/ubkit-io/ubkit/internal/procstat"
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/internal/leaktest"
 )
@@ -175,5 +179,76 @@ func TestDeliveryUsesImportedSegment(t *testing.T) {
 	imp.Close()
 	if fds := sendOne(); fds != 1 {
 		t.Errorf("a send into a segment no longer imported opened %d descriptors, want 1 (its own mapping)", fds)
+	}
+}
+
+// TestRegistrationReturnsEverything: registering memory, importing the
+// registration (its segment and the memory's), writing and closing, over
+// and over, leaves neither descriptors nor mappings behind, and the
+// contexts hold nothing of it: a registration costs what an allocated
+// segment costs, and gives it back.
+func TestRegistrationReturnsEverything(t *testing.T) {
+	owner, peer := openForTest(t), openForTest(t)
+	mem, err := shm.CreateSegment(fmt.Sprintf("regleak-%d-%d", os.Getpid(), time.Now().UnixNano()), 4096, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	q, err := peer.NewCQ(ub.CQConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := peer.NewJetty(ub.JettyConfig{SendCQ: q, RecvCQ: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := peer.AllocSegment(64, ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]ub.Completion, 1)
+	once := func(i int) {
+		reg, err := owner.RegisterSegment(mem.Data()[i%64*64:][:64], ub.SegmentConfig{Access: ub.AccessWrite, Token: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := peer.ImportSegment(reg.Desc(), 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: src, Len: 8}, Remote: ub.Remote{Seg: r}}}); err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := q.Poll(out); n != 1 || out[0].Status != ub.StatusSuccess {
+			t.Fatalf("write %d: %+v", i, out[:n])
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := reg.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	once(0)
+	before, err := procstat.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		once(i)
+	}
+	after, err := procstat.Returned(before, procstat.Usage{FDs: 2, Shared: 2, Goroutines: 2}, 5*time.Second)
+	if err != nil {
+		t.Fatalf("200 registrations made, imported and closed: %v", err)
+	}
+	t.Logf("after the first registration: %v; after 200 more: %v", before, after)
+	// The peer keeps its queue, jetty and scratch segment; nothing else.
+	for c, want := range map[*Context]int{owner: 0, peer: 3} {
+		c.mu.Lock()
+		n := c.objects.Len()
+		c.mu.Unlock()
+		if n != want {
+			t.Errorf("a context holds %d objects, want %d", n, want)
+		}
 	}
 }

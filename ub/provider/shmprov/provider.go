@@ -97,8 +97,8 @@ func (c *Context) name(kind string) string {
 }
 
 // checkName says why name, from a peer's descriptor, is not one that a
-// context makes for kind ("s" or "j"): "ub-", 12 hex digits, "-", kind
-// and a number.
+// context makes for kind ("s", "r" or "j"): "ub-", 12 hex digits, "-",
+// kind and a number.
 func checkName(name, kind string) error {
 	rest, ok := strings.CutPrefix(name, "ub-")
 	if ok && len(rest) > 13 && rest[12] == '-' {
@@ -108,7 +108,7 @@ func checkName(name, kind string) error {
 			return nil
 		}
 	}
-	what := map[string]string{"s": "segment", "j": "jetty"}[kind]
+	what := map[string]string{"s": "segment", "r": "registered segment", "j": "jetty"}[kind]
 	return fmt.Errorf("shmprov: %w: %q is not the name of an shm %s", ub.ErrBadDescriptor, name, what)
 }
 
@@ -191,6 +191,9 @@ type segment struct {
 	bytes     []byte
 	state     *atomic.Uint32
 	once      sync.Once
+	// registered: bytes are the caller's (RegisterSegment), and shm is
+	// the registration, not the memory.
+	registered bool
 }
 
 // AllocSegment allocates size bytes in a new shared-memory segment and
@@ -227,7 +230,8 @@ func (s *segment) Desc() ub.SegmentDesc {
 }
 
 // Close deregisters the segment: peers' later accesses fail. Peers that
-// mapped it keep a valid mapping, so nobody faults.
+// mapped it keep a valid mapping, so nobody faults. Registered memory is
+// the caller's: only the registration goes.
 func (s *segment) Close() error {
 	s.c.lockOps()
 	defer s.c.ops.Unlock()
@@ -243,12 +247,19 @@ func (s *segment) Close() error {
 
 // remoteSegment is a peer's segment, imported with a token.
 type remoteSegment struct {
+	// peerSeg's seg holds the token, access and state: the segment
+	// itself, or a registration.
 	peerSeg
 	c     *Context
 	desc  ub.SegmentDesc
 	token ub.Token
 	size  int
-	mu    sync.Mutex // guards the liveness cache
+	// mem is the segment's memory in this process, size bytes; target is
+	// the segment a registration's memory lies in (nil for an allocated
+	// segment, whose memory follows its header).
+	mem    []byte
+	target *shm.Segment
+	mu     sync.Mutex // guards the liveness cache
 	// use is held for reading by every access and for writing by Close, so
 	// the mapping is never unmapped under an operation.
 	use    sync.RWMutex
@@ -260,6 +271,9 @@ type remoteSegment struct {
 func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteSegment, error) {
 	if desc.Provider != Name {
 		return nil, fmt.Errorf("shmprov: %w: cannot import a %q segment", ub.ErrBadDescriptor, desc.Provider)
+	}
+	if checkName(desc.Name, "s") != nil && checkName(desc.Name, "r") == nil {
+		return c.importRegistration(desc, token)
 	}
 	s, err := openPeerObject(desc.Name, "s")
 	if err != nil {
@@ -276,7 +290,8 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 		s.Close()
 		return nil, fmt.Errorf("shmprov: %w: %s is not a registered segment", ub.ErrBadDescriptor, desc.Name)
 	}
-	r := &remoteSegment{peerSeg: peerSeg{seg: s}, c: c, desc: desc, token: token, size: int(size)}
+	end := segHeader + int(size)
+	r := &remoteSegment{peerSeg: peerSeg{seg: s}, c: c, desc: desc, token: token, size: int(size), mem: d[segHeader:end:end]}
 	if err := c.track(r); err != nil {
 		s.Close()
 		return nil, err
@@ -317,6 +332,9 @@ func (r *remoteSegment) Close() error {
 		delete(r.c.imported, r.desc.Name)
 	}
 	r.c.imu.Unlock()
+	if r.target != nil {
+		return errors.Join(r.target.Close(), r.seg.Close())
+	}
 	return r.seg.Close()
 }
 
@@ -361,6 +379,5 @@ func (r *remoteSegment) check(off, n int, need ub.Access) ub.Status {
 }
 
 func (r *remoteSegment) bytes(off, n int) []byte {
-	d := r.seg.Data()[segHeader:]
-	return d[off : off+n : off+n]
+	return r.mem[off : off+n : off+n]
 }

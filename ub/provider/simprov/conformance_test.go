@@ -40,11 +40,15 @@ func TestMain(m *testing.M) {
 	testenv.Main(m, func() { shm.Sweep() })
 }
 
-func TestConformance(t *testing.T) { ubtest.Run(t, open) }
+// Memory to register comes from named shm segments, which both providers
+// underneath register.
+func TestConformance(t *testing.T) {
+	ubtest.RunWith(t, open, ubtest.Options{Memory: ubtest.ShmMemory})
+}
 
 // TestConformanceOverTCP runs the suite with the tcp provider under the
 // simulation.
 func TestConformanceOverTCP(t *testing.T) {
 	t.Setenv("SIMTEST_OVER", "tcp")
-	ubtest.Run(t, open)
+	ubtest.RunWith(t, open, ubtest.Options{Memory: ubtest.ShmMemory})
 }

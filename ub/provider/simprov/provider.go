@@ -261,6 +261,18 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 	return &segment{Segment: s, c: c}, nil
 }
 
+// RegisterSegment registers the caller's memory with the provider
+// underneath (under its rules: shm takes only memory in a named shm
+// segment), as AllocSegment allocates there; operations on it are
+// shaped and faulted as on an allocated segment.
+func (c *Context) RegisterSegment(mem []byte, cfg ub.SegmentConfig) (ub.Segment, error) {
+	s, err := c.inner.RegisterSegment(mem, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &segment{Segment: s, c: c}, nil
+}
+
 func (s *segment) Desc() ub.SegmentDesc {
 	d := s.Segment.Desc()
 	d.Name = wrapName(s.c.node, d.Provider, d.Name)

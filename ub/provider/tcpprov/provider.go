@@ -205,13 +205,13 @@ func parseName(name, kind string) (addr string, id uint32, err error) {
 	return name[:i], uint32(n), nil
 }
 
-// segment is registered local memory. It lives in an anonymous shared
-// memory segment so that remote atomics are real atomics on the words
-// local code sees.
+// segment is registered local memory. An allocated one lives in an
+// anonymous shared memory segment; a registered one is the caller's memory
+// (mem nil). Remote atomics are real atomics on the words local code sees.
 type segment struct {
 	c      *Context
 	id     uint32
-	mem    *shm.Segment
+	mem    *shm.Segment // nil for the caller's memory (RegisterSegment)
 	bytes  []byte
 	access ub.Access
 	token  ub.Token
@@ -234,6 +234,19 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 	return s, nil
 }
 
+// RegisterSegment registers the caller's memory directly: remote
+// requests are served from mem as from an allocated segment's memory.
+func (c *Context) RegisterSegment(mem []byte, cfg ub.SegmentConfig) (ub.Segment, error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("tcpprov: %w: no memory to register", ub.ErrInvalidArgument)
+	}
+	s := &segment{c: c, bytes: mem[:len(mem):len(mem)], access: cfg.Access.Normalize(), token: cfg.Token}
+	if err := c.track(s, func(id uint32) { s.id, c.segs[id] = id, s }); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
 func (s *segment) Bytes() []byte { return s.bytes }
 func (s *segment) Desc() ub.SegmentDesc {
 	return ub.SegmentDesc{Provider: Name, EID: s.c.eid, Name: s.c.descName("s", s.id), Size: len(s.bytes)}
@@ -250,6 +263,9 @@ func (s *segment) Close() error {
 	delete(s.c.segs, s.id)
 	s.c.objects.Remove(s)
 	s.c.mu.Unlock()
+	if s.mem == nil {
+		return nil // the caller's memory stays the caller's
+	}
 	return s.mem.Close()
 }
 
@@ -466,9 +482,11 @@ func (c *Context) execute(req *request) (status ub.Status, value uint64, payload
 	if off%8 != 0 {
 		return ub.StatusMisaligned, 0, nil, false
 	}
-	word, err := s.mem.Uint64At(off)
+	// In range (checked above): an error is a word not 8-byte aligned in
+	// memory, which registered memory may not be at an aligned offset.
+	word, err := shm.WordIn(s.bytes, off)
 	if err != nil {
-		return ub.StatusOutOfBounds, 0, nil, false
+		return ub.StatusMisaligned, 0, nil, false
 	}
 	if req.op == opCAS {
 		for {

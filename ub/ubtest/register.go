@@ -1,0 +1,111 @@
+package ubtest
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/ubkit-io/ubkit/ub"
+)
+
+// testRegister checks RegisterSegment (URMA's urma_register_seg): memory
+// the test process has, registered, is reached by a peer process as an
+// allocated segment is, within the registration's own bounds, access
+// flags and token; writes on either side show on the other; Close
+// deregisters it and leaves the memory to its owner.
+func testRegister(t *testing.T, open Open, opts Options) {
+	const size = 1 << 15
+	l := newLocal(t, open, ub.ReliableMessage)
+	mem := opts.memory(t, 2*size)
+	if len(mem) < 2*size {
+		t.Fatalf("Options.Memory gave %d bytes, want %d", len(mem), 2*size)
+	}
+	// Two registrations in one piece of memory: the first half for
+	// everything, the second half read-only.
+	rw, err := l.c.RegisterSegment(mem[:size], ub.SegmentConfig{Access: ub.AccessAtomic, Token: peerToken})
+	if err != nil {
+		t.Fatalf("RegisterSegment: %v (does the provider need Options.Memory?)", err)
+	}
+	ro, err := l.c.RegisterSegment(mem[size:], ub.SegmentConfig{Access: ub.AccessRead, Token: peerToken})
+	if err != nil {
+		t.Fatalf("RegisterSegment of read-only memory: %v", err)
+	}
+	if b := rw.Bytes(); len(b) != size || &b[0] != &mem[0] {
+		t.Fatalf("Bytes of a registered segment is not the memory registered (%d bytes)", len(b))
+	}
+	if d := rw.Desc(); d.Size != size || d.Provider != l.c.Provider() || d.Name == "" {
+		t.Errorf("descriptor %+v", d)
+	}
+	copy(mem[200:], "owner-wrote")
+	copy(mem[size+16:], "read only")
+	binary.LittleEndian.PutUint64(mem[512:], 40)
+	p := startPeer(t)
+
+	wantRemote := func(what string, r remoteResult, want ub.Status) {
+		t.Helper()
+		if r.Err != "" || r.Status != want.String() {
+			t.Errorf("%s: status %q (%s), want %v", what, r.Status, r.Err, want)
+		}
+	}
+	wantRemote("peer writes", p.remote("write", peerToken, 64, "peer-wrote", rw.Desc()), ub.StatusSuccess)
+	if got := string(mem[64:74]); got != "peer-wrote" {
+		t.Errorf("the registrant's memory holds %q after the peer's write completed", got)
+	}
+	r := p.remote("read", peerToken, 200, 11, rw.Desc())
+	wantRemote("peer reads", r, ub.StatusSuccess)
+	if r.Data != "owner-wrote" {
+		t.Errorf("the peer read %q where the registrant wrote %q", r.Data, "owner-wrote")
+	}
+	r = p.remote("add", peerToken, 512, 2, rw.Desc())
+	wantRemote("peer's fetch-add", r, ub.StatusSuccess)
+	if r.Value != 40 || binary.LittleEndian.Uint64(mem[512:]) != 42 {
+		t.Errorf("fetch-add of 2 on 40 returned %d and left %d", r.Value, binary.LittleEndian.Uint64(mem[512:]))
+	}
+
+	// The registration's bounds, flags and token, not the memory's.
+	wantRemote("write with a wrong token", p.remote("write", peerToken+1, 0, "badtoken", rw.Desc()), ub.StatusBadToken)
+	wantRemote("read with a wrong token", p.remote("read", peerToken+1, 200, 4, rw.Desc()), ub.StatusBadToken)
+	wantRemote("write past the registered end", p.remote("write", peerToken, size-4, "overflow", rw.Desc()), ub.StatusOutOfBounds)
+	wantRemote("write into read-only registered memory", p.remote("write", peerToken, 16, "writable", ro.Desc()), ub.StatusNoPermission)
+	wantRemote("atomic on read-only registered memory", p.remote("add", peerToken, 0, 1, ro.Desc()), ub.StatusNoPermission)
+	r = p.remote("read", peerToken, 16, 9, ro.Desc())
+	wantRemote("read of read-only registered memory", r, ub.StatusSuccess)
+	if r.Data != "read only" {
+		t.Errorf("read of the read-only registration gave %q", r.Data)
+	}
+	if string(mem[:8]) == "badtoken" || string(mem[size-4:size+4]) == "overflow" || string(mem[size+16:size+24]) == "writable" {
+		t.Error("a refused write reached the registered memory")
+	}
+
+	// Close deregisters; the memory stays the registrant's.
+	if err := rw.Close(); err != nil {
+		t.Fatalf("close a registered segment: %v", err)
+	}
+	wantRemote("write after deregistration", p.remote("write", peerToken, 64, "too-late", rw.Desc()), ub.StatusNoPermission)
+	wantRemote("read after deregistration", p.remote("read", peerToken, 64, 4, rw.Desc()), ub.StatusNoPermission)
+	if got := string(mem[64:74]); got != "peer-wrote" {
+		t.Errorf("after Close the memory holds %q, want the peer's write", got)
+	}
+	copy(mem[64:], "still mine")
+	if got := string(mem[64:74]); got != "still mine" {
+		t.Errorf("the memory is not the caller's after Close: %q", got)
+	}
+	if err := rw.Close(); err != nil {
+		t.Errorf("a second Close of a registered segment: %v", err)
+	}
+	// The other registration of the same memory is untouched.
+	r = p.remote("read", peerToken, 16, 9, ro.Desc())
+	wantRemote("read of the other registration after the first's Close", r, ub.StatusSuccess)
+
+	// The context's Close deregisters what it registered, as it closes
+	// what it allocated; the memory is still the caller's.
+	if err := l.c.Close(); err != nil {
+		t.Fatalf("close the context: %v", err)
+	}
+	copy(mem[size+16:], "caller's!")
+	if r := p.remote("read", peerToken, 16, 9, ro.Desc()); r.Status == ub.StatusSuccess.String() {
+		t.Errorf("a registration of a closed context is still readable (%q)", r.Data)
+	}
+	if got := string(mem[size+16 : size+25]); got != "caller's!" {
+		t.Errorf("the memory is not the caller's after its context closed: %q", got)
+	}
+}
