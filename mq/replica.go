@@ -19,10 +19,11 @@ import (
 // Replication of a partition to a follower on another node (docs/mq.md,
 // "Across the super node").
 //
-// ub registers only memory its provider allocates (Context.AllocSegment:
-// there is no urma_register_seg of memory the caller already has), and
-// an mq segment is a shm segment mq made, so the leader cannot write
-// into the follower's mq segments themselves. The follower therefore
+// This was built when ub registered only memory its provider allocates
+// (Context.AllocSegment), so the leader could not write into the
+// follower's mq segments themselves; Context.RegisterSegment now can,
+// and docs/mq.md ("Planned") says how replication would use it. The
+// follower
 // receives into a ring it allocates with ub and exposes (the brpc shape
 // of shared/URMA.md: each side owns the memory it receives into, every
 // cross-node access is a posted store, nobody loads remotely): the
