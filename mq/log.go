@@ -826,15 +826,24 @@ func (r Reservation) Offset() uint64 { return r.offset }
 // it returns once the record is on disk (or with the error that kept it
 // from getting there: the record is published anyway).
 func (r Reservation) Commit() error {
+	_, err := r.CommitSum()
+	return err
+}
+
+// CommitSum is Commit that also returns the payload's CRC-32C it
+// published (what Record.CRC says when the record is read), for a caller
+// that needs the checksum too (an offload reference) without summing the
+// payload a second time.
+func (r Reservation) CommitSum() (uint32, error) {
 	if r.l == nil {
-		return ErrAborted
+		return 0, ErrAborted
 	}
 	crc := crc32.Checksum(r.buf, castagnoli)
 	r.m.words[r.at/8+1].Store(uint64(crc) | r.offset<<32)
 	ok := r.m.words[r.at/8].CompareAndSwap(r.state, r.state&^stateMask|stateCommitted)
 	if !ok {
 		r.m.release()
-		return ErrAborted
+		return 0, ErrAborted
 	}
 	r.pt.wakeReaders()
 	var err error
@@ -842,7 +851,7 @@ func (r Reservation) Commit() error {
 		err = r.l.flushRecord(r.pt, r.m, r.at, r.at+headerSize+uint64(len(r.buf)))
 	}
 	r.m.release()
-	return err
+	return crc, err
 }
 
 // Abort gives the space up: readers skip the record.

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"os/exec"
@@ -936,4 +937,31 @@ func TestNewScanner(t *testing.T) {
 	if _, err := l.NewScanner(0, 1<<40); err == nil {
 		t.Fatal("NewScanner beyond the tail succeeded")
 	}
+}
+
+// TestCommitSum: CommitSum returns the payload's CRC-32C, and Next and
+// ReadAt give it back as Record.CRC.
+func TestCommitSum(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	ctx := timeout(t, 10*time.Second)
+	res, err := l.Loan(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	message(res.Bytes(), 0, 7)
+	want := crc32.Checksum(res.Bytes(), castagnoli)
+	off := res.Offset()
+	crc, err := res.CommitSum()
+	if err != nil || crc != want {
+		t.Fatalf("CommitSum: %#x, %v; want %#x", crc, err, want)
+	}
+	r := newReader(t, l, 0, Oldest)
+	if rec, err := r.Next(ctx); err != nil || rec.CRC != want {
+		t.Fatalf("Next: CRC %#x, %v; want %#x", rec.CRC, err, want)
+	}
+	rec, release, err := l.ReadAt(0, off)
+	if err != nil || rec.CRC != want {
+		t.Fatalf("ReadAt: CRC %#x, %v; want %#x", rec.CRC, err, want)
+	}
+	release()
 }

@@ -57,8 +57,8 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	if err != nil {
 		return fail(err)
 	}
-	w := words[0].Load()
-	rec, _, err := decode(seg.Data()[:size:size], at, w, words[1].Load(), off)
+	w, w1 := words[0].Load(), words[1].Load()
+	rec, _, err := decode(seg.Data()[:size:size], at, w, w1, off)
 	if err != nil {
 		return fail(fmt.Errorf("mq: partition %d offset %d: %w", p, off, err))
 	}
@@ -72,5 +72,5 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 		}
 		return fail(fmt.Errorf("mq: offset %d of partition %d is %s: %w", off, p, what, ErrNotRecord))
 	}
-	return Record{Offset: off, Payload: rec}, func() { seg.Close() }, nil
+	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { seg.Close() }, nil
 }

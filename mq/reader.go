@@ -31,6 +31,11 @@ type Record struct {
 	// memory is writable by every producer, so a hostile one could still
 	// change it afterwards.
 	Payload []byte
+	// CRC is the payload's CRC-32C (Castagnoli) as its header holds it,
+	// which Payload was checked against: a holder of a checksum made
+	// when the record was written (an offload reference) compares it
+	// with this instead of summing the payload again.
+	CRC uint32
 }
 
 // Reader reads one partition from its own offset. Readers register in the
@@ -415,7 +420,8 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 		}
 		hw := &m.words[at/8]
 		w := hw.Load()
-		rec, next, err := decode(m.data, at, w, m.words[at/8+1].Load(), o)
+		w1 := m.words[at/8+1].Load()
+		rec, next, err := decode(m.data, at, w, w1, o)
 		if err != nil {
 			return Record{}, false, fmt.Errorf("mq: partition %d offset %d: %w", r.p, o, err)
 		}
@@ -447,7 +453,7 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 			if rec == nil {
 				continue // padding
 			}
-			return Record{Offset: o, Payload: rec}, true, nil
+			return Record{Offset: o, Payload: rec, CRC: uint32(w1)}, true, nil
 		default: // aborted
 			r.moveTo(o + next)
 		}

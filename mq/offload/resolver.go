@@ -147,7 +147,9 @@ func (r *Resolver) view(ctx context.Context, ref Ref) ([]byte, func(), bool, err
 		case err != nil:
 			return nil, nil, false, fmt.Errorf("offload: %s: %w", ref, err)
 		}
-		if err := verify(ref, rec.Payload); err != nil {
+		// ReadAt checked the payload against its header's checksum:
+		// the reference's must be that one (no second sum of it).
+		if err := verifyRecord(ref, rec); err != nil {
 			release()
 			return nil, nil, false, err
 		}
@@ -161,6 +163,18 @@ func (r *Resolver) view(ctx context.Context, ref Ref) ([]byte, func(), bool, err
 		return nil, nil, false, err
 	}
 	return b, func() {}, false, nil
+}
+
+// verifyRecord is verify for a record read in place, whose payload mq
+// checked against rec.CRC.
+func verifyRecord(ref Ref, rec mq.Record) error {
+	if len(rec.Payload) != int(ref.Length) {
+		return fmt.Errorf("offload: %s: found %d bytes: %w", ref, len(rec.Payload), ErrChecksum)
+	}
+	if rec.CRC != ref.CRC {
+		return fmt.Errorf("offload: %s: checksum: %w", ref, ErrChecksum)
+	}
+	return nil
 }
 
 func verify(ref Ref, b []byte) error {

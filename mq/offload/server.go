@@ -178,6 +178,9 @@ func (s *Server) answer(c net.Conn, b []byte) error {
 	if len(rec.Payload) != int(ref.Length) {
 		return fail(statusMismatch, fmt.Sprintf("the record has %d bytes, the reference says %d", len(rec.Payload), ref.Length))
 	}
+	if rec.CRC != ref.CRC {
+		return fail(statusMismatch, fmt.Sprintf("the record's checksum is %#x, the reference's %#x", rec.CRC, ref.CRC))
+	}
 	if _, err := c.Write(responseHeader(statusOK, len(rec.Payload))); err != nil {
 		return err
 	}

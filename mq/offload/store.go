@@ -84,13 +84,14 @@ func (l *Loan) Bytes() []byte { return l.res.Bytes() }
 
 // Commit publishes the payload and returns its reference.
 func (l *Loan) Commit() (Ref, error) {
-	b := l.res.Bytes()
-	ref := Ref{Log: l.s.log.Name(), Partition: l.p, Offset: l.res.Offset(), Length: uint32(len(b)),
-		CRC: crc32.Checksum(b, castagnoli), Fetch: l.s.fetch}
-	if err := l.res.Commit(); err != nil {
+	// The reference carries the checksum the record's header gets: one
+	// sum of the payload, not two.
+	n, off := len(l.res.Bytes()), l.res.Offset()
+	crc, err := l.res.CommitSum()
+	if err != nil {
 		return Ref{}, fmt.Errorf("offload: %w", err)
 	}
-	return ref, nil
+	return Ref{Log: l.s.log.Name(), Partition: l.p, Offset: off, Length: uint32(n), CRC: crc, Fetch: l.s.fetch}, nil
 }
 
 // Abort gives the space up.

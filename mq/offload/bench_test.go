@@ -1,0 +1,64 @@
+package offload
+
+import (
+	"context"
+	"testing"
+)
+
+// BenchmarkPut1MiB: a producer loans 1 MiB in the store, fills it and
+// commits it (the reference's checksum and the record's).
+func BenchmarkPut1MiB(b *testing.B) {
+	s := openStore(b, StoreConfig{})
+	ctx := context.Background()
+	src := make([]byte, 1<<20)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	b.SetBytes(int64(len(src)))
+	b.ReportAllocs()
+	for b.Loop() {
+		l, err := s.Loan(ctx, len(src))
+		if err != nil {
+			b.Fatal(err)
+		}
+		copy(l.Bytes(), src)
+		if _, err := l.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkView1MiB: a consumer on the store's host resolves references
+// to 1 MiB payloads in place (map the record's segment, check it) and
+// releases them, over 32 payloads in turn.
+func BenchmarkView1MiB(b *testing.B) {
+	s := openStore(b, StoreConfig{})
+	r := newResolver(b, ResolverConfig{})
+	ctx := context.Background()
+	src := make([]byte, 1<<20)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	var refs []Ref
+	for range 32 {
+		ref, err := s.Put(ctx, src)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs = append(refs, ref)
+	}
+	b.SetBytes(int64(len(src)))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		p, release, err := r.View(ctx, refs[i%len(refs)])
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(p) != len(src) {
+			b.Fatal(len(p))
+		}
+		release()
+		i++
+	}
+}
