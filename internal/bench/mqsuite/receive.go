@@ -83,6 +83,7 @@ func pulsarReceive(client pulsar.Client, opts pulsar.ConsumerOptions, n int, t t
 		res.Sum += bench.Sum(m.Payload())
 		c.AckID(m.ID())
 	}
+	bench.PeerFinished() // its profile, before the harness kills it
 	return t.print(res)
 }
 
@@ -144,6 +145,7 @@ func rocketmqReceive(c rocketmq.PushConsumer, topic string, n int, t tally) erro
 		defer mu.Unlock()
 		return fmt.Errorf("%d of %d messages in 5 minutes", res.N, n)
 	}
+	bench.PeerFinished() // its profile, before the harness kills it
 	mu.Lock()
 	defer mu.Unlock()
 	if bad != nil {
