@@ -93,27 +93,33 @@ func (l *Log) NewReader(p int, from uint64) (*Reader, error) {
 	if r.owner == nil {
 		return nil, fmt.Errorf("mq: %s: %d readers: %w", l.name, maxReaders, ErrNoSlot)
 	}
-	size := uint64(l.cfg.SegmentSize)
-	switch from {
-	case Oldest:
-		from = pt.head.Load() * size
-	case Newest:
-		from = pt.tail.Load()
-	}
-	r.offset = from
-	r.off.Store(from)
-	if from%8 != 0 || from < pt.head.Load()*size {
-		r.Close()
-		if from%8 != 0 {
-			return nil, fmt.Errorf("mq: offset %d is not a record's", from)
-		}
-		return nil, fmt.Errorf("mq: offset %d of partition %d: %w", from, p, ErrOffsetGone)
-	}
-	if err := r.boundary(from); err != nil {
+	if err := r.start(from); err != nil {
 		r.Close()
 		return nil, err
 	}
 	return r, nil
+}
+
+// start puts a new reader at from (Oldest, Newest or an offset a record
+// had): its slot holds the place first, then the place is checked
+// against the head (ErrOffsetGone) and the segment's headers (boundary).
+func (r *Reader) start(from uint64) error {
+	size := uint64(r.l.cfg.SegmentSize)
+	switch from {
+	case Oldest:
+		from = r.pt.head.Load() * size
+	case Newest:
+		from = r.pt.tail.Load()
+	}
+	r.offset = from
+	r.off.Store(from)
+	switch {
+	case from%8 != 0:
+		return fmt.Errorf("mq: offset %d is not a record's", from)
+	case from < r.pt.head.Load()*size:
+		return fmt.Errorf("mq: offset %d of partition %d: %w", from, r.p, ErrOffsetGone)
+	}
+	return r.boundary(from)
 }
 
 // NewScanner returns a reader of partition p from log offset from (as
@@ -129,21 +135,7 @@ func (l *Log) NewScanner(p int, from uint64) (*Reader, error) {
 		return nil, err
 	}
 	r := &Reader{l: l, p: p, pt: pt, me: shm.Self().Word(), off: new(atomic.Uint64)}
-	size := uint64(l.cfg.SegmentSize)
-	switch from {
-	case Oldest:
-		from = pt.head.Load() * size
-	case Newest:
-		from = pt.tail.Load()
-	}
-	r.offset = from
-	if from%8 != 0 {
-		return nil, fmt.Errorf("mq: offset %d is not a record's", from)
-	}
-	if from < pt.head.Load()*size {
-		return nil, fmt.Errorf("mq: offset %d of partition %d: %w", from, p, ErrOffsetGone)
-	}
-	if err := r.boundary(from); err != nil {
+	if err := r.start(from); err != nil {
 		r.Close()
 		return nil, err
 	}

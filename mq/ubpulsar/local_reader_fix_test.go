@@ -64,13 +64,8 @@ func TestLocalReaderCreateVsClose(t *testing.T) {
 // committed.
 func TestLocalReaderHeldRecord(t *testing.T) {
 	topic := "persistent://public/default/" + unique("local-rheld")
-	client := localClient(t, "pulsar://127.0.0.1:1", localOptions(1, topic), topic)
+	client, p := producerOf(t, localOptions(1, topic), topic)
 	ctx := timeout(t, time.Minute)
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	ids := sendLocal(t, ctx, p, 0, 2)
 	l, err := mq.Open(LocalLogName(topic))
 	if err != nil {
@@ -141,13 +136,8 @@ func TestLocalReaderHeldRecord(t *testing.T) {
 func TestLocalReaderTailBelowHead(t *testing.T) {
 	topic := "persistent://public/default/" + unique("local-rtail")
 	o := Options{Local: LocalConfig{Topics: []string{topic}, Log: mq.Config{SegmentSize: 4096, Segments: 2, Full: mq.FullOverwrite}}}
-	client := localClient(t, "pulsar://127.0.0.1:1", o, topic)
+	client, p := producerOf(t, o, topic)
 	ctx := timeout(t, time.Minute)
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	sendLocal(t, ctx, p, 0, 400)
 	r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
 	meta, err := shm.OpenSegment("mq-" + LocalLogName(topic))
@@ -205,13 +195,8 @@ func TestLocalReaderTailBelowHead(t *testing.T) {
 // own up, and failed with mq.ErrNoSlot.
 func TestLocalReaderOneSlot(t *testing.T) {
 	topic := "persistent://public/default/" + unique("local-rslot")
-	client := localClient(t, "pulsar://127.0.0.1:1", localOptions(1, topic), topic)
+	client, p := producerOf(t, localOptions(1, topic), topic)
 	ctx := timeout(t, time.Minute)
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	ids := sendLocal(t, ctx, p, 0, 6)
 	r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID(), StartMessageIDInclusive: true})
 	l, err := mq.Open(LocalLogName(topic))
@@ -282,13 +267,8 @@ func TestLocalReaderOneSlot(t *testing.T) {
 // Serialize used to return.
 func TestLocalIDSerialize(t *testing.T) {
 	topic := "persistent://public/default/" + unique("local-rser")
-	client := localClient(t, "pulsar://127.0.0.1:1", localOptions(1, topic), topic)
+	client, p := producerOf(t, localOptions(1, topic), topic)
 	ctx := timeout(t, time.Minute)
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	ids := sendLocal(t, ctx, p, 0, 4)
 	for i, id := range ids {
 		back, err := pulsar.DeserializeMessageID(id.Serialize())

@@ -64,6 +64,19 @@ func readAll(t *testing.T, ctx context.Context, r pulsar.Reader, n int) []int {
 	return got
 }
 
+// producerOf is a client of local topic and a producer of it, for
+// the reader tests; both close at the test's end.
+func producerOf(t *testing.T, o Options, topic string) (pulsar.Client, pulsar.Producer) {
+	t.Helper()
+	client := localClient(t, "pulsar://127.0.0.1:1", o, topic)
+	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return client, p
+}
+
 func newLocalReader(t *testing.T, client pulsar.Client, opts pulsar.ReaderOptions) pulsar.Reader {
 	t.Helper()
 	r, err := client.CreateReader(opts)
@@ -303,13 +316,8 @@ func TestLocalReader(t *testing.T) {
 // closes the readers still open.
 func TestLocalReaderPartitioned(t *testing.T) {
 	topic := "persistent://public/default/" + unique("local-reader-p")
-	client := localClient(t, "pulsar://127.0.0.1:1", localOptions(3, topic), topic)
+	client, p := producerOf(t, localOptions(3, topic), topic)
 	ctx := timeout(t, time.Minute)
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
 	latestIncl := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.LatestMessageID(), StartMessageIDInclusive: true})
 	const n = 30
@@ -403,13 +411,8 @@ func TestLocalReaderPartitioned(t *testing.T) {
 func TestLocalReaderRetention(t *testing.T) {
 	topic := "persistent://public/default/" + unique("local-reader-ret")
 	o := Options{Local: LocalConfig{Topics: []string{topic}, Log: mq.Config{SegmentSize: 4096, Segments: 2, Full: mq.FullOverwrite}}}
-	client := localClient(t, "pulsar://127.0.0.1:1", o, topic)
+	client, p := producerOf(t, o, topic)
 	ctx := timeout(t, time.Minute)
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	ids := sendLocal(t, ctx, p, 0, 1)
 	behind := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
 	for i := 1; i < 100; i++ {
@@ -430,11 +433,7 @@ func TestLocalReaderRetention(t *testing.T) {
 
 	failing := "persistent://public/default/" + unique("local-reader-full")
 	o = Options{Local: LocalConfig{Topics: []string{failing}, Log: mq.Config{SegmentSize: 4096, Segments: 2, Full: mq.FullFail}}}
-	client = localClient(t, "pulsar://127.0.0.1:1", o, failing)
-	if p, err = client.CreateProducer(pulsar.ProducerOptions{Topic: failing}); err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	client, p = producerOf(t, o, failing)
 	newLocalReader(t, client, pulsar.ReaderOptions{Topic: failing, StartMessageID: pulsar.EarliestMessageID()})
 	for i := range 100 {
 		_, err := p.Send(ctx, &pulsar.ProducerMessage{Payload: make([]byte, 200)})
@@ -454,13 +453,8 @@ func TestLocalReaderHostile(t *testing.T) {
 	topic := "persistent://public/default/" + unique("local-reader-bad")
 	o := localOptions(1, topic)
 	o.Logger = slog.New(slog.DiscardHandler)
-	client := localClient(t, "pulsar://127.0.0.1:1", o, topic)
+	client, p := producerOf(t, o, topic)
 	ctx := timeout(t, time.Minute)
-	p, err := client.CreateProducer(pulsar.ProducerOptions{Topic: topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	r := newLocalReader(t, client, pulsar.ReaderOptions{Topic: topic, StartMessageID: pulsar.EarliestMessageID()})
 	l, err := mq.Open(LocalLogName(topic))
 	if err != nil {
