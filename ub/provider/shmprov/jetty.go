@@ -268,10 +268,15 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 		if st != ub.StatusSuccess {
 			return ub.Completion{Status: st}
 		}
-		if st := r.check(wr.Remote.Offset, len(buf), ub.AccessWrite); st != ub.StatusSuccess {
+		r.begin()
+		st = r.check(wr.Remote.Offset, len(buf), ub.AccessWrite)
+		if st == ub.StatusSuccess {
+			copy(r.bytes(wr.Remote.Offset, len(buf)), buf)
+		}
+		r.end()
+		if st != ub.StatusSuccess {
 			return ub.Completion{Status: st}
 		}
-		copy(r.bytes(wr.Remote.Offset, len(buf)), buf)
 		if wr.Op == ub.OpWriteImm {
 			t, st := j.bind.Target(wr.Target)
 			if st != ub.StatusSuccess {
@@ -287,13 +292,20 @@ func (j *jetty) oneSided(wr *ub.WR) ub.Completion {
 		if st != ub.StatusSuccess {
 			return ub.Completion{Status: st}
 		}
-		if st := r.check(wr.Remote.Offset, len(buf), ub.AccessRead); st != ub.StatusSuccess {
+		r.begin()
+		st = r.check(wr.Remote.Offset, len(buf), ub.AccessRead)
+		if st == ub.StatusSuccess {
+			copy(buf, r.bytes(wr.Remote.Offset, len(buf)))
+		}
+		r.end()
+		if st != ub.StatusSuccess {
 			return ub.Completion{Status: st}
 		}
-		copy(buf, r.bytes(wr.Remote.Offset, len(buf)))
 		return ub.Completion{Len: len(buf)}
 	}
 	// CAS and FetchAdd.
+	r.begin()
+	defer r.end()
 	if st := r.check(wr.Remote.Offset, 8, ub.AccessAtomic); st != ub.StatusSuccess {
 		return ub.Completion{Status: st}
 	}

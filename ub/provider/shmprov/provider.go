@@ -190,7 +190,9 @@ type segment struct {
 	nameBytes []byte
 	bytes     []byte
 	state     *atomic.Uint32
-	once      sync.Once
+	// inflight counts the importers' accesses under way (drain).
+	inflight *atomic.Uint32
+	once     sync.Once
 	// registered: bytes are the caller's (RegisterSegment), and shm is
 	// the registration, not the memory.
 	registered bool
@@ -215,7 +217,8 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 	state.Store(stateLive)
 	magic, _ := s.Uint64At(0)
 	magic.Store(segMagic)
-	seg := &segment{c: c, shm: s, name: name, nameBytes: []byte(name), bytes: d[segHeader : segHeader+size : segHeader+size], state: state}
+	inflight, _ := s.Uint32At(segOffInflight)
+	seg := &segment{c: c, shm: s, name: name, nameBytes: []byte(name), bytes: d[segHeader : segHeader+size : segHeader+size], state: state, inflight: inflight}
 	if err := c.track(seg); err != nil {
 		s.Close()
 		return nil, err
@@ -229,20 +232,53 @@ func (s *segment) Desc() ub.SegmentDesc {
 	return ub.SegmentDesc{Provider: Name, EID: s.c.eid, Name: s.name, Size: len(s.bytes)}
 }
 
-// Close deregisters the segment: peers' later accesses fail. Peers that
-// mapped it keep a valid mapping, so nobody faults. Registered memory is
-// the caller's: only the registration goes.
+// Close deregisters the segment: peers' later accesses fail, and those
+// under way have ended when it returns (drain), so no peer writes
+// registered memory once it is the caller's again. Peers that mapped it
+// keep a valid mapping, so nobody faults. Registered memory is the
+// caller's: only the registration goes.
 func (s *segment) Close() error {
-	s.c.lockOps()
-	defer s.c.ops.Unlock()
-	s.closed = true
 	var err error
 	s.once.Do(func() {
 		s.state.Store(stateDead)
-		err = s.shm.Close()
+		err = s.drain()
+		s.c.lockOps()
+		defer s.c.ops.Unlock()
+		s.closed = true
+		err = errors.Join(err, s.shm.Close())
 		s.c.untrack(s)
 	})
 	return err
+}
+
+// drainPatience bounds how long Close waits for the peers' accesses under
+// way: an importer killed in the middle of one never takes it off the
+// count. A live one copies at memory speed, a gigabyte in well under a
+// second.
+var drainPatience = 2 * time.Second
+
+// errInFlight: Close deregistered, but peers' accesses were still counted
+// after drainPatience.
+var errInFlight = errors.New("a peer's access was still under way")
+
+// drain waits until no importer's access is under way. An importer counts
+// itself in the in-flight word, then reads the state, then copies, then
+// counts itself out (remoteSegment.begin, end); Close stores the dead
+// state first, so an access that saw the state live is counted before
+// drain looks, and one counted later sees it dead and copies nothing.
+// The importer that brings the count to zero after the state went dead
+// wakes drain's futex.
+func (s *segment) drain() error {
+	if s.inflight.Load() == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), drainPatience)
+	defer cancel()
+	zero := func(n uint32) bool { return n == 0 }
+	if err := (shm.Wait{}).Until(ctx, s.inflight, zero); err != nil {
+		return fmt.Errorf("shmprov: deregistered %s, but %w after %v (%d counted: an importer killed in the middle of an access leaves its count behind, or one is that slow): the memory may still be written", s.name, errInFlight, drainPatience, s.inflight.Load())
+	}
+	return nil
 }
 
 // remoteSegment is a peer's segment, imported with a token.
@@ -259,7 +295,10 @@ type remoteSegment struct {
 	// segment, whose memory follows its header).
 	mem    []byte
 	target *shm.Segment
-	mu     sync.Mutex // guards the liveness cache
+	// state and inflight are the owner's words in seg (segment.drain).
+	state    *atomic.Uint32
+	inflight *atomic.Uint32
+	mu       sync.Mutex // guards the liveness cache
 	// use is held for reading by every access and for writing by Close, so
 	// the mapping is never unmapped under an operation.
 	use    sync.RWMutex
@@ -291,7 +330,9 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 		return nil, fmt.Errorf("shmprov: %w: %s is not a registered segment", ub.ErrBadDescriptor, desc.Name)
 	}
 	end := segHeader + int(size)
-	r := &remoteSegment{peerSeg: peerSeg{seg: s}, c: c, desc: desc, token: token, size: int(size), mem: d[segHeader:end:end]}
+	state, _ := s.Uint32At(segOffState)
+	inflight, _ := s.Uint32At(segOffInflight)
+	r := &remoteSegment{peerSeg: peerSeg{seg: s}, c: c, desc: desc, token: token, size: int(size), mem: d[segHeader:end:end], state: state, inflight: inflight}
 	if err := c.track(r); err != nil {
 		s.Close()
 		return nil, err
@@ -361,8 +402,7 @@ func (r *remoteSegment) check(off, n int, need ub.Access) ub.Status {
 		return ub.StatusPeerDead
 	}
 	d := r.seg.Data()
-	state, _ := r.seg.Uint32At(segOffState)
-	if state.Load() != stateLive {
+	if r.state.Load() != stateLive {
 		return ub.StatusNoPermission
 	}
 	if ub.Token(binary.LittleEndian.Uint32(d[segOffToken:])) != r.token {
@@ -376,6 +416,17 @@ func (r *remoteSegment) check(off, n int, need ub.Access) ub.Status {
 		return ub.StatusOutOfBounds
 	}
 	return ub.StatusSuccess
+}
+
+// begin counts an access in the owner's in-flight word, before check
+// reads the state; end counts it out once the memory is no longer
+// touched (segment.drain).
+func (r *remoteSegment) begin() { r.inflight.Add(1) }
+
+func (r *remoteSegment) end() {
+	if r.inflight.Add(^uint32(0)) == 0 && r.state.Load() != stateLive {
+		shm.Wake(r.inflight)
+	}
 }
 
 func (r *remoteSegment) bytes(off, n int) []byte {

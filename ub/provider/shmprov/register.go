@@ -33,18 +33,20 @@ import (
 //	48 offset  u64  of the memory in the target's data area
 //	56 id      u32  the target's segment ID
 //	60 nameLen u32
-//	64 name    the target's name (kind 1) or path (kind 2)
+//	64 inflight u32 importers' accesses under way (see segment.drain)
+//	72 name    the target's name (kind 1) or path (kind 2)
 const (
-	regMagic     = 0x4745_5252_554b_4255 // "UBKURREG"
-	regHeader    = 64
-	regOffKind   = 28
-	regOffDev    = 32
-	regOffIno    = 40
-	regOffOffset = 48
-	regOffID     = 56
-	regOffName   = 60
-	kindNamed    = 1
-	kindFile     = 2
+	regMagic       = 0x4745_5252_554b_4255 // "UBKURREG"
+	regHeader      = 72
+	regOffInflight = 64
+	regOffKind     = 28
+	regOffDev      = 32
+	regOffIno      = 40
+	regOffOffset   = 48
+	regOffID       = 56
+	regOffName     = 60
+	kindNamed      = 1
+	kindFile       = 2
 	// maxTargetLen bounds a target's name or path (PATH_MAX).
 	maxTargetLen = 4096
 	// maxRegSize bounds what a registration header may claim (shm's
@@ -142,7 +144,8 @@ func (c *Context) RegisterSegment(mem []byte, cfg ub.SegmentConfig) (ub.Segment,
 	state.Store(stateLive)
 	magic, _ := s.Uint64At(0)
 	magic.Store(regMagic)
-	seg := &segment{c: c, shm: s, name: name, nameBytes: []byte(name), bytes: mem[:len(mem):len(mem)], state: state, registered: true}
+	inflight, _ := s.Uint32At(regOffInflight)
+	seg := &segment{c: c, shm: s, name: name, nameBytes: []byte(name), bytes: mem[:len(mem):len(mem)], state: state, inflight: inflight, registered: true}
 	if err := c.track(seg); err != nil {
 		s.Close()
 		return nil, err
@@ -196,8 +199,10 @@ func (c *Context) importRegistration(desc ub.SegmentDesc, token ub.Token) (ub.Re
 		return fail(fmt.Sprintf("%d bytes at %d, beyond its %d-byte data area", reg.size, reg.offset, m.Size))
 	}
 	end := int(reg.offset + reg.size)
+	state, _ := rs.Uint32At(segOffState)
+	inflight, _ := rs.Uint32At(regOffInflight)
 	r := &remoteSegment{peerSeg: peerSeg{seg: rs}, c: c, desc: desc, token: token, size: int(reg.size),
-		target: target, mem: target.Data()[reg.offset:end:end]}
+		target: target, mem: target.Data()[reg.offset:end:end], state: state, inflight: inflight}
 	if err := c.track(r); err != nil {
 		target.Close()
 		rs.Close()

@@ -281,7 +281,7 @@ func TestRegisterCorruptHeader(t *testing.T) {
 		{"a size beyond the target", 16, 8, 1 << 40},
 		{"an offset beyond the target", 48, 8, 1 << 40},
 		{"another target file", 40, 8, 12345},
-		{"a target name shm never makes", 64, 4, uint64(binary.LittleEndian.Uint32([]byte("../x")))},
+		{"a target name shm never makes", 72, 4, uint64(binary.LittleEndian.Uint32([]byte("../x")))},
 	} {
 		reg, err := owner.RegisterSegment(s.Data()[:64], ub.SegmentConfig{Access: ub.AccessWrite, Token: regToken})
 		if err != nil {
@@ -304,5 +304,73 @@ func TestRegisterCorruptHeader(t *testing.T) {
 			}
 		}
 		reg.Close()
+	}
+}
+
+// TestRegisterCloseEndsPeerWrites: a peer writing into registered memory
+// over and over while the registrant closes the registration: once Close
+// has returned, the memory is the caller's, and no write that was under
+// way lands in it afterwards.
+func TestRegisterCloseEndsPeerWrites(t *testing.T) {
+	const size = 4 << 20
+	owner, peer := openContext(t), openContext(t)
+	mem := newShmSegment(t, segName(t, "late"), size).Data()[:size]
+	loc, err := peer.AllocSegment(size, ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range loc.Bytes() {
+		loc.Bytes()[i] = 0xAA
+	}
+	q, err := peer.NewCQ(ub.CQConfig{Depth: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := peer.NewJetty(ub.JettyConfig{SendCQ: q, RecvCQ: q})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for trial := range 20 {
+		clear(mem)
+		reg, err := owner.RegisterSegment(mem, ub.SegmentConfig{Access: ub.AccessWrite, Token: regToken})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := peer.ImportSegment(reg.Desc(), regToken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The writer writes until told to stop; its first completed
+		// write says it is running.
+		running, stop, stopped := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(stopped)
+			out := make([]ub.Completion, 1)
+			first := true
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: loc, Len: size}, Remote: ub.Remote{Seg: r}}})
+				q.Poll(out)
+				if first {
+					first = false
+					close(running)
+				}
+			}
+		}()
+		<-running
+		if err := reg.Close(); err != nil {
+			t.Fatal(err)
+		}
+		clear(mem) // the memory is the caller's again
+		close(stop)
+		<-stopped // every write the writer started has ended
+		if i := bytes.IndexByte(mem, 0xAA); i >= 0 {
+			t.Fatalf("trial %d: a peer's write reached byte %d after the registration's Close returned", trial, i)
+		}
+		r.Close()
 	}
 }
