@@ -1,7 +1,9 @@
 package ubtest
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"testing"
 
 	"github.com/ubkit-io/ubkit/ub"
@@ -107,5 +109,51 @@ func testRegister(t *testing.T, open Open, opts Options) {
 	}
 	if got := string(mem[size+16 : size+25]); got != "caller's!" {
 		t.Errorf("the memory is not the caller's after its context closed: %q", got)
+	}
+}
+
+// testRegisterCloseUnderWrites checks that Close ends a peer's writes:
+// a peer writes into registered memory over and over while the
+// registrant closes the registration, and once Close has returned no
+// write lands in the memory, which is the caller's again (URMA's
+// unregister: the memory is not reached by the bus afterwards).
+func testRegisterCloseUnderWrites(t *testing.T, open Open, opts Options) {
+	const size, trials = 1 << 20, 8
+	l := newLocal(t, open, ub.ReliableMessage)
+	mem := opts.memory(t, size)
+	if len(mem) < size {
+		t.Fatalf("Options.Memory gave %d bytes, want %d", len(mem), size)
+	}
+	mem = mem[:size]
+	p := startPeer(t)
+	for trial := range trials {
+		clear(mem)
+		seg, err := l.c.RegisterSegment(mem, ub.SegmentConfig{Access: ub.AccessWrite, Token: peerToken})
+		if err != nil {
+			t.Fatalf("RegisterSegment: %v", err)
+		}
+		d, err := json.Marshal(seg.Desc())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var started string
+		p.do(&started, "hammer", uint32(peerToken), 0, size, string(d))
+		if started != "" {
+			t.Fatalf("the peer's writes did not start: %s", started)
+		}
+		if err := seg.Close(); err != nil {
+			t.Fatalf("Close under a peer's writes: %v", err)
+		}
+		clear(mem) // the caller's again
+		var statuses map[string]int
+		p.do(&statuses, "stophammer")
+		if i := bytes.IndexByte(mem, 0xAA); i >= 0 {
+			t.Fatalf("trial %d: a peer's write reached byte %d of the memory after Close returned (the peer's writes: %v)", trial, i, statuses)
+		}
+		for st, n := range statuses {
+			if st != ub.StatusSuccess.String() && st != ub.StatusNoPermission.String() {
+				t.Errorf("trial %d: %d writes ended with %q", trial, n, st)
+			}
+		}
 	}
 }

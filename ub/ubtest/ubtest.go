@@ -143,6 +143,12 @@ func servePeer(open Open) error {
 	// access after the owner deregistered goes through the import made
 	// before.
 	imports := map[string]ub.RemoteSegment{}
+	var h *hammer
+	defer func() {
+		if h != nil {
+			h.stop()
+		}
+	}()
 	for in.Scan() {
 		line := in.Text()
 		f := strings.Fields(line)
@@ -211,6 +217,26 @@ func servePeer(open Open) error {
 				break
 			}
 			reply = remoteOp(c, cq, seg, imports, rest[1], ub.Token(arg(2)), arg(3), rest[4], desc)
+		case "hammer": // hammer TOKEN OFF LEN SEGJSON: write LEN bytes of 0xAA at OFF over and over, until stophammer
+			rest := strings.SplitN(line, " ", 5)
+			var desc ub.SegmentDesc
+			switch {
+			case len(rest) < 5 || json.Unmarshal([]byte(rest[4]), &desc) != nil:
+				reply = "hammer: want TOKEN OFF LEN and a segment descriptor in JSON"
+			case h != nil:
+				reply = "hammer: already hammering"
+			default:
+				var err error
+				h, err = startHammer(c, desc, ub.Token(arg(1)), arg(2), arg(3))
+				reply = errString(err)
+			}
+		case "stophammer": // the statuses of the writes hammer made, by name
+			if h == nil {
+				reply = map[string]int{}
+				break
+			}
+			reply = h.stop()
+			h = nil
 		case "closejetty":
 			reply = errString(j.Close())
 		case "exit":
@@ -267,6 +293,92 @@ func remoteAdds(c ub.Context, cq ub.CQ, desc ub.SegmentDesc, off, n int) string 
 		}
 	}
 	return "ok"
+}
+
+// hammer writes into a peer's segment, one write after the other, until
+// stopped: a writer that the owner's Close meets in the middle of a write.
+type hammer struct {
+	halt     chan struct{}
+	done     chan struct{}
+	statuses map[string]int // written by the hammer's goroutine until done
+}
+
+// startHammer returns once the first write completed successfully, so
+// the owner knows the writes have begun.
+func startHammer(c ub.Context, desc ub.SegmentDesc, token ub.Token, off, n int) (*hammer, error) {
+	r, err := c.ImportSegment(desc, token)
+	if err != nil {
+		return nil, err
+	}
+	loc, err := c.AllocSegment(n, ub.SegmentConfig{})
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	for i := range loc.Bytes() {
+		loc.Bytes()[i] = 0xAA
+	}
+	cq, err := c.NewCQ(ub.CQConfig{})
+	if err != nil {
+		loc.Close()
+		r.Close()
+		return nil, err
+	}
+	j, err := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq})
+	if err != nil {
+		cq.Close()
+		loc.Close()
+		r.Close()
+		return nil, err
+	}
+	cleanup := func() {
+		j.Close()
+		cq.Close()
+		loc.Close()
+		r.Close()
+	}
+	comp := make([]ub.Completion, 1)
+	writeOnce := func() (ub.Status, error) {
+		wr := ub.WR{Op: ub.OpWrite, Local: ub.Local{Seg: loc, Len: n}, Remote: ub.Remote{Seg: r, Offset: off}}
+		if _, err := j.PostSend([]ub.WR{wr}); err != nil {
+			return 0, err
+		}
+		if err := waitOne(cq, comp); err != nil {
+			return 0, err
+		}
+		return comp[0].Status, nil
+	}
+	if st, err := writeOnce(); err != nil || st != ub.StatusSuccess {
+		cleanup()
+		return nil, fmt.Errorf("first write: status %v, %v", st, err)
+	}
+	h := &hammer{halt: make(chan struct{}), done: make(chan struct{}), statuses: map[string]int{ub.StatusSuccess.String(): 1}}
+	go func() {
+		defer close(h.done)
+		defer cleanup()
+		for {
+			select {
+			case <-h.halt:
+				return
+			default:
+			}
+			st, err := writeOnce()
+			if err != nil {
+				h.statuses[err.Error()]++
+				return
+			}
+			h.statuses[st.String()]++
+		}
+	}()
+	return h, nil
+}
+
+// stop ends the writes, waiting for the one under way, and returns how
+// many ended with each status.
+func (h *hammer) stop() map[string]int {
+	close(h.halt)
+	<-h.done
+	return h.statuses
 }
 
 // remoteResult is the answer to a "remote" command.
