@@ -47,8 +47,14 @@ func CheckDir(dir string) error {
 // a fault when the segment is written. The file stays when the segment is
 // closed (opts.Keep is implied): Unlink removes it. A creator that dies
 // before CreateFileSegment returns may leave a file without a header,
-// which OpenFileSegment reports as ErrNoHeader.
+// which OpenFileSegment reports as ErrNoHeader. A relative or unclean
+// path is made absolute and clean first (filepath.Abs): the segment keeps
+// that (MappingOf's Path), which other processes can open.
 func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, error) {
+	path, err := absPath(path)
+	if err != nil {
+		return nil, err
+	}
 	if opts == nil {
 		opts = &SegmentConfig{}
 	}
@@ -104,6 +110,10 @@ func CreateFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 // written in such a segment. The caller must know that the file should be
 // a segment (it was counted as made by a creator that died, say).
 func RepairFileSegment(path string, size int, opts *SegmentConfig) (*Segment, error) {
+	path, err := absPath(path)
+	if err != nil {
+		return nil, err
+	}
 	s, err := OpenFileSegment(path)
 	if !errors.Is(err, ErrNoHeader) {
 		return s, err
@@ -149,6 +159,17 @@ func RepairFileSegment(path string, size int, opts *SegmentConfig) (*Segment, er
 	s.commit()
 	unix.Flock(s.fd, unix.LOCK_UN)
 	return published(s, nil)
+}
+
+// absPath is path made absolute and clean, as a file-backed segment
+// keeps it: what another process (whose working directory is its own)
+// opens, and what Unlink removes after a change of directory.
+func absPath(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", &os.PathError{Op: "file segment", Path: path, Err: err}
+	}
+	return abs, nil
 }
 
 // openChecked opens the file at path for a file segment (O_NOFOLLOW), if
@@ -207,6 +228,10 @@ func allocate(fd, total int) error {
 // permission for group or others), and its header must be valid (a
 // file without one yet is ErrNoHeader).
 func OpenFileSegment(path string) (*Segment, error) {
+	path, err := absPath(path)
+	if err != nil {
+		return nil, err
+	}
 	fd, err := openChecked(path)
 	if err != nil {
 		return nil, err

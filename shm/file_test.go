@@ -295,3 +295,48 @@ func TestRepairFileSegment(t *testing.T) {
 		t.Fatalf("creating over a repaired segment: %v, want ErrExist", err)
 	}
 }
+
+// TestFileSegmentPathAbsolute: a file-backed segment made or opened by a
+// relative or unclean path keeps its absolute, clean path, which another
+// process (with a working directory of its own) can open, and Unlink
+// removes the right file after a change of directory.
+func TestFileSegmentPathAbsolute(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, p := range []string{"seg", "./x/../seg2", dir + "//seg3"} {
+		want := filepath.Join(dir, filepath.Base(p))
+		s, err := CreateFileSegment(p, 4096, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		o, err := OpenFileSegment(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		for what, seg := range map[string]*Segment{"created": s, "opened": o} {
+			m, err := MappingOf(seg.Data())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Path != want {
+				t.Errorf("%s by %q: Path %q, want %q", what, p, m.Path, want)
+			}
+		}
+	}
+	// x does not exist: "./x/../seg2" is cleaned lexically, as
+	// filepath.Abs does, before it is opened.
+	s, err := OpenFileSegment("seg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	t.Chdir(t.TempDir())
+	if err := s.Unlink(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "seg")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Unlink after a change of directory left the file: %v", err)
+	}
+}

@@ -11,8 +11,10 @@ type Mapping struct {
 	// Name is the segment's name as OpenSegment takes it; empty for a
 	// file-backed segment.
 	Name string
-	// Path is a file-backed segment's file as OpenFileSegment takes it;
-	// empty for a segment in ShmDir.
+	// Path is a file-backed segment's file as OpenFileSegment takes it,
+	// absolute and clean (filepath.Abs of the path it was made or opened
+	// by, in the working directory of then); empty for a segment in
+	// ShmDir.
 	Path string
 	// Dev and Ino identify the segment's file (stat(2)'s st_dev and
 	// st_ino): a file made under the same name later is another file.

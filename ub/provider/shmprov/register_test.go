@@ -164,6 +164,36 @@ func TestRegisterFileBacked(t *testing.T) {
 	}
 }
 
+// TestRegisterFileBackedRelativePath: memory in a file-backed segment
+// made by a relative or unclean path registers, and a peer imports it and
+// writes into it (the registration names the file by its absolute, clean
+// path).
+func TestRegisterFileBackedRelativePath(t *testing.T) {
+	owner, peer := openContext(t), openContext(t)
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, p := range []string{"seg", dir + "//seg2"} {
+		f, err := shm.CreateFileSegment(p, 4096, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		reg, err := owner.RegisterSegment(f.Data()[:128], ub.SegmentConfig{Access: ub.AccessWrite, Token: regToken})
+		if err != nil {
+			t.Fatalf("%s: RegisterSegment: %v", p, err)
+		}
+		defer reg.Close()
+		r, err := peer.ImportSegment(reg.Desc(), regToken)
+		if err != nil {
+			t.Fatalf("%s: registered, but the import fails: %v", p, err)
+		}
+		defer r.Close()
+		if st := writeTo(t, peer, r, 8, "relative"); st != ub.StatusSuccess || string(f.Data()[8:16]) != "relative" {
+			t.Errorf("%s: write: %v, memory %q", p, st, f.Data()[8:16])
+		}
+	}
+}
+
 // TestRegisterNoReceives: receives cannot be posted in registered memory
 // (a sender finds a receive's memory by its segment's name); the error
 // says so rather than senders failing later.
