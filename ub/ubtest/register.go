@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"runtime"
+	"sync"
 	"testing"
 
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 )
 
@@ -155,5 +158,105 @@ func testRegisterCloseUnderWrites(t *testing.T, open Open, opts Options) {
 				t.Errorf("trial %d: %d writes ended with %q", trial, n, st)
 			}
 		}
+	}
+}
+
+// testRegisterAtomics checks atomics on registered memory: a word 8-byte
+// aligned at its offset but not in memory completes with
+// StatusMisaligned (reads and writes of such memory work), and a peer's
+// FetchAdd and CAS are atomic with respect to the registrant's own CPU
+// atomics on the same word (sync/atomic, here through shm.WordIn), as on
+// hardware: no increment of either is lost.
+func testRegisterAtomics(t *testing.T, open Open, opts Options) {
+	const size = 4096
+	l := newLocal(t, open, ub.ReliableMessage)
+	mem := opts.memory(t, size+16)
+	if len(mem) < size+16 {
+		t.Fatalf("Options.Memory gave %d bytes, want %d", len(mem), size+16)
+	}
+	aligned := 0
+	for ; aligned < 8; aligned++ {
+		if _, err := shm.WordIn(mem, aligned); err == nil {
+			break
+		}
+	}
+	p := startPeer(t)
+	want := func(what string, r remoteResult, st ub.Status) {
+		t.Helper()
+		if r.Err != "" || r.Status != st.String() {
+			t.Errorf("%s: status %q (%s), want %v", what, r.Status, r.Err, st)
+		}
+	}
+
+	// Memory one byte past an 8-byte boundary: every 8-byte offset of
+	// the registration is unaligned in memory.
+	odd := mem[aligned+1 : aligned+1+size]
+	binary.LittleEndian.PutUint64(odd[8:], 5)
+	seg, err := l.c.RegisterSegment(odd, ub.SegmentConfig{Access: ub.AccessAtomic, Token: peerToken})
+	if err != nil {
+		t.Fatalf("RegisterSegment of memory unaligned by one byte: %v", err)
+	}
+	for _, off := range []int{0, 8} {
+		want("fetch-add at an aligned offset of unaligned memory", p.remote("add", peerToken, off, 1, seg.Desc()), ub.StatusMisaligned)
+	}
+	if got := binary.LittleEndian.Uint64(odd[8:]); got != 5 {
+		t.Errorf("a refused fetch-add changed the word: %d, want 5", got)
+	}
+	want("write into unaligned registered memory", p.remote("write", peerToken, 3, "unaligned", seg.Desc()), ub.StatusSuccess)
+	if got := string(odd[3:12]); got != "unaligned" {
+		t.Errorf("the memory holds %q after the write", got)
+	}
+	if err := seg.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The peer's atomics and the registrant's, on one word.
+	const peerAdds, ownAdds = 400, 20000
+	word, err := shm.WordIn(mem, aligned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	word.Store(0)
+	seg, err = l.c.RegisterSegment(mem[aligned:aligned+size], ub.SegmentConfig{Access: ub.AccessAtomic, Token: peerToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := json.Marshal(seg.Desc())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var own uint64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// Until the peer is done, and a bounded number: a provider
+		// whose goroutines serve the peer's atomics here needs the
+		// processor too (GOMAXPROCS=1), and a scheduler may leave a
+		// goroutine that is always runnable in its place.
+		for range ownAdds {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			word.Add(1)
+			own++
+			runtime.Gosched()
+		}
+	}()
+	var res string
+	p.do(&res, "add", 0, peerAdds, string(d))
+	close(stop)
+	wg.Wait()
+	if res != "ok" {
+		t.Fatalf("the peer's atomics: %s", res)
+	}
+	if got := word.Load(); got != own+peerAdds {
+		t.Errorf("the word is %d after %d increments of the registrant and %d of the peer: %d lost", got, own, peerAdds, own+peerAdds-got)
+	}
+	if err := seg.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -131,6 +131,7 @@ func RunWith(t *testing.T, open Open, opts Options) {
 	t.Run("PeerDeath", func(t *testing.T) { testPeerDeath(t, open) })
 	t.Run("CloseUnderLoad", func(t *testing.T) { testCloseUnderLoad(t, open) })
 	t.Run("RegisterSegment", func(t *testing.T) { testRegister(t, open, opts) })
+	t.Run("RegisterSegmentAtomics", func(t *testing.T) { testRegisterAtomics(t, open, opts) })
 	t.Run("RegisterSegmentCloseUnderWrites", func(t *testing.T) { testRegisterCloseUnderWrites(t, open, opts) })
 	t.Run("Errors", func(t *testing.T) { testErrors(t, open, opts) })
 	t.Run("Interrupt", func(t *testing.T) { testInterrupt(t, open) })

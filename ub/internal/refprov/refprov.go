@@ -8,9 +8,11 @@
 // request to the owner of the memory or jetty it touches, answered in
 // order on one connection per peer; the owner checks token, access and
 // bounds. Requests run when they are posted: PostSend returns when their
-// completions are queued. It is simple rather than fast, and its atomics
-// are atomic with respect to each other, not to CPU atomics of the owner
-// on Segment.Bytes.
+// completions are queued. It is simple rather than fast. Its atomics are
+// CPU atomics on the owner's memory (shm.WordIn, the one thing it uses
+// beyond the ub API and the standard library: ubkit keeps unsafe in shm),
+// so they are atomic with respect to the owner's own atomics on
+// Segment.Bytes too.
 //
 // It registers as "ref" only in programs that import it: ubkit's own
 // tests.
@@ -20,7 +22,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/gob"
 	"errors"
 	"fmt"
@@ -29,8 +30,10 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 )
 
@@ -454,6 +457,16 @@ func (c *Context) execute(req *request) response {
 	if need == ub.AccessAtomic && req.Offset%8 != 0 {
 		return response{Status: ub.StatusMisaligned}
 	}
+	var word *atomic.Uint64
+	if need == ub.AccessAtomic {
+		// In range (checked): an error is registered memory whose word
+		// at an aligned offset is not 8-byte aligned in memory.
+		w, err := shm.WordIn(s.bytes, req.Offset)
+		if err != nil {
+			return response{Status: ub.StatusMisaligned}
+		}
+		word = w
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -467,12 +480,16 @@ func (c *Context) execute(req *request) response {
 	case ub.OpRead:
 		resp.Data = slices.Clone(mem)
 	case ub.OpCAS:
-		if resp.Value = binary.LittleEndian.Uint64(mem); resp.Value == req.Compare {
-			binary.LittleEndian.PutUint64(mem, req.Swap)
+		// CPU atomics, so that they are atomic with respect to the
+		// owner's own on Bytes too, not only to each other.
+		for {
+			resp.Value = word.Load()
+			if resp.Value != req.Compare || word.CompareAndSwap(resp.Value, req.Swap) {
+				break
+			}
 		}
 	case ub.OpFetchAdd:
-		resp.Value = binary.LittleEndian.Uint64(mem)
-		binary.LittleEndian.PutUint64(mem, resp.Value+req.Add)
+		resp.Value = word.Add(req.Add) - req.Add
 	}
 	s.mu.Unlock()
 	if req.Op == ub.OpWriteImm {
