@@ -129,6 +129,11 @@ func (c *Context) RegisterSegment(mem []byte, cfg ub.SegmentConfig) (ub.Segment,
 	reg := registration{size: uint64(len(mem)), kind: kindNamed, dev: m.Dev, ino: m.Ino, offset: uint64(m.Offset), id: m.ID, target: m.Name}
 	if m.Path != "" {
 		reg.kind, reg.target = kindFile, m.Path
+		// Importers refuse a file in a directory others could swap it
+		// in (importRegistration): say so now rather than to them.
+		if err := shm.CheckDir(filepath.Dir(m.Path)); err != nil {
+			return nil, fmt.Errorf("shmprov: %w: importers would refuse memory in %s: %w", ub.ErrInvalidArgument, m.Path, err)
+		}
 	}
 	if len(reg.target) > maxTargetLen {
 		return nil, fmt.Errorf("shmprov: %w: the segment's path is longer than %d bytes", ub.ErrInvalidArgument, maxTargetLen)
@@ -170,6 +175,13 @@ func (c *Context) importRegistration(desc ub.SegmentDesc, token ub.Token) (ub.Re
 	if reg.kind == kindNamed {
 		target, err = shm.OpenSegment(reg.target)
 	} else {
+		// The file's directory must be this user's and closed to
+		// others, as CreateFileSegment requires, so that nobody else
+		// could have put or swapped the file there.
+		if err := shm.CheckDir(filepath.Dir(reg.target)); err != nil {
+			rs.Close()
+			return nil, fmt.Errorf("shmprov: %w: %s registers memory in %s, refused: %w", ub.ErrBadDescriptor, desc.Name, reg.target, err)
+		}
 		target, err = shm.OpenFileSegment(reg.target)
 	}
 	if err != nil {

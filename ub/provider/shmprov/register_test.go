@@ -194,6 +194,40 @@ func TestRegisterFileBackedRelativePath(t *testing.T) {
 	}
 }
 
+// TestRegisterFileDirChecked: memory in a file-backed segment whose
+// directory others may write to (shm.CheckDir) is refused when it is
+// registered, and a registration made while the directory passed is
+// refused by importers once it no longer does.
+func TestRegisterFileDirChecked(t *testing.T) {
+	owner, peer := openContext(t), openContext(t)
+	dir := filepath.Join(t.TempDir(), "segs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := shm.CreateFileSegment(filepath.Join(dir, "seg"), 4096, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	reg, err := owner.RegisterSegment(f.Data()[:128], ub.SegmentConfig{Access: ub.AccessWrite, Token: regToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := peer.ImportSegment(reg.Desc(), regToken); !errors.Is(err, ub.ErrBadDescriptor) || !strings.Contains(err.Error(), dir) {
+		if err == nil {
+			r.Close()
+		}
+		t.Errorf("import of memory in a directory others may write to: %v, want ErrBadDescriptor naming %s", err, dir)
+	}
+	if _, err := owner.RegisterSegment(f.Data()[:128], ub.SegmentConfig{Access: ub.AccessWrite, Token: regToken}); !errors.Is(err, ub.ErrInvalidArgument) {
+		t.Errorf("RegisterSegment of memory in a directory others may write to: %v, want ErrInvalidArgument", err)
+	}
+}
+
 // TestRegisterNoReceives: receives cannot be posted in registered memory
 // (a sender finds a receive's memory by its segment's name); the error
 // says so rather than senders failing later.
