@@ -22,7 +22,7 @@ import (
 // (so that a segment unlinked and made again under the name is refused,
 // never written), and the offset of the memory in its data area.
 //
-//	0  magic   u64 "UBKUBREG"
+//	0  magic   u64 "UBKURREG"
 //	8  token   u32
 //	12 access  u32
 //	16 size    u64  registered bytes
