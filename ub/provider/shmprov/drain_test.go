@@ -54,6 +54,13 @@ func TestCloseWaitsForAccessUnderWay(t *testing.T) {
 	if st := r.check(0, 8, ub.AccessWrite); st != ub.StatusNoPermission {
 		t.Errorf("a new access after deregistration: %v, want %v", st, ub.StatusNoPermission)
 	}
+	// Close must still be waiting: give it a while to return wrongly (a
+	// correct Close cannot return here, however slow the machine).
+	select {
+	case err := <-done:
+		t.Fatalf("Close returned (%v) while an access was counted", err)
+	case <-time.After(100 * time.Millisecond):
+	}
 	r.end()
 	if err := <-done; err != nil {
 		t.Fatalf("Close: %v", err)
@@ -83,5 +90,42 @@ func TestCloseBoundedWhenImporterDies(t *testing.T) {
 	t.Log(err)
 	if err := reg.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
+	}
+}
+
+// TestContextCloseOneDeadline: importers killed mid-access on several
+// registrations cost the context's Close drainPatience once, not once per
+// registration (they are deregistered together and drained against one
+// deadline); an allocated segment's Close does not wait at all.
+func TestContextCloseOneDeadline(t *testing.T) {
+	defer func(d time.Duration) { drainPatience = d }(drainPatience)
+	drainPatience = 300 * time.Millisecond
+	owner, peer := openForTest(t), openForTest(t)
+	for range 5 {
+		_, r := registeredAndImported(t, owner, peer)
+		r.begin() // and never end: as if killed
+	}
+	start := time.Now()
+	err := owner.Close()
+	if !errors.Is(err, errInFlight) {
+		t.Fatalf("Close with accesses counted forever: %v, want errInFlight", err)
+	}
+	if waited := time.Since(start); waited >= 3*drainPatience {
+		t.Errorf("Close of 5 such registrations waited %v, patience %v: one deadline each", waited, drainPatience)
+	}
+
+	seg, err := peer.AllocSegment(64, ub.SegmentConfig{Access: ub.AccessWrite, Token: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := openForTest(t)
+	rs, err := other.ImportSegment(seg.Desc(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	rs.(*remoteSegment).begin() // never ends
+	if err := seg.Close(); err != nil {
+		t.Fatalf("Close of an allocated segment with an importer's count left: %v", err)
 	}
 }

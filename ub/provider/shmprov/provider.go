@@ -173,8 +173,22 @@ func (c *Context) Close() error {
 	c.closed = true
 	objs := c.objects.Drain()
 	c.mu.Unlock()
+	// Registrations are deregistered all at once and drained against one
+	// deadline, so that importers killed mid-access cost Close
+	// drainPatience once, not once per segment.
+	for _, o := range objs {
+		if s, ok := o.(*segment); ok && s.registered {
+			s.state.Store(stateDead)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), drainPatience)
+	defer cancel()
 	var errs []error
 	for _, o := range objs {
+		if s, ok := o.(*segment); ok {
+			errs = append(errs, s.close(ctx))
+			continue
+		}
 		errs = append(errs, o.Close())
 	}
 	return errors.Join(errs...)
@@ -237,11 +251,24 @@ func (s *segment) Desc() ub.SegmentDesc {
 // registered memory once it is the caller's again. Peers that mapped it
 // keep a valid mapping, so nobody faults. Registered memory is the
 // caller's: only the registration goes.
+//
+// Only a registration waits: an allocated segment's memory goes with it,
+// so a late write there is nobody's, and waiting for an importer killed
+// mid-access would only hold its owner up.
 func (s *segment) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), drainPatience)
+	defer cancel()
+	return s.close(ctx)
+}
+
+// close is Close, draining a registration until ctx ends.
+func (s *segment) close(ctx context.Context) error {
 	var err error
 	s.once.Do(func() {
 		s.state.Store(stateDead)
-		err = s.drain()
+		if s.registered {
+			err = s.drain(ctx)
+		}
 		s.c.lockOps()
 		defer s.c.ops.Unlock()
 		s.closed = true
@@ -268,12 +295,10 @@ var errInFlight = errors.New("a peer's access was still under way")
 // drain looks, and one counted later sees it dead and copies nothing.
 // The importer that brings the count to zero after the state went dead
 // wakes drain's futex.
-func (s *segment) drain() error {
+func (s *segment) drain(ctx context.Context) error {
 	if s.inflight.Load() == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), drainPatience)
-	defer cancel()
 	zero := func(n uint32) bool { return n == 0 }
 	if err := (shm.Wait{}).Until(ctx, s.inflight, zero); err != nil {
 		return fmt.Errorf("shmprov: deregistered %s, but %w after %v (%d counted: an importer killed in the middle of an access leaves its count behind, or one is that slow): the memory may still be written", s.name, errInFlight, drainPatience, s.inflight.Load())

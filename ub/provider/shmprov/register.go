@@ -22,7 +22,7 @@ import (
 // (so that a segment unlinked and made again under the name is refused,
 // never written), and the offset of the memory in its data area.
 //
-//	0  magic   u64 "UBKURREG"
+//	0  magic   u64 "UBKURRG2" (2: the layout with the in-flight word)
 //	8  token   u32
 //	12 access  u32
 //	16 size    u64  registered bytes
@@ -36,7 +36,7 @@ import (
 //	64 inflight u32 importers' accesses under way (see segment.drain)
 //	72 name    the target's name (kind 1) or path (kind 2)
 const (
-	regMagic       = 0x4745_5252_554b_4255 // "UBKURREG"
+	regMagic       = 0x3247_5252_554b_4255 // "UBKURRG2"
 	regHeader      = 72
 	regOffInflight = 64
 	regOffKind     = 28
