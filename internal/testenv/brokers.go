@@ -160,13 +160,17 @@ journalSyncData=%t
 }
 
 // waitHealthy polls the health check until it answers 200 (Pulsar says
-// nothing on its output when it is ready), or the broker exits.
+// nothing on its output when it is ready), then the namespace
+// public/default until it exists (standalone makes it after the broker
+// answers healthy: a client in between got TopicNotFound), or the
+// broker exits.
 func (p *Pulsar) waitHealthy() error {
 	ctx, cancel := context.WithTimeout(context.Background(), brokerStartTimeout)
 	defer cancel()
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
-	url := p.WebURL + "/admin/v2/brokers/health"
+	urls := []string{p.WebURL + "/admin/v2/brokers/health", p.WebURL + "/admin/v2/namespaces/public/default"}
+	url := urls[0]
 	var last string
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -175,7 +179,11 @@ func (p *Pulsar) waitHealthy() error {
 		if resp, err := client.Do(req); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return nil
+				if urls = urls[1:]; len(urls) == 0 {
+					return nil
+				}
+				url = urls[0]
+				continue
 			}
 			last = resp.Status
 		} else {
