@@ -15,7 +15,6 @@ import (
 //	12 access u32
 //	16 size   u64  registered bytes, which follow the header
 //	24 state  u32  1 registered, 0 deregistered
-//	28 inflight u32  importers' accesses under way (see segment.drain)
 const (
 	segMagic       = 0x4745_5342_554b_4255 // "UBKUBSEG"
 	segHeader      = 128
@@ -23,7 +22,6 @@ const (
 	segOffAccess   = 12
 	segOffSize     = 16
 	segOffState    = 24
-	segOffInflight = 28
 	stateLive      = 1
 	stateDead      = 0
 	maxNameLen     = 96

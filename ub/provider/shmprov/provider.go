@@ -204,7 +204,9 @@ type segment struct {
 	nameBytes []byte
 	bytes     []byte
 	state     *atomic.Uint32
-	// inflight counts the importers' accesses under way (drain).
+	// inflight counts the importers' accesses under way (drain); only
+	// a registration has one: an allocated segment's memory goes with
+	// it, so nobody waits for its accesses.
 	inflight *atomic.Uint32
 	once     sync.Once
 	// registered: bytes are the caller's (RegisterSegment), and shm is
@@ -231,8 +233,7 @@ func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, erro
 	state.Store(stateLive)
 	magic, _ := s.Uint64At(0)
 	magic.Store(segMagic)
-	inflight, _ := s.Uint32At(segOffInflight)
-	seg := &segment{c: c, shm: s, name: name, nameBytes: []byte(name), bytes: d[segHeader : segHeader+size : segHeader+size], state: state, inflight: inflight}
+	seg := &segment{c: c, shm: s, name: name, nameBytes: []byte(name), bytes: d[segHeader : segHeader+size : segHeader+size], state: state}
 	if err := c.track(seg); err != nil {
 		s.Close()
 		return nil, err
@@ -356,8 +357,7 @@ func (c *Context) ImportSegment(desc ub.SegmentDesc, token ub.Token) (ub.RemoteS
 	}
 	end := segHeader + int(size)
 	state, _ := s.Uint32At(segOffState)
-	inflight, _ := s.Uint32At(segOffInflight)
-	r := &remoteSegment{peerSeg: peerSeg{seg: s}, c: c, desc: desc, token: token, size: int(size), mem: d[segHeader:end:end], state: state, inflight: inflight}
+	r := &remoteSegment{peerSeg: peerSeg{seg: s}, c: c, desc: desc, token: token, size: int(size), mem: d[segHeader:end:end], state: state}
 	if err := c.track(r); err != nil {
 		s.Close()
 		return nil, err
@@ -446,10 +446,16 @@ func (r *remoteSegment) check(off, n int, need ub.Access) ub.Status {
 // begin counts an access in the owner's in-flight word, before check
 // reads the state; end counts it out once the memory is no longer
 // touched (segment.drain).
-func (r *remoteSegment) begin() { r.inflight.Add(1) }
+// An allocated segment's accesses are not counted (inflight nil): no
+// Close waits for them, and they are transport's hot path.
+func (r *remoteSegment) begin() {
+	if r.inflight != nil {
+		r.inflight.Add(1)
+	}
+}
 
 func (r *remoteSegment) end() {
-	if r.inflight.Add(^uint32(0)) == 0 && r.state.Load() != stateLive {
+	if r.inflight != nil && r.inflight.Add(^uint32(0)) == 0 && r.state.Load() != stateLive {
 		shm.Wake(r.inflight)
 	}
 }
