@@ -16,17 +16,17 @@ import (
 //	16 size   u64  registered bytes, which follow the header
 //	24 state  u32  1 registered, 0 deregistered
 const (
-	segMagic       = 0x4745_5342_554b_4255 // "UBKUBSEG"
-	segHeader      = 128
-	segOffToken    = 8
-	segOffAccess   = 12
-	segOffSize     = 16
-	segOffState    = 24
-	stateLive      = 1
-	stateDead      = 0
-	maxNameLen     = 96
-	recvSlotSize   = 128 // posted receive: name len u8, name, offset u64, len u32, ctx u64
-	complSlotSize  = 48
+	segMagic      = 0x4745_5342_554b_4255 // "UBKUBSEG"
+	segHeader     = 128
+	segOffToken   = 8
+	segOffAccess  = 12
+	segOffSize    = 16
+	segOffState   = 24
+	stateLive     = 1
+	stateDead     = 0
+	maxNameLen    = 96
+	recvSlotSize  = 128 // posted receive: name len u8, name, offset u64, len u32, ctx u64
+	complSlotSize = 48
 )
 
 // Jetty header, at the start of the shm data area of a jetty segment,
