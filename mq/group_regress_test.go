@@ -596,14 +596,18 @@ func TestGroupAssignedDoesNotWait(t *testing.T) {
 	g.mu.Unlock()
 }
 
-// until polls cond until it holds, failing the test if ctx ends first.
+// until polls cond (every 100 µs) until it holds, failing the test if
+// ctx ends first.
 func until(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	t.Helper()
+	tick := time.NewTicker(100 * time.Microsecond)
+	defer tick.Stop()
 	for !cond() {
-		if ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
 			t.Fatalf("never: %s", what)
+		case <-tick.C:
 		}
-		time.Sleep(100 * time.Microsecond)
 	}
 }
 
@@ -781,11 +785,16 @@ func TestGroupIdleDoesNotPoll(t *testing.T) {
 	// A sleep ends only when something wakes it: none comes for 200 ms
 	// (a loaded machine can hide a poll, not invent one).
 	watch := timeout(t, 200*time.Millisecond)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
 	for watch.Err() == nil {
 		if n := g.naps.Load() - naps; n > 2 {
 			t.Fatalf("an idle member slept %d times in 200 ms: it polls", n)
 		}
-		time.Sleep(time.Millisecond)
+		select {
+		case <-watch.Done():
+		case <-tick.C:
+		}
 	}
 	off, err := l.Send(ctx, 1, []byte("x"))
 	if err != nil {
