@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,30 +160,40 @@ journalSyncData=%t
 `, p.brokerPort, p.webPort, p.opts.Durable)
 }
 
-// waitHealthy polls the health check until it answers 200 (Pulsar says
-// nothing on its output when it is ready), then the namespace
+// waitHealthy polls, in turn, the health check until it answers 200
+// (Pulsar says nothing on its output when it is ready), the namespace
 // public/default until it exists (standalone makes it after the broker
-// answers healthy: a client in between got TopicNotFound), or the
-// broker exits.
+// answers healthy: a client in between got TopicNotFound), and the
+// creation of a topic until it succeeds (a topic's ledger needs the
+// bookie, which can register later still: a client in between got "Not
+// enough non-faulty bookies"), or until the broker exits.
 func (p *Pulsar) waitHealthy() error {
 	ctx, cancel := context.WithTimeout(context.Background(), brokerStartTimeout)
 	defer cancel()
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
-	urls := []string{p.WebURL + "/admin/v2/brokers/health", p.WebURL + "/admin/v2/namespaces/public/default"}
-	url := urls[0]
+	type step struct {
+		method, url string
+		ok          []int
+	}
+	steps := []step{
+		{http.MethodGet, p.WebURL + "/admin/v2/brokers/health", []int{http.StatusOK}},
+		{http.MethodGet, p.WebURL + "/admin/v2/namespaces/public/default", []int{http.StatusOK}},
+		{http.MethodPut, p.WebURL + "/admin/v2/persistent/public/default/testenv-ready", []int{http.StatusNoContent, http.StatusConflict}},
+	}
+	url := steps[0].url
 	var last string
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		req, _ := http.NewRequestWithContext(ctx, steps[0].method, url, nil)
 		if resp, err := client.Do(req); err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				if urls = urls[1:]; len(urls) == 0 {
+			if slices.Contains(steps[0].ok, resp.StatusCode) {
+				if steps = steps[1:]; len(steps) == 0 {
 					return nil
 				}
-				url = urls[0]
+				url = steps[0].url
 				continue
 			}
 			last = resp.Status
