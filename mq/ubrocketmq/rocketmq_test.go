@@ -96,8 +96,17 @@ func newProducer(t *testing.T, b *testenv.RocketMQ, o *Options) rocketmq.Produce
 // in group from the first offset, calling f; Shutdown at cleanup.
 func consume(t *testing.T, b *testenv.RocketMQ, o *Options, topic, group string, f func(context.Context, ...*primitive.MessageExt) (consumer.ConsumeResult, error), extra ...consumer.Option) rocketmq.PushConsumer {
 	t.Helper()
+	bal := &balanced{topics: map[string]bool{}}
+	local := o != nil && slices.Contains(o.Local.Topics, topic)
+	retry := "%RETRY%" + group
+	if !local {
+		// Made here, not at the first retry, so that the first rebalance
+		// always allocates it (see balanced).
+		createTopic(t, b, retry, 1)
+	}
 	opts := append([]consumer.Option{consumer.WithNameServer([]string{b.NamesrvAddr}), consumer.WithGroupName(group),
-		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset), consumer.WithInstance(unique("ci"))}, extra...)
+		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset), consumer.WithInstance(unique("ci")),
+		consumer.WithStrategy(bal.allocate)}, extra...)
 	var c rocketmq.PushConsumer
 	var err error
 	if o != nil {
@@ -114,8 +123,63 @@ func consume(t *testing.T, b *testenv.RocketMQ, o *Options, topic, group string,
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Shutdown() })
+	t.Cleanup(func() {
+		c.Suspend()
+		if !local && !bal.wait(topic, retry) {
+			t.Logf("consumer of %s: its first rebalance was not seen in 10 s", topic)
+		}
+		c.Shutdown()
+	})
 	return c
+}
+
+// balanced sees a consumer's rebalances through its allocation strategy.
+// Upstream's client reads a plain bool in every InvokeSync that its
+// Shutdown writes (internal/client.go), and Start runs the first rebalance
+// (one InvokeSync per subscribed topic, the group's retry topic too) in a
+// goroutine nothing waits for: a consumer shut down right after its first
+// message is a data race inside upstream's code (a make test failed on it).
+// The strategy runs on that goroutine after each topic's InvokeSync, so a
+// cleanup that has seen every topic allocated (under mu) is ordered after
+// those reads (consume makes the retry topic first: a rebalance skips a
+// topic without a route before its InvokeSync, and allocates nothing);
+// Suspend stops the later, broker-notified rebalances.
+type balanced struct {
+	mu     sync.Mutex
+	topics map[string]bool
+}
+
+func (b *balanced) allocate(group, id string, all []*primitive.MessageQueue, ids []string) []*primitive.MessageQueue {
+	if len(all) > 0 {
+		b.mu.Lock()
+		b.topics[all[0].Topic] = true
+		b.mu.Unlock()
+	}
+	return consumer.AllocateByAveragely(group, id, all, ids)
+}
+
+// wait reports whether every topic was allocated before 10 s passed (a
+// rebalance whose broker call failed allocates nothing).
+func (b *balanced) wait(topics ...string) bool {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for {
+		b.mu.Lock()
+		done := true
+		for _, t := range topics {
+			done = done && b.topics[t]
+		}
+		b.mu.Unlock()
+		if done {
+			return true
+		}
+		select {
+		case <-tick.C:
+		case <-deadline:
+			return false
+		}
+	}
 }
 
 type sent struct {
