@@ -77,7 +77,12 @@ func StartPulsar(t testing.TB, opts BrokerOptions) *Pulsar {
 		p.ServiceURL = "pulsar://127.0.0.1:" + strconv.Itoa(p.brokerPort)
 		p.WebURL = "http://127.0.0.1:" + strconv.Itoa(p.webPort)
 		if lastErr = p.start(java, lib); lastErr == nil {
-			t.Cleanup(func() { p.Stop(false) })
+			t.Cleanup(func() {
+				p.Stop(false)
+				if t.Failed() {
+					t.Logf("the test failed; Pulsar's warnings and errors: %s", p.proc.problems())
+				}
+			})
 			return p
 		}
 	}
@@ -243,7 +248,12 @@ func StartRocketMQ(t testing.TB, opts BrokerOptions) *RocketMQ {
 		r.NamesrvAddr = "127.0.0.1:" + strconv.Itoa(r.namesrvPort)
 		r.BrokerAddr = "127.0.0.1:" + strconv.Itoa(r.brokerPort)
 		if lastErr = r.start(java, lib); lastErr == nil {
-			t.Cleanup(func() { r.Stop(false) })
+			t.Cleanup(func() {
+				r.Stop(false)
+				if t.Failed() {
+					t.Logf("the test failed; the RocketMQ broker's warnings and errors: %s", r.broker.problems())
+				}
+			})
 			return r
 		}
 	}
@@ -522,6 +532,29 @@ func (p *javaProc) stop(graceful bool) {
 		p.cmd.Process.Kill()
 		<-p.exited
 	})
+}
+
+// problems is the last 60 lines of the process's output that say WARN or
+// ERROR (with the stack lines after them), for a failed test: its data
+// directory is removed after the test.
+func (p *javaProc) problems() string {
+	b, _ := os.ReadFile(p.log)
+	var keep []string
+	inProblem := false
+	for line := range strings.Lines(string(b)) {
+		switch {
+		case strings.Contains(line, "WARN") || strings.Contains(line, "ERROR"):
+			inProblem = true
+		case strings.HasPrefix(line, "\t") || strings.HasPrefix(line, "Caused by"):
+		default:
+			inProblem = false
+		}
+		if inProblem {
+			keep = append(keep, strings.TrimRight(line, "\n"))
+		}
+	}
+	keep = keep[max(0, len(keep)-60):]
+	return fmt.Sprintf("%s:\n%s", p.log, strings.Join(keep, "\n"))
 }
 
 // tail is the end of the process's output, for errors.
