@@ -974,3 +974,45 @@ func (l *Log) Stats(p int) (Stats, error) {
 	}
 	return Stats{Tail: pt.tail.Load(), Oldest: pt.head.Load() * uint64(l.cfg.SegmentSize), Aborted: pt.aborted.Load(), Torn: pt.torn.Load()}, nil
 }
+
+// rebase starts the empty partition p at log offset base, a segment
+// boundary: a follower's partition starts where the leader's replication
+// does, so that offsets are the same on both sides. Segments below base
+// made ahead of the first record (they hold none) are removed; those at
+// and above it are kept (empty) and used.
+func (l *Log) rebase(p int, base uint64) error {
+	pt, err := l.part(p)
+	if err != nil {
+		return err
+	}
+	size := uint64(l.cfg.SegmentSize)
+	k := base / size
+	if base%size != 0 {
+		return fmt.Errorf("mq: partition %d cannot start at %d, within a segment: %w", p, base, ErrDiverged)
+	}
+	if k == 0 {
+		return nil
+	}
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	made := pt.made.Load()
+	for !pt.made.CompareAndSwap(made, max(made, k)) {
+		made = pt.made.Load() // a segment made ahead meanwhile
+	}
+	if pt.tail.Load() != 0 || !pt.head.CompareAndSwap(0, k) || !pt.tail.CompareAndSwap(0, base) {
+		return fmt.Errorf("mq: partition %d is in use: %w", p, ErrDiverged)
+	}
+	for i, m := range pt.segs {
+		if i < k {
+			delete(pt.segs, i)
+			l.releaseLater(m)
+		}
+	}
+	if c := pt.cur.Load(); c != nil && c.index < k {
+		pt.cur.Store(nil)
+	}
+	for i := range min(made, k) {
+		l.removeSeg(p, i)
+	}
+	return nil
+}

@@ -61,6 +61,11 @@ type Reader struct {
 	closed bool
 
 	aborted uint64
+
+	// onMap, if set, is called when the reader is about to map segment
+	// k, before it reads a record of it: a replica maps the segment too,
+	// for its writes (replica.go).
+	onMap func(k uint64) error
 }
 
 // NewReader returns a reader of partition p from log offset from (an offset
@@ -287,6 +292,13 @@ func (r *Reader) mapping(k uint64) (*mapped, error) {
 		r.l.unmapLater(r.m.seg)
 		r.m = nil
 	}
+	if r.onMap != nil {
+		// The reader's slot is in segment k already (moveTo), so
+		// retention under FullBlock and FullFail keeps it for the hook.
+		if err := r.onMap(k); err != nil {
+			return nil, err
+		}
+	}
 	r.opening.Wait()
 	if n := r.next; n != nil {
 		r.next = nil
@@ -313,18 +325,22 @@ func (r *Reader) mapping(k uint64) (*mapped, error) {
 }
 
 // open maps segment k.
-func (r *Reader) open(k uint64) (*mapped, error) {
-	size := r.l.cfg.SegmentSize
-	seg, err := r.l.openSeg(r.p, k)
+func (r *Reader) open(k uint64) (*mapped, error) { return r.l.mapSeg(r.p, k) }
+
+// mapSeg maps segment k of partition p, a mapping of the caller's own
+// (not the producers' cache): Close its seg when done.
+func (l *Log) mapSeg(p int, k uint64) (*mapped, error) {
+	size := l.cfg.SegmentSize
+	seg, err := l.openSeg(p, k)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, r.p, ErrOffsetGone)
+			return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
 		}
-		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, r.p, err)
+		return nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
 	}
 	if seg.Size() < size {
 		seg.Close()
-		return nil, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, r.p, seg.Size(), size, shm.ErrCorrupt)
+		return nil, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
 	}
 	words, err := seg.Uint64s(0, size/8)
 	if err != nil {

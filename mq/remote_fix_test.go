@@ -509,18 +509,21 @@ func replicatePair(t *testing.T, leader *Log, n0, n1 ub.Context, follower *Log, 
 }
 
 // TestReplicateFailsAfterAccept: a Replicate that fails after the
-// follower accepted (here the follower's ring is beyond the leader's
-// MaxRing) tells the follower why and closes the control connection:
-// the follower stops with the leader's reason, rather than waiting for a
-// leader that is not there (before, it waited until someone closed the
-// connection, and then knew no reason).
+// follower accepted (here a test hook fails it there) tells the follower
+// why and closes the control connection: the follower stops with the
+// leader's reason, rather than waiting for a leader that is not there
+// (before, it waited until someone closed the connection, and then knew
+// no reason).
 func TestReplicateFailsAfterAccept(t *testing.T) {
 	n0, n1, _ := simNodes(t)
 	leader := newLog(t, Config{SegmentSize: 8 << 10})
 	follower := newLog(t, Config{SegmentSize: 8 << 10})
 	fl := newFaults()
-	r, rerr, f, ferr := replicatePair(t, leader, n0, n1, follower, ReplicaConfig{MaxRing: 64 << 10},
-		FollowerConfig{RingSize: 1 << 20, DeadAfter: time.Minute, OnFault: fl.add})
+	fail := func() error { return protoErr("the test fails the leader after the accept") }
+	testReplicateAccepted.Store(&fail)
+	defer testReplicateAccepted.Store(nil)
+	r, rerr, f, ferr := replicatePair(t, leader, n0, n1, follower, ReplicaConfig{},
+		FollowerConfig{DeadAfter: time.Minute, OnFault: fl.add})
 	if r != nil || !errors.Is(rerr, ErrProtocol) || ferr != nil {
 		t.Fatalf("Replicate %v, want ErrProtocol; Follow %v, want it accepted", rerr, ferr)
 	}
@@ -584,12 +587,12 @@ func TestReplicaGapBeyondFollowerRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{RingSize: 8 << 10})
+	r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{})
 	if err := r.WaitAcked(ctx, offB); err != nil {
 		t.Fatalf("B after a %d-byte gap: %v; follower %+v", offB, err, f.Stats())
 	}
-	rd := newReader(t, follower, 0, offB-r.Stats().Base)
-	if rec, err := rd.Next(ctx); err != nil || string(rec.Payload) != "B" || rec.Offset != offB-r.Stats().Base {
+	rd := newReader(t, follower, 0, offB)
+	if rec, err := rd.Next(ctx); err != nil || string(rec.Payload) != "B" || rec.Offset != offB {
 		t.Fatalf("follower: %q at %d, %v; want B at %d", rec.Payload, rec.Offset, err, offB)
 	}
 }

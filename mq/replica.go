@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -17,24 +16,21 @@ import (
 )
 
 // Replication of a partition to a follower on another node (docs/mq.md,
-// "Across the super node").
+// "Replication").
 //
-// This was built when ub registered only memory its provider allocates
-// (Context.AllocSegment), so the leader could not write into the
-// follower's mq segments themselves; Context.RegisterSegment now can,
-// and docs/mq.md ("Planned") says how replication would use it. The
-// follower
-// receives into a ring it allocates with ub and exposes (the brpc shape
-// of shared/URMA.md: each side owns the memory it receives into, every
-// cross-node access is a posted store, nobody loads remotely): the
-// leader stores records into the ring with one-sided Writes and rings a
-// doorbell (WriteImm, its immediate the ring's new tail); the follower,
-// woken by the doorbell's completion, checks every entry, appends it to
-// its own Log at the same offset (minus the base), and acknowledges with
-// a WriteImm into the leader's ack segment whose immediate is the ring
-// position it has consumed. One copy on each side: the leader's from its
-// mq segment into its registered staging memory, the follower's from
-// the ring into its mq segment.
+// The leader writes the partition's bytes, records as they are (headers,
+// payloads, aborted records and padding), with one-sided ub Writes
+// straight into the follower's own segments of the partition, which the
+// follower registers (Context.RegisterSegment) and announces on the
+// control connection; offsets are the same on both sides (the follower's
+// partition starts at the leader's base). Then it rings a doorbell, a
+// WriteImm whose immediate is the offset written up to. The follower,
+// woken by the doorbell's completion, checks the headers it got (as Next
+// does: states, lengths, offsets, checksums), publishes the tail, and
+// acknowledges with a WriteImm into the leader's ack segment whose
+// immediate is the new tail. No copy on either side: the source of each
+// Write is the leader's own segment, registered as local memory, and
+// consumers on the follower read the records where the leader wrote them.
 
 // Errors of replication. Match them with errors.Is.
 var (
@@ -67,18 +63,24 @@ const (
 )
 
 const (
-	ringData     = 64 // the ring's data starts after its doorbell word
 	maxDoorbells = 16 // doorbells in flight, well within the 64 receives posted
 	recvDepth    = 64
 	ackSegSize   = 64
+	bellSegSize  = 64
 	userRecv     = 1 << 63
 	userDoorbell = 1 << 62
 	userPing     = 1 << 61
 	// pingImm is the immediate of a heartbeat (leader to follower) and of
-	// its answer (follower to leader): no ring position, which stays
-	// below 2^63, is it.
+	// its answer (follower to leader): no log offset, which stays below
+	// 2^63, is it.
 	pingImm   = 1 << 63
 	sendBatch = 256 << 10
+	// aheadSegments is how many segments a follower keeps registered for
+	// the leader: the one being filled and the next. maxAnnounced bounds
+	// how far beyond the segment it writes into a leader takes an
+	// announcement.
+	aheadSegments = 2
+	maxAnnounced  = 4
 )
 
 // ReplicaConfig configures a leader's replication. The zero value is
@@ -97,10 +99,6 @@ type ReplicaConfig struct {
 	// reported within Heartbeat + DeadAfter, and at once when a ub
 	// operation fails.
 	DeadAfter time.Duration
-	// MaxRing bounds the ring a follower may ask the leader to mirror
-	// in its staging memory (default 64 MiB, at least a segment): a
-	// follower cannot make the leader allocate more.
-	MaxRing uint64
 	// OnFault, if set, is called with each fault (ErrReplicaDown once,
 	// ErrFollowerBehind each time the lag crosses MaxLag), from a
 	// goroutine of the replica; it must not block.
@@ -120,16 +118,13 @@ func (c ReplicaConfig) withDefaults() ReplicaConfig {
 	if c.OnFault == nil {
 		c.OnFault = func(error) {}
 	}
-	if c.MaxRing == 0 {
-		c.MaxRing = 64 << 20
-	}
 	return c
 }
 
 // ReplicaStats is a leader's view of its follower.
 type ReplicaStats struct {
-	// Base is the leader offset the follower's partition starts at (its
-	// offset 0).
+	// Base is the offset replication started at, the leader's oldest
+	// kept segment then: the follower's partition starts there.
 	Base uint64
 	// Acked is the leader offset up to which the follower has every
 	// record: a record at o is on the follower when o < Acked.
@@ -140,7 +135,7 @@ type ReplicaStats struct {
 	// the times it went there.
 	Behind       bool
 	BehindEvents uint64
-	// Records and Bytes (payload) written into the follower's ring,
+	// Records and Bytes (payload) written into the follower's segments,
 	// Doorbells rung (heartbeats included).
 	Records, Bytes, Doorbells uint64
 	// Down is the fault that ended the replication, or nil.
@@ -148,9 +143,15 @@ type ReplicaStats struct {
 }
 
 type doorbell struct {
-	ring   uint64    // the ring tail it announced
-	next   uint64    // the leader offset after the records before it
+	end    uint64    // the offset it announced
 	posted time.Time // when it was rung
+}
+
+// leaderSeg is one of the leader's segments, mapped by the replica and
+// registered as the source of the Writes into the follower's copy.
+type leaderSeg struct {
+	m   *mapped
+	reg ub.Segment
 }
 
 // Replica replicates partition p of a leader's log to one follower.
@@ -159,29 +160,30 @@ type Replica struct {
 	p    int
 	cfg  ReplicaConfig
 	base uint64
+	seg  uint64 // the segment size
 
-	dev     ub.Context
-	cq      ub.CQ
-	jetty   ub.Jetty
-	ackSeg  ub.Segment
-	staging ub.Segment
-	ring    ub.RemoteSegment
-	target  ub.Target
-	ctrl    net.Conn
-	size    uint64 // the ring's data bytes
+	dev    ub.Context
+	cq     ub.CQ
+	jetty  ub.Jetty
+	ackSeg ub.Segment
+	src    ub.Segment // the doorbells' 8 bytes (zero)
+	bell   ub.RemoteSegment
+	target ub.Target
+	ctrl   net.Conn
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// local is the send goroutine's (and Close's, after it): this side's
+	// segments held as the Writes' sources, by index.
+	local map[uint64]*leaderSeg
+
 	mu        sync.Mutex
-	changed   chan struct{} // closed and replaced when acked or down change
-	tail      uint64        // ring position staged up to
-	lastNext  uint64        // leader offset after the last record staged
-	posted    uint64        // ring position written and announced up to
-	postNext  uint64        // leader offset after the last record announced
-	freeUntil uint64        // ackedRing + size: staging must stop there
-	ackedRing uint64
+	changed   chan struct{}               // closed and replaced when acked, down or remote change
+	posted    uint64                      // offset written and announced up to
+	remote    map[uint64]ub.RemoteSegment // the follower's segments announced and not yet acknowledged past
+	nextSeg   uint64                      // the index the follower announces next
 	bells     []doorbell
 	lastPing  time.Time // when the latest heartbeat was sent
 	pingOut   time.Time // when the oldest heartbeat not answered was sent, or zero
@@ -206,8 +208,10 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 		ctrl.Close()
 		return nil, err
 	}
-	r := &Replica{l: l, p: p, cfg: cfg.withDefaults(), base: st.Oldest, dev: dev, ctrl: ctrl, changed: make(chan struct{})}
-	r.acked, r.lastNext, r.postNext = r.base, r.base, r.base
+	seg := uint64(l.Config().SegmentSize)
+	r := &Replica{l: l, p: p, cfg: cfg.withDefaults(), base: st.Oldest, seg: seg, dev: dev, ctrl: ctrl, changed: make(chan struct{}),
+		local: map[uint64]*leaderSeg{}, remote: map[uint64]ub.RemoteSegment{}, nextSeg: st.Oldest / seg}
+	r.acked, r.posted = r.base, r.base
 	offered := false
 	fail := func(err error) (*Replica, error) {
 		if offered {
@@ -232,11 +236,14 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 	if r.ackSeg, err = dev.AllocSegment(ackSegSize, ub.SegmentConfig{Access: ub.AccessWrite, Token: tokens[0]}); err != nil {
 		return fail(err)
 	}
+	if r.src, err = dev.AllocSegment(8, ub.SegmentConfig{}); err != nil {
+		return fail(err)
+	}
 	if err := postRecvs(r.jetty, r.ackSeg, recvDepth); err != nil {
 		return fail(err)
 	}
 	stop := handshakeDeadline(ctx, ctrl)
-	_, err = ctrl.Write(appendOffer(nil, offer{partition: uint32(p), segSize: uint64(l.Config().SegmentSize), base: r.base,
+	_, err = ctrl.Write(appendOffer(nil, offer{partition: uint32(p), segSize: seg, base: r.base,
 		segments: uint32(min(l.Config().Segments, maxOfferSegments)), ackSeg: r.ackSeg.Desc(), ackToken: tokens[0],
 		jetty: r.jetty.Desc(), jtToken: tokens[1]}))
 	if err != nil {
@@ -261,46 +268,92 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 	default:
 		err = protoErr("frame type %d for an accept", typ)
 	}
+	if f := testReplicateAccepted.Load(); f != nil && err == nil {
+		err = (*f)()
+	}
 	if err != nil {
 		return fail(err)
 	}
-	if seg := uint64(l.Config().SegmentSize); a.ringSize < seg || a.ringSize > max(r.cfg.MaxRing, seg) {
-		return fail(protoErr("a ring of %d bytes for segments of %d (at most %d)", a.ringSize, seg, max(r.cfg.MaxRing, seg)))
-	}
-	r.size = a.ringSize
-	r.freeUntil = r.size
-	if r.ring, err = dev.ImportSegment(a.ring, a.ringToken); err != nil {
+	if r.bell, err = dev.ImportSegment(a.bell, a.bellToken); err != nil {
 		return fail(err)
 	}
 	if r.target, err = dev.ImportJetty(a.jetty, a.jtToken); err != nil {
-		return fail(err)
-	}
-	// Staging mirrors the ring (one more word: the doorbell's source,
-	// always zero).
-	if r.staging, err = dev.AllocSegment(int(r.size)+8, ub.SegmentConfig{}); err != nil {
 		return fail(err)
 	}
 	reader, err := l.NewReader(p, r.base)
 	if err != nil {
 		return fail(err)
 	}
+	reader.onMap = r.hold
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.lastPing, r.lastHeard = time.Now(), time.Now()
 	r.wg.Go(func() { r.send(reader) })
 	r.wg.Go(r.complete)
 	r.wg.Go(r.monitor)
-	r.wg.Go(func() {
-		// The follower ending the control connection ends replication:
-		// with its reason (ErrDiverged, shm.ErrCorrupt, ErrProtocol...),
-		// if it said one.
-		said, err := peerEnd(br)
-		if said != nil {
-			r.fault(fmt.Errorf("the follower stopped: %w: %w", ErrReplicaDown, said))
+	r.wg.Go(func() { r.control(br) })
+	return r, nil
+}
+
+// testReplicateAccepted, if set, is called by Replicate once the
+// follower accepted: an error it returns fails Replicate there (tests
+// play a leader that fails after the accept).
+var testReplicateAccepted atomic.Pointer[func() error]
+
+// control reads the control connection after the handshake: the
+// follower's segments, or why it ended. The follower ending the
+// connection ends replication, with its reason (ErrDiverged,
+// shm.ErrCorrupt, ErrProtocol...) if it said one.
+func (r *Replica) control(br *bufio.Reader) {
+	for {
+		typ, body, err := readFrame(br, maxControl, nil)
+		switch {
+		case err != nil:
+			r.fault(fmt.Errorf("the follower closed the control connection: %w: %w", ErrReplicaDown, err))
+			return
+		case typ == frameError:
+			r.fault(fmt.Errorf("the follower stopped: %w: %w", ErrReplicaDown, decodeError(body)))
+			return
+		case typ != frameSegment:
+			r.fault(fmt.Errorf("the follower: %w: %w", ErrReplicaDown, protoErr("frame type %d on the control connection", typ)))
 			return
 		}
-		r.fault(fmt.Errorf("the follower closed the control connection: %w: %w", ErrReplicaDown, err))
-	})
-	return r, nil
+		if err := r.announced(body); err != nil {
+			r.fault(fmt.Errorf("the follower's segment: %w: %w", ErrReplicaDown, err))
+			return
+		}
+	}
+}
+
+// announced imports the follower segment a segment frame announces: the
+// next index, of the partition's segment size, fewer than maxAnnounced
+// segments beyond the one written into (the follower announces segments
+// only ahead of what it has checked, which the leader wrote: a follower
+// cannot make the leader import more).
+func (r *Replica) announced(body []byte) error {
+	sf, err := decodeSegment(body)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	want, bound := r.nextSeg, r.posted/r.seg+maxAnnounced
+	r.mu.Unlock()
+	if sf.index != want || sf.index >= bound || uint64(sf.seg.Size) != r.seg {
+		return protoErr("segment %d of %d bytes announced; %d of %d bytes next, below %d", sf.index, sf.seg.Size, want, r.seg, bound)
+	}
+	imp, err := r.dev.ImportSegment(sf.seg, sf.token)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.down != nil {
+		imp.Close()
+		return nil
+	}
+	r.remote[sf.index] = imp
+	r.nextSeg++
+	r.broadcast()
+	return nil
 }
 
 // peerEnd reads a control connection after the handshake, where the
@@ -381,36 +434,85 @@ func (r *Replica) broadcast() {
 	r.changed = make(chan struct{})
 }
 
-// send is the goroutine that reads the partition and writes its records
-// into the follower's ring.
+// hold maps segment k of the partition for the replica and registers it
+// as a Writes' source: the reader's hook (Reader.onMap), called when the
+// reader enters k, so that the segment stays mapped until the follower
+// has acknowledged past it, whatever the reader and retention do.
+func (r *Replica) hold(k uint64) error {
+	if r.local[k] != nil {
+		return nil
+	}
+	m, err := r.l.mapSeg(r.p, k)
+	if err != nil {
+		return err
+	}
+	reg, err := r.dev.RegisterSegment(m.data, ub.SegmentConfig{})
+	if err != nil {
+		m.seg.Close()
+		return fmt.Errorf("mq: registering segment %d of partition %d for replication: %w", k, r.p, err)
+	}
+	r.local[k] = &leaderSeg{m: m, reg: reg}
+	return nil
+}
+
+// releaseAcked lets go of the segments, this side's and the follower's,
+// that the follower has acknowledged past: every Write into them has
+// landed. Called by the send goroutine.
+func (r *Replica) releaseAcked() {
+	r.mu.Lock()
+	below := r.acked / r.seg
+	var imps []ub.RemoteSegment
+	for k, imp := range r.remote {
+		if k < below {
+			delete(r.remote, k)
+			imps = append(imps, imp)
+		}
+	}
+	r.mu.Unlock()
+	for _, imp := range imps {
+		imp.Close()
+	}
+	for k, ls := range r.local {
+		if k < below {
+			delete(r.local, k)
+			ls.reg.Close()
+			ls.m.seg.Close()
+		}
+	}
+}
+
+// send is the goroutine that reads the partition and writes its bytes
+// into the follower's segments.
 func (r *Replica) send(reader *Reader) {
 	defer reader.Close()
-	stage := r.staging.Bytes()
-	pending := false // entries written into staging, not yet posted
-	var start uint64 // the ring position of the first of them
+	end := r.base // the reader has passed every byte below: final records, aborted records, padding
 	for {
 		var rec Record
 		var got bool
 		var err error
-		if pending {
-			// Post what is staged rather than wait (for the tail, or for
-			// a record after it that is being written, held or left by
-			// a dead producer): the follower, and Sends under
+		r.mu.Lock()
+		posted := r.posted
+		r.mu.Unlock()
+		if end > posted {
+			// Post what the reader passed rather than wait (for the tail,
+			// or for a record after it that is being written, held or
+			// left by a dead producer): the follower, and Sends under
 			// AckFollower, must not wait for a later record.
-			post := r.tail-start >= sendBatch
+			post := end-posted >= sendBatch
 			if !post {
 				if ps, serr := r.l.Stats(r.p); serr != nil || ps.Tail <= reader.Offset() {
 					post = true
 				} else if rec, got, err = nextNow(reader); err == nil && !got {
 					post = true
 				}
+				end = reader.Offset()
 			}
 			if post && err == nil {
-				if err := r.post(start); err != nil {
+				if err := r.post(end); err != nil {
 					r.fault(err)
 					return
 				}
-				pending = false
+				r.releaseAcked()
 			}
 		}
 		if !got && err == nil {
@@ -422,113 +524,91 @@ func (r *Replica) send(reader *Reader) {
 			}
 			return
 		}
-		n := uint64(len(rec.Payload))
-		entry := align8(ringEntry + n)
-		// An entry that does not fit in the rest of the ring goes after a
-		// wrap entry (none if fewer than 16 bytes are left), which takes
-		// room of its own first: the two together may need more than the
-		// ring.
-		for placed := false; !placed; {
-			r.mu.Lock()
-			rest := r.size - r.tail%r.size
-			wrap := entry > rest
-			need := entry
-			if wrap {
-				need = rest
-			}
-			room := r.tail+need <= r.freeUntil
-			down, changed := r.down, r.changed
-			r.mu.Unlock()
-			if down != nil {
-				return
-			}
-			if !room {
-				if pending {
-					// What is staged must go first: its acks make the room.
-					if err := r.post(start); err != nil {
-						r.fault(err)
-						return
-					}
-					pending = false
-					continue
-				}
-				select {
-				case <-changed:
-				case <-r.ctx.Done():
-					return
-				}
-				continue
-			}
-			r.mu.Lock()
-			if !pending {
-				start = r.tail
-				pending = true
-			}
-			phys := r.tail % r.size
-			if wrap {
-				if rest >= ringEntry {
-					binary.LittleEndian.PutUint64(stage[phys:], ringWrap)
-					binary.LittleEndian.PutUint64(stage[phys+8:], 0)
-				}
-				r.tail += rest
-			} else {
-				binary.LittleEndian.PutUint64(stage[phys:], rec.Offset)
-				binary.LittleEndian.PutUint32(stage[phys+8:], uint32(n))
-				binary.LittleEndian.PutUint32(stage[phys+12:], crc32.Checksum(rec.Payload, castagnoli))
-				copy(stage[phys+ringEntry:], rec.Payload)
-				r.tail += entry
-				r.lastNext = rec.Offset + align8(headerSize+n)
-				placed = true
-			}
-			r.mu.Unlock()
-		}
+		end = reader.Offset()
 		r.records.Add(1)
-		r.bytes.Add(n)
+		r.bytes.Add(uint64(len(rec.Payload)))
 	}
 }
 
-// post writes the staged ring range [start, r.tail) into the follower's
-// ring and rings the doorbell, waiting for a free doorbell first.
-func (r *Replica) post(start uint64) error {
+// post writes the partition's bytes [r.posted, end) into the follower's
+// segments, each from the leader's own, and rings the doorbell: at each
+// segment the follower has not announced yet, it rings for what is
+// written so far (the follower announces the next segments once it has
+// checked the ones before) and waits for the announcement.
+func (r *Replica) post(end uint64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for len(r.bells) >= maxDoorbells {
+	var wrs []ub.WR
+	for r.posted < end {
 		if r.down != nil {
 			return r.down
 		}
-		changed := r.changed
-		r.mu.Unlock()
-		select {
-		case <-changed:
-		case <-r.ctx.Done():
+		k := r.posted / r.seg
+		dst := r.remote[k]
+		if dst == nil {
+			if len(wrs) > 0 {
+				if err := r.ringLocked(wrs); err != nil {
+					return err
+				}
+				wrs = nil
+				continue
+			}
+			if err := r.waitLocked(); err != nil {
+				return err
+			}
+			continue
 		}
-		r.mu.Lock()
-		if r.ctx.Err() != nil {
-			return r.ctx.Err()
+		src := r.local[k]
+		if src == nil {
+			// The reader passed bytes of k, so it mapped k (hold).
+			return fmt.Errorf("mq: replica: segment %d not held", k)
 		}
+		hi := min(end, (k+1)*r.seg)
+		for lo := r.posted; lo < hi; {
+			n := min(hi-lo, sendBatch)
+			wrs = append(wrs, ub.WR{Op: ub.OpWrite, UserCtx: lo + n, Target: r.target,
+				Local:  ub.Local{Seg: src.reg, Offset: int(lo % r.seg), Len: int(n)},
+				Remote: ub.Remote{Seg: dst, Offset: int(lo % r.seg)}})
+			lo += n
+		}
+		r.posted = hi
 	}
-	var wrs []ub.WR
-	for pos := start; pos < r.tail; {
-		phys := pos % r.size
-		n := min(r.tail-pos, r.size-phys)
-		wrs = append(wrs, ub.WR{Op: ub.OpWrite, UserCtx: pos + n, Target: r.target,
-			Local:  ub.Local{Seg: r.staging, Offset: int(phys), Len: int(n)},
-			Remote: ub.Remote{Seg: r.ring, Offset: ringData + int(phys)}})
-		pos += n
+	if len(wrs) == 0 {
+		return nil
 	}
-	r.posted, r.postNext = r.tail, r.lastNext
 	return r.ringLocked(wrs)
 }
 
-// ringLocked posts wrs and a doorbell announcing r.posted; r.mu is held.
+// waitLocked waits, with r.mu held (and let go meanwhile), for a change:
+// an acknowledgement, an announcement, the end.
+func (r *Replica) waitLocked() error {
+	changed := r.changed
+	r.mu.Unlock()
+	select {
+	case <-changed:
+	case <-r.ctx.Done():
+	}
+	r.mu.Lock()
+	if r.down != nil {
+		return r.down
+	}
+	return r.ctx.Err()
+}
+
+// ringLocked posts wrs and a doorbell announcing r.posted, waiting for a
+// free doorbell first; r.mu is held.
 func (r *Replica) ringLocked(wrs []ub.WR) error {
+	for len(r.bells) >= maxDoorbells {
+		if err := r.waitLocked(); err != nil {
+			return err
+		}
+	}
 	wrs = append(wrs, ub.WR{Op: ub.OpWriteImm, UserCtx: userDoorbell, Target: r.target, Imm: r.posted,
-		Local:  ub.Local{Seg: r.staging, Offset: int(r.size), Len: 8},
-		Remote: ub.Remote{Seg: r.ring}})
+		Local: ub.Local{Seg: r.src, Len: 8}, Remote: ub.Remote{Seg: r.bell}})
 	if _, err := r.jetty.PostSend(wrs); err != nil {
 		return fmt.Errorf("posting to the follower: %w: %w", ErrReplicaDown, err)
 	}
-	r.bells = append(r.bells, doorbell{ring: r.posted, next: r.postNext, posted: time.Now()})
+	r.bells = append(r.bells, doorbell{end: r.posted, posted: time.Now()})
 	r.stats.Doorbells++
 	return nil
 }
@@ -538,8 +618,7 @@ func (r *Replica) ringLocked(wrs []ub.WR) error {
 // progress. r.mu is held.
 func (r *Replica) pingLocked(now time.Time) error {
 	_, err := r.jetty.PostSend([]ub.WR{{Op: ub.OpWriteImm, UserCtx: userPing, Target: r.target, Imm: pingImm,
-		Local:  ub.Local{Seg: r.staging, Offset: int(r.size), Len: 8},
-		Remote: ub.Remote{Seg: r.ring}}})
+		Local: ub.Local{Seg: r.src, Len: 8}, Remote: ub.Remote{Seg: r.bell}}})
 	if err != nil {
 		return fmt.Errorf("posting a heartbeat to the follower: %w: %w", ErrReplicaDown, err)
 	}
@@ -608,16 +687,11 @@ func (r *Replica) completion(c ub.Completion) error {
 			r.pingOut = time.Time{}
 			return nil
 		}
-		if len(r.bells) == 0 || r.bells[0].ring != c.Imm {
-			return protoErr("an acknowledgement of ring position %d, none such rung", c.Imm)
+		if len(r.bells) == 0 || r.bells[0].end != c.Imm {
+			return protoErr("an acknowledgement of offset %d, no doorbell such", c.Imm)
 		}
-		b := r.bells[0]
+		r.acked = r.bells[0].end
 		r.bells = r.bells[1:]
-		r.ackedRing = b.ring
-		r.acked = b.next
-		// The follower read the ring up to there, so the leader's writes
-		// into it are done with their staging.
-		r.freeUntil = r.ackedRing + r.size
 		r.broadcast()
 	}
 	return nil
@@ -725,7 +799,7 @@ func (r *Replica) Stats() ReplicaStats {
 }
 
 // Close ends the replication (the follower sees the control connection
-// close) and releases its ub objects.
+// close) and releases its ub objects and mappings.
 func (r *Replica) Close() error {
 	r.fault(fmt.Errorf("closed: %w", ErrClosed))
 	r.ctrl.Close()
@@ -735,7 +809,19 @@ func (r *Replica) Close() error {
 }
 
 func (r *Replica) closeUB() {
-	for _, c := range []interface{ Close() error }{r.jetty, r.cq, r.target, r.ring, r.staging, r.ackSeg} {
+	if r.jetty != nil {
+		r.jetty.Close() // no more Writes from or into the segments below
+	}
+	for k, imp := range r.remote {
+		delete(r.remote, k)
+		imp.Close()
+	}
+	for k, ls := range r.local {
+		delete(r.local, k)
+		ls.reg.Close()
+		ls.m.seg.Close()
+	}
+	for _, c := range []interface{ Close() error }{r.cq, r.target, r.bell, r.src, r.ackSeg} {
 		if c != nil {
 			c.Close()
 		}

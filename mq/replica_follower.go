@@ -5,12 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"net"
 	"sync"
 	"time"
 
-	"github.com/ubkit-io/ubkit/shm"
 	"github.com/ubkit-io/ubkit/ub"
 )
 
@@ -18,14 +16,10 @@ import (
 type FollowerConfig struct {
 	// Partition is the partition of the follower's log that receives the
 	// leader's (default 0). It must be empty when Follow starts, and
-	// written by nobody else: its offsets are the leader's minus the
-	// base (ReplicaStats.Base), so that a consumer can go from one to
-	// the other.
+	// written by nobody else: it starts at the leader's base
+	// (ReplicaStats.Base), and its offsets are the leader's, so that a
+	// consumer can go from one to the other.
 	Partition int
-	// RingSize is the bytes of the ring the leader writes into (default
-	// the larger of 4 MiB and the log's segment size; at least the
-	// segment size, so that every record fits).
-	RingSize int
 	// DeadAfter is how long the follower waits for a doorbell (the
 	// leader rings heartbeats) before it reports ErrLeaderSilent
 	// (default 1 s). It goes on waiting.
@@ -37,13 +31,14 @@ type FollowerConfig struct {
 
 // FollowerStats counts what a follower did.
 type FollowerStats struct {
-	// Base is the leader offset of this partition's offset 0.
+	// Base is the offset the partition starts at, the leader's oldest
+	// kept segment when replication started.
 	Base uint64
-	// Next is the leader offset the follower expects next: it has every
-	// record before it.
+	// Next is the offset the follower expects next, its partition's
+	// tail: it has every record before it.
 	Next uint64
-	// Records and Bytes (payload) appended, Gaps the aborted filler
-	// records written where the leader had aborted records or padding.
+	// Records and Bytes (payload) received, Gaps the aborted records and
+	// padding received with them.
 	Records, Bytes, Gaps uint64
 	// Doorbells taken, Silences reported.
 	Doorbells, Silences uint64
@@ -51,31 +46,39 @@ type FollowerStats struct {
 	Down error
 }
 
+// followerSeg is a segment of the follower's partition, held mapped and
+// registered for the leader's writes.
+type followerSeg struct {
+	m   *mapped
+	reg ub.Segment
+}
+
 // Follower receives a leader's partition into a local log.
 type Follower struct {
-	l    *Log
-	p    int
-	cfg  FollowerConfig
-	base uint64
-	seg  uint64 // the log's segment size
-	keep uint64 // the leader's retention in bytes: no gap between two records is longer
+	l   *Log
+	p   int
+	pt  *partition
+	cfg FollowerConfig
+	seg uint64 // the log's segment size
 
 	dev    ub.Context
 	cq     ub.CQ
 	jetty  ub.Jetty
-	ring   ub.Segment
+	bell   ub.Segment // the leader's doorbells and heartbeats land here
 	scrap  ub.Segment // receive buffers and the acks' source
 	ackSeg ub.RemoteSegment
 	target ub.Target
 	ctrl   net.Conn
-	size   uint64
+	ctrlMu sync.Mutex // writes on ctrl
 
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	consumed uint64 // ring position read up to
-	t        uint64 // the partition's tail as this follower wrote it
+	// The work goroutine's (and Follow's before it, Close's after it).
+	t       uint64                  // the partition's tail as this follower published it
+	segs    map[uint64]*followerSeg // registered for the leader, by index
+	nextSeg uint64                  // the index to announce next
 
 	mu    sync.Mutex
 	stats FollowerStats
@@ -83,8 +86,10 @@ type Follower struct {
 
 // Follow answers the leader at the other end of ctrl (a Replicate call)
 // and receives its partition into partition cfg.Partition of l, through
-// dev, this node's ub context. Consumers read l with ordinary Readers.
-// Close the Follower before l and dev.
+// dev, this node's ub context: the leader writes the records into the
+// partition's segments, which Follow registers with dev for it, and the
+// follower checks them and publishes them. Consumers read l with
+// ordinary Readers. Close the Follower before l and dev.
 func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg FollowerConfig) (*Follower, error) {
 	if cfg.DeadAfter <= 0 {
 		cfg.DeadAfter = time.Second
@@ -93,22 +98,22 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 		cfg.OnFault = func(error) {}
 	}
 	seg := uint64(l.Config().SegmentSize)
-	if cfg.RingSize == 0 {
-		cfg.RingSize = max(4<<20, int(seg))
-	}
-	f := &Follower{l: l, p: cfg.Partition, cfg: cfg, seg: seg, dev: dev, ctrl: ctrl, size: uint64(cfg.RingSize)}
+	f := &Follower{l: l, p: cfg.Partition, cfg: cfg, seg: seg, dev: dev, ctrl: ctrl, segs: map[uint64]*followerSeg{}}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
 	refuse := func(err error) (*Follower, error) {
-		ctrl.SetWriteDeadline(time.Now().Add(time.Second))
-		ctrl.Write(appendError(nil, err))
+		f.cancel()
+		tellEnd(ctrl, err)
 		f.closeUB()
 		return nil, fmt.Errorf("mq: follow into %s partition %d: %w", l.Name(), cfg.Partition, err)
 	}
-	if uint64(cfg.RingSize) < seg || cfg.RingSize%8 != 0 || cfg.RingSize > 1<<32 {
-		return refuse(fmt.Errorf("mq: a ring of %d bytes for segments of %d: want a multiple of 8, at least a segment, at most 4 GiB: %w", cfg.RingSize, seg, ErrTooLarge))
+	pt, err := l.part(cfg.Partition)
+	if err != nil {
+		return refuse(err)
 	}
+	f.pt = pt
 	st, err := l.Stats(cfg.Partition)
 	if err != nil {
-		return nil, err
+		return refuse(err)
 	}
 	stop := handshakeDeadline(ctx, ctrl)
 	defer stop()
@@ -129,8 +134,10 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 	case st.Tail != 0:
 		return refuse(fmt.Errorf("partition %d is not empty (tail %d): %w", cfg.Partition, st.Tail, ErrDiverged))
 	}
-	f.base = o.base
-	f.keep = uint64(o.segments) * seg
+	if err := l.rebase(cfg.Partition, o.base); err != nil {
+		return refuse(err)
+	}
+	f.t, f.nextSeg = o.base, o.base/seg
 	f.stats.Base, f.stats.Next = o.base, o.base
 	tokens := [2]ub.Token{randomToken(), randomToken()}
 	if f.cq, err = dev.NewCQ(ub.CQConfig{Depth: 1024}); err != nil {
@@ -139,7 +146,7 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 	if f.jetty, err = dev.NewJetty(ub.JettyConfig{Mode: ub.ReliableMessage, SendCQ: f.cq, RecvCQ: f.cq, RecvDepth: recvDepth, Token: tokens[1]}); err != nil {
 		return refuse(err)
 	}
-	if f.ring, err = dev.AllocSegment(ringData+cfg.RingSize, ub.SegmentConfig{Access: ub.AccessWrite, Token: tokens[0]}); err != nil {
+	if f.bell, err = dev.AllocSegment(bellSegSize, ub.SegmentConfig{Access: ub.AccessWrite, Token: tokens[0]}); err != nil {
 		return refuse(err)
 	}
 	if f.scrap, err = dev.AllocSegment(64, ub.SegmentConfig{}); err != nil {
@@ -154,15 +161,15 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 	if f.target, err = dev.ImportJetty(o.jetty, o.jtToken); err != nil {
 		return refuse(err)
 	}
-	if _, err := ctrl.Write(appendAccept(nil, accept{ring: f.ring.Desc(), ringToken: tokens[0], ringSize: f.size, jetty: f.jetty.Desc(), jtToken: tokens[1]})); err != nil {
+	if _, err := ctrl.Write(appendAccept(nil, accept{bell: f.bell.Desc(), bellToken: tokens[0], jetty: f.jetty.Desc(), jtToken: tokens[1]})); err != nil {
+		f.cancel()
+		ctrl.Close()
 		f.closeUB()
 		return nil, fmt.Errorf("mq: follow: %w", closedErr(err))
 	}
 	if !stop() {
-		f.closeUB()
-		return nil, ctx.Err()
+		return refuse(ctx.Err())
 	}
-	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.wg.Go(f.receive)
 	f.wg.Go(func() {
 		// The leader ending the control connection ends it, with its
@@ -176,6 +183,49 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 	return f, nil
 }
 
+// errCtrlWrite marks a failed write on the control connection.
+var errCtrlWrite = errors.New("mq: control connection")
+
+// announce registers the partition's segments for the leader's writes,
+// up to aheadSegments from the one the tail is in, and tells the leader.
+// The one the tail is in is made as a producer entering it would (the
+// log's retention may drop the oldest segment for it, or wait); one
+// beyond it only while the partition has room for it without dropping
+// any (otherwise later, when the tail gets there): what the follower
+// keeps is what a producer's log keeps.
+func (f *Follower) announce() error {
+	for f.nextSeg < f.t/f.seg+aheadSegments {
+		k := f.nextSeg
+		if k > f.t/f.seg && k >= f.pt.head.Load()+uint64(f.l.cfg.Segments) {
+			return nil
+		}
+		if err := f.l.ensureRoom(f.ctx, f.p, f.pt, k); err != nil {
+			return err
+		}
+		m, err := f.l.segment(f.p, f.pt, k, true)
+		if err != nil {
+			return err
+		}
+		token := randomToken()
+		reg, err := f.dev.RegisterSegment(m.data, ub.SegmentConfig{Access: ub.AccessWrite, Token: token})
+		if err != nil {
+			m.release()
+			return fmt.Errorf("mq: registering segment %d for the leader: %w", k, err)
+		}
+		f.segs[k] = &followerSeg{m: m, reg: reg}
+		f.nextSeg++
+		f.ctrlMu.Lock()
+		f.ctrl.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		_, err = f.ctrl.Write(appendSegment(nil, segmentFrame{index: k, seg: reg.Desc(), token: token}))
+		f.ctrl.SetWriteDeadline(time.Time{})
+		f.ctrlMu.Unlock()
+		if err != nil {
+			return fmt.Errorf("mq: announcing segment %d to the leader: %w: %w", k, errCtrlWrite, closedErr(err))
+		}
+	}
+	return nil
+}
+
 func (f *Follower) fault(err error) {
 	f.mu.Lock()
 	if f.stats.Down != nil {
@@ -185,7 +235,10 @@ func (f *Follower) fault(err error) {
 	f.stats.Down = err
 	f.mu.Unlock()
 	f.cancel()
+	f.ctrl.SetWriteDeadline(time.Now().Add(time.Second)) // an announcement stuck in a write gives way
+	f.ctrlMu.Lock()
 	tellEnd(f.ctrl, err) // the leader learns why
+	f.ctrlMu.Unlock()
 	f.cfg.OnFault(err)
 }
 
@@ -264,16 +317,30 @@ func (f *Follower) receive() {
 	}
 }
 
-// work is the goroutine that moves the ring's records into the log, a
-// doorbell at a time, and acknowledges each.
+// work is the goroutine that checks and publishes what the leader wrote,
+// a doorbell at a time, and acknowledges each.
 func (f *Follower) work(bells <-chan uint64) {
-	for t := range bells {
-		if err := f.take(t); err != nil {
-			f.fault(err)
+	fail := func(err error) {
+		if errors.Is(err, errCtrlWrite) {
+			// The leader hung up: the goroutine reading the control
+			// connection says why.
+			<-f.ctx.Done()
 			return
 		}
-		// One acknowledgement per doorbell, naming its tail.
-		if err := f.send(t); err != nil {
+		f.fault(err)
+	}
+	// The first segments: the leader writes nothing before them.
+	if err := f.announce(); err != nil {
+		fail(err)
+		return
+	}
+	for end := range bells {
+		if err := f.take(end); err != nil {
+			fail(err)
+			return
+		}
+		// One acknowledgement per doorbell, naming its offset.
+		if err := f.send(end); err != nil {
 			f.fault(err)
 			return
 		}
@@ -291,113 +358,75 @@ func (f *Follower) send(imm uint64) error {
 	return nil
 }
 
-// take moves the ring's entries up to tail into the log.
-func (f *Follower) take(tail uint64) error {
-	if tail < f.consumed || tail%8 != 0 || tail-f.consumed > f.size {
-		return protoErr("a doorbell at ring position %d with %d consumed of a %d-byte ring", tail, f.consumed, f.size)
+// take checks the records the leader wrote between the tail and end (a
+// doorbell's offset), as a reader would (their states, lengths, offsets
+// and checksums: what Next checks), publishes them by moving the tail
+// there, lets go of the segments it has checked to their end (the
+// leader can no longer write what readers read in them) and announces
+// the next ones.
+func (f *Follower) take(end uint64) error {
+	if end < f.t || end%8 != 0 || end > f.nextSeg*f.seg {
+		return protoErr("a doorbell at offset %d with the tail at %d and segments announced below %d", end, f.t, f.nextSeg*f.seg)
 	}
+	var records, bytes, gaps uint64
+	for o := f.t; o < end; {
+		k, at := o/f.seg, o%f.seg
+		if f.seg-at < headerSize {
+			o = (k + 1) * f.seg
+			continue
+		}
+		fs := f.segs[k]
+		if fs == nil {
+			return protoErr("a record at %d, in segment %d not announced", o, k)
+		}
+		// The leader may still write there: each header word is read once.
+		w, w1 := fs.m.words[at/8].Load(), fs.m.words[at/8+1].Load()
+		payload, next, err := decode(fs.m.data, at, w, w1, o)
+		if err != nil {
+			return fmt.Errorf("mq: the leader's record at %d: %w", o, err)
+		}
+		switch w & stateMask {
+		case stateCommitted:
+			if payload != nil {
+				records++
+				bytes += uint64(len(payload))
+			} else {
+				gaps++ // padding
+			}
+		case stateAborted:
+			gaps++
+		default:
+			return protoErr("a record at %d that is not final (header %#x)", o, w)
+		}
+		if o+next > end {
+			return protoErr("a record at %d of %d bytes beyond the doorbell's %d", o, next, end)
+		}
+		if f.l.cfg.Flush == FlushEverySend {
+			if err := f.l.flushRecord(f.pt, fs.m, at, at+next); err != nil {
+				return err
+			}
+		}
+		o += next
+	}
+	if !f.pt.tail.CompareAndSwap(f.t, end) {
+		return fmt.Errorf("the partition's tail moved from %d without the leader: %w", f.t, ErrDiverged)
+	}
+	f.t = end
+	f.pt.wakeReaders()
 	f.mu.Lock()
-	next := f.stats.Next
+	f.stats.Next = end
+	f.stats.Records += records
+	f.stats.Bytes += bytes
+	f.stats.Gaps += gaps
 	f.mu.Unlock()
-	data := f.ring.Bytes()[ringData : ringData+f.size]
-	for f.consumed < tail {
-		pos := f.consumed
-		phys := pos % f.size
-		if f.size-phys < ringEntry {
-			f.consumed += f.size - phys
-			continue
+	for k, fs := range f.segs {
+		if k < end/f.seg {
+			delete(f.segs, k)
+			fs.reg.Close()
+			fs.m.release()
 		}
-		// The leader may write the ring at any time: take the header
-		// once, and check the payload's checksum on the copy.
-		var hdr [ringEntry]byte
-		copy(hdr[:], data[phys:])
-		wrap, off, n, crc, entry, err := decodeRingEntry(hdr[:], pos, tail, f.size, next)
-		if err != nil {
-			return err
-		}
-		if wrap {
-			f.consumed += entry
-			continue
-		}
-		if off-f.base > 1<<62 || off < f.base {
-			return protoErr("a record at leader offset %d below the base %d", off, f.base)
-		}
-		// Gaps (aborted records, padding) are filled with an aborted
-		// record per segment. Two records the leader sent are at most
-		// its retention apart (its reader read both): a leader cannot
-		// make the follower fill more, however little the follower keeps.
-		if gap := off - next; gap > f.keep {
-			return protoErr("a gap of %d bytes before leader offset %d, more than the leader's %d-byte retention", gap, off, f.keep)
-		}
-		if err := f.append(off-f.base, data[phys+ringEntry:phys+ringEntry+uint64(n)], crc); err != nil {
-			return err
-		}
-		next = off + align8(headerSize+uint64(n))
-		f.consumed += entry
-		f.mu.Lock()
-		f.stats.Next = next
-		f.stats.Records++
-		f.stats.Bytes += uint64(n)
-		f.mu.Unlock()
 	}
-	return nil
-}
-
-// append writes the record of payload src (checksum crc) at offset o of
-// the partition, filling what lies between the tail and o (records the
-// leader aborted, or padding) with aborted records of the same size, so
-// that offsets stay the leader's.
-func (f *Follower) append(o uint64, src []byte, crc uint32) error {
-	size := f.seg
-	for f.t < o {
-		if err := f.ctx.Err(); err != nil {
-			return err // a Loan that need not wait does not look
-		}
-		k, at := f.t/size, f.t%size
-		segEnd := (k + 1) * size
-		if size-at < headerSize {
-			f.t = segEnd
-			continue
-		}
-		end := min(o, segEnd)
-		if end-f.t < headerSize {
-			return protoErr("a gap of %d bytes before offset %d", end-f.t, o)
-		}
-		res, err := f.l.Loan(f.ctx, f.p, int(end-f.t-headerSize))
-		if err != nil {
-			return err
-		}
-		res.Abort()
-		if res.Offset() != f.t {
-			return fmt.Errorf("a filler went to %d, not %d: %w", res.Offset(), f.t, ErrDiverged)
-		}
-		f.t = end
-		f.mu.Lock()
-		f.stats.Gaps++
-		f.mu.Unlock()
-	}
-	n := uint64(len(src))
-	if f.t != o || o%size+align8(headerSize+n) > size {
-		return protoErr("a %d-byte record at %d with the partition at %d", n, o, f.t)
-	}
-	res, err := f.l.Loan(f.ctx, f.p, len(src))
-	if err != nil {
-		return err
-	}
-	copy(res.Bytes(), src)
-	if res.Offset() != o {
-		res.Abort()
-		return fmt.Errorf("a record went to %d, not %d: %w", res.Offset(), o, ErrDiverged)
-	}
-	if crc32.Checksum(res.Bytes(), castagnoli) != crc {
-		res.Abort()
-		return fmt.Errorf("the record at leader offset %d fails its checksum: %w", o+f.base, shm.ErrCorrupt)
-	}
-	if err := res.Commit(); err != nil {
-		return err
-	}
-	f.t = o + align8(headerSize+n)
-	return nil
+	return f.announce()
 }
 
 // Stats returns the follower's counters.
@@ -415,7 +444,7 @@ func (f *Follower) Err() error {
 }
 
 // Close stops receiving and releases the follower's ub objects. The log
-// keeps what was received.
+// keeps what was received and checked.
 func (f *Follower) Close() error {
 	f.fault(fmt.Errorf("closed: %w", ErrClosed))
 	f.ctrl.Close()
@@ -424,8 +453,27 @@ func (f *Follower) Close() error {
 	return nil
 }
 
+// closeUB releases the ub objects and the segments held for the leader.
+// Once they are deregistered, what the leader wrote beyond the tail
+// (never checked, never published) is cleared, so that nothing takes it
+// for records later.
 func (f *Follower) closeUB() {
-	for _, c := range []interface{ Close() error }{f.jetty, f.cq, f.target, f.ackSeg, f.ring, f.scrap} {
+	if f.jetty != nil {
+		f.jetty.Close()
+	}
+	for k, fs := range f.segs {
+		delete(f.segs, k)
+		fs.reg.Close()
+		if lo := f.t; k >= lo/f.seg {
+			from := uint64(0)
+			if k == lo/f.seg {
+				from = lo % f.seg
+			}
+			clear(fs.m.data[from:])
+		}
+		fs.m.release()
+	}
+	for _, c := range []interface{ Close() error }{f.cq, f.target, f.ackSeg, f.bell, f.scrap} {
 		if c != nil {
 			c.Close()
 		}

@@ -2,10 +2,12 @@ package mq
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"net"
 	"os"
 	"sync"
@@ -172,7 +174,7 @@ func TestReplicaInOrder(t *testing.T) {
 	for i := range before {
 		send(i, func(b []byte) (uint64, error) { return leader.Send(ctx, 1, b) })
 	}
-	r, f := replicate(t, leader, 1, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{RingSize: 64 << 10})
+	r, f := replicate(t, leader, 1, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{})
 	for i := before; i < n; i++ {
 		send(i, func(b []byte) (uint64, error) { return r.Send(ctx, b) })
 	}
@@ -196,21 +198,100 @@ func TestReplicaInOrder(t *testing.T) {
 	if fs.Records != n || rs.Records != n || fs.Gaps == 0 || fs.Down != nil || rs.Down != nil {
 		t.Fatalf("follower %+v, leader %+v: want %d records each, gaps, no fault", fs, rs, n)
 	}
+	sameBytes(t, leader, 1, follower, 0, rs.Base, r.Acked())
 	t.Logf("follower %+v", fs)
 	t.Logf("leader %+v", rs)
 }
 
-// TestReplicaLargeRecords: records of up to a whole segment through a
-// ring of one segment, so that most need a wrap first: all arrive (the
-// wrap and the entry together need more than the ring; waiting for room
-// for both hung).
+// sameBytes fails unless partition lp of leader and fp of follower hold
+// the same bytes in [from, to): the leader's records landed as they are,
+// headers (their writer's slot and generation) included, which a copy
+// through the follower's own Loan would not give.
+func sameBytes(t *testing.T, leader *Log, lp int, follower *Log, fp int, from, to uint64) {
+	t.Helper()
+	seg := uint64(leader.Config().SegmentSize)
+	for o := from; o < to; {
+		k := o / seg
+		hi := min(to, (k+1)*seg)
+		lm, err := leader.mapSeg(lp, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fm, err := follower.mapSeg(fp, k)
+		if err != nil {
+			lm.seg.Close()
+			t.Fatal(err)
+		}
+		same := bytes.Equal(lm.data[o%seg:o%seg+hi-o], fm.data[o%seg:o%seg+hi-o])
+		lm.seg.Close()
+		fm.seg.Close()
+		if !same {
+			t.Fatalf("segment %d differs between the leader and the follower in [%d, %d)", k, o, hi)
+		}
+		o = hi
+	}
+}
+
+// TestReplicaFromBase: a leader whose retention has dropped its first
+// segments replicates from its oldest kept one; the follower's partition
+// starts there, its records at the leader's offsets, and a reader from
+// Oldest on the follower reads them.
+func TestReplicaFromBase(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	const seg = 8 << 10
+	leader := newLog(t, Config{SegmentSize: seg, Segments: 3, Full: FullOverwrite})
+	follower := newLog(t, Config{SegmentSize: seg, Segments: 3})
+	ctx := timeout(t, 30*time.Second)
+	var offsets []uint64
+	for i := range 100 {
+		b := make([]byte, 500)
+		message(b, 2, uint64(i))
+		off, err := leader.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offsets = append(offsets, off)
+	}
+	r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{})
+	base := r.Stats().Base
+	if base == 0 || base%seg != 0 || f.Stats().Base != base {
+		t.Fatalf("base %d on the leader, %d on the follower: want the same, a segment after 0", base, f.Stats().Base)
+	}
+	if err := r.WaitAcked(ctx, offsets[len(offsets)-1]); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := follower.Stats(0); err != nil || st.Oldest != base {
+		t.Fatalf("follower's oldest %d (%v), want %d", st.Oldest, err, base)
+	}
+	rd := newReader(t, follower, 0, Oldest)
+	first := 0
+	for offsets[first] < base {
+		first++
+	}
+	for i := first; i < len(offsets); i++ {
+		rec, err := rd.Next(ctx)
+		if err != nil || rec.Offset != offsets[i] {
+			t.Fatalf("record %d: at %d (%v), want %d", i, rec.Offset, err, offsets[i])
+		}
+		if _, sq := parse(t, rec.Payload); sq != uint64(i) {
+			t.Fatalf("record %d is seq %d", i, sq)
+		}
+	}
+	sameBytes(t, leader, 0, follower, 0, base, r.Acked())
+}
+
+// TestReplicaLargeRecords: records of up to a whole segment, so that
+// most go after a padding record that ends the segment before: all
+// arrive, at the leader's offsets (the follower announces the next
+// segment only once it has checked the one before, so a leader that
+// waited for it before ringing for the bytes written hung).
 func TestReplicaLargeRecords(t *testing.T) {
 	n0, n1, _ := simNodes(t)
 	const seg = 8 << 10
 	leader := newLog(t, Config{SegmentSize: seg, Segments: 64})
 	follower := newLog(t, Config{SegmentSize: seg, Segments: 64})
 	ctx := timeout(t, 30*time.Second)
-	r, _ := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{RingSize: seg})
+	r, _ := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{})
 	rd := newReader(t, follower, 0, 0)
 	for i := range 40 {
 		b := make([]byte, seg-headerSize-(i%5)*1000)
@@ -245,7 +326,7 @@ func TestReplicaLinkCut(t *testing.T) {
 			fl := newFaults()
 			rc := ReplicaConfig{Ack: ack, Heartbeat: 20 * time.Millisecond, DeadAfter: 300 * time.Millisecond, OnFault: fl.add}
 			ffl := newFaults()
-			r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 64 << 10, DeadAfter: time.Minute, OnFault: ffl.add})
+			r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{DeadAfter: time.Minute, OnFault: ffl.add})
 			payload := make([]byte, 200)
 			var sent []uint64
 			for i := range 20 {
@@ -333,7 +414,7 @@ func TestReplicaBehind(t *testing.T) {
 	hold := newReader(t, follower, 0, 0) // holds segment 0: the follower fills 2 segments and blocks
 	fl := newFaults()
 	r, f := replicate(t, leader, 0, n0, n1, follower,
-		ReplicaConfig{MaxLag: 32 << 10, DeadAfter: time.Minute, OnFault: fl.add}, FollowerConfig{RingSize: 16 << 10})
+		ReplicaConfig{MaxLag: 32 << 10, DeadAfter: time.Minute, OnFault: fl.add}, FollowerConfig{})
 	payload := make([]byte, 500)
 	var last uint64
 	for i := range 200 { // 100 KB: far beyond the follower's 16 KB and the lag bound
@@ -388,7 +469,7 @@ func TestReplicaSlowFollower(t *testing.T) {
 	ctx := timeout(t, 30*time.Second)
 	fl := newFaults()
 	rc := ReplicaConfig{Heartbeat: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, MaxLag: 16 << 10, OnFault: fl.add}
-	r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{RingSize: 8 << 10})
+	r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{})
 	payload := make([]byte, 1000)
 	var last uint64
 	for range 60 { // 60 KB: more than the follower's 16 KiB and its ring
@@ -462,56 +543,79 @@ func TestReplicaLeaderSilent(t *testing.T) {
 }
 
 // TestReplicaHostileLeader: a leader that writes nonsense into the
-// follower's ring (an entry longer than the ring, a wrong checksum, an
-// offset going back) makes the follower stop with an error, never panic
-// or write the record.
+// follower's segment (a header longer than the segment, a wrong
+// checksum, a record still being written, an unclaimed header, a record
+// beyond the doorbell) or rings a doorbell it has no business ringing
+// (beyond the segments announced, misaligned) makes the follower stop
+// with an error, never panic or publish the record.
 func TestReplicaHostileLeader(t *testing.T) {
+	const seg = 8 << 10
+	header := func(b []byte, state, n uint64, crc uint32, off uint64) {
+		binary.LittleEndian.PutUint64(b, n<<32|state)
+		binary.LittleEndian.PutUint64(b[8:], uint64(crc)|off<<32)
+	}
+	payload := []byte("12345678")
+	crc := crc32.Checksum(payload, castagnoli)
 	for _, c := range []struct {
-		name  string
-		entry func(b []byte) uint64 // writes an entry at ring position 0 and returns the tail
-		want  error
+		name   string
+		record func(b []byte) uint64 // writes at offset 0 and returns the doorbell's offset
+		want   error
 	}{
-		{"too long", func(b []byte) uint64 {
-			binary.LittleEndian.PutUint64(b, 0)
-			binary.LittleEndian.PutUint32(b[8:], 1<<30)
-			return 64
-		}, ErrProtocol},
-		{"bad checksum", func(b []byte) uint64 {
-			binary.LittleEndian.PutUint64(b, 0)
-			binary.LittleEndian.PutUint32(b[8:], 8)
-			binary.LittleEndian.PutUint32(b[12:], 12345)
+		{"a header longer than the segment", func(b []byte) uint64 { header(b, stateCommitted, 1<<30, 0, 0); return 24 }, shm.ErrCorrupt},
+		{"a bad checksum", func(b []byte) uint64 {
+			header(b, stateCommitted, 8, crc+1, 0)
+			copy(b[headerSize:], payload)
 			return 24
 		}, shm.ErrCorrupt},
-		{"a tail beyond the ring", func(b []byte) uint64 { return 1 << 40 }, ErrProtocol},
-		{"a gap beyond the leader's retention", func(b []byte) uint64 {
-			binary.LittleEndian.PutUint64(b, 1<<40)
+		{"a record still being written", func(b []byte) uint64 { header(b, stateWriting, 8, crc, 0); return 24 }, ErrProtocol},
+		{"an unclaimed header", func(b []byte) uint64 { return 24 }, shm.ErrCorrupt},
+		{"a record beyond the doorbell", func(b []byte) uint64 {
+			header(b, stateCommitted, 8, crc, 0)
+			copy(b[headerSize:], payload)
 			return 16
 		}, ErrProtocol},
-		{"a misaligned offset", func(b []byte) uint64 {
-			binary.LittleEndian.PutUint64(b, 3)
-			return 16
-		}, ErrProtocol},
+		{"a doorbell beyond the segments announced", func(b []byte) uint64 { return 1 << 40 }, ErrProtocol},
+		{"a misaligned doorbell", func(b []byte) uint64 { return 3 }, ErrProtocol},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n0, n1, _ := simNodes(t)
-			leader := newLog(t, Config{SegmentSize: 8 << 10})
-			follower := newLog(t, Config{SegmentSize: 8 << 10})
+			leader := newLog(t, Config{SegmentSize: seg})
+			follower := newLog(t, Config{SegmentSize: seg})
 			fl := newFaults()
-			r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Heartbeat: time.Hour}, FollowerConfig{RingSize: 8 << 10, OnFault: fl.add})
-			// Play the hostile leader through the replica's own objects.
+			r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Heartbeat: time.Hour}, FollowerConfig{OnFault: fl.add})
+			ctx := timeout(t, 10*time.Second)
+			// Play the hostile leader through the replica's own objects,
+			// once the follower has announced its first segment.
+			src, err := n0.AllocSegment(4096, ub.SegmentConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			var dst ub.RemoteSegment
+			for dst == nil {
+				r.mu.Lock()
+				dst = r.remote[0]
+				r.mu.Unlock()
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					t.Fatal("the follower announced no segment")
+				}
+			}
+			end := c.record(src.Bytes())
 			r.mu.Lock()
-			tail := c.entry(r.staging.Bytes())
-			r.posted = tail
-			err := r.ringLocked([]ub.WR{{Op: ub.OpWrite, Target: r.target,
-				Local: ub.Local{Seg: r.staging, Len: 64}, Remote: ub.Remote{Seg: r.ring, Offset: ringData}}})
+			r.posted = end
+			err = r.ringLocked([]ub.WR{{Op: ub.OpWrite, Target: r.target,
+				Local: ub.Local{Seg: src, Len: 64}, Remote: ub.Remote{Seg: dst}}})
 			r.mu.Unlock()
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx := timeout(t, 10*time.Second)
 			fl.wait(ctx, t, c.want)
-			if st, _ := follower.Stats(0); st.Tail != 0 && c.want != shm.ErrCorrupt {
-				t.Fatalf("the follower wrote %d bytes", st.Tail)
+			if st, _ := follower.Stats(0); st.Tail != 0 {
+				t.Fatalf("the follower published %d bytes", st.Tail)
 			}
 			if f.Err() == nil {
 				t.Fatal("the follower goes on")
@@ -520,19 +624,17 @@ func TestReplicaHostileLeader(t *testing.T) {
 	}
 }
 
-// FuzzReplicaWire feeds the replication handshake's decoders and the ring
-// entry decoder arbitrary bytes: errors, never panics, and what decodes
-// encodes back.
+// FuzzReplicaWire feeds the replication handshake's and the segment
+// announcement's decoders arbitrary bytes: errors, never panics, and
+// what decodes encodes back.
 func FuzzReplicaWire(f *testing.F) {
 	seg := ub.SegmentDesc{Provider: "sim", Name: "n0/shm/x", Size: 4096}
 	jt := ub.JettyDesc{Provider: "sim", Name: "n0/shm/j"}
 	f.Add(appendOffer(nil, offer{partition: 1, segSize: 8192, base: 8192, segments: 8, ackSeg: seg, ackToken: 5, jetty: jt, jtToken: 6}))
-	f.Add(appendAccept(nil, accept{ring: ub.SegmentDesc{Provider: "sim", Name: "r", Size: 8192 + ringData}, ringToken: 7, ringSize: 8192, jetty: jt, jtToken: 8}))
+	f.Add(appendAccept(nil, accept{bell: ub.SegmentDesc{Provider: "sim", Name: "b", Size: 64}, bellToken: 7, jetty: jt, jtToken: 8}))
+	f.Add(appendSegment(nil, segmentFrame{index: 3, seg: ub.SegmentDesc{Provider: "shm", Name: "s", Size: 8192}, token: 9}))
 	f.Add(make([]byte, 24))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if len(b) >= ringEntry {
-			decodeRingEntry(b[:ringEntry], 8, 4096, 4096, 0)
-		}
 		if len(b) < frameHeader {
 			return
 		}
@@ -545,6 +647,11 @@ func FuzzReplicaWire(f *testing.F) {
 		if a, err := decodeAccept(body); err == nil {
 			if got := appendAccept(nil, a)[frameHeader:]; string(got) != string(body) {
 				t.Fatalf("accept %+v does not encode back", a)
+			}
+		}
+		if s, err := decodeSegment(body); err == nil {
+			if got := appendSegment(nil, s)[frameHeader:]; string(got) != string(body) {
+				t.Fatalf("segment %+v does not encode back", s)
 			}
 		}
 	})
@@ -725,10 +832,6 @@ func TestReplicaRefused(t *testing.T) {
 			}
 			return l
 		}, FollowerConfig{}, ErrDiverged},
-		{"a ring smaller than a segment", func() *Log { return newLog(t, Config{SegmentSize: 8 << 10}) }, FollowerConfig{RingSize: 4096}, ErrTooLarge},
-		// The leader's MaxRing (here 64 KiB) bounds what a follower can
-		// make it allocate.
-		{"a ring beyond the leader's bound", func() *Log { return newLog(t, Config{SegmentSize: 8 << 10}) }, FollowerConfig{RingSize: 1 << 20}, ErrProtocol},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := timeout(t, 10*time.Second)
@@ -758,7 +861,7 @@ func TestReplicaRefused(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			r, err := Replicate(ctx, leader, 0, n0, conn, ReplicaConfig{MaxRing: 64 << 10})
+			r, err := Replicate(ctx, leader, 0, n0, conn, ReplicaConfig{})
 			if r != nil {
 				r.Close()
 			}
@@ -774,5 +877,65 @@ func TestReplicaRefused(t *testing.T) {
 				t.Errorf("Follow: %v, want %v", ferrv, c.want)
 			}
 		})
+	}
+}
+
+// TestReplicaDurableFollower: a follower whose log is backed by files
+// under FlushEverySend, from a leader whose first segments are gone (the
+// follower's partition starts at a later segment): every record
+// acknowledged is in the follower's files, at the leader's offset, after
+// the follower's shared memory is gone (a reboot) and the log is opened
+// from its directory.
+func TestReplicaDurableFollower(t *testing.T) {
+	n0, n1, _ := simNodes(t)
+	const seg = 8 << 10
+	leader := newLog(t, Config{SegmentSize: seg, Segments: 3, Full: FullOverwrite})
+	follower, dir := newDirLog(t, Config{SegmentSize: seg, Segments: 8, Flush: FlushEverySend})
+	ctx := timeout(t, 30*time.Second)
+	send := func(i int) uint64 {
+		b := make([]byte, 700)
+		message(b, 3, uint64(i))
+		off, err := leader.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return off
+	}
+	for i := range 40 {
+		send(i)
+	}
+	r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{})
+	base := r.Stats().Base
+	var offsets []uint64
+	for i := 40; i < 60; i++ {
+		off := send(i)
+		if err := r.WaitAcked(ctx, off); err != nil {
+			t.Fatal(err)
+		}
+		offsets = append(offsets, off)
+	}
+	if base == 0 {
+		t.Fatal("the leader kept its first segment: the test wants it gone")
+	}
+	r.Close()
+	f.Close()
+	dropMeta(t, follower)
+	l, err := OpenDir(follower.Name(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if st, err := l.Stats(0); err != nil || st.Oldest != base || st.Tail <= offsets[len(offsets)-1] {
+		t.Fatalf("reopened: %+v (%v); want it from %d past %d", st, err, base, offsets[len(offsets)-1])
+	}
+	rd := newReader(t, l, 0, offsets[0])
+	for i, want := range offsets {
+		rec, err := rd.Next(ctx)
+		if err != nil || rec.Offset != want {
+			t.Fatalf("record %d: at %d (%v), want %d", 40+i, rec.Offset, err, want)
+		}
+		if _, sq := parse(t, rec.Payload); sq != uint64(40+i) {
+			t.Fatalf("record %d is seq %d", 40+i, sq)
+		}
 	}
 }

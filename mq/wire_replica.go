@@ -2,7 +2,6 @@ package mq
 
 import (
 	"encoding/binary"
-	"fmt"
 
 	"github.com/ubkit-io/ubkit/ub"
 )
@@ -10,30 +9,35 @@ import (
 // The replication handshake, over the control connection Replicate and
 // Follow are given, in the frames of wire.go:
 //
-//	offer  (6), leader to follower: magic u32 "uMQF" | version u8 |
-//	       partition u32 | segment size u64 | base u64 |
-//	       segments kept u32 (the leader's Config.Segments) |
-//	       ack segment (a segment desc) | ack token u32 |
-//	       jetty (a jetty desc) | jetty token u32
-//	accept (7), follower to leader: ring segment | ring token u32 |
-//	       ring size u64 | jetty | jetty token u32
-//	error  (5), either way, as in wire.go
+//	offer   (6), leader to follower: magic u32 "uMQ2" | version u8 |
+//	        partition u32 | segment size u64 | base u64 |
+//	        segments kept u32 (the leader's Config.Segments) |
+//	        ack segment (a segment desc) | ack token u32 |
+//	        jetty (a jetty desc) | jetty token u32
+//	accept  (7), follower to leader: bell segment | bell token u32 |
+//	        jetty | jetty token u32
+//	segment (8), follower to leader, after the accept, any number:
+//	        index u64 | segment (a segment desc) | token u32: the
+//	        follower's segment index of the partition, registered for
+//	        the leader's writes
+//	error   (5), either way, as in wire.go
 //
 // A segment desc is provider (u8 length, bytes) | EID (16 bytes) | name
 // (u16 length, bytes) | size u64; a jetty desc the same without the size.
-// After the handshake the data moves over ub (see replica.go) and the
-// control connection only says that replication ended: the side that
-// ends it writes an error frame with its reason (ErrDiverged,
-// shm.ErrCorrupt, ErrProtocol, ErrReplicaDown, ErrClosed...) and closes
-// it. Any other frame then is ErrProtocol.
+// After the handshake the records move over ub (see replica.go), and the
+// control connection carries the follower's segments and the end: the
+// side that ends replication writes an error frame with its reason
+// (ErrDiverged, shm.ErrCorrupt, ErrProtocol, ErrReplicaDown,
+// ErrClosed...) and closes it. Any other frame is ErrProtocol. (The
+// magic was "uMQF" for the ring protocol before: the two refuse each
+// other's offer.)
 const (
-	replMagic   = 0x464d5175 // "uMQF"
-	frameOffer  = 6
-	frameAccept = 7
-	maxDescName = 1024
-	// maxOfferSegments bounds the retention a leader may claim, and so
-	// the gap of aborted records and padding it can make a follower fill
-	// (one aborted record per segment).
+	replMagic    = 0x32514d75 // "uMQ2"
+	frameOffer   = 6
+	frameAccept  = 7
+	frameSegment = 8
+	maxDescName  = 1024
+	// maxOfferSegments bounds the retention a leader may claim.
 	maxOfferSegments = 1 << 16
 )
 
@@ -49,11 +53,17 @@ type offer struct {
 }
 
 type accept struct {
-	ring      ub.SegmentDesc
-	ringToken ub.Token
-	ringSize  uint64
+	bell      ub.SegmentDesc // where the leader's doorbells and heartbeats land
+	bellToken ub.Token
 	jetty     ub.JettyDesc
 	jtToken   ub.Token
+}
+
+// segmentFrame announces a follower segment the leader may write.
+type segmentFrame struct {
+	index uint64
+	seg   ub.SegmentDesc
+	token ub.Token
 }
 
 func appendDesc(b []byte, provider string, eid ub.EID, name string) []byte {
@@ -189,10 +199,9 @@ func decodeOffer(body []byte) (offer, error) {
 func appendAccept(b []byte, a accept) []byte {
 	at := len(b)
 	b = frameStart(b, frameAccept)
-	b = appendDesc(b, a.ring.Provider, a.ring.EID, a.ring.Name)
-	b = binary.LittleEndian.AppendUint64(b, uint64(a.ring.Size))
-	b = binary.LittleEndian.AppendUint32(b, uint32(a.ringToken))
-	b = binary.LittleEndian.AppendUint64(b, a.ringSize)
+	b = appendDesc(b, a.bell.Provider, a.bell.EID, a.bell.Name)
+	b = binary.LittleEndian.AppendUint64(b, uint64(a.bell.Size))
+	b = binary.LittleEndian.AppendUint32(b, uint32(a.bellToken))
 	b = appendDesc(b, a.jetty.Provider, a.jetty.EID, a.jetty.Name)
 	b = binary.LittleEndian.AppendUint32(b, uint32(a.jtToken))
 	return frameEnd(b, at)
@@ -200,52 +209,37 @@ func appendAccept(b []byte, a accept) []byte {
 
 func decodeAccept(body []byte) (accept, error) {
 	r := &wireReader{b: body}
-	a := accept{ring: r.segDesc()}
-	a.ringToken = ub.Token(r.u32())
-	a.ringSize = r.u64()
+	a := accept{bell: r.segDesc()}
+	a.bellToken = ub.Token(r.u32())
 	a.jetty = r.jettyDesc()
 	a.jtToken = ub.Token(r.u32())
 	if err := r.end(); err != nil {
 		return accept{}, err
 	}
-	if a.ringSize < 4096 || a.ringSize%8 != 0 || a.ringSize > 1<<32 || uint64(a.ring.Size) < ringData+a.ringSize {
-		return accept{}, protoErr("a ring of %d bytes in a %d-byte segment", a.ringSize, a.ring.Size)
+	if a.bell.Size < 8 {
+		return accept{}, protoErr("a doorbell segment of %d bytes", a.bell.Size)
 	}
 	return a, nil
 }
 
-// ringEntry is the header of a record in a follower's ring: the record's
-// log offset on the leader, its length and its CRC-32C.
-const ringEntry = 16
+func appendSegment(b []byte, s segmentFrame) []byte {
+	at := len(b)
+	b = frameStart(b, frameSegment)
+	b = binary.LittleEndian.AppendUint64(b, s.index)
+	b = appendDesc(b, s.seg.Provider, s.seg.EID, s.seg.Name)
+	b = binary.LittleEndian.AppendUint64(b, uint64(s.seg.Size))
+	b = binary.LittleEndian.AppendUint32(b, uint32(s.token))
+	return frameEnd(b, at)
+}
 
-// ringWrap is the offset word of an entry that says "go on at the ring's
-// start".
-const ringWrap = ^uint64(0)
-
-// decodeRingEntry checks the entry header at ring position pos (its data
-// at phys in a ring of size bytes) against the doorbell's tail and the
-// leader offset expected next, and returns what it says: wrap, or the
-// record's leader offset, length and checksum, and the entry's size.
-func decodeRingEntry(hdr []byte, pos, tail, size, next uint64) (wrap bool, off uint64, n uint32, crc uint32, entry uint64, err error) {
-	phys := pos % size
-	rest := size - phys
-	off = binary.LittleEndian.Uint64(hdr)
-	n = binary.LittleEndian.Uint32(hdr[8:])
-	crc = binary.LittleEndian.Uint32(hdr[12:])
-	if off == ringWrap && n == 0 {
-		return true, 0, 0, 0, rest, nil
+// decodeSegment decodes a segment frame; the leader checks the index and
+// size against what it expects.
+func decodeSegment(body []byte) (segmentFrame, error) {
+	r := &wireReader{b: body}
+	s := segmentFrame{index: r.u64(), seg: r.segDesc()}
+	s.token = ub.Token(r.u32())
+	if err := r.end(); err != nil {
+		return segmentFrame{}, err
 	}
-	entry = align8(ringEntry + uint64(n))
-	switch {
-	case uint64(n) > rest-ringEntry:
-		err = fmt.Errorf("ring entry at %d says %d bytes with %d left", pos, n, rest-ringEntry)
-	case pos+entry > tail:
-		err = fmt.Errorf("ring entry at %d of %d bytes beyond the doorbell's %d", pos, entry, tail)
-	case off%8 != 0 || off < next || off+align8(headerSize+uint64(n)) < off:
-		err = fmt.Errorf("ring entry at %d names offset %d, %d expected at least", pos, off, next)
-	}
-	if err != nil {
-		return false, 0, 0, 0, 0, protoErr("%v", err)
-	}
-	return false, off, n, crc, entry, nil
+	return s, nil
 }
