@@ -772,7 +772,13 @@ func init() { testenv.RegisterChild("mq-leader", leaderChild) }
 // written) are replicated to n1 of the simulated dev4 super node and
 // read there by a local Reader that checks each; AckAsync, so the
 // replication pipelines (MB/s is of payload arriving on the follower).
-func BenchmarkReplicate100B(b *testing.B) {
+func BenchmarkReplicate100B(b *testing.B) { benchReplicate(b, 100) }
+
+// BenchmarkReplicate64KiB is BenchmarkReplicate100B with 64 KiB records:
+// what the leader's writes move in bulk (no copy on either side).
+func BenchmarkReplicate64KiB(b *testing.B) { benchReplicate(b, 64<<10) }
+
+func benchReplicate(b *testing.B, size int) {
 	n0, n1, _ := simNodes(b)
 	leader := newLog(b, Config{})
 	follower := newLog(b, Config{})
@@ -783,7 +789,7 @@ func BenchmarkReplicate100B(b *testing.B) {
 	errs := make(chan error, 1)
 	go func() {
 		for i := range n {
-			res, err := leader.Loan(ctx, 0, 100)
+			res, err := leader.Loan(ctx, 0, size)
 			if err != nil {
 				errs <- err
 				return
@@ -796,7 +802,7 @@ func BenchmarkReplicate100B(b *testing.B) {
 		}
 		errs <- nil
 	}()
-	b.SetBytes(100)
+	b.SetBytes(int64(size))
 	b.ResetTimer()
 	for i := range n {
 		rec, err := rd.Next(ctx)
