@@ -45,6 +45,11 @@ func (h *harness) Fatal(args ...any) {
 }
 func (h *harness) Logf(string, ...any) {}
 func (h *harness) Log(...any)          {}
+func (h *harness) Failed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err != nil
+}
 
 // close runs the cleanups, newest first.
 func (h *harness) close() {
