@@ -880,27 +880,46 @@ func (l *Log) Loan(ctx context.Context, p, n int) (Reservation, error) {
 	if err != nil {
 		return Reservation{}, err
 	}
+	m, t, at, _, claim, err := l.claim(ctx, p, pt, n, 1)
+	if err != nil {
+		return Reservation{}, err
+	}
+	end := at + headerSize + uint64(n)
+	return Reservation{l: l, pt: pt, m: m, at: at, offset: t, buf: m.data[at+headerSize : end : end], state: claim}, nil
+}
+
+// claim claims the header at the tail of partition p for up to count
+// records of n bytes each, as many as fit in the rest of the tail's
+// segment (at least one), and moves the tail past them. Producers of
+// every process append concurrently: each claims the header at the tail
+// by CAS and then moves the tail on (or helps a claimer that has not).
+// The claim's length is n for one record; for more, their space but the
+// first header, so that a reader that aborts the claim skips them all.
+// It returns the segment (with a reference), the claim's log offset,
+// offset in the segment, record count and header word.
+func (l *Log) claim(ctx context.Context, p int, pt *partition, n, count int) (m *mapped, t, at, c, claim uint64, err error) {
 	size := uint64(l.cfg.SegmentSize)
 	if n < 0 || uint64(n) > size-headerSize {
-		return Reservation{}, fmt.Errorf("mq: %d bytes in a %d-byte segment: %w", n, size, ErrTooLarge)
+		return nil, 0, 0, 0, 0, fmt.Errorf("mq: %d bytes in a %d-byte segment: %w", n, size, ErrTooLarge)
 	}
-	need := align8(headerSize + uint64(n))
+	stride := align8(headerSize + uint64(n))
 	for {
-		t := pt.tail.Load()
-		k, at := t/size, t%size
+		t = pt.tail.Load()
+		k := t / size
+		at = t % size
 		if size-at < headerSize {
 			pt.tail.CompareAndSwap(t, (k+1)*size)
 			continue
 		}
-		m, err := l.segmentFor(ctx, p, pt, k)
+		m, err = l.segmentFor(ctx, p, pt, k)
 		if err != nil {
 			if errors.Is(err, ErrOffsetGone) && pt.tail.Load()/size > k {
 				continue // t was stale: retention dropped its segment since
 			}
-			return Reservation{}, err
+			return nil, 0, 0, 0, 0, err
 		}
 		hw := &m.words[at/8]
-		if at+need > size {
+		if fit := (size - at) / stride; fit == 0 {
 			// No room in this segment: fill it with a committed pad.
 			pad := (size-at-headerSize)<<32 | flagPad | stateCommitted
 			if hw.CompareAndSwap(0, pad) {
@@ -910,10 +929,15 @@ func (l *Log) Loan(ctx context.Context, p, n int) (Reservation, error) {
 				continue
 			}
 		} else {
-			claim := uint64(n)<<32 | l.gen<<16 | l.slot<<4 | stateWriting
+			c = min(uint64(count), fit)
+			length := uint64(n)
+			if c > 1 {
+				length = c*stride - headerSize
+			}
+			claim = length<<32 | l.gen<<16 | l.slot<<4 | stateWriting
 			if hw.CompareAndSwap(0, claim) {
-				pt.tail.CompareAndSwap(t, t+need)
-				return Reservation{l: l, pt: pt, m: m, at: at, offset: t, buf: m.data[at+headerSize : at+headerSize+uint64(n) : at+headerSize+uint64(n)], state: claim}, nil
+				pt.tail.CompareAndSwap(t, t+c*stride)
+				return m, t, at, c, claim, nil
 			}
 		}
 		// Another producer claimed the header at t: help it move the tail.
@@ -921,7 +945,7 @@ func (l *Log) Loan(ctx context.Context, p, n int) (Reservation, error) {
 		m.release()
 		rl := align8(headerSize + w>>32)
 		if at+rl > size {
-			return Reservation{}, fmt.Errorf("mq: header at %d of partition %d says %d bytes: %w", t, p, w>>32, shm.ErrCorrupt)
+			return nil, 0, 0, 0, 0, fmt.Errorf("mq: header at %d of partition %d says %d bytes: %w", t, p, w>>32, shm.ErrCorrupt)
 		}
 		pt.tail.CompareAndSwap(t, t+rl)
 	}

@@ -100,6 +100,14 @@ func init() {
 	})
 }
 
+// RingClaim is the stream case's loan path for payloads of size bytes:
+// Batch records claimed and filled in the ring, published by one Commit,
+// read in place and checksummed by a peer process: the baseline of a
+// producer that loans Batch records at a time (mqsuite's log-100B).
+func RingClaim(d time.Duration, size int) (bench.Measurement, error) {
+	return shmStream(d, size, false)
+}
+
 // RingSend is the stream case's Send path for payloads of size bytes (each
 // filled in private memory, copied into an SPSC ring, read in place and
 // checksummed by a peer process): a baseline for other suites that stream
