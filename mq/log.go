@@ -623,9 +623,7 @@ func (l *Log) entered(p int, pt *partition, m *mapped) {
 	// A segment made ahead has no birth yet: it is born when the tail
 	// enters it (age retention reads it as the time the segment before
 	// it got its newest record; see birth).
-	if w, err := m.seg.Uint64At(l.cfg.SegmentSize); err == nil && w.Load() == 0 {
-		w.CompareAndSwap(0, uint64(l.now().UnixNano()))
-	}
+	l.bornNow(m)
 	for i, old := range pt.segs {
 		if i+1 < m.index {
 			delete(pt.segs, i)
@@ -999,11 +997,25 @@ func (l *Log) Stats(p int) (Stats, error) {
 	return Stats{Tail: pt.tail.Load(), Oldest: pt.head.Load() * uint64(l.cfg.SegmentSize), Aborted: pt.aborted.Load(), Torn: pt.torn.Load()}, nil
 }
 
-// rebase starts the empty partition p at log offset base, a segment
-// boundary: a follower's partition starts where the leader's replication
-// does, so that offsets are the same on both sides. Segments below base
-// made ahead of the first record (they hold none) are removed; those at
-// and above it are kept (empty) and used.
+// bornNow stamps segment m's birth with now, unless it has one.
+func (l *Log) bornNow(m *mapped) {
+	if w, err := m.seg.Uint64At(l.cfg.SegmentSize); err == nil && w.Load() == 0 {
+		w.CompareAndSwap(0, uint64(l.now().UnixNano()))
+	}
+}
+
+// setBirthAt sets segment m's birth (0: none yet).
+func (l *Log) setBirthAt(m *mapped, ns uint64) {
+	if w, err := m.seg.Uint64At(l.cfg.SegmentSize); err == nil {
+		w.Store(ns)
+	}
+}
+
+// rebase starts the empty partition p (its tail at its head: no record)
+// at log offset base, a segment boundary: a follower's partition starts
+// where the leader's replication does, so that offsets are the same on
+// both sides. The segments it had (empty, made ahead of a first record)
+// are removed. Nobody may use the partition meanwhile.
 func (l *Log) rebase(p int, base uint64) error {
 	pt, err := l.part(p)
 	if err != nil {
@@ -1014,28 +1026,39 @@ func (l *Log) rebase(p int, base uint64) error {
 	if base%size != 0 {
 		return fmt.Errorf("mq: partition %d cannot start at %d, within a segment: %w", p, base, ErrDiverged)
 	}
-	if k == 0 {
-		return nil
-	}
-	pt.mu.Lock()
-	defer pt.mu.Unlock()
-	made := pt.made.Load()
-	for !pt.made.CompareAndSwap(made, max(made, k)) {
-		made = pt.made.Load() // a segment made ahead meanwhile
-	}
-	if pt.tail.Load() != 0 || !pt.head.CompareAndSwap(0, k) || !pt.tail.CompareAndSwap(0, base) {
-		return fmt.Errorf("mq: partition %d is in use: %w", p, ErrDiverged)
-	}
-	for i, m := range pt.segs {
-		if i < k {
-			delete(pt.segs, i)
-			l.releaseLater(m)
+	// No segment is being made ahead meanwhile (one made for an earlier
+	// base would be left behind the new head): take the flag makeAhead
+	// takes, waiting for one under way (it needs pt.mu at its end).
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(5 * time.Second); !pt.ahead.CompareAndSwap(false, true); <-tick.C {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("mq: partition %d: a segment being made ahead for 5 s", p)
 		}
 	}
-	if c := pt.cur.Load(); c != nil && c.index < k {
-		pt.cur.Store(nil)
+	defer pt.ahead.Store(false)
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	h, t := pt.head.Load(), pt.tail.Load()
+	if t != h*size {
+		return fmt.Errorf("mq: partition %d is not empty (%d to %d): %w", p, h*size, t, ErrDiverged)
 	}
-	for i := range min(made, k) {
+	if h == k {
+		return nil
+	}
+	// The tail first (a producer that claims at the old tail meanwhile
+	// fails the CAS below), then the head and the count of segments made.
+	if !pt.tail.CompareAndSwap(t, base) {
+		return fmt.Errorf("mq: partition %d is in use: %w", p, ErrDiverged)
+	}
+	pt.head.Store(k)
+	made := pt.made.Swap(k)
+	for i, m := range pt.segs {
+		delete(pt.segs, i)
+		l.releaseLater(m)
+	}
+	pt.cur.Store(nil)
+	for i := h; i < made; i++ {
 		l.removeSeg(p, i)
 	}
 	return nil

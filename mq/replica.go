@@ -203,15 +203,20 @@ type Replica struct {
 // fails tells the follower why (if it got that far) and closes ctrl.
 // Close the Replica before l and dev.
 func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn, cfg ReplicaConfig) (*Replica, error) {
-	st, err := l.Stats(p)
+	// The reader first: its slot keeps the base under FullBlock and
+	// FullFail while the handshake goes on (a base read from Stats could
+	// be dropped by then).
+	reader, err := l.NewReader(p, Oldest)
 	if err != nil {
 		ctrl.Close()
 		return nil, err
 	}
 	seg := uint64(l.Config().SegmentSize)
-	r := &Replica{l: l, p: p, cfg: cfg.withDefaults(), base: st.Oldest, seg: seg, dev: dev, ctrl: ctrl, changed: make(chan struct{}),
-		local: map[uint64]*leaderSeg{}, remote: map[uint64]ub.RemoteSegment{}, nextSeg: st.Oldest / seg}
+	base := reader.Offset() // the oldest kept segment's start
+	r := &Replica{l: l, p: p, cfg: cfg.withDefaults(), base: base, seg: seg, dev: dev, ctrl: ctrl, changed: make(chan struct{}),
+		local: map[uint64]*leaderSeg{}, remote: map[uint64]ub.RemoteSegment{}, nextSeg: base / seg}
 	r.acked, r.posted = r.base, r.base
+	reader.onMap = r.hold
 	offered := false
 	fail := func(err error) (*Replica, error) {
 		if offered {
@@ -220,6 +225,7 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 			tellEnd(ctrl, err)
 		}
 		ctrl.Close()
+		reader.Close()
 		r.closeUB()
 		return nil, fmt.Errorf("mq: replicate %s partition %d: %w", l.Name(), p, err)
 	}
@@ -280,11 +286,6 @@ func Replicate(ctx context.Context, l *Log, p int, dev ub.Context, ctrl net.Conn
 	if r.target, err = dev.ImportJetty(a.jetty, a.jtToken); err != nil {
 		return fail(err)
 	}
-	reader, err := l.NewReader(p, r.base)
-	if err != nil {
-		return fail(err)
-	}
-	reader.onMap = r.hold
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.lastPing, r.lastHeard = time.Now(), time.Now()
 	r.wg.Go(func() { r.send(reader) })
@@ -419,6 +420,11 @@ func (r *Replica) fault(err error) {
 	if r.down != nil {
 		r.mu.Unlock()
 		return
+	}
+	if !errors.Is(err, ErrReplicaDown) && !errors.Is(err, ErrClosed) {
+		// Whatever ends it (the partition's reader, a broken
+		// acknowledgement, a resource of this side), replication is down.
+		err = fmt.Errorf("%w: %w", ErrReplicaDown, err)
 	}
 	r.down = err
 	r.broadcast()
@@ -565,7 +571,7 @@ func (r *Replica) post(end uint64) error {
 		}
 		hi := min(end, (k+1)*r.seg)
 		for lo := r.posted; lo < hi; {
-			n := min(hi-lo, sendBatch)
+			n := min(hi-lo, r.chunk())
 			wrs = append(wrs, ub.WR{Op: ub.OpWrite, UserCtx: lo + n, Target: r.target,
 				Local:  ub.Local{Seg: src.reg, Offset: int(lo % r.seg), Len: int(n)},
 				Remote: ub.Remote{Seg: dst, Offset: int(lo % r.seg)}})
@@ -578,6 +584,13 @@ func (r *Replica) post(end uint64) error {
 	}
 	return r.ringLocked(wrs)
 }
+
+// chunk is the most one Write carries: sendBatch, or a 64th of a segment
+// if that is more, so that the Writes in flight (at most maxAnnounced
+// segments' worth between the acknowledged offset and the one written
+// up to) stay well within the completion queue's depth whatever the
+// segment size.
+func (r *Replica) chunk() uint64 { return max(sendBatch, r.seg/64) }
 
 // waitLocked waits, with r.mu held (and let go meanwhile), for a change:
 // an acknowledgement, an announcement, the end.

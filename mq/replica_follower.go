@@ -80,8 +80,9 @@ type Follower struct {
 	segs    map[uint64]*followerSeg // registered for the leader, by index
 	nextSeg uint64                  // the index to announce next
 
-	mu    sync.Mutex
-	stats FollowerStats
+	mu        sync.Mutex
+	stats     FollowerStats
+	closeOnce sync.Once
 }
 
 // Follow answers the leader at the other end of ctrl (a Replicate call)
@@ -131,8 +132,10 @@ func Follow(ctx context.Context, l *Log, dev ub.Context, ctrl net.Conn, cfg Foll
 		return refuse(err)
 	case o.segSize != seg:
 		return refuse(fmt.Errorf("the leader's segments are %d bytes, this log's %d: %w", o.segSize, seg, ErrDiverged))
-	case st.Tail != 0:
-		return refuse(fmt.Errorf("partition %d is not empty (tail %d): %w", cfg.Partition, st.Tail, ErrDiverged))
+	case st.Tail != st.Oldest:
+		// (Empty is a tail at the head: a follower that failed before
+		// left its partition rebased, and nothing in it.)
+		return refuse(fmt.Errorf("partition %d is not empty (%d to %d): %w", cfg.Partition, st.Oldest, st.Tail, ErrDiverged))
 	}
 	if err := l.rebase(cfg.Partition, o.base); err != nil {
 		return refuse(err)
@@ -194,7 +197,13 @@ var errCtrlWrite = errors.New("mq: control connection")
 // any (otherwise later, when the tail gets there): what the follower
 // keeps is what a producer's log keeps.
 func (f *Follower) announce() error {
-	for f.nextSeg < f.t/f.seg+aheadSegments {
+	ahead := uint64(aheadSegments)
+	if f.l.cfg.Dir != "" {
+		// A log in files finds its tail in its newest segment file when
+		// it is opened again: none is made ahead of the tail.
+		ahead = 1
+	}
+	for f.nextSeg < f.t/f.seg+ahead {
 		k := f.nextSeg
 		if k > f.t/f.seg && k >= f.pt.head.Load()+uint64(f.l.cfg.Segments) {
 			return nil
@@ -206,6 +215,12 @@ func (f *Follower) announce() error {
 		if err != nil {
 			return err
 		}
+		if k > f.t/f.seg {
+			// Born when the tail enters it (take), as a segment a producer
+			// makes ahead: age retention reads its birth as the time the
+			// segment before it got its newest record.
+			f.l.setBirthAt(m, 0)
+		}
 		token := randomToken()
 		reg, err := f.dev.RegisterSegment(m.data, ub.SegmentConfig{Access: ub.AccessWrite, Token: token})
 		if err != nil {
@@ -214,16 +229,21 @@ func (f *Follower) announce() error {
 		}
 		f.segs[k] = &followerSeg{m: m, reg: reg}
 		f.nextSeg++
-		f.ctrlMu.Lock()
-		f.ctrl.SetWriteDeadline(time.Now().Add(10 * time.Second))
-		_, err = f.ctrl.Write(appendSegment(nil, segmentFrame{index: k, seg: reg.Desc(), token: token}))
-		f.ctrl.SetWriteDeadline(time.Time{})
-		f.ctrlMu.Unlock()
-		if err != nil {
+		if err := f.writeFrame(appendSegment(nil, segmentFrame{index: k, seg: reg.Desc(), token: token})); err != nil {
 			return fmt.Errorf("mq: announcing segment %d to the leader: %w: %w", k, errCtrlWrite, closedErr(err))
 		}
 	}
 	return nil
+}
+
+// writeFrame writes frame b on the control connection.
+func (f *Follower) writeFrame(b []byte) error {
+	f.ctrlMu.Lock()
+	defer f.ctrlMu.Unlock()
+	f.ctrl.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	_, err := f.ctrl.Write(b)
+	f.ctrl.SetWriteDeadline(time.Time{})
+	return err
 }
 
 func (f *Follower) fault(err error) {
@@ -411,8 +431,12 @@ func (f *Follower) take(end uint64) error {
 	if !f.pt.tail.CompareAndSwap(f.t, end) {
 		return fmt.Errorf("the partition's tail moved from %d without the leader: %w", f.t, ErrDiverged)
 	}
+	entered := end/f.seg > f.t/f.seg
 	f.t = end
 	f.pt.wakeReaders()
+	if fs := f.segs[end/f.seg]; entered && fs != nil {
+		f.l.bornNow(fs.m)
+	}
 	f.mu.Lock()
 	f.stats.Next = end
 	f.stats.Records += records
@@ -446,10 +470,12 @@ func (f *Follower) Err() error {
 // Close stops receiving and releases the follower's ub objects. The log
 // keeps what was received and checked.
 func (f *Follower) Close() error {
-	f.fault(fmt.Errorf("closed: %w", ErrClosed))
-	f.ctrl.Close()
-	f.wg.Wait()
-	f.closeUB()
+	f.closeOnce.Do(func() {
+		f.fault(fmt.Errorf("closed: %w", ErrClosed))
+		f.ctrl.Close()
+		f.wg.Wait()
+		f.closeUB()
+	})
 	return nil
 }
 
@@ -461,10 +487,13 @@ func (f *Follower) closeUB() {
 	if f.jetty != nil {
 		f.jetty.Close()
 	}
+	// Unless someone else published beyond it (ErrDiverged): then what
+	// is there is theirs.
+	ours := f.pt != nil && f.pt.tail.Load() == f.t
 	for k, fs := range f.segs {
 		delete(f.segs, k)
 		fs.reg.Close()
-		if lo := f.t; k >= lo/f.seg {
+		if lo := f.t; ours && k >= lo/f.seg {
 			from := uint64(0)
 			if k == lo/f.seg {
 				from = lo % f.seg

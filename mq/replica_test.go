@@ -472,7 +472,7 @@ func TestReplicaSlowFollower(t *testing.T) {
 	r, f := replicate(t, leader, 0, n0, n1, follower, rc, FollowerConfig{})
 	payload := make([]byte, 1000)
 	var last uint64
-	for range 60 { // 60 KB: more than the follower's 16 KiB and its ring
+	for range 60 { // 60 KB: more than the follower's 16 KiB
 		if last, err = r.Send(ctx, payload); err != nil {
 			t.Fatal(err)
 		}
