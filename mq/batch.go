@@ -39,7 +39,8 @@ func (b Batch) Bytes(i int) []byte {
 	return b.m.data[at : at+b.n : at+b.n]
 }
 
-// Offset is record i's log offset.
+// Offset is record i's log offset: a record's once Commit has returned
+// nil (before, only the first one is a record's, being written).
 func (b Batch) Offset(i int) uint64 { return b.offset + uint64(i)*b.stride() }
 
 // Commit publishes every record of the batch at once: readers see none of
@@ -55,6 +56,12 @@ func (b Batch) Offset(i int) uint64 { return b.offset + uint64(i)*b.stride() }
 // claim into its own committed header by one CAS, publishes them all.
 func (b Batch) Commit() error {
 	if b.l == nil {
+		return ErrAborted
+	}
+	if b.m.words[b.at/8].Load() != b.state {
+		// Aborted by a reader that took this process for dead: write
+		// no header into what readers skip.
+		b.m.release()
 		return ErrAborted
 	}
 	stride := b.stride()
@@ -101,6 +108,13 @@ func (b Batch) Abort() {
 // up (readers skip them as one aborted record, counted once in
 // Stats.Aborted). A full partition waits or fails by Config.Full; ctx
 // bounds the wait.
+//
+// A log in files under FlushEverySend or FlushInterval loans one record
+// at a time: Commit rewrites the first header's length and writes the
+// others' headers, which may reach the disk in any order, and a log
+// opened again after a machine crash reads its segments by following the
+// headers' lengths: a batch half on disk would end that walk before
+// records written and flushed after it.
 func (l *Log) LoanBatch(ctx context.Context, p, n, count int) (Batch, error) {
 	pt, err := l.part(p)
 	if err != nil {
@@ -108,6 +122,9 @@ func (l *Log) LoanBatch(ctx context.Context, p, n, count int) (Batch, error) {
 	}
 	if count < 1 || count > maxBatch {
 		return Batch{}, fmt.Errorf("mq: a batch of %d records (1 to %d)", count, maxBatch)
+	}
+	if l.cfg.Dir != "" && l.cfg.Flush != FlushNone {
+		count = 1
 	}
 	m, t, at, c, claim, err := l.claim(ctx, p, pt, n, count)
 	if err != nil {

@@ -153,7 +153,11 @@ func (l *Log) NewScanner(p int, from uint64) (*Reader, error) {
 // and might abort one "written by a dead producer", that is, write into
 // a committed record. Headers below the tail are claimed (a producer
 // moves the tail past a header only once it holds it), and a header's
-// length never changes once claimed, so the walk holds for good.
+// length never changes once claimed but a batch's (LoanBatch: its claim
+// covers all its records, and Commit gives the first its own length):
+// the walk skips a batch being written whole (an offset inside it is no
+// record's until Commit) and steps through its records after, so an
+// offset found a record's stays one.
 func (r *Reader) boundary(from uint64) error {
 	size := uint64(r.l.cfg.SegmentSize)
 	at := from % size
