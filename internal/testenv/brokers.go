@@ -417,6 +417,15 @@ func (r *RocketMQ) start(java, lib string) error {
 		flush = "SYNC_FLUSH"
 	}
 	store := filepath.Join(r.dir, "store")
+	// notifyConsumerIdsChangedEnable=false: consumers rebalance when they
+	// start and every 20 s, not also when the broker tells them their
+	// group changed. rocketmq-client-go's Shutdown writes a plain bool
+	// that every rebalance reads, and the rebalance Start runs in a
+	// goroutine waits behind a notified one: a consumer shut down after
+	// the notified rebalance, before Start's, was a data race inside the
+	// client that a make test reported. Tests wait for Start's rebalance
+	// before Shutdown (ubrocketmq's consume), which only works when it is
+	// the first.
 	files := map[string]string{
 		"namesrv.conf": fmt.Sprintf("listenPort=%d\nbindAddress=127.0.0.1\n", r.namesrvPort),
 		"broker.conf": fmt.Sprintf(`brokerClusterName=ubkit
@@ -431,6 +440,7 @@ listenPort=%d
 storePathRootDir=%s
 storePathCommitLog=%s
 autoCreateTopicEnable=true
+notifyConsumerIdsChangedEnable=false
 autoCreateSubscriptionGroup=true
 mappedFileSizeCommitLog=16777216
 mappedFileSizeConsumeQueue=600000

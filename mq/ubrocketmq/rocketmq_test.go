@@ -142,8 +142,11 @@ func consume(t *testing.T, b *testenv.RocketMQ, o *Options, topic, group string,
 // The strategy runs on that goroutine after each topic's InvokeSync, so a
 // cleanup that has seen every topic allocated (under mu) is ordered after
 // those reads (consume makes the retry topic first: a rebalance skips a
-// topic without a route before its InvokeSync, and allocates nothing);
-// Suspend stops the later, broker-notified rebalances.
+// topic without a route before its InvokeSync, and allocates nothing).
+// That holds only if Start's rebalance is the first to allocate them: the
+// test broker notifies no rebalances (testenv: a notified one ran first
+// and Start's after the Shutdown, in a make test), and Suspend stops the
+// periodic ones.
 type balanced struct {
 	mu     sync.Mutex
 	topics map[string]bool
