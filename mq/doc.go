@@ -15,7 +15,10 @@
 //     redelivery after a visibility timeout and a dead-letter log.
 //   - Across the super node: [Serve] and [DialReader] stream a partition
 //     to a reader on another node over package transport, and [Replicate]
-//     and [Follow] copy a partition to a follower's log over ub writes.
+//     and [Follow] replicate a partition into a follower's log: the leader
+//     writes its segments' bytes with one-sided ub writes straight into
+//     the follower's own segments, which the follower checks and
+//     publishes.
 //
 // Every word mq reads from shared memory, files or the wire may have been
 // written by a process that is buggy, hostile or dead: headers, lengths and
