@@ -1,9 +1,10 @@
 // Package mq is ubkit's message queue for the super node: [Log], a topic
 // of partitions, each an append-only log in shared-memory segments (package
 // shm) that producers and consumers of many processes on one host share.
-// A producer loans space in place ([Log.Loan]), fills it and commits it, or
-// copies a payload in ([Log.Send]); a [Reader] with its own offset reads
-// committed records in place.
+// A producer loans space in place ([Log.Loan], or many records at once with
+// one claim: [Log.LoanBatch]), fills it and commits it, or copies a payload
+// in ([Log.Send]); a [Reader] with its own offset reads committed records
+// in place.
 //
 // Around the log:
 //   - Durability: a log created with Config.Dir keeps its segments in
