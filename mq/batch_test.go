@@ -135,7 +135,8 @@ func TestLoanBatchLen(t *testing.T) {
 	if _, err := l.LoanBatch(ctx, 0, 4096, 1); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("a record larger than a segment: %v", err)
 	}
-	if err := (Batch{}).Commit(); !errors.Is(err, ErrAborted) {
+	var zero Batch
+	if err := zero.Commit(); !errors.Is(err, ErrAborted) {
 		t.Fatalf("the zero batch's Commit: %v", err)
 	}
 }
