@@ -114,37 +114,6 @@ func TestReplicaFollowerAge(t *testing.T) {
 	}
 }
 
-// TestReplicaDurableFollowerReopens: a file-backed follower opened again
-// from its directory after a reboot has its tail where it was and no
-// torn record (the segment it had registered ahead for the leader was the
-// newest file, which reopening took for the tail's: a pad was written
-// into the tail's segment and counted torn).
-func TestReplicaDurableFollowerReopens(t *testing.T) {
-	n0, n1, _ := simNodes(t)
-	const seg = 8 << 10
-	leader := newLog(t, Config{SegmentSize: seg, Segments: 8})
-	follower, dir := newDirLog(t, Config{SegmentSize: seg, Segments: 8, Flush: FlushEverySend})
-	r, f := replicate(t, leader, 0, n0, n1, follower, ReplicaConfig{Ack: AckFollower}, FollowerConfig{})
-	ctx := timeout(t, 10*time.Second)
-	for range 5 {
-		if _, err := r.Send(ctx, make([]byte, 700)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	before, _ := follower.Stats(0)
-	r.Close()
-	f.Close()
-	dropMeta(t, follower)
-	l, err := OpenDir(follower.Name(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	if st, _ := l.Stats(0); st.Torn != 0 || st.Tail != before.Tail {
-		t.Fatalf("reopened: %+v, before %+v: want the same tail, nothing torn", st, before)
-	}
-}
-
 // TestReplicaHostileFollower: a follower that announces a segment out of
 // turn, of the wrong size or far beyond what the leader has written, or
 // acknowledges an offset no doorbell rang, ends the replication with
