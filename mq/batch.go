@@ -77,29 +77,16 @@ func (b *Batch) Commit() error {
 		binary.NativeEndian.PutUint64(b.m.data[at:], b.n<<32|writer|stateCommitted)
 	}
 	first := b.m.data[b.at+headerSize : b.at+headerSize+b.n]
-	b.m.words[b.at/8+1].Store(uint64(crc32.Checksum(first, castagnoli)) | b.offset<<32)
-	if !b.m.words[b.at/8].CompareAndSwap(b.state, b.n<<32|writer|stateCommitted) {
-		b.m.release()
-		return ErrAborted
-	}
-	b.pt.wakeReaders()
-	var err error
-	if b.l.cfg.Flush == FlushEverySend {
-		err = b.l.flushRecord(b.pt, b.m, b.at, b.at+uint64(b.count)*stride)
-	}
-	b.m.release()
-	return err
+	return b.l.publish(b.pt, b.m, b.at, b.state, b.n<<32|writer|stateCommitted,
+		uint64(crc32.Checksum(first, castagnoli))|b.offset<<32, b.at+uint64(b.count)*stride)
 }
 
 // Abort gives every record of the batch up: readers skip them as one
 // aborted record.
 func (b *Batch) Abort() {
-	if b.l == nil {
-		return
+	if b.l != nil {
+		abandon(b.pt, b.m, b.at, b.state)
 	}
-	b.m.words[b.at/8].CompareAndSwap(b.state, b.state|stateAborted)
-	b.m.release()
-	b.pt.wakeReaders()
 }
 
 // LoanBatch reserves up to count records of n bytes each, one after the

@@ -846,29 +846,46 @@ func (r Reservation) CommitSum() (uint32, error) {
 		return 0, ErrAborted
 	}
 	crc := crc32.Checksum(r.buf, castagnoli)
-	r.m.words[r.at/8+1].Store(uint64(crc) | r.offset<<32)
-	ok := r.m.words[r.at/8].CompareAndSwap(r.state, r.state&^stateMask|stateCommitted)
-	if !ok {
-		r.m.release()
-		return 0, ErrAborted
+	err := r.l.publish(r.pt, r.m, r.at, r.state, r.state&^stateMask|stateCommitted, uint64(crc)|r.offset<<32, r.at+headerSize+uint64(len(r.buf)))
+	if err == ErrAborted {
+		return 0, err
 	}
-	r.pt.wakeReaders()
-	var err error
-	if r.l.cfg.Flush == FlushEverySend {
-		err = r.l.flushRecord(r.pt, r.m, r.at, r.at+headerSize+uint64(len(r.buf)))
-	}
-	r.m.release()
 	return crc, err
 }
 
 // Abort gives the space up: readers skip the record.
 func (r Reservation) Abort() {
-	if r.l == nil {
-		return
+	if r.l != nil {
+		abandon(r.pt, r.m, r.at, r.state)
 	}
-	r.m.words[r.at/8].CompareAndSwap(r.state, r.state|stateAborted)
-	r.m.release()
-	r.pt.wakeReaders()
+}
+
+// publish turns the claim at offset at of segment m (its header word
+// claim) into the committed header h with second word w1, wakes the
+// readers, writes [at, end) to disk under FlushEverySend, and lets go of
+// the segment: a Reservation's or a Batch's Commit. It fails with
+// ErrAborted if a reader aborted the claim.
+func (l *Log) publish(pt *partition, m *mapped, at, claim, h, w1, end uint64) error {
+	m.words[at/8+1].Store(w1)
+	if !m.words[at/8].CompareAndSwap(claim, h) {
+		m.release()
+		return ErrAborted
+	}
+	pt.wakeReaders()
+	var err error
+	if l.cfg.Flush == FlushEverySend {
+		err = l.flushRecord(pt, m, at, end)
+	}
+	m.release()
+	return err
+}
+
+// abandon aborts the claim at offset at of segment m (its header word
+// claim), lets go of the segment and wakes the readers, who skip it.
+func abandon(pt *partition, m *mapped, at, claim uint64) {
+	m.words[at/8].CompareAndSwap(claim, claim|stateAborted)
+	m.release()
+	pt.wakeReaders()
 }
 
 // wakeReaders wakes the readers asleep on the partition, if any, and the

@@ -461,16 +461,16 @@ func (r *Replica) hold(k uint64) error {
 	return nil
 }
 
-// releaseAcked lets go of the segments, this side's and the follower's,
-// that the follower has acknowledged past: every Write into them has
-// landed. Called by the send goroutine.
-func (r *Replica) releaseAcked() {
+// releaseBelow lets go of the segments, this side's and the follower's,
+// below segment k: the follower has acknowledged past them (every Write
+// into them has landed), or the replication is over. Called by the send
+// goroutine, and by closeUB once it has ended.
+func (r *Replica) releaseBelow(k uint64) {
 	r.mu.Lock()
-	below := r.acked / r.seg
 	var imps []ub.RemoteSegment
-	for k, imp := range r.remote {
-		if k < below {
-			delete(r.remote, k)
+	for i, imp := range r.remote {
+		if i < k {
+			delete(r.remote, i)
 			imps = append(imps, imp)
 		}
 	}
@@ -478,9 +478,9 @@ func (r *Replica) releaseAcked() {
 	for _, imp := range imps {
 		imp.Close()
 	}
-	for k, ls := range r.local {
-		if k < below {
-			delete(r.local, k)
+	for i, ls := range r.local {
+		if i < k {
+			delete(r.local, i)
 			ls.reg.Close()
 			ls.m.seg.Close()
 		}
@@ -491,14 +491,12 @@ func (r *Replica) releaseAcked() {
 // into the follower's segments.
 func (r *Replica) send(reader *Reader) {
 	defer reader.Close()
-	end := r.base // the reader has passed every byte below: final records, aborted records, padding
+	end := r.base    // the reader has passed every byte below: final records, aborted records, padding
+	posted := r.base // what post has written up to (r.posted, which only post moves)
 	for {
 		var rec Record
 		var got bool
 		var err error
-		r.mu.Lock()
-		posted := r.posted
-		r.mu.Unlock()
 		if end > posted {
 			// Post what the reader passed rather than wait (for the tail,
 			// or for a record after it that is being written, held or
@@ -518,7 +516,8 @@ func (r *Replica) send(reader *Reader) {
 					r.fault(err)
 					return
 				}
-				r.releaseAcked()
+				posted = end
+				r.releaseBelow(r.Acked() / r.seg)
 			}
 		}
 		if !got && err == nil {
@@ -825,15 +824,7 @@ func (r *Replica) closeUB() {
 	if r.jetty != nil {
 		r.jetty.Close() // no more Writes from or into the segments below
 	}
-	for k, imp := range r.remote {
-		delete(r.remote, k)
-		imp.Close()
-	}
-	for k, ls := range r.local {
-		delete(r.local, k)
-		ls.reg.Close()
-		ls.m.seg.Close()
-	}
+	r.releaseBelow(^uint64(0))
 	for _, c := range []interface{ Close() error }{r.cq, r.target, r.bell, r.src, r.ackSeg} {
 		if c != nil {
 			c.Close()
