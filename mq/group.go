@@ -141,6 +141,17 @@ const (
 	// holder's own name.
 	pwPins  = 13
 	maxPins = 8
+	// pwDL* record the dead-letter copy in progress (deadLetter): the
+	// entry's index, the copy's offset in the dead-letter log, and a tag
+	// (dlTag: the dead-letter log's name hash<<32 | its partition<<8 | 1;
+	// 0 for none). They are written after the copy's space is claimed and
+	// before it is committed, and cleared with the ack, so that the next
+	// owner of an entry whose copier died can tell from the copy's state
+	// whether to copy it again: a copy committed is acked, not made twice.
+	// (Old segments have zeros there: nothing in progress.)
+	pwDLIndex = 29
+	pwDLAt    = 30
+	pwDLTag   = 31
 )
 
 // Entry meta word: attempts (bits 0-15), state (16-17), holder's member
@@ -1435,7 +1446,7 @@ func (g *Consumer) poll(ctx context.Context, p int) (Message, bool, error) {
 		return g.pollStream(ctx, p, gp)
 	}
 	if act.kind == actDeadLetter {
-		return Message{}, false, g.deadLetter(ctx, p, gp, act.index, act.off, act.attempt)
+		return Message{}, false, g.deadLetter(ctx, p, gp, act)
 	}
 	rec, err := g.readAt(ctx, p, act.off)
 	if errors.Is(err, ErrOffsetGone) {
@@ -1453,6 +1464,10 @@ type pollAction struct {
 	index   uint64
 	off     uint64
 	attempt int
+	// copyAt is, for actDeadLetter, the offset in the dead-letter log
+	// of a copy of the entry a member started (pwDLAt), if copying.
+	copyAt  uint64
+	copying bool
 }
 
 const (
@@ -1502,6 +1517,9 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 				// attempt, so that the last delivery's handle, nacked
 				// or timed out, can no longer ack it meanwhile.
 				act.kind = actDeadLetter
+				if tag := gp.w[pwDLTag].Load(); tag != 0 && tag == g.dlTag(p) && gp.w[pwDLIndex].Load() == index {
+					act.copyAt, act.copying = gp.w[pwDLAt].Load(), true
+				}
 			} else {
 				gp.w[pwRedelivered].Add(1)
 			}
@@ -1651,11 +1669,40 @@ func (g *Consumer) readAt(ctx context.Context, p int, off uint64) (Record, error
 	return rec, nil
 }
 
-// deadLetter copies the record at off, held as attempt hold (one more than
-// its deliveries), to the dead-letter log and acks it. The copy's wait for
-// room (a full log under FullBlock) ends with ctx or Close.
-func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, off uint64, hold int) error {
+// deadLetter copies the record at act.off, held as attempt act.attempt
+// (one more than its deliveries), to the dead-letter log and acks it. The
+// copy's wait for room (a full log under FullBlock) ends with ctx or
+// Close.
+//
+// A copy and its ack are two steps, so the copy in progress is recorded
+// in the partition's state (pwDL*) between claiming its space and
+// committing it: the next owner of an entry whose copier died looks at
+// the recorded copy first (copied) and acks a committed one instead of
+// making a second. A copy claimed but not recorded, or recorded but not
+// committed, belongs to a dead producer and is skipped by the dead-letter
+// log's readers.
+func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, act pollAction) error {
+	index, off, hold := act.index, act.off, act.attempt
 	attempts := max(min(hold-1, g.cfg.MaxAttempts), 1) // deliveries (a redelivered copy's hold is higher)
+	dl := g.cfg.DeadLetter
+	dp := p % dl.cfg.Partitions
+	if act.copying {
+		switch state, err := g.copied(p, dp, act.copyAt, off); {
+		case err != nil:
+			return err
+		case state == copyDone:
+			return g.settleTaken(p, index, off, hold, func() {
+				gp.w[pwDeadLetters].Add(1)
+				g.cfg.Logger.Info("mq: dead-lettered (copied by a member that did not ack it)", "group", g.name, "partition", p, "offset", off, "to", dl.Name(), "at", act.copyAt)
+			})
+		case state == copyWriting:
+			// A live member is still writing the copy (it held the
+			// entry until its visibility timeout, and the partition
+			// changed hands): look again soon, rather than copy twice.
+			return g.later(p, index, off, hold)
+		}
+		// copyNone: the copier died before committing it. Copy again.
+	}
 	rec, err := g.readAt(ctx, p, off)
 	if errors.Is(err, ErrOffsetGone) {
 		return g.settleTaken(p, index, off, hold, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
@@ -1663,8 +1710,6 @@ func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, 
 	if err != nil {
 		return err
 	}
-	dl := g.cfg.DeadLetter
-	dp := p % dl.cfg.Partitions
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(g.closing, cancel)()
@@ -1675,6 +1720,15 @@ func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, 
 		}
 		return fmt.Errorf("mq: group %s: dead-letter partition %d offset %d: %w", g.name, p, off, err)
 	}
+	g.step("deadLetter:claimed")
+	if held, err := g.recordCopy(p, index, off, hold, res.Offset()); err != nil || !held {
+		res.Abort()
+		if err == nil {
+			g.cfg.Logger.Warn("mq: group entry taken over before it was dead-lettered: it may come again", "group", g.name, "partition", p, "offset", off)
+		}
+		return err
+	}
+	g.step("deadLetter:recorded")
 	b := res.Bytes()
 	binary.LittleEndian.PutUint32(b, deadLetterMagic)
 	binary.LittleEndian.PutUint32(b[4:], uint32(p))
@@ -1685,10 +1739,113 @@ func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, index, 
 	if err := res.Commit(); err != nil {
 		return fmt.Errorf("mq: group %s: dead-letter: %w", g.name, err)
 	}
+	g.step("deadLetter:committed")
 	return g.settleTaken(p, index, off, hold, func() {
 		gp.w[pwDeadLetters].Add(1)
 		g.cfg.Logger.Info("mq: dead-lettered", "group", g.name, "partition", p, "offset", off, "attempts", attempts, "to", dl.Name())
 	})
+}
+
+// dlTag is the pwDLTag word for partition p's copies: the dead-letter
+// log's name hash and partition (members may name different logs).
+func (g *Consumer) dlTag(p int) uint64 {
+	dl := g.cfg.DeadLetter
+	if dl == nil {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(dl.Name()))
+	return uint64(h.Sum32())<<32 | uint64(p%dl.cfg.Partitions)<<8 | 1
+}
+
+// recordCopy records, under the partition's lock, that the entry at
+// index, held with attempt hold, is being copied to offset at of the
+// dead-letter log. It says false if the entry is no longer so held.
+func (g *Consumer) recordCopy(p int, index, off uint64, hold int, at uint64) (bool, error) {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		return false, err
+	}
+	defer gp.lock.Unlock()
+	if !g.holds(gp, index, off, hold) {
+		return false, nil
+	}
+	gp.lock.BeginWrite()
+	gp.w[pwDLIndex].Store(index)
+	gp.w[pwDLAt].Store(at)
+	gp.w[pwDLTag].Store(g.dlTag(p))
+	gp.lock.EndWrite()
+	return true, nil
+}
+
+// holds reports whether this member holds the entry at index (record off)
+// with attempt hold (the partition's lock held, ring checked).
+func (g *Consumer) holds(gp *groupPart, index, off uint64, hold int) bool {
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
+	if index < head || index >= head+count {
+		return false
+	}
+	e := g.entry(gp, index)
+	return e[0].Load() == off && e[1].Load() == entryMeta(hold, entryInFlight, g.me)
+}
+
+// What became of a recorded dead-letter copy (copied).
+const (
+	copyNone    = iota // not committed, and its writer is gone (or it is not the copy)
+	copyWriting        // being written by a live producer
+	copyDone           // committed
+)
+
+// copied looks at the dead-letter copy recorded at offset at of the
+// dead-letter log's partition dp, for the record at off of partition p.
+func (g *Consumer) copied(p, dp int, at, off uint64) (int, error) {
+	dl := g.cfg.DeadLetter
+	rec, release, err := dl.ReadAt(dp, at)
+	switch {
+	case err == nil:
+		defer release()
+		if d, err := ParseDeadLetter(rec.Payload); err == nil && d.Partition == p && d.Offset == off {
+			return copyDone, nil
+		}
+		g.cfg.Logger.Warn("mq: the recorded dead-letter copy is another record: copying again", "group", g.name, "partition", p, "offset", off, "to", dl.Name(), "at", at)
+		return copyNone, nil
+	case errors.Is(err, ErrOffsetGone):
+		// Retention dropped it: committed or not, nobody can read it
+		// now; a second copy would be read as a new one.
+		g.cfg.Logger.Warn("mq: the recorded dead-letter copy is gone: acking without another", "group", g.name, "partition", p, "offset", off, "to", dl.Name(), "at", at)
+		return copyDone, nil
+	case errors.Is(err, ErrNotRecord):
+		if dl.heldAt(dp, at) {
+			return copyWriting, nil
+		}
+		return copyNone, nil
+	}
+	return 0, fmt.Errorf("mq: group %s partition %d: the dead-letter copy of offset %d at %d: %w", g.name, p, off, at, err)
+}
+
+// later gives the entry at index, held with attempt hold for a
+// dead-letter copy, a deadline one liveness period away, so that the
+// copy another member is writing is looked at again then.
+func (g *Consumer) later(p int, index, off uint64, hold int) error {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		return err
+	}
+	defer gp.lock.Unlock()
+	if err := checkRing(gp.w, g.cap); err != nil {
+		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	if !g.holds(gp, index, off, hold) {
+		return nil
+	}
+	d := uint64(g.cfg.now().Add(livenessEvery).UnixNano())
+	gp.lock.BeginWrite()
+	g.entry(gp, index)[2].Store(d)
+	if gp.w[pwMinDue].Load() > d {
+		gp.w[pwMinDue].Store(d)
+	}
+	gp.lock.EndWrite()
+	return nil
 }
 
 // settleTaken settles an entry Receive took (a redelivery whose record
@@ -1743,16 +1900,16 @@ func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) er
 	if err := checkRing(gp.w, g.cap); err != nil {
 		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
 	}
+	if !g.holds(gp, index, off, attempt) {
+		return ErrNotHeld
+	}
 	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
-	if index < head || index >= head+count {
-		return ErrNotHeld
-	}
 	e := g.entry(gp, index)
-	if m := e[1].Load(); e[0].Load() != off || m != entryMeta(attempt, entryInFlight, g.me) {
-		return ErrNotHeld
-	}
 	gp.lock.BeginWrite()
 	defer gp.lock.EndWrite()
+	if gp.w[pwDLTag].Load() != 0 && gp.w[pwDLIndex].Load() == index {
+		gp.w[pwDLTag].Store(0) // its dead-letter copy, if any, is done
+	}
 	if count == uint64(g.cap) {
 		// The owner may wait for room: wake it.
 		defer g.ring(p)

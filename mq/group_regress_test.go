@@ -1437,3 +1437,173 @@ func TestGroupUnfinishedTooSmall(t *testing.T) {
 		t.Errorf("MaxInFlight %d, want %d", g.cap, fit)
 	}
 }
+
+// deadLetters reads every committed record of dl's partition 0 and
+// returns the dead letters among them.
+func deadLetters(t *testing.T, dl *Log) []DeadLetter {
+	t.Helper()
+	r := newReader(t, dl, 0, Oldest)
+	var ds []DeadLetter
+	for {
+		rec, ok, err := r.NextBelow(timeout(t, 5*time.Second), dl.parts[0].tail.Load())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return ds
+		}
+		d, err := ParseDeadLetter(rec.Payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Payload = nil // not printed
+		ds = append(ds, d)
+	}
+}
+
+// TestGroupDeadLetterCrashWindows: a member that dies while it copies a
+// message out of attempts to the dead-letter log, with the copy's space
+// claimed ("claimed"), recorded in the partition's state ("recorded") or
+// committed but not acked ("committed"), leaves exactly one dead letter:
+// the partition's next owner acks a committed copy, and copies again
+// one its dead writer never committed. A death after the commit used to
+// make a second copy.
+func TestGroupDeadLetterCrashWindows(t *testing.T) {
+	for _, step := range []string{"deadLetter:claimed", "deadLetter:recorded", "deadLetter:committed"} {
+		t.Run(step, func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 4096})
+			dl := newLog(t, Config{SegmentSize: 8192})
+			dying, err := Open(dl.Name()) // the dying member's handle: its producer slot dies with it
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				// The dead process's mappings go with it: the
+				// reservation it held, unreachable here, too.
+				dying.parts[0].mu.Lock()
+				for _, m := range dying.parts[0].segs {
+					for m.refs.Load() > 1 {
+						m.release()
+					}
+				}
+				dying.parts[0].mu.Unlock()
+				dying.Close()
+			})
+			name := fmt.Sprintf("dlcrash%d", groupSeq.Add(1))
+			ctx := timeout(t, 10*time.Second)
+			g := join(t, l, name, GroupConfig{MaxAttempts: 1, DeadLetter: dying, VisibilityTimeout: time.Hour, parkFor: time.Hour})
+			b := make([]byte, 100)
+			message(b, 0, 7)
+			bad, _ := l.Send(ctx, 0, b)
+			message(b, 0, 8)
+			good, _ := l.Send(ctx, 0, b)
+			if m := receive(t, ctx, g); m.Offset != bad {
+				t.Fatalf("offset %d, want %d", m.Offset, bad)
+			} else if err := g.Nack(m); err != nil {
+				t.Fatal(err)
+			}
+			if !crashAt(g, step, func() { g.Receive(ctx) }) {
+				t.Fatalf("never at step %s", step)
+			}
+			// g's process dies: its member slot and the dead-letter
+			// handle's producer slot.
+			g.closed.Store(true)
+			t.Cleanup(func() {
+				for _, gp := range g.parts {
+					for _, r := range []*Reader{gp.stream, gp.pin} {
+						if r != nil {
+							r.Close()
+						}
+					}
+				}
+				if g.redo != nil {
+					g.redo()
+				}
+				g.seg.Close()
+			})
+			g.mem[2*g.slot].Store(deadWord)
+			dying.slots[2*dying.slot].Store(deadWord)
+
+			h := join(t, l, name, GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Hour, parkFor: time.Hour})
+			if m := receive(t, ctx, h); m.Offset != good || m.Attempt != 1 {
+				t.Fatalf("offset %d attempt %d, want %d attempt 1", m.Offset, m.Attempt, good)
+			}
+			ds := deadLetters(t, dl)
+			if len(ds) != 1 || ds[0].Partition != 0 || ds[0].Offset != bad || ds[0].Attempts != 1 {
+				t.Fatalf("dead letters %+v, want one of offset %d", ds, bad)
+			}
+			if gs, _ := h.Stats(0); gs.DeadLettered != 1 || gs.InFlight != 1 {
+				t.Errorf("stats %+v, want 1 dead-lettered and the good one in flight", gs)
+			}
+		})
+	}
+}
+
+// TestGroupDeadLetterLiveCopier: the partition changes hands while its
+// old owner, alive, is writing a dead-letter copy, and the entry's
+// visibility timeout passes: the new owner does not copy it again while
+// the copy is being written, and acks it once it is committed. (It used
+// to make a second copy.)
+func TestGroupDeadLetterLiveCopier(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	dl := newLog(t, Config{SegmentSize: 8192})
+	clock := newFakeClock()
+	cfg := clock.config(GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Minute, parkFor: time.Hour})
+	name := fmt.Sprintf("dllive%d", groupSeq.Add(1))
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, name, cfg)
+	b := make([]byte, 100)
+	message(b, 1, 7)
+	bad, _ := l.Send(ctx, 1, b)
+	message(b, 1, 8)
+	good, _ := l.Send(ctx, 1, b)
+	m := receive(t, ctx, g)
+	if m.Partition != 1 || m.Offset != bad {
+		t.Fatalf("partition %d offset %d, want 1 %d", m.Partition, m.Offset, bad)
+	}
+	g.Nack(m)
+	at, resume := make(chan struct{}), make(chan struct{})
+	release := sync.OnceFunc(func() { close(resume) })
+	defer release() // a failure below must not leave g waiting: cleanup closes it
+	g.pinStep = func(s string) {
+		if s == "deadLetter:recorded" {
+			close(at)
+			<-resume
+		}
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Receive(gctx)
+		done <- err
+	}()
+	<-at // g holds the copy's space, recorded, not committed
+
+	h := join(t, l, name, cfg) // takes partition 1
+	clock.add(2 * time.Minute) // g's hold of the entry times out
+	if m := receive(t, ctx, h); m.Partition != 1 || m.Offset != good {
+		t.Fatalf("partition %d offset %d, want 1 %d", m.Partition, m.Offset, good)
+	}
+	if ds := deadLetters(t, dl); len(ds) != 0 {
+		t.Fatalf("dead letters %+v while the first copy is being written", ds)
+	}
+	if gs, _ := h.Stats(1); gs.DeadLettered != 0 || gs.InFlight != 2 {
+		t.Fatalf("stats %+v, want the entry still held, nothing dead-lettered", gs)
+	}
+	release() // g commits its copy; its ack fails: the entry was taken
+	until(t, ctx, "g's copy committed", func() bool { return dl.parts[0].tail.Load() > 0 && !dl.heldAt(0, 0) })
+	cancel()
+	<-done
+	clock.add(time.Second)
+	if _, err := h.Receive(timeout(t, 50*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("after the dead letter: %v", err)
+	}
+	ds := deadLetters(t, dl)
+	if len(ds) != 1 || ds[0].Partition != 1 || ds[0].Offset != bad {
+		t.Fatalf("dead letters %+v, want one of partition 1 offset %d", ds, bad)
+	}
+	if gs, _ := h.Stats(1); gs.DeadLettered != 1 || gs.InFlight != 1 {
+		t.Errorf("stats %+v, want 1 dead-lettered and the good one in flight", gs)
+	}
+}

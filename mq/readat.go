@@ -74,3 +74,30 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	}
 	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { seg.Close() }, nil
 }
+
+// heldAt reports whether the record at log offset off of partition p is
+// claimed and still being written by a live producer (its Commit or
+// Abort is to come). Anything else, an offset that is no record's
+// included, says false.
+func (l *Log) heldAt(p int, off uint64) bool {
+	pt, err := l.part(p)
+	if err != nil {
+		return false
+	}
+	size := uint64(l.cfg.SegmentSize)
+	k, at := off/size, off%size
+	if off%8 != 0 || size-at < headerSize || off < pt.head.Load()*size || off >= pt.tail.Load() {
+		return false
+	}
+	seg, err := l.openSeg(p, k)
+	if err != nil {
+		return false
+	}
+	defer seg.Close()
+	words, err := seg.Uint64s(int(at), 1)
+	if err != nil {
+		return false
+	}
+	w := words[0].Load()
+	return w&stateMask == stateWriting && !l.writerDead(w)
+}
