@@ -775,6 +775,9 @@ func (l *Log) rebuildPartition(meta *shm.Segment, entries []os.DirEntry, p int) 
 		made = k // made again, as nothing was in it
 		ks = ks[:len(ks)-1]
 	}
+	for i := range padRing { // they described the segments as they were
+		word(base + offPadEnds + 8*i).Store(0)
+	}
 	if len(ks) == 0 {
 		word(base + line + 16).Store(made)
 		word(base + line).Store(made)

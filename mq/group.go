@@ -1049,7 +1049,9 @@ func (g *Consumer) openReaders(p int, gp *groupPart) error {
 	if errors.Is(err, ErrOffsetGone) {
 		r, err = g.l.NewReader(p, Oldest)
 		if err == nil {
-			g.lost(p, gp, "retention dropped records the group had not read", next, r.Offset())
+			if !g.l.onlyPadding(p, next, r.Offset()) {
+				g.lost(p, gp, "retention dropped records the group had not read", next, r.Offset())
+			}
 			gp.w[pwNext].Store(r.Offset())
 		}
 	}
@@ -1407,8 +1409,7 @@ func (g *Consumer) sleep(ctx context.Context) {
 		pt := g.l.parts[p]
 		sleepOn(sctx, pt.seq, pt.sleepers, func() bool { return others() || ready(p) })
 	default:
-		pt0 := g.l.parts[0] // its anySeq is the log's
-		sleepOn(sctx, pt0.anySeq, pt0.anySleepers, func() bool {
+		anyReady := func() bool {
 			if others() {
 				return true
 			}
@@ -1418,7 +1419,22 @@ func (g *Consumer) sleep(ctx context.Context) {
 				}
 			}
 			return false
-		})
+		}
+		// On the words of the owned partitions with room, which their
+		// commits wake, and on the bell, which a ring for the others (an
+		// Ack making room) and for the group wakes: commits to
+		// partitions this member does not own do not wake it.
+		words := []*atomic.Uint32{g.bell}
+		sleepers := []*atomic.Uint32{g.bellSleepers}
+		for _, p := range room {
+			words, sleepers = append(words, g.l.parts[p].seq), append(sleepers, g.l.parts[p].sleepers)
+		}
+		if !sleepOnAny(sctx, words, sleepers, anyReady) {
+			// No futex_waitv: on the log's word, which every commit in
+			// any partition wakes.
+			pt0 := g.l.parts[0] // its anySeq is the log's
+			sleepOn(sctx, pt0.anySeq, pt0.anySleepers, anyReady)
+		}
 	}
 }
 

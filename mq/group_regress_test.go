@@ -1607,3 +1607,124 @@ func TestGroupDeadLetterLiveCopier(t *testing.T) {
 		t.Errorf("stats %+v, want 1 dead-lettered and the good one in flight", gs)
 	}
 }
+
+// TestGroupLostOnlyPadding: a group whose next offset is the padding
+// that ends a segment retention dropped lost nothing, and says so; one
+// whose next offset is an unread record of it lost that. The first used
+// to count a loss too.
+func TestGroupLostOnlyPadding(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		unread int
+		lost   uint64
+	}{{"padding", 0, 0}, {"record", 1, 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			// 34 records of 100 bytes (120 with the header) leave 16
+			// bytes of a 4,096-byte segment: the next record's
+			// producer pads them.
+			l := newLog(t, Config{SegmentSize: 4096, Segments: 2, Full: FullFail})
+			ctx := timeout(t, 10*time.Second)
+			name := fmt.Sprintf("padloss%d", groupSeq.Add(1))
+			send := func(from, to int) {
+				b := make([]byte, 100)
+				for i := from; i < to; i++ {
+					message(b, 0, uint64(i))
+					if _, err := l.Send(ctx, 0, b); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			send(0, 34)
+			g := join(t, l, name, GroupConfig{parkFor: time.Hour})
+			for range 34 - c.unread {
+				if err := g.Ack(receive(t, ctx, g)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g.Close() // nothing pins segment 0 now
+			send(34, 34+35)
+			if h := l.parts[0].head.Load(); h != 1 {
+				t.Fatalf("the oldest segment kept is %d, want 1", h)
+			}
+			h := join(t, l, name, GroupConfig{parkFor: time.Hour})
+			m := receive(t, ctx, h)
+			if _, seq := parse(t, m.Payload); m.Offset != 4096 || seq != 34 {
+				t.Fatalf("offset %d seq %d, want 4096 seq 34", m.Offset, seq)
+			}
+			if gs, _ := h.Stats(0); gs.Lost != c.lost {
+				t.Errorf("%d losses counted, want %d", gs.Lost, c.lost)
+			}
+		})
+	}
+}
+
+// TestGroupOtherPartitionsDoNotWake: a member that owns several
+// partitions sleeps through commits to partitions it does not own, and
+// wakes for a commit to one of its own. It used to sleep on the log's
+// word that every commit wakes, and went round once per commit
+// elsewhere. Without futex_waitv ("fallback") it still does, and still
+// wakes for its own.
+func TestGroupOtherPartitionsDoNotWake(t *testing.T) {
+	const commits = 200
+	for _, fallback := range []bool{false, true} {
+		t.Run(map[bool]string{false: "futex_waitv", true: "fallback"}[fallback], func(t *testing.T) {
+			if fallback {
+				sleepAny = func([]*atomic.Uint32, []uint32, time.Duration) error { return shm.ErrSleepAnyUnsupported }
+				t.Cleanup(func() { sleepAny = shm.SleepAny })
+			}
+			l := newLog(t, Config{Partitions: 3, SegmentSize: 1 << 20})
+			ctx := timeout(t, 20*time.Second)
+			name := fmt.Sprintf("others%d", groupSeq.Add(1))
+			cfg := GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour}
+			g := join(t, l, name, cfg)
+			g.Receive(timeout(t, 10*time.Millisecond))
+			h := join(t, l, name, cfg)
+			h.Receive(timeout(t, 10*time.Millisecond))
+			g.Receive(timeout(t, 10*time.Millisecond))
+			if got := g.Assigned(); len(got) != 2 || got[0] != 0 || got[1] != 2 {
+				t.Fatalf("the first member owns %v, want [0 2]", got)
+			}
+			// Asleep: on its words (their counts stay up until a wake
+			// takes them: a commit to partition 1 would take the
+			// log's), or, in the fallback, on the log's word.
+			asleep := func() bool {
+				if fallback {
+					return l.parts[0].anySleepers.Load() != 0
+				}
+				return g.bellSleepers.Load() != 0 && l.parts[0].sleepers.Load() != 0 && l.parts[2].sleepers.Load() != 0
+			}
+			// Nobody sleeps now: zero the counts the sleeps above left.
+			for _, w := range []*atomic.Uint32{g.bellSleepers, l.parts[0].anySleepers, l.parts[0].sleepers, l.parts[1].sleepers, l.parts[2].sleepers} {
+				w.Store(0)
+			}
+			naps := g.naps.Load()
+			done := receiveAsync(t, g)
+			until(t, ctx, "the member asleep", func() bool { return g.naps.Load() > naps && asleep() })
+			naps = g.naps.Load()
+			if !fallback && (l.parts[0].anySleepers.Load() != 0 || l.parts[1].sleepers.Load() != 0) {
+				t.Fatal("the member sleeps on the log's word or on partition 1's")
+			}
+			for range commits {
+				if _, err := l.Send(ctx, 1, []byte("x")); err != nil { // h's
+					t.Fatal(err)
+				}
+				until(t, ctx, "the member asleep again", asleep)
+			}
+			n := g.naps.Load() - naps
+			if !fallback && n > 2 {
+				t.Fatalf("the member slept %d times during %d commits to a partition it does not own", n, commits)
+			}
+			if fallback && n < commits/2 {
+				t.Fatalf("without futex_waitv the member slept only %d times during %d commits elsewhere: is it asleep on the log's word?", n, commits)
+			}
+			off, err := l.Send(ctx, 2, []byte("mine"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := result(t, ctx, done, "a commit to an owned partition did not wake the member")
+			if r.err != nil || r.m.Partition != 2 || r.m.Offset != off {
+				t.Fatalf("partition %d offset %d, %v; want partition 2 offset %d", r.m.Partition, r.m.Offset, r.err, off)
+			}
+		})
+	}
+}

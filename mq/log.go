@@ -123,12 +123,20 @@ const (
 	offAnySeq      = 64
 	offAnySleepers = 68
 
-	maxProducers  = 256
-	offProducers  = line // maxProducers slots of {owner, gen}
-	maxReaders    = 64
-	offReaders    = offProducers + maxProducers*16 // one line each: owner, partition, offset
-	offParts0     = offReaders + maxReaders*line
-	partStride    = 3 * line // tail | head, aborted | seq, sleepers, freed, blocked
+	maxProducers = 256
+	offProducers = line // maxProducers slots of {owner, gen}
+	maxReaders   = 64
+	offReaders   = offProducers + maxProducers*16 // one line each: owner, partition, offset
+	offParts0    = offReaders + maxReaders*line
+	partStride   = 3 * line // tail | head, aborted, made, torn, synced, padEnds | seq, sleepers, freed, blocked
+	// offPadEnds (in a partition's words): padRing words, the log offset
+	// of the padding that ends segment k in word k mod padRing, written
+	// by the producer that commits it. A consumer group whose next
+	// offset retention dropped tells from it whether only padding was
+	// lost (Log.onlyPadding). A word names its segment (offset/size), so
+	// a stale one is told apart; zero says nothing.
+	offPadEnds    = line + 48
+	padRing       = 8
 	maxPartitions = 256
 	offDir        = offParts0 + maxPartitions*partStride // Config.Dir: length, then bytes
 	metaSize      = offDir + 8 + maxDir
@@ -164,12 +172,13 @@ func align8(n uint64) uint64 { return (n + 7) &^ 7 }
 // mappings of its segments.
 type partition struct {
 	tail, head, aborted *atomic.Uint64
-	made                *atomic.Uint64 // segments created so far: the next to create is made
-	torn                *atomic.Uint64 // records reopening found torn (file.go)
-	synced              *atomic.Uint64 // FlushEverySend: headers below it are on disk (file.go)
-	seq, sleepers       *atomic.Uint32 // readers asleep wait on seq
-	anySeq, anySleepers *atomic.Uint32 // the log's: waiters on any partition (offAnySeq)
-	freed, blocked      *atomic.Uint32 // producers blocked on a full partition wait on freed
+	made                *atomic.Uint64  // segments created so far: the next to create is made
+	torn                *atomic.Uint64  // records reopening found torn (file.go)
+	synced              *atomic.Uint64  // FlushEverySend: headers below it are on disk (file.go)
+	seq, sleepers       *atomic.Uint32  // readers asleep wait on seq
+	anySeq, anySleepers *atomic.Uint32  // the log's: waiters on any partition (offAnySeq)
+	freed, blocked      *atomic.Uint32  // producers blocked on a full partition wait on freed
+	padEnds             []atomic.Uint64 // offPadEnds
 
 	mu   sync.Mutex
 	segs map[uint64]*mapped
@@ -367,6 +376,7 @@ func open(name string, meta *shm.Segment, lock *os.File) (*Log, error) {
 	}
 	word := func(off int) *atomic.Uint64 { w, _ := meta.Uint64At(off); return w }
 	word32 := func(off int) *atomic.Uint32 { w, _ := meta.Uint32At(off); return w }
+	words := func(off, n int) []atomic.Uint64 { w, _ := meta.Uint64s(off, n); return w }
 	// A log being created this moment gets its magic last: wait a second
 	// at most for it, asleep on the magic's low half (Create wakes it).
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -432,7 +442,8 @@ func open(name string, meta *shm.Segment, lock *os.File) (*Log, error) {
 			seq: word32(base + 2*line), sleepers: word32(base + 2*line + 4),
 			freed: word32(base + 2*line + 8), blocked: word32(base + 2*line + 12),
 			anySeq: word32(offAnySeq), anySleepers: word32(offAnySleepers),
-			segs: map[uint64]*mapped{},
+			padEnds: words(base+offPadEnds, padRing),
+			segs:    map[uint64]*mapped{},
 		})
 	}
 	l.startJanitor()
@@ -947,6 +958,7 @@ func (l *Log) claim(ctx context.Context, p int, pt *partition, n, count int) (m 
 			// No room in this segment: fill it with a committed pad.
 			pad := (size-at-headerSize)<<32 | flagPad | stateCommitted
 			if hw.CompareAndSwap(0, pad) {
+				pt.padEnds[k%padRing].Store(t)
 				m.release()
 				pt.tail.CompareAndSwap(t, (k+1)*size)
 				pt.wakeReaders()
@@ -973,6 +985,20 @@ func (l *Log) claim(ctx context.Context, p int, pt *partition, n, count int) (m 
 		}
 		pt.tail.CompareAndSwap(t, t+rl)
 	}
+}
+
+// onlyPadding reports whether the records of partition p from log offset
+// from up to to, which retention dropped, were padding alone: from is
+// the padding (or the few bytes too short for a header) that ends its
+// segment, and to the start of the next. A consumer group whose next
+// offset was there lost nothing. It says false when it cannot tell.
+func (l *Log) onlyPadding(p int, from, to uint64) bool {
+	size := uint64(l.cfg.SegmentSize)
+	k := from / size
+	if p < 0 || p >= len(l.parts) || to != (k+1)*size {
+		return false
+	}
+	return size-from%size < headerSize || l.parts[p].padEnds[k%padRing].Load() == from
 }
 
 // segmentFor is segment k mapped for a producer, with a reference, after

@@ -35,6 +35,48 @@ func sleepOn(ctx context.Context, word, sleepers *atomic.Uint32, ready func() bo
 	shm.Wait{Spin: -1}.Until(ctx, word, func(x uint32) bool { return x != v })
 }
 
+// sleepAny is shm.SleepAny (tests: a kernel without futex_waitv).
+var sleepAny = shm.SleepAny
+
+// sleepOnAny is sleepOn on several words at once (shm.SleepAny: one
+// futex_waitv), with sleepers[i] the count of sleepers on words[i]: it
+// returns when one of them is woken or changes, ready holds or ctx ends.
+// It reports false, having slept on nothing, if the kernel cannot
+// (shm.ErrSleepAnyUnsupported): the caller sleeps on a word they all
+// wake. A sleep it ends early leaves its other registrations counted:
+// their next wake costs their waker one system call.
+func sleepOnAny(ctx context.Context, words, sleepers []*atomic.Uint32, ready func() bool) bool {
+	if len(words) > shm.MaxSleepAny {
+		return false
+	}
+	vals := make([]uint32, len(words))
+	for i, w := range words {
+		sleepers[i].Add(1) // the waker takes it
+		vals[i] = w.Load()
+	}
+	if ready() {
+		return true
+	}
+	for ctx.Err() == nil {
+		d := parkFor
+		if dl, ok := ctx.Deadline(); ok {
+			d = min(d, time.Until(dl))
+		}
+		if err := sleepAny(words, vals, d); err != nil {
+			return false
+		}
+		for i, w := range words {
+			if w.Load() != vals[i] {
+				return true
+			}
+		}
+		if ready() {
+			return true
+		}
+	}
+	return true
+}
+
 // wake wakes the sleepers park put on word. The first waker takes the
 // count (to 0), so the wakes that follow while the sleepers get up make no
 // system call, and a sleeper that died asleep costs one wake-up, not one

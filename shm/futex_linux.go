@@ -40,3 +40,35 @@ func futexWake(addr *atomic.Uint32, n int) int {
 // going through the runtime's system call entry would make it hand the
 // goroutine's P to another thread.
 func Yield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+
+// futexWaiter is struct futex_waitv (linux/futex.h): one word of a
+// futex_waitv call.
+type futexWaiter struct {
+	val      uint64
+	uaddr    uint64
+	flags    uint32
+	reserved uint32
+}
+
+// futex2SizeU32 is FUTEX2_SIZE_U32: a 32-bit word. Without FUTEX2_PRIVATE,
+// the futex is shared between processes.
+const futex2SizeU32 = 0x02
+
+// futexWaitv sleeps until one of words is woken, or no longer holds its
+// value in vals, or d passes (futex_waitv, Linux 5.16). It returns the
+// call's error: none, EAGAIN (a value differed), ETIMEDOUT or EINTR are
+// a sleep's ends; ENOSYS says the kernel has no futex_waitv.
+func futexWaitv(words []*atomic.Uint32, vals []uint32, d time.Duration) unix.Errno {
+	ws := make([]futexWaiter, len(words))
+	for i, w := range words {
+		ws[i] = futexWaiter{val: uint64(vals[i]), uaddr: uint64(uintptr(unsafe.Pointer(w))), flags: futex2SizeU32}
+	}
+	var now unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
+		return unix.EINVAL
+	}
+	until := unix.NsecToTimespec(now.Nano() + int64(d)) // futex_waitv's timeout is absolute
+	_, _, errno := unix.Syscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&ws[0])), uintptr(len(ws)), 0,
+		uintptr(unsafe.Pointer(&until)), unix.CLOCK_MONOTONIC, 0)
+	return errno
+}
