@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -913,6 +914,9 @@ func resetPart(w []atomic.Uint64, capacity int) {
 	w[pwHead].Store(0)
 	w[pwCount].Store(0)
 	w[pwMinDue].Store(0)
+	w[pwDLTag].Store(0) // entry indices start again: a record would name another entry
+	w[pwDLIndex].Store(0)
+	w[pwDLAt].Store(0)
 }
 
 // checkPart validates partition state read from shared memory (the lock
@@ -1417,6 +1421,12 @@ func (g *Consumer) sleep(ctx context.Context) {
 				if ready(p) {
 					return true
 				}
+				// A ring full at the look above with room now: its
+				// Ack rang the bell before this sleeper registered, and
+				// its partition's word is not slept on. Go round.
+				if gp := g.parts[p]; gp.stream != nil && gp.w[pwCount].Load() < uint64(g.cap) && !slices.Contains(room, p) {
+					return true
+				}
 			}
 			return false
 		}
@@ -1737,12 +1747,20 @@ func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, act pol
 		return fmt.Errorf("mq: group %s: dead-letter partition %d offset %d: %w", g.name, p, off, err)
 	}
 	g.step("deadLetter:claimed")
-	if held, err := g.recordCopy(p, index, off, hold, res.Offset()); err != nil || !held {
+	switch rc, err := g.recordCopy(p, index, off, hold, res.Offset()); {
+	case err != nil:
 		res.Abort()
-		if err == nil {
-			g.cfg.Logger.Warn("mq: group entry taken over before it was dead-lettered: it may come again", "group", g.name, "partition", p, "offset", off)
-		}
 		return err
+	case rc == recordNotHeld:
+		res.Abort()
+		g.cfg.Logger.Warn("mq: group entry taken over before it was dead-lettered: it may come again", "group", g.name, "partition", p, "offset", off)
+		return nil
+	case rc == recordBusy:
+		// Another entry's copy is recorded and still unsettled (its
+		// copier, alive, is writing it): one record per partition, so
+		// this copy waits for that one.
+		res.Abort()
+		return g.later(p, index, off, hold)
 	}
 	g.step("deadLetter:recorded")
 	b := res.Bytes()
@@ -1774,24 +1792,56 @@ func (g *Consumer) dlTag(p int) uint64 {
 	return uint64(h.Sum32())<<32 | uint64(p%dl.cfg.Partitions)<<8 | 1
 }
 
+// What recordCopy did.
+const (
+	recorded      = iota
+	recordNotHeld // the entry is no longer held so
+	recordBusy    // another in-flight entry's copy is recorded
+)
+
 // recordCopy records, under the partition's lock, that the entry at
 // index, held with attempt hold, is being copied to offset at of the
-// dead-letter log. It says false if the entry is no longer so held.
-func (g *Consumer) recordCopy(p int, index, off uint64, hold int, at uint64) (bool, error) {
+// dead-letter log. It does not if the entry is no longer so held, or if
+// the record names another entry still in flight: that copy, unsettled,
+// keeps its record until its ack clears it (overwritten, its entry would
+// be copied again).
+func (g *Consumer) recordCopy(p int, index, off uint64, hold int, at uint64) (int, error) {
 	gp := g.parts[p]
-	if err := g.lockPart(p); err != nil {
-		return false, err
+	held, err := g.lockHeld(p, index, off, hold)
+	if err != nil {
+		return 0, err
 	}
 	defer gp.lock.Unlock()
-	if !g.holds(gp, index, off, hold) {
-		return false, nil
+	if !held {
+		return recordNotHeld, nil
+	}
+	if other := gp.w[pwDLIndex].Load(); gp.w[pwDLTag].Load() != 0 && other != index {
+		head, count := gp.w[pwHead].Load(), g.ringCount(gp)
+		if other >= head && other < head+count && metaState(g.entry(gp, other)[1].Load()) == entryInFlight {
+			return recordBusy, nil
+		}
 	}
 	gp.lock.BeginWrite()
 	gp.w[pwDLIndex].Store(index)
 	gp.w[pwDLAt].Store(at)
 	gp.w[pwDLTag].Store(g.dlTag(p))
 	gp.lock.EndWrite()
-	return true, nil
+	return recorded, nil
+}
+
+// lockHeld takes partition p's lock and checks its ring, and reports
+// whether this member holds the entry at index (record off) with attempt
+// hold. Unless it fails, the caller unlocks.
+func (g *Consumer) lockHeld(p int, index, off uint64, hold int) (bool, error) {
+	gp := g.parts[p]
+	if err := g.lockPart(p); err != nil {
+		return false, err
+	}
+	if err := checkRing(gp.w, g.cap); err != nil {
+		gp.lock.Unlock()
+		return false, fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
+	}
+	return g.holds(gp, index, off, hold), nil
 }
 
 // holds reports whether this member holds the entry at index (record off)
@@ -1813,27 +1863,28 @@ const (
 )
 
 // copied looks at the dead-letter copy recorded at offset at of the
-// dead-letter log's partition dp, for the record at off of partition p.
+// dead-letter log's partition dp, for the record at off of partition p,
+// reading its header once (Log.claimAt: a claim whose producer is dead is
+// aborted there, so it cannot be committed after this says copyNone).
+// A copy it cannot read, gone to retention or corrupt, is made again: a
+// second dead letter rather than none.
 func (g *Consumer) copied(p, dp int, at, off uint64) (int, error) {
 	dl := g.cfg.DeadLetter
-	rec, release, err := dl.ReadAt(dp, at)
+	rec, release, held, err := dl.claimAt(dp, at)
 	switch {
-	case err == nil:
+	case held:
+		return copyWriting, nil
+	case err == nil && release != nil:
 		defer release()
 		if d, err := ParseDeadLetter(rec.Payload); err == nil && d.Partition == p && d.Offset == off {
 			return copyDone, nil
 		}
 		g.cfg.Logger.Warn("mq: the recorded dead-letter copy is another record: copying again", "group", g.name, "partition", p, "offset", off, "to", dl.Name(), "at", at)
 		return copyNone, nil
-	case errors.Is(err, ErrOffsetGone):
-		// Retention dropped it: committed or not, nobody can read it
-		// now; a second copy would be read as a new one.
-		g.cfg.Logger.Warn("mq: the recorded dead-letter copy is gone: acking without another", "group", g.name, "partition", p, "offset", off, "to", dl.Name(), "at", at)
-		return copyDone, nil
-	case errors.Is(err, ErrNotRecord):
-		if dl.heldAt(dp, at) {
-			return copyWriting, nil
-		}
+	case err == nil:
+		return copyNone, nil // aborted, or its producer died before its commit
+	case errors.Is(err, ErrOffsetGone), errors.Is(err, ErrNotRecord), errors.Is(err, shm.ErrCorrupt):
+		g.cfg.Logger.Warn("mq: the recorded dead-letter copy cannot be read: copying again (it may be a second)", "group", g.name, "partition", p, "offset", off, "to", dl.Name(), "at", at, "err", err)
 		return copyNone, nil
 	}
 	return 0, fmt.Errorf("mq: group %s partition %d: the dead-letter copy of offset %d at %d: %w", g.name, p, off, at, err)
@@ -1844,14 +1895,12 @@ func (g *Consumer) copied(p, dp int, at, off uint64) (int, error) {
 // copy another member is writing is looked at again then.
 func (g *Consumer) later(p int, index, off uint64, hold int) error {
 	gp := g.parts[p]
-	if err := g.lockPart(p); err != nil {
+	held, err := g.lockHeld(p, index, off, hold)
+	if err != nil {
 		return err
 	}
 	defer gp.lock.Unlock()
-	if err := checkRing(gp.w, g.cap); err != nil {
-		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
-	}
-	if !g.holds(gp, index, off, hold) {
+	if !held {
 		return nil
 	}
 	d := uint64(g.cfg.now().Add(livenessEvery).UnixNano())
@@ -1909,14 +1958,12 @@ func ParseDeadLetter(b []byte) (DeadLetter, error) {
 // given attempt, running then (with the write open) before it returns.
 func (g *Consumer) settle(p int, index, off uint64, attempt int, then func()) error {
 	gp := g.parts[p]
-	if err := g.lockPart(p); err != nil {
+	held, err := g.lockHeld(p, index, off, attempt)
+	if err != nil {
 		return err
 	}
 	defer gp.lock.Unlock()
-	if err := checkRing(gp.w, g.cap); err != nil {
-		return fmt.Errorf("mq: group %s partition %d: %w", g.name, p, err)
-	}
-	if !g.holds(gp, index, off, attempt) {
+	if !held {
 		return ErrNotHeld
 	}
 	head, count := gp.w[pwHead].Load(), g.ringCount(gp)

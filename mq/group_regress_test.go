@@ -1461,6 +1461,58 @@ func deadLetters(t *testing.T, dl *Log) []DeadLetter {
 	}
 }
 
+// heldAt says whether a live producer is still writing the record at off.
+func heldAt(l *Log, p int, off uint64) bool {
+	_, release, held, _ := l.claimAt(p, off)
+	if release != nil {
+		release()
+	}
+	return held
+}
+
+// dyingHandle opens dl again for a member that is to die copying to it:
+// its own producer slot dies with it. At cleanup the reservation the dead
+// member held, unreachable, goes with the handle's mappings.
+func dyingHandle(t *testing.T, dl *Log) *Log {
+	dying, err := Open(dl.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dying.parts[0].mu.Lock()
+		for _, m := range dying.parts[0].segs {
+			for m.refs.Load() > 1 {
+				m.release()
+			}
+		}
+		dying.parts[0].mu.Unlock()
+		dying.Close()
+	})
+	return dying
+}
+
+// dieCopying makes g, stopped by crashAt while it copied to the
+// dead-letter handle dying, look like a member whose process died: its
+// member slot and dying's producer slot.
+func dieCopying(t *testing.T, g *Consumer, dying *Log) {
+	g.closed.Store(true)
+	t.Cleanup(func() {
+		for _, gp := range g.parts {
+			for _, r := range []*Reader{gp.stream, gp.pin} {
+				if r != nil {
+					r.Close()
+				}
+			}
+		}
+		if g.redo != nil {
+			g.redo()
+		}
+		g.seg.Close()
+	})
+	g.mem[2*g.slot].Store(deadWord)
+	dying.slots[2*dying.slot].Store(deadWord)
+}
+
 // TestGroupDeadLetterCrashWindows: a member that dies while it copies a
 // message out of attempts to the dead-letter log, with the copy's space
 // claimed ("claimed"), recorded in the partition's state ("recorded") or
@@ -1473,22 +1525,7 @@ func TestGroupDeadLetterCrashWindows(t *testing.T) {
 		t.Run(step, func(t *testing.T) {
 			l := newLog(t, Config{SegmentSize: 4096})
 			dl := newLog(t, Config{SegmentSize: 8192})
-			dying, err := Open(dl.Name()) // the dying member's handle: its producer slot dies with it
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				// The dead process's mappings go with it: the
-				// reservation it held, unreachable here, too.
-				dying.parts[0].mu.Lock()
-				for _, m := range dying.parts[0].segs {
-					for m.refs.Load() > 1 {
-						m.release()
-					}
-				}
-				dying.parts[0].mu.Unlock()
-				dying.Close()
-			})
+			dying := dyingHandle(t, dl)
 			name := fmt.Sprintf("dlcrash%d", groupSeq.Add(1))
 			ctx := timeout(t, 10*time.Second)
 			g := join(t, l, name, GroupConfig{MaxAttempts: 1, DeadLetter: dying, VisibilityTimeout: time.Hour, parkFor: time.Hour})
@@ -1505,24 +1542,7 @@ func TestGroupDeadLetterCrashWindows(t *testing.T) {
 			if !crashAt(g, step, func() { g.Receive(ctx) }) {
 				t.Fatalf("never at step %s", step)
 			}
-			// g's process dies: its member slot and the dead-letter
-			// handle's producer slot.
-			g.closed.Store(true)
-			t.Cleanup(func() {
-				for _, gp := range g.parts {
-					for _, r := range []*Reader{gp.stream, gp.pin} {
-						if r != nil {
-							r.Close()
-						}
-					}
-				}
-				if g.redo != nil {
-					g.redo()
-				}
-				g.seg.Close()
-			})
-			g.mem[2*g.slot].Store(deadWord)
-			dying.slots[2*dying.slot].Store(deadWord)
+			dieCopying(t, g, dying)
 
 			h := join(t, l, name, GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Hour, parkFor: time.Hour})
 			if m := receive(t, ctx, h); m.Offset != good || m.Attempt != 1 {
@@ -1537,6 +1557,37 @@ func TestGroupDeadLetterCrashWindows(t *testing.T) {
 			}
 		})
 	}
+}
+
+// copyingStopped starts a Receive of g that stops, alive, in a
+// dead-letter copy with its record written and the copy not committed,
+// and returns when it is there. release lets it go on; finish releases
+// it, ends the Receive and waits for it (again: a no-op).
+func copyingStopped(t *testing.T, ctx context.Context, g *Consumer) (release, finish func()) {
+	at, resume := make(chan struct{}), make(chan struct{})
+	release = sync.OnceFunc(func() { close(resume) })
+	g.pinStep = func(s string) {
+		if s == "deadLetter:recorded" {
+			close(at)
+			<-resume
+		}
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.Receive(gctx)
+	}()
+	select {
+	case <-at:
+	case <-ctx.Done():
+		t.Fatal("the dead-letter copy never recorded")
+	}
+	return release, sync.OnceFunc(func() {
+		release()
+		cancel()
+		<-done
+	})
 }
 
 // TestGroupDeadLetterLiveCopier: the partition changes hands while its
@@ -1562,23 +1613,8 @@ func TestGroupDeadLetterLiveCopier(t *testing.T) {
 		t.Fatalf("partition %d offset %d, want 1 %d", m.Partition, m.Offset, bad)
 	}
 	g.Nack(m)
-	at, resume := make(chan struct{}), make(chan struct{})
-	release := sync.OnceFunc(func() { close(resume) })
-	defer release() // a failure below must not leave g waiting: cleanup closes it
-	g.pinStep = func(s string) {
-		if s == "deadLetter:recorded" {
-			close(at)
-			<-resume
-		}
-	}
-	gctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := g.Receive(gctx)
-		done <- err
-	}()
-	<-at // g holds the copy's space, recorded, not committed
+	release, finish := copyingStopped(t, ctx, g) // g holds the copy's space, recorded, not committed
+	defer finish()
 
 	h := join(t, l, name, cfg) // takes partition 1
 	clock.add(2 * time.Minute) // g's hold of the entry times out
@@ -1592,9 +1628,8 @@ func TestGroupDeadLetterLiveCopier(t *testing.T) {
 		t.Fatalf("stats %+v, want the entry still held, nothing dead-lettered", gs)
 	}
 	release() // g commits its copy; its ack fails: the entry was taken
-	until(t, ctx, "g's copy committed", func() bool { return dl.parts[0].tail.Load() > 0 && !dl.heldAt(0, 0) })
-	cancel()
-	<-done
+	until(t, ctx, "g's copy committed", func() bool { return dl.parts[0].tail.Load() > 0 && !heldAt(dl, 0, 0) })
+	finish()
 	clock.add(time.Second)
 	if _, err := h.Receive(timeout(t, 50*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("after the dead letter: %v", err)
@@ -1726,5 +1761,229 @@ func TestGroupOtherPartitionsDoNotWake(t *testing.T) {
 				t.Fatalf("partition %d offset %d, %v; want partition 2 offset %d", r.m.Partition, r.m.Offset, r.err, off)
 			}
 		})
+	}
+}
+
+// TestGroupDeadLetterOneRecord: while a live member writes the copy of
+// one message out of attempts (its record in the partition's state), the
+// partition's new owner has a second message out of attempts: it waits
+// for the first copy rather than overwrite its record, and each message
+// is dead-lettered once. The second's record used to overwrite the
+// first's, which was then copied again. (A review's finding.)
+func TestGroupDeadLetterOneRecord(t *testing.T) {
+	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
+	dl := newLog(t, Config{SegmentSize: 8192})
+	clock := newFakeClock()
+	cfg := clock.config(GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Minute, parkFor: time.Hour})
+	name := fmt.Sprintf("dlone%d", groupSeq.Add(1))
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, name, cfg)
+	b := make([]byte, 100)
+	message(b, 1, 7)
+	bad1, _ := l.Send(ctx, 1, b)
+	message(b, 1, 8)
+	bad2, _ := l.Send(ctx, 1, b)
+	if m := receive(t, ctx, g); m.Partition != 1 || m.Offset != bad1 {
+		t.Fatalf("partition %d offset %d, want 1 %d", m.Partition, m.Offset, bad1)
+	} else {
+		g.Nack(m)
+	}
+	release, finish := copyingStopped(t, ctx, g) // g writes bad1's copy, recorded
+	defer finish()
+	h := join(t, l, name, cfg)
+	clock.add(2 * time.Minute)
+	m := receive(t, ctx, h) // bad1's copy is being written: later; bad2's first delivery
+	if m.Offset != bad2 {
+		t.Fatalf("offset %d, want %d", m.Offset, bad2)
+	}
+	h.Nack(m)
+	h.Receive(timeout(t, 20*time.Millisecond)) // bad2 out of attempts: waits for bad1's record
+	release()
+	until(t, ctx, "g's copy committed", func() bool { return dl.parts[0].tail.Load() > 0 && !heldAt(dl, 0, 0) })
+	finish()
+	for range 3 { // bad1 acked, then bad2 copied
+		clock.add(time.Second)
+		h.Receive(timeout(t, 20*time.Millisecond))
+	}
+	count := map[uint64]int{}
+	for _, d := range deadLetters(t, dl) {
+		count[d.Offset]++
+	}
+	if count[bad1] != 1 || count[bad2] != 1 || len(count) != 2 {
+		t.Fatalf("dead letters by offset %v, want one each of %d and %d", count, bad1, bad2)
+	}
+	if gs, _ := h.Stats(1); gs.DeadLettered != 2 || gs.InFlight != 0 {
+		t.Errorf("stats %+v, want 2 dead-lettered, nothing in flight", gs)
+	}
+}
+
+// TestGroupDeadLetterCopyGone: a member dies with its dead-letter copy
+// recorded but not committed, and retention drops the dead-letter
+// segment that held the claim: the next owner copies the message again.
+// It used to take the gone copy for a done one and ack the message with
+// no dead letter anywhere. (A review's finding.)
+func TestGroupDeadLetterCopyGone(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096})
+	dl := newLog(t, Config{SegmentSize: 8192, Segments: 2, Full: FullOverwrite})
+	dying := dyingHandle(t, dl)
+	name := fmt.Sprintf("dlgone%d", groupSeq.Add(1))
+	ctx := timeout(t, 10*time.Second)
+	g := join(t, l, name, GroupConfig{MaxAttempts: 1, DeadLetter: dying, VisibilityTimeout: time.Hour, parkFor: time.Hour})
+	b := make([]byte, 100)
+	message(b, 0, 7)
+	bad, _ := l.Send(ctx, 0, b)
+	g.Nack(receive(t, ctx, g))
+	if !crashAt(g, "deadLetter:recorded", func() { g.Receive(ctx) }) {
+		t.Fatal("never at deadLetter:recorded")
+	}
+	dieCopying(t, g, dying)
+	for dl.parts[0].head.Load() == 0 { // other traffic drops the claim's segment
+		if _, err := dl.Send(ctx, 0, make([]byte, 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := join(t, l, name, GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Hour, parkFor: time.Hour})
+	h.Receive(timeout(t, 50*time.Millisecond))
+	n := 0
+	r := newReader(t, dl, 0, Oldest)
+	for {
+		rec, ok, err := r.NextBelow(ctx, dl.parts[0].tail.Load())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		if d, err := ParseDeadLetter(rec.Payload); err == nil && d.Offset == bad { // the rest is other traffic
+			n++
+		}
+	}
+	if gs, _ := h.Stats(0); n != 1 || gs.DeadLettered != 1 || gs.InFlight != 0 {
+		t.Errorf("%d dead letters of offset %d, stats %+v: want one, acked", n, bad, gs)
+	}
+}
+
+// TestClaimAtGarbage: claimAt on a header whose producer slot is beyond
+// the table (garbage, or a hostile writer's) says it is no live claim,
+// without a panic. (writerDead indexed the slot table with it.)
+func TestClaimAtGarbage(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 8192})
+	ctx := timeout(t, 10*time.Second)
+	off, err := l.Send(ctx, 0, make([]byte, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg, err := l.openSeg(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	w, _ := seg.Uint64s(int(off), 1)
+	w[0].Store(100<<32 | 300<<4 | stateWriting)
+	if rec, release, held, err := l.claimAt(0, off); held || release != nil || rec.Payload != nil {
+		t.Errorf("a garbage claim: held %v, record %v, err %v", held, rec.Payload != nil, err)
+	}
+	if l.writerDead(100<<32|4095<<4|stateWriting) != true {
+		t.Error("a producer slot beyond the table is not dead")
+	}
+}
+
+// hookCtx runs hook at its first Deadline call: in Consumer.sleep, the
+// context.WithTimeout after the look at the rings and before the sleeper
+// registers.
+type hookCtx struct {
+	context.Context
+	once sync.Once
+	hook func()
+}
+
+func (c *hookCtx) Deadline() (time.Time, bool) {
+	c.once.Do(c.hook)
+	return c.Context.Deadline()
+}
+
+// TestGroupRoomBeforeSleep: a member of several partitions, one of them
+// with a full ring when it looks, whose Ack makes room before the member
+// registers its sleep (the Ack's ring finds nobody), wakes for the next
+// commit to that partition. With futex_waitv it slept on the other
+// partitions' words and the bell only, and slept through the commit.
+// (A review's finding.)
+func TestGroupRoomBeforeSleep(t *testing.T) {
+	l := newLog(t, Config{Partitions: 3, SegmentSize: 1 << 20})
+	ctx := timeout(t, 20*time.Second)
+	name := fmt.Sprintf("roomsleep%d", groupSeq.Add(1))
+	cfg := GroupConfig{VisibilityTimeout: time.Hour, parkFor: time.Hour, MaxInFlight: 1}
+	g := join(t, l, name, cfg)
+	g.Receive(timeout(t, 10*time.Millisecond))
+	h := join(t, l, name, cfg)
+	h.Receive(timeout(t, 10*time.Millisecond))
+	g.Receive(timeout(t, 10*time.Millisecond))
+	if got := g.Assigned(); len(got) != 2 || got[0] != 0 || got[1] != 2 {
+		t.Fatalf("the first member owns %v, want [0 2]", got)
+	}
+	if _, err := l.Send(ctx, 2, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	held := receive(t, ctx, g) // partition 2's ring (of 1) is full
+	if held.Partition != 2 {
+		t.Fatalf("partition %d, want 2", held.Partition)
+	}
+	hc := &hookCtx{Context: timeout(t, time.Minute), hook: func() {
+		if err := g.Ack(held); err != nil {
+			t.Error(err)
+		}
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.sleep(hc)
+	}()
+	// The sleep does not wait: it goes round to sleep where a commit to
+	// partition 2 wakes it (had it slept, a commit there would not
+	// have woken it: nothing else ends this sleep before hc's minute).
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the member sleeps where a commit to its partition with room again does not wake it")
+	}
+	off, err := l.Send(ctx, 2, []byte("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := receive(t, ctx, g); m.Partition != 2 || m.Offset != off {
+		t.Fatalf("partition %d offset %d, want 2 %d", m.Partition, m.Offset, off)
+	}
+}
+
+// TestOnlyPadding: the cases Log.onlyPadding tells apart, on a log whose
+// padding words it sets: the padding of the dropped segment, the few
+// bytes too short for a header, an unread record before the padding, a
+// drop of more than the rest of one segment, a word of the segment 8
+// before (same word, other segment), a bad partition.
+func TestOnlyPadding(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 4096, Partitions: 2})
+	const size = 4096
+	pe := l.parts[1].padEnds
+	pe[3%padRing].Store(3*size + 4000)
+	pe[5%padRing].Store(13*size + 4000) // segment 13's, in 5's word
+	for _, c := range []struct {
+		p        int
+		from, to uint64
+		want     bool
+	}{
+		{1, 3*size + 4000, 4 * size, true},
+		{1, 3*size + 4088, 4 * size, true},  // 8 bytes left: no header fits
+		{1, 3*size + 4080, 4 * size, false}, // 16 left: a padding's place, not the one recorded
+		{1, 3*size + 3880, 4 * size, false}, // a record before the padding
+		{1, 3*size + 4000, 5 * size, false}, // segment 4 dropped too
+		{1, 5*size + 4000, 6 * size, false},
+		{0, 3*size + 4000, 4 * size, false}, // another partition's word
+		{7, 3*size + 4000, 4 * size, false},
+	} {
+		if got := l.onlyPadding(c.p, c.from, c.to); got != c.want {
+			t.Errorf("onlyPadding(%d, %d, %d) = %v, want %v", c.p, c.from, c.to, got, c.want)
+		}
 	}
 }

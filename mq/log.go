@@ -1104,6 +1104,9 @@ func (l *Log) rebase(p int, base uint64) error {
 		return fmt.Errorf("mq: partition %d is in use: %w", p, ErrDiverged)
 	}
 	pt.head.Store(k)
+	for i := range pt.padEnds { // they described segments of the old base
+		pt.padEnds[i].Store(0)
+	}
 	made := pt.made.Swap(k)
 	for i, m := range pt.segs {
 		delete(pt.segs, i)

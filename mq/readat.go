@@ -75,29 +75,64 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { seg.Close() }, nil
 }
 
-// heldAt reports whether the record at log offset off of partition p is
-// claimed and still being written by a live producer (its Commit or
-// Abort is to come). Anything else, an offset that is no record's
-// included, says false.
-func (l *Log) heldAt(p int, off uint64) bool {
+// claimAt reads the header at log offset off of partition p once and
+// says what it holds: a committed record (rec, valid until release is
+// called), a claim still being written by a live producer (held), or
+// neither: an aborted record, padding, or a claim whose producer is dead,
+// which claimAt aborts first (by CAS on the word it read), so that it can
+// never be committed after; a producer wrongly taken for dead would fail
+// its commit. Errors are ReadAt's.
+func (l *Log) claimAt(p int, off uint64) (rec Record, release func(), held bool, err error) {
 	pt, err := l.part(p)
 	if err != nil {
-		return false
+		return Record{}, nil, false, err
 	}
 	size := uint64(l.cfg.SegmentSize)
 	k, at := off/size, off%size
-	if off%8 != 0 || size-at < headerSize || off < pt.head.Load()*size || off >= pt.tail.Load() {
-		return false
+	switch {
+	case off%8 != 0 || size-at < headerSize:
+		return Record{}, nil, false, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrNotRecord)
+	case off < pt.head.Load()*size:
+		return Record{}, nil, false, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrOffsetGone)
+	case off >= pt.tail.Load():
+		return Record{}, nil, false, fmt.Errorf("mq: offset %d of partition %d is at or past the tail: %w", off, p, ErrNotRecord)
 	}
 	seg, err := l.openSeg(p, k)
 	if err != nil {
-		return false
+		if errors.Is(err, os.ErrNotExist) {
+			return Record{}, nil, false, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
+		}
+		return Record{}, nil, false, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
 	}
-	defer seg.Close()
-	words, err := seg.Uint64s(int(at), 1)
+	if seg.Size() < int(size) {
+		seg.Close()
+		return Record{}, nil, false, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
+	}
+	words, err := seg.Uint64s(int(at), 2)
 	if err != nil {
-		return false
+		seg.Close()
+		return Record{}, nil, false, err
 	}
-	w := words[0].Load()
-	return w&stateMask == stateWriting && !l.writerDead(w)
+	for {
+		w, w1 := words[0].Load(), words[1].Load()
+		payload, _, err := decode(seg.Data()[:size:size], at, w, w1, off)
+		if err != nil {
+			seg.Close()
+			return Record{}, nil, false, fmt.Errorf("mq: partition %d offset %d: %w", p, off, err)
+		}
+		switch {
+		case payload != nil:
+			return Record{Offset: off, Payload: payload, CRC: uint32(w1)}, func() { seg.Close() }, false, nil
+		case w&stateMask == stateWriting && !l.writerDead(w):
+			seg.Close()
+			return Record{}, nil, true, nil
+		case w&stateMask == stateWriting:
+			if !words[0].CompareAndSwap(w, w|stateAborted) {
+				continue // committed or aborted meanwhile: look again
+			}
+			pt.aborted.Add(1)
+		}
+		seg.Close()
+		return Record{}, nil, false, nil
+	}
 }

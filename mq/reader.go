@@ -527,6 +527,9 @@ func decode(data []byte, at, w, w1, o uint64) ([]byte, uint64, error) {
 // differs), or held by a process that died.
 func (l *Log) writerDead(w uint64) bool {
 	s := (w >> 4) & 0xfff
+	if s >= maxProducers {
+		return true // no producer's: a header made of garbage
+	}
 	owner := l.slots[2*s].Load()
 	gen := l.slots[2*s+1].Load() & 0xffff
 	return owner == 0 || gen != (w>>16)&0xffff || !shm.AliveWord(owner)

@@ -46,7 +46,7 @@ var sleepAny = shm.SleepAny
 // wake. A sleep it ends early leaves its other registrations counted:
 // their next wake costs their waker one system call.
 func sleepOnAny(ctx context.Context, words, sleepers []*atomic.Uint32, ready func() bool) bool {
-	if len(words) > shm.MaxSleepAny {
+	if len(words) > shm.MaxSleepAny || !shm.SleepAnyWorks() {
 		return false
 	}
 	vals := make([]uint32, len(words))

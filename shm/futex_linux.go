@@ -1,6 +1,8 @@
 package shm
 
 import (
+	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -54,21 +56,26 @@ type futexWaiter struct {
 // the futex is shared between processes.
 const futex2SizeU32 = 0x02
 
-// futexWaitv sleeps until one of words is woken, or no longer holds its
-// value in vals, or d passes (futex_waitv, Linux 5.16). It returns the
-// call's error: none, EAGAIN (a value differed), ETIMEDOUT or EINTR are
-// a sleep's ends; ENOSYS says the kernel has no futex_waitv.
-func futexWaitv(words []*atomic.Uint32, vals []uint32, d time.Duration) unix.Errno {
+// sleepAny is SleepAny's futex_waitv (Linux 5.16): it sleeps until one
+// of words is woken, or no longer holds its value in vals, or d passes.
+func sleepAny(words []*atomic.Uint32, vals []uint32, d time.Duration) error {
 	ws := make([]futexWaiter, len(words))
 	for i, w := range words {
 		ws[i] = futexWaiter{val: uint64(vals[i]), uaddr: uint64(uintptr(unsafe.Pointer(w))), flags: futex2SizeU32}
 	}
 	var now unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &now); err != nil {
-		return unix.EINVAL
+		return fmt.Errorf("shm: futex_waitv: %w", err)
 	}
 	until := unix.NsecToTimespec(now.Nano() + int64(d)) // futex_waitv's timeout is absolute
 	_, _, errno := unix.Syscall6(unix.SYS_FUTEX_WAITV, uintptr(unsafe.Pointer(&ws[0])), uintptr(len(ws)), 0,
 		uintptr(unsafe.Pointer(&until)), unix.CLOCK_MONOTONIC, 0)
-	return errno
+	runtime.KeepAlive(words)
+	switch errno {
+	case 0, unix.EAGAIN, unix.ETIMEDOUT, unix.EINTR:
+		return nil // woken, a value differed, time's up, a signal
+	case unix.ENOSYS, unix.EPERM: // no futex_waitv, or a seccomp filter's refusal
+		return fmt.Errorf("%w: %w", ErrSleepAnyUnsupported, errno)
+	}
+	return fmt.Errorf("shm: futex_waitv: %w", errno) // EFAULT, EINVAL: a word not mapped, or misaligned
 }

@@ -135,6 +135,9 @@ func futexWake(addr *atomic.Uint32, n int) int { return 0 }
 // sched_yield call).
 func Yield() { runtime.Gosched() }
 
+// sleepAny: no futex_waitv here.
+func sleepAny([]*atomic.Uint32, []uint32, time.Duration) error { return ErrSleepAnyUnsupported }
+
 // bell is an MPMC ring's FIFO; there is none here, and rings have a nil
 // bell.
 type bell struct{ rd *os.File }
