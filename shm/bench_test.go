@@ -5,8 +5,10 @@ package shm
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"testing"
+	"time"
 )
 
 // In-process benchmarks of the hot paths, producer and consumer on two
@@ -138,4 +140,67 @@ func BenchmarkAlive(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkSegmentRoll measures what one 8 MiB segment costs a log that
+// fills it and moves on (docs/PERFORMANCE.md, "log-100B-p99: the
+// machine's floor"): its writer's first touch of every page (the kernel
+// makes and zeroes each), a second mapping's first read of every page,
+// the munmap of the reader's and of the writer's mapping, and the Close
+// that frees the pages (the segment unlinked, nothing else holding it).
+// Each phase is reported in µs per segment.
+func BenchmarkSegmentRoll(b *testing.B) {
+	const size = 8 << 20
+	var write, read, unmapReader, unmapWriter, free time.Duration
+	for i := 0; b.Loop(); i++ {
+		name := fmt.Sprintf("%s-%d", testName(b), i)
+		w, err := CreateSegment(name, size, &SegmentConfig{Keep: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		r, err := OpenSegment(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		last, err := OpenSegment(name) // removes it, and is the last to hold it
+		if err != nil {
+			b.Fatal(err)
+		}
+		t0 := time.Now()
+		wd := w.Data()
+		for j := 0; j < len(wd); j += 4096 {
+			wd[j] = 1
+		}
+		t1 := time.Now()
+		sum := 0
+		rd := r.Data()
+		for j := 0; j < len(rd); j += 4096 {
+			sum += int(rd[j])
+		}
+		t2 := time.Now()
+		r.Close()
+		t3 := time.Now()
+		w.Close() // Keep: the name and the pages stay
+		t4 := time.Now()
+		if err := last.Unlink(); err != nil {
+			b.Fatal(err)
+		}
+		t5 := time.Now()
+		last.Close() // its mapping untouched; the pages go with the file
+		t6 := time.Now()
+		if sum != len(rd)/4096 {
+			b.Fatalf("read %d pages of 1s, want %d", sum, len(rd)/4096)
+		}
+		write += t1.Sub(t0)
+		read += t2.Sub(t1)
+		unmapReader += t3.Sub(t2)
+		unmapWriter += t4.Sub(t3)
+		free += t6.Sub(t5)
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(write.Microseconds())/n, "µs-write-faults")
+	b.ReportMetric(float64(read.Microseconds())/n, "µs-read-faults")
+	b.ReportMetric(float64(unmapReader.Microseconds())/n, "µs-munmap-reader")
+	b.ReportMetric(float64(unmapWriter.Microseconds())/n, "µs-munmap-writer")
+	b.ReportMetric(float64(free.Microseconds())/n, "µs-free")
 }
