@@ -1545,6 +1545,14 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 				act.kind = actDeadLetter
 				if tag := gp.w[pwDLTag].Load(); tag != 0 && tag == g.dlTag(p) && gp.w[pwDLIndex].Load() == index {
 					act.copyAt, act.copying = gp.w[pwDLAt].Load(), true
+				} else if g.recordBusy(gp, index) {
+					// Another entry's copy is recorded and unsettled:
+					// this one waits for it (recordCopy), without a
+					// claim in the dead-letter log each time it looks.
+					e[2].Store(now + uint64(livenessEvery))
+					gp.w[pwMinDue].Store(min(gp.w[pwMinDue].Load(), now+uint64(livenessEvery)))
+					gp.lock.EndWrite()
+					return pollAction{}, nil
 				}
 			} else {
 				gp.w[pwRedelivered].Add(1)
@@ -1712,8 +1720,15 @@ func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, act pol
 	attempts := max(min(hold-1, g.cfg.MaxAttempts), 1) // deliveries (a redelivered copy's hold is higher)
 	dl := g.cfg.DeadLetter
 	dp := p % dl.cfg.Partitions
+	rec, err := g.readAt(ctx, p, off)
+	if errors.Is(err, ErrOffsetGone) {
+		return g.settleTaken(p, index, off, hold, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
+	}
+	if err != nil {
+		return err
+	}
 	if act.copying {
-		switch state, err := g.copied(p, dp, act.copyAt, off); {
+		switch state, err := g.copied(p, dp, act.copyAt, off, deadLetterHeader+len(rec.Payload)); {
 		case err != nil:
 			return err
 		case state == copyDone:
@@ -1728,13 +1743,6 @@ func (g *Consumer) deadLetter(ctx context.Context, p int, gp *groupPart, act pol
 			return g.later(p, index, off, hold)
 		}
 		// copyNone: the copier died before committing it. Copy again.
-	}
-	rec, err := g.readAt(ctx, p, off)
-	if errors.Is(err, ErrOffsetGone) {
-		return g.settleTaken(p, index, off, hold, func() { g.lost(p, gp, "retention dropped a record out of attempts", off, off) })
-	}
-	if err != nil {
-		return err
 	}
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -1815,11 +1823,8 @@ func (g *Consumer) recordCopy(p int, index, off uint64, hold int, at uint64) (in
 	if !held {
 		return recordNotHeld, nil
 	}
-	if other := gp.w[pwDLIndex].Load(); gp.w[pwDLTag].Load() != 0 && other != index {
-		head, count := gp.w[pwHead].Load(), g.ringCount(gp)
-		if other >= head && other < head+count && metaState(g.entry(gp, other)[1].Load()) == entryInFlight {
-			return recordBusy, nil
-		}
+	if g.recordBusy(gp, index) {
+		return recordBusy, nil
 	}
 	gp.lock.BeginWrite()
 	gp.w[pwDLIndex].Store(index)
@@ -1827,6 +1832,18 @@ func (g *Consumer) recordCopy(p int, index, off uint64, hold int, at uint64) (in
 	gp.w[pwDLTag].Store(g.dlTag(p))
 	gp.lock.EndWrite()
 	return recorded, nil
+}
+
+// recordBusy reports whether the partition's dead-letter record names an
+// entry other than index that is still in flight (the lock held): its
+// copy is unsettled, and the record must stay.
+func (g *Consumer) recordBusy(gp *groupPart, index uint64) bool {
+	other := gp.w[pwDLIndex].Load()
+	if gp.w[pwDLTag].Load() == 0 || other == index {
+		return false
+	}
+	head, count := gp.w[pwHead].Load(), g.ringCount(gp)
+	return other >= head && other < head+count && metaState(g.entry(gp, other)[1].Load()) == entryInFlight
 }
 
 // lockHeld takes partition p's lock and checks its ring, and reports
@@ -1863,14 +1880,14 @@ const (
 )
 
 // copied looks at the dead-letter copy recorded at offset at of the
-// dead-letter log's partition dp, for the record at off of partition p,
-// reading its header once (Log.claimAt: a claim whose producer is dead is
+// dead-letter log's partition dp, n bytes for the record at off of
+// partition p, reading its header once (Log.claimAt: a claim whose producer is dead is
 // aborted there, so it cannot be committed after this says copyNone).
 // A copy it cannot read, gone to retention or corrupt, is made again: a
 // second dead letter rather than none.
-func (g *Consumer) copied(p, dp int, at, off uint64) (int, error) {
+func (g *Consumer) copied(p, dp int, at, off uint64, n int) (int, error) {
 	dl := g.cfg.DeadLetter
-	rec, release, held, err := dl.claimAt(dp, at)
+	rec, release, held, err := dl.claimAt(dp, at, n)
 	switch {
 	case held:
 		return copyWriting, nil

@@ -1461,9 +1461,10 @@ func deadLetters(t *testing.T, dl *Log) []DeadLetter {
 	}
 }
 
-// heldAt says whether a live producer is still writing the record at off.
-func heldAt(l *Log, p int, off uint64) bool {
-	_, release, held, _ := l.claimAt(p, off)
+// heldAt says whether a live producer is still writing the record of n
+// bytes at off.
+func heldAt(l *Log, p int, off uint64, n int) bool {
+	_, release, held, _ := l.claimAt(p, off, n)
 	if release != nil {
 		release()
 	}
@@ -1628,7 +1629,7 @@ func TestGroupDeadLetterLiveCopier(t *testing.T) {
 		t.Fatalf("stats %+v, want the entry still held, nothing dead-lettered", gs)
 	}
 	release() // g commits its copy; its ack fails: the entry was taken
-	until(t, ctx, "g's copy committed", func() bool { return dl.parts[0].tail.Load() > 0 && !heldAt(dl, 0, 0) })
+	until(t, ctx, "g's copy committed", func() bool { return dl.parts[0].tail.Load() > 0 && !heldAt(dl, 0, 0, deadLetterHeader+100) })
 	finish()
 	clock.add(time.Second)
 	if _, err := h.Receive(timeout(t, 50*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
@@ -1797,9 +1798,13 @@ func TestGroupDeadLetterOneRecord(t *testing.T) {
 		t.Fatalf("offset %d, want %d", m.Offset, bad2)
 	}
 	h.Nack(m)
+	tail := dl.parts[0].tail.Load()            // g's claim
 	h.Receive(timeout(t, 20*time.Millisecond)) // bad2 out of attempts: waits for bad1's record
+	if got := dl.parts[0].tail.Load(); got != tail {
+		t.Errorf("the dead-letter log's tail moved from %d to %d while bad2 waited: a claim made and dropped", tail, got)
+	}
 	release()
-	until(t, ctx, "g's copy committed", func() bool { return dl.parts[0].tail.Load() > 0 && !heldAt(dl, 0, 0) })
+	until(t, ctx, "g's copy committed", func() bool { return dl.parts[0].tail.Load() > 0 && !heldAt(dl, 0, 0, deadLetterHeader+100) })
 	finish()
 	for range 3 { // bad1 acked, then bad2 copied
 		clock.add(time.Second)
@@ -1864,8 +1869,11 @@ func TestGroupDeadLetterCopyGone(t *testing.T) {
 }
 
 // TestClaimAtGarbage: claimAt on a header whose producer slot is beyond
-// the table (garbage, or a hostile writer's) says it is no live claim,
-// without a panic. (writerDead indexed the slot table with it.)
+// the table (garbage, or a hostile writer's) says it is corrupt and leaves
+// it, without a panic (writerDead indexed the slot table with it); a dead
+// writer's claim of the caller's length is aborted;
+// a claim of another length than the caller's is left alone (a review:
+// a recreated dead-letter log put a payload word under a stale record).
 func TestClaimAtGarbage(t *testing.T) {
 	l := newLog(t, Config{SegmentSize: 8192})
 	ctx := timeout(t, 10*time.Second)
@@ -1879,9 +1887,19 @@ func TestClaimAtGarbage(t *testing.T) {
 	}
 	defer seg.Close()
 	w, _ := seg.Uint64s(int(off), 1)
-	w[0].Store(100<<32 | 300<<4 | stateWriting)
-	if rec, release, held, err := l.claimAt(0, off); held || release != nil || rec.Payload != nil {
-		t.Errorf("a garbage claim: held %v, record %v, err %v", held, rec.Payload != nil, err)
+	other := uint64(50<<32 | 1<<16 | 300<<4 | stateWriting) // another length: not the caller's
+	w[0].Store(other)
+	if rec, release, held, err := l.claimAt(0, off, 100); held || release != nil || rec.Payload != nil || w[0].Load() != other {
+		t.Errorf("a claim of another length: held %v, record %v, err %v, header %#x (want it left %#x)", held, rec.Payload != nil, err, w[0].Load(), other)
+	}
+	garbage := uint64(100<<32 | 300<<4 | stateWriting) // no producer slot 300
+	w[0].Store(garbage)
+	if rec, release, held, err := l.claimAt(0, off, 100); held || release != nil || rec.Payload != nil || !errors.Is(err, shm.ErrCorrupt) || w[0].Load() != garbage {
+		t.Errorf("a garbage claim: held %v, record %v, err %v, header %#x (want ErrCorrupt, left alone)", held, rec.Payload != nil, err, w[0].Load())
+	}
+	w[0].Store(100<<32 | 0<<16 | 5<<4 | stateWriting) // slot 5, generation 0: nobody's
+	if rec, release, held, err := l.claimAt(0, off, 100); held || release != nil || rec.Payload != nil || err != nil || w[0].Load()&stateMask != stateAborted {
+		t.Errorf("a dead writer's claim: held %v, record %v, err %v, header %#x (want it aborted)", held, rec.Payload != nil, err, w[0].Load())
 	}
 	if l.writerDead(100<<32|4095<<4|stateWriting) != true {
 		t.Error("a producer slot beyond the table is not dead")

@@ -77,12 +77,14 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 
 // claimAt reads the header at log offset off of partition p once and
 // says what it holds: a committed record (rec, valid until release is
-// called), a claim still being written by a live producer (held), or
-// neither: an aborted record, padding, or a claim whose producer is dead,
-// which claimAt aborts first (by CAS on the word it read), so that it can
-// never be committed after; a producer wrongly taken for dead would fail
-// its commit. Errors are ReadAt's.
-func (l *Log) claimAt(p int, off uint64) (rec Record, release func(), held bool, err error) {
+// called), a claim of n bytes still being written by a live producer
+// (held), or neither: an aborted record, padding, a claim of another
+// length (not the caller's: it is left alone), or a claim of n bytes
+// whose producer is dead, which claimAt aborts first (by CAS on the word
+// it read, waking the partition's readers), so that it can never be
+// committed after; a producer wrongly taken for dead would fail its
+// commit. Errors are ReadAt's.
+func (l *Log) claimAt(p int, off uint64, n int) (rec Record, release func(), held bool, err error) {
 	pt, err := l.part(p)
 	if err != nil {
 		return Record{}, nil, false, err
@@ -123,14 +125,16 @@ func (l *Log) claimAt(p int, off uint64) (rec Record, release func(), held bool,
 		switch {
 		case payload != nil:
 			return Record{Offset: off, Payload: payload, CRC: uint32(w1)}, func() { seg.Close() }, false, nil
-		case w&stateMask == stateWriting && !l.writerDead(w):
+		case w&stateMask != stateWriting || w>>32 != uint64(n):
+		case !l.writerDead(w):
 			seg.Close()
 			return Record{}, nil, true, nil
-		case w&stateMask == stateWriting:
+		default:
 			if !words[0].CompareAndSwap(w, w|stateAborted) {
 				continue // committed or aborted meanwhile: look again
 			}
 			pt.aborted.Add(1)
+			pt.wakeReaders()
 		}
 		seg.Close()
 		return Record{}, nil, false, nil

@@ -69,8 +69,12 @@ func floorLatency(d time.Duration, rate int) (bench.Measurement, error) {
 	var n, sum uint64
 	publish := func(stamp uint64) error {
 		for n-w[floorCons].Load() >= floorRing { // full: the consumer is behind
-			if ctx.Err() != nil {
+			select {
+			case <-peer.Done():
+				return fmt.Errorf("floor consumer: gone with %d stamps unread: %v", floorRing, peer.Err())
+			case <-ctx.Done():
 				return fmt.Errorf("floor consumer: %d stamps behind: %w", floorRing, ctx.Err())
+			default:
 			}
 		}
 		w[floorFirst+n%floorRing].Store(stamp)
