@@ -56,6 +56,12 @@ type Case struct {
 	// if not, by how much it missed; the report prints it under the table
 	// and keeps it in the JSON row.
 	Verdict func(Result) string
+	// WarmupRounds, if set, are rounds run like the measured ones
+	// (contenders in turn, the run's duration) and not measured, in place
+	// of the one short warm-up run: for cases against a server whose JIT
+	// compiles its hot paths during the first thousands of requests (a
+	// JVM broker), which would otherwise be measured while it does.
+	WarmupRounds int
 }
 
 // Options control a suite run.
@@ -135,9 +141,22 @@ func Run(suite string, cases []Case, o Options) (*Report, error) {
 		extras := make([]map[string][]float64, len(c.Contenders))
 		errs := make([]error, len(c.Contenders))
 		for i, k := range c.Contenders {
-			if o.Warmup > 0 {
+			if o.Warmup > 0 && c.WarmupRounds == 0 {
 				if _, err := k.Run(o.Warmup); err != nil {
 					errs[i] = err
+				}
+			}
+		}
+		for r := range c.WarmupRounds {
+			for i, k := range c.Contenders {
+				if errs[i] != nil {
+					continue
+				}
+				if _, err := k.Run(o.Duration); err != nil {
+					errs[i] = err
+				}
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "  %s warm-up round %d %s\n", c.Name, r+1, k.Name)
 				}
 			}
 		}

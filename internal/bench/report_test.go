@@ -66,6 +66,33 @@ func TestRunInterleavesAndReports(t *testing.T) {
 	}
 }
 
+// TestRunWarmupRounds: a case's warm-up rounds run every contender in
+// turn with the run's duration, in place of the short warm-up, and are
+// not measured: the value is the measured rounds' alone.
+func TestRunWarmupRounds(t *testing.T) {
+	var order []string
+	runs := map[string]int{}
+	contender := func(name string) Contender {
+		return Contender{Name: name, Run: func(d time.Duration) (Measurement, error) {
+			order = append(order, fmt.Sprintf("%s/%v", name, d))
+			runs[name]++
+			return Measurement{Value: float64(runs[name])}, nil // 1, 2, ... by run
+		}}
+	}
+	cases := []Case{{Name: "c", Unit: "msg/s", Better: "higher", WarmupRounds: 2, Contenders: []Contender{contender("ubkit"), contender("base")}}}
+	rep, err := Run("s", cases, Options{Rounds: 3, Duration: time.Second, Warmup: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Repeat("ubkit/1s base/1s ", 5)
+	if got := strings.Join(order, " ") + " "; got != want {
+		t.Errorf("order %q, want %q", got, want)
+	}
+	if st := rep.Results[0].Detail["ubkit"]; st.Median != 4 || st.Min != 3 || st.Max != 5 || st.Rounds != 3 {
+		t.Errorf("ubkit's stats %+v: want the measured runs 3, 4, 5 only", st)
+	}
+}
+
 func TestRunFailsWhenUbkitFails(t *testing.T) {
 	_, err := Run("s", []Case{{Name: "c", Contenders: []Contender{{Name: "ubkit", Run: func(time.Duration) (Measurement, error) {
 		return Measurement{}, errors.New("boom")
