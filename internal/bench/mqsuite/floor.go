@@ -82,46 +82,24 @@ func floorLatency(d time.Duration, rate int) (bench.Measurement, error) {
 		w[floorPub].Store(n)
 		return nil
 	}
-	offer := func(d time.Duration, timed bool) error {
-		start := time.Now()
-		epoch, first := start.UnixNano(), n
-		for {
-			elapsed := time.Since(start)
-			if elapsed >= d {
-				return nil
-			}
-			for due := first + uint64(elapsed/interval); n <= due; {
-				stamp := uint64(1) // a warm-up stamp: counted, not timed
-				if timed {
-					stamp = uint64(epoch + int64(n-first)*int64(interval))
-				}
-				sum += stamp
-				if err := publish(stamp); err != nil {
-					return err
-				}
-			}
-		}
+	send := func(_, stamp uint64) error {
+		sum += stamp
+		return publish(stamp)
 	}
-	if err := offer(warmUpFor(d), false); err != nil {
+	if _, err := paced(warmUpFor(d), interval, false, send); err != nil {
 		return bench.Measurement{}, err
 	}
-	start, warm := time.Now(), n
-	if err := offer(d, true); err != nil {
+	start := time.Now()
+	timed, err := paced(d, interval, true, send)
+	if err != nil {
 		return bench.Measurement{}, err
 	}
-	sent := float64(n-warm) / time.Since(start).Seconds()
+	sent := float64(timed) / time.Since(start).Seconds()
 	count := n
 	if err := publish(floorEnd); err != nil {
 		return bench.Measurement{}, err
 	}
-	var res latencyResult
-	if err := peer.report(&res, count, sum); err != nil {
-		return bench.Measurement{}, err
-	}
-	if err := peer.Wait(); err != nil {
-		return bench.Measurement{}, err
-	}
-	return bench.Measurement{Value: res.P99 / 1e3, Extra: map[string]float64{extraP50: res.P50, extraP999: res.P999, extraRate: sent}}, nil
+	return latencyReport(peer, count, sum, sent)
 }
 
 // floorConsumer reads the floor's stamps until the end one and reports
@@ -161,11 +139,9 @@ func floorConsumer(a floorArgs) error {
 			w[floorCons].Store(got + 1)
 			if stamp == floorEnd {
 				bench.PeerFinished()
-				return tally{report: func(res result) any {
-					return latencyResult{result: res, P50: h.quantile(0.5), P99: h.quantile(0.99), P999: h.quantile(0.999)}
-				}}.print(res)
+				return tally{report: h.report}.print(res)
 			}
-			if stamp != 1 {
+			if stamp != 0 { // 0: a warm-up stamp
 				h.add(time.Now().UnixNano() - int64(stamp))
 			}
 			res.N++

@@ -83,6 +83,13 @@ func logLatency(d time.Duration, size, rate int) (bench.Measurement, error) {
 	if _, err := l.Send(ctx, 0, nil); err != nil {
 		return bench.Measurement{}, err
 	}
+	return latencyReport(peer, n, sum, sent)
+}
+
+// latencyReport takes a latency consumer's report, checks it against the
+// n records summing to sum that were sent, and makes the measurement: the
+// p99 in µs, with the p50, the p99.9 and the rate sent (msg/s).
+func latencyReport(peer *consumerPeer, n, sum uint64, sent float64) (bench.Measurement, error) {
 	var res latencyResult
 	if err := peer.report(&res, n, sum); err != nil {
 		return bench.Measurement{}, err
@@ -98,39 +105,48 @@ func logLatency(d time.Duration, size, rate int) (bench.Measurement, error) {
 // the ~12 ms of slow first records and the backlog they leave).
 func warmUpFor(d time.Duration) time.Duration { return min(100*time.Millisecond, d/5) }
 
-// offer loans, fills and commits one record of size bytes into partition
-// 0 every interval for d, seeded first, first+1, ... It stamps each
-// record's first 8 bytes with the wall-clock time the record was due,
-// counted from offer's start (a record the producer got to late carries
-// its delay), if timed, and with 0 otherwise: a warm-up record, which
-// the consumer counts and sums but leaves out of the histogram. It
-// returns how many records it committed and the sum of their bytes.
-func offer(ctx context.Context, l *mq.Log, size int, interval, d time.Duration, first uint64, timed bool) (n, sum uint64, err error) {
+// paced calls send for each record due every interval for d (the i-th
+// of the call due at i intervals from its start), with the wall-clock
+// time it was due in ns if timed (a record sent late carries its delay),
+// and 0 otherwise (a warm-up record: counted and summed, not timed). It
+// returns how many it sent.
+func paced(d, interval time.Duration, timed bool, send func(i, stamp uint64) error) (n uint64, err error) {
 	start := time.Now()
 	epoch := start.UnixNano()
 	for {
 		elapsed := time.Since(start)
 		if elapsed >= d {
-			return n, sum, nil
+			return n, nil
 		}
 		for due := uint64(elapsed / interval); n <= due; n++ {
-			r, err := l.Loan(ctx, 0, size)
-			if err != nil {
-				return n, sum, err
-			}
-			b := r.Bytes()
-			bench.Fill(b, first+n)
 			var stamp uint64
 			if timed {
 				stamp = uint64(epoch + int64(n)*int64(interval))
 			}
-			binary.LittleEndian.PutUint64(b, stamp)
-			sum += bench.Sum(b)
-			if err := r.Commit(); err != nil {
-				return n, sum, err
+			if err := send(n, stamp); err != nil {
+				return n, err
 			}
 		}
 	}
+}
+
+// offer loans, fills and commits one record of size bytes into partition
+// 0 every interval for d (paced), seeded first, first+1, ..., with the
+// stamp in its first 8 bytes. It returns how many records it committed
+// and the sum of their bytes.
+func offer(ctx context.Context, l *mq.Log, size int, interval, d time.Duration, first uint64, timed bool) (n, sum uint64, err error) {
+	n, err = paced(d, interval, timed, func(i, stamp uint64) error {
+		r, err := l.Loan(ctx, 0, size)
+		if err != nil {
+			return err
+		}
+		b := r.Bytes()
+		bench.Fill(b, first+i)
+		binary.LittleEndian.PutUint64(b, stamp)
+		sum += bench.Sum(b)
+		return r.Commit()
+	})
+	return n, sum, err
 }
 
 // latencyConsumer reads the log from offset 0 until an empty record and
@@ -138,11 +154,14 @@ func offer(ctx context.Context, l *mq.Log, size int, interval, d time.Duration, 
 func latencyConsumer(a peerArgs) error {
 	var h histogram
 	return readLog(a, tally{
-		add: func(payload []byte) error { return h.record(payload, time.Now().UnixNano()) },
-		report: func(res result) any {
-			return latencyResult{result: res, P50: h.quantile(0.5), P99: h.quantile(0.99), P999: h.quantile(0.999)}
-		},
+		add:    func(payload []byte) error { return h.record(payload, time.Now().UnixNano()) },
+		report: h.report,
 	})
+}
+
+// report is a latency consumer's report of res and of h's percentiles.
+func (h *histogram) report(res result) any {
+	return latencyResult{result: res, P50: h.quantile(0.5), P99: h.quantile(0.99), P999: h.quantile(0.999)}
 }
 
 // histogram counts latencies in buckets of 8 ns below 1 µs and, above, of
