@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -25,44 +26,18 @@ var ErrNotRecord = errors.New("mq: no committed record at offset")
 // handle's producer cache; it is for records large enough that one
 // mapping per read does not matter.
 func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
-	pt, err := l.part(p)
+	h, err := l.headerAt(p, off)
 	if err != nil {
 		return Record{}, nil, err
 	}
-	size := uint64(l.cfg.SegmentSize)
-	k, at := off/size, off%size
-	switch {
-	case off%8 != 0 || size-at < headerSize:
-		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrNotRecord)
-	case off < pt.head.Load()*size:
-		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrOffsetGone)
-	case off >= pt.tail.Load():
-		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d is at or past the tail: %w", off, p, ErrNotRecord)
-	}
-	seg, err := l.openSeg(p, k) // in /dev/shm or, for a log with a Dir, its file
+	w, w1 := h.words[0].Load(), h.words[1].Load()
+	rec, _, err := h.decode(w, w1)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return Record{}, nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
-		}
-		return Record{}, nil, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
-	}
-	fail := func(err error) (Record, func(), error) {
-		seg.Close()
+		h.seg.Close()
 		return Record{}, nil, err
-	}
-	if seg.Size() < int(size) {
-		return fail(fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt))
-	}
-	words, err := seg.Uint64s(int(at), 2)
-	if err != nil {
-		return fail(err)
-	}
-	w, w1 := words[0].Load(), words[1].Load()
-	rec, _, err := decode(seg.Data()[:size:size], at, w, w1, off)
-	if err != nil {
-		return fail(fmt.Errorf("mq: partition %d offset %d: %w", p, off, err))
 	}
 	if rec == nil {
+		h.seg.Close()
 		what := "padding"
 		switch w & stateMask {
 		case stateWriting:
@@ -70,9 +45,69 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 		case stateAborted:
 			what = "an aborted record"
 		}
-		return fail(fmt.Errorf("mq: offset %d of partition %d is %s: %w", off, p, what, ErrNotRecord))
+		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d is %s: %w", off, p, what, ErrNotRecord)
 	}
-	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { seg.Close() }, nil
+	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { h.seg.Close() }, nil
+}
+
+// header is a record's header words in its segment, mapped for one read
+// (headerAt); the caller closes seg.
+type header struct {
+	pt    *partition
+	p     int
+	off   uint64
+	seg   *shm.Segment
+	data  []byte // the segment's records
+	at    uint64 // off in the segment
+	words []atomic.Uint64
+}
+
+// headerAt maps the segment of log offset off of partition p and returns
+// its header's words, after the checks ReadAt documents: an offset
+// retention dropped is ErrOffsetGone, one at or past the tail or not at
+// a header's place ErrNotRecord, a segment shorter than the log's size
+// wraps shm.ErrCorrupt.
+func (l *Log) headerAt(p int, off uint64) (header, error) {
+	pt, err := l.part(p)
+	if err != nil {
+		return header{}, err
+	}
+	size := uint64(l.cfg.SegmentSize)
+	k, at := off/size, off%size
+	switch {
+	case off%8 != 0 || size-at < headerSize:
+		return header{}, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrNotRecord)
+	case off < pt.head.Load()*size:
+		return header{}, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrOffsetGone)
+	case off >= pt.tail.Load():
+		return header{}, fmt.Errorf("mq: offset %d of partition %d is at or past the tail: %w", off, p, ErrNotRecord)
+	}
+	seg, err := l.openSeg(p, k) // in /dev/shm or, for a log with a Dir, its file
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return header{}, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
+		}
+		return header{}, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
+	}
+	if seg.Size() < int(size) {
+		seg.Close()
+		return header{}, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
+	}
+	words, err := seg.Uint64s(int(at), 2)
+	if err != nil {
+		seg.Close()
+		return header{}, err
+	}
+	return header{pt: pt, p: p, off: off, seg: seg, data: seg.Data()[:size:size], at: at, words: words}, nil
+}
+
+// decode is decode for the header words w, w1 read from h.
+func (h header) decode(w, w1 uint64) ([]byte, uint64, error) {
+	rec, next, err := decode(h.data, h.at, w, w1, h.off)
+	if err != nil {
+		return nil, 0, fmt.Errorf("mq: partition %d offset %d: %w", h.p, h.off, err)
+	}
+	return rec, next, nil
 }
 
 // claimAt reads the header at log offset off of partition p once and
@@ -85,58 +120,32 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 // committed after; a producer wrongly taken for dead would fail its
 // commit. Errors are ReadAt's.
 func (l *Log) claimAt(p int, off uint64, n int) (rec Record, release func(), held bool, err error) {
-	pt, err := l.part(p)
+	h, err := l.headerAt(p, off)
 	if err != nil {
-		return Record{}, nil, false, err
-	}
-	size := uint64(l.cfg.SegmentSize)
-	k, at := off/size, off%size
-	switch {
-	case off%8 != 0 || size-at < headerSize:
-		return Record{}, nil, false, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrNotRecord)
-	case off < pt.head.Load()*size:
-		return Record{}, nil, false, fmt.Errorf("mq: offset %d of partition %d: %w", off, p, ErrOffsetGone)
-	case off >= pt.tail.Load():
-		return Record{}, nil, false, fmt.Errorf("mq: offset %d of partition %d is at or past the tail: %w", off, p, ErrNotRecord)
-	}
-	seg, err := l.openSeg(p, k)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return Record{}, nil, false, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
-		}
-		return Record{}, nil, false, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
-	}
-	if seg.Size() < int(size) {
-		seg.Close()
-		return Record{}, nil, false, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
-	}
-	words, err := seg.Uint64s(int(at), 2)
-	if err != nil {
-		seg.Close()
 		return Record{}, nil, false, err
 	}
 	for {
-		w, w1 := words[0].Load(), words[1].Load()
-		payload, _, err := decode(seg.Data()[:size:size], at, w, w1, off)
+		w, w1 := h.words[0].Load(), h.words[1].Load()
+		payload, _, err := h.decode(w, w1)
 		if err != nil {
-			seg.Close()
-			return Record{}, nil, false, fmt.Errorf("mq: partition %d offset %d: %w", p, off, err)
+			h.seg.Close()
+			return Record{}, nil, false, err
 		}
 		switch {
 		case payload != nil:
-			return Record{Offset: off, Payload: payload, CRC: uint32(w1)}, func() { seg.Close() }, false, nil
+			return Record{Offset: off, Payload: payload, CRC: uint32(w1)}, func() { h.seg.Close() }, false, nil
 		case w&stateMask != stateWriting || w>>32 != uint64(n):
 		case !l.writerDead(w):
-			seg.Close()
+			h.seg.Close()
 			return Record{}, nil, true, nil
 		default:
-			if !words[0].CompareAndSwap(w, w|stateAborted) {
+			if !h.words[0].CompareAndSwap(w, w|stateAborted) {
 				continue // committed or aborted meanwhile: look again
 			}
-			pt.aborted.Add(1)
-			pt.wakeReaders()
+			h.pt.aborted.Add(1)
+			h.pt.wakeReaders()
 		}
-		seg.Close()
+		h.seg.Close()
 		return Record{}, nil, false, nil
 	}
 }
