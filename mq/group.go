@@ -1549,8 +1549,7 @@ func (g *Consumer) pollLocked(p int, gp *groupPart) (pollAction, error) {
 					// Another entry's copy is recorded and unsettled:
 					// this one waits for it (recordCopy), without a
 					// claim in the dead-letter log each time it looks.
-					e[2].Store(now + uint64(livenessEvery))
-					gp.w[pwMinDue].Store(min(gp.w[pwMinDue].Load(), now+uint64(livenessEvery)))
+					postpone(gp, e, now+uint64(livenessEvery))
 					gp.lock.EndWrite()
 					return pollAction{}, nil
 				}
@@ -1920,14 +1919,17 @@ func (g *Consumer) later(p int, index, off uint64, hold int) error {
 	if !held {
 		return nil
 	}
-	d := uint64(g.cfg.now().Add(livenessEvery).UnixNano())
 	gp.lock.BeginWrite()
-	g.entry(gp, index)[2].Store(d)
-	if gp.w[pwMinDue].Load() > d {
-		gp.w[pwMinDue].Store(d)
-	}
+	postpone(gp, g.entry(gp, index), uint64(g.cfg.now().Add(livenessEvery).UnixNano()))
 	gp.lock.EndWrite()
 	return nil
+}
+
+// postpone sets entry e's deadline to d (unix ns), lowering the
+// partition's minDue to it if need be (the write open).
+func postpone(gp *groupPart, e []atomic.Uint64, d uint64) {
+	e[2].Store(d)
+	gp.w[pwMinDue].Store(min(gp.w[pwMinDue].Load(), d))
 }
 
 // settleTaken settles an entry Receive took (a redelivery whose record
