@@ -1591,29 +1591,50 @@ func copyingStopped(t *testing.T, ctx context.Context, g *Consumer) (release, fi
 	})
 }
 
+// deadLetterCase is a two-partition log whose group's one member g
+// (MaxAttempts 1, a fake clock, visibility a minute) got and nacked the
+// first of two records sent to partition 1 (offs): its next look copies
+// it to dl.
+type deadLetterCase struct {
+	l, dl *Log
+	clock *fakeClock
+	cfg   GroupConfig
+	name  string
+	ctx   context.Context
+	g     *Consumer
+	offs  [2]uint64
+}
+
+func newDeadLetterCase(t *testing.T) deadLetterCase {
+	c := deadLetterCase{l: newLog(t, Config{Partitions: 2, SegmentSize: 4096}), dl: newLog(t, Config{SegmentSize: 8192}), clock: newFakeClock()}
+	c.cfg = c.clock.config(GroupConfig{MaxAttempts: 1, DeadLetter: c.dl, VisibilityTimeout: time.Minute, parkFor: time.Hour})
+	c.name = fmt.Sprintf("dllive%d", groupSeq.Add(1))
+	c.ctx = timeout(t, 10*time.Second)
+	c.g = join(t, c.l, c.name, c.cfg)
+	b := make([]byte, 100)
+	for i := range c.offs {
+		message(b, 1, uint64(7+i))
+		c.offs[i], _ = c.l.Send(c.ctx, 1, b)
+	}
+	m := receive(t, c.ctx, c.g)
+	if m.Partition != 1 || m.Offset != c.offs[0] {
+		t.Fatalf("partition %d offset %d, want 1 %d", m.Partition, m.Offset, c.offs[0])
+	}
+	if err := c.g.Nack(m); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // TestGroupDeadLetterLiveCopier: the partition changes hands while its
 // old owner, alive, is writing a dead-letter copy, and the entry's
 // visibility timeout passes: the new owner does not copy it again while
 // the copy is being written, and acks it once it is committed. (It used
 // to make a second copy.)
 func TestGroupDeadLetterLiveCopier(t *testing.T) {
-	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
-	dl := newLog(t, Config{SegmentSize: 8192})
-	clock := newFakeClock()
-	cfg := clock.config(GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Minute, parkFor: time.Hour})
-	name := fmt.Sprintf("dllive%d", groupSeq.Add(1))
-	ctx := timeout(t, 10*time.Second)
-	g := join(t, l, name, cfg)
-	b := make([]byte, 100)
-	message(b, 1, 7)
-	bad, _ := l.Send(ctx, 1, b)
-	message(b, 1, 8)
-	good, _ := l.Send(ctx, 1, b)
-	m := receive(t, ctx, g)
-	if m.Partition != 1 || m.Offset != bad {
-		t.Fatalf("partition %d offset %d, want 1 %d", m.Partition, m.Offset, bad)
-	}
-	g.Nack(m)
+	c := newDeadLetterCase(t)
+	l, dl, clock, cfg, name, ctx, g := c.l, c.dl, c.clock, c.cfg, c.name, c.ctx, c.g
+	bad, good := c.offs[0], c.offs[1]
 	release, finish := copyingStopped(t, ctx, g) // g holds the copy's space, recorded, not committed
 	defer finish()
 
@@ -1772,23 +1793,9 @@ func TestGroupOtherPartitionsDoNotWake(t *testing.T) {
 // is dead-lettered once. The second's record used to overwrite the
 // first's, which was then copied again. (A review's finding.)
 func TestGroupDeadLetterOneRecord(t *testing.T) {
-	l := newLog(t, Config{Partitions: 2, SegmentSize: 4096})
-	dl := newLog(t, Config{SegmentSize: 8192})
-	clock := newFakeClock()
-	cfg := clock.config(GroupConfig{MaxAttempts: 1, DeadLetter: dl, VisibilityTimeout: time.Minute, parkFor: time.Hour})
-	name := fmt.Sprintf("dlone%d", groupSeq.Add(1))
-	ctx := timeout(t, 10*time.Second)
-	g := join(t, l, name, cfg)
-	b := make([]byte, 100)
-	message(b, 1, 7)
-	bad1, _ := l.Send(ctx, 1, b)
-	message(b, 1, 8)
-	bad2, _ := l.Send(ctx, 1, b)
-	if m := receive(t, ctx, g); m.Partition != 1 || m.Offset != bad1 {
-		t.Fatalf("partition %d offset %d, want 1 %d", m.Partition, m.Offset, bad1)
-	} else {
-		g.Nack(m)
-	}
+	c := newDeadLetterCase(t)
+	l, dl, clock, cfg, name, ctx, g := c.l, c.dl, c.clock, c.cfg, c.name, c.ctx, c.g
+	bad1, bad2 := c.offs[0], c.offs[1]
 	release, finish := copyingStopped(t, ctx, g) // g writes bad1's copy, recorded
 	defer finish()
 	h := join(t, l, name, cfg)
