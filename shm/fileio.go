@@ -1,0 +1,212 @@
+//go:build linux
+
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// What the fs package needs from the kernel to load large files: a file's
+// identity and file system, read-ahead and paging hints, O_DIRECT, and
+// the last holder of a shared copy removing it. The system calls live
+// here, as every other one of ubkit's (see STYLE.md).
+
+// FileStat is what identifies an open file's content to a cache of it:
+// the file (Dev, Ino), its Size and modification time, and the type of
+// the file system it is on.
+type FileStat struct {
+	Dev, Ino uint64
+	Size     int64
+	// Mtime and Ctime are the modification and status-change times in
+	// nanoseconds since the epoch: a file rewritten in place keeps its
+	// inode and changes these.
+	Mtime, Ctime int64
+	// Mode is st_mode: the type bits and the permissions.
+	Mode uint32
+	// FSType is statfs(2)'s f_type (FSTmpfs, FSNFS, ...).
+	FSType int64
+}
+
+// File system types of FileStat.FSType (statfs(2) magic numbers) that
+// choose how a file is loaded.
+const (
+	FSTmpfs     = 0x01021994
+	FSRamfs     = 0x858458f6
+	FSHugetlbfs = 0x958458f6
+	FSNFS       = 0x6969
+	FSFuse      = 0x65735546
+	FSCIFS      = 0xff534d42
+	FSSMB2      = 0xfe534d42
+	FSCeph      = 0x00c36400
+	FS9P        = 0x01021997
+	FSOverlay   = 0x794c7630
+	FSExt4      = 0xef53
+	FSXFS       = 0x58465342
+	FSBtrfs     = 0x9123683e
+)
+
+// StatFile returns f's identity, size, times and file system type.
+func StatFile(f *os.File) (FileStat, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return FileStat{}, &os.PathError{Op: "fstat", Path: f.Name(), Err: err}
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &fs); err != nil {
+		return FileStat{}, &os.PathError{Op: "fstatfs", Path: f.Name(), Err: err}
+	}
+	return FileStat{
+		Dev: uint64(st.Dev), Ino: st.Ino, Size: st.Size,
+		Mtime: st.Mtim.Nano(), Ctime: st.Ctim.Nano(),
+		Mode: st.Mode, FSType: int64(fs.Type),
+	}, nil
+}
+
+// IsRegular reports whether the file is a regular file.
+func (s FileStat) IsRegular() bool { return s.Mode&unix.S_IFMT == unix.S_IFREG }
+
+// Advice is a paging hint for memory (Advise) or a file (AdviseFile).
+type Advice int
+
+// Hints. Not every hint applies to both: Advise takes all but
+// AdviseNoReuse, AdviseFile all but AdviseHugePage and AdvisePopulateRead.
+const (
+	AdviseNormal Advice = iota
+	AdviseSequential
+	AdviseRandom
+	AdviseWillNeed
+	AdviseDontNeed
+	// AdviseNoReuse (files): the data is read once.
+	AdviseNoReuse
+	// AdviseHugePage (memory): back it with transparent huge pages where
+	// the kernel allows.
+	AdviseHugePage
+	// AdvisePopulateRead (memory, Linux 5.14+): fault every page in for
+	// reading now, reading the file where it is not in the page cache;
+	// ErrUnsupported on older kernels.
+	AdvisePopulateRead
+)
+
+func (a Advice) String() string {
+	return [...]string{"normal", "sequential", "random", "willneed", "dontneed", "noreuse", "hugepage", "populate-read"}[a]
+}
+
+// Advise gives the kernel hint a for b, memory this process mapped
+// (a segment's Data or a file mapping); b must start on a page.
+func Advise(b []byte, a Advice) error {
+	if len(b) == 0 {
+		return nil
+	}
+	adv := -1
+	switch a {
+	case AdviseNormal:
+		adv = unix.MADV_NORMAL
+	case AdviseSequential:
+		adv = unix.MADV_SEQUENTIAL
+	case AdviseRandom:
+		adv = unix.MADV_RANDOM
+	case AdviseWillNeed:
+		adv = unix.MADV_WILLNEED
+	case AdviseDontNeed:
+		adv = unix.MADV_DONTNEED
+	case AdviseHugePage:
+		adv = unix.MADV_HUGEPAGE
+	case AdvisePopulateRead:
+		adv = unix.MADV_POPULATE_READ
+	}
+	if adv < 0 {
+		return fmt.Errorf("shm: madvise %v: not a hint for memory", a)
+	}
+	if err := unix.Madvise(b, adv); err != nil {
+		if a == AdvisePopulateRead && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS)) {
+			return fmt.Errorf("shm: madvise %v: %w", a, errors.ErrUnsupported)
+		}
+		return fmt.Errorf("shm: madvise %v: %w", a, err)
+	}
+	return nil
+}
+
+// AdviseFile gives the kernel hint a for bytes [off, off+n) of f (n 0:
+// to the end), posix_fadvise(2). AdviseDontNeed drops the range's clean
+// pages from the page cache, which needs no privilege: it is how a cold
+// read is measured without root.
+func AdviseFile(f *os.File, off, n int64, a Advice) error {
+	adv := -1
+	switch a {
+	case AdviseNormal:
+		adv = unix.FADV_NORMAL
+	case AdviseSequential:
+		adv = unix.FADV_SEQUENTIAL
+	case AdviseRandom:
+		adv = unix.FADV_RANDOM
+	case AdviseWillNeed:
+		adv = unix.FADV_WILLNEED
+	case AdviseDontNeed:
+		adv = unix.FADV_DONTNEED
+	case AdviseNoReuse:
+		adv = unix.FADV_NOREUSE
+	}
+	if adv < 0 {
+		return fmt.Errorf("shm: fadvise %v: not a hint for files", a)
+	}
+	if err := unix.Fadvise(int(f.Fd()), off, n, adv); err != nil {
+		return &os.PathError{Op: "fadvise " + a.String(), Path: f.Name(), Err: err}
+	}
+	return nil
+}
+
+// OpenDirect opens path for reading with O_DIRECT: reads bypass the page
+// cache, and need buffers, offsets and lengths aligned to the device's
+// block (page-aligned memory such as a segment's Data, and multiples of
+// 4 KiB, do). File systems without O_DIRECT (tmpfs) fail with EINVAL.
+func OpenDirect(path string) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open O_DIRECT", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// ProtectReadOnly makes b, memory of a segment this process mapped,
+// read-only in this process (mprotect): a write to it then faults
+// instead of changing what other processes read. b must start on a page;
+// its last page is protected whole.
+func ProtectReadOnly(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if err := unix.Mprotect(b, unix.PROT_READ); err != nil {
+		return fmt.Errorf("shm: mprotect: %w", err)
+	}
+	return nil
+}
+
+// UnlinkIfLast removes the segment's name if no other open Segment in
+// any process holds it (each holds a shared lock on its file, see
+// Segment), and reports whether it did. Openers that found the file
+// meanwhile wait for the decision and then, finding it removed, get an
+// error wrapping os.ErrNotExist, as if it had never been there: a
+// reference count across processes that a dying process cannot leak.
+// The Segment stays mapped; Close it after. Whatever the answer, it no
+// longer holds its shared lock.
+func (s *Segment) UnlinkIfLast() (bool, error) {
+	if s.closed.Load() || s.fd < 0 {
+		return false, errors.New("shm: UnlinkIfLast on a closed segment")
+	}
+	if err := unix.Flock(s.fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return false, nil
+		}
+		return false, fmt.Errorf("shm: lock %s: %w", s.name, err)
+	}
+	if err := s.Unlink(); err != nil {
+		return false, err
+	}
+	// The lock goes with Close; until then openers blocked on it wait,
+	// and find the name gone.
+	return true, nil
+}
