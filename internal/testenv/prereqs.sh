@@ -53,6 +53,25 @@ if [ ! -f "$pymemcache_dir/pymemcache/__init__.py" ]; then
 	rm -rf "$pymemcache_dir" # a broken earlier install: mv would nest inside it
 	mv "$pymemcache_dir.tmp" "$pymemcache_dir"
 fi
+# Python's safetensors (with numpy) writes the model files that the fs
+# package's safetensors tests read back tensor by tensor, and is the
+# baseline of its benchmark. Installed once per version into the cache;
+# internal/testenv (Safetensors) finds it there.
+safetensors_version=0.6.2 # and SafetensorsVersion in safetensors.go
+numpy_version=2.2.6       # and NumpyVersion there
+safetensors_dir="$cache/python/safetensors-$safetensors_version-numpy-$numpy_version"
+if [ ! -f "$safetensors_dir/safetensors/__init__.py" ] || [ ! -f "$safetensors_dir/numpy/__init__.py" ]; then
+	need python3 python3
+	python3 -m pip --version >/dev/null 2>&1 || need pip3 python3-pip
+	python3 -m pip --version >/dev/null 2>&1 ||
+		{ echo "prereqs: missing pip for python3 (Debian package python3-pip), needed to install safetensors" >&2; exit 1; }
+	echo "prereqs: installing safetensors $safetensors_version and numpy $numpy_version into $safetensors_dir"
+	rm -rf "$safetensors_dir.tmp"
+	PIP_ROOT_USER_ACTION=ignore PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check --no-deps --only-binary=:all: --target "$safetensors_dir.tmp" "safetensors==$safetensors_version" "numpy==$numpy_version" ||
+		{ echo "prereqs: could not install safetensors $safetensors_version and numpy $numpy_version with python3 -m pip" >&2; rm -rf "$safetensors_dir.tmp"; exit 1; }
+	rm -rf "$safetensors_dir"
+	mv "$safetensors_dir.tmp" "$safetensors_dir"
+fi
 # Real message brokers for the mq tests (brokerjars.sh, which ubctl demo mq
 # runs too).
 # shellcheck source=brokerjars.sh

@@ -75,15 +75,18 @@ func TestStartMissingServer(t *testing.T) {
 	}
 }
 
-// TestPymemcacheVersion: prereqs.sh installs the version Pymemcache looks
-// for (a bump of one alone would send every run back to make prereqs).
+// TestPymemcacheVersion: prereqs.sh installs the versions Pymemcache and
+// Safetensors look for (a bump of one alone would send every run back to make prereqs).
 func TestPymemcacheVersion(t *testing.T) {
 	b, err := os.ReadFile("prereqs.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "pymemcache_version=" + PymemcacheVersion + " "; !strings.Contains(string(b), want) {
-		t.Errorf("prereqs.sh does not set %q", want)
+	for _, want := range []string{"pymemcache_version=" + PymemcacheVersion + " ",
+		"safetensors_version=" + SafetensorsVersion + " ", "numpy_version=" + NumpyVersion + " "} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("prereqs.sh does not set %q", want)
+		}
 	}
 }
 
