@@ -194,8 +194,8 @@ func Parse(file []byte) (*Header, error) {
 
 // rawTensor is a tensor's entry in the JSON header.
 type rawTensor struct {
-	DType       *string          `json:"dtype"`
-	Shape       *[]json.Number   `json:"shape"`
+	DType       *string         `json:"dtype"`
+	Shape       *[]json.Number  `json:"shape"`
 	DataOffsets *[]*json.Number `json:"data_offsets"`
 }
 
