@@ -279,3 +279,16 @@ func (f *File) Close() error {
 	f.data = nil
 	return err
 }
+
+// Evict drops the page cache's clean pages of the file at path
+// (posix_fadvise DONTNEED), which needs no privilege: the next load of it
+// is cold where the file system honours it (local disks; tmpfs keeps its
+// pages, they are the file). Dirty pages stay until written back.
+func Evict(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return shm.AdviseFile(f, 0, 0, shm.AdviseDontNeed)
+}

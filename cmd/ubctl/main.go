@@ -2,6 +2,7 @@
 // and the demo.
 //
 //	ubctl bench <suite|all> [-quick] [-json]
+//	ubctl fs load [flags] FILE
 //	ubctl topology show|validate|render
 //	ubctl sim [-topology T] [fault flags]
 //	ubctl demo
@@ -25,6 +26,9 @@ usage:
   ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D] [-case C]
         run a benchmark suite against its baselines, side by side (suites: cache, k8s, mesh, mq, shm, transport, ub);
         -case runs one case, or the cases under it (transport -case connect-close-1000)
+  ubctl fs load [-method auto|map|copy] [-cold] [-tensors] [-hold] ... FILE
+        load a large file (a model) as fs.Open does, with a progress bar, and
+        say how fast; the host's processes share one copy
   ubctl topology show|validate|render ...
         show a super node topology, check topology files, draw one (DOT, SVG)
   ubctl sim [-topology T] [-link-down A-B] [-slow A-B=F] [-crash N] [-clear] [-hold]
@@ -58,6 +62,8 @@ func main() {
 		err = benchCmd(os.Args[2:], os.Stdout)
 	case "demo":
 		err = demoCmd(os.Args[2:], os.Stdout)
+	case "fs":
+		err = fsCmd(os.Args[2:], os.Stdout)
 	case "sim":
 		err = simCmd(os.Args[2:], os.Stdout)
 	case "topology":
