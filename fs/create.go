@@ -1,0 +1,235 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+)
+
+// Durability is what Writer.Close waits for.
+type Durability int
+
+const (
+	// Sync (the default): the file's data and its name are on disk when
+	// Close returns (fsync of the file, rename, fsync of the directory).
+	Sync Durability = iota
+	// NoSync: Close returns once the data is in the page cache; a crash
+	// of the machine may lose it, or leave the old file under the name.
+	NoSync
+)
+
+// CreateOptions tune Create. The zero value (or nil) is Sync with
+// defaults.
+type CreateOptions struct {
+	Durability Durability
+	// Parallel is how many writes are in flight at once (default 8).
+	Parallel int
+	// ChunkSize is the size of each write, a multiple of 4 KiB (default
+	// 8 MiB). Write buffers up to Parallel+1 chunks.
+	ChunkSize int
+	// Perm is the new file's permissions (default 0644, before umask).
+	Perm os.FileMode
+}
+
+// Writer writes a large file with parallel chunked writes. The content
+// goes to a temporary file beside path, renamed to path by Close: a
+// crash or an Abort never leaves half a file under the name. Write is
+// sequential and buffered; WriteAt may be called from many goroutines.
+// Neither may be used after Close or Abort.
+type Writer struct {
+	path, tmp string
+	f         *os.File
+	o         CreateOptions
+	buf       []byte // the chunk being filled by Write
+	off       int64  // where buf goes
+	free      chan []byte
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	err       error // the first failure: every later call returns it
+	done      bool
+}
+
+// Create starts writing the file path (replacing it on Close if it
+// exists).
+func Create(path string, opts *CreateOptions) (*Writer, error) {
+	var o CreateOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.Parallel == 0 {
+		o.Parallel = 8
+	}
+	if o.ChunkSize == 0 {
+		o.ChunkSize = 8 << 20
+	}
+	if o.Perm == 0 {
+		o.Perm = 0o644
+	}
+	switch {
+	case o.Durability != Sync && o.Durability != NoSync:
+		return nil, fmt.Errorf("fs: unknown durability %d", o.Durability)
+	case o.Parallel < 1:
+		return nil, fmt.Errorf("fs: %d parallel writes, want at least 1", o.Parallel)
+	case o.ChunkSize < 4096 || o.ChunkSize%4096 != 0:
+		return nil, fmt.Errorf("fs: chunk size %d, want a multiple of 4096", o.ChunkSize)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return nil, fmt.Errorf("fs: create %s: %w", path, err)
+	}
+	if err := f.Chmod(o.Perm); err != nil {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("fs: create %s: %w", path, err)
+	}
+	w := &Writer{path: path, tmp: f.Name(), f: f, o: o, free: make(chan []byte, o.Parallel+1)}
+	for range o.Parallel + 1 {
+		w.free <- nil // buffers are made when first needed
+	}
+	return w, nil
+}
+
+// fail records the first error.
+func (w *Writer) fail(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.mu.Unlock()
+}
+
+func (w *Writer) failed() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done && w.err == nil {
+		return ErrClosed
+	}
+	return w.err
+}
+
+// Write appends p (buffered: a full chunk is written in the background).
+func (w *Writer) Write(p []byte) (int, error) {
+	if err := w.failed(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for len(p) > 0 {
+		if w.buf == nil {
+			b := <-w.free
+			if b == nil {
+				b = make([]byte, 0, w.o.ChunkSize)
+			}
+			w.buf = b[:0]
+		}
+		k := copy(w.buf[len(w.buf):cap(w.buf)], p)
+		w.buf = w.buf[:len(w.buf)+k]
+		p, n = p[k:], n+k
+		if len(w.buf) == cap(w.buf) {
+			w.flushChunk()
+		}
+	}
+	return n, w.failed()
+}
+
+// flushChunk writes the buffered chunk in the background.
+func (w *Writer) flushChunk() {
+	b, off := w.buf, w.off
+	w.buf = nil
+	w.off += int64(len(b))
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		if _, err := w.f.WriteAt(b, off); err != nil {
+			w.fail(fmt.Errorf("fs: write %s: %w", w.path, err))
+		}
+		w.free <- b
+	}()
+}
+
+// WriteAt writes p at off directly (unbuffered; safe from many goroutines,
+// and with Write as long as the ranges differ).
+func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
+	if err := w.failed(); err != nil {
+		return 0, err
+	}
+	n, err := w.f.WriteAt(p, off)
+	if err != nil {
+		err = fmt.Errorf("fs: write %s: %w", w.path, err)
+		w.fail(err)
+	}
+	return n, err
+}
+
+// Close writes what is buffered, waits for every write, makes the file
+// durable as Durability says and renames it to its path. On an error the
+// temporary file is removed and path is left as it was.
+func (w *Writer) Close() error {
+	w.mu.Lock()
+	if w.done {
+		defer w.mu.Unlock()
+		return w.err
+	}
+	w.mu.Unlock()
+	if len(w.buf) > 0 {
+		w.flushChunk()
+	}
+	w.wg.Wait()
+	w.mu.Lock()
+	w.done = true
+	err := w.err
+	w.mu.Unlock()
+	if err == nil && w.o.Durability == Sync {
+		if err = w.f.Sync(); err != nil {
+			err = fmt.Errorf("fs: fsync %s: %w", w.path, err)
+		}
+	}
+	if cerr := w.f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("fs: close %s: %w", w.path, cerr)
+	}
+	if err == nil {
+		if err = os.Rename(w.tmp, w.path); err != nil {
+			err = fmt.Errorf("fs: %w", err)
+		}
+	}
+	if err == nil && w.o.Durability == Sync {
+		err = syncDir(filepath.Dir(w.path))
+	}
+	if err != nil {
+		os.Remove(w.tmp)
+		w.fail(err)
+	}
+	return err
+}
+
+// Abort gives the file up: the temporary file is removed and path is
+// left as it was.
+func (w *Writer) Abort() error {
+	w.wg.Wait()
+	w.mu.Lock()
+	if w.done {
+		w.mu.Unlock()
+		return ErrClosed
+	}
+	w.done = true
+	if w.err == nil {
+		w.err = errors.New("fs: writer aborted")
+	}
+	w.mu.Unlock()
+	w.f.Close()
+	return os.Remove(w.tmp)
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("fs: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fs: fsync %s: %w", dir, err)
+	}
+	return nil
+}
