@@ -16,6 +16,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/internal/bench/cachesuite"
+	"github.com/ubkit-io/ubkit/internal/bench/fssuite"
 	"github.com/ubkit-io/ubkit/internal/bench/k8ssuite"
 	"github.com/ubkit-io/ubkit/internal/bench/meshsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/mqsuite"
@@ -29,6 +30,14 @@ var suites = map[string]func(o *benchOpts) ([]bench.Case, error){
 	"ub":        func(o *benchOpts) ([]bench.Case, error) { return ubsuite.Cases(), nil },
 	"transport": func(o *benchOpts) ([]bench.Case, error) { return transportsuite.Cases(), nil },
 	"mesh":      func(o *benchOpts) ([]bench.Case, error) { return meshsuite.Cases(), nil },
+	"fs": func(o *benchOpts) ([]bench.Case, error) {
+		// Its files (2 GiB and 1 GiB, a quarter with -quick) are made
+		// once in the cache directory; Python's safetensors comes from
+		// make prereqs.
+		e := fssuite.NewEnv(cacheDir(), o.quick)
+		o.addCleanup(e.Close)
+		return e.Cases(), nil
+	},
 	"mq": func(o *benchOpts) ([]bench.Case, error) {
 		// The offload cases start Pulsar and RocketMQ once, on first use.
 		b := mqsuite.NewBrokers()
@@ -139,7 +148,7 @@ func benchCmd(args []string, out io.Writer) error {
 		}
 		slices.Sort(names)
 	} else if _, ok := suites[suite]; !ok || suite == "" {
-		return fmt.Errorf("unknown suite %q (have: cache, k8s, mesh, mq, shm, ub, transport, all)", suite)
+		return fmt.Errorf("unknown suite %q (have: cache, fs, k8s, mesh, mq, shm, ub, transport, all)", suite)
 	}
 	opts := bench.Options{Rounds: 5, Duration: time.Second, Warmup: 200 * time.Millisecond}
 	if o.quick {

@@ -24,7 +24,7 @@ const usage = `ubctl: ubkit's command-line tool
 
 usage:
   ubctl bench <suite|all> [-quick] [-json] [-rounds N] [-duration D] [-case C]
-        run a benchmark suite against its baselines, side by side (suites: cache, k8s, mesh, mq, shm, transport, ub);
+        run a benchmark suite against its baselines, side by side (suites: cache, fs, k8s, mesh, mq, shm, transport, ub);
         -case runs one case, or the cases under it (transport -case connect-close-1000)
   ubctl fs load [-method auto|map|copy] [-cold] [-tensors] [-hold] ... FILE
         load a large file (a model) as fs.Open does, with a progress bar, and
