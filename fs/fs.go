@@ -16,8 +16,8 @@
 //	weights := f.Bytes() // read-only, valid until Close
 //
 // A shared copy is named after the file's identity (device, inode, size,
-// modification and change times, and the expected content hash when one
-// is given), so a file changed on disk gets a new copy. It is counted
+// modification and change times), so a file changed on disk gets a new
+// copy. It is counted
 // across processes by the kernel (a shared lock per holder: a killed
 // process cannot leak its reference); the last holder removes it. A
 // loader killed mid-load leaves a copy marked loading, never ready: the
@@ -108,7 +108,8 @@ type Options struct {
 	Private bool
 	// SHA256, if set (64 hex digits), is the expected SHA-256 of the
 	// content: the load fails with ErrChecksum if it differs. A shared
-	// copy is checked once, by its loader.
+	// copy is checked once per sum, by its loader or the first opener
+	// that asks for that sum.
 	SHA256 string
 	// Progress, if set, is called from Open's goroutine as the load goes
 	// on, and once at the end with Done == Total.

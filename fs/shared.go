@@ -23,9 +23,12 @@ import (
 //	8   state   u32  0 loading, 1 ready (a futex word: waiters sleep on it)
 //	16  loader  u64  the process word (shm.Process.Word) of the process
 //	                 loading it; 0 or a dead process's: up for taking
-//	24  dev, ino, size, mtime, ctime  u64 each: the file it holds
+//	24  key     five u64 words naming the content: for a local file
+//	            dev, ino, size, mtime, ctime; for a remote one (remote.go)
+//	            its address's hash, 0, size, mtime, its chunk hashes' hash
 //	64  done    u64  bytes loaded so far (progress, for waiters)
-//	72  sum     32 bytes: the SHA-256 its loader checked, if one was asked
+//	72  sum     32 bytes: the SHA-256 the content was last checked against
+//	            (Options.SHA256), by its loader or a later opener
 //
 // Every holder keeps a shared lock on the segment's file (shm.Segment):
 // the last one to close removes it (shm.Segment.UnlinkIfLast), and a
@@ -58,19 +61,32 @@ type sharedCopy struct {
 	seg   *shm.Segment
 	data  []byte
 	refs  int // under copies' lock
+	sumMu sync.Mutex
 }
 
-// copyName names the shared copy of the file st with the expected sum.
-func copyName(st shm.FileStat, sum string) string {
+// copyName names the shared copy of the file st.
+func copyName(st shm.FileStat) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "%d/%d/%d/%d/%d/%s", st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime, strings.ToLower(sum))
+	fmt.Fprintf(h, "%d/%d/%d/%d/%d", st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime)
 	return "fs-" + hex.EncodeToString(h.Sum(nil)[:12])
 }
 
 // openShared returns the host's shared copy of f, loading it if nobody
 // has, or waiting for the process that is.
 func openShared(ctx context.Context, f *os.File, path string, st shm.FileStat, o Options) (*File, error) {
-	name := copyName(st, o.SHA256)
+	key := [5]uint64{st.Dev, st.Ino, uint64(st.Size), uint64(st.Mtime), uint64(st.Ctime)}
+	return shared(ctx, copyName(st), st.Size, key, o, func(ctx context.Context, data []byte, done *atomic.Uint64) error {
+		return loadFile(ctx, f, path, st, o, data, done)
+	})
+}
+
+// filler fills a shared copy's data (rounded up to a page) with the
+// content, storing its progress in done.
+type filler func(ctx context.Context, data []byte, done *atomic.Uint64) error
+
+// shared returns the shared copy name of size bytes whose header holds
+// key, filled by fill if nobody has, or waiting for the process that is.
+func shared(ctx context.Context, name string, size int64, key [5]uint64, o Options, fill filler) (*File, error) {
 	for {
 		copies.Lock()
 		c := copies.m[name]
@@ -79,7 +95,7 @@ func openShared(ctx context.Context, f *os.File, path string, st shm.FileStat, o
 			copies.m[name] = c
 			c.refs = 1
 			copies.Unlock()
-			c.err = c.open(ctx, f, path, st, o)
+			c.err = c.open(ctx, size, key, o, fill)
 			if c.err != nil {
 				copies.Lock()
 				delete(copies.m, name)
@@ -102,6 +118,12 @@ func openShared(ctx context.Context, f *os.File, path string, st shm.FileStat, o
 		if c.err != nil {
 			// That Open failed (its context ended, say): try ours.
 			continue
+		}
+		if o.SHA256 != "" {
+			if err := c.checkSum(o.SHA256, int64(len(c.data))); err != nil {
+				c.release()
+				return nil, err
+			}
 		}
 		return c.file(), nil
 	}
@@ -130,8 +152,8 @@ func (c *sharedCopy) release() error {
 }
 
 // open opens or creates the segment and gets it loaded.
-func (c *sharedCopy) open(ctx context.Context, f *os.File, path string, st shm.FileStat, o Options) error {
-	size := copyHeader + int(st.Size)
+func (c *sharedCopy) open(ctx context.Context, n int64, key [5]uint64, o Options, fill filler) error {
+	size := copyHeader + int(n)
 	for try := 0; ; try++ {
 		seg, err := shm.OpenSegment(c.name)
 		if errors.Is(err, os.ErrNotExist) {
@@ -150,7 +172,7 @@ func (c *sharedCopy) open(ctx context.Context, f *os.File, path string, st shm.F
 		c.seg = seg
 		break
 	}
-	err := c.acquire(ctx, f, path, st, o)
+	err := c.acquire(ctx, n, key, o, fill)
 	if err == nil {
 		c.data = c.seg.Data()[copyHeader:size:size]
 		if err = shm.ProtectReadOnly(c.data); err == nil {
@@ -165,7 +187,7 @@ func (c *sharedCopy) open(ctx context.Context, f *os.File, path string, st shm.F
 
 // acquire returns once the segment holds the file: loaded by another
 // process, or by this one, taking the load over from a loader that died.
-func (c *sharedCopy) acquire(ctx context.Context, f *os.File, path string, st shm.FileStat, o Options) error {
+func (c *sharedCopy) acquire(ctx context.Context, n int64, key [5]uint64, o Options, fill filler) error {
 	seg := c.seg
 	word := func(off int) *atomic.Uint64 { w, _ := seg.Uint64At(off); return w }
 	state, _ := seg.Uint32At(hdrState)
@@ -173,10 +195,10 @@ func (c *sharedCopy) acquire(ctx context.Context, f *os.File, path string, st sh
 	me := shm.Self().Word()
 	for {
 		if state.Load() == stateReady {
-			return c.check(st, o)
+			return c.check(key, o)
 		}
 		if w := loader.Load(); (w == 0 || !shm.AliveWord(w)) && loader.CompareAndSwap(w, me) {
-			err := c.load(ctx, f, path, st, o)
+			err := c.load(ctx, key, o, fill)
 			if err != nil {
 				// Up for taking again, by a waiter or the next Open.
 				loader.CompareAndSwap(me, 0)
@@ -195,15 +217,15 @@ func (c *sharedCopy) acquire(ctx context.Context, f *os.File, path string, st sh
 			return err
 		}
 		if o.Progress != nil && state.Load() != stateReady {
-			o.Progress(Progress{Done: min(int64(done.Load()), st.Size), Total: st.Size, Waiting: true})
+			o.Progress(Progress{Done: min(int64(done.Load()), n), Total: n, Waiting: true})
 		}
 	}
 }
 
-// load reads the file into the segment (this process is its loader).
-func (c *sharedCopy) load(ctx context.Context, f *os.File, path string, st shm.FileStat, o Options) error {
+// load fills the segment (this process is its loader).
+func (c *sharedCopy) load(ctx context.Context, key [5]uint64, o Options, fill filler) error {
 	seg := c.seg
-	for i, v := range []uint64{st.Dev, st.Ino, uint64(st.Size), uint64(st.Mtime), uint64(st.Ctime)} {
+	for i, v := range key {
 		w, _ := seg.Uint64At(hdrKey + 8*i)
 		w.Store(v)
 	}
@@ -211,9 +233,27 @@ func (c *sharedCopy) load(ctx context.Context, f *os.File, path string, st shm.F
 	done.Store(0)
 	magic, _ := seg.Uint64At(hdrMagic)
 	magic.Store(copyMagic)
+	data := seg.Data()[copyHeader:]
+	if o.HugePages {
+		_ = shm.Advise(data, shm.AdviseHugePage)
+	}
+	if err := fill(ctx, data, done); err != nil {
+		return err
+	}
+	if o.SHA256 != "" {
+		if err := checkSum(data[:key[2]], o.SHA256); err != nil {
+			return err
+		}
+		sum, _ := hex.DecodeString(o.SHA256)
+		seg.WriteAt(sum, hdrSum)
+	}
+	return nil
+}
+
+// loadFile reads the local file f into data, a shared copy's.
+func loadFile(ctx context.Context, f *os.File, path string, st shm.FileStat, o Options, data []byte, done *atomic.Uint64) error {
 	// The copy's pages are read whole (O_DIRECT reads blocks): the
 	// segment's data area is rounded up to a page.
-	data := seg.Data()[copyHeader:]
 	src := f
 	if o.Direct {
 		if d, err := shm.OpenDirect(path); err == nil {
@@ -224,9 +264,6 @@ func (c *sharedCopy) load(ctx context.Context, f *os.File, path string, st shm.F
 				d.Close()
 			}
 		}
-	}
-	if o.HugePages {
-		_ = shm.Advise(data, shm.AdviseHugePage)
 	}
 	_ = shm.AdviseFile(f, 0, 0, shm.AdviseSequential)
 	report := reporter(o, st.Size)
@@ -254,13 +291,6 @@ func (c *sharedCopy) load(ctx context.Context, f *os.File, path string, st shm.F
 	if err != nil {
 		return err
 	}
-	if o.SHA256 != "" {
-		if err := checkSum(data[:st.Size], o.SHA256); err != nil {
-			return err
-		}
-		sum, _ := hex.DecodeString(o.SHA256)
-		seg.WriteAt(sum, hdrSum)
-	}
 	// The file may have changed while it was read: then it is not the
 	// content this copy is named after.
 	if now, err := shm.StatFile(f); err != nil {
@@ -277,11 +307,10 @@ func isInvalid(err error) bool {
 	return err != nil && errors.As(err, &pe) && strings.Contains(pe.Err.Error(), "invalid argument")
 }
 
-// check verifies that a ready copy holds the file st (the name is a hash
-// of it: another file there is a collision or tampering).
-func (c *sharedCopy) check(st shm.FileStat, o Options) error {
-	want := []uint64{st.Dev, st.Ino, uint64(st.Size), uint64(st.Mtime), uint64(st.Ctime)}
-	for i, v := range want {
+// check verifies that a ready copy holds the content of key (the name is
+// a hash of it: another content there is a collision or tampering).
+func (c *sharedCopy) check(key [5]uint64, o Options) error {
+	for i, v := range key {
 		w, _ := c.seg.Uint64At(hdrKey + 8*i)
 		if w.Load() != v {
 			return fmt.Errorf("shared copy %s holds another file: %w", c.name, shm.ErrCorrupt)
@@ -291,12 +320,30 @@ func (c *sharedCopy) check(st shm.FileStat, o Options) error {
 		return fmt.Errorf("shared copy %s: bad magic: %w", c.name, shm.ErrCorrupt)
 	}
 	if o.SHA256 != "" {
-		sum := make([]byte, 32)
-		c.seg.ReadAt(sum, hdrSum)
-		if hex.EncodeToString(sum) != strings.ToLower(o.SHA256) {
-			return fmt.Errorf("shared copy %s was not checked against %s: %w", c.name, o.SHA256, shm.ErrCorrupt)
-		}
+		return c.checkSum(o.SHA256, int64(key[2]))
 	}
+	return nil
+}
+
+// checkSum checks a ready copy's content against want (hex SHA-256):
+// checked against it by its loader, or by an opener since, or else now,
+// once. size is the content's, as this process knows it.
+func (c *sharedCopy) checkSum(want string, size int64) error {
+	c.sumMu.Lock()
+	defer c.sumMu.Unlock()
+	sum := make([]byte, 32)
+	c.seg.ReadAt(sum, hdrSum)
+	if hex.EncodeToString(sum) == strings.ToLower(want) {
+		return nil
+	}
+	if size < 0 || size > int64(len(c.seg.Data())-copyHeader) {
+		return fmt.Errorf("shared copy %s: %d bytes in a segment of %d: %w", c.name, size, len(c.seg.Data()), shm.ErrCorrupt)
+	}
+	if err := checkSum(c.seg.Data()[copyHeader:copyHeader+int(size)], want); err != nil {
+		return err
+	}
+	sum, _ = hex.DecodeString(want)
+	c.seg.WriteAt(sum, hdrSum)
 	return nil
 }
 

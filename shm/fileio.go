@@ -210,3 +210,8 @@ func (s *Segment) UnlinkIfLast() (bool, error) {
 	// and find the name gone.
 	return true, nil
 }
+
+// OpenNonblock is O_NONBLOCK for os.OpenFile and os.Root.OpenFile: an
+// open of a FIFO or a device that would wait does not (a server opening
+// names a client gave checks, after, that it opened a regular file).
+const OpenNonblock = unix.O_NONBLOCK

@@ -70,3 +70,6 @@ func ProtectReadOnly(b []byte) error { return errUnsupported }
 
 // UnlinkIfLast fails: segments need Linux.
 func (s *Segment) UnlinkIfLast() (bool, error) { return false, errUnsupported }
+
+// OpenNonblock is O_NONBLOCK where there is one (0 here).
+const OpenNonblock = 0

@@ -1,0 +1,360 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+// ExportConfig bounds what clients can make an Exporter hold. The zero
+// value (or nil) is usable.
+type ExportConfig struct {
+	// MaxConns is how many connections are served at once (default 64);
+	// beyond it a client gets ErrBusy. Each holds one goroutine and one
+	// 1 MiB buffer while it reads.
+	MaxConns int
+	// ChunkSize is the unit clients read in and the export hashes in, a
+	// multiple of 4 KiB from 64 KiB to 64 MiB (default 8 MiB).
+	ChunkSize int
+	// IdleTimeout bounds the wait for a connection's next request
+	// (default 60 s); WriteTimeout each response (default 30 s): a
+	// client that stops reading is dropped.
+	IdleTimeout, WriteTimeout time.Duration
+	// Authorize, if set, is asked about every request (the connection,
+	// for its peer, and the path): an error refuses it with ErrDenied.
+	// Unset, anyone who can connect reads every file under the directory:
+	// serve transport listeners (which check the peer's user on the
+	// host, and its certificate across nodes when TLS is configured; see
+	// docs/security.md) or a network where that is meant.
+	Authorize func(c net.Conn, path string) error
+	// Logger gets the connections that failed, and why. Default: nothing.
+	Logger *slog.Logger
+}
+
+// Exporter serves the regular files under a directory, read-only, to
+// OpenRemote on other nodes.
+type Exporter struct {
+	root *os.Root
+	cfg  ExportConfig
+	bufs sync.Pool
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	lns    map[net.Listener]struct{}
+	closed bool
+	wg     sync.WaitGroup
+
+	stats statCache
+}
+
+// Export serves the files under dir (Serve it on listeners). Paths are
+// resolved inside dir: ".." and symbolic links that leave it, absolute
+// paths, and anything but regular files (directories, devices, FIFOs,
+// sockets) are refused.
+func Export(dir string, cfg *ExportConfig) (*Exporter, error) {
+	var c ExportConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 64
+	}
+	if c.ChunkSize == 0 {
+		c.ChunkSize = 8 << 20
+	}
+	if c.ChunkSize < minChunk || c.ChunkSize > maxChunk || c.ChunkSize%4096 != 0 {
+		return nil, fmt.Errorf("fs: export chunk size %d, want a multiple of 4096 from %d to %d", c.ChunkSize, minChunk, maxChunk)
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 60 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("fs: export %s: %w", dir, err)
+	}
+	e := &Exporter{root: root, cfg: c, conns: map[net.Conn]struct{}{}, lns: map[net.Listener]struct{}{}}
+	e.bufs.New = func() any { b := make([]byte, 1<<20); return &b }
+	e.stats.m = map[fileKey]*statEntry{}
+	return e, nil
+}
+
+// Serve accepts connections on l until it fails or the Exporter closes
+// (then it returns nil).
+func (e *Exporter) Serve(l net.Listener) error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return errors.New("fs: exporter closed")
+	}
+	e.lns[l] = struct{}{}
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.lns, l)
+		e.mu.Unlock()
+	}()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			e.mu.Lock()
+			closed := e.closed
+			e.mu.Unlock()
+			if closed {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		busy := len(e.conns) >= e.cfg.MaxConns
+		if !busy {
+			e.conns[c] = struct{}{}
+		}
+		e.wg.Add(1)
+		e.mu.Unlock()
+		go func() {
+			defer e.wg.Done()
+			if busy {
+				e.refuse(c)
+				return
+			}
+			defer func() {
+				e.mu.Lock()
+				delete(e.conns, c)
+				e.mu.Unlock()
+				c.Close()
+			}()
+			if err := e.serveConn(c); err != nil && !errors.Is(err, io.EOF) {
+				e.cfg.Logger.Info("fs export: connection dropped", "peer", c.RemoteAddr(), "err", err)
+			}
+		}()
+	}
+}
+
+// refuse tells a connection over MaxConns so, after its first request.
+func (e *Exporter) refuse(c net.Conn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := readRequest(c); err != nil {
+		return
+	}
+	c.Write(response{status: statusBusy, msg: fmt.Sprintf("%d connections served", e.cfg.MaxConns)}.encode())
+}
+
+// Close stops the listeners being served and drops every connection.
+func (e *Exporter) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	for l := range e.lns {
+		l.Close()
+	}
+	for c := range e.conns {
+		c.Close()
+	}
+	e.mu.Unlock()
+	e.wg.Wait()
+	return e.root.Close()
+}
+
+// serveConn answers a connection's requests in turn.
+func (e *Exporter) serveConn(c net.Conn) error {
+	for {
+		c.SetReadDeadline(time.Now().Add(e.cfg.IdleTimeout))
+		q, err := readRequest(c)
+		if err != nil {
+			if errors.Is(err, ErrRemote) {
+				e.reply(c, response{status: statusBad, msg: err.Error()}, nil)
+			}
+			return err
+		}
+		c.SetReadDeadline(time.Time{})
+		if err := e.answer(c, q); err != nil {
+			return err
+		}
+	}
+}
+
+// reply writes a response (and payload, if any) within WriteTimeout.
+func (e *Exporter) reply(c net.Conn, r response, payload []byte) error {
+	c.SetWriteDeadline(time.Now().Add(e.cfg.WriteTimeout))
+	r.payload = uint64(len(payload))
+	if _, err := c.Write(append(r.encode(), payload...)); err != nil {
+		return err
+	}
+	return nil
+}
+
+// answer answers one request; an error ends the connection.
+func (e *Exporter) answer(c net.Conn, q request) error {
+	f, st, status, err := e.open(q.path)
+	if err == nil && e.cfg.Authorize != nil {
+		if aerr := e.cfg.Authorize(c, q.path); aerr != nil {
+			status, err = statusDenied, aerr
+		}
+	}
+	if err != nil {
+		if f != nil {
+			f.Close()
+		}
+		return e.reply(c, response{status: status, msg: err.Error()}, nil)
+	}
+	defer f.Close()
+	switch q.op {
+	case opStat:
+		info, err := e.stats.get(f, st, e.cfg.ChunkSize)
+		if err != nil {
+			return e.reply(c, response{status: statusIO, msg: err.Error()}, nil)
+		}
+		return e.reply(c, response{}, info.encode())
+	default: // opRead
+		if q.len > uint64(e.cfg.ChunkSize) || q.off > uint64(st.Size) || q.len > uint64(st.Size)-q.off {
+			return e.reply(c, response{status: statusBad, msg: fmt.Sprintf("read of %d bytes at %d of a %d-byte file in chunks of %d", q.len, q.off, st.Size, e.cfg.ChunkSize)}, nil)
+		}
+		c.SetWriteDeadline(time.Now().Add(e.cfg.WriteTimeout))
+		if _, err := c.Write(response{payload: q.len}.encode()); err != nil {
+			return err
+		}
+		// Streamed through a 1 MiB buffer; a file that ends early (it
+		// was truncated) ends the connection, which the client sees as
+		// a short payload.
+		bp := e.bufs.Get().(*[]byte)
+		defer e.bufs.Put(bp)
+		n, err := io.CopyBuffer(writerOnly{c}, io.NewSectionReader(f, int64(q.off), int64(q.len)), *bp)
+		if err == nil && uint64(n) != q.len {
+			err = fmt.Errorf("%s ended after %d of %d bytes", q.path, n, q.len)
+		}
+		return err
+	}
+}
+
+// writerOnly hides a net.Conn's ReadFrom, so that io.CopyBuffer uses the
+// buffer it is given.
+type writerOnly struct{ io.Writer }
+
+// open opens an exported file: a clean relative path inside the root,
+// and a regular file.
+func (e *Exporter) open(name string) (*os.File, shm.FileStat, uint8, error) {
+	if name != path.Clean(name) || path.IsAbs(name) || name == "." || strings.HasPrefix(name, "../") || name == ".." ||
+		strings.ContainsRune(name, 0) {
+		return nil, shm.FileStat{}, statusDenied, fmt.Errorf("path %q is not a clean path inside the export", name)
+	}
+	f, err := e.root.OpenFile(name, os.O_RDONLY|shm.OpenNonblock, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, shm.FileStat{}, statusNotFound, fmt.Errorf("%s: no such file", name)
+		}
+		return nil, shm.FileStat{}, statusDenied, fmt.Errorf("%s: %v", name, errors.Unwrap(err))
+	}
+	st, err := shm.StatFile(f)
+	if err != nil {
+		return f, st, statusIO, err
+	}
+	if !st.IsRegular() {
+		return f, st, statusDenied, fmt.Errorf("%s is not a regular file", name)
+	}
+	return f, st, statusOK, nil
+}
+
+// fileKey names a file's content for the stat cache.
+type fileKey struct {
+	dev, ino     uint64
+	size, mtime  int64
+	ctime, chunk int64
+}
+
+// statCache keeps the chunk hashes of recently served files: computing
+// them reads the whole file once.
+type statCache struct {
+	mu sync.Mutex
+	m  map[fileKey]*statEntry
+}
+
+type statEntry struct {
+	done chan struct{}
+	info statInfo
+	err  error
+}
+
+// maxStats bounds the cache (8 KiB of hashes per GiB in 8 MiB chunks).
+const maxStats = 256
+
+// get returns f's stat, hashing it once per content however many clients
+// ask at once.
+func (s *statCache) get(f *os.File, st shm.FileStat, chunk int) (statInfo, error) {
+	k := fileKey{st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime, int64(chunk)}
+	s.mu.Lock()
+	en := s.m[k]
+	if en == nil {
+		if len(s.m) >= maxStats {
+			for old := range s.m { // any one: they are cheap to remake
+				delete(s.m, old)
+				break
+			}
+		}
+		en = &statEntry{done: make(chan struct{})}
+		s.m[k] = en
+		s.mu.Unlock()
+		en.info, en.err = hashFile(f, st, chunk)
+		if en.err != nil {
+			s.mu.Lock()
+			delete(s.m, k)
+			s.mu.Unlock()
+		}
+		close(en.done)
+	} else {
+		s.mu.Unlock()
+		<-en.done
+	}
+	return en.info, en.err
+}
+
+// hashFile reads f whole and hashes each chunk.
+func hashFile(f *os.File, st shm.FileStat, chunk int) (statInfo, error) {
+	info := statInfo{size: st.Size, mtime: st.Mtime, chunk: chunk}
+	n := (st.Size + int64(chunk) - 1) / int64(chunk)
+	if n > maxChunks {
+		return info, fmt.Errorf("%d bytes is more than %d chunks of %d", st.Size, maxChunks, chunk)
+	}
+	buf := make([]byte, min(int64(chunk), st.Size))
+	for i := range n {
+		off := i * int64(chunk)
+		b := buf[:min(int64(chunk), st.Size-off)]
+		if _, err := f.ReadAt(b, off); err != nil {
+			return info, fmt.Errorf("hashing: %w", err)
+		}
+		info.hashes = append(info.hashes, xxhash.Sum64(b))
+	}
+	if now, err := shm.StatFile(f); err != nil || now.Size != st.Size || now.Mtime != st.Mtime || now.Ctime != st.Ctime {
+		return info, errors.New("the file changed while it was hashed")
+	}
+	return info, nil
+}

@@ -1,0 +1,379 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/ubkit-io/ubkit/transport"
+	"github.com/ubkit-io/ubkit/ub/provider/simprov"
+	"github.com/ubkit-io/ubkit/ub/topology"
+)
+
+// tcpExport serves e on a loopback TCP listener and returns a Dial that
+// sends every export address there.
+func tcpExport(t *testing.T, e *Exporter) func(ctx context.Context, addr string) (net.Conn, error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.Serve(ln) }()
+	t.Cleanup(func() {
+		e.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	}
+}
+
+func TestRemoteOverTCP(t *testing.T) {
+	dir := t.TempDir()
+	_, want := writeFile(t, dir, 3<<20+777, 11)
+	os.Rename(filepath.Join(dir, fmt.Sprintf("f-%d-11", len(want))), filepath.Join(dir, "model.bin"))
+	os.Mkdir(filepath.Join(dir, "sub"), 0o755)
+	os.WriteFile(filepath.Join(dir, "sub", "empty"), nil, 0o600)
+	e, err := Export(dir, &ExportConfig{ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := tcpExport(t, e)
+	ctx := context.Background()
+	var last Progress
+	a, err := OpenRemote(ctx, "ub://n0/models/model.bin", &RemoteOptions{Dial: dial, Options: Options{Parallel: 3, SHA256: sum(want),
+		Progress: func(p Progress) { last = p }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if !bytes.Equal(a.Bytes(), want) || a.Size() != int64(len(want)) || !a.Shared() || last.Done != int64(len(want)) {
+		t.Fatalf("remote copy differs from the file (%d bytes, shared %v, progress %+v)", len(a.Bytes()), a.Shared(), last)
+	}
+	// A second open in this process, and a private one, agree.
+	b, err := OpenRemote(ctx, "ub://n0/models/model.bin", &RemoteOptions{Dial: dial})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if &b.Bytes()[0] != &a.Bytes()[0] || copiesInShm(t) != 1 {
+		t.Errorf("a second open of the same remote file has its own copy (%d copies)", copiesInShm(t))
+	}
+	p, err := OpenRemote(ctx, "ub://n0/models/model.bin", &RemoteOptions{Dial: dial, Options: Options{Private: true, Parallel: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.Bytes(), want) || p.Shared() {
+		t.Error("the private remote copy differs")
+	}
+	p.Close()
+	z, err := OpenRemote(ctx, "ub://n0/models/sub/empty", &RemoteOptions{Dial: dial})
+	if err != nil || z.Size() != 0 {
+		t.Fatalf("empty remote file: %v", err)
+	}
+	z.Close()
+	if _, err := OpenRemote(ctx, "ub://n0/models/model.bin", &RemoteOptions{Dial: dial, Options: Options{SHA256: sum(nil)}}); !errors.Is(err, ErrChecksum) {
+		t.Errorf("wrong SHA-256: %v", err)
+	}
+	for _, bad := range []string{"ub://n0/models", "ub://n0/", "tcp://n0/x/y", "ub:///x/y", "ub://n0/m/x?y=1"} {
+		if _, err := OpenRemote(ctx, bad, &RemoteOptions{Dial: dial}); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+func TestExportRefuses(t *testing.T) {
+	dir := t.TempDir()
+	out := t.TempDir()
+	os.WriteFile(filepath.Join(out, "secret"), []byte("secret"), 0o600)
+	os.WriteFile(filepath.Join(dir, "ok"), []byte("fine"), 0o600)
+	os.Mkdir(filepath.Join(dir, "d"), 0o755)
+	os.Symlink(filepath.Join(out, "secret"), filepath.Join(dir, "abs-link"))
+	os.Symlink("../"+filepath.Base(out)+"/secret", filepath.Join(dir, "rel-link"))
+	os.Symlink("ok", filepath.Join(dir, "in-link"))
+	if err := exec.Command("mkfifo", filepath.Join(dir, "fifo")).Run(); err != nil {
+		t.Fatalf("mkfifo: %v", err)
+	}
+	e, err := Export(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := tcpExport(t, e)
+	ctx := context.Background()
+	for name, want := range map[string]error{
+		"../" + filepath.Base(out) + "/secret": ErrDenied,
+		"d/../../x":                            ErrDenied,
+		"abs-link":                             ErrDenied,
+		"rel-link":                             ErrDenied,
+		"d":                                    ErrDenied,
+		"fifo":                                 ErrDenied,
+		"./ok":                                 ErrDenied,
+		"missing":                              ErrNotFound,
+	} {
+		if _, err := OpenRemote(ctx, "ub://n0/x/"+name, &RemoteOptions{Dial: dial}); !errors.Is(err, want) {
+			t.Errorf("%s: %v, want %v", name, err, want)
+		}
+	}
+	f, err := OpenRemote(ctx, "ub://n0/x/in-link", &RemoteOptions{Dial: dial})
+	if err != nil || string(f.Bytes()) != "fine" {
+		t.Fatalf("a link inside the export: %v", err)
+	}
+	f.Close()
+	if n := copiesInShm(t); n != 0 {
+		t.Errorf("%d copies left", n)
+	}
+}
+
+// hostile is an export that answers its stat honestly (a file of size
+// bytes in chunks of 64 KiB, hashes of content) and then misbehaves on
+// reads as bad says.
+func hostile(t *testing.T, content []byte, bad func(c net.Conn, q request)) func(ctx context.Context, addr string) (net.Conn, error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				for {
+					q, err := readRequest(c)
+					if err != nil {
+						return
+					}
+					if q.op == opStat {
+						info := statInfo{size: int64(len(content)), chunk: 64 << 10}
+						for off := 0; off < len(content); off += info.chunk {
+							info.hashes = append(info.hashes, xxhash.Sum64(content[off:min(off+info.chunk, len(content))]))
+						}
+						p := info.encode()
+						c.Write(append(response{payload: uint64(len(p))}.encode(), p...))
+						continue
+					}
+					bad(c, q)
+				}
+			}()
+		}
+	}()
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	}
+}
+
+func TestHostileExport(t *testing.T) {
+	content := make([]byte, 300<<10)
+	for i := range content {
+		content[i] = byte(i * 13)
+	}
+	ctx := context.Background()
+	for name, bad := range map[string]func(c net.Conn, q request){
+		"wrong data": func(c net.Conn, q request) {
+			b := bytes.Clone(content[q.off : q.off+q.len])
+			b[len(b)/2] ^= 1
+			c.Write(append(response{payload: q.len}.encode(), b...))
+		},
+		"long payload": func(c net.Conn, q request) {
+			c.Write(append(response{payload: q.len + 8}.encode(), make([]byte, q.len+8)...))
+		},
+		"short payload": func(c net.Conn, q request) {
+			c.Write(append(response{payload: q.len}.encode(), content[q.off:q.off+q.len/2]...))
+			c.Close()
+		},
+		"bad magic": func(c net.Conn, q request) {
+			c.Write(make([]byte, respSize))
+		},
+		"huge message": func(c net.Conn, q request) {
+			r := response{}.encode()
+			binary.LittleEndian.PutUint16(r[6:], 60000)
+			c.Write(r)
+		},
+		"unknown status": func(c net.Conn, q request) {
+			c.Write(response{status: 99}.encode())
+		},
+		"silent": func(c net.Conn, q request) {},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dial := hostile(t, content, bad)
+			for _, private := range []bool{false, true} {
+				_, err := OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial, RequestTimeout: 500 * time.Millisecond,
+					Options: Options{Private: private}})
+				if !errors.Is(err, ErrRemote) && !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Errorf("private %v: %v, want ErrRemote", private, err)
+				}
+			}
+			if n := copiesInShm(t); n != 0 {
+				t.Errorf("%d copies left", n)
+			}
+		})
+	}
+	// A stat that lies about its own shape.
+	for name, stat := range map[string][]byte{
+		"hash count": statInfo{size: 1 << 20, chunk: 64 << 10, hashes: make([]uint64, 3)}.encode(),
+		"tiny chunk": statInfo{size: 10, chunk: 512, hashes: make([]uint64, 1)}.encode(),
+		"negative":   statInfo{size: -5, chunk: 64 << 10}.encode(),
+		"short":      {1, 2, 3},
+	} {
+		if _, err := decodeStat(stat); !errors.Is(err, ErrRemote) {
+			t.Errorf("stat %s: %v, want ErrRemote", name, err)
+		}
+	}
+}
+
+func TestExportBounds(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "f"), make([]byte, 100<<10), 0o600)
+	e, err := Export(dir, &ExportConfig{MaxConns: 1, IdleTimeout: 200 * time.Millisecond, ChunkSize: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dial := tcpExport(t, e)
+	ctx := context.Background()
+	// One connection held open takes the only place.
+	held, err := dial(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &remote{path: "f", timeout: 5 * time.Second}
+	if _, err := r.do(held, request{op: opStat, path: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	io.CopyN(io.Discard, held, 24+16)
+	if _, err := OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial}); !errors.Is(err, ErrBusy) {
+		t.Errorf("over MaxConns: %v, want ErrBusy", err)
+	}
+	// Requests the export refuses, each ending its connection: a read
+	// past the end or longer than a chunk, garbage.
+	for _, q := range []request{{op: opRead, path: "f", off: 90 << 10, len: 64 << 10}, {op: opRead, path: "f", len: 128 << 10}} {
+		if _, err := r.do(held, q); !errors.Is(err, ErrRemote) {
+			t.Errorf("%+v: %v, want ErrRemote", q, err)
+		}
+	}
+	held.Write([]byte("GARBAGE GARBAGE GARBAGE GARBAGE"))
+	if resp, err := readResponse(held); err != nil || resp.status != statusBad {
+		t.Errorf("garbage: %+v, %v", resp, err)
+	}
+	if _, err := held.Read(make([]byte, 1)); err == nil {
+		t.Error("the connection stayed open after garbage")
+	}
+	held.Close()
+	// An idle connection is dropped after IdleTimeout: the place is free
+	// again.
+	idle, err := dial(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	idle.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := idle.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("idle connection: %v, want EOF once the export drops it", err)
+	}
+	if _, err := Export(dir, &ExportConfig{ChunkSize: 1000}); err == nil {
+		t.Error("a chunk size off 4 KiB was taken")
+	}
+}
+
+func FuzzWire(f *testing.F) {
+	f.Add(request{op: opRead, path: "a/b", off: 4096, len: 8192}.encode())
+	f.Add(response{status: 1, msg: "no", payload: 3}.encode())
+	f.Add(statInfo{size: 100, chunk: 64 << 10, hashes: []uint64{7}}.encode())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if q, err := readRequest(bytes.NewReader(b)); err == nil {
+			if len(q.path) == 0 || len(q.path) > maxPath || q.op == opRead && (q.len == 0 || q.len > maxChunk) {
+				t.Fatalf("accepted %+v", q)
+			}
+		}
+		if r, err := readResponse(bytes.NewReader(b)); err == nil && len(r.msg) > maxMessage {
+			t.Fatalf("message of %d bytes", len(r.msg))
+		}
+		if s, err := decodeStat(b); err == nil {
+			if int64(len(s.hashes)) != (s.size+int64(s.chunk)-1)/int64(s.chunk) || s.chunk < minChunk {
+				t.Fatalf("accepted %+v", s)
+			}
+		}
+	})
+}
+
+// TestRemoteOverUB reads a file exported by node n0 of the simulated
+// dev4 super node from node n1, over transport's ub path.
+func TestRemoteOverUB(t *testing.T) {
+	topo, err := topology.Example("dev4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("fsremote-%d", os.Getpid())
+	fab, err := simprov.OpenFabricNamed(topo, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { fab.Remove(); fab.Close() }()
+	rundir := t.TempDir()
+	eps := map[string]*transport.Endpoint{}
+	for _, n := range []string{"n0", "n1"} {
+		ep, err := transport.NewEndpoint(transport.Config{Node: n, Topology: topo, Provider: "sim", RuntimeDir: rundir,
+			ProviderOptions: map[string]string{simprov.OptFabric: name}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ep.Close()
+		eps[n] = ep
+	}
+	dir := t.TempDir()
+	path, want := writeFile(t, dir, 2<<20+5, 12)
+	e, err := Export(dir, &ExportConfig{ChunkSize: 256 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := eps["n0"].Listen(context.Background(), "ub://n0/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.Serve(ln)
+	defer e.Close()
+	var paths sync.Map
+	f, err := OpenRemote(context.Background(), "ub://n0/models/"+filepath.Base(path), &RemoteOptions{
+		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := eps["n1"].Dial(ctx, addr)
+			if err == nil {
+				paths.Store(c.Path(), true)
+			}
+			return c, err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if !bytes.Equal(f.Bytes(), want) {
+		t.Fatal("the copy read over the ub path differs from the file")
+	}
+	if _, ok := paths.Load(transport.PathUB); !ok {
+		t.Error("no connection took the ub path")
+	}
+}
