@@ -149,7 +149,7 @@ func (e *Exporter) Serve(l net.Listener) error {
 				e.mu.Unlock()
 				c.Close()
 			}()
-			if err := e.serveConn(c); err != nil && !errors.Is(err, io.EOF) {
+			if err := e.serveConn(c); !errors.Is(err, io.EOF) {
 				e.cfg.Logger.Info("fs export: connection dropped", "peer", c.RemoteAddr(), "err", err)
 			}
 		}()

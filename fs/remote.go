@@ -51,7 +51,7 @@ func OpenRemote(ctx context.Context, rawURL string, opts *RemoteOptions) (*File,
 	if ro.Method == Auto {
 		ro.Method = Copy
 	}
-	o, err := ro.Options.withDefaults()
+	o, err := ro.withDefaults()
 	if err != nil {
 		return nil, err
 	}
