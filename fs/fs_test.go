@@ -434,3 +434,46 @@ func TestLoaderKilledMidLoad(t *testing.T) {
 		t.Fatal("the copy taken over from a killed loader differs from the file")
 	}
 }
+
+// TestSweepKilledHolders: copies whose holders were all killed are
+// removed by the next Open that makes a copy; a held copy stays.
+func TestSweepKilledHolders(t *testing.T) {
+	dir := t.TempDir()
+	path, want := writeFile(t, dir, 1<<20, 21)
+	other, _ := writeFile(t, dir, 1<<20, 22)
+	h := startHolder(t, path, Copy, false)
+	if l := h.line(t); l != "ready "+sum(want) {
+		t.Fatalf("holder: %q", l)
+	}
+	held, err := Open(context.Background(), path, &Options{Method: Copy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := Sweep(); err != nil || len(removed) != 0 {
+		t.Errorf("Sweep of held copies removed %v (%v)", removed, err)
+	}
+	held.Close()
+	// Killed while it holds the copy: it cannot remove it.
+	syscallKill(t, h)
+	if n := copiesInShm(t); n != 1 {
+		t.Fatalf("%d copies after the holder was killed, want its 1", n)
+	}
+	f, err := Open(context.Background(), other, &Options{Method: Copy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if n := copiesInShm(t); n != 1 {
+		t.Errorf("%d copies: the killed holder's was not swept", n)
+	}
+}
+
+func syscallKill(t *testing.T, h *holder) {
+	t.Helper()
+	p, err := os.FindProcess(h.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Kill()
+	h.wait()
+}

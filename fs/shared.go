@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"encoding/binary"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -157,6 +158,9 @@ func (c *sharedCopy) open(ctx context.Context, n int64, key [5]uint64, o Options
 	for try := 0; ; try++ {
 		seg, err := shm.OpenSegment(c.name)
 		if errors.Is(err, os.ErrNotExist) {
+			// Before a new copy takes memory, the copies whose last
+			// holder died (killed: it could not remove them) go.
+			Sweep()
 			seg, err = shm.CreateSegment(c.name, size, &shm.SegmentConfig{Keep: true, HugePages: o.HugePages})
 			if errors.Is(err, os.ErrExist) && try < 100 {
 				continue // made meanwhile: open it
@@ -355,4 +359,18 @@ func testChunkLoaded(off int64) {
 	if f := testAfterChunk.Load(); f != nil {
 		(*f)(off)
 	}
+}
+
+// Sweep removes this user's shared copies that no process holds: a copy
+// lives only while some process has it open, and the last to close it
+// removes it, but a last holder that was killed could not. Open runs it
+// before it makes a new copy; it returns the segment names removed.
+func Sweep() ([]string, error) {
+	return shm.RemoveUnheld("fs-", hdrKey, func(head []byte) bool {
+		if len(head) < hdrKey || binary.LittleEndian.Uint64(head[hdrMagic:]) != copyMagic {
+			return false // its creator is still setting it up
+		}
+		loader := binary.LittleEndian.Uint64(head[hdrLoader:])
+		return binary.LittleEndian.Uint32(head[hdrState:]) == stateReady || loader == 0 || !shm.AliveWord(loader)
+	})
 }

@@ -3,9 +3,12 @@
 package shm
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -215,3 +218,49 @@ func (s *Segment) UnlinkIfLast() (bool, error) {
 // open of a FIFO or a device that would wait does not (a server opening
 // names a client gave checks, after, that it opened a regular file).
 const OpenNonblock = unix.O_NONBLOCK
+
+// RemoveUnheld removes this user's named segments whose names start with
+// prefix and that no open Segment holds (each holds a shared lock on its
+// file while open), if removable approves the first bytes of the
+// segment's data area (up to n, read while this holds the file locked
+// exclusively, so that no opener gets in meanwhile: one that was waiting
+// finds the name gone). It returns the names it removed. It is for
+// segments that are meant to live only while held (a host-wide copy of a
+// file's content) and whose last holder died instead of removing them;
+// removable tells a segment whose creator is still setting it up (no
+// lock yet) from an abandoned one.
+func RemoveUnheld(prefix string, n int, removable func(head []byte) bool) ([]string, error) {
+	if err := checkName(prefix); err != nil {
+		return nil, err
+	}
+	entries, err := os.ReadDir(ShmDir)
+	if err != nil {
+		return nil, err
+	}
+	own := userPrefix()
+	var removed []string
+	for _, e := range entries {
+		file := e.Name()
+		if !strings.HasPrefix(file, own+prefix) {
+			continue
+		}
+		path := filepath.Join(ShmDir, file)
+		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+		if err != nil {
+			continue
+		}
+		var st, now unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && ownRegular(&st) && unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB) == nil &&
+			unix.Lstat(path, &now) == nil && statID(&now) == statID(&st) {
+			head := make([]byte, n)
+			k, _ := unix.Pread(fd, head, HeaderSize)
+			var magic [8]byte
+			if m, _ := unix.Pread(fd, magic[:], segOffMagic); m == len(magic) && binary.LittleEndian.Uint64(magic[:]) == segMagic &&
+				removable(head[:max(k, 0)]) && unix.Unlink(path) == nil {
+				removed = append(removed, strings.TrimPrefix(file, own))
+			}
+		}
+		unix.Close(fd)
+	}
+	return removed, nil
+}

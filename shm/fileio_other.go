@@ -73,3 +73,8 @@ func (s *Segment) UnlinkIfLast() (bool, error) { return false, errUnsupported }
 
 // OpenNonblock is O_NONBLOCK where there is one (0 here).
 const OpenNonblock = 0
+
+// RemoveUnheld fails: segments need Linux.
+func RemoveUnheld(prefix string, n int, removable func(head []byte) bool) ([]string, error) {
+	return nil, errUnsupported
+}

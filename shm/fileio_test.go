@@ -105,3 +105,36 @@ func TestProtectReadOnly(t *testing.T) {
 		t.Fatal("a write to protected memory did not fault")
 	}
 }
+
+func TestRemoveUnheld(t *testing.T) {
+	name := testName(t)
+	held, err := CreateSegment(name+"-held", 4096, &SegmentConfig{Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { held.Unlink(); held.Close() }()
+	for _, n := range []string{"-yes", "-no"} {
+		s, err := CreateSegment(name+n, 4096, &SegmentConfig{Keep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(s.Data(), n)
+		s.Close() // kept, held by nobody
+	}
+	removed, err := RemoveUnheld(name, 4, func(head []byte) bool { return string(head) == "-yes" })
+	if err != nil || len(removed) != 1 || removed[0] != name+"-yes" {
+		t.Fatalf("RemoveUnheld = %v, %v; want only %s-yes", removed, err, name)
+	}
+	for n, want := range map[string]bool{"-held": true, "-no": true, "-yes": false} {
+		s, err := OpenSegment(name + n)
+		if (err == nil) != want {
+			t.Errorf("%s: open %v, want it there: %v", n, err, want)
+		}
+		if err == nil {
+			if n == "-no" {
+				s.Unlink()
+			}
+			s.Close()
+		}
+	}
+}

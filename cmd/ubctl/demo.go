@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/bench"
+	"github.com/ubkit-io/ubkit/internal/bench/fssuite"
 	"github.com/ubkit-io/ubkit/internal/bench/mqsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/shmsuite"
 	"github.com/ubkit-io/ubkit/internal/bench/transportsuite"
@@ -63,6 +64,9 @@ func demoCmd(args []string, w io.Writer) error {
 	if err := demoMQ(w); err != nil {
 		return err
 	}
+	if err := demoFS(w); err != nil {
+		return err
+	}
 	if err := demoSim(w); err != nil {
 		return err
 	}
@@ -91,6 +95,37 @@ func demoMQ(w io.Writer) error {
 	r := rep.Results[0]
 	fmt.Fprintf(w, "\nmq.Log (a shared-memory log), %d B records loaned and filled in place by this process, read in place and checksummed by another:\n", mqsuite.DemoSize)
 	fmt.Fprintf(w, "  %s records/s, %.2f GB/s\n", rate(r.Value), r.Value*mqsuite.DemoSize/1e9)
+	return nil
+}
+
+// demoFSSize and demoFSProcs are the fs part's model file and process
+// count; tests shorten them.
+var (
+	demoFSSize  int64 = 256 << 20
+	demoFSProcs       = 4
+)
+
+// demoFS loads a model-sized file in several processes at once, with
+// fs.Open's one shared copy and then with a private copy each.
+func demoFS(w io.Writer) error {
+	shared, private, err := fssuite.Demo(demoFSSize, demoFSProcs)
+	if err != nil {
+		return err
+	}
+	mib := func(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }
+	loads := func(d []time.Duration) string {
+		var s []string
+		for _, x := range d {
+			s = append(s, x.Round(time.Millisecond).String())
+		}
+		return strings.Join(s, ", ")
+	}
+	fmt.Fprintf(w, "\nfs: %d processes load the same %s model file at once:\n", demoFSProcs, mib(demoFSSize))
+	fmt.Fprintf(w, "  %-34s memory %9s   loads took %s\n", "fs.Open (one shared copy per host)", mib(shared.PSS), loads(shared.Loads))
+	fmt.Fprintf(w, "  %-34s memory %9s   loads took %s\n", "os.ReadFile in each process", mib(private.PSS), loads(private.Loads))
+	if saved := private.PSS - shared.PSS; saved > 0 {
+		fmt.Fprintf(w, "  memory saved: %s (%.0f%%)\n", mib(saved), 100*float64(saved)/float64(private.PSS))
+	}
 	return nil
 }
 

@@ -103,9 +103,13 @@ func TestDemo(t *testing.T) {
 	demoOptions = bench.Options{Rounds: 1, Duration: 30 * time.Millisecond}
 	demoCalls = 20
 	demoWithK8s = false // TestDemoK8s runs it
+	demoFSSize, demoFSProcs = 16<<20, 3
 	var out bytes.Buffer
 	if err := demoCmd(nil, &out); err != nil {
 		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`fs: 3 processes load the same 16 MiB model file at once:\n.*one shared copy per host\) memory +1[4-9] MiB.*\n.*os.ReadFile in each process +memory +[4-9][0-9] MiB`).MatchString(out.String()) {
+		t.Errorf("demo's fs part does not show one copy against three:\n%s", out.String())
 	}
 	for _, want := range []string{"ubkit shm", "unix socket", "mq.Log", "records/s", "TCP loopback", "latency p50", "messages/s", "gRPC", "path shm", "link down",
 		"ub://n0/health?path=shm", "ub://n0/health?path=ub", "client on n1",

@@ -56,8 +56,12 @@ func loadPeer(a loadArgs) error {
 		release = func() {}
 	)
 	switch a.Kind {
-	case "ubkit":
-		f, err := fs.Open(context.Background(), a.Path, nil)
+	case "ubkit", "ubkit-copy":
+		var o *fs.Options
+		if a.Kind == "ubkit-copy" {
+			o = &fs.Options{Method: fs.Copy}
+		}
+		f, err := fs.Open(context.Background(), a.Path, o)
 		if err != nil {
 			return err
 		}
@@ -206,6 +210,7 @@ func (e *Env) sharedRun(file func() (string, error), kind string) func(time.Dura
 			for _, p := range peers {
 				p.Kill()
 			}
+			fs.Sweep() // a shared copy its killed holders could not remove
 		}()
 		idle, _, err := runLoad(loadArgs{Kind: "idle", Hold: true})
 		if err != nil {
