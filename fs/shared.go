@@ -2,8 +2,8 @@ package fs
 
 import (
 	"context"
-	"encoding/binary"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
