@@ -170,6 +170,7 @@ func Open(ctx context.Context, path string, opts *Options) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
+	o.Progress = monotonic(o.Progress)
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -219,6 +220,20 @@ func Open(ctx context.Context, path string, opts *Options) (*File, error) {
 		o.Progress(Progress{Done: st.Size, Total: st.Size})
 	}
 	return file, nil
+}
+
+// monotonic wraps a Progress callback so that Done never goes back: a
+// load taken over from a dead loader starts again from 0.
+func monotonic(f func(Progress)) func(Progress) {
+	if f == nil {
+		return nil
+	}
+	var most int64
+	return func(p Progress) {
+		most = max(most, p.Done)
+		p.Done = most
+		f(p)
+	}
 }
 
 // choose is Auto's choice for a file.

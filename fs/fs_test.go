@@ -23,7 +23,34 @@ import (
 	"github.com/ubkit-io/ubkit/shm"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain gives the tests (and the children they start, through the
+// environment) a /dev/shm of their own: they count the shared copies
+// there, and other packages' tests running at once make copies too.
+func TestMain(m *testing.M) {
+	dir := os.Getenv("FS_TEST_SHMDIR")
+	mine := dir == ""
+	if mine {
+		var err error
+		if dir, err = os.MkdirTemp(shm.ShmDir, "ubkit-fs-test-"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Setenv("FS_TEST_SHMDIR", dir)
+	}
+	orig := shm.ShmDir
+	shm.ShmDir = dir
+	testenv.Main(m, func() {
+		// Left behind in it is a leak (the tests count copies there);
+		// testenv's own check then looks at the real directory.
+		if mine {
+			if left, _ := os.ReadDir(dir); len(left) > 0 {
+				fmt.Fprintf(os.Stderr, "fs tests left %d files in %s\n", len(left), dir)
+			}
+			os.RemoveAll(dir)
+		}
+		shm.ShmDir = orig
+	})
+}
 
 // writeFile writes n random bytes (seeded) to a new file in dir.
 func writeFile(t testing.TB, dir string, n int, seed uint64) (string, []byte) {
@@ -476,4 +503,58 @@ func syscallKill(t *testing.T, h *holder) {
 	}
 	p.Kill()
 	h.wait()
+}
+
+// TestOpenRaces: processes opening a new file's copy at the same moment
+// all get it (one creates it; the others must not take the file being
+// created for a corrupt one).
+func TestOpenRaces(t *testing.T) {
+	dir := t.TempDir()
+	for round := range 2 {
+		path, want := writeFile(t, dir, 256<<10, uint64(100+round))
+		var hs []*holder
+		for range 4 {
+			hs = append(hs, startHolder(t, path, Copy, false))
+		}
+		for _, h := range hs {
+			if l := h.line(t); l != "ready "+sum(want) {
+				t.Errorf("round %d, child %d: %q", round, h.pid, l)
+			}
+		}
+		for _, h := range hs {
+			h.stdin.Close()
+			h.wait()
+		}
+	}
+	if n := copiesInShm(t); n != 0 {
+		t.Errorf("%d copies left", n)
+	}
+}
+
+// TestCreatorKilledBeforeHeader: a copy's file left without a header (its
+// creator killed between creating the file and writing the header) is
+// made in place by the next Open.
+func TestCreatorKilledBeforeHeader(t *testing.T) {
+	path, want := writeFile(t, t.TempDir(), 100<<10, 31)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := shm.StatFile(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := filepath.Join(shm.ShmDir, shm.NamePrefix+strconv.Itoa(os.Geteuid())+"-"+copyName(st))
+	if err := os.WriteFile(left, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(context.Background(), path, &Options{Method: Copy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !bytes.Equal(c.Bytes(), want) {
+		t.Error("the copy made in place differs from the file")
+	}
 }

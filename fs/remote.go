@@ -55,6 +55,7 @@ func OpenRemote(ctx context.Context, rawURL string, opts *RemoteOptions) (*File,
 	if err != nil {
 		return nil, err
 	}
+	o.Progress = monotonic(o.Progress)
 	if ro.Dial == nil {
 		ro.Dial = func(ctx context.Context, addr string) (net.Conn, error) { return transport.Dial(ctx, addr) }
 	}

@@ -155,28 +155,35 @@ func (c *sharedCopy) release() error {
 // open opens or creates the segment and gets it loaded.
 func (c *sharedCopy) open(ctx context.Context, n int64, key [5]uint64, o Options, fill filler) error {
 	size := copyHeader + int(n)
-	for try := 0; ; try++ {
-		seg, err := shm.OpenSegment(c.name)
-		if errors.Is(err, os.ErrNotExist) {
-			// Before a new copy takes memory, the copies whose last
-			// holder died (killed: it could not remove them) go.
-			Sweep()
-			seg, err = shm.CreateSegment(c.name, size, &shm.SegmentConfig{Keep: true, HugePages: o.HugePages})
-			if errors.Is(err, os.ErrExist) && try < 100 {
-				continue // made meanwhile: open it
+	// RepairSegment opens the copy, or creates it, or makes it in place
+	// in a file its creator left without a header (killed while it made
+	// it); ErrLocked says a creator is making it this moment.
+	var bo shm.Backoff
+	seg, err := shm.OpenSegment(c.name)
+	if err != nil {
+		// Before a new copy takes memory, the copies whose last holder
+		// died (killed: it could not remove them) go.
+		Sweep()
+	}
+	for err != nil {
+		seg, err = shm.RepairSegment(c.name, size, &shm.SegmentConfig{Keep: true, HugePages: o.HugePages})
+		if errors.Is(err, shm.ErrLocked) {
+			if err := ctx.Err(); err != nil {
+				return err
 			}
+			bo.Pause()
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("shared copy %s: %w", c.name, err)
 		}
-		if seg.Size() < size {
-			seg.Close()
-			return fmt.Errorf("shared copy %s has %d bytes, want %d: %w", c.name, seg.Size(), size, shm.ErrCorrupt)
-		}
-		c.seg = seg
-		break
 	}
-	err := c.acquire(ctx, n, key, o, fill)
+	if seg.Size() < size {
+		seg.Close()
+		return fmt.Errorf("shared copy %s has %d bytes, want %d: %w", c.name, seg.Size(), size, shm.ErrCorrupt)
+	}
+	c.seg = seg
+	err = c.acquire(ctx, n, key, o, fill)
 	if err == nil {
 		c.data = c.seg.Data()[copyHeader:size:size]
 		if err = shm.ProtectReadOnly(c.data); err == nil {
