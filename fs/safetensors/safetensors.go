@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/bits"
 	"slices"
@@ -194,9 +195,125 @@ func Parse(file []byte) (*Header, error) {
 
 // rawTensor is a tensor's entry in the JSON header.
 type rawTensor struct {
-	DType       *string         `json:"dtype"`
-	Shape       *[]json.Number  `json:"shape"`
-	DataOffsets *[]*json.Number `json:"data_offsets"`
+	DType       *string
+	Shape       *[]json.Number
+	DataOffsets *[]*json.Number
+}
+
+// readTensor reads a tensor's entry key by key: field names exactly as
+// the format spells them, each once (encoding/json would match them in
+// any case and keep the last of two), numbers as JSON numbers (not
+// strings); other fields are skipped, as the format's own reader does.
+func readTensor(dec *json.Decoder, name string) (rawTensor, error) {
+	var r rawTensor
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return r, invalid("header: tensor %q is not an object", name)
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return r, invalid("header: tensor %q: %v", name, err)
+		}
+		key, _ := tok.(string)
+		if seen[key] {
+			return r, invalid("header: tensor %q has %q twice", name, key)
+		}
+		seen[key] = true
+		switch key {
+		case "dtype":
+			tok, err := dec.Token()
+			s, ok := tok.(string)
+			if err != nil || !ok {
+				return r, invalid("header: tensor %q: dtype is not a string", name)
+			}
+			r.DType = &s
+		case "shape":
+			ns, err := readNumbers(dec)
+			if err != nil {
+				return r, invalid("header: tensor %q: shape: %v", name, err)
+			}
+			r.Shape = &ns
+		case "data_offsets":
+			ns, err := readNumbers(dec)
+			if err != nil {
+				return r, invalid("header: tensor %q: data_offsets: %v", name, err)
+			}
+			ps := make([]*json.Number, len(ns))
+			for i := range ns {
+				ps[i] = &ns[i]
+			}
+			r.DataOffsets = &ps
+		default:
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return r, invalid("header: tensor %q: %v", name, err)
+			}
+		}
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return r, invalid("header: tensor %q: %v", name, err)
+	}
+	return r, nil
+}
+
+// readNumbers reads an array of JSON numbers.
+func readNumbers(dec *json.Decoder) ([]json.Number, error) {
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return nil, errors.New("not an array")
+	}
+	var ns []json.Number
+	for dec.More() {
+		tok, err := dec.Token()
+		n, ok := tok.(json.Number)
+		if err != nil || !ok {
+			return nil, fmt.Errorf("%v is not a number", tok)
+		}
+		if len(ns) == MaxRank+1 {
+			return nil, fmt.Errorf("more than %d numbers", MaxRank+1)
+		}
+		ns = append(ns, n)
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim(']') {
+		return nil, errors.New("unterminated array")
+	}
+	return ns, nil
+}
+
+// readMetadata reads "__metadata__": null, or an object of strings
+// (each key once).
+func readMetadata(dec *json.Decoder) (map[string]string, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, invalid("header: __metadata__: %v", err)
+	}
+	meta := map[string]string{}
+	if tok == nil {
+		return meta, nil
+	}
+	if tok != json.Delim('{') {
+		return nil, invalid("header: __metadata__ is not a map of strings")
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		key, _ := k.(string)
+		if err != nil {
+			return nil, invalid("header: __metadata__: %v", err)
+		}
+		if _, dup := meta[key]; dup {
+			return nil, invalid("header: __metadata__ has %q twice", key)
+		}
+		v, err := dec.Token()
+		val, ok := v.(string)
+		if err != nil || !ok {
+			return nil, invalid("header: __metadata__ %q is not a string", key)
+		}
+		meta[key] = val
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, invalid("header: __metadata__: %v", err)
+	}
+	return meta, nil
 }
 
 // parseHeader parses the JSON header. Tensors come back sorted by
@@ -240,12 +357,9 @@ func parseHeader(b []byte) (*Header, [][2]uint64, error) {
 				return nil, nil, invalid("header: __metadata__ twice")
 			}
 			seenMeta = true
-			var meta map[string]string
-			if err := dec.Decode(&meta); err != nil {
-				return nil, nil, invalid("header: __metadata__ is not a map of strings: %v", err)
-			}
-			if meta == nil {
-				meta = map[string]string{}
+			meta, err := readMetadata(dec)
+			if err != nil {
+				return nil, nil, err
 			}
 			h.Metadata = meta
 			continue
@@ -254,9 +368,9 @@ func parseHeader(b []byte) (*Header, [][2]uint64, error) {
 			return nil, nil, invalid("header: tensor %q twice", name)
 		}
 		h.byName[name] = -1
-		var raw rawTensor
-		if err := dec.Decode(&raw); err != nil {
-			return nil, nil, invalid("header: tensor %q: %v", name, err)
+		raw, err := readTensor(dec, name)
+		if err != nil {
+			return nil, nil, err
 		}
 		e, err := checkTensor(name, raw)
 		if err != nil {
@@ -267,7 +381,7 @@ func parseHeader(b []byte) (*Header, [][2]uint64, error) {
 	if _, err := dec.Token(); err != nil { // the closing brace
 		return nil, nil, invalid("header: %v", err)
 	}
-	if _, err := dec.Token(); err == nil {
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, nil, invalid("header: more after its JSON object")
 	}
 	slices.SortFunc(entries, func(a, b entry) int {

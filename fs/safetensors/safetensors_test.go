@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,6 +172,9 @@ func TestParse(t *testing.T) {
 	if _, ok := h.Tensor("zz"); ok {
 		t.Error("found a tensor that is not there")
 	}
+	if h, err := Parse(build(`{"__metadata__":null,"t":{"extra":[1,{"x":2}],"dtype":"U8","shape":[1],"data_offsets":[0,1]}}`, []byte{9})); err != nil || len(h.Metadata) != 0 || h.Tensors[0].Data[0] != 9 {
+		t.Errorf("null metadata and an unknown field: %v", err)
+	}
 	if h, err := Parse(build(`{}`, nil)); err != nil || len(h.Tensors) != 0 {
 		t.Errorf("empty file: %v", err)
 	}
@@ -214,6 +218,18 @@ func TestParseRefuses(t *testing.T) {
 		{"data left over", build(`{"t":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}}`, data)},
 		{"too many dims", build(`{"t":{"dtype":"U8","shape":[`+strings.Repeat("1,", MaxRank)+`16],"data_offsets":[0,16]}}`, data)},
 		{"odd bits", build(`{"t":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}}`, []byte{0})},
+		// What encoding/json alone would let through (Python's
+		// safetensors refuses each).
+		{"text after", build(t16("")+`xyz`, data)},
+		{"brace after", build(t16("")+`}`, data)},
+		{"NUL after", build(t16("")+"\x00\x00", data)},
+		{"dim as string", build(`{"t":{"dtype":"U8","shape":["16"],"data_offsets":[0,16]}}`, data)},
+		{"offset as string", build(`{"t":{"dtype":"U8","shape":[16],"data_offsets":["0","16"]}}`, data)},
+		{"field in capitals", build(`{"t":{"DTYPE":"U8","shape":[16],"data_offsets":[0,16]}}`, data)},
+		{"field twice", build(`{"t":{"dtype":"F64","dtype":"U8","shape":[16],"data_offsets":[0,16]}}`, data)},
+		{"null metadata value", build(t16(`,"__metadata__":{"a":null}`), data)},
+		{"metadata key twice", build(t16(`,"__metadata__":{"a":"1","a":"2"}`), data)},
+		{"tensor not an object", build(`{"t":[1]}`, data)},
 	} {
 		if _, err := Parse(c.file); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", c.name, err)
@@ -248,4 +264,121 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("tensors end at %d of %d", end, len(file))
 		}
 	})
+}
+
+// pythonJudge reads every file named on stdin with Python's safetensors
+// (deserialize) and prints, per file, a JSON line: whether it was taken,
+// and its tensors' dtype, shape and data.
+const pythonJudge = `
+import hashlib, json, sys
+from safetensors import deserialize
+for path in sys.stdin.read().split():
+    try:
+        ts = deserialize(open(path, "rb").read())
+        out = {"ok": True, "tensors": {n: [t["dtype"], list(t["shape"]), hashlib.sha256(bytes(t["data"])).hexdigest()] for n, t in ts}}
+    except Exception as e:
+        out = {"ok": False, "err": str(e)[:200]}
+    print(json.dumps(out))
+`
+
+// TestPythonAgrees runs the same files, valid and damaged, through Parse
+// and through Python's safetensors, and fails where they disagree about
+// taking a file or about what it holds. Deliberate differences: Parse
+// refuses a tensor name or metadata key given twice (Python keeps the
+// last).
+func TestPythonAgrees(t *testing.T) {
+	python, pypath, err := testenv.Safetensors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	valid := build(`{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"b":{"dtype":"I64","shape":[],"data_offsets":[24,32]},"__metadata__":{"k":"v"}}`, make([]byte, 32))
+	files := [][]byte{valid}
+	r := rand.New(rand.NewPCG(1, 2))
+	hdr := int(binary.LittleEndian.Uint64(valid))
+	for range 600 {
+		b := bytes.Clone(valid)
+		for range 1 + r.IntN(3) {
+			i := 8 + r.IntN(hdr)
+			switch r.IntN(3) {
+			case 0:
+				b[i] = byte(r.IntN(256))
+			case 1:
+				b[i] = "0123456789{}[]\",: -.eE"[r.IntN(22)]
+			default:
+				b[i] = ' '
+			}
+		}
+		files = append(files, b)
+	}
+	dir := t.TempDir()
+	var names []string
+	for i, f := range files {
+		p := filepath.Join(dir, fmt.Sprintf("%d.safetensors", i))
+		if err := os.WriteFile(p, f, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, p)
+	}
+	cmd := exec.Command(python, "-c", pythonJudge)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+pypath)
+	cmd.Stdin = strings.NewReader(strings.Join(names, "\n"))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != len(files) {
+		t.Fatalf("python judged %d files of %d", len(lines), len(files))
+	}
+	taken, disagree := 0, 0
+	for i, l := range lines {
+		var py struct {
+			OK      bool                      `json:"ok"`
+			Err     string                    `json:"err"`
+			Tensors map[string][3]interface{} `json:"tensors"`
+		}
+		if err := json.Unmarshal([]byte(l), &py); err != nil {
+			t.Fatal(err)
+		}
+		h, err := Parse(files[i])
+		if py.OK {
+			taken++
+		}
+		if (err == nil) != py.OK {
+			if err != nil && strings.Contains(err.Error(), "twice") {
+				continue // deliberate
+			}
+			disagree++
+			if disagree <= 5 {
+				t.Errorf("file %d (header %q): Parse says %v, Python %v %s", i, files[i][8:8+hdr], err, py.OK, py.Err)
+			}
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		if len(h.Tensors) != len(py.Tensors) {
+			t.Errorf("file %d: %d tensors, Python %d", i, len(h.Tensors), len(py.Tensors))
+		}
+		for _, tn := range h.Tensors {
+			p, ok := py.Tensors[tn.Name]
+			sum := sha256.Sum256(tn.Data)
+			if !ok || p[0] != string(tn.DType) || fmt.Sprint(p[1]) != fmt.Sprint(shapeAny(tn.Shape)) || p[2] != hex.EncodeToString(sum[:]) {
+				t.Errorf("file %d: tensor %q is %s %v, Python %v", i, tn.Name, tn.DType, tn.Shape, p)
+			}
+		}
+	}
+	if disagree > 0 {
+		t.Errorf("%d of %d files judged differently", disagree, len(files))
+	}
+	t.Logf("%d of %d files taken by both", taken, len(files))
+}
+
+func shapeAny(s []int64) []any {
+	out := make([]any, len(s))
+	for i, d := range s {
+		out[i] = float64(d)
+	}
+	return out
 }
