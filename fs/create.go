@@ -36,8 +36,10 @@ type CreateOptions struct {
 // Writer writes a large file with parallel chunked writes. The content
 // goes to a temporary file beside path, renamed to path by Close: a
 // crash or an Abort never leaves half a file under the name. Write is
-// sequential and buffered; WriteAt may be called from many goroutines.
-// Neither may be used after Close or Abort.
+// sequential and buffered (one goroutine at a time, which also calls
+// Close); WriteAt may be
+// called from many goroutines, also while Close or Abort runs (it then
+// fails with ErrClosed, or with the abort's error).
 type Writer struct {
 	path, tmp string
 	f         *os.File
@@ -103,10 +105,26 @@ func (w *Writer) fail(err error) {
 func (w *Writer) failed() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.failedLocked()
+}
+
+func (w *Writer) failedLocked() error {
 	if w.done && w.err == nil {
 		return ErrClosed
 	}
 	return w.err
+}
+
+// begin counts a write in flight, unless the Writer failed or is being
+// closed (then its error): Close and Abort wait for every write begun.
+func (w *Writer) begin() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.failedLocked(); err != nil {
+		return err
+	}
+	w.wg.Add(1)
+	return nil
 }
 
 // Write appends p (buffered: a full chunk is written in the background).
@@ -138,7 +156,10 @@ func (w *Writer) flushChunk() {
 	b, off := w.buf, w.off
 	w.buf = nil
 	w.off += int64(len(b))
-	w.wg.Add(1)
+	if w.begin() != nil {
+		w.free <- b
+		return
+	}
 	go func() {
 		defer w.wg.Done()
 		if _, err := w.f.WriteAt(b, off); err != nil {
@@ -151,9 +172,10 @@ func (w *Writer) flushChunk() {
 // WriteAt writes p at off directly (unbuffered; safe from many goroutines,
 // and with Write as long as the ranges differ).
 func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
-	if err := w.failed(); err != nil {
+	if err := w.begin(); err != nil {
 		return 0, err
 	}
+	defer w.wg.Done()
 	n, err := w.f.WriteAt(p, off)
 	if err != nil {
 		err = fmt.Errorf("fs: write %s: %w", w.path, err)
@@ -162,9 +184,11 @@ func (w *Writer) WriteAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-// Close writes what is buffered, waits for every write, makes the file
-// durable as Durability says and renames it to its path. On an error the
-// temporary file is removed and path is left as it was.
+// Close writes what is buffered, waits for every write (WriteAt calls
+// in flight included; none may begin after), makes the file durable as
+// Durability says and renames it to its path. On an error before the
+// rename the temporary file is removed and path is left as it was; an
+// error of the directory's fsync after it says so.
 func (w *Writer) Close() error {
 	w.mu.Lock()
 	if w.done {
@@ -175,9 +199,11 @@ func (w *Writer) Close() error {
 	if len(w.buf) > 0 {
 		w.flushChunk()
 	}
+	w.mu.Lock()
+	w.done = true // no write begins after this
+	w.mu.Unlock()
 	w.wg.Wait()
 	w.mu.Lock()
-	w.done = true
 	err := w.err
 	w.mu.Unlock()
 	if err == nil && w.o.Durability == Sync {
@@ -193,30 +219,36 @@ func (w *Writer) Close() error {
 			err = fmt.Errorf("fs: %w", err)
 		}
 	}
-	if err == nil && w.o.Durability == Sync {
-		err = syncDir(filepath.Dir(w.path))
-	}
 	if err != nil {
 		os.Remove(w.tmp)
 		w.fail(err)
+		return err
 	}
-	return err
+	if w.o.Durability == Sync {
+		// The file is in place; only the rename's durability failed.
+		if err := syncDir(filepath.Dir(w.path)); err != nil {
+			err = fmt.Errorf("%s is written and renamed, but a crash may still undo the rename: %w", w.path, err)
+			w.fail(err)
+			return err
+		}
+	}
+	return nil
 }
 
 // Abort gives the file up: the temporary file is removed and path is
 // left as it was.
 func (w *Writer) Abort() error {
-	w.wg.Wait()
 	w.mu.Lock()
 	if w.done {
 		w.mu.Unlock()
 		return ErrClosed
 	}
-	w.done = true
+	w.done = true // no write begins after this
 	if w.err == nil {
 		w.err = errors.New("fs: writer aborted")
 	}
 	w.mu.Unlock()
+	w.wg.Wait()
 	w.f.Close()
 	return os.Remove(w.tmp)
 }

@@ -91,3 +91,55 @@ func TestCreate(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateAbortWhileWriting: Abort racing Write and WriteAt, and Close
+// racing WriteAt, neither panic nor lose a write that was let in.
+func TestCreateAbortWhileWriting(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 20 {
+		w, err := Create(filepath.Join(dir, "f"), &CreateOptions{ChunkSize: 4096, Parallel: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg, writes sync.WaitGroup
+		wg.Add(1)
+		writes.Add(1)
+		go func() {
+			defer writes.Done()
+			for range 200 {
+				if _, err := w.Write(make([]byte, 3000)); err != nil {
+					return
+				}
+			}
+		}()
+		var wrote sync.Map
+		go func() {
+			defer wg.Done()
+			for k := range 200 {
+				if _, err := w.WriteAt([]byte{byte(k)}, int64(1<<20+k)); err != nil {
+					return
+				}
+				wrote.Store(k, true)
+			}
+		}()
+		if i%2 == 0 {
+			w.Abort() // racing Write and WriteAt
+			wg.Wait()
+			writes.Wait()
+			continue
+		}
+		writes.Wait() // Write is the closer's side: WriteAt races Close
+		err = w.Close()
+		wg.Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(filepath.Join(dir, "f"))
+		wrote.Range(func(k, _ any) bool {
+			if off := 1<<20 + k.(int); off >= len(got) || got[off] != byte(k.(int)) {
+				t.Errorf("WriteAt %d returned nil before Close but is not in the file", k)
+			}
+			return true
+		})
+	}
+}

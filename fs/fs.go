@@ -17,11 +17,17 @@
 //
 // A shared copy is named after the file's identity (device, inode, size,
 // modification and change times), so a file changed on disk gets a new
-// copy. It is counted
+// copy. A mapping (Map) is the file itself: a file rewritten in place
+// (truncated and written again, as cp does) changes under its readers,
+// who get SIGBUS past its new end. Map is for files that are replaced,
+// not rewritten (a new file renamed over the old keeps the old mapped
+// content); use Copy for files whose writers are not known. It is counted
 // across processes by the kernel (a shared lock per holder: a killed
 // process cannot leak its reference); the last holder removes it. A
 // loader killed mid-load leaves a copy marked loading, never ready: the
-// next process that wants it loads it again from the start.
+// next process that wants it loads it again from the start. Liveness is
+// by process identity (pid and start time, as everywhere in ubkit):
+// processes that share a copy must share a PID namespace.
 package fs
 
 import (

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"time"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/fs"
 	"github.com/ubkit-io/ubkit/fs/safetensors"
+	"github.com/ubkit-io/ubkit/internal/osproc"
 )
 
 // fsCmd is `ubctl fs load FILE`: load a file as fs.Open does, with a
@@ -33,7 +33,7 @@ func fsCmd(args []string, out io.Writer) error {
 	cold := fl.Bool("cold", false, "drop the file's pages from the page cache first (fadvise DONTNEED)")
 	sum := fl.String("sha256", "", "the expected SHA-256 of the content")
 	tensors := fl.Bool("tensors", false, "parse the file as safetensors and summarize its tensors")
-	hold := fl.Bool("hold", false, "keep the file loaded until interrupted (other processes then share the copy)")
+	hold := fl.Bool("hold", false, "keep the file loaded until interrupted or terminated (other processes then share the copy)")
 	fl.SetOutput(out)
 	if err := fl.Parse(args[1:]); err != nil {
 		return err
@@ -76,7 +76,9 @@ func fsCmd(args []string, out io.Writer) error {
 		}
 		bar.Set64(p.Done)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// SIGTERM too: a held shared copy is removed by its last holder's
+	// Close, which a process killed by a signal never runs.
+	ctx, stop := osproc.StopContext(context.Background())
 	defer stop()
 	start := time.Now()
 	f, err := fs.Open(ctx, path, o)
