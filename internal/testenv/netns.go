@@ -160,6 +160,23 @@ func NewNetnsPair(t testing.TB) *NetnsPair {
 	return p
 }
 
+// OpenNetnsPair is NewNetnsPair for programs (a benchmark): it returns the
+// pair, or why it cannot be made (the error of RequireNetns's checks, or
+// of `ip`), and Close deletes it.
+func OpenNetnsPair() (*NetnsPair, error) {
+	if euid := os.Geteuid(); euid != 0 {
+		return nil, fmt.Errorf("testenv: network namespaces need root (this is uid %d) and the ip command (Debian package iproute2)", euid)
+	}
+	if _, err := ipPath(); err != nil {
+		return nil, err
+	}
+	sweepLeftovers()
+	return newNetnsPair(os.Getpid(), netnsCount.Add(1))
+}
+
+// Close deletes the namespaces of a pair made by OpenNetnsPair.
+func (p *NetnsPair) Close() error { return p.remove() }
+
 // sweepLeftovers is SweepNetns, and the first time in this process, before
 // it makes any namespace, it also deletes those that bear its own pid.
 func sweepLeftovers() (removed []string, err error) {
