@@ -117,7 +117,18 @@ func StartPeer(role string, args any) (*Peer, error) {
 	return startPeer(role, args, false)
 }
 
+// StartPeerWrapped is StartPeerPipe for a peer run through wrap (a
+// command and its arguments that run the rest, such as `ip netns exec
+// NS`), with env added to its environment.
+func StartPeerWrapped(wrap []string, role string, args any, env ...string) (*Peer, error) {
+	return startPeerWith(wrap, env, role, args, true)
+}
+
 func startPeer(role string, args any, pipe bool) (*Peer, error) {
+	return startPeerWith(nil, nil, role, args, pipe)
+}
+
+func startPeerWith(wrap, env []string, role string, args any, pipe bool) (*Peer, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("bench: find own executable: %w", err)
@@ -126,8 +137,9 @@ func startPeer(role string, args any, pipe bool) (*Peer, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), envRole+"="+role, envArgs+"="+string(a))
+	argv := append(append([]string{}, wrap...), exe)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(append(os.Environ(), env...), envRole+"="+role, envArgs+"="+string(a))
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
 	osproc.DieWithParent(cmd)

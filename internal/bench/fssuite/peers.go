@@ -27,7 +27,8 @@ import (
 type loadArgs struct {
 	Path string `json:"path"`
 	Kind string `json:"kind"`
-	Hold bool   `json:"hold"` // print "ready", then wait to be killed
+	Hold bool   `json:"hold"`           // print "ready", then wait to be killed
+	Size int64  `json:"size,omitempty"` // tcp-copy: the file's size
 }
 
 // loadReport is a load peer's answer.
@@ -116,6 +117,12 @@ func loadPeer(a loadArgs) error {
 			}
 		}
 		f.Close()
+	case "remote", "tcp-copy":
+		b, rel, err := loadRemote(a)
+		if err != nil {
+			return err
+		}
+		sum, size, release = Sum(b), int64(len(b)), rel
 	case "idle":
 	default:
 		return fmt.Errorf("fs-load: unknown kind %q", a.Kind)

@@ -42,6 +42,7 @@ const (
 	targetOfReadFile = 3.0 // and this many times os-readfile
 	targetColdPython = 2.0 // safetensors-load-cold: times python-load-file
 	targetShared     = 1.1 // shared-4proc: at most this many file sizes
+	targetRemote     = 0.9 // remote-1GiB: times tcp-copy
 )
 
 // Env is the suite's files.
@@ -58,6 +59,8 @@ type Env struct {
 	python  string
 	pyPath  string
 	pyReady bool
+
+	remote remoteEnv // remote-1GiB's two hosts, made on first use
 }
 
 // NewEnv keeps the suite's files in dir (made if missing); quick uses
@@ -70,8 +73,8 @@ func NewEnv(dir string, quick bool) *Env {
 	return e
 }
 
-// Close removes nothing: the files are cached for the next run.
-func (e *Env) Close() {}
+// Close stops remote-1GiB's hosts; the files stay cached for the next run.
+func (e *Env) Close() { e.remote.close() }
 
 // Cases returns the suite's cases.
 func (e *Env) Cases() []bench.Case {
@@ -93,7 +96,7 @@ func (e *Env) Cases() []bench.Case {
 			{Name: "python-safe-open", Run: e.pythonRun("safe_open", cold)},
 		}
 	}
-	return []bench.Case{
+	cases := []bench.Case{
 		{Name: "load-warm-2GiB", Unit: "GB/s", Better: "higher", Contenders: load(false), Verdict: warmVerdict},
 		{Name: "load-cold-2GiB", Unit: "GB/s", Better: "higher", Contenders: load(true), Verdict: coldNote},
 		{Name: "safetensors-load-cold", Unit: "GB/s", Better: "higher", Contenders: st(true), Verdict: stColdVerdict},
@@ -103,6 +106,25 @@ func (e *Env) Cases() []bench.Case {
 			{Name: "independent", Run: e.sharedRun(gib, "independent")},
 		}, Verdict: sharedVerdict},
 	}
+	if err := netnsReady(); err != nil {
+		fmt.Fprintf(os.Stderr, "warning: fs suite: remote-1GiB left out: %v\n", err)
+		return cases
+	}
+	return append(cases, bench.Case{Name: "remote-1GiB", Unit: "GB/s", Better: "higher", Verdict: remoteVerdict, Contenders: []bench.Contender{
+		{Name: "ubkit", Run: e.remoteRun("remote")},
+		{Name: "tcp-copy", Run: e.remoteRun("tcp-copy")},
+	}})
+}
+
+func remoteVerdict(r bench.Result) string {
+	b := r.Baselines["tcp-copy"]
+	if b == 0 {
+		return ""
+	}
+	if r.Value/b >= targetRemote {
+		return fmt.Sprintf("met the target: %.2fx a plain TCP copy between the namespaces (at least %.1fx wanted)", r.Value/b, targetRemote)
+	}
+	return fmt.Sprintf("MISSED the target: %.2fx a plain TCP copy between the namespaces (at least %.1fx wanted)", r.Value/b, targetRemote)
 }
 
 func warmVerdict(r bench.Result) string {
