@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -77,14 +78,21 @@ func Create(path string, opts *CreateOptions) (*Writer, error) {
 	case o.ChunkSize < 4096 || o.ChunkSize%4096 != 0:
 		return nil, fmt.Errorf("fs: chunk size %d, want a multiple of 4096", o.ChunkSize)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
-	if err != nil {
-		return nil, fmt.Errorf("fs: create %s: %w", path, err)
-	}
-	if err := f.Chmod(o.Perm); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return nil, fmt.Errorf("fs: create %s: %w", path, err)
+	// The temporary file gets Perm through the umask, as os.Create's
+	// would (os.CreateTemp makes 0600, and a Chmod would skip the umask).
+	var f *os.File
+	for try := 0; ; try++ {
+		var rnd [8]byte
+		rand.Read(rnd[:])
+		tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%s.%x.tmp", filepath.Base(path), rnd))
+		var err error
+		f, err = os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, o.Perm)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrExist) || try == 10 {
+			return nil, fmt.Errorf("fs: create %s: %w", path, err)
+		}
 	}
 	w := &Writer{path: path, tmp: f.Name(), f: f, o: o, free: make(chan []byte, o.Parallel+1)}
 	for range o.Parallel + 1 {

@@ -21,8 +21,10 @@ import (
 // value (or nil) is usable.
 type ExportConfig struct {
 	// MaxConns is how many connections are served at once (default 64);
-	// beyond it a client gets ErrBusy. Each holds one goroutine and one
-	// 1 MiB buffer while it reads.
+	// beyond it a client gets ErrBusy (16 at a time are told so; more are
+	// closed at once). Each holds one goroutine and one 1 MiB buffer while
+	// it reads or its stat hashes a file (two files are hashed at once,
+	// the others' stats wait).
 	MaxConns int
 	// ChunkSize is the unit clients read in and the export hashes in, a
 	// multiple of 4 KiB from 64 KiB to 64 MiB (default 8 MiB).
@@ -49,14 +51,21 @@ type Exporter struct {
 	cfg  ExportConfig
 	bufs sync.Pool
 
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	lns    map[net.Listener]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	lns      map[net.Listener]struct{}
+	closed   bool
+	refusing int // connections over MaxConns being told so
+	wg       sync.WaitGroup
+	done     chan struct{} // closed by Close: ends stats being computed
 
-	stats statCache
+	stats   statCache
+	hashing chan struct{} // a slot per stat computed at once
 }
+
+// maxRefusing bounds the connections over MaxConns told they are
+// refused at once; beyond it they are closed without a word.
+const maxRefusing = 16
 
 // Export serves the files under dir (Serve it on listeners). Paths are
 // resolved inside dir: ".." and symbolic links that leave it, absolute
@@ -89,7 +98,8 @@ func Export(dir string, cfg *ExportConfig) (*Exporter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: export %s: %w", dir, err)
 	}
-	e := &Exporter{root: root, cfg: c, conns: map[net.Conn]struct{}{}, lns: map[net.Listener]struct{}{}}
+	e := &Exporter{root: root, cfg: c, conns: map[net.Conn]struct{}{}, lns: map[net.Listener]struct{}{},
+		done: make(chan struct{}), hashing: make(chan struct{}, 2)}
 	e.bufs.New = func() any { b := make([]byte, 1<<20); return &b }
 	e.stats.m = map[fileKey]*statEntry{}
 	return e, nil
@@ -110,6 +120,7 @@ func (e *Exporter) Serve(l net.Listener) error {
 		delete(e.lns, l)
 		e.mu.Unlock()
 	}()
+	var delay time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -119,12 +130,18 @@ func (e *Exporter) Serve(l net.Listener) error {
 			if closed {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return err
 			}
-			return err
+			// Out of descriptors (EMFILE), a connection reset before
+			// it was taken...: wait and take the next, as net/http
+			// does, rather than stop serving for good.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			e.cfg.Logger.Warn("fs export: accept failed; retrying", "err", err, "in", delay)
+			time.Sleep(delay)
+			continue
 		}
+		delay = 0
 		e.mu.Lock()
 		if e.closed {
 			e.mu.Unlock()
@@ -132,7 +149,16 @@ func (e *Exporter) Serve(l net.Listener) error {
 			return nil
 		}
 		busy := len(e.conns) >= e.cfg.MaxConns
-		if !busy {
+		if busy && e.refusing >= maxRefusing {
+			// Told nothing: a flood must not hold a goroutine and a
+			// descriptor each for the second refuse waits.
+			e.mu.Unlock()
+			c.Close()
+			continue
+		}
+		if busy {
+			e.refusing++
+		} else {
 			e.conns[c] = struct{}{}
 		}
 		e.wg.Add(1)
@@ -141,6 +167,9 @@ func (e *Exporter) Serve(l net.Listener) error {
 			defer e.wg.Done()
 			if busy {
 				e.refuse(c)
+				e.mu.Lock()
+				e.refusing--
+				e.mu.Unlock()
 				return
 			}
 			defer func() {
@@ -174,6 +203,7 @@ func (e *Exporter) Close() error {
 		return nil
 	}
 	e.closed = true
+	close(e.done)
 	for l := range e.lns {
 		l.Close()
 	}
@@ -215,12 +245,18 @@ func (e *Exporter) reply(c net.Conn, r response, payload []byte) error {
 
 // answer answers one request; an error ends the connection.
 func (e *Exporter) answer(c net.Conn, q request) error {
-	f, st, status, err := e.open(q.path)
-	if err == nil && e.cfg.Authorize != nil {
-		if aerr := e.cfg.Authorize(c, q.path); aerr != nil {
-			status, err = statusDenied, aerr
+	// The path's form first, then the client's right to it, and only
+	// then the file system: a refused client learns nothing of what is
+	// there, and opens nothing.
+	if err := checkPath(q.path); err != nil {
+		return e.reply(c, response{status: statusDenied, msg: err.Error()}, nil)
+	}
+	if e.cfg.Authorize != nil {
+		if err := e.cfg.Authorize(c, q.path); err != nil {
+			return e.reply(c, response{status: statusDenied, msg: "not authorized: " + err.Error()}, nil)
 		}
 	}
+	f, st, status, err := e.open(q.path)
 	if err != nil {
 		if f != nil {
 			f.Close()
@@ -230,7 +266,7 @@ func (e *Exporter) answer(c net.Conn, q request) error {
 	defer f.Close()
 	switch q.op {
 	case opStat:
-		info, err := e.stats.get(f, st, e.cfg.ChunkSize)
+		info, err := e.stat(f, st)
 		if err != nil {
 			return e.reply(c, response{status: statusIO, msg: err.Error()}, nil)
 		}
@@ -260,13 +296,18 @@ func (e *Exporter) answer(c net.Conn, q request) error {
 // buffer it is given.
 type writerOnly struct{ io.Writer }
 
-// open opens an exported file: a clean relative path inside the root,
-// and a regular file.
-func (e *Exporter) open(name string) (*os.File, shm.FileStat, uint8, error) {
+// checkPath refuses what is not a clean relative path.
+func checkPath(name string) error {
 	if name != path.Clean(name) || path.IsAbs(name) || name == "." || strings.HasPrefix(name, "../") || name == ".." ||
 		strings.ContainsRune(name, 0) {
-		return nil, shm.FileStat{}, statusDenied, fmt.Errorf("path %q is not a clean path inside the export", name)
+		return fmt.Errorf("path %q is not a clean path inside the export", name)
 	}
+	return nil
+}
+
+// open opens an exported file (its path checked): inside the root, and a
+// regular file.
+func (e *Exporter) open(name string) (*os.File, shm.FileStat, uint8, error) {
 	f, err := e.root.OpenFile(name, os.O_RDONLY|shm.OpenNonblock, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -307,23 +348,36 @@ type statEntry struct {
 // maxStats bounds the cache (8 KiB of hashes per GiB in 8 MiB chunks).
 const maxStats = 256
 
-// get returns f's stat, hashing it once per content however many clients
-// ask at once.
-func (s *statCache) get(f *os.File, st shm.FileStat, chunk int) (statInfo, error) {
-	k := fileKey{st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime, int64(chunk)}
+// stat returns f's stat, hashing it once per content however many
+// clients ask at once; at most cap(e.hashing) files are hashed at once,
+// through the pooled buffer, and Close stops them.
+func (e *Exporter) stat(f *os.File, st shm.FileStat) (statInfo, error) {
+	s := &e.stats
+	k := fileKey{st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime, int64(e.cfg.ChunkSize)}
 	s.mu.Lock()
 	en := s.m[k]
 	if en == nil {
 		if len(s.m) >= maxStats {
-			for old := range s.m { // any one: they are cheap to remake
-				delete(s.m, old)
+			for old, oe := range s.m { // a finished one: they are cheap to remake
+				select {
+				case <-oe.done:
+					delete(s.m, old)
+				default:
+					continue
+				}
 				break
 			}
 		}
 		en = &statEntry{done: make(chan struct{})}
 		s.m[k] = en
 		s.mu.Unlock()
-		en.info, en.err = hashFile(f, st, chunk)
+		select {
+		case e.hashing <- struct{}{}:
+			en.info, en.err = e.hashFile(f, st)
+			<-e.hashing
+		case <-e.done:
+			en.err = errors.New("export closed")
+		}
 		if en.err != nil {
 			s.mu.Lock()
 			delete(s.m, k)
@@ -332,26 +386,43 @@ func (s *statCache) get(f *os.File, st shm.FileStat, chunk int) (statInfo, error
 		close(en.done)
 	} else {
 		s.mu.Unlock()
-		<-en.done
+		select {
+		case <-en.done:
+		case <-e.done:
+			return statInfo{}, errors.New("export closed")
+		}
 	}
 	return en.info, en.err
 }
 
-// hashFile reads f whole and hashes each chunk.
-func hashFile(f *os.File, st shm.FileStat, chunk int) (statInfo, error) {
-	info := statInfo{size: st.Size, mtime: st.Mtime, chunk: chunk}
-	n := (st.Size + int64(chunk) - 1) / int64(chunk)
+// hashFile reads f whole through a pooled buffer and hashes each chunk.
+func (e *Exporter) hashFile(f *os.File, st shm.FileStat) (statInfo, error) {
+	chunk := int64(e.cfg.ChunkSize)
+	info := statInfo{size: st.Size, mtime: st.Mtime, chunk: e.cfg.ChunkSize}
+	n := (st.Size + chunk - 1) / chunk
 	if n > maxChunks {
 		return info, fmt.Errorf("%d bytes is more than %d chunks of %d", st.Size, maxChunks, chunk)
 	}
-	buf := make([]byte, min(int64(chunk), st.Size))
+	bp := e.bufs.Get().(*[]byte)
+	defer e.bufs.Put(bp)
+	buf := *bp
+	var d xxhash.Digest
 	for i := range n {
-		off := i * int64(chunk)
-		b := buf[:min(int64(chunk), st.Size-off)]
-		if _, err := f.ReadAt(b, off); err != nil {
-			return info, fmt.Errorf("hashing: %w", err)
+		d.Reset()
+		for off, end := i*chunk, min((i+1)*chunk, st.Size); off < end; {
+			select {
+			case <-e.done:
+				return info, errors.New("export closed")
+			default:
+			}
+			b := buf[:min(int64(len(buf)), end-off)]
+			if _, err := f.ReadAt(b, off); err != nil {
+				return info, fmt.Errorf("hashing: %w", err)
+			}
+			d.Write(b)
+			off += int64(len(b))
 		}
-		info.hashes = append(info.hashes, xxhash.Sum64(b))
+		info.hashes = append(info.hashes, d.Sum64())
 	}
 	if now, err := shm.StatFile(f); err != nil || now.Size != st.Size || now.Mtime != st.Mtime || now.Ctime != st.Ctime {
 		return info, errors.New("the file changed while it was hashed")

@@ -20,8 +20,9 @@ import (
 // runChunks calls do for every chunk of [0, size), o.ChunkSize bytes
 // each (the last one shorter), on up to o.Parallel goroutines, and
 // report, if set, with the bytes done so far after each chunk, from the
-// caller's goroutine. It returns the first error, or ctx's.
-func runChunks(ctx context.Context, size int64, o Options, report func(done int64), do func(off int64, n int) error) error {
+// caller's goroutine. do's ctx ends when another chunk failed. It
+// returns the first error, or ctx's.
+func runChunks(ctx context.Context, size int64, o Options, report func(done int64), do func(ctx context.Context, off int64, n int) error) error {
 	chunk := int64(o.ChunkSize)
 	chunks := (size + chunk - 1) / chunk
 	w := int(max(1, min(int64(o.Parallel), chunks)))
@@ -45,7 +46,7 @@ func runChunks(ctx context.Context, size int64, o Options, report func(done int6
 				}
 				off := i * chunk
 				n := min(chunk, size-off)
-				if err := do(off, int(n)); err != nil {
+				if err := do(ctx, off, int(n)); err != nil {
 					once.Do(func() { firstErr = err })
 					cancel()
 					return
@@ -100,7 +101,7 @@ func openMap(ctx context.Context, f *os.File, st shm.FileStat, o Options) (*File
 		_ = shm.Advise(mm, shm.AdviseHugePage) // a hint: file mappings rarely get them
 	}
 	if !o.NoPopulate {
-		if err := runChunks(ctx, st.Size, o, reporter(o, st.Size), func(off int64, n int) error {
+		if err := runChunks(ctx, st.Size, o, reporter(o, st.Size), func(ctx context.Context, off int64, n int) error {
 			return populate(mm[off : off+int64(n)])
 		}); err != nil {
 			return fail(err)
@@ -135,7 +136,7 @@ var sink atomic.Uint32
 // openPrivate reads f into this process's memory.
 func openPrivate(ctx context.Context, f *os.File, st shm.FileStat, o Options) (*File, error) {
 	buf := make([]byte, st.Size)
-	if err := runChunks(ctx, st.Size, o, reporter(o, st.Size), func(off int64, n int) error {
+	if err := runChunks(ctx, st.Size, o, reporter(o, st.Size), func(ctx context.Context, off int64, n int) error {
 		return readChunk(f, buf[off:off+int64(n)], off, n)
 	}); err != nil {
 		return nil, err

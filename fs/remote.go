@@ -5,10 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/url"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +34,11 @@ type RemoteOptions struct {
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
 	// RequestTimeout bounds each request's answer (default 60 s).
 	RequestTimeout time.Duration
+	// MaxSize is the largest file OpenRemote takes from an export
+	// (default 1 TiB): what the export says is checked against it, and
+	// against the room there is (memory for a private copy, /dev/shm for
+	// a shared one), before anything is allocated.
+	MaxSize int64
 }
 
 // OpenRemote loads the file at rawURL, "ub://<node>/<export>/<path>",
@@ -62,11 +70,14 @@ func OpenRemote(ctx context.Context, rawURL string, opts *RemoteOptions) (*File,
 	if ro.RequestTimeout <= 0 {
 		ro.RequestTimeout = 60 * time.Second
 	}
+	if ro.MaxSize <= 0 {
+		ro.MaxSize = 1 << 40
+	}
 	addr, name, err := splitRemote(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	r := &remote{addr: addr, path: name, dial: ro.Dial, timeout: ro.RequestTimeout}
+	r := &remote{addr: addr, path: name, dial: ro.Dial, timeout: ro.RequestTimeout, maxSize: ro.MaxSize}
 	f, err := r.open(ctx, rawURL, o)
 	if err != nil {
 		return nil, fmt.Errorf("fs: open %s: %w", rawURL, err)
@@ -93,6 +104,7 @@ type remote struct {
 	addr, path string
 	dial       func(ctx context.Context, addr string) (net.Conn, error)
 	timeout    time.Duration
+	maxSize    int64
 
 	mu    sync.Mutex
 	conns []net.Conn // every connection made, closed at the end
@@ -156,6 +168,14 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 	if err != nil {
 		return nil, err
 	}
+	if info.size > r.maxSize {
+		return nil, fmt.Errorf("%w: a file of %d bytes, more than MaxSize %d", ErrRemote, info.size, r.maxSize)
+	}
+	if o.Private {
+		if avail, ok := memAvailable(); ok && info.size > avail {
+			return nil, fmt.Errorf("%w: a file of %d bytes, more than this host's available memory (%d)", ErrRemote, info.size, avail)
+		}
+	}
 	if info.size == 0 {
 		if o.SHA256 != "" {
 			if err := checkSum(nil, o.SHA256); err != nil {
@@ -165,11 +185,14 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 		return &File{path: rawURL, data: []byte{}, method: Copy, close: func() error { return nil }}, nil
 	}
 	o.ChunkSize = info.chunk
-	pool := make(chan net.Conn, o.Parallel)
+	slots := min(o.Parallel, len(info.hashes))
+	pool := make(chan net.Conn, slots)
 	pool <- c
-	for range min(o.Parallel, len(info.hashes)) - 1 {
+	for range slots - 1 {
 		pool <- nil // connected when first needed
 	}
+	var live atomic.Int64 // slots still in use: a refused extra one is dropped
+	live.Store(int64(slots))
 	fill := func(ctx context.Context, data []byte, done *atomic.Uint64) error {
 		report := reporter(o, info.size)
 		return runChunks(ctx, info.size, o, func(n int64) {
@@ -179,22 +202,37 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 			if report != nil {
 				report(n)
 			}
-		}, func(off int64, n int) error {
-			c := <-pool
-			var err error
-			if c == nil {
-				if c, err = r.connect(ctx); err != nil {
-					pool <- nil
-					return err
+		}, func(ctx context.Context, off int64, n int) error {
+			for {
+				var c net.Conn
+				select {
+				case c = <-pool:
+				case <-ctx.Done(): // another request failed
+					return context.Cause(ctx)
 				}
+				fresh := c == nil
+				var err error
+				if fresh {
+					c, err = r.connect(ctx)
+				}
+				if err == nil {
+					err = r.readChunk(c, info, data[off:off+int64(n)], off)
+					if err == nil {
+						pool <- c
+						return nil
+					}
+					c.Close() // in an unknown state
+				}
+				if fresh && (errors.Is(err, ErrBusy) || !errors.Is(err, ErrRemote)) && live.Add(-1) > 0 {
+					// An extra connection the export refused (busy) or
+					// that could not be made: do with the others.
+					continue
+				}
+				// Anything else ends the load: the other requests too,
+				// at once rather than at their timeouts.
+				r.closeAll()
+				return err
 			}
-			err = r.readChunk(c, info, data[off:off+int64(n)], off)
-			if err != nil {
-				c.Close() // in an unknown state
-				c = nil
-			}
-			pool <- c
-			return err
 		})
 	}
 	var file *File
@@ -251,4 +289,19 @@ func (r *remote) readChunk(c net.Conn, info statInfo, dst []byte, off int64) err
 		return fmt.Errorf("%w: chunk %d (at %d) does not match its hash", ErrRemote, i, off)
 	}
 	return nil
+}
+
+// memAvailable is MemAvailable of /proc/meminfo, in bytes.
+func memAvailable() (int64, bool) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "MemAvailable:" {
+			kb, err := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10, err == nil
+		}
+	}
+	return 0, false
 }

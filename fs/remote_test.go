@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -269,8 +270,9 @@ func TestExportBounds(t *testing.T) {
 	if _, err := OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial}); !errors.Is(err, ErrBusy) {
 		t.Errorf("over MaxConns: %v, want ErrBusy", err)
 	}
-	// Requests the export refuses, each ending its connection: a read
-	// past the end or longer than a chunk, garbage.
+	// Requests the export refuses: a read past the end or longer than a
+	// chunk (answered; the connection stays), then garbage (answered, and
+	// the connection is closed).
 	for _, q := range []request{{op: opRead, path: "f", off: 90 << 10, len: 64 << 10}, {op: opRead, path: "f", len: 128 << 10}} {
 		if _, err := r.do(held, q); !errors.Is(err, ErrRemote) {
 			t.Errorf("%+v: %v, want ErrRemote", q, err)
@@ -376,4 +378,149 @@ func TestRemoteOverUB(t *testing.T) {
 	if _, ok := paths.Load(transport.PathUB); !ok {
 		t.Error("no connection took the ub path")
 	}
+}
+
+// TestRemoteReviewCases: a busy export refusing extra connections slows a
+// load down instead of failing it; one bad chunk ends the load at once,
+// not at the other requests' timeouts; a stat claiming a huge file is
+// refused before anything is allocated; a client Authorize refuses learns
+// nothing of what exists; Close does not wait for a stat hashing a huge
+// file.
+func TestRemoteReviewCases(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	_, want := writeFile(t, dir, 1<<20, 51)
+	name := fmt.Sprintf("f-%d-51", len(want))
+
+	t.Run("busy", func(t *testing.T) {
+		e, err := Export(dir, &ExportConfig{MaxConns: 2, ChunkSize: 64 << 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dial := tcpExport(t, e)
+		f, err := OpenRemote(ctx, "ub://n0/x/"+name, &RemoteOptions{Dial: dial, Options: Options{Parallel: 6, Private: true}})
+		if err != nil {
+			t.Fatalf("with MaxConns 2 and 6 stripes: %v", err)
+		}
+		if !bytes.Equal(f.Bytes(), want) {
+			t.Error("content differs")
+		}
+		f.Close()
+	})
+
+	t.Run("fail fast", func(t *testing.T) {
+		content := make([]byte, 1<<20)
+		var once sync.Once
+		dial := hostile(t, content, func(c net.Conn, q request) {
+			bad := false
+			once.Do(func() { bad = true })
+			if bad {
+				c.Write(append(response{payload: q.len}.encode(), bytes.Repeat([]byte{0xff}, int(q.len))...)) // wrong data
+				return
+			}
+			// the other connections never answer
+		})
+		start := time.Now()
+		_, err := OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial, RequestTimeout: 20 * time.Second,
+			Options: Options{Parallel: 4, Private: true}})
+		if err == nil {
+			t.Fatal("no error")
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("the load failed after %v, waiting for the other requests' timeouts", took)
+		}
+	})
+
+	t.Run("huge stat", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					if _, err := readRequest(c); err != nil {
+						return
+					}
+					n := uint32(1 << 20)
+					p := statInfo{size: 1 << 46, chunk: 64 << 20}.encode()
+					binary.LittleEndian.PutUint32(p[20:], n)
+					p = append(p, make([]byte, 8*int(n))...)
+					c.Write(append(response{payload: uint64(len(p))}.encode(), p...))
+					io.Copy(io.Discard, c)
+				}()
+			}
+		}()
+		dial := func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", ln.Addr().String())
+		}
+		for _, private := range []bool{true, false} {
+			if _, err := OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial, Options: Options{Private: private}}); !errors.Is(err, ErrRemote) && err == nil {
+				t.Errorf("private %v: a 64 TiB file was taken", private)
+			} else if err == nil || strings.Contains(err.Error(), "bad address") {
+				t.Errorf("private %v: %v", private, err)
+			}
+		}
+		if n := copiesInShm(t); n != 0 {
+			t.Errorf("%d copies left", n)
+		}
+	})
+
+	t.Run("authorize first", func(t *testing.T) {
+		e, err := Export(dir, &ExportConfig{Authorize: func(net.Conn, string) error { return errors.New("no") }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dial := tcpExport(t, e)
+		var msgs []string
+		for _, p := range []string{name, "missing"} {
+			_, err := OpenRemote(ctx, "ub://n0/x/"+p, &RemoteOptions{Dial: dial})
+			if !errors.Is(err, ErrDenied) {
+				t.Errorf("%s: %v, want ErrDenied", p, err)
+			}
+			msgs = append(msgs, strings.ReplaceAll(fmt.Sprint(err), p, "P"))
+		}
+		if msgs[0] != msgs[1] {
+			t.Errorf("a refused client tells an existing file from a missing one: %q, %q", msgs[0], msgs[1])
+		}
+	})
+
+	t.Run("close while hashing", func(t *testing.T) {
+		big := filepath.Join(t.TempDir(), "sparse")
+		f, err := os.Create(big)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Truncate(64 << 30) // 64 GiB of holes: hashing it takes a long while
+		f.Close()
+		e, err := Export(filepath.Dir(big), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dial := tcpExport(t, e)
+		c, err := dial(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write(request{op: opStat, path: "sparse"}.encode())
+		// The stat is being computed once the export has the request;
+		// the connection answering nothing for a moment says so.
+		c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the stat of 64 GiB answered at once: %v", err)
+		}
+		start := time.Now()
+		e.Close()
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("Close took %v while a stat hashed a 64 GiB file", took)
+		}
+	})
 }

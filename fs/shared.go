@@ -162,8 +162,13 @@ func (c *sharedCopy) open(ctx context.Context, n int64, key [5]uint64, o Options
 	seg, err := shm.OpenSegment(c.name)
 	if err != nil {
 		// Before a new copy takes memory, the copies whose last holder
-		// died (killed: it could not remove them) go.
+		// died (killed: it could not remove them) go; and a copy that
+		// cannot fit is an error now, not a SIGBUS once loading fills
+		// the room.
 		Sweep()
+		if free, ferr := shm.FreeSpace(); ferr == nil && int64(size) > free {
+			return fmt.Errorf("a copy of %d bytes does not fit in %s (%d bytes free)", n, shm.ShmDir, free)
+		}
 	}
 	for err != nil {
 		seg, err = shm.RepairSegment(c.name, size, &shm.SegmentConfig{Keep: true, HugePages: o.HugePages})
@@ -283,7 +288,7 @@ func loadFile(ctx context.Context, f *os.File, path string, st shm.FileStat, o O
 		if report != nil {
 			report(n)
 		}
-	}, func(off int64, n int) error {
+	}, func(ctx context.Context, off int64, n int) error {
 		dst := data[off : off+int64(n)]
 		if src != f {
 			// O_DIRECT: whole blocks, into the page-aligned data area.

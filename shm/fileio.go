@@ -264,3 +264,14 @@ func RemoveUnheld(prefix string, n int, removable func(head []byte) bool) ([]str
 	}
 	return removed, nil
 }
+
+// FreeSpace is the room left in ShmDir (statfs: blocks available to
+// this user): a segment larger than it would fail, once touched, with
+// SIGBUS.
+func FreeSpace() (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(ShmDir, &st); err != nil {
+		return 0, &os.PathError{Op: "statfs", Path: ShmDir, Err: err}
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}

@@ -78,3 +78,6 @@ const OpenNonblock = 0
 func RemoveUnheld(prefix string, n int, removable func(head []byte) bool) ([]string, error) {
 	return nil, errUnsupported
 }
+
+// FreeSpace fails: segments need Linux.
+func FreeSpace() (int64, error) { return 0, errUnsupported }

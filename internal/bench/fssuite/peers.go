@@ -118,10 +118,11 @@ func loadPeer(a loadArgs) error {
 		}
 		f.Close()
 	case "remote", "tcp-copy":
-		b, rel, err := loadRemote(a)
+		b, rel, began, err := loadRemote(a)
 		if err != nil {
 			return err
 		}
+		start = began
 		sum, size, release = Sum(b), int64(len(b)), rel
 	case "idle":
 	default:

@@ -213,16 +213,20 @@ func (e *Env) remoteRun(kind string) func(time.Duration) (bench.Measurement, err
 }
 
 // loadRemote is the fs-load peer's "remote" and "tcp-copy" kinds: it
-// returns the bytes read (and what releases them).
-func loadRemote(a loadArgs) ([]byte, func(), error) {
+// returns the bytes read (and what releases them), and when the attempt
+// that read them began.
+func loadRemote(a loadArgs) ([]byte, func(), time.Time, error) {
+	start := time.Now()
 	switch a.Kind {
 	case "remote":
 		// The export's registry may not listen yet on the first run:
-		// polled, with a deadline.
+		// polled, with a deadline; the time counts from the attempt that
+		// succeeded.
 		var f *fs.File
 		var err error
 		for end := time.Now().Add(20 * time.Second); ; {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			start = time.Now()
 			f, err = fs.OpenRemote(ctx, a.Path, nil)
 			cancel()
 			if err == nil || time.Now().After(end) {
@@ -231,19 +235,19 @@ func loadRemote(a loadArgs) ([]byte, func(), error) {
 			time.Sleep(50 * time.Millisecond)
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, start, err
 		}
-		return f.Bytes(), func() { f.Close() }, nil
+		return f.Bytes(), func() { f.Close() }, start, nil
 	default: // tcp-copy
 		c, err := net.Dial("tcp", a.Path)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, start, err
 		}
 		defer c.Close()
 		b := make([]byte, a.Size)
 		if _, err := io.ReadFull(c, b); err != nil {
-			return nil, nil, err
+			return nil, nil, start, err
 		}
-		return b, func() {}, nil
+		return b, func() {}, start, nil
 	}
 }
