@@ -132,8 +132,8 @@ func loadPeer(a loadArgs) error {
 	if err := json.NewEncoder(os.Stdout).Encode(loadReport{Seconds: took.Seconds(), Size: size, Sum: sum}); err != nil {
 		return err
 	}
+	bench.PeerFinished() // its profile, if asked for, is written now
 	if a.Hold {
-		bench.PeerFinished()
 		select {} // killed by the harness, holding what it loaded
 	}
 	release()
