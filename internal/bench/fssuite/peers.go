@@ -106,7 +106,7 @@ func loadPeer(a loadArgs) error {
 		buf := make([]byte, 1<<20)
 		for {
 			n, err := io.ReadFull(f, buf)
-			sum += sumWords(buf[:n])
+			sum += bench.Sum(buf[:n])
 			size += int64(n)
 			if err == io.EOF || err == io.ErrUnexpectedEOF {
 				break

@@ -219,13 +219,13 @@ func (e *Env) rawFile(size int64) (string, error) {
 	return path, nil
 }
 
-// Sum adds b up as little-endian 8-byte words (a tail shorter than 8
-// bytes byte by byte) on as many goroutines as the process may run: how
-// every Go contender reads every byte it loaded.
+// Sum is bench.Sum (b's little-endian 8-byte words, a tail byte by byte)
+// on as many goroutines as the process may run: how every Go contender
+// reads every byte it loaded.
 func Sum(b []byte) uint64 {
 	n := runtime.GOMAXPROCS(0)
 	if len(b) < 1<<20 || n == 1 {
-		return sumWords(b)
+		return bench.Sum(b)
 	}
 	part := (len(b)/n + 7) &^ 7
 	sums := make([]uint64, n)
@@ -236,7 +236,7 @@ func Sum(b []byte) uint64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sums[i] = sumWords(b[lo:hi])
+			sums[i] = bench.Sum(b[lo:hi])
 		}()
 	}
 	wg.Wait()
@@ -245,24 +245,6 @@ func Sum(b []byte) uint64 {
 		s += v
 	}
 	return s
-}
-
-func sumWords(b []byte) uint64 {
-	var s0, s1, s2, s3 uint64
-	i := 0
-	for ; i+32 <= len(b); i += 32 {
-		s0 += binary.LittleEndian.Uint64(b[i:])
-		s1 += binary.LittleEndian.Uint64(b[i+8:])
-		s2 += binary.LittleEndian.Uint64(b[i+16:])
-		s3 += binary.LittleEndian.Uint64(b[i+24:])
-	}
-	for ; i+8 <= len(b); i += 8 {
-		s0 += binary.LittleEndian.Uint64(b[i:])
-	}
-	for ; i < len(b); i++ {
-		s1 += uint64(b[i])
-	}
-	return s0 + s1 + s2 + s3
 }
 
 // gbps is size bytes in d, in GB/s.
