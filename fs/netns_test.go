@@ -60,14 +60,17 @@ func fsRemoteChild() int {
 	}
 	var f *File
 	var err error
-	for end := time.Now().Add(20 * time.Second); ; {
+	// Nothing tells when the export's registry listens: polled every
+	// 50 ms, for 20 s at most.
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(20 * time.Second); ; <-tick.C {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		f, err = OpenRemote(ctx, os.Getenv("FS_URL"), &RemoteOptions{Dial: dial})
 		cancel()
 		if err == nil || time.Now().After(end) {
 			break
 		}
-		time.Sleep(50 * time.Millisecond) // polling the export's registry, with a deadline
 	}
 	if err != nil {
 		fmt.Println("error", err)

@@ -224,7 +224,9 @@ func loadRemote(a loadArgs) ([]byte, func(), time.Time, error) {
 		// succeeded.
 		var f *fs.File
 		var err error
-		for end := time.Now().Add(20 * time.Second); ; {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for end := time.Now().Add(20 * time.Second); ; <-tick.C {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			start = time.Now()
 			f, err = fs.OpenRemote(ctx, a.Path, nil)
@@ -232,7 +234,6 @@ func loadRemote(a loadArgs) ([]byte, func(), time.Time, error) {
 			if err == nil || time.Now().After(end) {
 				break
 			}
-			time.Sleep(50 * time.Millisecond)
 		}
 		if err != nil {
 			return nil, nil, start, err
