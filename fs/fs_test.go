@@ -30,8 +30,17 @@ func TestMain(m *testing.M) {
 	dir := os.Getenv("FS_TEST_SHMDIR")
 	mine := dir == ""
 	if mine {
+		// Directories of earlier runs that were killed before their
+		// teardown (named after their process) go first.
+		old, _ := filepath.Glob(filepath.Join(shm.ShmDir, "ubkit-fs-test-*"))
+		for _, d := range old {
+			pid := strings.SplitN(strings.TrimPrefix(filepath.Base(d), "ubkit-fs-test-"), "-", 2)[0]
+			if _, err := os.Stat("/proc/" + pid); err != nil || pid == "" {
+				os.RemoveAll(d)
+			}
+		}
 		var err error
-		if dir, err = os.MkdirTemp(shm.ShmDir, "ubkit-fs-test-"); err != nil {
+		if dir, err = os.MkdirTemp(shm.ShmDir, fmt.Sprintf("ubkit-fs-test-%d-", os.Getpid())); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
