@@ -200,6 +200,9 @@ func Open(ctx context.Context, path string, opts *Options) (*File, error) {
 	switch {
 	case st.Size == 0:
 		file = &File{data: []byte{}, close: func() error { return nil }}
+		if o.SHA256 != "" {
+			err = checkSum(nil, o.SHA256)
+		}
 	case m == Map:
 		file, err = openMap(ctx, f, st, o)
 	case o.Private || st.Size < smallFile && o.Method == Auto:
@@ -211,17 +214,6 @@ func Open(ctx context.Context, path string, opts *Options) (*File, error) {
 		return nil, fmt.Errorf("fs: open %s: %w", path, err)
 	}
 	file.path, file.size, file.method = path, st.Size, m
-	if file.method == Auto {
-		file.method = Copy
-	}
-	if st.Size == 0 {
-		file.method = m
-		if o.SHA256 != "" {
-			if err := checkSum(file.data, o.SHA256); err != nil {
-				return nil, fmt.Errorf("fs: open %s: %w", path, err)
-			}
-		}
-	}
 	if o.Progress != nil {
 		o.Progress(Progress{Done: st.Size, Total: st.Size})
 	}
