@@ -1,6 +1,9 @@
 package fs
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,11 +13,14 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/ubkit-io/ubkit/shm"
+	"github.com/ubkit-io/ubkit/transport"
+	"github.com/ubkit-io/ubkit/ub"
 )
 
 // ExportConfig bounds what clients can make an Exporter hold. The zero
@@ -42,6 +48,38 @@ type ExportConfig struct {
 	Authorize func(c net.Conn, path string) error
 	// Logger gets the connections that failed, and why. Default: nothing.
 	Logger *slog.Logger
+
+	// Device is the ub context one-sided reads are served through: a
+	// client that asks for them (OpenRemote does, over the ub path) gets
+	// the file loaded once into this host's shared copy (as Open's Copy
+	// makes it, shared with local Opens of the file and with every other
+	// client reading it at once), registered for remote Read with a
+	// random token for as long as its connection lasts, and reads it
+	// with ub Reads rather than through the connection. Default: the
+	// context of the connection's own transport endpoint
+	// (transport.Conn.Device) for connections on the ub path; the others
+	// read through the connection.
+	Device ub.Context
+	// StreamOnly turns one-sided reads off: every client reads through
+	// its connection.
+	StreamOnly bool
+	// MaxLoaded bounds the bytes of files held loaded for one-sided
+	// reads at once (default half of the shared-memory file system's
+	// free space when Export is called); a client that would go beyond
+	// it is told the export is busy.
+	MaxLoaded int64
+}
+
+// ExportStats counts what an Exporter did.
+type ExportStats struct {
+	// Streamed is the bytes sent through connections by reads.
+	Streamed int64
+	// Maps counts the one-sided read registrations given to clients, and
+	// Loads the files loaded into memory for them: clients that read a
+	// file at the same time share one load.
+	Maps, Loads int64
+	// Loaded is the bytes held loaded for one-sided reads now.
+	Loaded int64
 }
 
 // Exporter serves the regular files under a directory, read-only, to
@@ -61,7 +99,38 @@ type Exporter struct {
 
 	stats   statCache
 	hashing chan struct{} // a slot per stat computed at once
+
+	ctx    context.Context // ends at Close: ends the loads for one-sided reads
+	cancel context.CancelFunc
+
+	lmu         sync.Mutex
+	loaded      map[loadKey]*loaded // files loaded for one-sided reads
+	loadedBytes int64
+
+	streamed, maps, loads atomic.Int64
 }
+
+// loadKey names a file's content loaded for one device's clients.
+type loadKey struct {
+	fileKey
+	dev ub.Context
+}
+
+// loaded is a file loaded for one-sided reads and registered with a ub
+// context, held by the connections that asked for it.
+type loaded struct {
+	key   loadKey
+	ready chan struct{} // closed when the load is done (or failed: err)
+	err   error
+	size  int64
+	file  *File
+	seg   ub.Segment
+	info  mapInfo
+	refs  int // under the Exporter's lmu
+}
+
+// maxMapsPerConn bounds the registrations one connection holds.
+const maxMapsPerConn = 4
 
 // maxRefusing bounds the connections over MaxConns told they are
 // refused at once; beyond it they are closed without a word.
@@ -94,12 +163,20 @@ func Export(dir string, cfg *ExportConfig) (*Exporter, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.MaxLoaded <= 0 {
+		free, err := shm.FreeSpace()
+		if err != nil {
+			free = 0 // no one-sided reads
+		}
+		c.MaxLoaded = free / 2
+	}
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return nil, fmt.Errorf("fs: export %s: %w", dir, err)
 	}
 	e := &Exporter{root: root, cfg: c, conns: map[net.Conn]struct{}{}, lns: map[net.Listener]struct{}{},
-		done: make(chan struct{}), hashing: make(chan struct{}, 2)}
+		done: make(chan struct{}), hashing: make(chan struct{}, 2), loaded: map[loadKey]*loaded{}}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.bufs.New = func() any { b := make([]byte, 1<<20); return &b }
 	e.stats.m = map[fileKey]*statEntry{}
 	return e, nil
@@ -204,6 +281,7 @@ func (e *Exporter) Close() error {
 	}
 	e.closed = true
 	close(e.done)
+	e.cancel()
 	for l := range e.lns {
 		l.Close()
 	}
@@ -215,8 +293,22 @@ func (e *Exporter) Close() error {
 	return e.root.Close()
 }
 
+// Stats returns the Exporter's counts.
+func (e *Exporter) Stats() ExportStats {
+	e.lmu.Lock()
+	n := e.loadedBytes
+	e.lmu.Unlock()
+	return ExportStats{Streamed: e.streamed.Load(), Maps: e.maps.Load(), Loads: e.loads.Load(), Loaded: n}
+}
+
 // serveConn answers a connection's requests in turn.
 func (e *Exporter) serveConn(c net.Conn) error {
+	var maps []*loaded // the registrations it holds, dropped when it ends
+	defer func() {
+		for _, l := range maps {
+			e.unmap(l)
+		}
+	}()
 	for {
 		c.SetReadDeadline(time.Now().Add(e.cfg.IdleTimeout))
 		q, err := readRequest(c)
@@ -227,7 +319,7 @@ func (e *Exporter) serveConn(c net.Conn) error {
 			return err
 		}
 		c.SetReadDeadline(time.Time{})
-		if err := e.answer(c, q); err != nil {
+		if err := e.answer(c, q, &maps); err != nil {
 			return err
 		}
 	}
@@ -243,8 +335,12 @@ func (e *Exporter) reply(c net.Conn, r response, payload []byte) error {
 	return nil
 }
 
-// answer answers one request; an error ends the connection.
-func (e *Exporter) answer(c net.Conn, q request) error {
+// answer answers one request; an error ends the connection. maps holds
+// the connection's registrations for one-sided reads.
+func (e *Exporter) answer(c net.Conn, q request, maps *[]*loaded) error {
+	if q.op == opPing {
+		return e.reply(c, response{}, nil)
+	}
 	// The path's form first, then the client's right to it, and only
 	// then the file system: a refused client learns nothing of what is
 	// there, and opens nothing.
@@ -271,6 +367,21 @@ func (e *Exporter) answer(c net.Conn, q request) error {
 			return e.reply(c, response{status: statusIO, msg: err.Error()}, nil)
 		}
 		return e.reply(c, response{}, info.encode())
+	case opMap:
+		dev := e.device(c)
+		switch {
+		case dev == nil || st.Size == 0:
+			return e.reply(c, response{status: statusUnsupported, msg: "no one-sided reads here"}, nil)
+		case len(*maps) >= maxMapsPerConn:
+			return e.reply(c, response{status: statusBusy, msg: fmt.Sprintf("a connection holds at most %d files", maxMapsPerConn)}, nil)
+		}
+		l, status, err := e.mapFile(dev, f, q.path, st)
+		if err != nil {
+			return e.reply(c, response{status: status, msg: err.Error()}, nil)
+		}
+		*maps = append(*maps, l)
+		e.maps.Add(1)
+		return e.reply(c, response{}, l.info.encode())
 	default: // opRead
 		if q.len > uint64(e.cfg.ChunkSize) || q.off > uint64(st.Size) || q.len > uint64(st.Size)-q.off {
 			return e.reply(c, response{status: statusBad, msg: fmt.Sprintf("read of %d bytes at %d of a %d-byte file in chunks of %d", q.len, q.off, st.Size, e.cfg.ChunkSize)}, nil)
@@ -285,6 +396,7 @@ func (e *Exporter) answer(c net.Conn, q request) error {
 		bp := e.bufs.Get().(*[]byte)
 		defer e.bufs.Put(bp)
 		n, err := io.CopyBuffer(writerOnly{c}, io.NewSectionReader(f, int64(q.off), int64(q.len)), *bp)
+		e.streamed.Add(n)
 		if err == nil && uint64(n) != q.len {
 			err = fmt.Errorf("%s ended after %d of %d bytes", q.path, n, q.len)
 		}
@@ -428,4 +540,134 @@ func (e *Exporter) hashFile(f *os.File, st shm.FileStat) (statInfo, error) {
 		return info, errors.New("the file changed while it was hashed")
 	}
 	return info, nil
+}
+
+// device is the ub context one-sided reads to c are served through, or
+// nil.
+func (e *Exporter) device(c net.Conn) ub.Context {
+	switch {
+	case e.cfg.StreamOnly:
+		return nil
+	case e.cfg.Device != nil:
+		return e.cfg.Device
+	}
+	if tc, ok := c.(*transport.Conn); ok {
+		return tc.Device()
+	}
+	return nil
+}
+
+// mapFile returns f loaded and registered with dev for one-sided reads,
+// holding a reference: the load of the same content for the same device
+// that is under way or done, or a new one if it fits in MaxLoaded.
+func (e *Exporter) mapFile(dev ub.Context, f *os.File, name string, st shm.FileStat) (*loaded, uint8, error) {
+	k := loadKey{fileKey{st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime, int64(e.cfg.ChunkSize)}, dev}
+	e.lmu.Lock()
+	l := e.loaded[k]
+	if l != nil {
+		l.refs++
+		e.lmu.Unlock()
+		select {
+		case <-l.ready:
+		case <-e.done:
+			e.unmap(l)
+			return nil, statusIO, errors.New("export closed")
+		}
+		if l.err != nil {
+			e.unmap(l)
+			return nil, statusIO, l.err
+		}
+		return l, statusOK, nil
+	}
+	if e.loadedBytes+st.Size > e.cfg.MaxLoaded || len(e.loaded) >= maxStats {
+		held := e.loadedBytes
+		e.lmu.Unlock()
+		return nil, statusBusy, fmt.Errorf("%d bytes loaded for one-sided reads, %d more would pass the bound (%d)", held, st.Size, e.cfg.MaxLoaded)
+	}
+	l = &loaded{key: k, ready: make(chan struct{}), size: st.Size, refs: 1}
+	e.loaded[k] = l
+	e.loadedBytes += st.Size
+	e.lmu.Unlock()
+	l.err = e.load(l, dev, f, name, st)
+	if l.err != nil {
+		e.lmu.Lock()
+		if e.loaded[k] == l {
+			delete(e.loaded, k) // the next client tries again
+		}
+		e.lmu.Unlock()
+	}
+	close(l.ready)
+	if l.err != nil {
+		e.unmap(l)
+		return nil, statusIO, l.err
+	}
+	e.loads.Add(1)
+	return l, statusOK, nil
+}
+
+// load loads f into the host's shared copy, hashes it and registers it
+// with dev for remote Read.
+func (e *Exporter) load(l *loaded, dev ub.Context, f *os.File, name string, st shm.FileStat) error {
+	o, err := (&Options{Method: Copy}).withDefaults()
+	if err != nil {
+		return err
+	}
+	file, err := openFile(e.ctx, f, name, o)
+	if err != nil {
+		return err
+	}
+	data := file.Bytes()
+	if int64(len(data)) != st.Size {
+		file.Close()
+		return fmt.Errorf("%s: %d bytes loaded, the file had %d", name, len(data), st.Size)
+	}
+	// The hashes are the loaded copy's: what the clients read.
+	info := statInfo{size: st.Size, mtime: st.Mtime, chunk: e.cfg.ChunkSize}
+	for off := int64(0); off < st.Size; off += int64(e.cfg.ChunkSize) {
+		info.hashes = append(info.hashes, xxhash.Sum64(data[off:min(off+int64(e.cfg.ChunkSize), st.Size)]))
+	}
+	token := randomToken()
+	seg, err := dev.RegisterSegment(data, ub.SegmentConfig{Access: ub.AccessRead, Token: token})
+	if err != nil {
+		file.Close()
+		return fmt.Errorf("registering %s for one-sided reads: %w", name, err)
+	}
+	l.file, l.seg = file, seg
+	l.info = mapInfo{idle: uint32(min(e.cfg.IdleTimeout.Milliseconds(), 1<<31)), token: token, desc: seg.Desc(), stat: info}
+	return nil
+}
+
+// unmap drops a reference to l; the last deregisters it and lets the
+// copy go.
+func (e *Exporter) unmap(l *loaded) {
+	e.lmu.Lock()
+	l.refs--
+	last := l.refs == 0
+	if last {
+		if e.loaded[l.key] == l {
+			delete(e.loaded, l.key)
+		}
+		e.loadedBytes -= l.size
+	}
+	e.lmu.Unlock()
+	if !last {
+		return
+	}
+	if l.seg != nil {
+		l.seg.Close()
+	}
+	if l.file != nil {
+		l.file.Close()
+	}
+}
+
+// randomToken is a segment token from crypto/rand (never zero).
+func randomToken() ub.Token {
+	var b [4]byte
+	for {
+		rand.Read(b[:])
+		if t := ub.Token(binary.LittleEndian.Uint32(b[:])); t != 0 {
+			return t
+		}
+	}
 }

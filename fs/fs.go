@@ -182,6 +182,12 @@ func Open(ctx context.Context, path string, opts *Options) (*File, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return openFile(ctx, f, path, o)
+}
+
+// openFile is Open of a file opened (and named path), with o's defaults
+// filled in.
+func openFile(ctx context.Context, f *os.File, path string, o Options) (*File, error) {
 	st, err := shm.StatFile(f)
 	if err != nil {
 		return nil, err

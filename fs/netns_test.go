@@ -26,7 +26,8 @@ func init() {
 
 // fsExportChild exports FS_DIR as ub://n0/models with the default
 // endpoint (the environment says which node, topology, provider and
-// identity), says "listening", and serves until its standard input ends.
+// identity), says "listening", serves until its standard input ends,
+// and prints its registrations and bytes streamed.
 func fsExportChild() int {
 	e, err := Export(os.Getenv("FS_DIR"), nil)
 	if err != nil {
@@ -43,6 +44,8 @@ func fsExportChild() int {
 	io.Copy(io.Discard, os.Stdin)
 	e.Close()
 	l.Close()
+	st := e.Stats()
+	fmt.Printf("maps=%d streamed=%d\n", st.Maps, st.Streamed)
 	return 0
 }
 
@@ -138,5 +141,11 @@ func TestRemoteAcrossNetns(t *testing.T) {
 	}
 	if want := "ok " + sum(want) + " ub\n"; string(got) != want {
 		t.Errorf("reader in the other namespace said %q, want %q", got, want)
+	}
+	// The reader took one-sided reads over the tcp provider: nothing
+	// came through the connection.
+	in.Close()
+	if !sc.Scan() || sc.Text() != "maps=1 streamed=0" {
+		t.Errorf("export: %q, want one registration and nothing streamed", sc.Text())
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/ubkit-io/ubkit/transport"
+	"github.com/ubkit-io/ubkit/ub"
 )
 
 // RemoteOptions tune OpenRemote.
@@ -39,6 +40,17 @@ type RemoteOptions struct {
 	// against the room there is (memory for a private copy, /dev/shm for
 	// a shared one), before anything is allocated.
 	MaxSize int64
+	// Device is the ub context for one-sided reads: the export registers
+	// its loaded copy of the file for remote Read and this side reads
+	// each chunk with a ub Read straight into the destination (the
+	// host's shared copy, registered with Device for the load), checked
+	// against the chunk's hash as any read. Default: the context of the
+	// connection's transport endpoint (transport.Conn.Device) when the
+	// connection takes the ub path. Without one, or when the export does
+	// not offer them, chunks come through the connections.
+	Device ub.Context
+	// StreamOnly turns one-sided reads off.
+	StreamOnly bool
 }
 
 // OpenRemote loads the file at rawURL, "ub://<node>/<export>/<path>",
@@ -77,7 +89,7 @@ func OpenRemote(ctx context.Context, rawURL string, opts *RemoteOptions) (*File,
 	if err != nil {
 		return nil, err
 	}
-	r := &remote{addr: addr, path: name, dial: ro.Dial, timeout: ro.RequestTimeout, maxSize: ro.MaxSize}
+	r := &remote{addr: addr, path: name, dial: ro.Dial, timeout: ro.RequestTimeout, maxSize: ro.MaxSize, dev: ro.Device, streamOnly: ro.StreamOnly}
 	f, err := r.open(ctx, rawURL, o)
 	if err != nil {
 		return nil, fmt.Errorf("fs: open %s: %w", rawURL, err)
@@ -105,6 +117,8 @@ type remote struct {
 	dial       func(ctx context.Context, addr string) (net.Conn, error)
 	timeout    time.Duration
 	maxSize    int64
+	dev        ub.Context
+	streamOnly bool
 
 	mu    sync.Mutex
 	conns []net.Conn // every connection made, closed at the end
@@ -153,20 +167,34 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 	if err != nil {
 		return nil, err
 	}
-	resp, err := r.do(c, request{op: opStat, path: r.path})
-	if err != nil {
-		return nil, err
+	var (
+		info statInfo
+		m    *mapInfo // the export's registration, for one-sided reads
+		rs   ub.RemoteSegment
+	)
+	dev := r.device(c)
+	if dev != nil {
+		mi, err := r.mapFile(c)
+		switch {
+		case errors.Is(err, errUnsupported):
+			dev = nil
+		case err != nil:
+			return nil, err
+		default:
+			info, m = mi.stat, &mi
+			if rs, err = dev.ImportSegment(mi.desc, mi.token); err != nil {
+				// Another provider's, or not one this context reaches:
+				// read through the connection.
+				dev, m = nil, nil
+			} else {
+				defer rs.Close()
+			}
+		}
 	}
-	if resp.payload > 24+8*maxChunks {
-		return nil, fmt.Errorf("%w: stat of %d bytes", ErrRemote, resp.payload)
-	}
-	b := make([]byte, resp.payload)
-	if _, err := io.ReadFull(c, b); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrRemote, err)
-	}
-	info, err := decodeStat(b)
-	if err != nil {
-		return nil, err
+	if m == nil && info.chunk == 0 {
+		if info, err = r.stat(c); err != nil {
+			return nil, err
+		}
 	}
 	if info.size > r.maxSize {
 		return nil, fmt.Errorf("%w: a file of %d bytes, more than MaxSize %d", ErrRemote, info.size, r.maxSize)
@@ -195,14 +223,23 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 	live.Store(int64(slots))
 	fill := func(ctx context.Context, data []byte, done *atomic.Uint64) error {
 		report := reporter(o, info.size)
-		return runChunks(ctx, info.size, o, func(n int64) {
+		progress := func(n int64) {
 			if done != nil {
 				done.Store(uint64(n))
 			}
 			if report != nil {
 				report(n)
 			}
-		}, func(ctx context.Context, off int64, n int) error {
+		}
+		if m != nil {
+			err := r.readOneSided(ctx, c, dev, rs, *m, data, o, progress)
+			if !errors.Is(err, errNoRegister) {
+				return err
+			}
+			// This memory cannot be registered (a private copy with the
+			// shm provider): through the connection.
+		}
+		return runChunks(ctx, info.size, o, progress, func(ctx context.Context, off int64, n int) error {
 			for {
 				var c net.Conn
 				select {
@@ -270,6 +307,171 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 		o.Progress(Progress{Done: info.size, Total: info.size})
 	}
 	return file, nil
+}
+
+// device is the ub context for one-sided reads over c, or nil.
+func (r *remote) device(c net.Conn) ub.Context {
+	switch {
+	case r.streamOnly:
+		return nil
+	case r.dev != nil:
+		return r.dev
+	}
+	if tc, ok := c.(*transport.Conn); ok {
+		return tc.Device()
+	}
+	return nil
+}
+
+// stat asks for the file's stat on c.
+func (r *remote) stat(c net.Conn) (statInfo, error) {
+	resp, err := r.do(c, request{op: opStat, path: r.path})
+	if err != nil {
+		return statInfo{}, err
+	}
+	if resp.payload > 24+8*maxChunks {
+		return statInfo{}, fmt.Errorf("%w: stat of %d bytes", ErrRemote, resp.payload)
+	}
+	b := make([]byte, resp.payload)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return statInfo{}, fmt.Errorf("%w: %v", ErrRemote, err)
+	}
+	return decodeStat(b)
+}
+
+// mapFile asks the export for one-sided reads of the file on c.
+func (r *remote) mapFile(c net.Conn) (mapInfo, error) {
+	resp, err := r.do(c, request{op: opMap, path: r.path})
+	if err != nil {
+		return mapInfo{}, err
+	}
+	if resp.payload > maxMapPayload {
+		return mapInfo{}, fmt.Errorf("%w: map answer of %d bytes", ErrRemote, resp.payload)
+	}
+	b := make([]byte, resp.payload)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return mapInfo{}, fmt.Errorf("%w: %v", ErrRemote, err)
+	}
+	return decodeMap(b)
+}
+
+// errNoRegister: the destination cannot be registered with the ub
+// context.
+var errNoRegister = errors.New("fs: destination cannot be registered")
+
+// readOneSided fills data with ub Reads of the export's registration rs,
+// o.Parallel at once, each on a jetty and completion queue of its own,
+// each chunk checked against its hash. c, the connection the
+// registration lives with, is pinged meanwhile so that the export's idle
+// timeout does not end it.
+func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, rs ub.RemoteSegment, m mapInfo, data []byte, o Options, progress func(int64)) error {
+	info := m.stat
+	data = data[:info.size]
+	reg, err := dev.RegisterSegment(data, ub.SegmentConfig{Access: ub.AccessLocal, Token: randomToken()})
+	if errors.Is(err, ub.ErrInvalidArgument) {
+		return fmt.Errorf("%w: %v", errNoRegister, err)
+	}
+	if err != nil {
+		return fmt.Errorf("fs: registering the destination: %w", err)
+	}
+	// Closed last: when it returns no Read still in flight writes data.
+	defer reg.Close()
+	stop := r.keepAlive(c, time.Duration(m.idle)*time.Millisecond)
+	defer stop()
+
+	type worker struct {
+		cq ub.CQ
+		j  ub.Jetty
+	}
+	n := int(min(int64(o.Parallel), int64(len(info.hashes))))
+	pool := make(chan *worker, n)
+	var made []*worker
+	defer func() {
+		for _, w := range made {
+			w.j.Close()
+			w.cq.Close()
+		}
+	}()
+	for range n {
+		cq, err := dev.NewCQ(ub.CQConfig{Depth: 4})
+		if err != nil {
+			return err
+		}
+		j, err := dev.NewJetty(ub.JettyConfig{Mode: ub.ReliableMessage, SendCQ: cq, RecvCQ: cq, RecvDepth: 1})
+		if err != nil {
+			cq.Close()
+			return err
+		}
+		w := &worker{cq, j}
+		made = append(made, w)
+		pool <- w
+	}
+	return runChunks(ctx, info.size, o, progress, func(ctx context.Context, off int64, n int) error {
+		var w *worker
+		select {
+		case w = <-pool:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		if _, err := w.j.PostSend([]ub.WR{{Op: ub.OpRead, UserCtx: uint64(off),
+			Local: ub.Local{Seg: reg, Offset: int(off), Len: n}, Remote: ub.Remote{Seg: rs, Offset: int(off)}}}); err != nil {
+			return fmt.Errorf("fs: one-sided read at %d: %w", off, err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, r.timeout)
+		defer cancel()
+		var comp [1]ub.Completion
+		for {
+			k, err := w.cq.Poll(comp[:])
+			if err != nil {
+				return err
+			}
+			if k == 1 {
+				break
+			}
+			// A worker whose Read is still out is not handed back: the
+			// load ends with this error.
+			if err := w.cq.Wait(wctx); err != nil {
+				return fmt.Errorf("%w: one-sided read of %d bytes at %d: %v", ErrRemote, n, off, context.Cause(wctx))
+			}
+		}
+		switch cp := comp[0]; {
+		case cp.Status != ub.StatusSuccess:
+			return fmt.Errorf("%w: one-sided read of %d bytes at %d: %v", ErrRemote, n, off, cp.Status)
+		case cp.UserCtx != uint64(off) || cp.Len != n:
+			return fmt.Errorf("%w: one-sided read of %d bytes at %d completed %d bytes of the read at %d", ErrRemote, n, off, cp.Len, cp.UserCtx)
+		}
+		i := off / int64(info.chunk)
+		if xxhash.Sum64(data[off:off+int64(n)]) != info.hashes[i] {
+			return fmt.Errorf("%w: chunk %d (at %d) does not match its hash", ErrRemote, i, off)
+		}
+		pool <- w
+		return nil
+	})
+}
+
+// keepAlive pings the export on c every third of its idle timeout until
+// the returned stop is called.
+func (r *remote) keepAlive(c net.Conn, idle time.Duration) (stop func()) {
+	quit, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(max(idle/3, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				if _, err := r.do(c, request{op: opPing}); err != nil {
+					return // the reads find out what went wrong
+				}
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-finished
+	}
 }
 
 // readChunk reads the chunk at off into dst and checks its hash.

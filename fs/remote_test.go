@@ -360,23 +360,58 @@ func TestRemoteOverUB(t *testing.T) {
 	go e.Serve(ln)
 	defer e.Close()
 	var paths sync.Map
-	f, err := OpenRemote(context.Background(), "ub://n0/models/"+filepath.Base(path), &RemoteOptions{
-		Dial: func(ctx context.Context, addr string) (net.Conn, error) {
-			c, err := eps["n1"].Dial(ctx, addr)
-			if err == nil {
-				paths.Store(c.Path(), true)
-			}
-			return c, err
-		}})
-	if err != nil {
-		t.Fatal(err)
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := eps["n1"].Dial(ctx, addr)
+		if err == nil {
+			paths.Store(c.Path(), true)
+		}
+		return c, err
 	}
-	defer f.Close()
-	if !bytes.Equal(f.Bytes(), want) {
-		t.Fatal("the copy read over the ub path differs from the file")
+	// One-sided reads into the shared copy (the default on the ub
+	// path); a private copy, which the shm provider under sim cannot
+	// register, through the connections after the registration; and
+	// through the connections when told to. Each copy closed before the
+	// next load, which is a load then.
+	for _, c := range []struct {
+		name            string
+		private, stream bool
+		maps, streamed  int64
+	}{
+		{"one-sided", false, false, 1, 0},
+		{"private", true, false, 1, int64(len(want))},
+		{"stream only", false, true, 0, int64(len(want))},
+	} {
+		before := e.Stats()
+		f, err := OpenRemote(context.Background(), "ub://n0/models/"+filepath.Base(path), &RemoteOptions{
+			Options: Options{Private: c.private}, Dial: dial, StreamOnly: c.stream})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(f.Bytes(), want) {
+			t.Fatalf("%s: the copy read over the ub path differs from the file", c.name)
+		}
+		f.Close()
+		st := e.Stats()
+		if maps, streamed := st.Maps-before.Maps, st.Streamed-before.Streamed; maps != c.maps || streamed != c.streamed {
+			t.Errorf("%s: the export made %d registrations and streamed %d bytes, want %d and %d", c.name, maps, streamed, c.maps, c.streamed)
+		}
 	}
 	if _, ok := paths.Load(transport.PathUB); !ok {
 		t.Error("no connection took the ub path")
+	}
+	// The registration goes with its connection, and the load with it.
+	waitFor(t, "the export to let its load go", func() bool { return e.Stats().Loaded == 0 })
+}
+
+// waitFor polls cond every 10 ms for 10 s at most.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(10 * time.Second); !cond(); <-tick.C {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }
 

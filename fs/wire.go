@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/ubkit-io/ubkit/ub"
 )
 
 // The export protocol (docs/fs.md, "Reading from other nodes"): on each
@@ -17,10 +19,22 @@ import (
 // opStat's payload is the file's size u64, mtime i64 (ns), chunk size
 // u32, chunk count u32, then a hash (xxhash64) per chunk. opRead's is
 // the length bytes from offset, exactly.
+//
+// opMap asks for one-sided reads: the export loads the file into memory
+// registered with its ub context for remote Read and answers
+//
+//	idle ms u32 | token u32 | segment size u64 | EID [16] | provider length u16 | name length u16 | provider | name | stat
+//
+// (the registration lives as long as the connection); an export that
+// cannot answers statusUnsupported. opPing (no path) is answered with an
+// empty statusOK: it keeps a connection that holds a registration from
+// its idle timeout.
 const (
 	wireMagic  = 0x53464255 // "UBFS"
 	opStat     = 1
 	opRead     = 2
+	opMap      = 3
+	opPing     = 4
 	reqSize    = 24
 	respSize   = 16
 	maxPath    = 4096
@@ -32,6 +46,9 @@ const (
 	statusBad      = 3
 	statusIO       = 4
 	statusBusy     = 5
+	// statusUnsupported: no one-sided reads from this export (no ub
+	// context, or turned off); the client reads through the connection.
+	statusUnsupported = 6
 
 	// Chunk sizes an export may use, and so the most a read asks for.
 	minChunk = 64 << 10
@@ -53,6 +70,9 @@ var (
 	ErrDenied = errors.New("fs: refused by the export")
 	// ErrBusy: the export serves as many connections as it may.
 	ErrBusy = errors.New("fs: export busy")
+	// errUnsupported: the export does no one-sided reads (OpenRemote
+	// reads through the connection instead).
+	errUnsupported = errors.New("fs: no one-sided reads from this export")
 )
 
 type request struct {
@@ -83,8 +103,12 @@ func readRequest(r io.Reader) (request, error) {
 	q := request{op: h[4], off: binary.LittleEndian.Uint64(h[8:]), len: binary.LittleEndian.Uint64(h[16:])}
 	n := binary.LittleEndian.Uint16(h[6:])
 	switch {
-	case q.op != opStat && q.op != opRead:
+	case q.op != opStat && q.op != opRead && q.op != opMap && q.op != opPing:
 		return q, fmt.Errorf("%w: unknown op %d", ErrRemote, q.op)
+	case q.op == opPing && n != 0:
+		return q, fmt.Errorf("%w: a ping with a path", ErrRemote)
+	case q.op == opPing:
+		return q, nil
 	case n == 0 || n > maxPath:
 		return q, fmt.Errorf("%w: path of %d bytes", ErrRemote, n)
 	case q.op == opRead && (q.len == 0 || q.len > maxChunk || q.off > 1<<62):
@@ -156,6 +180,8 @@ func (r response) err() error {
 		base = ErrBusy
 	case statusBad, statusIO:
 		base = ErrRemote
+	case statusUnsupported:
+		base = errUnsupported
 	default:
 		return fmt.Errorf("%w: unknown status %d", ErrRemote, r.status)
 	}
@@ -204,4 +230,61 @@ func decodeStat(b []byte) (statInfo, error) {
 		s.hashes[i] = binary.LittleEndian.Uint64(b[24+8*i:])
 	}
 	return s, nil
+}
+
+// mapInfo is an opMap's payload: the registered copy and the file's stat.
+type mapInfo struct {
+	idle  uint32 // the export's idle timeout, in ms
+	token ub.Token
+	desc  ub.SegmentDesc
+	stat  statInfo
+}
+
+const (
+	mapHeader      = 36
+	maxProviderLen = 64
+	maxDescName    = 1024
+	// maxMapPayload bounds an opMap's payload.
+	maxMapPayload = mapHeader + maxProviderLen + maxDescName + 24 + 8*maxChunks
+)
+
+func (m mapInfo) encode() []byte {
+	b := make([]byte, mapHeader, mapHeader+len(m.desc.Provider)+len(m.desc.Name)+24+8*len(m.stat.hashes))
+	binary.LittleEndian.PutUint32(b, m.idle)
+	binary.LittleEndian.PutUint32(b[4:], uint32(m.token))
+	binary.LittleEndian.PutUint64(b[8:], uint64(m.desc.Size))
+	copy(b[16:32], m.desc.EID[:])
+	binary.LittleEndian.PutUint16(b[32:], uint16(len(m.desc.Provider)))
+	binary.LittleEndian.PutUint16(b[34:], uint16(len(m.desc.Name)))
+	b = append(b, m.desc.Provider...)
+	b = append(b, m.desc.Name...)
+	return append(b, m.stat.encode()...)
+}
+
+// decodeMap checks an opMap's payload: the descriptor's lengths, and the
+// stat as decodeStat does. A segment smaller than the file is refused;
+// what the descriptor names is the ub context's to check on import.
+func decodeMap(b []byte) (mapInfo, error) {
+	if len(b) < mapHeader {
+		return mapInfo{}, fmt.Errorf("%w: map answer of %d bytes", ErrRemote, len(b))
+	}
+	m := mapInfo{idle: binary.LittleEndian.Uint32(b), token: ub.Token(binary.LittleEndian.Uint32(b[4:]))}
+	size := binary.LittleEndian.Uint64(b[8:])
+	copy(m.desc.EID[:], b[16:32])
+	np, nn := int(binary.LittleEndian.Uint16(b[32:])), int(binary.LittleEndian.Uint16(b[34:]))
+	if np == 0 || np > maxProviderLen || nn > maxDescName || len(b) < mapHeader+np+nn {
+		return m, fmt.Errorf("%w: map answer with a provider of %d and a name of %d bytes in %d", ErrRemote, np, nn, len(b))
+	}
+	m.desc.Provider = string(b[mapHeader : mapHeader+np])
+	m.desc.Name = string(b[mapHeader+np : mapHeader+np+nn])
+	st, err := decodeStat(b[mapHeader+np+nn:])
+	if err != nil {
+		return m, err
+	}
+	m.stat = st
+	if size < uint64(st.size) || size > 1<<46 || st.size == 0 {
+		return m, fmt.Errorf("%w: a segment of %d bytes for a file of %d", ErrRemote, size, st.size)
+	}
+	m.desc.Size = int(size)
+	return m, nil
 }

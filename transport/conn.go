@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ubkit-io/ubkit/transport/mux"
+	"github.com/ubkit-io/ubkit/ub"
 )
 
 // Path says how a connection's bytes travel.
@@ -50,13 +51,21 @@ type impl interface {
 type Conn struct {
 	c      impl
 	path   Path
-	dialed bool // this side dialed (it opens odd-numbered mux streams)
+	dialed bool       // this side dialed (it opens odd-numbered mux streams)
+	dev    ub.Context // the ub path's context, nil on the others
 }
 
 var _ net.Conn = (*Conn)(nil)
 
 // Path reports how the connection's bytes travel.
 func (c *Conn) Path() Path { return c.path }
+
+// Device is the ub context a PathUB connection runs over (nil on the
+// other paths): the endpoint's, shared by its connections, for
+// one-sided operations beside the stream (a peer that learns a segment's
+// descriptor and token over the connection reads or writes it directly).
+// It belongs to the endpoint: do not close it.
+func (c *Conn) Device() ub.Context { return c.dev }
 
 // Session starts a session of multiplexed streams over the connection
 // (package transport/mux); call it on both sides. The connection then

@@ -433,7 +433,7 @@ func (l *Listener) acceptUB(ctl net.Conn, claims func(node, service string) erro
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{c: pc, path: PathUB}, nil
+	return &Conn{c: pc, path: PathUB, dev: uctx}, nil
 }
 
 func writeHello(c net.Conn, h ubHello) error {
@@ -765,7 +765,7 @@ func (e *Endpoint) dialUB(ctx context.Context, ctl net.Conn, local, a Addr) (*Co
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{c: pc, path: PathUB, dialed: true}, nil
+	return &Conn{c: pc, path: PathUB, dialed: true, dev: uctx}, nil
 }
 
 // allowedUID says whether a process of uid may talk to this endpoint on
