@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/ubkit-io/ubkit/transport"
+	"github.com/ubkit-io/ubkit/ub"
 	"github.com/ubkit-io/ubkit/ub/provider/simprov"
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
@@ -248,6 +250,112 @@ func TestHostileExport(t *testing.T) {
 	}
 }
 
+// TestHostileOneSided: an export that offers one-sided reads of
+// memory that is not the file, smaller than it, behind a wrong token or
+// a dead context, or that answers the map request with garbage, gets an
+// error and no copy; one whose descriptor this side's provider cannot
+// import is read through the connection.
+func TestHostileOneSided(t *testing.T) {
+	ctx := context.Background()
+	open := func() ub.Context {
+		d, err := ub.Open(ctx, "tcp", ub.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	srv, cli := open(), open()
+	content := make([]byte, 300<<10)
+	for i := range content {
+		content[i] = byte(i * 7)
+	}
+	info := statInfo{size: int64(len(content)), chunk: 64 << 10}
+	for off := 0; off < len(content); off += info.chunk {
+		info.hashes = append(info.hashes, xxhash.Sum64(content[off:min(off+info.chunk, len(content))]))
+	}
+	register := func(mem []byte, token ub.Token) ub.SegmentDesc {
+		seg, err := srv.RegisterSegment(mem, ub.SegmentConfig{Access: ub.AccessRead, Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { seg.Close() })
+		return seg.Desc()
+	}
+	answer := func(c net.Conn, m mapInfo) {
+		m.idle, m.stat = 60000, info
+		p := m.encode()
+		c.Write(append(response{payload: uint64(len(p))}.encode(), p...))
+	}
+	wrong := bytes.Clone(content)
+	wrong[200<<10] ^= 1
+	dead := func() ub.SegmentDesc {
+		d, err := ub.Open(ctx, "tcp", ub.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg, err := d.RegisterSegment(bytes.Clone(content), ub.SegmentConfig{Access: ub.AccessRead, Token: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		desc := seg.Desc()
+		d.Close()
+		return desc
+	}()
+	for name, c := range map[string]struct {
+		mapped func(c net.Conn)
+		ok     bool // the load succeeds (through the connection)
+	}{
+		"wrong data": {mapped: func(c net.Conn) { answer(c, mapInfo{token: 1, desc: register(wrong, 1)}) }},
+		"small segment": {mapped: func(c net.Conn) {
+			d := register(bytes.Clone(content[:100<<10]), 2)
+			d.Size = len(content)
+			answer(c, mapInfo{token: 2, desc: d})
+		}},
+		"wrong token":  {mapped: func(c net.Conn) { answer(c, mapInfo{token: 4, desc: register(bytes.Clone(content), 3)}) }},
+		"dead context": {mapped: func(c net.Conn) { answer(c, mapInfo{token: 5, desc: dead}) }},
+		"garbage": {mapped: func(c net.Conn) {
+			c.Write(append(response{payload: 40}.encode(), make([]byte, 40)...))
+		}},
+		"other provider": {mapped: func(c net.Conn) {
+			answer(c, mapInfo{token: 6, desc: ub.SegmentDesc{Provider: "shm", Name: "nothing", Size: len(content)}})
+		}, ok: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dial := hostile(t, content, func(conn net.Conn, q request) {
+				switch q.op {
+				case opMap:
+					c.mapped(conn)
+				case opPing:
+					conn.Write(response{}.encode())
+				case opRead:
+					conn.Write(append(response{payload: q.len}.encode(), content[q.off:q.off+q.len]...))
+				}
+			})
+			for _, private := range []bool{false, true} {
+				f, err := OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial, Device: cli, RequestTimeout: 2 * time.Second,
+					Options: Options{Private: private}})
+				switch {
+				case c.ok && err != nil:
+					t.Errorf("private %v: %v", private, err)
+				case c.ok:
+					if !bytes.Equal(f.Bytes(), content) {
+						t.Errorf("private %v: the copy differs from the content", private)
+					}
+					f.Close()
+				case !errors.Is(err, ErrRemote):
+					t.Errorf("private %v: %v, want ErrRemote", private, err)
+				default:
+					t.Logf("private %v: %v", private, err)
+				}
+			}
+			if n := copiesInShm(t); n != 0 {
+				t.Errorf("%d copies left", n)
+			}
+		})
+	}
+}
+
 func TestExportBounds(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "f"), make([]byte, 100<<10), 0o600)
@@ -306,14 +414,22 @@ func FuzzWire(f *testing.F) {
 	f.Add(request{op: opRead, path: "a/b", off: 4096, len: 8192}.encode())
 	f.Add(response{status: 1, msg: "no", payload: 3}.encode())
 	f.Add(statInfo{size: 100, chunk: 64 << 10, hashes: []uint64{7}}.encode())
+	f.Add(request{op: opPing}.encode())
+	f.Add(mapInfo{idle: 1000, token: 9, desc: ub.SegmentDesc{Provider: "tcp", Name: "127.0.0.1:1/7", Size: 100},
+		stat: statInfo{size: 100, chunk: 64 << 10, hashes: []uint64{7}}}.encode())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if q, err := readRequest(bytes.NewReader(b)); err == nil {
-			if len(q.path) == 0 || len(q.path) > maxPath || q.op == opRead && (q.len == 0 || q.len > maxChunk) {
+			if len(q.path) == 0 && q.op != opPing || len(q.path) > maxPath || q.op == opRead && (q.len == 0 || q.len > maxChunk) {
 				t.Fatalf("accepted %+v", q)
 			}
 		}
 		if r, err := readResponse(bytes.NewReader(b)); err == nil && len(r.msg) > maxMessage {
 			t.Fatalf("message of %d bytes", len(r.msg))
+		}
+		if m, err := decodeMap(b); err == nil {
+			if m.desc.Size < int(m.stat.size) || m.stat.size == 0 || m.desc.Provider == "" || len(m.desc.Name) > maxDescName {
+				t.Fatalf("accepted %+v", m)
+			}
 		}
 		if s, err := decodeStat(b); err == nil {
 			if int64(len(s.hashes)) != (s.size+int64(s.chunk)-1)/int64(s.chunk) || s.chunk < minChunk {
@@ -558,4 +674,157 @@ func TestRemoteReviewCases(t *testing.T) {
 			t.Errorf("Close took %v while a stat hashed a 64 GiB file", took)
 		}
 	})
+}
+
+// readBytes is this process's read_bytes of /proc/self/io: the bytes it
+// made the kernel fetch from storage.
+func readBytes(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "read_bytes: "); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatal("no read_bytes in /proc/self/io")
+	return 0
+}
+
+// TestExportReadsDiskOnce: five nodes read one file of an export at
+// once, three with one-sided reads (each its own tcp provider context,
+// as on its own node) and two through their connections; the file,
+// out of the page cache at the start, is read from the disk once, not
+// once per node.
+func TestExportReadsDiskOnce(t *testing.T) {
+	ctx := context.Background()
+	dev := func() ub.Context {
+		d, err := ub.Open(ctx, "tcp", ub.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	dir := t.TempDir()
+	path, want := writeFile(t, dir, 48<<20+5, 77)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil { // clean pages, which Evict drops
+		t.Fatal(err)
+	}
+	f.Close()
+	e, err := Export(dir, &ExportConfig{Device: dev(), ChunkSize: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.Serve(ln)
+	defer e.Close()
+	dial := func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
+	}
+	if err := Evict(path); err != nil {
+		t.Fatal(err)
+	}
+	before := readBytes(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 5)
+	for i := range 5 {
+		o := &RemoteOptions{Options: Options{Private: true}, Dial: dial, StreamOnly: i >= 3}
+		if i < 3 {
+			o.Device = dev()
+		}
+		wg.Go(func() {
+			f, err := OpenRemote(ctx, "ub://n0/x/"+filepath.Base(path), o)
+			if err == nil {
+				if !bytes.Equal(f.Bytes(), want) {
+					err = fmt.Errorf("node %d: the copy differs from the file", i)
+				}
+				f.Close()
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := readBytes(t) - before
+	t.Logf("%d bytes read from the disk for 5 reads of %d", read, len(want))
+	if read < int64(len(want))/2 {
+		t.Fatalf("only %d bytes of the %d-byte file came from the disk: it was not out of the page cache (is %s on tmpfs?), so this measures nothing", read, len(want), dir)
+	}
+	if read > int64(len(want))*3/2 {
+		t.Errorf("%d bytes read from the disk for a %d-byte file read by 5 nodes", read, len(want))
+	}
+	if st := e.Stats(); st.Maps != 3 || st.Streamed != 2*int64(len(want)) {
+		t.Errorf("export: %+v, want 3 registrations and 2 files streamed", st)
+	}
+}
+
+// TestRemoteKeepAlive: a one-sided load that takes longer than the
+// export's idle timeout keeps its registration (the client pings the
+// connection that holds it).
+func TestRemoteKeepAlive(t *testing.T) {
+	ctx := context.Background()
+	dev := func() ub.Context {
+		d, err := ub.Open(ctx, "tcp", ub.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	dir := t.TempDir()
+	path, want := writeFile(t, dir, 2<<20, 78)
+	const idle = 100 * time.Millisecond
+	e, err := Export(dir, &ExportConfig{Device: dev(), ChunkSize: 64 << 10, IdleTimeout: idle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.Serve(ln)
+	defer e.Close()
+	var once sync.Once
+	f, err := OpenRemote(ctx, "ub://n0/x/"+filepath.Base(path), &RemoteOptions{
+		Options: Options{Parallel: 2, Progress: func(Progress) {
+			// A slow consumer of progress holds the load up for four
+			// idle timeouts after its first chunk.
+			once.Do(func() { <-time.After(4 * idle) })
+		}},
+		Dial: func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", ln.Addr().String())
+		},
+		Device: dev(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if !bytes.Equal(f.Bytes(), want) {
+		t.Fatal("the copy differs from the file")
+	}
+	if st := e.Stats(); st.Maps != 1 || st.Streamed != 0 {
+		t.Errorf("export: %+v, want one registration and nothing streamed", st)
+	}
 }
