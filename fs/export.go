@@ -66,8 +66,14 @@ type ExportConfig struct {
 	// MaxLoaded bounds the bytes of files held loaded for one-sided
 	// reads at once (default half of the shared-memory file system's
 	// free space when Export is called); a client that would go beyond
-	// it is told the export is busy.
+	// it, when no file without readers can make room, is told the export
+	// is busy.
 	MaxLoaded int64
+	// Linger is how long a file loaded for one-sided reads stays loaded
+	// after its last reader left (default 30 s; negative: not at all),
+	// so that the nodes that come next read it from memory too. A file
+	// without readers gives way at once to a load that needs the room.
+	Linger time.Duration
 }
 
 // ExportStats counts what an Exporter did.
@@ -126,7 +132,8 @@ type loaded struct {
 	file  *File
 	seg   ub.Segment
 	info  mapInfo
-	refs  int // under the Exporter's lmu
+	refs  int         // under the Exporter's lmu
+	idle  *time.Timer // when refs is 0 and it lingers: its release
 }
 
 // maxMapsPerConn bounds the registrations one connection holds.
@@ -162,6 +169,9 @@ func Export(dir string, cfg *ExportConfig) (*Exporter, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Linger == 0 {
+		c.Linger = 30 * time.Second
 	}
 	if c.MaxLoaded <= 0 {
 		free, err := shm.FreeSpace()
@@ -290,6 +300,21 @@ func (e *Exporter) Close() error {
 	}
 	e.mu.Unlock()
 	e.wg.Wait()
+	// Every connection is gone: what is left lingers.
+	e.lmu.Lock()
+	var idle []*loaded
+	for k, l := range e.loaded {
+		if l.refs == 0 {
+			l.idle.Stop()
+			delete(e.loaded, k)
+			e.loadedBytes -= l.size
+			idle = append(idle, l)
+		}
+	}
+	e.lmu.Unlock()
+	for _, l := range idle {
+		l.release()
+	}
 	return e.root.Close()
 }
 
@@ -565,6 +590,9 @@ func (e *Exporter) mapFile(dev ub.Context, f *os.File, name string, st shm.FileS
 	e.lmu.Lock()
 	l := e.loaded[k]
 	if l != nil {
+		if l.refs == 0 {
+			l.idle.Stop() // its release, if it runs now, sees the reference
+		}
 		l.refs++
 		e.lmu.Unlock()
 		select {
@@ -579,15 +607,33 @@ func (e *Exporter) mapFile(dev ub.Context, f *os.File, name string, st shm.FileS
 		}
 		return l, statusOK, nil
 	}
+	var evicted []*loaded
+	for ek, el := range e.loaded {
+		if e.loadedBytes+st.Size <= e.cfg.MaxLoaded && len(e.loaded) < maxStats {
+			break
+		}
+		if el.refs == 0 { // lingering: gives way
+			el.idle.Stop()
+			delete(e.loaded, ek)
+			e.loadedBytes -= el.size
+			evicted = append(evicted, el)
+		}
+	}
 	if e.loadedBytes+st.Size > e.cfg.MaxLoaded || len(e.loaded) >= maxStats {
 		held := e.loadedBytes
 		e.lmu.Unlock()
+		for _, el := range evicted {
+			el.release()
+		}
 		return nil, statusBusy, fmt.Errorf("%d bytes loaded for one-sided reads, %d more would pass the bound (%d)", held, st.Size, e.cfg.MaxLoaded)
 	}
 	l = &loaded{key: k, ready: make(chan struct{}), size: st.Size, refs: 1}
 	e.loaded[k] = l
 	e.loadedBytes += st.Size
 	e.lmu.Unlock()
+	for _, el := range evicted {
+		el.release()
+	}
 	l.err = e.load(l, dev, f, name, st)
 	if l.err != nil {
 		e.lmu.Lock()
@@ -637,22 +683,48 @@ func (e *Exporter) load(l *loaded, dev ub.Context, f *os.File, name string, st s
 	return nil
 }
 
-// unmap drops a reference to l; the last deregisters it and lets the
-// copy go.
+// unmap drops a reference to l. The last leaves a loaded file lingering
+// for Linger (unless the export is closing), and releases a failed one.
 func (e *Exporter) unmap(l *loaded) {
 	e.lmu.Lock()
 	l.refs--
-	last := l.refs == 0
-	if last {
-		if e.loaded[l.key] == l {
-			delete(e.loaded, l.key)
-		}
-		e.loadedBytes -= l.size
-	}
-	e.lmu.Unlock()
-	if !last {
+	if l.refs > 0 {
+		e.lmu.Unlock()
 		return
 	}
+	if l.err == nil && e.loaded[l.key] == l && e.cfg.Linger > 0 && e.ctx.Err() == nil {
+		if l.idle == nil {
+			l.idle = time.AfterFunc(e.cfg.Linger, func() { e.expire(l) })
+		} else {
+			l.idle.Reset(e.cfg.Linger)
+		}
+		e.lmu.Unlock()
+		return
+	}
+	if e.loaded[l.key] == l {
+		delete(e.loaded, l.key)
+	}
+	e.loadedBytes -= l.size
+	e.lmu.Unlock()
+	l.release()
+}
+
+// expire releases l after it lingered, unless a reader took it again
+// (or Close or a load needing room took it away) meanwhile.
+func (e *Exporter) expire(l *loaded) {
+	e.lmu.Lock()
+	if l.refs != 0 || e.loaded[l.key] != l {
+		e.lmu.Unlock()
+		return
+	}
+	delete(e.loaded, l.key)
+	e.loadedBytes -= l.size
+	e.lmu.Unlock()
+	l.release()
+}
+
+// release deregisters l and lets its copy go.
+func (l *loaded) release() {
 	if l.seg != nil {
 		l.seg.Close()
 	}

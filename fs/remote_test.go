@@ -515,8 +515,85 @@ func TestRemoteOverUB(t *testing.T) {
 	if _, ok := paths.Load(transport.PathUB); !ok {
 		t.Error("no connection took the ub path")
 	}
-	// The registration goes with its connection, and the load with it.
-	waitFor(t, "the export to let its load go", func() bool { return e.Stats().Loaded == 0 })
+	// The file stayed loaded between the loads (Linger), and goes with
+	// the export.
+	if st := e.Stats(); st.Loads != 1 || st.Loaded != int64(len(want)) {
+		t.Errorf("export: %+v, want one load still held", st)
+	}
+	e.Close()
+	if st := e.Stats(); st.Loaded != 0 {
+		t.Errorf("closed export: %+v, want nothing loaded", st)
+	}
+}
+
+// TestExportLinger: without Linger, a file is let go with its last
+// reader's connection; with it, until Linger ends or a load needs the
+// room.
+func TestExportLinger(t *testing.T) {
+	ctx := context.Background()
+	d, err := ub.Open(ctx, "tcp", ub.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	dir := t.TempDir()
+	p1, want1 := writeFile(t, dir, 300<<10, 1)
+	p2, want2 := writeFile(t, dir, 200<<10, 2)
+	for _, c := range []struct {
+		name   string
+		linger time.Duration
+		max    int64
+		loads  int64 // after reading f1, f1, f2, f1
+	}{
+		{"none", -1, 0, 4},
+		{"long", time.Hour, 0, 2},
+		{"room for one", time.Hour, 400 << 10, 3},
+		{"short", 20 * time.Millisecond, 0, -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, err := Export(dir, &ExportConfig{Device: d, ChunkSize: 64 << 10, Linger: c.linger, MaxLoaded: c.max})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go e.Serve(ln)
+			o := &RemoteOptions{Device: d, Options: Options{Private: true}, Dial: func(ctx context.Context, _ string) (net.Conn, error) {
+				var dl net.Dialer
+				return dl.DialContext(ctx, "tcp", ln.Addr().String())
+			}}
+			for _, r := range []struct {
+				path string
+				want []byte
+			}{{p1, want1}, {p1, want1}, {p2, want2}, {p1, want1}} {
+				f, err := OpenRemote(ctx, "ub://n0/x/"+filepath.Base(r.path), o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(f.Bytes(), r.want) {
+					t.Fatal("the copy differs from the file")
+				}
+				f.Close()
+				if c.linger < 0 {
+					// The export lets go when it sees the connection
+					// end, after OpenRemote returned.
+					waitFor(t, "the load to go", func() bool { return e.Stats().Loaded == 0 })
+				}
+				if c.max > 0 && e.Stats().Loaded > c.max {
+					t.Fatalf("%d bytes loaded, more than MaxLoaded", e.Stats().Loaded)
+				}
+			}
+			if st := e.Stats(); c.loads >= 0 && st.Loads != c.loads {
+				t.Errorf("%d loads, want %d", st.Loads, c.loads)
+			}
+			if c.linger > 0 && c.linger < time.Second {
+				waitFor(t, "the lingering loads to go", func() bool { return e.Stats().Loaded == 0 })
+			}
+		})
+	}
 }
 
 // waitFor polls cond every 10 ms for 10 s at most.
