@@ -78,6 +78,8 @@ type ExportConfig struct {
 
 // ExportStats counts what an Exporter did.
 type ExportStats struct {
+	// Conns is the connections being served now.
+	Conns int
 	// Streamed is the bytes sent through connections by reads.
 	Streamed int64
 	// Maps counts the one-sided read registrations given to clients, and
@@ -105,6 +107,7 @@ type Exporter struct {
 
 	stats   statCache
 	hashing chan struct{} // a slot per stat computed at once
+	loading chan struct{} // a slot per file loaded at once for one-sided reads
 
 	ctx    context.Context // ends at Close: ends the loads for one-sided reads
 	cancel context.CancelFunc
@@ -185,7 +188,7 @@ func Export(dir string, cfg *ExportConfig) (*Exporter, error) {
 		return nil, fmt.Errorf("fs: export %s: %w", dir, err)
 	}
 	e := &Exporter{root: root, cfg: c, conns: map[net.Conn]struct{}{}, lns: map[net.Listener]struct{}{},
-		done: make(chan struct{}), hashing: make(chan struct{}, 2), loaded: map[loadKey]*loaded{}}
+		done: make(chan struct{}), hashing: make(chan struct{}, 2), loading: make(chan struct{}, 2), loaded: map[loadKey]*loaded{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.bufs.New = func() any { b := make([]byte, 1<<20); return &b }
 	e.stats.m = map[fileKey]*statEntry{}
@@ -320,10 +323,13 @@ func (e *Exporter) Close() error {
 
 // Stats returns the Exporter's counts.
 func (e *Exporter) Stats() ExportStats {
+	e.mu.Lock()
+	conns := len(e.conns)
+	e.mu.Unlock()
 	e.lmu.Lock()
 	n := e.loadedBytes
 	e.lmu.Unlock()
-	return ExportStats{Streamed: e.streamed.Load(), Maps: e.maps.Load(), Loads: e.loads.Load(), Loaded: n}
+	return ExportStats{Conns: conns, Streamed: e.streamed.Load(), Maps: e.maps.Load(), Loads: e.loads.Load(), Loaded: n}
 }
 
 // serveConn answers a connection's requests in turn.
@@ -652,8 +658,15 @@ func (e *Exporter) mapFile(dev ub.Context, f *os.File, name string, st shm.FileS
 }
 
 // load loads f into the host's shared copy, hashes it and registers it
-// with dev for remote Read.
+// with dev for remote Read. Two files are loaded at once (each with
+// Open's parallel reads); the others wait.
 func (e *Exporter) load(l *loaded, dev ub.Context, f *os.File, name string, st shm.FileStat) error {
+	select {
+	case e.loading <- struct{}{}:
+		defer func() { <-e.loading }()
+	case <-e.done:
+		return errors.New("export closed")
+	}
 	o, err := (&Options{Method: Copy}).withDefaults()
 	if err != nil {
 		return err

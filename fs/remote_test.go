@@ -577,10 +577,11 @@ func TestExportLinger(t *testing.T) {
 					t.Fatal("the copy differs from the file")
 				}
 				f.Close()
-				if c.linger < 0 {
-					// The export lets go when it sees the connection
-					// end, after OpenRemote returned.
-					waitFor(t, "the load to go", func() bool { return e.Stats().Loaded == 0 })
+				// The export lets go of the registration when it sees
+				// the connection end, after OpenRemote returned.
+				waitFor(t, "the connection to end", func() bool { return e.Stats().Conns == 0 })
+				if c.linger < 0 && e.Stats().Loaded != 0 {
+					t.Fatalf("%d bytes loaded without a reader nor Linger", e.Stats().Loaded)
 				}
 				if c.max > 0 && e.Stats().Loaded > c.max {
 					t.Fatalf("%d bytes loaded, more than MaxLoaded", e.Stats().Loaded)
