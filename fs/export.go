@@ -113,30 +113,31 @@ type Exporter struct {
 	cancel context.CancelFunc
 
 	lmu         sync.Mutex
-	loaded      map[loadKey]*loaded // files loaded for one-sided reads
+	loaded      map[fileKey]*loaded // files loaded for one-sided reads
 	loadedBytes int64
+	expiring    sync.WaitGroup // lingering loads being let go
 
 	streamed, maps, loads atomic.Int64
 }
 
-// loadKey names a file's content loaded for one device's clients.
-type loadKey struct {
-	fileKey
-	dev ub.Context
-}
-
-// loaded is a file loaded for one-sided reads and registered with a ub
-// context, held by the connections that asked for it.
+// loaded is a file loaded for one-sided reads, held by the connections
+// that registered it, then lingering.
 type loaded struct {
-	key   loadKey
+	key   fileKey
 	ready chan struct{} // closed when the load is done (or failed: err)
 	err   error
 	size  int64
 	file  *File
-	seg   ub.Segment
-	info  mapInfo
-	refs  int         // under the Exporter's lmu
-	idle  *time.Timer // when refs is 0 and it lingers: its release
+	info  statInfo // its chunk hashes, of the loaded bytes
+	refs  int      // under the Exporter's lmu, as idle and gen
+	idle  *time.Timer
+	gen   uint64 // changes whenever a reader takes it: a pending expiry is void
+}
+
+// mapping is a connection's registration of a loaded file.
+type mapping struct {
+	l   *loaded
+	seg ub.Segment
 }
 
 // maxMapsPerConn bounds the registrations one connection holds.
@@ -188,7 +189,7 @@ func Export(dir string, cfg *ExportConfig) (*Exporter, error) {
 		return nil, fmt.Errorf("fs: export %s: %w", dir, err)
 	}
 	e := &Exporter{root: root, cfg: c, conns: map[net.Conn]struct{}{}, lns: map[net.Listener]struct{}{},
-		done: make(chan struct{}), hashing: make(chan struct{}, 2), loading: make(chan struct{}, 2), loaded: map[loadKey]*loaded{}}
+		done: make(chan struct{}), hashing: make(chan struct{}, 2), loading: make(chan struct{}, 2), loaded: map[fileKey]*loaded{}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.bufs.New = func() any { b := make([]byte, 1<<20); return &b }
 	e.stats.m = map[fileKey]*statEntry{}
@@ -318,6 +319,7 @@ func (e *Exporter) Close() error {
 	for _, l := range idle {
 		l.release()
 	}
+	e.expiring.Wait()
 	return e.root.Close()
 }
 
@@ -334,10 +336,11 @@ func (e *Exporter) Stats() ExportStats {
 
 // serveConn answers a connection's requests in turn.
 func (e *Exporter) serveConn(c net.Conn) error {
-	var maps []*loaded // the registrations it holds, dropped when it ends
+	var maps []mapping // the registrations it holds, dropped when it ends
 	defer func() {
-		for _, l := range maps {
-			e.unmap(l)
+		for _, m := range maps {
+			m.seg.Close()
+			e.unmap(m.l)
 		}
 	}()
 	for {
@@ -368,7 +371,7 @@ func (e *Exporter) reply(c net.Conn, r response, payload []byte) error {
 
 // answer answers one request; an error ends the connection. maps holds
 // the connection's registrations for one-sided reads.
-func (e *Exporter) answer(c net.Conn, q request, maps *[]*loaded) error {
+func (e *Exporter) answer(c net.Conn, q request, maps *[]mapping) error {
 	if q.op == opPing {
 		return e.reply(c, response{}, nil)
 	}
@@ -399,20 +402,30 @@ func (e *Exporter) answer(c net.Conn, q request, maps *[]*loaded) error {
 		}
 		return e.reply(c, response{}, info.encode())
 	case opMap:
+		// Whatever keeps this export from one-sided reads of the file
+		// (no ub context, no room, a failed load or registration) is
+		// "unsupported": the client reads through the connection.
 		dev := e.device(c)
 		switch {
 		case dev == nil || st.Size == 0:
 			return e.reply(c, response{status: statusUnsupported, msg: "no one-sided reads here"}, nil)
 		case len(*maps) >= maxMapsPerConn:
-			return e.reply(c, response{status: statusBusy, msg: fmt.Sprintf("a connection holds at most %d files", maxMapsPerConn)}, nil)
+			return e.reply(c, response{status: statusBusy, msg: fmt.Sprintf("a connection holds at most %d registrations", maxMapsPerConn)}, nil)
 		}
-		l, status, err := e.mapFile(dev, f, q.path, st)
+		l, err := e.hold(f, q.path, st)
 		if err != nil {
-			return e.reply(c, response{status: status, msg: err.Error()}, nil)
+			return e.reply(c, response{status: statusUnsupported, msg: err.Error()}, nil)
 		}
-		*maps = append(*maps, l)
+		token := randomToken()
+		seg, err := dev.RegisterSegment(l.file.Bytes(), ub.SegmentConfig{Access: ub.AccessRead, Token: token})
+		if err != nil {
+			e.unmap(l)
+			return e.reply(c, response{status: statusUnsupported, msg: "registering the file: " + err.Error()}, nil)
+		}
+		*maps = append(*maps, mapping{l, seg})
 		e.maps.Add(1)
-		return e.reply(c, response{}, l.info.encode())
+		m := mapInfo{idle: uint32(min(e.cfg.IdleTimeout.Milliseconds(), 1<<31)), token: token, desc: seg.Desc(), stat: l.info}
+		return e.reply(c, response{}, m.encode())
 	default: // opRead
 		if q.len > uint64(e.cfg.ChunkSize) || q.off > uint64(st.Size) || q.len > uint64(st.Size)-q.off {
 			return e.reply(c, response{status: statusBad, msg: fmt.Sprintf("read of %d bytes at %d of a %d-byte file in chunks of %d", q.len, q.off, st.Size, e.cfg.ChunkSize)}, nil)
@@ -497,6 +510,19 @@ const maxStats = 256
 func (e *Exporter) stat(f *os.File, st shm.FileStat) (statInfo, error) {
 	s := &e.stats
 	k := fileKey{st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime, int64(e.cfg.ChunkSize)}
+	// A file loaded for one-sided reads has its hashes already.
+	e.lmu.Lock()
+	l := e.loaded[k]
+	e.lmu.Unlock()
+	if l != nil {
+		select {
+		case <-l.ready:
+			if l.err == nil {
+				return l.info, nil
+			}
+		default:
+		}
+	}
 	s.mu.Lock()
 	en := s.m[k]
 	if en == nil {
@@ -588,50 +614,57 @@ func (e *Exporter) device(c net.Conn) ub.Context {
 	return nil
 }
 
-// mapFile returns f loaded and registered with dev for one-sided reads,
-// holding a reference: the load of the same content for the same device
-// that is under way or done, or a new one if it fits in MaxLoaded.
-func (e *Exporter) mapFile(dev ub.Context, f *os.File, name string, st shm.FileStat) (*loaded, uint8, error) {
-	k := loadKey{fileKey{st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime, int64(e.cfg.ChunkSize)}, dev}
+// hold returns f loaded for one-sided reads, holding a reference: the
+// load of the same content under way or done (lingering), or a new one
+// if it fits in MaxLoaded, lingering loads giving way to it.
+func (e *Exporter) hold(f *os.File, name string, st shm.FileStat) (*loaded, error) {
+	k := fileKey{st.Dev, st.Ino, st.Size, st.Mtime, st.Ctime, int64(e.cfg.ChunkSize)}
 	e.lmu.Lock()
 	l := e.loaded[k]
 	if l != nil {
 		if l.refs == 0 {
-			l.idle.Stop() // its release, if it runs now, sees the reference
+			l.idle.Stop()
 		}
 		l.refs++
+		l.gen++ // an expiry already waiting for lmu finds it taken
 		e.lmu.Unlock()
 		select {
 		case <-l.ready:
 		case <-e.done:
 			e.unmap(l)
-			return nil, statusIO, errors.New("export closed")
+			return nil, errors.New("export closed")
 		}
 		if l.err != nil {
 			e.unmap(l)
-			return nil, statusIO, l.err
+			return nil, l.err
 		}
-		return l, statusOK, nil
+		return l, nil
+	}
+	// Would it fit if every lingering load gave way? Only then do they.
+	var idleBytes int64
+	idle := 0
+	for _, el := range e.loaded {
+		if el.refs == 0 {
+			idleBytes += el.size
+			idle++
+		}
+	}
+	if e.loadedBytes-idleBytes+st.Size > e.cfg.MaxLoaded || len(e.loaded)-idle >= maxStats {
+		held := e.loadedBytes - idleBytes
+		e.lmu.Unlock()
+		return nil, fmt.Errorf("%d bytes loaded for one-sided reads, %d more would pass the bound (%d)", held, st.Size, e.cfg.MaxLoaded)
 	}
 	var evicted []*loaded
 	for ek, el := range e.loaded {
 		if e.loadedBytes+st.Size <= e.cfg.MaxLoaded && len(e.loaded) < maxStats {
 			break
 		}
-		if el.refs == 0 { // lingering: gives way
+		if el.refs == 0 {
 			el.idle.Stop()
 			delete(e.loaded, ek)
 			e.loadedBytes -= el.size
 			evicted = append(evicted, el)
 		}
-	}
-	if e.loadedBytes+st.Size > e.cfg.MaxLoaded || len(e.loaded) >= maxStats {
-		held := e.loadedBytes
-		e.lmu.Unlock()
-		for _, el := range evicted {
-			el.release()
-		}
-		return nil, statusBusy, fmt.Errorf("%d bytes loaded for one-sided reads, %d more would pass the bound (%d)", held, st.Size, e.cfg.MaxLoaded)
 	}
 	l = &loaded{key: k, ready: make(chan struct{}), size: st.Size, refs: 1}
 	e.loaded[k] = l
@@ -640,7 +673,7 @@ func (e *Exporter) mapFile(dev ub.Context, f *os.File, name string, st shm.FileS
 	for _, el := range evicted {
 		el.release()
 	}
-	l.err = e.load(l, dev, f, name, st)
+	l.err = e.load(l, f, name, st)
 	if l.err != nil {
 		e.lmu.Lock()
 		if e.loaded[k] == l {
@@ -651,16 +684,15 @@ func (e *Exporter) mapFile(dev ub.Context, f *os.File, name string, st shm.FileS
 	close(l.ready)
 	if l.err != nil {
 		e.unmap(l)
-		return nil, statusIO, l.err
+		return nil, l.err
 	}
 	e.loads.Add(1)
-	return l, statusOK, nil
+	return l, nil
 }
 
-// load loads f into the host's shared copy, hashes it and registers it
-// with dev for remote Read. Two files are loaded at once (each with
-// Open's parallel reads); the others wait.
-func (e *Exporter) load(l *loaded, dev ub.Context, f *os.File, name string, st shm.FileStat) error {
+// load loads f into the host's shared copy and hashes it. Two files are
+// loaded at once (each with Open's parallel reads); the others wait.
+func (e *Exporter) load(l *loaded, f *os.File, name string, st shm.FileStat) error {
 	select {
 	case e.loading <- struct{}{}:
 		defer func() { <-e.loading }()
@@ -681,18 +713,11 @@ func (e *Exporter) load(l *loaded, dev ub.Context, f *os.File, name string, st s
 		return fmt.Errorf("%s: %d bytes loaded, the file had %d", name, len(data), st.Size)
 	}
 	// The hashes are the loaded copy's: what the clients read.
-	info := statInfo{size: st.Size, mtime: st.Mtime, chunk: e.cfg.ChunkSize}
+	l.info = statInfo{size: st.Size, mtime: st.Mtime, chunk: e.cfg.ChunkSize}
 	for off := int64(0); off < st.Size; off += int64(e.cfg.ChunkSize) {
-		info.hashes = append(info.hashes, xxhash.Sum64(data[off:min(off+int64(e.cfg.ChunkSize), st.Size)]))
+		l.info.hashes = append(l.info.hashes, xxhash.Sum64(data[off:min(off+int64(e.cfg.ChunkSize), st.Size)]))
 	}
-	token := randomToken()
-	seg, err := dev.RegisterSegment(data, ub.SegmentConfig{Access: ub.AccessRead, Token: token})
-	if err != nil {
-		file.Close()
-		return fmt.Errorf("registering %s for one-sided reads: %w", name, err)
-	}
-	l.file, l.seg = file, seg
-	l.info = mapInfo{idle: uint32(min(e.cfg.IdleTimeout.Milliseconds(), 1<<31)), token: token, desc: seg.Desc(), stat: info}
+	l.file = file
 	return nil
 }
 
@@ -706,11 +731,8 @@ func (e *Exporter) unmap(l *loaded) {
 		return
 	}
 	if l.err == nil && e.loaded[l.key] == l && e.cfg.Linger > 0 && e.ctx.Err() == nil {
-		if l.idle == nil {
-			l.idle = time.AfterFunc(e.cfg.Linger, func() { e.expire(l) })
-		} else {
-			l.idle.Reset(e.cfg.Linger)
-		}
+		gen := l.gen
+		l.idle = time.AfterFunc(e.cfg.Linger, func() { e.expire(l, gen) })
 		e.lmu.Unlock()
 		return
 	}
@@ -722,25 +744,24 @@ func (e *Exporter) unmap(l *loaded) {
 	l.release()
 }
 
-// expire releases l after it lingered, unless a reader took it again
-// (or Close or a load needing room took it away) meanwhile.
-func (e *Exporter) expire(l *loaded) {
+// expire releases l after it lingered, unless a reader took it since
+// (gen changed) or Close or a load needing room took it away.
+func (e *Exporter) expire(l *loaded, gen uint64) {
 	e.lmu.Lock()
-	if l.refs != 0 || e.loaded[l.key] != l {
+	if l.gen != gen || l.refs != 0 || e.loaded[l.key] != l {
 		e.lmu.Unlock()
 		return
 	}
 	delete(e.loaded, l.key)
 	e.loadedBytes -= l.size
+	e.expiring.Add(1) // Close waits for it
 	e.lmu.Unlock()
+	defer e.expiring.Done()
 	l.release()
 }
 
-// release deregisters l and lets its copy go.
+// release lets l's copy go.
 func (l *loaded) release() {
-	if l.seg != nil {
-		l.seg.Close()
-	}
 	if l.file != nil {
 		l.file.Close()
 	}

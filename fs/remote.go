@@ -167,35 +167,11 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 	if err != nil {
 		return nil, err
 	}
-	var (
-		info statInfo
-		m    *mapInfo // the export's registration, for one-sided reads
-		rs   ub.RemoteSegment
-	)
+	info, err := r.stat(c)
+	if err != nil {
+		return nil, err
+	}
 	dev := r.device(c)
-	if dev != nil {
-		mi, err := r.mapFile(c)
-		switch {
-		case errors.Is(err, errUnsupported):
-			dev = nil
-		case err != nil:
-			return nil, err
-		default:
-			info, m = mi.stat, &mi
-			if rs, err = dev.ImportSegment(mi.desc, mi.token); err != nil {
-				// Another provider's, or not one this context reaches:
-				// read through the connection.
-				dev, m = nil, nil
-			} else {
-				defer rs.Close()
-			}
-		}
-	}
-	if m == nil && info.chunk == 0 {
-		if info, err = r.stat(c); err != nil {
-			return nil, err
-		}
-	}
 	if info.size > r.maxSize {
 		return nil, fmt.Errorf("%w: a file of %d bytes, more than MaxSize %d", ErrRemote, info.size, r.maxSize)
 	}
@@ -231,13 +207,14 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 				report(n)
 			}
 		}
-		if m != nil {
-			err := r.readOneSided(ctx, c, dev, rs, *m, data, o, progress)
-			if !errors.Is(err, errNoRegister) {
+		if dev != nil {
+			err := r.readOneSided(ctx, c, dev, info, data, o, progress)
+			if !errors.Is(err, errNoOneSided) {
 				return err
 			}
-			// This memory cannot be registered (a private copy with the
-			// shm provider): through the connection.
+			// Not here (a private copy with the shm provider, an export
+			// without a ub context or room, a descriptor this side's
+			// provider cannot import): through the connections.
 		}
 		return runChunks(ctx, info.size, o, progress, func(ctx context.Context, off int64, n int) error {
 			for {
@@ -355,29 +332,25 @@ func (r *remote) mapFile(c net.Conn) (mapInfo, error) {
 	return decodeMap(b)
 }
 
-// errNoRegister: the destination cannot be registered with the ub
-// context.
-var errNoRegister = errors.New("fs: destination cannot be registered")
+// errNoOneSided: one-sided reads cannot be had for this load; the caller
+// reads through the connections.
+var errNoOneSided = errors.New("fs: no one-sided reads")
 
-// readOneSided fills data with ub Reads of the export's registration rs,
-// o.Parallel at once, each on a jetty and completion queue of its own,
-// each chunk checked against its hash. c, the connection the
-// registration lives with, is pinged meanwhile so that the export's idle
-// timeout does not end it.
-func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, rs ub.RemoteSegment, m mapInfo, data []byte, o Options, progress func(int64)) error {
-	info := m.stat
+// readOneSided fills data with ub Reads of the export's registration of
+// the file, o.Parallel at once, each on a jetty and completion queue of
+// its own, each chunk checked against its hash. It registers data, and
+// only then asks for the export's registration on c, which it pings
+// meanwhile so that the export's idle timeout does not end it. It
+// returns errNoOneSided (having read nothing) when this side or the
+// export cannot do it.
+func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, info statInfo, data []byte, o Options, progress func(int64)) error {
 	data = data[:info.size]
 	reg, err := dev.RegisterSegment(data, ub.SegmentConfig{Access: ub.AccessLocal, Token: randomToken()})
-	if errors.Is(err, ub.ErrInvalidArgument) {
-		return fmt.Errorf("%w: %v", errNoRegister, err)
-	}
 	if err != nil {
-		return fmt.Errorf("fs: registering the destination: %w", err)
+		return fmt.Errorf("%w: registering the destination: %v", errNoOneSided, err)
 	}
 	// Closed last: when it returns no Read still in flight writes data.
 	defer reg.Close()
-	stop := r.keepAlive(c, time.Duration(m.idle)*time.Millisecond)
-	defer stop()
 
 	type worker struct {
 		cq ub.CQ
@@ -395,17 +368,36 @@ func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, r
 	for range n {
 		cq, err := dev.NewCQ(ub.CQConfig{Depth: 4})
 		if err != nil {
-			return err
+			return fmt.Errorf("%w: %v", errNoOneSided, err)
 		}
 		j, err := dev.NewJetty(ub.JettyConfig{Mode: ub.ReliableMessage, SendCQ: cq, RecvCQ: cq, RecvDepth: 1})
 		if err != nil {
 			cq.Close()
-			return err
+			return fmt.Errorf("%w: %v", errNoOneSided, err)
 		}
 		w := &worker{cq, j}
 		made = append(made, w)
 		pool <- w
 	}
+
+	m, err := r.mapFile(c)
+	switch {
+	case errors.Is(err, errUnsupported) || errors.Is(err, ErrBusy):
+		return fmt.Errorf("%w: %v", errNoOneSided, err)
+	case err != nil:
+		return err
+	case !m.stat.equal(info):
+		return fmt.Errorf("%w: the file changed between its stat and its registration", ErrRemote)
+	}
+	rs, err := dev.ImportSegment(m.desc, m.token)
+	if err != nil {
+		// Another provider's, or not one this context reaches.
+		return fmt.Errorf("%w: %v", errNoOneSided, err)
+	}
+	defer rs.Close()
+	stop := r.keepAlive(c, time.Duration(m.idle)*time.Millisecond)
+	defer stop()
+
 	return runChunks(ctx, info.size, o, progress, func(ctx context.Context, off int64, n int) error {
 		var w *worker
 		select {
@@ -431,7 +423,10 @@ func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, r
 			// A worker whose Read is still out is not handed back: the
 			// load ends with this error.
 			if err := w.cq.Wait(wctx); err != nil {
-				return fmt.Errorf("%w: one-sided read of %d bytes at %d: %v", ErrRemote, n, off, context.Cause(wctx))
+				if ctx.Err() != nil {
+					return context.Cause(ctx)
+				}
+				return fmt.Errorf("%w: one-sided read of %d bytes at %d: %w", ErrRemote, n, off, err)
 			}
 		}
 		switch cp := comp[0]; {

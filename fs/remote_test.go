@@ -485,7 +485,7 @@ func TestRemoteOverUB(t *testing.T) {
 	}
 	// One-sided reads into the shared copy (the default on the ub
 	// path); a private copy, which the shm provider under sim cannot
-	// register, through the connections after the registration; and
+	// register, through the connections (the export not asked); and
 	// through the connections when told to. Each copy closed before the
 	// next load, which is a load then.
 	for _, c := range []struct {
@@ -494,7 +494,7 @@ func TestRemoteOverUB(t *testing.T) {
 		maps, streamed  int64
 	}{
 		{"one-sided", false, false, 1, 0},
-		{"private", true, false, 1, int64(len(want))},
+		{"private", true, false, 0, int64(len(want))},
 		{"stream only", false, true, 0, int64(len(want))},
 	} {
 		before := e.Stats()
@@ -846,7 +846,7 @@ func TestExportReadsDiskOnce(t *testing.T) {
 	read := readBytes(t) - before
 	t.Logf("%d bytes read from the disk for 5 reads of %d", read, len(want))
 	if read < int64(len(want))/2 {
-		t.Fatalf("only %d bytes of the %d-byte file came from the disk: it was not out of the page cache (is %s on tmpfs?), so this measures nothing", read, len(want), dir)
+		t.Skipf("only %d bytes of the %d-byte file came from the disk: it was not out of the page cache (is %s on tmpfs?), so this measures nothing", read, len(want), dir)
 	}
 	if read > int64(len(want))*3/2 {
 		t.Errorf("%d bytes read from the disk for a %d-byte file read by 5 nodes", read, len(want))
@@ -872,7 +872,8 @@ func TestRemoteKeepAlive(t *testing.T) {
 	dir := t.TempDir()
 	path, want := writeFile(t, dir, 2<<20, 78)
 	const idle = 100 * time.Millisecond
-	e, err := Export(dir, &ExportConfig{Device: dev(), ChunkSize: 64 << 10, IdleTimeout: idle})
+	// No Linger: the file would stay loaded without the connection.
+	e, err := Export(dir, &ExportConfig{Device: dev(), ChunkSize: 64 << 10, IdleTimeout: idle, Linger: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -904,5 +905,71 @@ func TestRemoteKeepAlive(t *testing.T) {
 	}
 	if st := e.Stats(); st.Maps != 1 || st.Streamed != 0 {
 		t.Errorf("export: %+v, want one registration and nothing streamed", st)
+	}
+}
+
+// TestExportMapRefusals: what keeps an export from one-sided reads of a
+// file (bigger than MaxLoaded, no room beside the files being read) has
+// the client read through the connection, and a refused load lets no
+// lingering file go; a connection holds at most 4 registrations.
+func TestExportMapRefusals(t *testing.T) {
+	ctx := context.Background()
+	d, err := ub.Open(ctx, "tcp", ub.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	dir := t.TempDir()
+	small, wantSmall := writeFile(t, dir, 300<<10, 3)
+	big, wantBig := writeFile(t, dir, 600<<10, 4)
+	e, err := Export(dir, &ExportConfig{Device: d, ChunkSize: 64 << 10, Linger: time.Hour, MaxLoaded: 500 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.Serve(ln)
+	o := &RemoteOptions{Device: d, Options: Options{Private: true}, Dial: func(ctx context.Context, _ string) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "tcp", ln.Addr().String())
+	}}
+	read := func(path string, want []byte) {
+		t.Helper()
+		f, err := OpenRemote(ctx, "ub://n0/x/"+filepath.Base(path), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if !bytes.Equal(f.Bytes(), want) {
+			t.Fatal("the copy differs from the file")
+		}
+		waitFor(t, "the connection to end", func() bool { return e.Stats().Conns == 0 })
+	}
+	read(small, wantSmall) // loaded, then lingering
+	before := e.Stats()
+	read(big, wantBig) // bigger than MaxLoaded: streamed
+	st := e.Stats()
+	if st.Maps != before.Maps || st.Streamed-before.Streamed != int64(len(wantBig)) {
+		t.Errorf("the big file: %d registrations and %d bytes streamed, want none and all", st.Maps-before.Maps, st.Streamed-before.Streamed)
+	}
+	if st.Loaded != int64(len(wantSmall)) {
+		t.Errorf("%d bytes loaded after a refused load, want the lingering %d", st.Loaded, len(wantSmall))
+	}
+
+	// Five maps on one connection: the fifth is refused.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := &remote{timeout: 5 * time.Second, path: filepath.Base(small)}
+	for i := range 5 {
+		_, err := r.mapFile(c)
+		if i < 4 && err != nil || i == 4 && !errors.Is(err, ErrBusy) {
+			t.Fatalf("map %d on one connection: %v", i+1, err)
+		}
 	}
 }

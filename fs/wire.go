@@ -288,3 +288,16 @@ func decodeMap(b []byte) (mapInfo, error) {
 	m.desc.Size = int(size)
 	return m, nil
 }
+
+// equal reports whether two stats describe the same content.
+func (s statInfo) equal(o statInfo) bool {
+	if s.size != o.size || s.mtime != o.mtime || s.chunk != o.chunk || len(s.hashes) != len(o.hashes) {
+		return false
+	}
+	for i, h := range s.hashes {
+		if o.hashes[i] != h {
+			return false
+		}
+	}
+	return true
+}
