@@ -130,6 +130,14 @@ func populate(b []byte) error {
 	return nil
 }
 
+// prefault faults b, memory about to be written whole, in for writing
+// (a shared copy's pages are allocated then), so that the writes take
+// no faults: done in a chunk's own goroutine before its read, it
+// overlaps the other chunks' I/O rather than stalling the one reader
+// (a connection, a provider's receive loop) that fills b. A hint: a
+// kernel without MADV_POPULATE_WRITE faults at the writes instead.
+func prefault(b []byte) { _ = shm.Advise(b, shm.AdvisePopulateWrite) }
+
 // sink keeps populate's reads from being optimized away.
 var sink atomic.Uint32
 

@@ -230,6 +230,7 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 					c, err = r.connect(ctx)
 				}
 				if err == nil {
+					prefault(data[off : off+int64(n)])
 					err = r.readChunk(c, info, data[off:off+int64(n)], off)
 					if err == nil {
 						pool <- c
@@ -405,6 +406,7 @@ func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, i
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		}
+		prefault(data[off : off+int64(n)])
 		if _, err := w.j.PostSend([]ub.WR{{Op: ub.OpRead, UserCtx: uint64(off),
 			Local: ub.Local{Seg: reg, Offset: int(off), Len: n}, Remote: ub.Remote{Seg: rs, Offset: int(off)}}}); err != nil {
 			return fmt.Errorf("fs: one-sided read at %d: %w", off, err)

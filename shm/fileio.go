@@ -57,12 +57,14 @@ func Advise(b []byte, a Advice) error {
 		adv = unix.MADV_HUGEPAGE
 	case AdvisePopulateRead:
 		adv = unix.MADV_POPULATE_READ
+	case AdvisePopulateWrite:
+		adv = unix.MADV_POPULATE_WRITE
 	}
 	if adv < 0 {
 		return fmt.Errorf("shm: madvise %v: not a hint for memory", a)
 	}
 	if err := unix.Madvise(b, adv); err != nil {
-		if a == AdvisePopulateRead && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS)) {
+		if (a == AdvisePopulateRead || a == AdvisePopulateWrite) && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS)) {
 			return fmt.Errorf("shm: madvise %v: %w", a, errors.ErrUnsupported)
 		}
 		return fmt.Errorf("shm: madvise %v: %w", a, err)

@@ -85,6 +85,12 @@ func TestProtectReadOnly(t *testing.T) {
 	if err := Advise(d, AdvisePopulateRead); err != nil && !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatal(err)
 	}
+	if err := Advise(d, AdvisePopulateWrite); err != nil && !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatal(err)
+	}
+	if d[0] != 7 || d[4096] != 0 {
+		t.Fatalf("read %d and %d after populating, want 7 and 0", d[0], d[4096])
+	}
 	if err := Advise(d, AdviseNoReuse); err == nil {
 		t.Error("Advise took a hint for files")
 	}

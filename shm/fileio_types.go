@@ -44,7 +44,7 @@ func (s FileStat) IsRegular() bool { return s.Mode&0o170000 == 0o100000 } // S_I
 type Advice int
 
 // Hints. Not every hint applies to both: Advise takes all but
-// AdviseNoReuse, AdviseFile all but AdviseHugePage and AdvisePopulateRead.
+// AdviseNoReuse, AdviseFile all but AdviseHugePage and the populates.
 const (
 	AdviseNormal Advice = iota
 	AdviseSequential
@@ -60,8 +60,12 @@ const (
 	// reading now, reading the file where it is not in the page cache;
 	// ErrUnsupported on older kernels.
 	AdvisePopulateRead
+	// AdvisePopulateWrite (memory, Linux 5.14+): fault every page in for
+	// writing now (allocating it, for shared memory), so that the writes
+	// that follow take no faults; ErrUnsupported on older kernels.
+	AdvisePopulateWrite
 )
 
 func (a Advice) String() string {
-	return [...]string{"normal", "sequential", "random", "willneed", "dontneed", "noreuse", "hugepage", "populate-read"}[a]
+	return [...]string{"normal", "sequential", "random", "willneed", "dontneed", "noreuse", "hugepage", "populate-read", "populate-write"}[a]
 }
