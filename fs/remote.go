@@ -25,9 +25,10 @@ import (
 
 // RemoteOptions tune OpenRemote.
 type RemoteOptions struct {
-	// Options are Open's: Parallel is the number of connections reading
-	// stripes at once (default 4 here), Private, SHA256 and Progress as
-	// there (Method, Direct and NoPopulate do not apply).
+	// Options are Open's: Parallel is the number of chunks read at once
+	// (default 8 here): ub Reads in flight for one-sided reads, else
+	// connections reading stripes; Private, SHA256 and Progress as there
+	// (Method, Direct and NoPopulate do not apply).
 	Options
 	// Dial connects to an export's address ("ub://node/export"); default
 	// transport.Dial, which takes the shm, ub or tcp path by where the
@@ -66,7 +67,7 @@ func OpenRemote(ctx context.Context, rawURL string, opts *RemoteOptions) (*File,
 		ro = *opts
 	}
 	if ro.Parallel == 0 {
-		ro.Parallel = 4
+		ro.Parallel = 8
 	}
 	if ro.Method == Auto {
 		ro.Method = Copy
