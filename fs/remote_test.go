@@ -25,6 +25,18 @@ import (
 	"github.com/ubkit-io/ubkit/ub/topology"
 )
 
+// tcpDevice opens a context of the tcp ub provider, closed when the
+// test ends.
+func tcpDevice(t *testing.T) ub.Context {
+	t.Helper()
+	d, err := ub.Open(context.Background(), "tcp", ub.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
 // tcpExport serves e on a loopback TCP listener and returns a Dial that
 // sends every export address there.
 func tcpExport(t *testing.T, e *Exporter) func(ctx context.Context, addr string) (net.Conn, error) {
@@ -257,15 +269,7 @@ func TestHostileExport(t *testing.T) {
 // import is read through the connection.
 func TestHostileOneSided(t *testing.T) {
 	ctx := context.Background()
-	open := func() ub.Context {
-		d, err := ub.Open(ctx, "tcp", ub.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
-	}
-	srv, cli := open(), open()
+	srv, cli := tcpDevice(t), tcpDevice(t)
 	content := make([]byte, 300<<10)
 	for i := range content {
 		content[i] = byte(i * 7)
@@ -531,11 +535,7 @@ func TestRemoteOverUB(t *testing.T) {
 // room.
 func TestExportLinger(t *testing.T) {
 	ctx := context.Background()
-	d, err := ub.Open(ctx, "tcp", ub.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := tcpDevice(t)
 	dir := t.TempDir()
 	p1, want1 := writeFile(t, dir, 300<<10, 1)
 	p2, want2 := writeFile(t, dir, 200<<10, 2)
@@ -555,16 +555,7 @@ func TestExportLinger(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer e.Close()
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go e.Serve(ln)
-			o := &RemoteOptions{Device: d, Options: Options{Private: true}, Dial: func(ctx context.Context, _ string) (net.Conn, error) {
-				var dl net.Dialer
-				return dl.DialContext(ctx, "tcp", ln.Addr().String())
-			}}
+			o := &RemoteOptions{Device: d, Options: Options{Private: true}, Dial: tcpExport(t, e)}
 			for _, r := range []struct {
 				path string
 				want []byte
@@ -782,14 +773,6 @@ func readBytes(t *testing.T) int64 {
 // once per node.
 func TestExportReadsDiskOnce(t *testing.T) {
 	ctx := context.Background()
-	dev := func() ub.Context {
-		d, err := ub.Open(ctx, "tcp", ub.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
-	}
 	dir := t.TempDir()
 	path, want := writeFile(t, dir, 48<<20+5, 77)
 	f, err := os.Open(path)
@@ -800,20 +783,11 @@ func TestExportReadsDiskOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	e, err := Export(dir, &ExportConfig{Device: dev(), ChunkSize: 1 << 20})
+	e, err := Export(dir, &ExportConfig{Device: tcpDevice(t), ChunkSize: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go e.Serve(ln)
-	defer e.Close()
-	dial := func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", ln.Addr().String())
-	}
+	dial := tcpExport(t, e)
 	if err := Evict(path); err != nil {
 		t.Fatal(err)
 	}
@@ -823,7 +797,7 @@ func TestExportReadsDiskOnce(t *testing.T) {
 	for i := range 5 {
 		o := &RemoteOptions{Options: Options{Private: true}, Dial: dial, StreamOnly: i >= 3}
 		if i < 3 {
-			o.Device = dev()
+			o.Device = tcpDevice(t)
 		}
 		wg.Go(func() {
 			f, err := OpenRemote(ctx, "ub://n0/x/"+filepath.Base(path), o)
@@ -861,28 +835,14 @@ func TestExportReadsDiskOnce(t *testing.T) {
 // connection that holds it).
 func TestRemoteKeepAlive(t *testing.T) {
 	ctx := context.Background()
-	dev := func() ub.Context {
-		d, err := ub.Open(ctx, "tcp", ub.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { d.Close() })
-		return d
-	}
 	dir := t.TempDir()
 	path, want := writeFile(t, dir, 2<<20, 78)
 	const idle = 100 * time.Millisecond
 	// No Linger: the file would stay loaded without the connection.
-	e, err := Export(dir, &ExportConfig{Device: dev(), ChunkSize: 64 << 10, IdleTimeout: idle, Linger: -1})
+	e, err := Export(dir, &ExportConfig{Device: tcpDevice(t), ChunkSize: 64 << 10, IdleTimeout: idle, Linger: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go e.Serve(ln)
-	defer e.Close()
 	var once sync.Once
 	f, err := OpenRemote(ctx, "ub://n0/x/"+filepath.Base(path), &RemoteOptions{
 		Options: Options{Parallel: 2, Progress: func(Progress) {
@@ -890,11 +850,8 @@ func TestRemoteKeepAlive(t *testing.T) {
 			// idle timeouts after its first chunk.
 			once.Do(func() { <-time.After(4 * idle) })
 		}},
-		Dial: func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", ln.Addr().String())
-		},
-		Device: dev(),
+		Dial:   tcpExport(t, e),
+		Device: tcpDevice(t),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -914,11 +871,7 @@ func TestRemoteKeepAlive(t *testing.T) {
 // lingering file go; a connection holds at most 4 registrations.
 func TestExportMapRefusals(t *testing.T) {
 	ctx := context.Background()
-	d, err := ub.Open(ctx, "tcp", ub.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d := tcpDevice(t)
 	dir := t.TempDir()
 	small, wantSmall := writeFile(t, dir, 300<<10, 3)
 	big, wantBig := writeFile(t, dir, 600<<10, 4)
@@ -926,16 +879,8 @@ func TestExportMapRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go e.Serve(ln)
-	o := &RemoteOptions{Device: d, Options: Options{Private: true}, Dial: func(ctx context.Context, _ string) (net.Conn, error) {
-		var dl net.Dialer
-		return dl.DialContext(ctx, "tcp", ln.Addr().String())
-	}}
+	dial := tcpExport(t, e)
+	o := &RemoteOptions{Device: d, Options: Options{Private: true}, Dial: dial}
 	read := func(path string, want []byte) {
 		t.Helper()
 		f, err := OpenRemote(ctx, "ub://n0/x/"+filepath.Base(path), o)
@@ -960,7 +905,7 @@ func TestExportMapRefusals(t *testing.T) {
 	}
 
 	// Five maps on one connection: the fifth is refused.
-	c, err := net.Dial("tcp", ln.Addr().String())
+	c, err := dial(ctx, "")
 	if err != nil {
 		t.Fatal(err)
 	}
