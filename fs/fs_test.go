@@ -567,3 +567,51 @@ func TestCreatorKilledBeforeHeader(t *testing.T) {
 		t.Error("the copy made in place differs from the file")
 	}
 }
+
+// TestOpenSparseMultiGiB loads a 4.5 GiB sparse file (holes, where the
+// content does not matter, and marks past the 4 GiB mark, where it
+// does) by Map and by Copy into a shared copy; offsets past 32 bits
+// land where they should, and the copy is made and removed whole.
+func TestOpenSparseMultiGiB(t *testing.T) {
+	const size = 4<<30 + 512<<20
+	path := filepath.Join(t.TempDir(), "sparse")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marks := map[int64]byte{0: 1, 1<<32 - 1: 2, 1 << 32: 3, 1<<32 + 8<<20 + 17: 4, size - 1: 5}
+	for off, b := range marks {
+		if _, err := f.WriteAt([]byte{b}, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []Method{Map, Copy} {
+		file, err := Open(context.Background(), path, &Options{Method: m})
+		if err != nil {
+			t.Fatalf("%v: %v", m, err)
+		}
+		b := file.Bytes()
+		if int64(len(b)) != size || file.Size() != size {
+			t.Fatalf("%v: %d bytes, want %d", m, len(b), int64(size))
+		}
+		for off, want := range marks {
+			if b[off] != want {
+				t.Errorf("%v: byte %d is %d, want %d", m, off, b[off], want)
+			}
+		}
+		for _, off := range []int64{1, 1<<32 - 2, 1<<32 + 1, 3 << 30, size - 2} {
+			if b[off] != 0 {
+				t.Errorf("%v: byte %d of a hole is %d", m, off, b[off])
+			}
+		}
+		if err := file.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := copiesInShm(t); n != 0 {
+		t.Errorf("%d copies left", n)
+	}
+}
