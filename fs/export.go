@@ -65,9 +65,9 @@ type ExportConfig struct {
 	StreamOnly bool
 	// MaxLoaded bounds the bytes of files held loaded for one-sided
 	// reads at once (default half of the shared-memory file system's
-	// free space when Export is called); a client that would go beyond
-	// it, when no file without readers can make room, is told the export
-	// is busy.
+	// free space when Export is called; two are loaded at a time, the
+	// others wait their turn); a client that would go beyond it, when no
+	// file without readers can make room, reads through its connection.
 	MaxLoaded int64
 	// Linger is how long a file loaded for one-sided reads stays loaded
 	// after its last reader left (default 30 s; negative: not at all),
@@ -706,6 +706,12 @@ func (e *Exporter) load(l *loaded, f *os.File, name string, st shm.FileStat) err
 	file, err := openFile(e.ctx, f, name, o)
 	if err != nil {
 		return err
+	}
+	// openFile stats f again: the copy must be of the content it is kept
+	// (and its hashes served) under.
+	if now, err := shm.StatFile(f); err != nil || now.Size != st.Size || now.Mtime != st.Mtime || now.Ctime != st.Ctime {
+		file.Close()
+		return fmt.Errorf("%s changed while it was loaded", name)
 	}
 	data := file.Bytes()
 	if int64(len(data)) != st.Size {

@@ -34,7 +34,9 @@ type RemoteOptions struct {
 	// transport.Dial, which takes the shm, ub or tcp path by where the
 	// node is.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
-	// RequestTimeout bounds each request's answer (default 60 s).
+	// RequestTimeout bounds each request's answer (default 60 s); the
+	// answer to a request for one-sided reads, which comes once the
+	// export has loaded the file, gets another second per 50 MB of it.
 	RequestTimeout time.Duration
 	// MaxSize is the largest file OpenRemote takes from an export
 	// (default 1 TiB): what the export says is checked against it, and
@@ -150,7 +152,7 @@ func (r *remote) closeAll() {
 func (r *remote) do(c net.Conn, q request) (response, error) {
 	c.SetDeadline(time.Now().Add(r.timeout))
 	if _, err := c.Write(q.encode()); err != nil {
-		return response{}, err
+		return response{}, fmt.Errorf("%w: %v", errBroken, err)
 	}
 	resp, err := readResponse(c)
 	if err != nil {
@@ -172,6 +174,7 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 	if err != nil {
 		return nil, err
 	}
+	statConn := c
 	dev := r.device(c)
 	if info.size > r.maxSize {
 		return nil, fmt.Errorf("%w: a file of %d bytes, more than MaxSize %d", ErrRemote, info.size, r.maxSize)
@@ -191,13 +194,6 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 	}
 	o.ChunkSize = info.chunk
 	slots := min(o.Parallel, len(info.hashes))
-	pool := make(chan net.Conn, slots)
-	pool <- c
-	for range slots - 1 {
-		pool <- nil // connected when first needed
-	}
-	var live atomic.Int64 // slots still in use: a refused extra one is dropped
-	live.Store(int64(slots))
 	fill := func(ctx context.Context, data []byte, done *atomic.Uint64) error {
 		report := reporter(o, info.size)
 		progress := func(n int64) {
@@ -217,6 +213,18 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 			// without a ub context or room, a descriptor this side's
 			// provider cannot import): through the connections.
 		}
+		// The stat's connection first; it may have idled past the
+		// export's timeout by now (shared runs fill late when it takes
+		// over another load), or been closed above: if its first
+		// request finds it broken, a fresh one takes its place.
+		pool := make(chan net.Conn, slots)
+		pool <- c
+		for range slots - 1 {
+			pool <- nil // connected when first needed
+		}
+		var statUsed atomic.Bool
+		var live atomic.Int64 // slots still in use: a refused extra one is dropped
+		live.Store(int64(slots))
 		return runChunks(ctx, info.size, o, progress, func(ctx context.Context, off int64, n int) error {
 			for {
 				var c net.Conn
@@ -226,6 +234,7 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 					return context.Cause(ctx)
 				}
 				fresh := c == nil
+				stale := !fresh && c == statConn && !statUsed.Swap(true)
 				var err error
 				if fresh {
 					c, err = r.connect(ctx)
@@ -238,6 +247,10 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 						return nil
 					}
 					c.Close() // in an unknown state
+				}
+				if stale && errors.Is(err, errBroken) {
+					pool <- nil
+					continue
 				}
 				if fresh && (errors.Is(err, ErrBusy) || !errors.Is(err, ErrRemote)) && live.Add(-1) > 0 {
 					// An extra connection the export refused (busy) or
@@ -318,20 +331,30 @@ func (r *remote) stat(c net.Conn) (statInfo, error) {
 	return decodeStat(b)
 }
 
-// mapFile asks the export for one-sided reads of the file on c.
-func (r *remote) mapFile(c net.Conn) (mapInfo, error) {
-	resp, err := r.do(c, request{op: opMap, path: r.path})
+// mapFile asks the export for one-sided reads of the file on c, waiting
+// up to timeout (the answer comes once the export has loaded the file).
+// answered says whether the export answered (or the connection failed).
+func (r *remote) mapFile(c net.Conn, timeout time.Duration) (m mapInfo, answered bool, err error) {
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write(request{op: opMap, path: r.path}.encode()); err != nil {
+		return m, false, fmt.Errorf("%w: %v", errBroken, err)
+	}
+	resp, err := readResponse(c)
 	if err != nil {
-		return mapInfo{}, err
+		return m, false, err
+	}
+	if err := resp.err(); err != nil {
+		return m, true, err
 	}
 	if resp.payload > maxMapPayload {
-		return mapInfo{}, fmt.Errorf("%w: map answer of %d bytes", ErrRemote, resp.payload)
+		return m, true, fmt.Errorf("%w: map answer of %d bytes", ErrRemote, resp.payload)
 	}
 	b := make([]byte, resp.payload)
 	if _, err := io.ReadFull(c, b); err != nil {
-		return mapInfo{}, fmt.Errorf("%w: %v", ErrRemote, err)
+		return m, true, fmt.Errorf("%w: %v", ErrRemote, err)
 	}
-	return decodeMap(b)
+	m, err = decodeMap(b)
+	return m, true, err
 }
 
 // errNoOneSided: one-sided reads cannot be had for this load; the caller
@@ -382,7 +405,21 @@ func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, i
 		pool <- w
 	}
 
-	m, err := r.mapFile(c)
+	// The answer waits for the export's load of the file: RequestTimeout
+	// plus the file at 50 MB/s.
+	wait := r.timeout + time.Duration(info.size/(50<<20))*time.Second
+	m, answered, err := r.mapFile(c, wait)
+	if err != nil && !answered {
+		// The connection broke (it may have idled past the export's
+		// timeout before this fill ran): once more on a fresh one.
+		c.Close()
+		if c, err = r.connect(ctx); err == nil {
+			m, answered, err = r.mapFile(c, wait)
+		}
+		if err != nil && !answered {
+			return fmt.Errorf("%w: %v", errNoOneSided, err)
+		}
+	}
 	switch {
 	case errors.Is(err, errUnsupported) || errors.Is(err, ErrBusy):
 		return fmt.Errorf("%w: %v", errNoOneSided, err)
@@ -393,7 +430,9 @@ func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, i
 	}
 	rs, err := dev.ImportSegment(m.desc, m.token)
 	if err != nil {
-		// Another provider's, or not one this context reaches.
+		// Another provider's, or not one this context reaches. The
+		// connection goes, and with it what the export holds for it.
+		c.Close()
 		return fmt.Errorf("%w: %v", errNoOneSided, err)
 	}
 	defer rs.Close()
@@ -468,7 +507,17 @@ func (r *remote) keepAlive(c net.Conn, idle time.Duration) (stop func()) {
 	}()
 	return func() {
 		close(quit)
-		<-finished
+		// A ping under way ends at once: the connection is done with.
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			c.SetDeadline(time.Now())
+			select {
+			case <-finished:
+				return
+			case <-tick.C:
+			}
+		}
 	}
 }
 

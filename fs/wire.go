@@ -70,6 +70,9 @@ var (
 	ErrDenied = errors.New("fs: refused by the export")
 	// ErrBusy: the export serves as many connections as it may.
 	ErrBusy = errors.New("fs: export busy")
+	// errBroken: a connection failed (a write, or the wait for an
+	// answer) before the export answered.
+	errBroken = errors.New("connection broken")
 	// errUnsupported: the export does no one-sided reads (OpenRemote
 	// reads through the connection instead).
 	errUnsupported = errors.New("fs: no one-sided reads from this export")
@@ -148,7 +151,7 @@ func (r response) encode() []byte {
 func readResponse(r io.Reader) (response, error) {
 	var h [respSize]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return response{}, fmt.Errorf("%w: %v", ErrRemote, err)
+		return response{}, fmt.Errorf("%w: %w: %v", ErrRemote, errBroken, err)
 	}
 	if binary.LittleEndian.Uint32(h[:]) != wireMagic {
 		return response{}, fmt.Errorf("%w: bad magic %#x", ErrRemote, binary.LittleEndian.Uint32(h[:]))
