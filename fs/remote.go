@@ -152,7 +152,7 @@ func (r *remote) closeAll() {
 func (r *remote) do(c net.Conn, q request) (response, error) {
 	c.SetDeadline(time.Now().Add(r.timeout))
 	if _, err := c.Write(q.encode()); err != nil {
-		return response{}, fmt.Errorf("%w: %v", errBroken, err)
+		return response{}, fmt.Errorf("%w: %w: %v", ErrRemote, errBroken, err)
 	}
 	resp, err := readResponse(c)
 	if err != nil {
@@ -205,7 +205,7 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 			}
 		}
 		if dev != nil {
-			err := r.readOneSided(ctx, c, dev, info, data, o, progress)
+			err := r.readOneSided(ctx, &statConn, dev, info, data, o, progress)
 			if !errors.Is(err, errNoOneSided) {
 				return err
 			}
@@ -218,7 +218,7 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 		// over another load), or been closed above: if its first
 		// request finds it broken, a fresh one takes its place.
 		pool := make(chan net.Conn, slots)
-		pool <- c
+		pool <- statConn // nil if readOneSided closed it
 		for range slots - 1 {
 			pool <- nil // connected when first needed
 		}
@@ -235,6 +235,10 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 				}
 				fresh := c == nil
 				stale := !fresh && c == statConn && !statUsed.Swap(true)
+				if stale {
+					// Its deadline may be in the past, or on its way.
+					c.SetDeadline(time.Time{})
+				}
 				var err error
 				if fresh {
 					c, err = r.connect(ctx)
@@ -252,8 +256,9 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 					pool <- nil
 					continue
 				}
-				if fresh && (errors.Is(err, ErrBusy) || !errors.Is(err, ErrRemote)) && live.Add(-1) > 0 {
-					// An extra connection the export refused (busy) or
+				if fresh && (errors.Is(err, ErrBusy) || errors.Is(err, errBroken) || !errors.Is(err, ErrRemote)) && live.Add(-1) > 0 {
+					// An extra connection the export refused (busy, or
+					// closed unanswered when too many are told so) or
 					// that could not be made: do with the others.
 					continue
 				}
@@ -337,7 +342,7 @@ func (r *remote) stat(c net.Conn) (statInfo, error) {
 func (r *remote) mapFile(c net.Conn, timeout time.Duration) (m mapInfo, answered bool, err error) {
 	c.SetDeadline(time.Now().Add(timeout))
 	if _, err := c.Write(request{op: opMap, path: r.path}.encode()); err != nil {
-		return m, false, fmt.Errorf("%w: %v", errBroken, err)
+		return m, false, fmt.Errorf("%w: %w: %v", ErrRemote, errBroken, err)
 	}
 	resp, err := readResponse(c)
 	if err != nil {
@@ -368,7 +373,11 @@ var errNoOneSided = errors.New("fs: no one-sided reads")
 // meanwhile so that the export's idle timeout does not end it. It
 // returns errNoOneSided (having read nothing) when this side or the
 // export cannot do it.
-func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, info statInfo, data []byte, o Options, progress func(int64)) error {
+func (r *remote) readOneSided(ctx context.Context, cp *net.Conn, dev ub.Context, info statInfo, data []byte, o Options, progress func(int64)) error {
+	// c is the connection it asks on, which it may replace; *cp says,
+	// for a fallback, which one is left (nil: none).
+	c := *cp
+	defer func() { *cp = c }()
 	data = data[:info.size]
 	reg, err := dev.RegisterSegment(data, ub.SegmentConfig{Access: ub.AccessLocal, Token: randomToken()})
 	if err != nil {
@@ -410,13 +419,22 @@ func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, i
 	wait := r.timeout + time.Duration(info.size/(50<<20))*time.Second
 	m, answered, err := r.mapFile(c, wait)
 	if err != nil && !answered {
+		c.Close()
+		c = nil
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// The export loads slower than we wait: no one-sided reads.
+			return fmt.Errorf("%w: %v", errNoOneSided, err)
+		}
 		// The connection broke (it may have idled past the export's
 		// timeout before this fill ran): once more on a fresh one.
-		c.Close()
 		if c, err = r.connect(ctx); err == nil {
 			m, answered, err = r.mapFile(c, wait)
 		}
 		if err != nil && !answered {
+			if c != nil {
+				c.Close()
+				c = nil
+			}
 			return fmt.Errorf("%w: %v", errNoOneSided, err)
 		}
 	}
@@ -433,6 +451,7 @@ func (r *remote) readOneSided(ctx context.Context, c net.Conn, dev ub.Context, i
 		// Another provider's, or not one this context reaches. The
 		// connection goes, and with it what the export holds for it.
 		c.Close()
+		c = nil
 		return fmt.Errorf("%w: %v", errNoOneSided, err)
 	}
 	defer rs.Close()
