@@ -121,10 +121,7 @@ func remoteVerdict(r bench.Result) string {
 	if b == 0 {
 		return ""
 	}
-	if r.Value/b >= targetRemote {
-		return fmt.Sprintf("met the target: %.2fx a plain TCP copy between the namespaces (at least %.1fx wanted)", r.Value/b, targetRemote)
-	}
-	return fmt.Sprintf("MISSED the target: %.2fx a plain TCP copy between the namespaces (at least %.1fx wanted)", r.Value/b, targetRemote)
+	return verdict(r.Value/b >= targetRemote, "%.2fx a plain TCP copy between the namespaces (at least %.1fx wanted)", r.Value/b, targetRemote)
 }
 
 func warmVerdict(r bench.Result) string {
@@ -133,10 +130,7 @@ func warmVerdict(r bench.Result) string {
 		return ""
 	}
 	a, b := r.Value/limit, r.Value/rf
-	if a >= targetOfLimit && b >= targetOfReadFile {
-		return fmt.Sprintf("met the target: %.2fx the limit (at least %.1fx wanted), %.1fx os.ReadFile (at least %.0fx)", a, targetOfLimit, b, targetOfReadFile)
-	}
-	return fmt.Sprintf("MISSED the target: %.2fx the limit (at least %.1fx wanted), %.1fx os.ReadFile (at least %.0fx)", a, targetOfLimit, b, targetOfReadFile)
+	return verdict(a >= targetOfLimit && b >= targetOfReadFile, "%.2fx the limit (at least %.1fx wanted), %.1fx os.ReadFile (at least %.0fx)", a, targetOfLimit, b, targetOfReadFile)
 }
 
 func coldNote(bench.Result) string {
@@ -148,10 +142,7 @@ func stColdVerdict(r bench.Result) string {
 	if p == 0 {
 		return ""
 	}
-	if r.Value/p >= targetColdPython {
-		return fmt.Sprintf("met the target: %.1fx python-load-file cold (at least %.0fx wanted)", r.Value/p, targetColdPython)
-	}
-	return fmt.Sprintf("MISSED the target: %.1fx python-load-file cold (at least %.0fx wanted)", r.Value/p, targetColdPython)
+	return verdict(r.Value/p >= targetColdPython, "%.1fx python-load-file cold (at least %.0fx wanted)", r.Value/p, targetColdPython)
 }
 
 func stWarmVerdict(r bench.Result) string {
@@ -159,17 +150,19 @@ func stWarmVerdict(r bench.Result) string {
 	if best == 0 {
 		return ""
 	}
-	if r.Value >= best {
-		return fmt.Sprintf("met the target: %.1fx the faster Python path warm", r.Value/best)
-	}
-	return fmt.Sprintf("MISSED the target: %.2fx the faster Python path warm (at least 1x wanted)", r.Value/best)
+	return verdict(r.Value >= best, "%.1fx the faster Python path warm (at least 1x wanted)", r.Value/best)
 }
 
 func sharedVerdict(r bench.Result) string {
-	if r.Value <= targetShared {
-		return fmt.Sprintf("met the target: four processes hold %.2f file sizes (at most %.1f wanted)", r.Value, targetShared)
+	return verdict(r.Value <= targetShared, "four processes hold %.2f file sizes (at most %.1f wanted)", r.Value, targetShared)
+}
+
+// verdict says whether a case met its target, then what it measured.
+func verdict(met bool, format string, args ...any) string {
+	if met {
+		return "met the target: " + fmt.Sprintf(format, args...)
 	}
-	return fmt.Sprintf("MISSED the target: four processes hold %.2f file sizes (at most %.1f wanted)", r.Value, targetShared)
+	return "MISSED the target: " + fmt.Sprintf(format, args...)
 }
 
 // rawFile returns a file of size pseudo-random bytes, made once in the
