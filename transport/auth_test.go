@@ -3,19 +3,12 @@ package transport
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,31 +20,20 @@ import (
 	"github.com/ubkit-io/ubkit/internal/testenv"
 )
 
-// testCA issues node certificates the way mesh.CA does (a URI SAN
-// spiffe://<super node>/node/<node>), into PEM files under dir.
+// testCA is testenv's NodeCA (node certificates as mesh.CA issues
+// them), failing the test instead of returning errors.
 type testCA struct {
-	dir  string
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
+	*testenv.NodeCA
+	dir string
 }
 
 func newTestCA(t testing.TB, dir, name string) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := testenv.NewNodeCA(dir, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	ca := &testCA{dir: dir, cert: cert, key: key}
-	writePEM(t, ca.file(name+"-ca.pem"), "CERTIFICATE", der)
-	return ca
+	return &testCA{ca, dir}
 }
 
 func (ca *testCA) file(name string) string { return filepath.Join(ca.dir, name) }
@@ -66,7 +48,7 @@ func (ca *testCA) identity(t testing.TB, superNode, node string) *Identity {
 		t.Fatal(err)
 	}
 	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
+	roots.AddCert(ca.Cert())
 	return &Identity{Certificate: kp, Roots: roots, SuperNode: superNode}
 }
 
@@ -75,28 +57,11 @@ func (ca *testCA) identity(t testing.TB, superNode, node string) *Identity {
 // endpoint's identity.
 func (ca *testCA) issue(t testing.TB, file, superNode, node string) []string {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	env, err := ca.IssueFile(file, superNode, node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: n, Subject: pkix.Name{CommonName: node},
-		URIs:      []*url.URL{{Scheme: "spiffe", Host: superNode, Path: "/node/" + node}},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kd, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writePEM(t, ca.file(file+".pem"), "CERTIFICATE", der)
-	writePEM(t, ca.file(file+".key"), "PRIVATE KEY", kd)
-	return []string{EnvCert + "=" + ca.file(file+".pem"), EnvKey + "=" + ca.file(file+".key"),
-		EnvCA + "=" + ca.file(ca.cert.Subject.CommonName+"-ca.pem")}
+	return env
 }
 
 func readFile(t testing.TB, path string) []byte {
@@ -106,13 +71,6 @@ func readFile(t testing.TB, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-func writePEM(t testing.TB, path, kind string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // authTopology is a two-host super node: n0 on addrA, n1 and n2 on addrB.

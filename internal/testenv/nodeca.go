@@ -51,10 +51,19 @@ func NewNodeCA(dir, name string) (*NodeCA, error) {
 
 func (ca *NodeCA) caFile() string { return filepath.Join(ca.dir, ca.name+"-ca.pem") }
 
-// Issue writes a certificate and key naming node of superNode, and
-// returns the environment (UBKIT_TLS_CERT, UBKIT_TLS_KEY, UBKIT_TLS_CA)
-// that makes them a default transport endpoint's identity.
+// Cert is the CA's certificate.
+func (ca *NodeCA) Cert() *x509.Certificate { return ca.cert }
+
+// Issue writes a certificate and key naming node of superNode, as
+// dir/<superNode>-<node>.pem and .key, and returns the environment
+// (UBKIT_TLS_CERT, UBKIT_TLS_KEY, UBKIT_TLS_CA) that makes them a
+// default transport endpoint's identity.
 func (ca *NodeCA) Issue(superNode, node string) ([]string, error) {
+	return ca.IssueFile(fmt.Sprintf("%s-%s", superNode, node), superNode, node)
+}
+
+// IssueFile is Issue into dir/<file>.pem and dir/<file>.key.
+func (ca *NodeCA) IssueFile(file, superNode, node string) ([]string, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -76,7 +85,7 @@ func (ca *NodeCA) Issue(superNode, node string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	base := filepath.Join(ca.dir, fmt.Sprintf("%s-%s", superNode, node))
+	base := filepath.Join(ca.dir, file)
 	if err := writePEM(base+".pem", "CERTIFICATE", der); err != nil {
 		return nil, err
 	}
