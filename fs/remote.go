@@ -149,16 +149,37 @@ func (r *remote) closeAll() {
 
 // do sends q on c and reads the response's header; the caller reads its
 // payload.
-func (r *remote) do(c net.Conn, q request) (response, error) {
-	c.SetDeadline(time.Now().Add(r.timeout))
+func (r *remote) do(c net.Conn, q request) (response, error) { return r.doWithin(c, q, r.timeout) }
+
+// doWithin is do waiting up to timeout. An error wrapping errBroken says
+// no answer came: the connection failed.
+func (r *remote) doWithin(c net.Conn, q request, timeout time.Duration) (response, error) {
+	c.SetDeadline(time.Now().Add(timeout))
 	if _, err := c.Write(q.encode()); err != nil {
-		return response{}, fmt.Errorf("%w: %w: %v", ErrRemote, errBroken, err)
+		return response{}, fmt.Errorf("%w: %w: %w", ErrRemote, errBroken, err)
 	}
 	resp, err := readResponse(c)
 	if err != nil {
 		return resp, err
 	}
 	return resp, resp.err()
+}
+
+// payload sends q on c and returns its answer's payload, of at most max
+// bytes, within timeout.
+func (r *remote) payload(c net.Conn, q request, max uint64, timeout time.Duration) ([]byte, error) {
+	resp, err := r.doWithin(c, q, timeout)
+	if err != nil {
+		return nil, err
+	}
+	if resp.payload > max {
+		return nil, fmt.Errorf("%w: an answer of %d bytes to op %d (at most %d)", ErrRemote, resp.payload, q.op, max)
+	}
+	b := make([]byte, resp.payload)
+	if _, err := io.ReadFull(c, b); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrRemote, err)
+	}
+	return b, nil
 }
 
 func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, error) {
@@ -322,44 +343,21 @@ func (r *remote) device(c net.Conn) ub.Context {
 
 // stat asks for the file's stat on c.
 func (r *remote) stat(c net.Conn) (statInfo, error) {
-	resp, err := r.do(c, request{op: opStat, path: r.path})
+	b, err := r.payload(c, request{op: opStat, path: r.path}, 24+8*maxChunks, r.timeout)
 	if err != nil {
 		return statInfo{}, err
-	}
-	if resp.payload > 24+8*maxChunks {
-		return statInfo{}, fmt.Errorf("%w: stat of %d bytes", ErrRemote, resp.payload)
-	}
-	b := make([]byte, resp.payload)
-	if _, err := io.ReadFull(c, b); err != nil {
-		return statInfo{}, fmt.Errorf("%w: %v", ErrRemote, err)
 	}
 	return decodeStat(b)
 }
 
 // mapFile asks the export for one-sided reads of the file on c, waiting
 // up to timeout (the answer comes once the export has loaded the file).
-// answered says whether the export answered (or the connection failed).
-func (r *remote) mapFile(c net.Conn, timeout time.Duration) (m mapInfo, answered bool, err error) {
-	c.SetDeadline(time.Now().Add(timeout))
-	if _, err := c.Write(request{op: opMap, path: r.path}.encode()); err != nil {
-		return m, false, fmt.Errorf("%w: %w: %v", ErrRemote, errBroken, err)
-	}
-	resp, err := readResponse(c)
+func (r *remote) mapFile(c net.Conn, timeout time.Duration) (mapInfo, error) {
+	b, err := r.payload(c, request{op: opMap, path: r.path}, maxMapPayload, timeout)
 	if err != nil {
-		return m, false, err
+		return mapInfo{}, err
 	}
-	if err := resp.err(); err != nil {
-		return m, true, err
-	}
-	if resp.payload > maxMapPayload {
-		return m, true, fmt.Errorf("%w: map answer of %d bytes", ErrRemote, resp.payload)
-	}
-	b := make([]byte, resp.payload)
-	if _, err := io.ReadFull(c, b); err != nil {
-		return m, true, fmt.Errorf("%w: %v", ErrRemote, err)
-	}
-	m, err = decodeMap(b)
-	return m, true, err
+	return decodeMap(b)
 }
 
 // errNoOneSided: one-sided reads cannot be had for this load; the caller
@@ -417,8 +415,8 @@ func (r *remote) readOneSided(ctx context.Context, cp *net.Conn, dev ub.Context,
 	// The answer waits for the export's load of the file: RequestTimeout
 	// plus the file at 50 MB/s.
 	wait := r.timeout + time.Duration(info.size/(50<<20))*time.Second
-	m, answered, err := r.mapFile(c, wait)
-	if err != nil && !answered {
+	m, err := r.mapFile(c, wait)
+	if errors.Is(err, errBroken) {
 		c.Close()
 		c = nil
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -428,9 +426,9 @@ func (r *remote) readOneSided(ctx context.Context, cp *net.Conn, dev ub.Context,
 		// The connection broke (it may have idled past the export's
 		// timeout before this fill ran): once more on a fresh one.
 		if c, err = r.connect(ctx); err == nil {
-			m, answered, err = r.mapFile(c, wait)
+			m, err = r.mapFile(c, wait)
 		}
-		if err != nil && !answered {
+		if err != nil && (c == nil || errors.Is(err, errBroken)) {
 			if c != nil {
 				c.Close()
 				c = nil

@@ -151,7 +151,7 @@ func (r response) encode() []byte {
 func readResponse(r io.Reader) (response, error) {
 	var h [respSize]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return response{}, fmt.Errorf("%w: %w: %v", ErrRemote, errBroken, err)
+		return response{}, fmt.Errorf("%w: %w: %w", ErrRemote, errBroken, err)
 	}
 	if binary.LittleEndian.Uint32(h[:]) != wireMagic {
 		return response{}, fmt.Errorf("%w: bad magic %#x", ErrRemote, binary.LittleEndian.Uint32(h[:]))
