@@ -256,10 +256,6 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 				}
 				fresh := c == nil
 				stale := !fresh && c == statConn && !statUsed.Swap(true)
-				if stale {
-					// Its deadline may be in the past, or on its way.
-					c.SetDeadline(time.Time{})
-				}
 				var err error
 				if fresh {
 					c, err = r.connect(ctx)
