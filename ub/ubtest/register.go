@@ -161,6 +161,139 @@ func testRegisterCloseUnderWrites(t *testing.T, open Open, opts Options) {
 	}
 }
 
+// testRegisterCloseUnderPeerReads checks that Close ends a peer's reads:
+// a peer reads registered memory (4 MiB, all 0xAA) over and over while
+// the registrant closes the registration and then clears the memory; no
+// read completes successfully with anything but 0xAA (the bus reads no
+// memory once Close has returned), and each ends successfully or refused.
+func testRegisterCloseUnderPeerReads(t *testing.T, open Open, opts Options) {
+	const size, trials = 4 << 20, 8
+	l := newLocal(t, open, ub.ReliableMessage)
+	mem := opts.memory(t, size)
+	if len(mem) < size {
+		t.Fatalf("Options.Memory gave %d bytes, want %d", len(mem), size)
+	}
+	mem = mem[:size]
+	p := startPeer(t)
+	for trial := range trials {
+		for i := range mem {
+			mem[i] = 0xAA
+		}
+		seg, err := l.c.RegisterSegment(mem, ub.SegmentConfig{Access: ub.AccessRead, Token: peerToken})
+		if err != nil {
+			t.Fatalf("RegisterSegment: %v", err)
+		}
+		d, err := json.Marshal(seg.Desc())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var started string
+		p.do(&started, "readhammer", uint32(peerToken), 0, size, string(d))
+		if started != "" {
+			t.Fatalf("the peer's reads did not start: %s", started)
+		}
+		if err := seg.Close(); err != nil {
+			t.Fatalf("Close under a peer's reads: %v", err)
+		}
+		clear(mem) // the caller's again
+		var statuses map[string]int
+		p.do(&statuses, "stophammer")
+		for st, n := range statuses {
+			if st != ub.StatusSuccess.String() && st != ub.StatusNoPermission.String() {
+				t.Errorf("trial %d: %d reads ended with %q (\"other bytes\": read after Close returned)", trial, n, st)
+			}
+		}
+	}
+}
+
+// testRegisterCloseUnderReads checks that Close ends the registrant's own
+// reads into registered memory: reads of 1 MiB (from a segment of its own,
+// all 0xAA, through its import), eight in flight, over and over, while the
+// memory's registration is closed; once Close has returned no read's data
+// lands in the memory, and each read ends successfully or failed on its
+// closed buffer.
+func testRegisterCloseUnderReads(t *testing.T, open Open, opts Options) {
+	const n, trials = 1 << 20, 8
+	l := newLocal(t, open, ub.ReliableMessage)
+	mem := opts.memory(t, 4*n)
+	if len(mem) < 4*n {
+		t.Fatalf("Options.Memory gave %d bytes, want %d", len(mem), 4*n)
+	}
+	mem = mem[:4*n]
+	src, err := l.c.AllocSegment(n, ub.SegmentConfig{Access: ub.AccessRead, Token: peerToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range src.Bytes()[:n] {
+		src.Bytes()[i] = 0xAA
+	}
+	r := l.importSegment(t, src.Desc(), peerToken)
+	for trial := range trials {
+		clear(mem)
+		seg, err := l.c.RegisterSegment(mem, ub.SegmentConfig{})
+		if err != nil {
+			t.Fatalf("RegisterSegment: %v", err)
+		}
+		started, halt := make(chan struct{}), make(chan struct{})
+		statuses := map[ub.Status]int{}
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			// Eight reads always in flight: Close meets them mid-way.
+			defer wg.Done()
+			comp := make([]ub.Completion, 1)
+			post := func(i int) bool {
+				wr := ub.WR{Op: ub.OpRead, Local: ub.Local{Seg: seg, Offset: i % 4 * n, Len: n}, Remote: ub.Remote{Seg: r}}
+				if _, err := l.j.PostSend([]ub.WR{wr}); err != nil {
+					t.Errorf("post a read: %v", err)
+					return false
+				}
+				return true
+			}
+			for i := range 8 {
+				if !post(i) {
+					return
+				}
+			}
+			for i, inFlight := 8, 8; inFlight > 0; i++ {
+				if err := waitOne(l.cq, comp); err != nil {
+					t.Errorf("wait for a read: %v", err)
+					return
+				}
+				inFlight--
+				statuses[comp[0].Status]++
+				if i == 8 {
+					close(started)
+				}
+				select {
+				case <-halt:
+					continue // no more: wait for those in flight
+				default:
+				}
+				if !post(i) {
+					return
+				}
+				inFlight++
+			}
+		}()
+		<-started
+		if err := seg.Close(); err != nil {
+			t.Fatalf("Close under reads into it: %v", err)
+		}
+		clear(mem) // the caller's again
+		close(halt)
+		wg.Wait()
+		if i := bytes.IndexByte(mem, 0xAA); i >= 0 {
+			t.Fatalf("trial %d: a read's data reached byte %d of the memory after Close returned (reads: %v)", trial, i, statuses)
+		}
+		for st, k := range statuses {
+			if st != ub.StatusSuccess && st != ub.StatusLocalLength {
+				t.Errorf("trial %d: %d reads ended with %v", trial, k, st)
+			}
+		}
+	}
+}
+
 // testRegisterAtomics checks atomics on registered memory: a word 8-byte
 // aligned at its offset but not in memory completes with
 // StatusMisaligned (reads and writes of such memory work), and a peer's

@@ -133,6 +133,8 @@ func RunWith(t *testing.T, open Open, opts Options) {
 	t.Run("RegisterSegment", func(t *testing.T) { testRegister(t, open, opts) })
 	t.Run("RegisterSegmentAtomics", func(t *testing.T) { testRegisterAtomics(t, open, opts) })
 	t.Run("RegisterSegmentCloseUnderWrites", func(t *testing.T) { testRegisterCloseUnderWrites(t, open, opts) })
+	t.Run("RegisterSegmentCloseUnderPeerReads", func(t *testing.T) { testRegisterCloseUnderPeerReads(t, open, opts) })
+	t.Run("RegisterSegmentCloseUnderReads", func(t *testing.T) { testRegisterCloseUnderReads(t, open, opts) })
 	t.Run("Errors", func(t *testing.T) { testErrors(t, open, opts) })
 	t.Run("Interrupt", func(t *testing.T) { testInterrupt(t, open) })
 }

@@ -29,6 +29,7 @@ package ubtest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -217,17 +218,20 @@ func servePeer(open Open) error {
 				break
 			}
 			reply = remoteOp(c, cq, seg, imports, rest[1], ub.Token(arg(2)), arg(3), rest[4], desc)
-		case "hammer": // hammer TOKEN OFF LEN SEGJSON: write LEN bytes of 0xAA at OFF over and over, until stophammer
+		case "hammer", "readhammer":
+			// hammer TOKEN OFF LEN SEGJSON: write LEN bytes of 0xAA at
+			// OFF over and over, until stophammer; readhammer: read them
+			// over and over, each read's bytes checked to be all 0xAA.
 			rest := strings.SplitN(line, " ", 5)
 			var desc ub.SegmentDesc
 			switch {
 			case len(rest) < 5 || json.Unmarshal([]byte(rest[4]), &desc) != nil:
-				reply = "hammer: want TOKEN OFF LEN and a segment descriptor in JSON"
+				reply = f[0] + ": want TOKEN OFF LEN and a segment descriptor in JSON"
 			case h != nil:
-				reply = "hammer: already hammering"
+				reply = f[0] + ": already hammering"
 			default:
 				var err error
-				h, err = startHammer(c, desc, ub.Token(arg(1)), arg(2), arg(3))
+				h, err = startHammer(c, desc, ub.Token(arg(1)), arg(2), arg(3), f[0] == "readhammer")
 				reply = errString(err)
 			}
 		case "stophammer": // the statuses of the writes hammer made, by name
@@ -295,17 +299,19 @@ func remoteAdds(c ub.Context, cq ub.CQ, desc ub.SegmentDesc, off, n int) string 
 	return "ok"
 }
 
-// hammer writes into a peer's segment, one write after the other, until
-// stopped: a writer that the owner's Close meets in the middle of a write.
+// hammer writes into (or reads from) a peer's segment, one request after
+// the other, until stopped: a writer or reader that the owner's Close
+// meets in the middle of a request.
 type hammer struct {
 	halt     chan struct{}
 	done     chan struct{}
 	statuses map[string]int // written by the hammer's goroutine until done
 }
 
-// startHammer returns once the first write completed successfully, so
-// the owner knows the writes have begun.
-func startHammer(c ub.Context, desc ub.SegmentDesc, token ub.Token, off, n int) (*hammer, error) {
+// startHammer returns once the first request completed successfully, so
+// the owner knows they have begun. A read that completes successfully
+// with anything but 0xAA bytes counts as "other bytes".
+func startHammer(c ub.Context, desc ub.SegmentDesc, token ub.Token, off, n int, read bool) (*hammer, error) {
 	r, err := c.ImportSegment(desc, token)
 	if err != nil {
 		return nil, err
@@ -338,19 +344,29 @@ func startHammer(c ub.Context, desc ub.SegmentDesc, token ub.Token, off, n int) 
 		r.Close()
 	}
 	comp := make([]ub.Completion, 1)
-	writeOnce := func() (ub.Status, error) {
-		wr := ub.WR{Op: ub.OpWrite, Local: ub.Local{Seg: loc, Len: n}, Remote: ub.Remote{Seg: r, Offset: off}}
+	op := ub.OpWrite
+	if read {
+		op = ub.OpRead
+	}
+	once := func() (string, error) {
+		if read {
+			clear(loc.Bytes())
+		}
+		wr := ub.WR{Op: op, Local: ub.Local{Seg: loc, Len: n}, Remote: ub.Remote{Seg: r, Offset: off}}
 		if _, err := j.PostSend([]ub.WR{wr}); err != nil {
-			return 0, err
+			return "", err
 		}
 		if err := waitOne(cq, comp); err != nil {
-			return 0, err
+			return "", err
 		}
-		return comp[0].Status, nil
+		if read && comp[0].Status == ub.StatusSuccess && bytes.Count(loc.Bytes()[:n], []byte{0xAA}) != n {
+			return "other bytes", nil
+		}
+		return comp[0].Status.String(), nil
 	}
-	if st, err := writeOnce(); err != nil || st != ub.StatusSuccess {
+	if st, err := once(); err != nil || st != ub.StatusSuccess.String() {
 		cleanup()
-		return nil, fmt.Errorf("first write: status %v, %v", st, err)
+		return nil, fmt.Errorf("first %v: %s, %v", op, st, err)
 	}
 	h := &hammer{halt: make(chan struct{}), done: make(chan struct{}), statuses: map[string]int{ub.StatusSuccess.String(): 1}}
 	go func() {
@@ -362,12 +378,12 @@ func startHammer(c ub.Context, desc ub.SegmentDesc, token ub.Token, off, n int) 
 				return
 			default:
 			}
-			st, err := writeOnce()
+			st, err := once()
 			if err != nil {
 				h.statuses[err.Error()]++
 				return
 			}
-			h.statuses[st.String()]++
+			h.statuses[st]++
 		}
 	}()
 	return h, nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -405,14 +406,23 @@ type pending struct {
 	done bool
 }
 
-// finish records the peer's answer and lets the jetty release completions.
-func (p *pending) finish(status ub.Status, value uint64, payload []byte) {
+// pin keeps the memory a Read's data goes into for the socket read that
+// fills it; false if its segment is closed.
+func (p *pending) pin(nc net.Conn) bool {
+	p.j.c.mem.RLock()
+	defer p.j.c.mem.RUnlock()
+	return p.seg.pin(nc)
+}
+
+// finish records the peer's answer and lets the jetty release completions;
+// filled says a Read's data is in place already.
+func (p *pending) finish(status ub.Status, value uint64, payload []byte, filled bool) {
 	p.j.c.mem.RLock()
 	p.j.mu.Lock()
 	p.comp.Status, p.comp.Value = status, value
 	if status == ub.StatusSuccess && p.into != nil && p.seg.closed {
 		p.comp.Status = ub.StatusLocalLength // the local segment went away
-	} else if status == ub.StatusSuccess && p.into != nil {
+	} else if status == ub.StatusSuccess && p.into != nil && !filled {
 		if p.wr.Op == ub.OpRead {
 			if len(payload) != len(p.into) {
 				p.comp.Status = ub.StatusRemoteLength
@@ -539,17 +549,20 @@ func (cn *conn) flush() {
 
 func (cn *conn) readLoop() {
 	r := bufio.NewReaderSize(cn.nc, 64<<10)
+	var hdr [respHeader]byte
 	var buf []byte
 	for {
-		frame, err := readFrame(r, buf, respHeader)
+		n, err := readLength(r, respHeader)
+		if err == nil {
+			_, err = io.ReadFull(r, hdr[:])
+		}
 		if err != nil {
 			cn.fail(ub.StatusPeerDead)
 			return
 		}
-		buf = frame
-		resp, err := decodeResponse(frame)
+		resp, _ := decodeResponse(hdr[:])
 		cn.mu.Lock()
-		if err != nil || len(cn.queue) == 0 {
+		if len(cn.queue) == 0 {
 			cn.mu.Unlock()
 			cn.fail(ub.StatusPeerDead) // an answer nobody asked for: drop the peer
 			return
@@ -557,7 +570,28 @@ func (cn *conn) readLoop() {
 		p := cn.queue[0]
 		cn.queue = cn.queue[1:]
 		cn.mu.Unlock()
-		p.finish(ub.Status(resp.status), resp.value, resp.payload)
+		size := n - respHeader
+		if resp.status == uint8(ub.StatusSuccess) && p.wr.Op == ub.OpRead && size == len(p.into) && p.pin(cn.nc) {
+			// A Read's data goes from the socket straight into place.
+			if h := p.j.c.opt.pinned; h != nil {
+				h()
+			}
+			_, err := io.ReadFull(r, p.into)
+			p.seg.unpin(cn.nc)
+			if err != nil {
+				p.finish(ub.StatusPeerDead, 0, nil, false)
+				cn.fail(ub.StatusPeerDead)
+				return
+			}
+			p.finish(ub.StatusSuccess, 0, nil, true)
+			continue
+		}
+		if buf, err = readBody(r, buf, size); err != nil {
+			p.finish(ub.StatusPeerDead, 0, nil, false)
+			cn.fail(ub.StatusPeerDead)
+			return
+		}
+		p.finish(ub.Status(resp.status), resp.value, buf, false)
 	}
 }
 
@@ -570,6 +604,6 @@ func (cn *conn) fail(status ub.Status) {
 	cn.mu.Unlock()
 	cn.nc.Close()
 	for _, p := range q {
-		p.finish(status, 0, nil)
+		p.finish(status, 0, nil, false)
 	}
 }

@@ -42,9 +42,11 @@ type options struct {
 	connsPerSource, conns int // the caps on connections served at once
 	// Hooks for tests, nil in use: tarpitted runs as a connection starts
 	// to wait d out after a failure, servedChanged once a connection joined
-	// or left the served set.
+	// or left the served set, pinned once a segment is pinned for a socket
+	// write (of a Read's answer) or read (of a Read's data).
 	tarpitted     func(d time.Duration)
 	servedChanged func()
+	pinned        func()
 }
 
 func open(cfg ub.Config, opt options) (*Context, error) {
@@ -216,6 +218,73 @@ type segment struct {
 	access ub.Access
 	token  ub.Token
 	closed bool // guarded by c.mem
+
+	// pinned counts, by connection, the socket reads and writes in
+	// progress straight into or out of the memory without c.mem (so that
+	// a slow peer holds up no one else). Close waits for them, breaking
+	// the connections of those that take longer than drainGrace.
+	pinMu   sync.Mutex
+	pinned  map[net.Conn]int
+	drained chan struct{} // made by Close, closed once pinned is empty
+}
+
+// drainGrace is how long Close waits for socket I/O on a segment's memory
+// before it breaks the connections doing it: far longer than a healthy
+// peer takes for a frame, short enough that a peer which stopped reading
+// holds up Close only that long.
+const drainGrace = time.Second
+
+// pin keeps s's memory for socket I/O on nc outside c.mem, until unpin;
+// false if s is closed. The caller holds c.mem for reading.
+func (s *segment) pin(nc net.Conn) bool {
+	if s.closed {
+		return false
+	}
+	s.pinMu.Lock()
+	if s.pinned == nil {
+		s.pinned = map[net.Conn]int{}
+	}
+	s.pinned[nc]++
+	s.pinMu.Unlock()
+	return true
+}
+
+func (s *segment) unpin(nc net.Conn) {
+	s.pinMu.Lock()
+	if s.pinned[nc]--; s.pinned[nc] == 0 {
+		delete(s.pinned, nc)
+		if len(s.pinned) == 0 && s.drained != nil {
+			close(s.drained)
+			s.drained = nil
+		}
+	}
+	s.pinMu.Unlock()
+}
+
+// drain waits until the I/O that pinned s is done, breaking its
+// connections after drainGrace. s is closed, so nothing pins it again.
+func (s *segment) drain() {
+	s.pinMu.Lock()
+	if len(s.pinned) == 0 {
+		s.pinMu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	s.drained = done
+	s.pinMu.Unlock()
+	t := time.NewTimer(drainGrace)
+	defer t.Stop()
+	select {
+	case <-done:
+		return
+	case <-t.C:
+	}
+	s.pinMu.Lock()
+	for nc := range s.pinned {
+		nc.Close() // the read or write blocked on a slow peer returns
+	}
+	s.pinMu.Unlock()
+	<-done
 }
 
 func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, error) {
@@ -254,8 +323,8 @@ func (s *segment) Desc() ub.SegmentDesc {
 
 func (s *segment) Close() error {
 	s.c.mem.Lock()
-	defer s.c.mem.Unlock()
 	if s.closed {
+		s.c.mem.Unlock()
 		return nil
 	}
 	s.closed = true
@@ -263,6 +332,10 @@ func (s *segment) Close() error {
 	delete(s.c.segs, s.id)
 	s.c.objects.Remove(s)
 	s.c.mu.Unlock()
+	s.c.mem.Unlock()
+	// Requests that found s in time have it pinned or are done with it;
+	// none finds it now.
+	s.drain()
 	if s.mem == nil {
 		return nil // the caller's memory stays the caller's
 	}
@@ -393,8 +466,16 @@ func (c *Context) serve(nc net.Conn, src netip.Prefix) {
 			return
 		}
 		c.mem.RLock()
-		status, value, payload, denied := c.execute(&req)
-		out = appendResponse(out[:0], uint8(status), value, payload)
+		status, value, payload, from, denied := c.execute(&req)
+		if from != nil && !from.pin(nc) {
+			// Found under c.mem, which Close takes: not closed; but
+			// should it be, the answer is the closed segment's.
+			status, payload, from = ub.StatusNoPermission, nil, nil
+		}
+		if from != nil && c.opt.pinned != nil {
+			c.opt.pinned()
+		}
+		out = appendResponseHeader(out[:0], uint8(status), value, len(payload))
 		c.mem.RUnlock()
 		if denied {
 			c.log.Debug("tcpprov: denied a request", "addr", c.addr, "from", nc.RemoteAddr().String(), "status", status.String())
@@ -405,7 +486,16 @@ func (c *Context) serve(nc net.Conn, src netip.Prefix) {
 				}
 			}
 		}
-		if _, err := w.Write(out); err != nil {
+		_, err = w.Write(out)
+		if from != nil {
+			// A Read's data goes from the segment to the socket (a large
+			// one without a copy); until it is out, s stays pinned.
+			if err == nil {
+				_, err = w.Write(payload)
+			}
+			from.unpin(nc)
+		}
+		if err != nil {
 			return
 		}
 		// Answer at once unless more requests are already here.
@@ -434,26 +524,28 @@ func (c *Context) tarpit(d time.Duration) bool {
 }
 
 // execute runs one request against local objects, with the checks a bus
-// target makes. denied says the request failed authorization: it named an
-// unknown segment or jetty, or had a wrong token.
-func (c *Context) execute(req *request) (status ub.Status, value uint64, payload []byte, denied bool) {
+// target makes. A Read's payload is memory of from, which the caller pins
+// before it lets go of c.mem. denied says the request failed
+// authorization: it named an unknown segment or jetty, or had a wrong
+// token.
+func (c *Context) execute(req *request) (status ub.Status, value uint64, payload []byte, from *segment, denied bool) {
 	switch req.op {
 	case opSend:
 		st, denied := c.deliver(req.object, ub.Token(req.token), req.payload, ub.OpRecv, req.a, req.flags&flagImm != 0, req.flags&flagUnreliable != 0)
-		return st, 0, nil, denied
+		return st, 0, nil, nil, denied
 	}
 	c.mu.Lock()
 	s := c.segs[req.object]
 	c.mu.Unlock()
 	if s == nil {
-		return ub.StatusNoPermission, 0, nil, true
+		return ub.StatusNoPermission, 0, nil, nil, true
 	}
 	if ub.Token(req.token) != s.token {
-		return ub.StatusBadToken, 0, nil, true
+		return ub.StatusBadToken, 0, nil, nil, true
 	}
 	need := map[uint8]ub.Access{opWrite: ub.AccessWrite, opWriteImm: ub.AccessWrite, opRead: ub.AccessRead, opCAS: ub.AccessAtomic, opFetchAdd: ub.AccessAtomic}[req.op]
 	if s.access&need != need {
-		return ub.StatusNoPermission, 0, nil, false
+		return ub.StatusNoPermission, 0, nil, nil, false
 	}
 	n := uint64(req.n)
 	if req.op == opWrite || req.op == opWriteImm {
@@ -463,7 +555,7 @@ func (c *Context) execute(req *request) (status ub.Status, value uint64, payload
 		n = 8
 	}
 	if req.offset > uint64(len(s.bytes)) || n > uint64(len(s.bytes))-req.offset {
-		return ub.StatusOutOfBounds, 0, nil, false
+		return ub.StatusOutOfBounds, 0, nil, nil, false
 	}
 	off := int(req.offset)
 	switch req.op {
@@ -472,31 +564,31 @@ func (c *Context) execute(req *request) (status ub.Status, value uint64, payload
 		if req.op == opWriteImm {
 			// The notification's jetty and token are checked like a send's.
 			if st, denied := c.deliver(uint32(req.a), ub.Token(req.n), nil, ub.OpWriteImm, req.b, true, false); st != ub.StatusSuccess {
-				return st, 0, nil, denied
+				return st, 0, nil, nil, denied
 			}
 		}
-		return ub.StatusSuccess, 0, nil, false
+		return ub.StatusSuccess, 0, nil, nil, false
 	case opRead:
-		return ub.StatusSuccess, 0, s.bytes[off : off+int(n)], false
+		return ub.StatusSuccess, 0, s.bytes[off : off+int(n)], s, false
 	}
 	if off%8 != 0 {
-		return ub.StatusMisaligned, 0, nil, false
+		return ub.StatusMisaligned, 0, nil, nil, false
 	}
 	// In range (checked above): an error is a word not 8-byte aligned in
 	// memory, which registered memory may not be at an aligned offset.
 	word, err := shm.WordIn(s.bytes, off)
 	if err != nil {
-		return ub.StatusMisaligned, 0, nil, false
+		return ub.StatusMisaligned, 0, nil, nil, false
 	}
 	if req.op == opCAS {
 		for {
 			old := word.Load()
 			if old != req.a || word.CompareAndSwap(old, req.b) {
-				return ub.StatusSuccess, old, nil, false
+				return ub.StatusSuccess, old, nil, nil, false
 			}
 		}
 	}
-	return ub.StatusSuccess, word.Add(req.a) - req.a, nil, false
+	return ub.StatusSuccess, word.Add(req.a) - req.a, nil, nil, false
 }
 
 // deliver puts an incoming message into the jetty's next posted receive;

@@ -71,19 +71,34 @@ var errFrame = errors.New("tcpprov: malformed frame")
 
 // readFrame reads one length-prefixed frame into buf (grown as needed).
 func readFrame(r io.Reader, buf []byte, minLen int) ([]byte, error) {
+	n, err := readLength(r, minLen)
+	if err != nil {
+		return nil, err
+	}
+	return readBody(r, buf, n)
+}
+
+// readLength reads a frame's length and checks it against minLen and
+// maxFrame.
+func readLength(r io.Reader, minLen int) (int, error) {
 	var l [4]byte
 	if _, err := io.ReadFull(r, l[:]); err != nil {
-		return nil, err
+		return 0, err
 	}
 	n := binary.LittleEndian.Uint32(l[:])
 	if n < uint32(minLen) || n > maxFrame {
-		return nil, fmt.Errorf("%w: length %d", errFrame, n)
+		return 0, fmt.Errorf("%w: length %d", errFrame, n)
 	}
+	return int(n), nil
+}
+
+// readBody reads n bytes (at most maxFrame) into buf, grown as needed.
+func readBody(r io.Reader, buf []byte, n int) ([]byte, error) {
 	// Grow the buffer as the bytes arrive, not as the header claims: four
 	// bytes from a peer must not cost us a 64 MiB allocation.
 	buf = buf[:0]
-	for uint32(len(buf)) < n {
-		step := min(int(n)-len(buf), 1<<20)
+	for len(buf) < n {
+		step := min(n-len(buf), 1<<20)
 		if cap(buf)-len(buf) < step {
 			buf = append(buf[:len(buf):len(buf)], make([]byte, step)...)[:len(buf)]
 		}
@@ -117,10 +132,15 @@ func decodeRequest(b []byte) (request, error) {
 }
 
 func appendResponse(b []byte, status uint8, value uint64, payload []byte) []byte {
-	b = binary.LittleEndian.AppendUint32(b, uint32(respHeader+len(payload)))
+	return append(appendResponseHeader(b, status, value, len(payload)), payload...)
+}
+
+// appendResponseHeader appends a response's length and header, for a
+// payload of n bytes that follows on the wire without being copied here.
+func appendResponseHeader(b []byte, status uint8, value uint64, n int) []byte {
+	b = binary.LittleEndian.AppendUint32(b, uint32(respHeader+n))
 	b = append(b, status, 0, 0, 0, 0, 0, 0, 0)
-	b = binary.LittleEndian.AppendUint64(b, value)
-	return append(b, payload...)
+	return binary.LittleEndian.AppendUint64(b, value)
 }
 
 func decodeResponse(b []byte) (response, error) {
