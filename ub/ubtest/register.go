@@ -121,7 +121,27 @@ func testRegister(t *testing.T, open Open, opts Options) {
 // write lands in the memory, which is the caller's again (URMA's
 // unregister: the memory is not reached by the bus afterwards).
 func testRegisterCloseUnderWrites(t *testing.T, open Open, opts Options) {
-	const size, trials = 1 << 20, 8
+	testRegisterCloseUnderPeer(t, open, opts, false)
+}
+
+// testRegisterCloseUnderPeerReads checks that Close ends a peer's reads:
+// a peer reads registered memory (all 0xAA) over and over while the
+// registrant closes the registration and then clears the memory; no
+// read completes successfully with anything but 0xAA (the bus reads no
+// memory once Close has returned).
+func testRegisterCloseUnderPeerReads(t *testing.T, open Open, opts Options) {
+	testRegisterCloseUnderPeer(t, open, opts, true)
+}
+
+// testRegisterCloseUnderPeer is both: a peer's requests end successfully
+// or refused, and none reaches the memory after Close.
+func testRegisterCloseUnderPeer(t *testing.T, open Open, opts Options, read bool) {
+	size, trials, cmd, access, what := 1<<20, 8, "hammer", ub.AccessWrite, "writes"
+	if read {
+		// Longer requests, more trials: a read reaching the memory
+		// after Close shows only once the memory changed.
+		size, trials, cmd, access, what = 4<<20, 24, "readhammer", ub.AccessRead, "reads"
+	}
 	l := newLocal(t, open, ub.ReliableMessage)
 	mem := opts.memory(t, size)
 	if len(mem) < size {
@@ -130,8 +150,14 @@ func testRegisterCloseUnderWrites(t *testing.T, open Open, opts Options) {
 	mem = mem[:size]
 	p := startPeer(t)
 	for trial := range trials {
-		clear(mem)
-		seg, err := l.c.RegisterSegment(mem, ub.SegmentConfig{Access: ub.AccessWrite, Token: peerToken})
+		fill := byte(0)
+		if read {
+			fill = 0xAA
+		}
+		for i := range mem {
+			mem[i] = fill
+		}
+		seg, err := l.c.RegisterSegment(mem, ub.SegmentConfig{Access: access, Token: peerToken})
 		if err != nil {
 			t.Fatalf("RegisterSegment: %v", err)
 		}
@@ -140,12 +166,12 @@ func testRegisterCloseUnderWrites(t *testing.T, open Open, opts Options) {
 			t.Fatal(err)
 		}
 		var started string
-		p.do(&started, "hammer", uint32(peerToken), 0, size, string(d))
+		p.do(&started, cmd, uint32(peerToken), 0, size, string(d))
 		if started != "" {
-			t.Fatalf("the peer's writes did not start: %s", started)
+			t.Fatalf("the peer's %s did not start: %s", what, started)
 		}
 		if err := seg.Close(); err != nil {
-			t.Fatalf("Close under a peer's writes: %v", err)
+			t.Fatalf("Close under a peer's %s: %v", what, err)
 		}
 		clear(mem) // the caller's again
 		var statuses map[string]int
@@ -155,52 +181,7 @@ func testRegisterCloseUnderWrites(t *testing.T, open Open, opts Options) {
 		}
 		for st, n := range statuses {
 			if st != ub.StatusSuccess.String() && st != ub.StatusNoPermission.String() {
-				t.Errorf("trial %d: %d writes ended with %q", trial, n, st)
-			}
-		}
-	}
-}
-
-// testRegisterCloseUnderPeerReads checks that Close ends a peer's reads:
-// a peer reads registered memory (4 MiB, all 0xAA) over and over while
-// the registrant closes the registration and then clears the memory; no
-// read completes successfully with anything but 0xAA (the bus reads no
-// memory once Close has returned), and each ends successfully or refused.
-func testRegisterCloseUnderPeerReads(t *testing.T, open Open, opts Options) {
-	const size, trials = 4 << 20, 8
-	l := newLocal(t, open, ub.ReliableMessage)
-	mem := opts.memory(t, size)
-	if len(mem) < size {
-		t.Fatalf("Options.Memory gave %d bytes, want %d", len(mem), size)
-	}
-	mem = mem[:size]
-	p := startPeer(t)
-	for trial := range trials {
-		for i := range mem {
-			mem[i] = 0xAA
-		}
-		seg, err := l.c.RegisterSegment(mem, ub.SegmentConfig{Access: ub.AccessRead, Token: peerToken})
-		if err != nil {
-			t.Fatalf("RegisterSegment: %v", err)
-		}
-		d, err := json.Marshal(seg.Desc())
-		if err != nil {
-			t.Fatal(err)
-		}
-		var started string
-		p.do(&started, "readhammer", uint32(peerToken), 0, size, string(d))
-		if started != "" {
-			t.Fatalf("the peer's reads did not start: %s", started)
-		}
-		if err := seg.Close(); err != nil {
-			t.Fatalf("Close under a peer's reads: %v", err)
-		}
-		clear(mem) // the caller's again
-		var statuses map[string]int
-		p.do(&statuses, "stophammer")
-		for st, n := range statuses {
-			if st != ub.StatusSuccess.String() && st != ub.StatusNoPermission.String() {
-				t.Errorf("trial %d: %d reads ended with %q (\"other bytes\": read after Close returned)", trial, n, st)
+				t.Errorf("trial %d: %d %s ended with %q (\"other bytes\": a read after Close returned)", trial, n, what, st)
 			}
 		}
 	}
@@ -234,13 +215,14 @@ func testRegisterCloseUnderReads(t *testing.T, open Open, opts Options) {
 		if err != nil {
 			t.Fatalf("RegisterSegment: %v", err)
 		}
-		started, halt := make(chan struct{}), make(chan struct{})
+		started, halt, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 		statuses := map[ub.Status]int{}
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() {
 			// Eight reads always in flight: Close meets them mid-way.
 			defer wg.Done()
+			defer close(done)
 			comp := make([]ub.Completion, 1)
 			post := func(i int) bool {
 				wr := ub.WR{Op: ub.OpRead, Local: ub.Local{Seg: seg, Offset: i % 4 * n, Len: n}, Remote: ub.Remote{Seg: r}}
@@ -276,7 +258,11 @@ func testRegisterCloseUnderReads(t *testing.T, open Open, opts Options) {
 				inFlight++
 			}
 		}()
-		<-started
+		select {
+		case <-started:
+		case <-done:
+			t.Fatal("the reads failed before the first completed")
+		}
 		if err := seg.Close(); err != nil {
 			t.Fatalf("Close under reads into it: %v", err)
 		}

@@ -243,7 +243,6 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 	}
 	j.mu.Unlock()
 	used := map[*conn]bool{}
-	j.c.mem.RLock() // payloads are read from segments as they are sent
 	for _, p := range ps {
 		if st := j.start(p, used); st != ub.StatusSuccess {
 			j.mu.Lock()
@@ -251,7 +250,6 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 			j.mu.Unlock()
 		}
 	}
-	j.c.mem.RUnlock()
 	for cn := range used {
 		cn.flush()
 	}
@@ -259,22 +257,58 @@ func (j *jetty) PostSend(wrs []ub.WR) (int, error) {
 	return len(wrs), nil
 }
 
-// start checks a request and hands it to the connection to its peer.
+// start checks a request and hands it to the connection to its peer. A
+// payload goes from its segment to the socket with the segment pinned,
+// not under c.mem: a peer that stops reading holds up no one else.
 func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
+	j.c.mem.RLock()
+	req, addr, src, st := j.prepare(p)
+	j.c.mem.RUnlock()
+	if st != ub.StatusSuccess {
+		return st
+	}
+	if len(req.payload) > maxFrame-reqHeader || (req.op == opRead && req.n > maxFrame-respHeader) {
+		return ub.StatusLocalLength // larger than a frame may be
+	}
+	cn, err := j.c.dial(addr)
+	if err != nil {
+		return ub.StatusPeerDead
+	}
+	if src != nil {
+		j.c.mem.RLock()
+		ok := src.pin(cn.nc)
+		j.c.mem.RUnlock()
+		if !ok {
+			return ub.StatusLocalLength // closed meanwhile
+		}
+		defer src.unpin(cn.nc)
+		if h := j.c.opt.pinned; h != nil {
+			h()
+		}
+	}
+	if !cn.send(p, &req, src) {
+		return ub.StatusPeerDead
+	}
+	used[cn] = true
+	return ub.StatusSuccess
+}
+
+// prepare checks a request and makes its wire request, addressed to addr;
+// src is the segment its payload is in. The caller holds c.mem for
+// reading.
+func (j *jetty) prepare(p *pending) (req request, addr string, src *segment, st ub.Status) {
 	wr := &p.wr
-	req := request{}
-	var addr string
 	switch wr.Op {
 	case ub.OpWrite, ub.OpWriteImm, ub.OpRead, ub.OpCAS, ub.OpFetchAdd:
 		if j.cfg.Mode == ub.Unreliable {
-			return ub.StatusUnsupported
+			return req, addr, nil, ub.StatusUnsupported
 		}
 		r, ok := wr.Remote.Seg.(*remoteSegment)
 		if !ok {
-			return ub.StatusUnsupported
+			return req, addr, nil, ub.StatusUnsupported
 		}
 		if wr.Remote.Offset < 0 {
-			return ub.StatusOutOfBounds
+			return req, addr, nil, ub.StatusOutOfBounds
 		}
 		addr = r.addr
 		req = request{token: uint32(r.token), object: r.id, offset: uint64(wr.Remote.Offset)}
@@ -282,16 +316,16 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 		case ub.OpWrite, ub.OpWriteImm:
 			buf, st := j.local(wr.Local)
 			if st != ub.StatusSuccess {
-				return st
+				return req, addr, nil, st
 			}
 			req.op, req.payload = opWrite, buf
 			if wr.Op == ub.OpWriteImm {
 				t, st := j.bind.Target(wr.Target)
 				if st != ub.StatusSuccess {
-					return st
+					return req, addr, nil, st
 				}
 				if t.addr != r.addr {
-					return ub.StatusUnsupported // the notification must go where the data goes
+					return req, addr, nil, ub.StatusUnsupported // the notification must go where the data goes
 				}
 				// n carries the jetty's token: the segment's may differ.
 				req.op, req.a, req.b, req.n = opWriteImm, uint64(t.id), wr.Imm, uint32(t.token)
@@ -300,7 +334,7 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 		case ub.OpRead:
 			buf, st := j.local(wr.Local)
 			if st != ub.StatusSuccess {
-				return st
+				return req, addr, nil, st
 			}
 			req.op, req.n, p.into, p.seg = opRead, uint32(len(buf)), buf, wr.Local.Seg.(*segment)
 			p.comp.Len = len(buf)
@@ -310,7 +344,7 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 				l.Len = 8
 				buf, st := j.local(l)
 				if st != ub.StatusSuccess {
-					return st
+					return req, addr, nil, st
 				}
 				p.into, p.seg = buf, l.Seg.(*segment)
 			}
@@ -323,14 +357,14 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 	case ub.OpSend, ub.OpSendImm:
 		buf, st := j.local(wr.Local)
 		if st != ub.StatusSuccess {
-			return st
+			return req, addr, nil, st
 		}
 		if len(buf) > j.cfg.MaxMessage {
-			return ub.StatusLocalLength
+			return req, addr, nil, ub.StatusLocalLength
 		}
 		t, st := j.bind.Target(wr.Target)
 		if st != ub.StatusSuccess {
-			return st
+			return req, addr, nil, st
 		}
 		addr = t.addr
 		req = request{op: opSend, token: uint32(t.token), object: t.id, payload: buf, a: wr.Imm}
@@ -342,20 +376,12 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 		}
 		p.comp.Len = len(buf)
 	default:
-		return ub.StatusUnsupported
+		return req, addr, nil, ub.StatusUnsupported
 	}
-	if len(req.payload) > maxFrame-reqHeader || (req.op == opRead && req.n > maxFrame-respHeader) {
-		return ub.StatusLocalLength // larger than a frame may be
+	if req.payload != nil {
+		src = wr.Local.Seg.(*segment)
 	}
-	cn, err := j.c.dial(addr)
-	if err != nil {
-		return ub.StatusPeerDead
-	}
-	if !cn.send(p, &req) {
-		return ub.StatusPeerDead
-	}
-	used[cn] = true
-	return ub.StatusSuccess
+	return req, addr, src, ub.StatusSuccess
 }
 
 // complete moves finished requests from the front of the order to the CQ.
@@ -406,12 +432,32 @@ type pending struct {
 	done bool
 }
 
-// pin keeps the memory a Read's data goes into for the socket read that
-// fills it; false if its segment is closed.
-func (p *pending) pin(nc net.Conn) bool {
-	p.j.c.mem.RLock()
-	defer p.j.c.mem.RUnlock()
-	return p.seg.pin(nc)
+// fill reads a Read's data from r into place, pinning its segment for
+// each piece of at most pinChunk. Should the segment close meanwhile, the
+// rest of the data is read and dropped (the connection stays in step) and
+// filled is false.
+func (p *pending) fill(r io.Reader, nc net.Conn) (filled bool, err error) {
+	for off := 0; off < len(p.into); {
+		p.j.c.mem.RLock()
+		ok := p.seg.pin(nc)
+		p.j.c.mem.RUnlock()
+		if !ok {
+			_, err := io.CopyN(io.Discard, r, int64(len(p.into)-off))
+			return false, err
+		}
+		if h := p.j.c.opt.pinned; h != nil {
+			h()
+		}
+		k := min(len(p.into)-off, pinChunk)
+		_, err := io.ReadFull(r, p.into[off:off+k])
+		p.seg.moved.Add(uint64(k))
+		p.seg.unpin(nc)
+		if err != nil {
+			return false, err
+		}
+		off += k
+	}
+	return true, nil
 }
 
 // finish records the peer's answer and lets the jetty release completions;
@@ -452,6 +498,7 @@ type conn struct {
 	mu      sync.Mutex
 	queue   []*pending
 	broken  bool
+	failed  ub.Status // what fail gave the requests in flight
 }
 
 // dial returns the connection to addr, opening it if needed.
@@ -514,8 +561,9 @@ func (cn *conn) isBroken() bool {
 }
 
 // send queues p and writes its request. Once queued, p completes through
-// the queue: by its answer, or by fail if the connection breaks.
-func (cn *conn) send(p *pending, req *request) bool {
+// the queue: by its answer, or by fail if the connection breaks. src, if
+// not nil, is the segment the payload is in, pinned by the caller.
+func (cn *conn) send(p *pending, req *request, src *segment) bool {
 	cn.wmu.Lock()
 	defer cn.wmu.Unlock()
 	cn.mu.Lock()
@@ -527,9 +575,9 @@ func (cn *conn) send(p *pending, req *request) bool {
 	cn.mu.Unlock()
 	cn.scratch = req.appendHeader(cn.scratch[:0])
 	_, err := cn.w.Write(cn.scratch)
-	if err == nil {
+	if err == nil && src != nil {
 		// A large payload goes straight from the segment to the socket.
-		_, err = cn.w.Write(req.payload)
+		err = src.write(cn.w, req.payload)
 	}
 	if err != nil {
 		// The reader sees the closed connection and fails the queue.
@@ -570,24 +618,21 @@ func (cn *conn) readLoop() {
 		p := cn.queue[0]
 		cn.queue = cn.queue[1:]
 		cn.mu.Unlock()
+		// p is off the queue: a failure from here on finishes it here.
 		size := n - respHeader
-		if resp.status == uint8(ub.StatusSuccess) && p.wr.Op == ub.OpRead && size == len(p.into) && p.pin(cn.nc) {
+		if resp.status == uint8(ub.StatusSuccess) && p.wr.Op == ub.OpRead && size == len(p.into) {
 			// A Read's data goes from the socket straight into place.
-			if h := p.j.c.opt.pinned; h != nil {
-				h()
-			}
-			_, err := io.ReadFull(r, p.into)
-			p.seg.unpin(cn.nc)
+			filled, err := p.fill(r, cn.nc)
 			if err != nil {
-				p.finish(ub.StatusPeerDead, 0, nil, false)
+				p.finish(cn.failure(p), 0, nil, false)
 				cn.fail(ub.StatusPeerDead)
 				return
 			}
-			p.finish(ub.StatusSuccess, 0, nil, true)
+			p.finish(ub.StatusSuccess, 0, nil, filled)
 			continue
 		}
 		if buf, err = readBody(r, buf, size); err != nil {
-			p.finish(ub.StatusPeerDead, 0, nil, false)
+			p.finish(cn.failure(p), 0, nil, false)
 			cn.fail(ub.StatusPeerDead)
 			return
 		}
@@ -595,10 +640,32 @@ func (cn *conn) readLoop() {
 	}
 }
 
+// failure is the status of p, taken off the queue, when the connection
+// broke under its answer: the closed local segment's, else what fail
+// gave the rest (Flushed when the context closed), else StatusPeerDead.
+func (cn *conn) failure(p *pending) ub.Status {
+	if p.into != nil {
+		p.j.c.mem.RLock()
+		closed := p.seg.closed
+		p.j.c.mem.RUnlock()
+		if closed {
+			return ub.StatusLocalLength
+		}
+	}
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	if cn.broken {
+		return cn.failed
+	}
+	return ub.StatusPeerDead
+}
+
 // fail closes the connection and completes everything in flight on it.
 func (cn *conn) fail(status ub.Status) {
 	cn.mu.Lock()
-	cn.broken = true
+	if !cn.broken {
+		cn.broken, cn.failed = true, status
+	}
 	q := cn.queue
 	cn.queue = nil
 	cn.mu.Unlock()

@@ -14,9 +14,70 @@ import (
 // openPinWatched opens a context whose pins are announced on the channel
 // it returns.
 func openPinWatched(t *testing.T) (*Context, chan struct{}) {
-	pins := make(chan struct{}, 16)
-	c := openWith(t, options{connsPerSource: maxConnsPerSource, conns: maxConns, pinned: func() { pins <- struct{}{} }})
+	pins := make(chan struct{}, 1)
+	c := openWith(t, options{connsPerSource: maxConnsPerSource, conns: maxConns, pinned: func() {
+		select {
+		case pins <- struct{}{}:
+		default:
+		}
+	}})
 	return c, pins
+}
+
+// stalling is a context with a jetty and a segment of a peer that the
+// test plays with serve, on the one connection the context makes to it.
+type stalling struct {
+	c    *Context
+	pins chan struct{} // a pin was taken
+	r    ub.RemoteSegment
+	cq   ub.CQ
+	j    ub.Jetty
+}
+
+func newStalling(t *testing.T, size int, serve func(nc net.Conn)) *stalling {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		nc, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		serve(nc)
+	}()
+	st := &stalling{}
+	st.c, st.pins = openPinWatched(t)
+	if st.r, err = st.c.ImportSegment(ub.SegmentDesc{Provider: Name, Name: l.Addr().String() + "/s1", Size: size}, 1); err != nil {
+		t.Fatal(err)
+	}
+	if st.cq, err = st.c.NewCQ(ub.CQConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if st.j, err = st.c.NewJetty(ub.JettyConfig{SendCQ: st.cq, RecvCQ: st.cq}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// failed waits for the one completion, failing the test unless it failed
+// with status want (any status but success for want StatusSuccess).
+func (st *stalling) failed(t *testing.T, what string, want ub.Status) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	if err := st.cq.Wait(ctx); err != nil {
+		t.Fatalf("the stalled %s did not complete: %v", what, err)
+	}
+	comp := make([]ub.Completion, 1)
+	n, _ := st.cq.Poll(comp)
+	got := comp[0].Status
+	if n != 1 || got == ub.StatusSuccess || (want != ub.StatusSuccess && got != want) {
+		t.Fatalf("the stalled %s completed %d times, status %v; want a failure (%v)", what, n, comp[0].Status, want)
+	}
 }
 
 // closeWithin closes seg, failing the test if Close has not returned
@@ -35,15 +96,15 @@ func closeWithin(t *testing.T, seg ub.Segment) {
 	}
 }
 
-// TestStalledReaderDoesNotHoldClose: a peer asks for a 32 MiB read of a
-// registered segment and stops reading the answer a few bytes in, so the
-// server is blocked writing it straight from the memory. Close of the
-// registration still returns (breaking that connection after
-// drainGrace), the peer's stream ends short, and the memory is the
-// caller's again.
+// TestStalledReaderDoesNotHoldClose: a peer asks for a 64 MiB read of a
+// registered segment (more than any socket buffers hold) and does not
+// read the answer, so the server is blocked writing it straight from the
+// memory. Close of the registration still returns (breaking that
+// connection once it moved nothing for drainGrace), and the peer's
+// stream ends short.
 func TestStalledReaderDoesNotHoldClose(t *testing.T) {
 	c, pins := openPinWatched(t)
-	const size = 32 << 20
+	const size = maxFrame - respHeader
 	mem := make([]byte, size)
 	seg, err := c.RegisterSegment(mem, ub.SegmentConfig{Access: ub.AccessRead, Token: 7})
 	if err != nil {
@@ -71,58 +132,78 @@ func TestStalledReaderDoesNotHoldClose(t *testing.T) {
 
 // TestStalledAnswerDoesNotHoldClose: a peer answers a 1 MiB Read with
 // its header and 100 bytes, then stalls. Close of the registration the
-// data goes into still returns (breaking the connection after
-// drainGrace), and the Read completes as failed.
+// data goes into still returns (breaking the connection once nothing
+// moved for drainGrace), and the Read completes with StatusLocalLength,
+// as every request whose local buffer was closed under it.
 func TestStalledAnswerDoesNotHoldClose(t *testing.T) {
 	const size = 1 << 20
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		nc, err := l.Accept()
-		if err != nil {
-			return
-		}
-		defer nc.Close()
+	st := newStalling(t, size, func(nc net.Conn) {
 		if _, err := readFrame(nc, nil, reqHeader); err != nil {
 			return
 		}
 		nc.Write(appendResponseHeader(nil, uint8(ub.StatusSuccess), 0, size))
 		nc.Write(make([]byte, 100))
 		io.Copy(io.Discard, nc) // stalls: reads until the client hangs up
-	}()
-	c, pins := openPinWatched(t)
-	mem := make([]byte, size)
-	seg, err := c.RegisterSegment(mem, ub.SegmentConfig{})
+	})
+	seg, err := st.c.RegisterSegment(make([]byte, size), ub.SegmentConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := c.ImportSegment(ub.SegmentDesc{Provider: Name, Name: l.Addr().String() + "/s1", Size: size}, 1)
-	if err != nil {
+	if _, err := st.j.PostSend([]ub.WR{{Op: ub.OpRead, Local: ub.Local{Seg: seg, Len: size}, Remote: ub.Remote{Seg: st.r}}}); err != nil {
 		t.Fatal(err)
 	}
-	cq, err := c.NewCQ(ub.CQConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	j, err := c.NewJetty(ub.JettyConfig{SendCQ: cq, RecvCQ: cq})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := j.PostSend([]ub.WR{{Op: ub.OpRead, Local: ub.Local{Seg: seg, Len: size}, Remote: ub.Remote{Seg: r}}}); err != nil {
-		t.Fatal(err)
-	}
-	<-pins // the client is reading the data into mem
+	<-st.pins // the client is reading the data into place
 	closeWithin(t, seg)
-	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
-	defer cancel()
-	if err := cq.Wait(ctx); err != nil {
-		t.Fatalf("the stalled Read did not complete: %v", err)
+	st.failed(t, "Read", ub.StatusLocalLength)
+}
+
+// TestStalledWriteDoesNotWedgeContext: a Write of 64 MiB to a peer that
+// never reads blocks its PostSend in the socket write, with its source
+// segment pinned. Meanwhile the context serves others (a segment of its
+// own is read and closed at once), and Close of the source returns,
+// breaking that connection once nothing moved for drainGrace, which ends
+// the PostSend; the Write completes as failed.
+func TestStalledWriteDoesNotWedgeContext(t *testing.T) {
+	const size = maxFrame - reqHeader
+	held := make(chan struct{})
+	defer close(held)
+	st := newStalling(t, size, func(net.Conn) { <-held }) // never reads
+	src, err := st.c.RegisterSegment(make([]byte, size), ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	comp := make([]ub.Completion, 1)
-	if n, _ := cq.Poll(comp); n != 1 || comp[0].Status == ub.StatusSuccess {
-		t.Fatalf("the stalled Read completed %d times, status %v; want a failure", n, comp[0].Status)
+	posted := make(chan error, 1)
+	go func() {
+		_, err := st.j.PostSend([]ub.WR{{Op: ub.OpWrite, Local: ub.Local{Seg: src, Len: size}, Remote: ub.Remote{Seg: st.r}}})
+		posted <- err
+	}()
+	<-st.pins // the payload is being written from src
+
+	// Others are served meanwhile, and an unrelated Close is not held.
+	other, err := st.c.AllocSegment(4096, ub.SegmentConfig{Access: ub.AccessRead, Token: 9})
+	if err != nil {
+		t.Fatal(err)
 	}
+	rc := dialRaw(t, st.c.Addr())
+	if err := rc.write(request{op: opRead, token: 9, object: other.(*segment).id, n: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := rc.read(); err != nil || ub.Status(resp.status) != ub.StatusSuccess {
+		t.Fatalf("a read from another peer during the stalled Write: %v, %v", ub.Status(resp.status), err)
+	}
+	closeWithin(t, other)
+
+	closeWithin(t, src)
+	select {
+	case err := <-posted:
+		if err != nil {
+			t.Fatalf("PostSend: %v", err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("PostSend of the stalled Write did not return after its source closed")
+	}
+	st.failed(t, "Write", ub.StatusSuccess)
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/fdlimit"
@@ -100,8 +101,10 @@ type Context struct {
 	done chan struct{} // closed by Close
 	// fails is what requests failing authorization cost their sources.
 	fails failLimiter
-	// mem guards every segment's mapping: accesses hold it for reading,
-	// unmapping for writing, so memory is never unmapped under a copy.
+	// mem guards every segment's closed flag: accesses hold it for
+	// reading while they copy, or while they pin the segment for socket
+	// I/O; a segment's Close takes it for writing to set the flag, then
+	// waits for the pins (segment.drain) before the memory goes.
 	mem sync.RWMutex
 
 	mu      sync.Mutex
@@ -221,18 +224,26 @@ type segment struct {
 
 	// pinned counts, by connection, the socket reads and writes in
 	// progress straight into or out of the memory without c.mem (so that
-	// a slow peer holds up no one else). Close waits for them, breaking
-	// the connections of those that take longer than drainGrace.
+	// a slow peer holds up no one else); moved counts their bytes. Close
+	// waits for them, breaking the connections of those that move nothing
+	// for drainGrace.
 	pinMu   sync.Mutex
 	pinned  map[net.Conn]int
-	drained chan struct{} // made by Close, closed once pinned is empty
+	drained chan struct{} // made by drain, closed once pinned is empty
+	moved   atomic.Uint64
+	// closeDone is made by the first Close (under c.mem) and closed as it
+	// returns: a concurrent Close waits for it.
+	closeDone chan struct{}
 }
 
-// drainGrace is how long Close waits for socket I/O on a segment's memory
-// before it breaks the connections doing it: far longer than a healthy
-// peer takes for a frame, short enough that a peer which stopped reading
-// holds up Close only that long.
-const drainGrace = time.Second
+// drainGrace is how long a segment's Close waits for socket I/O on its
+// memory that makes no progress before it breaks the connections doing
+// it; pinChunk is the most a pinned socket read or write moves at once,
+// so progress shows at least every pinChunk bytes.
+const (
+	drainGrace = time.Second
+	pinChunk   = 1 << 20
+)
 
 // pin keeps s's memory for socket I/O on nc outside c.mem, until unpin;
 // false if s is closed. The caller holds c.mem for reading.
@@ -261,8 +272,23 @@ func (s *segment) unpin(nc net.Conn) {
 	s.pinMu.Unlock()
 }
 
+// write writes b, memory of s that the caller pinned, to w in pieces of at
+// most pinChunk, counting them as progress.
+func (s *segment) write(w io.Writer, b []byte) error {
+	for len(b) > 0 {
+		k := min(len(b), pinChunk)
+		if _, err := w.Write(b[:k]); err != nil {
+			return err
+		}
+		s.moved.Add(uint64(k))
+		b = b[k:]
+	}
+	return nil
+}
+
 // drain waits until the I/O that pinned s is done, breaking its
-// connections after drainGrace. s is closed, so nothing pins it again.
+// connections once it moved nothing for drainGrace. s is closed, so
+// nothing pins it again.
 func (s *segment) drain() {
 	s.pinMu.Lock()
 	if len(s.pinned) == 0 {
@@ -274,14 +300,20 @@ func (s *segment) drain() {
 	s.pinMu.Unlock()
 	t := time.NewTimer(drainGrace)
 	defer t.Stop()
-	select {
-	case <-done:
-		return
-	case <-t.C:
+	for last := s.moved.Load(); ; last = s.moved.Load() {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		if s.moved.Load() == last {
+			break // stalled
+		}
+		t.Reset(drainGrace)
 	}
 	s.pinMu.Lock()
 	for nc := range s.pinned {
-		nc.Close() // the read or write blocked on a slow peer returns
+		nc.Close() // the read or write blocked on a stalled peer returns
 	}
 	s.pinMu.Unlock()
 	<-done
@@ -324,10 +356,14 @@ func (s *segment) Desc() ub.SegmentDesc {
 func (s *segment) Close() error {
 	s.c.mem.Lock()
 	if s.closed {
+		done := s.closeDone
 		s.c.mem.Unlock()
+		<-done // the first Close's drain and unmapping
 		return nil
 	}
 	s.closed = true
+	s.closeDone = make(chan struct{})
+	defer close(s.closeDone)
 	s.c.mu.Lock()
 	delete(s.c.segs, s.id)
 	s.c.objects.Remove(s)
@@ -472,11 +508,11 @@ func (c *Context) serve(nc net.Conn, src netip.Prefix) {
 			// should it be, the answer is the closed segment's.
 			status, payload, from = ub.StatusNoPermission, nil, nil
 		}
+		out = appendResponseHeader(out[:0], uint8(status), value, len(payload))
+		c.mem.RUnlock()
 		if from != nil && c.opt.pinned != nil {
 			c.opt.pinned()
 		}
-		out = appendResponseHeader(out[:0], uint8(status), value, len(payload))
-		c.mem.RUnlock()
 		if denied {
 			c.log.Debug("tcpprov: denied a request", "addr", c.addr, "from", nc.RemoteAddr().String(), "status", status.String())
 			if d := c.fails.fail(src, time.Now()); d > 0 {
@@ -491,7 +527,7 @@ func (c *Context) serve(nc net.Conn, src netip.Prefix) {
 			// A Read's data goes from the segment to the socket (a large
 			// one without a copy); until it is out, s stays pinned.
 			if err == nil {
-				_, err = w.Write(payload)
+				err = from.write(w, payload)
 			}
 			from.unpin(nc)
 		}
