@@ -274,20 +274,8 @@ func (j *jetty) start(p *pending, used map[*conn]bool) ub.Status {
 	if err != nil {
 		return ub.StatusPeerDead
 	}
-	if src != nil {
-		j.c.mem.RLock()
-		ok := src.pin(cn.nc)
-		j.c.mem.RUnlock()
-		if !ok {
-			return ub.StatusLocalLength // closed meanwhile
-		}
-		defer src.unpin(cn.nc)
-		if h := j.c.opt.pinned; h != nil {
-			h()
-		}
-	}
-	if !cn.send(p, &req, src) {
-		return ub.StatusPeerDead
+	if st := cn.send(p, &req, src); st != ub.StatusSuccess {
+		return st
 	}
 	used[cn] = true
 	return ub.StatusSuccess
@@ -380,6 +368,7 @@ func (j *jetty) prepare(p *pending) (req request, addr string, src *segment, st 
 	}
 	if req.payload != nil {
 		src = wr.Local.Seg.(*segment)
+		p.seg = src
 	}
 	return req, addr, src, ub.StatusSuccess
 }
@@ -450,7 +439,7 @@ func (p *pending) fill(r io.Reader, nc net.Conn) (filled bool, err error) {
 		}
 		k := min(len(p.into)-off, pinChunk)
 		_, err := io.ReadFull(r, p.into[off:off+k])
-		p.seg.moved.Add(uint64(k))
+		p.seg.progress(nc, k)
 		p.seg.unpin(nc)
 		if err != nil {
 			return false, err
@@ -466,9 +455,14 @@ func (p *pending) finish(status ub.Status, value uint64, payload []byte, filled 
 	p.j.c.mem.RLock()
 	p.j.mu.Lock()
 	p.comp.Status, p.comp.Value = status, value
-	if status == ub.StatusSuccess && p.into != nil && p.seg.closed {
-		p.comp.Status = ub.StatusLocalLength // the local segment went away
-	} else if status == ub.StatusSuccess && p.into != nil && !filled {
+	closed := p.seg != nil && p.seg.closed
+	switch {
+	case closed && (status != ub.StatusSuccess || p.into != nil):
+		// The local segment went away: a failure is its doing (its Close
+		// may have broken the connection), and what an answer brought
+		// has nowhere to go.
+		p.comp.Status = ub.StatusLocalLength
+	case status == ub.StatusSuccess && p.into != nil && !filled:
 		if p.wr.Op == ub.OpRead {
 			if len(payload) != len(p.into) {
 				p.comp.Status = ub.StatusRemoteLength
@@ -560,16 +554,35 @@ func (cn *conn) isBroken() bool {
 	return cn.broken
 }
 
-// send queues p and writes its request. Once queued, p completes through
-// the queue: by its answer, or by fail if the connection breaks. src, if
-// not nil, is the segment the payload is in, pinned by the caller.
-func (cn *conn) send(p *pending, req *request, src *segment) bool {
+// send queues p and writes its request; once queued (StatusSuccess), p
+// completes through the queue: by its answer, or by fail if the
+// connection breaks. src, if not nil, is the segment the payload is in:
+// pinned for the write once it is this request's turn on the connection
+// (a pin waiting its turn would look stalled to src's Close), and
+// StatusLocalLength if it closed before.
+func (cn *conn) send(p *pending, req *request, src *segment) ub.Status {
+	c := p.j.c
+	if c.opt.sending != nil {
+		c.opt.sending()
+	}
 	cn.wmu.Lock()
 	defer cn.wmu.Unlock()
+	if src != nil {
+		c.mem.RLock()
+		ok := src.pin(cn.nc)
+		c.mem.RUnlock()
+		if !ok {
+			return ub.StatusLocalLength
+		}
+		defer src.unpin(cn.nc)
+		if c.opt.pinned != nil {
+			c.opt.pinned()
+		}
+	}
 	cn.mu.Lock()
 	if cn.broken {
 		cn.mu.Unlock()
-		return false
+		return ub.StatusPeerDead
 	}
 	cn.queue = append(cn.queue, p)
 	cn.mu.Unlock()
@@ -577,13 +590,13 @@ func (cn *conn) send(p *pending, req *request, src *segment) bool {
 	_, err := cn.w.Write(cn.scratch)
 	if err == nil && src != nil {
 		// A large payload goes straight from the segment to the socket.
-		err = src.write(cn.w, req.payload)
+		err = src.write(cn.w, cn.nc, req.payload)
 	}
 	if err != nil {
 		// The reader sees the closed connection and fails the queue.
 		cn.nc.Close()
 	}
-	return true
+	return ub.StatusSuccess
 }
 
 func (cn *conn) flush() {
@@ -624,7 +637,7 @@ func (cn *conn) readLoop() {
 			// A Read's data goes from the socket straight into place.
 			filled, err := p.fill(r, cn.nc)
 			if err != nil {
-				p.finish(cn.failure(p), 0, nil, false)
+				p.finish(cn.failure(), 0, nil, false)
 				cn.fail(ub.StatusPeerDead)
 				return
 			}
@@ -632,7 +645,7 @@ func (cn *conn) readLoop() {
 			continue
 		}
 		if buf, err = readBody(r, buf, size); err != nil {
-			p.finish(cn.failure(p), 0, nil, false)
+			p.finish(cn.failure(), 0, nil, false)
 			cn.fail(ub.StatusPeerDead)
 			return
 		}
@@ -640,18 +653,11 @@ func (cn *conn) readLoop() {
 	}
 }
 
-// failure is the status of p, taken off the queue, when the connection
-// broke under its answer: the closed local segment's, else what fail
-// gave the rest (Flushed when the context closed), else StatusPeerDead.
-func (cn *conn) failure(p *pending) ub.Status {
-	if p.into != nil {
-		p.j.c.mem.RLock()
-		closed := p.seg.closed
-		p.j.c.mem.RUnlock()
-		if closed {
-			return ub.StatusLocalLength
-		}
-	}
+// failure is the status of a request taken off the queue when the
+// connection broke under its answer: what fail gave the rest (Flushed
+// when the context closed), else StatusPeerDead. (finish makes it
+// StatusLocalLength if the request's local segment closed.)
+func (cn *conn) failure() ub.Status {
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
 	if cn.broken {

@@ -1,6 +1,7 @@
 package tcpprov
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -96,65 +97,212 @@ func closeWithin(t *testing.T, seg ub.Segment) {
 	}
 }
 
-// TestStalledReaderDoesNotHoldClose: a peer asks for a 64 MiB read of a
-// registered segment (more than any socket buffers hold) and does not
-// read the answer, so the server is blocked writing it straight from the
-// memory. Close of the registration still returns (breaking that
-// connection once it moved nothing for drainGrace), and the peer's
-// stream ends short.
-func TestStalledReaderDoesNotHoldClose(t *testing.T) {
-	c, pins := openPinWatched(t)
-	const size = maxFrame - respHeader
-	mem := make([]byte, size)
+// filledSegment registers size bytes of 0xAA for reading with token 7.
+func filledSegment(t *testing.T, c *Context, size int) ([]byte, *segment) {
+	t.Helper()
+	mem := bytes.Repeat([]byte{0xAA}, size)
 	seg, err := c.RegisterSegment(mem, ub.SegmentConfig{Access: ub.AccessRead, Token: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mem, seg.(*segment)
+}
+
+// askRead is a raw peer that asked for a Read of seg's first n bytes.
+func askRead(t *testing.T, c *Context, seg *segment, n int) *rawConn {
+	t.Helper()
 	rc := dialRaw(t, c.Addr())
-	if err := rc.write(request{op: opRead, token: 7, object: seg.(*segment).id, n: size}); err != nil {
+	if err := rc.write(request{op: opRead, token: 7, object: seg.id, n: uint32(n)}); err != nil {
 		t.Fatal(err)
 	}
 	if err := rc.w.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	return rc
+}
+
+// readAnswer reads what is left of a Read's answer of n bytes on rc,
+// limited to rate bytes a second if rate > 0, checking every byte is
+// 0xAA; it returns the payload bytes read and what ended the reading.
+func readAnswer(t *testing.T, rc *rawConn, n, rate int) (int, error) {
+	t.Helper()
+	var hdr [4 + respHeader]byte
+	if _, err := io.ReadFull(rc.r, hdr[:]); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 64<<10)
+	got := 0
+	for got < n {
+		k, err := rc.r.Read(buf[:min(len(buf), n-got)])
+		if bytes.Count(buf[:k], []byte{0xAA}) != k {
+			t.Fatalf("the answer holds bytes other than the memory's before Close, at %d: it was read after Close returned", got)
+		}
+		got += k
+		if err != nil {
+			return got, err
+		}
+		if rate > 0 {
+			time.Sleep(time.Duration(k) * time.Second / time.Duration(rate)) // pacing: a slow link
+		}
+	}
+	return got, nil
+}
+
+// TestStalledReaderDoesNotHoldClose: a peer asks for a 64 MiB read of a
+// registered segment (0xAA) and does not read the answer, so the server
+// is blocked writing it straight from the memory (wherever socket buffers
+// hold less). Close of the registration still returns, breaking that
+// connection once it moved nothing for drainGrace; then the memory is
+// cleared, and whatever the peer got is the memory as it was before.
+func TestStalledReaderDoesNotHoldClose(t *testing.T) {
+	c, pins := openPinWatched(t)
+	const size = maxFrame - respHeader
+	mem, seg := filledSegment(t, c, size)
+	rc := askRead(t, c, seg, size)
 	<-pins // the server is writing the answer from mem
 	closeWithin(t, seg)
 	clear(mem)
-	n, err := io.Copy(io.Discard, rc.r)
-	if n >= size {
-		t.Fatalf("the stalled peer got its whole answer (%d bytes) after Close", n)
-	}
+	n, err := readAnswer(t, rc, size, 0)
 	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
+	if n < size && errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("the stalled peer's connection stayed open after Close (%d bytes read): %v", n, err)
 	}
 }
 
-// TestStalledAnswerDoesNotHoldClose: a peer answers a 1 MiB Read with
-// its header and 100 bytes, then stalls. Close of the registration the
-// data goes into still returns (breaking the connection once nothing
-// moved for drainGrace), and the Read completes with StatusLocalLength,
-// as every request whose local buffer was closed under it.
+// TestStalledConnectionCutBesideAMovingOne: two peers ask for 32 MiB of a
+// registered segment; one stops reading, the other reads at 8 MiB/s (4
+// s). The segment's Close cuts the stalled connection while the moving
+// one still moves (its own progress is what counts), and waits for the
+// moving one, which gets its whole answer, all of it the memory before
+// Close.
+func TestStalledConnectionCutBesideAMovingOne(t *testing.T) {
+	c, pins := openPinWatched(t)
+	const size = 32 << 20
+	mem, seg := filledSegment(t, c, size)
+	stalled := askRead(t, c, seg, size)
+	<-pins
+	moving := askRead(t, c, seg, size)
+	<-pins
+	closed := make(chan error, 1)
+	go func() { closed <- seg.Close() }()
+	if n, err := readAnswer(t, moving, size, 8<<20); n != size {
+		t.Fatalf("the moving peer got %d bytes of %d: %v", n, size, err)
+	}
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("Close did not return")
+	}
+	clear(mem)
+	// The stalled one, read only now, was cut while the other moved.
+	if n, _ := readAnswer(t, stalled, size, 0); n == size {
+		t.Fatalf("the stalled connection was kept while another moved (it got all %d bytes once read)", n)
+	}
+}
+
+// TestStalledAnswerDoesNotHoldClose: a peer answers the first of two
+// 1 MiB Reads into one registration with its header and 100 bytes, then
+// stalls. Close of the registration still returns (breaking the
+// connection once nothing moved for drainGrace), and both Reads complete
+// with StatusLocalLength, as every request whose local buffer was closed
+// under it.
 func TestStalledAnswerDoesNotHoldClose(t *testing.T) {
 	const size = 1 << 20
 	st := newStalling(t, size, func(nc net.Conn) {
-		if _, err := readFrame(nc, nil, reqHeader); err != nil {
-			return
+		for range 2 {
+			if _, err := readFrame(nc, nil, reqHeader); err != nil {
+				return
+			}
 		}
 		nc.Write(appendResponseHeader(nil, uint8(ub.StatusSuccess), 0, size))
-		nc.Write(make([]byte, 100))
+		nc.Write(bytes.Repeat([]byte{0xAA}, 100))
 		io.Copy(io.Discard, nc) // stalls: reads until the client hangs up
 	})
-	seg, err := st.c.RegisterSegment(make([]byte, size), ub.SegmentConfig{})
+	seg, err := st.c.RegisterSegment(make([]byte, 2*size), ub.SegmentConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.j.PostSend([]ub.WR{{Op: ub.OpRead, Local: ub.Local{Seg: seg, Len: size}, Remote: ub.Remote{Seg: st.r}}}); err != nil {
-		t.Fatal(err)
+	for i := range 2 {
+		if _, err := st.j.PostSend([]ub.WR{{Op: ub.OpRead, Local: ub.Local{Seg: seg, Offset: i * size, Len: size}, Remote: ub.Remote{Seg: st.r}}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	<-st.pins // the client is reading the data into place
 	closeWithin(t, seg)
 	st.failed(t, "Read", ub.StatusLocalLength)
+	st.failed(t, "Read queued behind it", ub.StatusLocalLength)
+}
+
+// TestWaitingPinDoesNotCutAMovingPeer: a 24 MiB Write goes to a peer
+// that takes it at 8 MiB/s (3 s); a 4 KiB Write from another segment
+// from another jetty waits for its turn on the connection meanwhile, and that segment is
+// closed. The Close does not wait for the big Write (the small one had
+// not pinned its source yet) nor cut the connection: the big Write
+// succeeds and the small one completes with StatusLocalLength.
+func TestWaitingPinDoesNotCutAMovingPeer(t *testing.T) {
+	const size = 24 << 20
+	st := newStalling(t, size, func(nc net.Conn) {
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := readLength(nc, reqHeader)
+			for err == nil && n > 0 {
+				var k int
+				k, err = nc.Read(buf[:min(len(buf), n)])
+				n -= k
+				time.Sleep(time.Duration(k) * time.Second / (8 << 20)) // pacing: a slow link
+			}
+			if err != nil {
+				return
+			}
+			if _, err := nc.Write(appendResponse(nil, uint8(ub.StatusSuccess), 0, nil)); err != nil {
+				return
+			}
+		}
+	})
+	sending := make(chan struct{}, 4)
+	st.c.opt.sending = func() { sending <- struct{}{} }
+	big, err := st.c.RegisterSegment(make([]byte, size), ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := st.c.RegisterSegment(make([]byte, 4096), ub.SegmentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := st.c.NewJetty(ub.JettyConfig{SendCQ: st.cq, RecvCQ: st.cq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(j ub.Jetty, seg ub.Segment, n int) {
+		go func() {
+			if _, err := j.PostSend([]ub.WR{{Op: ub.OpWrite, UserCtx: uint64(n), Local: ub.Local{Seg: seg, Len: n}, Remote: ub.Remote{Seg: st.r}}}); err != nil {
+				t.Errorf("PostSend: %v", err)
+			}
+		}()
+	}
+	post(st.j, big, size)
+	<-sending
+	<-st.pins                // the big Write's payload is going out
+	post(other, small, 4096) // a jetty of its own: not behind the big one's PostSend
+	<-sending                // the small one waits for its turn
+	closeWithin(t, small)
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	comp := make([]ub.Completion, 2)
+	for got := 0; got < 2; {
+		if err := st.cq.Wait(ctx); err != nil {
+			t.Fatalf("the Writes did not complete: %v", err)
+		}
+		n, _ := st.cq.Poll(comp[got:])
+		got += n
+	}
+	status := map[uint64]ub.Status{comp[0].UserCtx: comp[0].Status, comp[1].UserCtx: comp[1].Status}
+	if status[size] != ub.StatusSuccess || status[4096] != ub.StatusLocalLength {
+		t.Fatalf("the big Write completed %v, the small one %v; want success and %v", status[size], status[4096], ub.StatusLocalLength)
+	}
 }
 
 // TestStalledWriteDoesNotWedgeContext: a Write of 64 MiB to a peer that

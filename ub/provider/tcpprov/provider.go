@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ubkit-io/ubkit/internal/fdlimit"
@@ -44,10 +43,12 @@ type options struct {
 	// Hooks for tests, nil in use: tarpitted runs as a connection starts
 	// to wait d out after a failure, servedChanged once a connection joined
 	// or left the served set, pinned once a segment is pinned for a socket
-	// write (of a Read's answer) or read (of a Read's data).
+	// write (of a Read's answer, of a payload) or read (of a Read's data),
+	// sending as a request is about to wait for its turn on its connection.
 	tarpitted     func(d time.Duration)
 	servedChanged func()
 	pinned        func()
+	sending       func()
 }
 
 func open(cfg ub.Config, opt options) (*Context, error) {
@@ -173,14 +174,20 @@ func (c *Context) Close() error {
 	close(c.done)
 	objs, conns := c.objects.Drain(), c.conns
 	c.conns = nil
+	served := make([]net.Conn, 0, len(c.served))
 	for nc := range c.served {
-		nc.Close()
+		served = append(served, nc)
 	}
 	c.mu.Unlock()
-	err := c.l.Close()
+	// Requests in flight are flushed before the served connections go
+	// (a context reading its own memory would see them go first).
 	for _, cn := range conns {
 		cn.fail(ub.StatusFlushed)
 	}
+	for _, nc := range served {
+		nc.Close()
+	}
+	err := c.l.Close()
 	// Nothing serves or answers any more: now memory can go.
 	c.wg.Wait()
 	var errs []error
@@ -222,27 +229,32 @@ type segment struct {
 	token  ub.Token
 	closed bool // guarded by c.mem
 
-	// pinned counts, by connection, the socket reads and writes in
+	// pinned holds, by connection, the socket reads and writes in
 	// progress straight into or out of the memory without c.mem (so that
-	// a slow peer holds up no one else); moved counts their bytes. Close
-	// waits for them, breaking the connections of those that move nothing
-	// for drainGrace.
+	// a slow peer holds up no one else), and the bytes each connection's
+	// moved. Close waits for them, breaking each connection that moved
+	// nothing for drainGrace.
 	pinMu   sync.Mutex
-	pinned  map[net.Conn]int
+	pinned  map[net.Conn]*pins
 	drained chan struct{} // made by drain, closed once pinned is empty
-	moved   atomic.Uint64
 	// closeDone is made by the first Close (under c.mem) and closed as it
 	// returns: a concurrent Close waits for it.
 	closeDone chan struct{}
 }
 
-// drainGrace is how long a segment's Close waits for socket I/O on its
-// memory that makes no progress before it breaks the connections doing
-// it; pinChunk is the most a pinned socket read or write moves at once,
-// so progress shows at least every pinChunk bytes.
+// pins are a connection's pins of a segment.
+type pins struct {
+	n     int    // transfers under way
+	moved uint64 // their bytes so far
+}
+
+// drainGrace is how long a segment's Close lets a connection's socket I/O
+// on its memory go without progress before it breaks the connection;
+// pinChunk is the most a pinned socket read or write moves at once, so a
+// transfer shows progress at least every pinChunk bytes.
 const (
 	drainGrace = time.Second
-	pinChunk   = 1 << 20
+	pinChunk   = 256 << 10
 )
 
 // pin keeps s's memory for socket I/O on nc outside c.mem, until unpin;
@@ -253,16 +265,22 @@ func (s *segment) pin(nc net.Conn) bool {
 	}
 	s.pinMu.Lock()
 	if s.pinned == nil {
-		s.pinned = map[net.Conn]int{}
+		s.pinned = map[net.Conn]*pins{}
 	}
-	s.pinned[nc]++
+	ps := s.pinned[nc]
+	if ps == nil {
+		ps = &pins{}
+		s.pinned[nc] = ps
+	}
+	ps.n++
 	s.pinMu.Unlock()
 	return true
 }
 
 func (s *segment) unpin(nc net.Conn) {
 	s.pinMu.Lock()
-	if s.pinned[nc]--; s.pinned[nc] == 0 {
+	ps := s.pinned[nc]
+	if ps.n--; ps.n == 0 {
 		delete(s.pinned, nc)
 		if len(s.pinned) == 0 && s.drained != nil {
 			close(s.drained)
@@ -272,23 +290,32 @@ func (s *segment) unpin(nc net.Conn) {
 	s.pinMu.Unlock()
 }
 
-// write writes b, memory of s that the caller pinned, to w in pieces of at
-// most pinChunk, counting them as progress.
-func (s *segment) write(w io.Writer, b []byte) error {
+// progress counts k bytes moved on nc, which pins s.
+func (s *segment) progress(nc net.Conn, k int) {
+	s.pinMu.Lock()
+	s.pinned[nc].moved += uint64(k)
+	s.pinMu.Unlock()
+}
+
+// write writes b, memory of s that the caller pinned for nc, to w in
+// pieces of at most pinChunk, counting them as progress.
+func (s *segment) write(w io.Writer, nc net.Conn, b []byte) error {
 	for len(b) > 0 {
 		k := min(len(b), pinChunk)
 		if _, err := w.Write(b[:k]); err != nil {
 			return err
 		}
-		s.moved.Add(uint64(k))
+		s.progress(nc, k)
 		b = b[k:]
 	}
 	return nil
 }
 
-// drain waits until the I/O that pinned s is done, breaking its
-// connections once it moved nothing for drainGrace. s is closed, so
-// nothing pins it again.
+// drain waits until the I/O that pinned s is done, breaking each
+// connection that moved nothing since the look before, every drainGrace.
+// s is closed, so nothing pins it again; a connection's transfers are at
+// most a frame, so a peer that keeps its transfers moving holds drain
+// for at most about maxFrame/pinChunk looks.
 func (s *segment) drain() {
 	s.pinMu.Lock()
 	if len(s.pinned) == 0 {
@@ -298,25 +325,24 @@ func (s *segment) drain() {
 	done := make(chan struct{})
 	s.drained = done
 	s.pinMu.Unlock()
-	t := time.NewTimer(drainGrace)
+	t := time.NewTicker(drainGrace)
 	defer t.Stop()
-	for last := s.moved.Load(); ; last = s.moved.Load() {
+	seen := map[net.Conn]uint64{}
+	for {
 		select {
 		case <-done:
 			return
 		case <-t.C:
 		}
-		if s.moved.Load() == last {
-			break // stalled
+		s.pinMu.Lock()
+		for nc, ps := range s.pinned {
+			if last, ok := seen[nc]; ok && last == ps.moved {
+				nc.Close() // the read or write blocked on a stalled peer returns
+			}
+			seen[nc] = ps.moved
 		}
-		t.Reset(drainGrace)
+		s.pinMu.Unlock()
 	}
-	s.pinMu.Lock()
-	for nc := range s.pinned {
-		nc.Close() // the read or write blocked on a stalled peer returns
-	}
-	s.pinMu.Unlock()
-	<-done
 }
 
 func (c *Context) AllocSegment(size int, cfg ub.SegmentConfig) (ub.Segment, error) {
@@ -527,7 +553,7 @@ func (c *Context) serve(nc net.Conn, src netip.Prefix) {
 			// A Read's data goes from the segment to the socket (a large
 			// one without a copy); until it is out, s stays pinned.
 			if err == nil {
-				err = from.write(w, payload)
+				err = from.write(w, nc, payload)
 			}
 			from.unpin(nc)
 		}
