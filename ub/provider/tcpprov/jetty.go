@@ -452,15 +452,23 @@ func (p *pending) fill(r io.Reader, nc net.Conn) (filled bool, err error) {
 // finish records the peer's answer and lets the jetty release completions;
 // filled says a Read's data is in place already.
 func (p *pending) finish(status ub.Status, value uint64, payload []byte, filled bool) {
+	p.end(status, value, payload, filled, false)
+}
+
+// broke finishes p with status because its connection broke under it.
+func (p *pending) broke(status ub.Status) { p.end(status, 0, nil, false, true) }
+
+// end is finish; broken says the connection broke under p, which its
+// local segment's Close may have done: then, as when a successful answer
+// has nowhere to go, a closed local segment is the status. A peer's own
+// refusal is kept.
+func (p *pending) end(status ub.Status, value uint64, payload []byte, filled, broken bool) {
 	p.j.c.mem.RLock()
 	p.j.mu.Lock()
 	p.comp.Status, p.comp.Value = status, value
 	closed := p.seg != nil && p.seg.closed
 	switch {
-	case closed && (status != ub.StatusSuccess || p.into != nil):
-		// The local segment went away: a failure is its doing (its Close
-		// may have broken the connection), and what an answer brought
-		// has nowhere to go.
+	case closed && (broken || status == ub.StatusSuccess && p.into != nil):
 		p.comp.Status = ub.StatusLocalLength
 	case status == ub.StatusSuccess && p.into != nil && !filled:
 		if p.wr.Op == ub.OpRead {
@@ -637,7 +645,7 @@ func (cn *conn) readLoop() {
 			// A Read's data goes from the socket straight into place.
 			filled, err := p.fill(r, cn.nc)
 			if err != nil {
-				p.finish(cn.failure(), 0, nil, false)
+				p.broke(cn.failure())
 				cn.fail(ub.StatusPeerDead)
 				return
 			}
@@ -645,7 +653,7 @@ func (cn *conn) readLoop() {
 			continue
 		}
 		if buf, err = readBody(r, buf, size); err != nil {
-			p.finish(cn.failure(), 0, nil, false)
+			p.broke(cn.failure())
 			cn.fail(ub.StatusPeerDead)
 			return
 		}
@@ -677,6 +685,6 @@ func (cn *conn) fail(status ub.Status) {
 	cn.mu.Unlock()
 	cn.nc.Close()
 	for _, p := range q {
-		p.finish(status, 0, nil, false)
+		p.broke(status)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -169,20 +170,53 @@ func TestStalledReaderDoesNotHoldClose(t *testing.T) {
 	}
 }
 
-// TestStalledConnectionCutBesideAMovingOne: two peers ask for 32 MiB of a
-// registered segment; one stops reading, the other reads at 8 MiB/s (4
+// TestStalledConnectionCutBesideAMovingOne: two peers ask for 48 MiB of a
+// registered segment; one stops reading, the other reads at 8 MiB/s (6
 // s). The segment's Close cuts the stalled connection while the moving
-// one still moves (its own progress is what counts), and waits for the
-// moving one, which gets its whole answer, all of it the memory before
-// Close.
+// one is still being written (its own progress is what counts, not the
+// segment's), and waits for the moving one, which gets its whole answer,
+// all of it the memory before Close.
 func TestStalledConnectionCutBesideAMovingOne(t *testing.T) {
-	c, pins := openPinWatched(t)
-	const size = 32 << 20
-	mem, seg := filledSegment(t, c, size)
+	const size = 48 << 20
+	var (
+		c       *Context
+		seg     *segment
+		closing atomic.Bool
+	)
+	pins := make(chan struct{}, 1)
+	cut := make(chan int, 1) // the moving connection's pins as the stalled one went
+	c = openWith(t, options{connsPerSource: maxConnsPerSource, conns: maxConns,
+		pinned: func() {
+			select {
+			case pins <- struct{}{}:
+			default:
+			}
+		},
+		servedChanged: func() {
+			if !closing.Load() {
+				return
+			}
+			c.mu.Lock()
+			n := len(c.served)
+			c.mu.Unlock()
+			if n != 1 {
+				return
+			}
+			seg.pinMu.Lock()
+			k := len(seg.pinned)
+			seg.pinMu.Unlock()
+			select {
+			case cut <- k:
+			default:
+			}
+		}})
+	mem, s := filledSegment(t, c, size)
+	seg = s
 	stalled := askRead(t, c, seg, size)
 	<-pins
 	moving := askRead(t, c, seg, size)
 	<-pins
+	closing.Store(true)
 	closed := make(chan error, 1)
 	go func() { closed <- seg.Close() }()
 	if n, err := readAnswer(t, moving, size, 8<<20); n != size {
@@ -197,9 +231,16 @@ func TestStalledConnectionCutBesideAMovingOne(t *testing.T) {
 		t.Fatal("Close did not return")
 	}
 	clear(mem)
-	// The stalled one, read only now, was cut while the other moved.
+	select {
+	case k := <-cut:
+		if k == 0 {
+			t.Fatal("the stalled connection was cut only once the moving one was done")
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("the stalled connection was not cut")
+	}
 	if n, _ := readAnswer(t, stalled, size, 0); n == size {
-		t.Fatalf("the stalled connection was kept while another moved (it got all %d bytes once read)", n)
+		t.Fatalf("the stalled peer got all %d bytes", n)
 	}
 }
 
@@ -353,5 +394,5 @@ func TestStalledWriteDoesNotWedgeContext(t *testing.T) {
 	case <-time.After(hangGuard):
 		t.Fatal("PostSend of the stalled Write did not return after its source closed")
 	}
-	st.failed(t, "Write", ub.StatusSuccess)
+	st.failed(t, "Write", ub.StatusLocalLength) // its source closed under it
 }

@@ -314,8 +314,10 @@ func (s *segment) write(w io.Writer, nc net.Conn, b []byte) error {
 // drain waits until the I/O that pinned s is done, breaking each
 // connection that moved nothing since the look before, every drainGrace.
 // s is closed, so nothing pins it again; a connection's transfers are at
-// most a frame, so a peer that keeps its transfers moving holds drain
-// for at most about maxFrame/pinChunk looks.
+// most a frame (a Read being filled stops at its piece under way; on a
+// client connection a payload's write may move while such a fill stalls,
+// the two counted together), so a peer that keeps its transfers moving
+// holds drain for at most about maxFrame/pinChunk looks.
 func (s *segment) drain() {
 	s.pinMu.Lock()
 	if len(s.pinned) == 0 {
