@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,12 +18,7 @@ import (
 // it returns.
 func openPinWatched(t *testing.T) (*Context, chan struct{}) {
 	pins := make(chan struct{}, 1)
-	c := openWith(t, options{connsPerSource: maxConnsPerSource, conns: maxConns, pinned: func() {
-		select {
-		case pins <- struct{}{}:
-		default:
-		}
-	}})
+	c := openWith(t, options{connsPerSource: maxConnsPerSource, conns: maxConns, pinned: func() { signal(pins) }})
 	return c, pins
 }
 
@@ -88,13 +84,28 @@ func closeWithin(t *testing.T, seg ub.Segment) {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- seg.Close() }()
+	within(t, done, "Close of a segment (a stalled peer holds it?)")
+}
+
+// within waits for what's result, failing the test if it is an error or
+// has not come within hangGuard.
+func within(t *testing.T, result <-chan error, what string) {
+	t.Helper()
 	select {
-	case err := <-done:
+	case err := <-result:
 		if err != nil {
-			t.Fatalf("Close: %v", err)
+			t.Fatalf("%s: %v", what, err)
 		}
 	case <-time.After(hangGuard):
-		t.Fatal("Close of a segment did not return: a stalled peer holds it")
+		t.Fatalf("%s did not return", what)
+	}
+}
+
+// signal sends on ch unless a signal is already waiting there.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }
 
@@ -123,9 +134,10 @@ func askRead(t *testing.T, c *Context, seg *segment, n int) *rawConn {
 }
 
 // readAnswer reads what is left of a Read's answer of n bytes on rc,
-// limited to rate bytes a second if rate > 0, checking every byte is
-// 0xAA; it returns the payload bytes read and what ended the reading.
-func readAnswer(t *testing.T, rc *rawConn, n, rate int) (int, error) {
+// checking every byte is 0xAA; before each read, gate (if not nil) is
+// given the payload bytes read so far and returns once the reader may go
+// on. It returns the payload bytes read and what ended the reading.
+func readAnswer(t *testing.T, rc *rawConn, n int, gate func(got int)) (int, error) {
 	t.Helper()
 	var hdr [4 + respHeader]byte
 	if _, err := io.ReadFull(rc.r, hdr[:]); err != nil {
@@ -134,6 +146,9 @@ func readAnswer(t *testing.T, rc *rawConn, n, rate int) (int, error) {
 	buf := make([]byte, 64<<10)
 	got := 0
 	for got < n {
+		if gate != nil {
+			gate(got)
+		}
 		k, err := rc.r.Read(buf[:min(len(buf), n-got)])
 		if bytes.Count(buf[:k], []byte{0xAA}) != k {
 			t.Fatalf("the answer holds bytes other than the memory's before Close, at %d: it was read after Close returned", got)
@@ -141,9 +156,6 @@ func readAnswer(t *testing.T, rc *rawConn, n, rate int) (int, error) {
 		got += k
 		if err != nil {
 			return got, err
-		}
-		if rate > 0 {
-			time.Sleep(time.Duration(k) * time.Second / time.Duration(rate)) // pacing: a slow link
 		}
 	}
 	return got, nil
@@ -163,7 +175,7 @@ func TestStalledReaderDoesNotHoldClose(t *testing.T) {
 	<-pins // the server is writing the answer from mem
 	closeWithin(t, seg)
 	clear(mem)
-	n, err := readAnswer(t, rc, size, 0)
+	n, err := readAnswer(t, rc, size, nil)
 	var ne net.Error
 	if n < size && errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("the stalled peer's connection stayed open after Close (%d bytes read): %v", n, err)
@@ -171,27 +183,27 @@ func TestStalledReaderDoesNotHoldClose(t *testing.T) {
 }
 
 // TestStalledConnectionCutBesideAMovingOne: two peers ask for 48 MiB of a
-// registered segment; one stops reading, the other reads at 8 MiB/s (6
-// s). The segment's Close cuts the stalled connection while the moving
-// one is still being written (its own progress is what counts, not the
-// segment's), and waits for the moving one, which gets its whole answer,
-// all of it the memory before Close.
+// registered segment; one stops reading, the other reads 8 MiB after each
+// look the segment's Close takes at them (more than the sockets' buffers
+// hold, so its connection moves between any two looks) until the stalled
+// one is cut, then the rest. Close cuts the
+// stalled connection while the moving one is still being written (each
+// connection's own progress is what counts, not the segment's), and
+// waits for the moving one, which gets its whole answer, all of it the
+// memory before Close.
 func TestStalledConnectionCutBesideAMovingOne(t *testing.T) {
-	const size = 48 << 20
+	const size, step = 48 << 20, 8 << 20
 	var (
 		c       *Context
 		seg     *segment
 		closing atomic.Bool
+		once    sync.Once
+		pinsCut int // the moving connection's pins as the stalled one went
 	)
-	pins := make(chan struct{}, 1)
-	cut := make(chan int, 1) // the moving connection's pins as the stalled one went
+	pins, looks, cut := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
 	c = openWith(t, options{connsPerSource: maxConnsPerSource, conns: maxConns,
-		pinned: func() {
-			select {
-			case pins <- struct{}{}:
-			default:
-			}
-		},
+		pinned: func() { signal(pins) },
+		looked: func() { signal(looks) },
 		servedChanged: func() {
 			if !closing.Load() {
 				return
@@ -202,13 +214,12 @@ func TestStalledConnectionCutBesideAMovingOne(t *testing.T) {
 			if n != 1 {
 				return
 			}
-			seg.pinMu.Lock()
-			k := len(seg.pinned)
-			seg.pinMu.Unlock()
-			select {
-			case cut <- k:
-			default:
-			}
+			once.Do(func() {
+				seg.pinMu.Lock()
+				pinsCut = len(seg.pinned)
+				seg.pinMu.Unlock()
+				close(cut)
+			})
 		}})
 	mem, s := filledSegment(t, c, size)
 	seg = s
@@ -219,27 +230,29 @@ func TestStalledConnectionCutBesideAMovingOne(t *testing.T) {
 	closing.Store(true)
 	closed := make(chan error, 1)
 	go func() { closed <- seg.Close() }()
-	if n, err := readAnswer(t, moving, size, 8<<20); n != size {
+	allowed := 0
+	n, err := readAnswer(t, moving, size, func(got int) {
+		for got >= allowed {
+			select {
+			case <-looks:
+				allowed += step
+			case <-cut:
+				allowed = size
+			case <-time.After(hangGuard):
+				t.Fatal("the stalled connection was not cut")
+			}
+		}
+	})
+	if n != size {
 		t.Fatalf("the moving peer got %d bytes of %d: %v", n, size, err)
 	}
-	select {
-	case err := <-closed:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(hangGuard):
-		t.Fatal("Close did not return")
-	}
+	within(t, closed, "Close")
 	clear(mem)
-	select {
-	case k := <-cut:
-		if k == 0 {
-			t.Fatal("the stalled connection was cut only once the moving one was done")
-		}
-	case <-time.After(hangGuard):
-		t.Fatal("the stalled connection was not cut")
+	<-cut // closed before the moving peer could read on past its steps
+	if pinsCut == 0 {
+		t.Fatal("the stalled connection was cut only once the moving one was done")
 	}
-	if n, _ := readAnswer(t, stalled, size, 0); n == size {
+	if n, _ := readAnswer(t, stalled, size, nil); n == size {
 		t.Fatalf("the stalled peer got all %d bytes", n)
 	}
 }
@@ -277,25 +290,21 @@ func TestStalledAnswerDoesNotHoldClose(t *testing.T) {
 	st.failed(t, "Read queued behind it", ub.StatusLocalLength)
 }
 
-// TestWaitingPinDoesNotCutAMovingPeer: a 24 MiB Write goes to a peer
-// that takes it at 8 MiB/s (3 s); a 4 KiB Write from another segment
-// from another jetty waits for its turn on the connection meanwhile, and that segment is
-// closed. The Close does not wait for the big Write (the small one had
-// not pinned its source yet) nor cut the connection: the big Write
-// succeeds and the small one completes with StatusLocalLength.
-func TestWaitingPinDoesNotCutAMovingPeer(t *testing.T) {
+// TestWaitingPinDoesNotCutTheConnection: a 24 MiB Write goes to a peer
+// that reads nothing until the test lets it, so the Write's payload waits
+// in the socket; a 4 KiB Write from another segment and another jetty
+// waits for its turn on the connection meanwhile, and that segment is
+// closed. The Close neither waits for the big Write (the small one had
+// not pinned its source yet) nor cuts the connection: once the peer
+// reads, the big Write succeeds and the small one completes with
+// StatusLocalLength.
+func TestWaitingPinDoesNotCutTheConnection(t *testing.T) {
 	const size = 24 << 20
+	release := make(chan struct{})
 	st := newStalling(t, size, func(nc net.Conn) {
-		buf := make([]byte, 64<<10)
+		<-release
 		for {
-			n, err := readLength(nc, reqHeader)
-			for err == nil && n > 0 {
-				var k int
-				k, err = nc.Read(buf[:min(len(buf), n)])
-				n -= k
-				time.Sleep(time.Duration(k) * time.Second / (8 << 20)) // pacing: a slow link
-			}
-			if err != nil {
+			if _, err := readFrame(nc, nil, reqHeader); err != nil {
 				return
 			}
 			if _, err := nc.Write(appendResponse(nil, uint8(ub.StatusSuccess), 0, nil)); err != nil {
@@ -330,6 +339,7 @@ func TestWaitingPinDoesNotCutAMovingPeer(t *testing.T) {
 	post(other, small, 4096) // a jetty of its own: not behind the big one's PostSend
 	<-sending                // the small one waits for its turn
 	closeWithin(t, small)
+	close(release)
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
 	comp := make([]ub.Completion, 2)
@@ -386,13 +396,6 @@ func TestStalledWriteDoesNotWedgeContext(t *testing.T) {
 	closeWithin(t, other)
 
 	closeWithin(t, src)
-	select {
-	case err := <-posted:
-		if err != nil {
-			t.Fatalf("PostSend: %v", err)
-		}
-	case <-time.After(hangGuard):
-		t.Fatal("PostSend of the stalled Write did not return after its source closed")
-	}
+	within(t, posted, "PostSend of the stalled Write, its source closed,")
 	st.failed(t, "Write", ub.StatusLocalLength) // its source closed under it
 }

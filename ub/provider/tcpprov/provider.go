@@ -44,11 +44,14 @@ type options struct {
 	// to wait d out after a failure, servedChanged once a connection joined
 	// or left the served set, pinned once a segment is pinned for a socket
 	// write (of a Read's answer, of a payload) or read (of a Read's data),
-	// sending as a request is about to wait for its turn on its connection.
+	// sending as a request is about to wait for its turn on its connection,
+	// looked after each look a segment's Close takes at the transfers it
+	// waits for.
 	tarpitted     func(d time.Duration)
 	servedChanged func()
 	pinned        func()
 	sending       func()
+	looked        func()
 }
 
 func open(cfg ub.Config, opt options) (*Context, error) {
@@ -344,6 +347,9 @@ func (s *segment) drain() {
 			seen[nc] = ps.moved
 		}
 		s.pinMu.Unlock()
+		if h := s.c.opt.looked; h != nil {
+			h()
+		}
 	}
 }
 
