@@ -123,8 +123,9 @@ type remote struct {
 	dev        ub.Context
 	streamOnly bool
 
-	mu    sync.Mutex
-	conns []net.Conn // every connection made, closed at the end
+	mu     sync.Mutex
+	conns  []net.Conn // every connection made, closed at the end
+	closed bool       // closeAll ran: the load is over, no new connections
 }
 
 func (r *remote) connect(ctx context.Context) (net.Conn, error) {
@@ -133,14 +134,21 @@ func (r *remote) connect(ctx context.Context) (net.Conn, error) {
 		return nil, err
 	}
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		// The load ended (a failed request or ctx) while this dial was
+		// under way: a connection made now would wait out its timeout.
+		c.Close()
+		return nil, fmt.Errorf("%w: the load ended", ErrRemote)
+	}
 	r.conns = append(r.conns, c)
-	r.mu.Unlock()
 	return c, nil
 }
 
 func (r *remote) closeAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.closed = true
 	for _, c := range r.conns {
 		c.Close()
 	}

@@ -641,15 +641,31 @@ func TestRemoteReviewCases(t *testing.T) {
 	t.Run("fail fast", func(t *testing.T) {
 		content := make([]byte, 1<<20)
 		var once sync.Once
-		dial := hostile(t, content, func(c net.Conn, q request) {
+		badClosed := make(chan struct{})
+		dialHostile := hostile(t, content, func(c net.Conn, q request) {
 			bad := false
 			once.Do(func() { bad = true })
 			if bad {
 				c.Write(append(response{payload: q.len}.encode(), bytes.Repeat([]byte{0xff}, int(q.len))...)) // wrong data
+				// Until the client drops this connection.
+				io.Copy(io.Discard, c)
+				close(badClosed)
 				return
 			}
 			// the other connections never answer
 		})
+		// Only the stat's connection is made at once, so the bad answer is
+		// its first chunk's; the others are dialled after the client gave
+		// up on that one: a connection made after the load ended must not
+		// wait out its request's timeout.
+		var dials atomic.Int32
+		dial := func(ctx context.Context, addr string) (net.Conn, error) {
+			if dials.Add(1) > 1 {
+				<-badClosed
+				ctx = context.Background()
+			}
+			return dialHostile(ctx, addr)
+		}
 		start := time.Now()
 		_, err := OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial, RequestTimeout: 20 * time.Second,
 			Options: Options{Parallel: 4, Private: true}})
