@@ -149,3 +149,41 @@ func Returned(before, slack Usage, timeout time.Duration) (Usage, error) {
 	}
 	return u, nil
 }
+
+// clockTick is the unit of /proc/PID/stat's times: USER_HZ, 100 on every
+// Linux ABI Go supports.
+const clockTick = 10 * time.Millisecond
+
+// CPU returns the processor time process pid (of this user) has used so
+// far, user and system, its ended threads included.
+func CPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("procstat: %w", err)
+	}
+	return parseCPU(b)
+}
+
+// parseCPU reads utime and stime, the 14th and 15th fields of a
+// /proc/PID/stat line, counting from after the command's closing
+// parenthesis (the command may hold spaces and parentheses).
+func parseCPU(stat []byte) (time.Duration, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("procstat: a stat line without a command: %q", stat)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	// f[0] is the 3rd field (state): utime is f[11], stime f[12].
+	if len(f) < 13 {
+		return 0, fmt.Errorf("procstat: a stat line of %d fields", len(f)+2)
+	}
+	var ticks int64
+	for _, s := range f[11:13] {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("procstat: a stat time %q", s)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * clockTick, nil
+}
