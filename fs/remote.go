@@ -139,20 +139,27 @@ func (r *remote) connect(ctx context.Context) (net.Conn, error) {
 		// The load ended (a failed request or ctx) while this dial was
 		// under way: a connection made now would wait out its timeout.
 		c.Close()
-		return nil, fmt.Errorf("%w: the load ended", ErrRemote)
+		return nil, errLoadEnded
 	}
 	r.conns = append(r.conns, c)
 	return c, nil
 }
 
-func (r *remote) closeAll() {
+// errLoadEnded is connect's refusal once closeAll ran.
+var errLoadEnded = fmt.Errorf("%w: the load ended", ErrRemote)
+
+// closeAll closes every connection and refuses new ones: the load is
+// over. It reports whether this call ended it (the first call).
+func (r *remote) closeAll() (first bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	first = !r.closed
 	r.closed = true
 	for _, c := range r.conns {
 		c.Close()
 	}
 	r.conns = nil
+	return first
 }
 
 // do sends q on c and reads the response's header; the caller reads its
@@ -193,7 +200,7 @@ func (r *remote) payload(c net.Conn, q request, max uint64, timeout time.Duratio
 func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, error) {
 	defer r.closeAll()
 	// An ended ctx closes the connections, which ends every request.
-	stop := context.AfterFunc(ctx, r.closeAll)
+	stop := context.AfterFunc(ctx, func() { r.closeAll() })
 	defer stop()
 	c, err := r.connect(ctx)
 	if err != nil {
@@ -288,8 +295,14 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 					continue
 				}
 				// Anything else ends the load: the other requests too,
-				// at once rather than at their timeouts.
-				r.closeAll()
+				// at once rather than at their timeouts. A request that
+				// fails because another one (or ctx) ended the load
+				// first leaves the error to it: its own (a closed
+				// connection, a refused dial) says nothing of why.
+				if !r.closeAll() {
+					<-ctx.Done() // runChunks ends it once the first returned
+					return context.Cause(ctx)
+				}
 				return err
 			}
 		})

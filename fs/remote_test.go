@@ -661,7 +661,11 @@ func TestRemoteReviewCases(t *testing.T) {
 		var dials atomic.Int32
 		dial := func(ctx context.Context, addr string) (net.Conn, error) {
 			if dials.Add(1) > 1 {
-				<-badClosed
+				select {
+				case <-badClosed:
+				case <-time.After(15 * time.Second):
+					return nil, errors.New("the client kept the connection that answered wrong data")
+				}
 				ctx = context.Background()
 			}
 			return dialHostile(ctx, addr)
@@ -674,6 +678,10 @@ func TestRemoteReviewCases(t *testing.T) {
 		}
 		if took := time.Since(start); took > 10*time.Second {
 			t.Errorf("the load failed after %v, waiting for the other requests' timeouts", took)
+		}
+		// The bad chunk's error, not one of the requests it ended.
+		if !strings.Contains(err.Error(), "does not match its hash") {
+			t.Errorf("the load failed with %v, not the bad chunk's error", err)
 		}
 	})
 

@@ -9,7 +9,7 @@ import (
 
 // testBrokers serve every broker case of the tests, started on first use
 // (once for all: a start takes tens of seconds) and stopped by TestMain.
-var testBrokers = NewBrokers()
+var testBrokers = &Brokers{quick: true}
 
 // TestOffloadCasesRun runs the offload cases once each on real brokers:
 // the consumers check counts and payload sums.

@@ -48,7 +48,7 @@ func TestSettle(t *testing.T) {
 	t.Run("busy, then quiet", func(t *testing.T) {
 		stop := filepath.Join(t.TempDir(), "stop")
 		spin := "while [ ! -e " + stop + " ]; do :; done; exec sleep 600"
-		a, b := start(spin), start(spin)
+		a := start(spin)
 		var lines []string
 		w := &lineWriter{on: func(line string) {
 			lines = append(lines, line)
@@ -58,12 +58,12 @@ func TestSettle(t *testing.T) {
 				}
 			}
 		}}
-		settle(w, "the spinners", a, b)
-		if len(lines) != 2 || !strings.Contains(lines[0], "the spinners is ready but still at") || !strings.Contains(lines[1], "the spinners settled after") {
+		settle(w, "the spinner", a, start("exec sleep 600"))
+		if len(lines) != 2 || !strings.Contains(lines[0], "the spinner is ready but still at") || !strings.Contains(lines[1], "the spinner settled after") {
 			t.Fatalf("settle said %q", lines)
 		}
 		if _, err := os.Stat(stop); err != nil {
-			t.Fatalf("settle returned before the spinners were told to stop: %v", err)
+			t.Fatalf("settle returned before the spinner was told to stop: %v", err)
 		}
 	})
 
