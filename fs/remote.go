@@ -197,8 +197,15 @@ func (r *remote) payload(c net.Conn, q request, max uint64, timeout time.Duratio
 	return b, nil
 }
 
-func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, error) {
+func (r *remote) open(ctx context.Context, rawURL string, o Options) (_ *File, err error) {
 	defer r.closeAll()
+	defer func() {
+		// A load that ctx ended says so, whatever broke under it (the
+		// AfterFunc below closes the connections a request waits on).
+		if cause := context.Cause(ctx); err != nil && cause != nil && !errors.Is(err, cause) {
+			err = fmt.Errorf("%w (%v)", cause, err)
+		}
+	}()
 	// An ended ctx closes the connections, which ends every request.
 	stop := context.AfterFunc(ctx, func() { r.closeAll() })
 	defer stop()
@@ -299,7 +306,8 @@ func (r *remote) open(ctx context.Context, rawURL string, o Options) (*File, err
 				// fails because another one (or ctx) ended the load
 				// first leaves the error to it: its own (a closed
 				// connection, a refused dial) says nothing of why.
-				if !r.closeAll() {
+				if !r.closeAll() || ctx.Err() != nil {
+					// (ctx ended first: its cause is the load's error.)
 					<-ctx.Done() // runChunks ends it once the first returned
 					return context.Cause(ctx)
 				}

@@ -978,3 +978,67 @@ func TestExportMapRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoteCancelCause: a load whose ctx ends says so with the ctx's
+// cause, whether it ended while the stat was waited for or while chunks
+// were read.
+func TestRemoteCancelCause(t *testing.T) {
+	for _, stage := range []string{"stat", "chunks"} {
+		t.Run(stage, func(t *testing.T) {
+			content := make([]byte, 1<<20)
+			asked := make(chan struct{}, 16)
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			t.Cleanup(func() { ln.Close(); wg.Wait() })
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						defer c.Close()
+						for {
+							q, err := readRequest(c)
+							if err != nil {
+								return
+							}
+							if q.op == opStat && stage == "chunks" {
+								info := statInfo{size: int64(len(content)), chunk: 64 << 10}
+								for off := 0; off < len(content); off += info.chunk {
+									info.hashes = append(info.hashes, xxhash.Sum64(content[off:off+info.chunk]))
+								}
+								p := info.encode()
+								c.Write(append(response{payload: uint64(len(p))}.encode(), p...))
+								continue
+							}
+							asked <- struct{}{} // and never answer
+						}
+					}()
+				}
+			}()
+			dial := func(ctx context.Context, addr string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "tcp", ln.Addr().String())
+			}
+			cause := errors.New("the caller gave up")
+			ctx, cancel := context.WithCancelCause(context.Background())
+			go func() {
+				<-asked
+				cancel(cause)
+			}()
+			_, err = OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial, RequestTimeout: time.Minute,
+				Options: Options{Parallel: 4, Private: true}})
+			if !errors.Is(err, cause) {
+				t.Fatalf("the load ended with %v, not the ctx's cause", err)
+			}
+		})
+	}
+}

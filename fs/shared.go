@@ -114,7 +114,7 @@ func shared(ctx context.Context, name string, size int64, key [5]uint64, o Optio
 		case <-c.ready:
 		case <-ctx.Done():
 			c.release()
-			return nil, ctx.Err()
+			return nil, context.Cause(ctx)
 		}
 		if c.err != nil {
 			// That Open failed (its context ended, say): try ours.
@@ -173,8 +173,8 @@ func (c *sharedCopy) open(ctx context.Context, n int64, key [5]uint64, o Options
 	for err != nil {
 		seg, err = shm.RepairSegment(c.name, size, &shm.SegmentConfig{Keep: true, HugePages: o.HugePages})
 		if errors.Is(err, shm.ErrLocked) {
-			if err := ctx.Err(); err != nil {
-				return err
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
 			}
 			bo.Pause()
 			continue
@@ -229,8 +229,8 @@ func (c *sharedCopy) acquire(ctx context.Context, n int64, key [5]uint64, o Opti
 		wctx, cancel := context.WithTimeout(ctx, waitForPeer)
 		shm.Wait{Spin: -1}.Until(wctx, state, func(v uint32) bool { return v == stateReady })
 		cancel()
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
 		}
 		if o.Progress != nil && state.Load() != stateReady {
 			o.Progress(Progress{Done: min(int64(done.Load()), n), Total: n, Waiting: true})

@@ -144,9 +144,9 @@ const (
 // finished its start-up work, so that no contender's rounds run beside
 // it. On this 2-vCPU machine a RocketMQ 5.5.0 broker takes more than a
 // whole CPU for about 10 s after "boot success" (its JIT compilers, and
-// TransactionMetricsFlushService, which spins until its first 3 s flush
-// interval is over: its thread is named TransactionFlushService), then
-// about 10% of one; rounds run in that time
+// TransactionMetricsFlushService, whose thread, TransactionFlushService,
+// loops without waiting until its first flush and after a failed one),
+// then about 10% of one; rounds run in that time
 // measured the start-up rather than the path (docs/PERFORMANCE.md, "The
 // broker's start-up under the first rounds"). It tells w what it waits
 // for and how it ended; a broker that does not settle is used anyway,
