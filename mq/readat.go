@@ -3,6 +3,8 @@ package mq
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"os"
 	"sync/atomic"
 
@@ -26,15 +28,57 @@ var ErrNotRecord = errors.New("mq: no committed record at offset")
 // handle's producer cache; it is for records large enough that one
 // mapping per read does not matter.
 func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
-	h, err := l.headerAt(p, off)
+	h, rec, w1, err := l.recordAt(p, off, decode)
 	if err != nil {
 		return Record{}, nil, err
 	}
+	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { h.seg.Close() }, nil
+}
+
+// CopyAt is ReadAt into dst: it copies the record's payload into dst
+// (which must hold it; io.ErrShortBuffer if not) and returns the record
+// with Payload dst[:len]. The checksum is of the copy, summed as it is
+// made: what CopyAt returns is what the producer wrote, even if a hostile
+// producer changes the shared bytes meanwhile (ReadAt's in-place payload
+// was checked, and may change after). A mismatch wraps shm.ErrCorrupt.
+// It reads the shared bytes once, where ReadAt and a copy read them
+// twice.
+func (l *Log) CopyAt(p int, off uint64, dst []byte) (Record, error) {
+	h, rec, w1, err := l.recordAt(p, off, decodeUnsummed)
+	if err != nil {
+		return Record{}, err
+	}
+	defer h.seg.Close()
+	if len(dst) < len(rec) {
+		return Record{}, fmt.Errorf("mq: offset %d of partition %d: a %d-byte record into %d bytes: %w", off, p, len(rec), len(dst), io.ErrShortBuffer)
+	}
+	dst = dst[:len(rec)]
+	// In pieces that stay in the cache between the copy and the sum.
+	const piece = 64 << 10
+	var crc uint32
+	for i := 0; i < len(dst); i += piece {
+		j := min(i+piece, len(dst))
+		copy(dst[i:j], rec[i:j])
+		crc = crc32.Update(crc, castagnoli, dst[i:j])
+	}
+	if crc != uint32(w1) {
+		return Record{}, fmt.Errorf("mq: partition %d offset %d: the record fails its checksum: %w", p, off, shm.ErrCorrupt)
+	}
+	return Record{Offset: off, Payload: dst, CRC: crc}, nil
+}
+
+// recordAt maps the segment of the record at off and decodes its header
+// with dec: the caller closes h.seg once done with rec, the payload.
+func (l *Log) recordAt(p int, off uint64, dec func(data []byte, at, w, w1, o uint64) ([]byte, uint64, error)) (h header, rec []byte, w1 uint64, err error) {
+	h, err = l.headerAt(p, off)
+	if err != nil {
+		return header{}, nil, 0, err
+	}
 	w, w1 := h.words[0].Load(), h.words[1].Load()
-	rec, _, err := h.decode(w, w1)
+	rec, _, err = dec(h.data, h.at, w, w1, h.off)
 	if err != nil {
 		h.seg.Close()
-		return Record{}, nil, err
+		return header{}, nil, 0, fmt.Errorf("mq: partition %d offset %d: %w", h.p, h.off, err)
 	}
 	if rec == nil {
 		h.seg.Close()
@@ -45,9 +89,9 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 		case stateAborted:
 			what = "an aborted record"
 		}
-		return Record{}, nil, fmt.Errorf("mq: offset %d of partition %d is %s: %w", off, p, what, ErrNotRecord)
+		return header{}, nil, 0, fmt.Errorf("mq: offset %d of partition %d is %s: %w", off, p, what, ErrNotRecord)
 	}
-	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { h.seg.Close() }, nil
+	return h, rec, w1, nil
 }
 
 // header is a record's header words in its segment, mapped for one read

@@ -3,6 +3,7 @@ package mq
 import (
 	"bytes"
 	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -155,9 +156,17 @@ func FuzzReadAt(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, off uint64) {
 		rec, release, err := l.ReadAt(0, off)
+		// CopyAt agrees with ReadAt on every offset.
+		cp, cerr := l.CopyAt(0, off, make([]byte, 4096))
+		if (err == nil) != (cerr == nil) {
+			t.Fatalf("offset %d: ReadAt %v, CopyAt %v", off, err, cerr)
+		}
 		if err == nil {
 			if rec.Offset != off {
 				t.Fatalf("offset %d read as %d", off, rec.Offset)
+			}
+			if cp.Offset != off || cp.CRC != rec.CRC || !bytes.Equal(cp.Payload, rec.Payload) {
+				t.Fatalf("offset %d: CopyAt's copy differs from ReadAt's record", off)
 			}
 			release()
 		}
@@ -182,4 +191,110 @@ func TestReadAtFile(t *testing.T) {
 	if string(rec.Payload) != "in a file" {
 		t.Fatalf("ReadAt: %q", rec.Payload)
 	}
+}
+
+// TestCopyAt: CopyAt returns what ReadAt reads, for payloads shorter and
+// longer than its pieces, into buffers of any size that holds them;
+// refuses a short buffer and fails where ReadAt fails; and the bytes it
+// returns are the ones it summed: a payload changed after its commit is
+// refused, and one changing while it is copied is either refused or
+// returned as written, never half changed.
+func TestCopyAt(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 1 << 20, Segments: 2})
+	ctx := timeout(t, 20*time.Second)
+	sizes := []int{1, 100, 64<<10 - 1, 64 << 10, 64<<10 + 1, 200_000, 300 << 10}
+	var offs []uint64
+	var want [][]byte
+	for i, n := range sizes {
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte(j*7 + i)
+		}
+		off, err := l.Send(ctx, 0, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs, want = append(offs, off), append(want, b)
+	}
+	for i, off := range offs {
+		in, release, err := l.ReadAt(0, off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, extra := range []int{0, 1000} {
+			rec, err := l.CopyAt(0, off, make([]byte, len(want[i])+extra))
+			if err != nil {
+				t.Fatalf("record %d (%d bytes) into %d: %v", i, len(want[i]), len(want[i])+extra, err)
+			}
+			if rec.Offset != off || rec.CRC != in.CRC || !bytes.Equal(rec.Payload, want[i]) {
+				t.Fatalf("record %d: offset %d, crc %#x (ReadAt's %#x), %d bytes", i, rec.Offset, rec.CRC, in.CRC, len(rec.Payload))
+			}
+		}
+		release()
+		if _, err := l.CopyAt(0, off, make([]byte, len(want[i])-1)); !errors.Is(err, io.ErrShortBuffer) {
+			t.Fatalf("record %d into a buffer a byte short: %v", i, err)
+		}
+	}
+	st, _ := l.Stats(0)
+	last := offs[len(offs)-1]
+	for _, c := range []struct {
+		off  uint64
+		want error
+	}{
+		{last + 8, shm.ErrCorrupt},
+		{last + 3, ErrNotRecord},
+		{st.Tail, ErrNotRecord},
+	} {
+		if _, err := l.CopyAt(0, c.off, make([]byte, 1<<20)); !errors.Is(err, c.want) {
+			t.Errorf("offset %d: %v, want %v", c.off, err, c.want)
+		}
+	}
+
+	// A byte past the first piece changed after the commit.
+	big := len(offs) - 1
+	in, release, err := l.ReadAt(0, offs[big])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	in.Payload[200_000] ^= 0xff
+	if _, err := l.CopyAt(0, offs[big], make([]byte, len(want[big]))); !errors.Is(err, shm.ErrCorrupt) {
+		t.Fatalf("a payload changed after its commit: %v, want shm.ErrCorrupt", err)
+	}
+	in.Payload[200_000] ^= 0xff
+
+	// A byte flipping to and fro while copies are made: each copy is
+	// refused or right.
+	stop := make(chan struct{})
+	flipped := make(chan struct{})
+	go func() {
+		defer close(flipped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			in.Payload[150_000] ^= 0x5a
+		}
+	}()
+	refused := 0
+	for range 300 {
+		rec, err := l.CopyAt(0, offs[big], make([]byte, len(want[big])))
+		if err != nil {
+			if !errors.Is(err, shm.ErrCorrupt) {
+				t.Fatal(err)
+			}
+			refused++
+			continue
+		}
+		if !bytes.Equal(rec.Payload, want[big]) {
+			close(stop)
+			<-flipped
+			t.Fatalf("a copy made while the payload changed was returned with byte 150000 %#x, written %#x", rec.Payload[150_000], want[big][150_000])
+		}
+	}
+	close(stop)
+	<-flipped
+	t.Logf("%d of 300 copies made while a byte flipped were refused", refused)
 }

@@ -493,6 +493,16 @@ func (r *Reader) held() bool {
 // not committed) and the record's size. Everything in it came from shared
 // memory.
 func decode(data []byte, at, w, w1, o uint64) ([]byte, uint64, error) {
+	payload, next, err := decodeUnsummed(data, at, w, w1, o)
+	if err == nil && payload != nil && crc32.Checksum(payload, castagnoli) != uint32(w1) {
+		return nil, 0, fmt.Errorf("record at %d fails its checksum: %w", o, shm.ErrCorrupt)
+	}
+	return payload, next, err
+}
+
+// decodeUnsummed is decode without the payload's checksum, for a caller
+// that sums the payload as it copies it (Log.CopyAt).
+func decodeUnsummed(data []byte, at, w, w1, o uint64) ([]byte, uint64, error) {
 	size := uint64(len(data))
 	n := w >> 32
 	if at%8 != 0 || at > size-headerSize || n > size-at-headerSize {
@@ -515,9 +525,6 @@ func decode(data []byte, at, w, w1, o uint64) ([]byte, uint64, error) {
 	payload := data[at+headerSize : at+headerSize+n : at+headerSize+n]
 	if uint32(w1>>32) != uint32(o) {
 		return nil, 0, fmt.Errorf("record at %d names offset %#x: %w", o, w1>>32, shm.ErrCorrupt)
-	}
-	if crc32.Checksum(payload, castagnoli) != uint32(w1) {
-		return nil, 0, fmt.Errorf("record at %d fails its checksum: %w", o, shm.ErrCorrupt)
 	}
 	return payload, next, nil
 }

@@ -62,3 +62,55 @@ func BenchmarkView1MiB(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkGet1MiB: a consumer on the store's host copies 1 MiB payloads
+// out (Get: copied and summed in one pass), over 32 payloads in turn;
+// BenchmarkViewCopy1MiB does the same as View then a copy (sum in place,
+// then copy), as Get did before.
+func BenchmarkGet1MiB(b *testing.B) { benchCopyOut(b, false) }
+
+func BenchmarkViewCopy1MiB(b *testing.B) { benchCopyOut(b, true) }
+
+func benchCopyOut(b *testing.B, viewCopy bool) {
+	s := openStore(b, StoreConfig{})
+	r := newResolver(b, ResolverConfig{})
+	ctx := context.Background()
+	src := make([]byte, 1<<20)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	var refs []Ref
+	for range 32 {
+		ref, err := s.Put(ctx, src)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs = append(refs, ref)
+	}
+	b.SetBytes(int64(len(src)))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		ref := refs[i%len(refs)]
+		i++
+		if viewCopy {
+			p, release, err := r.View(ctx, ref)
+			if err != nil {
+				b.Fatal(err)
+			}
+			out := append([]byte(nil), p...)
+			release()
+			if len(out) != len(src) {
+				b.Fatal(len(out))
+			}
+			continue
+		}
+		p, err := r.Get(ctx, ref)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(p) != len(src) {
+			b.Fatal(len(p))
+		}
+	}
+}

@@ -102,17 +102,29 @@ func (r *Resolver) Close() error {
 	return errors.Join(errs...)
 }
 
-// Get returns a copy of ref's payload.
+// Get returns a copy of ref's payload. From a log on this host it is
+// copied and summed in one pass (mq.Log.CopyAt): the bytes returned are
+// the ones checked.
 func (r *Resolver) Get(ctx context.Context, ref Ref) ([]byte, error) {
-	b, release, local, err := r.view(ctx, ref)
+	l, err := r.local(ref)
 	if err != nil {
 		return nil, err
 	}
-	if local {
-		b = append([]byte(nil), b...)
+	if l == nil {
+		return r.remote(ctx, ref)
 	}
-	release()
-	return b, nil
+	rec, err := l.CopyAt(ref.Partition, ref.Offset, make([]byte, ref.Length))
+	if err != nil {
+		if errors.Is(err, io.ErrShortBuffer) {
+			// Not the reference's record.
+			return nil, fmt.Errorf("offload: %s: %v: %w", ref, err, ErrChecksum)
+		}
+		return nil, readErr(ref, err)
+	}
+	if err := verifyRecord(ref, rec); err != nil {
+		return nil, err
+	}
+	return rec.Payload, nil
 }
 
 // View returns ref's payload, in shared memory when its log is on this
@@ -126,26 +138,14 @@ func (r *Resolver) View(ctx context.Context, ref Ref) (payload []byte, release f
 }
 
 func (r *Resolver) view(ctx context.Context, ref Ref) ([]byte, func(), bool, error) {
-	if err := ref.check(); err != nil {
-		return nil, nil, false, err
-	}
-	if r.cfg.Logs != nil && !slices.Contains(r.cfg.Logs, ref.Log) {
-		return nil, nil, false, fmt.Errorf("%w: %s: not one of the logs this resolver takes", ErrBadRef, ref)
-	}
-	if int64(ref.Length) > int64(r.cfg.MaxPayload) {
-		return nil, nil, false, fmt.Errorf("offload: %s: at most %d bytes taken: %w", ref, r.cfg.MaxPayload, ErrTooLarge)
-	}
-	l, err := r.localLog(ref)
+	l, err := r.local(ref)
 	if err != nil {
 		return nil, nil, false, err
 	}
 	if l != nil {
 		rec, release, err := l.ReadAt(ref.Partition, ref.Offset)
-		switch {
-		case errors.Is(err, mq.ErrOffsetGone) || errors.Is(err, mq.ErrNotRecord):
-			return nil, nil, false, fmt.Errorf("offload: %s: %w (%v)", ref, ErrPayloadGone, err)
-		case err != nil:
-			return nil, nil, false, fmt.Errorf("offload: %s: %w", ref, err)
+		if err != nil {
+			return nil, nil, false, readErr(ref, err)
 		}
 		// ReadAt checked the payload against its header's checksum:
 		// the reference's must be that one (no second sum of it).
@@ -155,14 +155,42 @@ func (r *Resolver) view(ctx context.Context, ref Ref) ([]byte, func(), bool, err
 		}
 		return rec.Payload, release, true, nil
 	}
-	if ref.Fetch == "" {
-		return nil, nil, false, fmt.Errorf("offload: %s: the log is not on this host and the reference names no fetch server: %w", ref, ErrPayloadGone)
-	}
-	b, err := r.fetch(ctx, ref)
+	b, err := r.remote(ctx, ref)
 	if err != nil {
 		return nil, nil, false, err
 	}
 	return b, func() {}, false, nil
+}
+
+// local checks ref against the resolver's limits and returns its log if
+// it is on this host, else nil.
+func (r *Resolver) local(ref Ref) (*mq.Log, error) {
+	if err := ref.check(); err != nil {
+		return nil, err
+	}
+	if r.cfg.Logs != nil && !slices.Contains(r.cfg.Logs, ref.Log) {
+		return nil, fmt.Errorf("%w: %s: not one of the logs this resolver takes", ErrBadRef, ref)
+	}
+	if int64(ref.Length) > int64(r.cfg.MaxPayload) {
+		return nil, fmt.Errorf("offload: %s: at most %d bytes taken: %w", ref, r.cfg.MaxPayload, ErrTooLarge)
+	}
+	return r.localLog(ref)
+}
+
+// remote fetches ref's payload from its fetch server, if it names one.
+func (r *Resolver) remote(ctx context.Context, ref Ref) ([]byte, error) {
+	if ref.Fetch == "" {
+		return nil, fmt.Errorf("offload: %s: the log is not on this host and the reference names no fetch server: %w", ref, ErrPayloadGone)
+	}
+	return r.fetch(ctx, ref)
+}
+
+// readErr is the error of a failed read of ref's record on this host.
+func readErr(ref Ref, err error) error {
+	if errors.Is(err, mq.ErrOffsetGone) || errors.Is(err, mq.ErrNotRecord) {
+		return fmt.Errorf("offload: %s: %w (%v)", ref, ErrPayloadGone, err)
+	}
+	return fmt.Errorf("offload: %s: %w", ref, err)
 }
 
 // verifyRecord is verify for a record read in place, whose payload mq
