@@ -856,7 +856,41 @@ func (r Reservation) CommitSum() (uint32, error) {
 	if r.l == nil {
 		return 0, ErrAborted
 	}
-	crc := crc32.Checksum(r.buf, castagnoli)
+	return r.commit(crc32.Checksum(r.buf, castagnoli))
+}
+
+// CommitCopy copies src, which must be as long as the reservation, into
+// it and commits it, as CommitSum: in 64 KiB pieces, each summed just
+// after its copy while it is in the cache, where a copy into Bytes and
+// CommitSum read the payload twice. It returns the CRC-32C published.
+// A src of another length gives the reservation up (Abort) and an
+// error.
+func (r Reservation) CommitCopy(src []byte) (uint32, error) {
+	if r.l == nil {
+		return 0, ErrAborted
+	}
+	if len(src) != len(r.buf) {
+		r.Abort()
+		return 0, fmt.Errorf("mq: %d bytes to commit into a reservation of %d", len(src), len(r.buf))
+	}
+	return r.commit(copySum(r.buf, src))
+}
+
+// copySum copies src into dst (as long) and returns the CRC-32C of what
+// it wrote, summed a piece at a time right after each piece's copy.
+func copySum(dst, src []byte) uint32 {
+	const piece = 64 << 10
+	var crc uint32
+	for i := 0; i < len(dst); i += piece {
+		j := min(i+piece, len(dst))
+		copy(dst[i:j], src[i:j])
+		crc = crc32.Update(crc, castagnoli, dst[i:j])
+	}
+	return crc
+}
+
+// commit publishes the reservation with checksum crc.
+func (r Reservation) commit(crc uint32) (uint32, error) {
 	err := r.l.publish(r.pt, r.m, r.at, r.state, r.state&^stateMask|stateCommitted, uint64(crc)|r.offset<<32, r.at+headerSize+uint64(len(r.buf)))
 	if err == ErrAborted {
 		return 0, err

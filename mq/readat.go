@@ -3,7 +3,6 @@ package mq
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"os"
 	"sync/atomic"
@@ -53,18 +52,10 @@ func (l *Log) CopyAt(p int, off uint64, dst []byte) (Record, error) {
 		return Record{}, fmt.Errorf("mq: offset %d of partition %d: a %d-byte record into %d bytes: %w", off, p, len(rec), len(dst), io.ErrShortBuffer)
 	}
 	dst = dst[:len(rec)]
-	// In pieces that stay in the cache between the copy and the sum.
-	const piece = 64 << 10
-	var crc uint32
-	for i := 0; i < len(dst); i += piece {
-		j := min(i+piece, len(dst))
-		copy(dst[i:j], rec[i:j])
-		crc = crc32.Update(crc, castagnoli, dst[i:j])
-	}
-	if crc != uint32(w1) {
+	if crc := copySum(dst, rec); crc != uint32(w1) {
 		return Record{}, fmt.Errorf("mq: partition %d offset %d: the record fails its checksum: %w", p, off, shm.ErrCorrupt)
 	}
-	return Record{Offset: off, Payload: dst, CRC: crc}, nil
+	return Record{Offset: off, Payload: dst, CRC: uint32(w1)}, nil
 }
 
 // recordAt maps the segment of the record at off and decodes its header

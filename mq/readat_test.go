@@ -3,6 +3,7 @@ package mq
 import (
 	"bytes"
 	"errors"
+	"hash/crc32"
 	"io"
 	"testing"
 	"time"
@@ -297,4 +298,57 @@ func TestCopyAt(t *testing.T) {
 	close(stop)
 	<-flipped
 	t.Logf("%d of 300 copies made while a byte flipped were refused", refused)
+}
+
+// TestCommitCopy: a payload committed with CommitCopy reads back as
+// written, with the CRC-32C CommitCopy returned, for lengths around its
+// pieces; a source of another length gives the reservation up, and the
+// records after it read as usual.
+func TestCommitCopy(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 1 << 20, Segments: 2})
+	ctx := timeout(t, 20*time.Second)
+	for i, n := range []int{1, 64<<10 - 1, 64 << 10, 64<<10 + 1, 300 << 10} {
+		src := make([]byte, n)
+		for j := range src {
+			src[j] = byte(j*13 + i)
+		}
+		res, err := l.Loan(ctx, 0, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		crc, err := res.CommitCopy(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := crc32.Checksum(src, crc32.MakeTable(crc32.Castagnoli)); crc != want {
+			t.Fatalf("%d bytes: CommitCopy says %#x, the payload sums to %#x", n, crc, want)
+		}
+		rec, release, err := l.ReadAt(0, res.Offset())
+		if err != nil {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+		if rec.CRC != crc || !bytes.Equal(rec.Payload, src) {
+			t.Fatalf("%d bytes read back as %d bytes, crc %#x", n, len(rec.Payload), rec.CRC)
+		}
+		release()
+	}
+	res, err := l.Loan(ctx, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.CommitCopy(make([]byte, 99)); err == nil {
+		t.Fatal("99 bytes committed into a reservation of 100")
+	}
+	if _, _, err := l.ReadAt(0, res.Offset()); !errors.Is(err, ErrNotRecord) {
+		t.Fatalf("the given-up reservation: %v, want ErrNotRecord", err)
+	}
+	after, err := l.Send(ctx, 0, []byte("after"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newReader(t, l, 0, res.Offset())
+	rec, err := r.Next(ctx)
+	if err != nil || rec.Offset != after || string(rec.Payload) != "after" {
+		t.Fatalf("the record after the given-up one: %d %q, %v", rec.Offset, rec.Payload, err)
+	}
 }

@@ -91,7 +91,12 @@ func (l *Loan) Commit() (Ref, error) {
 	if err != nil {
 		return Ref{}, fmt.Errorf("offload: %w", err)
 	}
-	return Ref{Log: l.s.log.Name(), Partition: l.p, Offset: off, Length: uint32(n), CRC: crc, Fetch: l.s.fetch}, nil
+	return l.ref(off, n, crc), nil
+}
+
+// ref is the reference to l's payload, committed at off with n bytes.
+func (l *Loan) ref(off uint64, n int, crc uint32) Ref {
+	return Ref{Log: l.s.log.Name(), Partition: l.p, Offset: off, Length: uint32(n), CRC: crc, Fetch: l.s.fetch}
 }
 
 // Abort gives the space up.
@@ -117,8 +122,13 @@ func (s *Store) Put(ctx context.Context, payload []byte) (Ref, error) {
 	if err != nil {
 		return Ref{}, err
 	}
-	copy(l.Bytes(), payload)
-	return l.Commit()
+	// Copied and summed in one pass (mq.Reservation.CommitCopy).
+	n, off := len(payload), l.res.Offset()
+	crc, err := l.res.CommitCopy(payload)
+	if err != nil {
+		return Ref{}, fmt.Errorf("offload: %w", err)
+	}
+	return l.ref(off, n, crc), nil
 }
 
 // Close closes the store's handle on the log; the log and its payloads
