@@ -862,9 +862,12 @@ func (r Reservation) CommitSum() (uint32, error) {
 // CommitCopy copies src, which must be as long as the reservation, into
 // it and commits it, as CommitSum: in 64 KiB pieces, each summed just
 // after its copy while it is in the cache, where a copy into Bytes and
-// CommitSum read the payload twice. It returns the CRC-32C published.
-// A src of another length gives the reservation up (Abort) and an
-// error.
+// CommitSum read the payload twice. The sum is of src, this process's
+// own bytes: a hostile process changing the shared copy meanwhile makes
+// the record fail its checksum, never carry it. It returns the CRC-32C
+// published. A src of another length gives the reservation up (Abort)
+// and an error. Whatever it returns, the reservation is used up:
+// neither Commit nor Abort it after.
 func (r Reservation) CommitCopy(src []byte) (uint32, error) {
 	if r.l == nil {
 		return 0, ErrAborted
@@ -873,21 +876,29 @@ func (r Reservation) CommitCopy(src []byte) (uint32, error) {
 		r.Abort()
 		return 0, fmt.Errorf("mq: %d bytes to commit into a reservation of %d", len(src), len(r.buf))
 	}
-	return r.commit(copySum(r.buf, src))
+	return r.commit(copySum(r.buf, src, src))
 }
 
-// copySum copies src into dst (as long) and returns the CRC-32C of what
-// it wrote, summed a piece at a time right after each piece's copy.
-func copySum(dst, src []byte) uint32 {
+// copySum copies src into dst (as long) and returns the CRC-32C of sum,
+// which is one of the two (the caller's private side), a 64 KiB piece at
+// a time right after each piece's copy.
+func copySum(dst, src, sum []byte) uint32 {
 	const piece = 64 << 10
 	var crc uint32
 	for i := 0; i < len(dst); i += piece {
 		j := min(i+piece, len(dst))
 		copy(dst[i:j], src[i:j])
-		crc = crc32.Update(crc, castagnoli, dst[i:j])
+		if f := testCopied.Load(); f != nil {
+			(*f)(i, j)
+		}
+		crc = crc32.Update(crc, castagnoli, sum[i:j])
 	}
 	return crc
 }
+
+// testCopied, if set, is called by copySum between a piece's copy and its
+// sum: tests change the shared side there.
+var testCopied atomic.Pointer[func(from, to int)]
 
 // commit publishes the reservation with checksum crc.
 func (r Reservation) commit(crc uint32) (uint32, error) {

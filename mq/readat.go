@@ -34,25 +34,31 @@ func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { h.seg.Close() }, nil
 }
 
-// CopyAt is ReadAt into dst: it copies the record's payload into dst
-// (which must hold it; io.ErrShortBuffer if not) and returns the record
-// with Payload dst[:len]. The checksum is of the copy, summed as it is
-// made: what CopyAt returns is what the producer wrote, even if a hostile
-// producer changes the shared bytes meanwhile (ReadAt's in-place payload
-// was checked, and may change after). A mismatch wraps shm.ErrCorrupt.
-// It reads the shared bytes once, where ReadAt and a copy read them
-// twice.
-func (l *Log) CopyAt(p int, off uint64, dst []byte) (Record, error) {
+// CopyAt is ReadAt into memory of the caller's: once the record's
+// header is validated, alloc gets the payload's length and returns where
+// to copy it (at least that long; io.ErrShortBuffer if not), or an error
+// that CopyAt returns (a caller that wants a given length refuses others
+// before allocating). The record comes back with Payload the copy. The
+// checksum is of the copy, summed as it is made: what CopyAt returns is
+// what the producer wrote, even if a hostile producer changes the shared
+// bytes meanwhile (ReadAt's in-place payload was checked, and may change
+// after). A mismatch wraps shm.ErrCorrupt. It reads the shared bytes
+// once, where ReadAt and a copy read them twice.
+func (l *Log) CopyAt(p int, off uint64, alloc func(n int) ([]byte, error)) (Record, error) {
 	h, rec, w1, err := l.recordAt(p, off, decodeUnsummed)
 	if err != nil {
 		return Record{}, err
 	}
 	defer h.seg.Close()
+	dst, err := alloc(len(rec))
+	if err != nil {
+		return Record{}, err
+	}
 	if len(dst) < len(rec) {
 		return Record{}, fmt.Errorf("mq: offset %d of partition %d: a %d-byte record into %d bytes: %w", off, p, len(rec), len(dst), io.ErrShortBuffer)
 	}
 	dst = dst[:len(rec)]
-	if crc := copySum(dst, rec); crc != uint32(w1) {
+	if crc := copySum(dst, rec, dst); crc != uint32(w1) {
 		return Record{}, fmt.Errorf("mq: partition %d offset %d: the record fails its checksum: %w", p, off, shm.ErrCorrupt)
 	}
 	return Record{Offset: off, Payload: dst, CRC: uint32(w1)}, nil

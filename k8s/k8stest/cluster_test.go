@@ -76,8 +76,19 @@ func TestStartRBAC(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if sar := review(); !sar.Status.Allowed {
-		t.Fatalf("SubjectAccessReview denies alice after the binding: %+v", sar.Status)
+	// The RBAC authorizer reads bindings from the API server's informer
+	// cache: a new binding takes effect once the cache has it, a moment
+	// after its Create returned (on a loaded machine, longer).
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for deadline := time.Now().Add(30 * time.Second); ; <-tick.C {
+		sar := review()
+		if sar.Status.Allowed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SubjectAccessReview still denies alice 30 s after the binding: %+v", sar.Status)
+		}
 	}
 	if _, err := alice.CoreV1().ConfigMaps(ns.Name).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("alice cannot create a ConfigMap after the binding: %v", err)

@@ -168,10 +168,18 @@ func TestRBAC(t *testing.T) {
 		}
 	}
 
-	for _, tc := range []struct {
+	type access struct {
 		ns, group, resource, sub, name, verb string
 		allowed                              bool
-	}{
+	}
+	review := func(ctx context.Context, tc access) (*authzv1.SubjectAccessReview, error) {
+		return c.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User: controllerUser,
+			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: tc.ns, Group: tc.group, Resource: tc.resource,
+				Subresource: tc.sub, Name: tc.name, Verb: tc.verb},
+		}}, metav1.CreateOptions{})
+	}
+	cases := []access{
 		{"", "", "nodes", "", "", "list", true},
 		{"", "", "nodes", "", "", "watch", true},
 		{"", "", "nodes", "", "dev4-n0", "patch", true},
@@ -224,13 +232,22 @@ func TestRBAC(t *testing.T) {
 		{"", "", "secrets", "", "", "list", false},
 		{"", "", "pods", "", "", "create", false},
 		{"", "rbac.authorization.k8s.io", "clusterroles", "", "", "create", false},
-	} {
-		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User: controllerUser,
-			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: tc.ns, Group: tc.group, Resource: tc.resource,
-				Subresource: tc.sub, Name: tc.name, Verb: tc.verb},
-		}}
-		got, err := c.Client().AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+	}
+	// The RBAC authorizer reads bindings from the API server's informer
+	// cache: they take effect a moment after their Create returned (on a
+	// loaded machine, longer). Wait for the first rule each binding
+	// grants, then judge every case once.
+	poll(t, "the bindings in effect", func(ctx context.Context) (bool, error) {
+		for _, tc := range []access{cases[0], {"ubkit-system", "coordination.k8s.io", "leases", "", "", "create", true}} {
+			got, err := review(ctx, tc)
+			if err != nil || !got.Status.Allowed {
+				return false, err
+			}
+		}
+		return true, nil
+	})
+	for _, tc := range cases {
+		got, err := review(ctx, tc)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -248,10 +248,12 @@ func TestGone(t *testing.T) {
 		if _, err := r.Get(ctx, bad); !errors.Is(err, ErrChecksum) {
 			t.Errorf("a wrong checksum (remote %v): %v, want ErrChecksum", r.cfg.Remote, err)
 		}
-		bad = refs[9]
-		bad.Length--
-		if _, err := r.Get(ctx, bad); !errors.Is(err, ErrChecksum) {
-			t.Errorf("a wrong length (remote %v): %v, want ErrChecksum", r.cfg.Remote, err)
+		for _, d := range []int{-1, 1} {
+			bad = refs[9]
+			bad.Length = uint32(int(bad.Length) + d)
+			if _, err := r.Get(ctx, bad); !errors.Is(err, ErrChecksum) {
+				t.Errorf("a length %+d off (remote %v): %v, want ErrChecksum", d, r.cfg.Remote, err)
+			}
 		}
 		bad = refs[9]
 		bad.Offset += 8

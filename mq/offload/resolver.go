@@ -113,12 +113,17 @@ func (r *Resolver) Get(ctx context.Context, ref Ref) ([]byte, error) {
 	if l == nil {
 		return r.remote(ctx, ref)
 	}
-	rec, err := l.CopyAt(ref.Partition, ref.Offset, make([]byte, ref.Length))
-	if err != nil {
-		if errors.Is(err, io.ErrShortBuffer) {
-			// Not the reference's record.
-			return nil, fmt.Errorf("offload: %s: %v: %w", ref, err, ErrChecksum)
+	rec, err := l.CopyAt(ref.Partition, ref.Offset, func(n int) ([]byte, error) {
+		if n != int(ref.Length) {
+			// Not the reference's record: nothing allocated for it.
+			return nil, fmt.Errorf("offload: %s: found %d bytes: %w", ref, n, ErrChecksum)
 		}
+		return make([]byte, n), nil
+	})
+	if errors.Is(err, ErrChecksum) {
+		return nil, err
+	}
+	if err != nil {
 		return nil, readErr(ref, err)
 	}
 	if err := verifyRecord(ref, rec); err != nil {
