@@ -985,48 +985,13 @@ func TestExportMapRefusals(t *testing.T) {
 func TestRemoteCancelCause(t *testing.T) {
 	for _, stage := range []string{"stat", "chunks"} {
 		t.Run(stage, func(t *testing.T) {
-			content := make([]byte, 1<<20)
 			asked := make(chan struct{}, 16)
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			var wg sync.WaitGroup
-			t.Cleanup(func() { ln.Close(); wg.Wait() })
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						defer c.Close()
-						for {
-							q, err := readRequest(c)
-							if err != nil {
-								return
-							}
-							if q.op == opStat && stage == "chunks" {
-								info := statInfo{size: int64(len(content)), chunk: 64 << 10}
-								for off := 0; off < len(content); off += info.chunk {
-									info.hashes = append(info.hashes, xxhash.Sum64(content[off:off+info.chunk]))
-								}
-								p := info.encode()
-								c.Write(append(response{payload: uint64(len(p))}.encode(), p...))
-								continue
-							}
-							asked <- struct{}{} // and never answer
-						}
-					}()
-				}
-			}()
-			dial := func(ctx context.Context, addr string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "tcp", ln.Addr().String())
+			var dial func(ctx context.Context, addr string) (net.Conn, error)
+			if stage == "chunks" {
+				// Stats answered, chunk requests never.
+				dial = hostile(t, make([]byte, 1<<20), func(net.Conn, request) { asked <- struct{}{} })
+			} else {
+				dial = silent(t, asked)
 			}
 			cause := errors.New("the caller gave up")
 			ctx, cancel := context.WithCancelCause(context.Background())
@@ -1034,11 +999,46 @@ func TestRemoteCancelCause(t *testing.T) {
 				<-asked
 				cancel(cause)
 			}()
-			_, err = OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial, RequestTimeout: time.Minute,
+			_, err := OpenRemote(ctx, "ub://n0/x/f", &RemoteOptions{Dial: dial, RequestTimeout: time.Minute,
 				Options: Options{Parallel: 4, Private: true}})
 			if !errors.Is(err, cause) {
 				t.Fatalf("the load ended with %v, not the ctx's cause", err)
 			}
 		})
+	}
+}
+
+// silent is a dialer of an export that reads requests and never answers
+// them, telling asked of each connection's first bytes.
+func silent(t *testing.T, asked chan<- struct{}) func(ctx context.Context, addr string) (net.Conn, error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				if _, err := c.Read(make([]byte, 1)); err == nil {
+					asked <- struct{}{}
+				}
+				io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", ln.Addr().String())
 	}
 }

@@ -10,10 +10,7 @@ import (
 func BenchmarkPut1MiB(b *testing.B) {
 	s := openStore(b, StoreConfig{})
 	ctx := context.Background()
-	src := make([]byte, 1<<20)
-	for i := range src {
-		src[i] = byte(i * 7)
-	}
+	src := payload1MiB()
 	b.SetBytes(int64(len(src)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -34,10 +31,7 @@ func BenchmarkPut1MiB(b *testing.B) {
 func BenchmarkStorePut1MiB(b *testing.B) {
 	s := openStore(b, StoreConfig{})
 	ctx := context.Background()
-	src := make([]byte, 1<<20)
-	for i := range src {
-		src[i] = byte(i * 7)
-	}
+	src := payload1MiB()
 	b.SetBytes(int64(len(src)))
 	b.ReportAllocs()
 	for b.Loop() {
@@ -54,18 +48,8 @@ func BenchmarkView1MiB(b *testing.B) {
 	s := openStore(b, StoreConfig{})
 	r := newResolver(b, ResolverConfig{})
 	ctx := context.Background()
-	src := make([]byte, 1<<20)
-	for i := range src {
-		src[i] = byte(i * 7)
-	}
-	var refs []Ref
-	for range 32 {
-		ref, err := s.Put(ctx, src)
-		if err != nil {
-			b.Fatal(err)
-		}
-		refs = append(refs, ref)
-	}
+	src := payload1MiB()
+	refs := putAll(b, s, src, 32)
 	b.SetBytes(int64(len(src)))
 	b.ReportAllocs()
 	i := 0
@@ -94,18 +78,8 @@ func benchCopyOut(b *testing.B, viewCopy bool) {
 	s := openStore(b, StoreConfig{})
 	r := newResolver(b, ResolverConfig{})
 	ctx := context.Background()
-	src := make([]byte, 1<<20)
-	for i := range src {
-		src[i] = byte(i * 7)
-	}
-	var refs []Ref
-	for range 32 {
-		ref, err := s.Put(ctx, src)
-		if err != nil {
-			b.Fatal(err)
-		}
-		refs = append(refs, ref)
-	}
+	src := payload1MiB()
+	refs := putAll(b, s, src, 32)
 	b.SetBytes(int64(len(src)))
 	b.ReportAllocs()
 	i := 0
@@ -132,4 +106,26 @@ func benchCopyOut(b *testing.B, viewCopy bool) {
 			b.Fatal(len(p))
 		}
 	}
+}
+
+// payload1MiB is the benchmarks' 1 MiB payload.
+func payload1MiB() []byte {
+	src := make([]byte, 1<<20)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	return src
+}
+
+// putAll puts src into s n times and returns the references.
+func putAll(b *testing.B, s *Store, src []byte, n int) []Ref {
+	var refs []Ref
+	for range n {
+		ref, err := s.Put(context.Background(), src)
+		if err != nil {
+			b.Fatal(err)
+		}
+		refs = append(refs, ref)
+	}
+	return refs
 }
