@@ -162,6 +162,30 @@ func TestExportRefuses(t *testing.T) {
 // reads as bad says.
 func hostile(t *testing.T, content []byte, bad func(c net.Conn, q request)) func(ctx context.Context, addr string) (net.Conn, error) {
 	t.Helper()
+	return fakeExport(t, func(c net.Conn) {
+		for {
+			q, err := readRequest(c)
+			if err != nil {
+				return
+			}
+			if q.op == opStat {
+				info := statInfo{size: int64(len(content)), chunk: 64 << 10}
+				for off := 0; off < len(content); off += info.chunk {
+					info.hashes = append(info.hashes, xxhash.Sum64(content[off:min(off+info.chunk, len(content))]))
+				}
+				p := info.encode()
+				c.Write(append(response{payload: uint64(len(p))}.encode(), p...))
+				continue
+			}
+			bad(c, q)
+		}
+	})
+}
+
+// fakeExport listens on a local port and runs serve for each connection
+// (closed after it), until the test ends; it returns a dialer of it.
+func fakeExport(t *testing.T, serve func(c net.Conn)) func(ctx context.Context, addr string) (net.Conn, error) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -180,22 +204,7 @@ func hostile(t *testing.T, content []byte, bad func(c net.Conn, q request)) func
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				for {
-					q, err := readRequest(c)
-					if err != nil {
-						return
-					}
-					if q.op == opStat {
-						info := statInfo{size: int64(len(content)), chunk: 64 << 10}
-						for off := 0; off < len(content); off += info.chunk {
-							info.hashes = append(info.hashes, xxhash.Sum64(content[off:min(off+info.chunk, len(content))]))
-						}
-						p := info.encode()
-						c.Write(append(response{payload: uint64(len(p))}.encode(), p...))
-						continue
-					}
-					bad(c, q)
-				}
+				serve(c)
 			}()
 		}
 	}()
@@ -1012,33 +1021,10 @@ func TestRemoteCancelCause(t *testing.T) {
 // them, telling asked of each connection's first bytes.
 func silent(t *testing.T, asked chan<- struct{}) func(ctx context.Context, addr string) (net.Conn, error) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				if _, err := c.Read(make([]byte, 1)); err == nil {
-					asked <- struct{}{}
-				}
-				io.Copy(io.Discard, c)
-			}()
+	return fakeExport(t, func(c net.Conn) {
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			asked <- struct{}{}
 		}
-	}()
-	return func(ctx context.Context, addr string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", ln.Addr().String())
-	}
+		io.Copy(io.Discard, c)
+	})
 }
