@@ -138,33 +138,28 @@ func (r *Resolver) Get(ctx context.Context, ref Ref) ([]byte, error) {
 // buffer. Errors: ErrPayloadGone, ErrChecksum, ErrTooLarge, ErrBadRef,
 // or the fetch's.
 func (r *Resolver) View(ctx context.Context, ref Ref) (payload []byte, release func(), err error) {
-	b, release, _, err := r.view(ctx, ref)
-	return b, release, err
-}
-
-func (r *Resolver) view(ctx context.Context, ref Ref) ([]byte, func(), bool, error) {
 	l, err := r.local(ref)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, err
 	}
-	if l != nil {
-		rec, release, err := l.ReadAt(ref.Partition, ref.Offset)
+	if l == nil {
+		b, err := r.remote(ctx, ref)
 		if err != nil {
-			return nil, nil, false, readErr(ref, err)
+			return nil, nil, err
 		}
-		// ReadAt checked the payload against its header's checksum:
-		// the reference's must be that one (no second sum of it).
-		if err := verifyRecord(ref, rec); err != nil {
-			release()
-			return nil, nil, false, err
-		}
-		return rec.Payload, release, true, nil
+		return b, func() {}, nil
 	}
-	b, err := r.remote(ctx, ref)
+	rec, release, err := l.ReadAt(ref.Partition, ref.Offset)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, readErr(ref, err)
 	}
-	return b, func() {}, false, nil
+	// ReadAt checked the payload against its header's checksum: the
+	// reference's must be that one (no second sum of it).
+	if err := verifyRecord(ref, rec); err != nil {
+		release()
+		return nil, nil, err
+	}
+	return rec.Payload, release, nil
 }
 
 // local checks ref against the resolver's limits and returns its log if
