@@ -225,3 +225,6 @@ func AllowedCPU(n int) (int, error) { return 0, errUnsupported }
 
 // MappingOf fails: shared memory needs Linux.
 func MappingOf(b []byte) (Mapping, error) { return Mapping{}, errUnsupported }
+
+// RenameSegment fails: see the Linux version.
+func RenameSegment(old, name string, zero bool) (*Segment, error) { return nil, errUnsupported }

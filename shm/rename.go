@@ -1,0 +1,113 @@
+//go:build linux
+
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// RenameSegment gives this user's named segment old the name name, if no
+// open Segment holds it, in this process or any other, and returns it
+// open under its new name. Every open Segment holds its file locked
+// shared for as long as it is open (see Segment); RenameSegment takes the
+// lock exclusively, without waiting: if anyone holds it, it fails with an
+// error wrapping ErrLocked and changes nothing. So no mapping of the
+// segment exists while it is renamed, and whoever opens old after it
+// finds none (os.ErrNotExist): a segment's name never names other bytes
+// for a holder that found it under it.
+//
+// With zero, the data area is zeroed and the header made anew (a new
+// ID, this process the creator), before the new name is given: the
+// segment is then what CreateSegment(name) would have made, of the same
+// size, without the kernel allocating and zeroing its pages again. That
+// is its use: reusing a segment that nobody needs any more as a new one.
+//
+// name must be free: taken (or made under another file, see
+// CreateSegment), the error wraps os.ErrExist and old keeps its name. old
+// must be at its own file, not one made because another user's file was
+// in the way; such a segment is never renamed (an error wrapping
+// ErrLocked). A missing old wraps os.ErrNotExist.
+func RenameSegment(old, name string, zero bool) (*Segment, error) {
+	if err := checkName(old); err != nil {
+		return nil, err
+	}
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	if _, ok := liveAlt(old); ok {
+		return nil, fmt.Errorf("shm: rename segment %s: made in another file: %w", old, ErrLocked)
+	}
+	if _, ok := liveAlt(name); ok {
+		return nil, &os.PathError{Op: "rename segment", Path: name, Err: unix.EEXIST}
+	}
+	file := userPrefix() + old
+	path := filepath.Join(ShmDir, file)
+	newFile := userPrefix() + name
+	newPath := filepath.Join(ShmDir, newFile)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "rename segment", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("shm: rename segment %s: %w", path, err)
+	}
+	if !ownRegular(&st) || st.Nlink != 1 || st.Mode&0o077 != 0 {
+		unix.Close(fd)
+		return nil, &foreignError{path, st.Uid, st.Mode, uint64(st.Nlink)}
+	}
+	// A fresh open file description holds no lock of ours: taking it
+	// exclusively fails if any Segment (any descriptor, this process's
+	// too) holds the file, and blocks nobody for long (only openers,
+	// which then find the name gone or another file under it).
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("shm: rename segment %s: in use: %w", old, ErrLocked)
+		}
+		return nil, fmt.Errorf("shm: rename segment %s: lock: %w", path, err)
+	}
+	var now unix.Stat_t
+	if err := unix.Lstat(path, &now); err != nil || statID(&now) != statID(&st) {
+		// Renamed or removed by another before we held it.
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "rename segment", Path: path, Err: unix.ENOENT}
+	}
+	s, err := mapExisting(fd)
+	if err != nil {
+		return nil, fmt.Errorf("shm: rename segment %s: %w", path, err)
+	}
+	if zero {
+		// Fault the pages in for writing in one call (they exist: no
+		// allocation, no zeroing by the kernel), then zero them.
+		_ = unix.Madvise(s.mem, unix.MADV_POPULATE_WRITE)
+		clear(s.mem[HeaderSize:])
+		s.initHeader(len(s.mem))
+		s.commit()
+	}
+	if renameHook != nil {
+		renameHook("held")
+	}
+	if err := unix.Renameat2(unix.AT_FDCWD, path, unix.AT_FDCWD, newPath, unix.RENAME_NOREPLACE); err != nil {
+		s.Close()
+		return nil, &os.PathError{Op: "rename segment", Path: newPath, Err: err}
+	}
+	// Shared again, as every holder: the change is atomic (no other
+	// lock can come between).
+	if err := unix.Flock(s.fd, unix.LOCK_SH); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("shm: rename segment %s: lock: %w", newPath, err)
+	}
+	s.name, s.file = name, newFile
+	return published(s, nil)
+}
+
+// renameHook, if set, is called by RenameSegment while it holds the file
+// exclusively, before the rename: tests open the old name there.
+var renameHook func(step string)
