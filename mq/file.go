@@ -156,7 +156,7 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 		if f := testSegClaimed.Load(); f != nil {
 			(*f)(l, p, k)
 		}
-		seg, err := shm.CreateSegment(segName(l.name, p, k), size, opts)
+		seg, err := l.newSeg(p, k, true)
 		if err != nil {
 			unmake(pt, k, err)
 			return nil, err
@@ -481,9 +481,7 @@ func (l *Log) expire(p int, pt *partition) int {
 			return 0
 		}
 		if pt.head.CompareAndSwap(h, newHead) {
-			for i := h; i < newHead; i++ {
-				l.removeSeg(p, i)
-			}
+			l.removeSegs(p, h, newHead)
 			l.wakeBlocked(pt)
 			return int(newHead - h)
 		}

@@ -79,6 +79,16 @@ type Config struct {
 	// MaxAge, if positive, is retention by age: a segment whose newest
 	// record is older than MaxAge is dropped (see Log.Expire).
 	MaxAge time.Duration
+	// Recycle reuses the memory of segments that retention dropped for
+	// new ones, instead of giving it back to the kernel and having it
+	// allocate and zero fresh pages for every new segment (most of what
+	// a producer of large records spends). A dropped segment is reused
+	// only when no process has it mapped (no Reader, loan, ReadAt or
+	// CopyAt in it), so nobody ever sees its bytes change; one that is
+	// mapped is removed as without Recycle. A partition then holds up
+	// to one segment more (the spare). Only for logs in /dev/shm (not
+	// with Dir). See docs/mq.md, "Segment recycling".
+	Recycle bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -100,6 +110,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("mq: %d segments kept, want at least 2", c.Segments)
 	case c.Full > FullOverwrite:
 		return c, fmt.Errorf("mq: unknown full policy %d", c.Full)
+	case c.Recycle && c.Dir != "":
+		return c, errors.New("mq: Recycle is for logs in /dev/shm, not with Dir")
 	}
 	return c.durableDefaults()
 }
@@ -116,6 +128,7 @@ const (
 	offFlush    = 40 // Config.Flush
 	offPeriod   = 48 // Config.FlushPeriod in ns
 	offMaxAge   = 56 // Config.MaxAge in ns
+	offRecycle  = 72 // Config.Recycle: 1 if set
 	// offAnySeq is a u32 futex word that every commit or abort in any
 	// partition wakes when offAnySleepers (u32) says somebody sleeps on
 	// it: a consumer group member that owns several partitions sleeps
@@ -128,7 +141,7 @@ const (
 	maxReaders   = 64
 	offReaders   = offProducers + maxProducers*16 // one line each: owner, partition, offset
 	offParts0    = offReaders + maxReaders*line
-	partStride   = 3 * line // tail | head, aborted, made, torn, synced, padEnds | seq, sleepers, freed, blocked
+	partStride   = 3 * line // tail | head, aborted, made, torn, synced, padEnds | seq, sleepers, freed, blocked, reused
 	// offPadEnds (in a partition's words): padRing words, the log offset
 	// of the padding that ends segment k in word k mod padRing, written
 	// by the producer that commits it. A consumer group whose next
@@ -178,6 +191,7 @@ type partition struct {
 	seq, sleepers       *atomic.Uint32  // readers asleep wait on seq
 	anySeq, anySleepers *atomic.Uint32  // the log's: waiters on any partition (offAnySeq)
 	freed, blocked      *atomic.Uint32  // producers blocked on a full partition wait on freed
+	reused              *atomic.Uint64  // segments made of the spare (Config.Recycle)
 	padEnds             []atomic.Uint64 // offPadEnds
 
 	mu   sync.Mutex
@@ -280,6 +294,13 @@ func segName(name string, p int, k uint64) string {
 	return fmt.Sprintf("mq-%s-p%d-s%d", name, p, k)
 }
 
+// spareName is the name of partition p's spare segment under
+// Config.Recycle: a segment retention dropped, kept to be made the next
+// new one.
+func spareName(name string, p int) string {
+	return fmt.Sprintf("mq-%s-p%d-spare", name, p)
+}
+
 // Create makes log name (a shm segment name) with configuration c and opens
 // it. It fails with an error wrapping os.ErrExist if the log exists.
 //
@@ -310,6 +331,14 @@ func Create(name string, c Config) (*Log, error) {
 			return nil, err
 		}
 	}
+	if c.Dir == "" {
+		// A spare left by a log of this name before (its processes
+		// died with it) would only be zeroed and reused, but one of
+		// another size would take the place of this log's.
+		for p := range c.Partitions {
+			removeSpare(name, p)
+		}
+	}
 	writeConfig(meta, c)
 	publish(meta)
 	l, err := open(name, meta, lock)
@@ -336,6 +365,10 @@ func writeConfig(meta *shm.Segment, c Config) {
 		uint64(c.Flush), uint64(c.FlushPeriod), uint64(c.MaxAge)} {
 		w, _ := meta.Uint64At(offParts + 8*i)
 		w.Store(v)
+	}
+	if c.Recycle {
+		w, _ := meta.Uint64At(offRecycle)
+		w.Store(1)
 	}
 	n, _ := meta.Uint64At(offDir)
 	n.Store(uint64(len(c.Dir)))
@@ -393,6 +426,7 @@ func open(name string, meta *shm.Segment, lock *os.File) (*Log, error) {
 		Flush:       FlushPolicy(min(word(offFlush).Load(), 255)),
 		FlushPeriod: time.Duration(min(word(offPeriod).Load(), 1<<62)),
 		MaxAge:      time.Duration(min(word(offMaxAge).Load(), 1<<62)),
+		Recycle:     word(offRecycle).Load() != 0,
 	}
 	if n := word(offDir).Load(); n > 0 && n <= maxDir {
 		dir := make([]byte, n)
@@ -441,6 +475,7 @@ func open(name string, meta *shm.Segment, lock *os.File) (*Log, error) {
 			torn: word(base + line + 24), synced: word(base + line + 32),
 			seq: word32(base + 2*line), sleepers: word32(base + 2*line + 4),
 			freed: word32(base + 2*line + 8), blocked: word32(base + 2*line + 12),
+			reused: word(base + 2*line + 16),
 			anySeq: word32(offAnySeq), anySleepers: word32(offAnySleepers),
 			padEnds: words(base+offPadEnds, padRing),
 			segs:    map[uint64]*mapped{},
@@ -468,6 +503,10 @@ func Remove(name string) error {
 	}
 	if l.cfg.Dir != "" {
 		errs = append(errs, os.Remove(configPath(l.cfg.Dir, name)))
+	} else {
+		for p := range l.parts {
+			errs = append(errs, removeSpare(name, p))
+		}
 	}
 	errs = append(errs, l.meta.Unlink(), l.Close())
 	return errors.Join(errs...)
@@ -692,7 +731,7 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 		}
 		size := l.cfg.SegmentSize
 		// Its birth stays 0 until the tail enters it (entered).
-		seg, err := shm.CreateSegment(segName(l.name, p, k), size+trailer, &shm.SegmentConfig{Keep: true})
+		seg, err := l.newSeg(p, k, false)
 		if err != nil {
 			// Given back: the producer that reaches segment k makes it
 			// in its path (and if that fails too, says why; this error
@@ -767,10 +806,55 @@ func (l *Log) ensureRoom(ctx context.Context, p int, pt *partition, k uint64) er
 // /dev/shm at once), and a process killed with removals pending left
 // segments behind the head that Remove never looks at, which a log made
 // again under the same name then read as its own.
+//
+// Under Config.Recycle a dropped segment that no process has mapped
+// becomes the partition's spare instead, if it has none (a rename, which
+// openers of the old name see as the segment gone); newSeg makes the
+// next segment of it.
 func (l *Log) removeSegs(p int, from, to uint64) {
 	for i := from; i < to; i++ {
+		if l.cfg.Recycle {
+			if s, err := shm.RenameSegment(segName(l.name, p, i), spareName(l.name, p)); err == nil {
+				s.Close()
+				continue
+			}
+		}
 		l.removeSeg(p, i)
 	}
+}
+
+// newSeg creates segment k of partition p in /dev/shm, for its maker (the
+// made count says who): under Config.Recycle from the partition's spare,
+// zeroed, if there is one that nobody holds, else anew (with its pages
+// faulted in at once if populate). Its errors are shm.CreateSegment's.
+func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
+	name, size := segName(l.name, p, k), l.cfg.SegmentSize+trailer
+	if l.cfg.Recycle {
+		s, err := shm.ReuseSegment(spareName(l.name, p), name, size)
+		if err == nil {
+			l.parts[p].reused.Add(1)
+		}
+		if err == nil || errors.Is(err, os.ErrExist) {
+			// ErrExist: the segment is there, made by a producer that
+			// took this maker for dead (takeOver), as CreateSegment
+			// would have found it.
+			return s, err
+		}
+	}
+	return shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: populate})
+}
+
+// removeSpare removes the spare segment of partition p of log name, if
+// there is one (Config.Recycle).
+func removeSpare(name string, p int) error {
+	s, err := shm.OpenSegment(spareName(name, p))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return errors.Join(s.Unlink(), s.Close())
 }
 
 // waitFreed waits until ready, woken by readers that move to a new
@@ -1083,6 +1167,9 @@ type Stats struct {
 	// (a machine crash lost part of them) and aborted: see docs/mq.md,
 	// "Durability".
 	Torn uint64
+	// Reused counts the segments made of a segment retention dropped
+	// (Config.Recycle), rather than of fresh memory.
+	Reused uint64
 }
 
 // Stats returns partition p's counters.
@@ -1091,7 +1178,7 @@ func (l *Log) Stats(p int) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	return Stats{Tail: pt.tail.Load(), Oldest: pt.head.Load() * uint64(l.cfg.SegmentSize), Aborted: pt.aborted.Load(), Torn: pt.torn.Load()}, nil
+	return Stats{Tail: pt.tail.Load(), Oldest: pt.head.Load() * uint64(l.cfg.SegmentSize), Aborted: pt.aborted.Load(), Torn: pt.torn.Load(), Reused: pt.reused.Load()}, nil
 }
 
 // bornNow stamps segment m's birth with now, unless it has one.

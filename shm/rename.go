@@ -18,21 +18,35 @@ import (
 // lock exclusively, without waiting: if anyone holds it, it fails with an
 // error wrapping ErrLocked and changes nothing. So no mapping of the
 // segment exists while it is renamed, and whoever opens old after it
-// finds none (os.ErrNotExist): a segment's name never names other bytes
-// for a holder that found it under it.
-//
-// With zero, the data area is zeroed and the header made anew (a new
-// ID, this process the creator), before the new name is given: the
-// segment is then what CreateSegment(name) would have made, of the same
-// size, without the kernel allocating and zeroing its pages again. That
-// is its use: reusing a segment that nobody needs any more as a new one.
+// finds none (os.ErrNotExist): a name never comes to name other bytes
+// for a holder that found the segment under it.
 //
 // name must be free: taken (or made under another file, see
 // CreateSegment), the error wraps os.ErrExist and old keeps its name. old
 // must be at its own file, not one made because another user's file was
 // in the way; such a segment is never renamed (an error wrapping
 // ErrLocked). A missing old wraps os.ErrNotExist.
-func RenameSegment(old, name string, zero bool) (*Segment, error) {
+func RenameSegment(old, name string) (*Segment, error) {
+	return renameSegment(old, name, 0)
+}
+
+// ReuseSegment is RenameSegment that makes old, a segment of size data
+// bytes (as CreateSegment(old, size) made it; another size is an error
+// and changes nothing), what CreateSegment(name, size) would make: its
+// data zeroed and its header made anew (a new ID, this process its
+// creator), all before the new name is given, without the kernel
+// allocating and zeroing pages again. That is its use: a segment nobody
+// needs any more made a new one. If the rename fails after the zeroing,
+// old keeps its name, zeroed: a crash never leaves old bytes under name.
+func ReuseSegment(old, name string, size int) (*Segment, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("shm: segment size %d must be positive", size)
+	}
+	return renameSegment(old, name, size)
+}
+
+// renameSegment is RenameSegment, and ReuseSegment if size > 0.
+func renameSegment(old, name string, size int) (*Segment, error) {
 	if err := checkName(old); err != nil {
 		return nil, err
 	}
@@ -49,6 +63,10 @@ func RenameSegment(old, name string, zero bool) (*Segment, error) {
 	path := filepath.Join(ShmDir, file)
 	newFile := userPrefix() + name
 	newPath := filepath.Join(ShmDir, newFile)
+	if _, err := os.Lstat(newPath); err == nil {
+		// Taken (checked again, atomically, by the rename itself).
+		return nil, &os.PathError{Op: "rename segment", Path: newPath, Err: unix.EEXIST}
+	}
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "rename segment", Path: path, Err: err}
@@ -83,7 +101,11 @@ func RenameSegment(old, name string, zero bool) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: rename segment %s: %w", path, err)
 	}
-	if zero {
+	if size > 0 {
+		if total := pageAlign(HeaderSize + size); len(s.mem) != total {
+			s.Close()
+			return nil, fmt.Errorf("shm: reuse segment %s of %d bytes as one of %d", old, len(s.mem)-HeaderSize, total-HeaderSize)
+		}
 		// Fault the pages in for writing in one call (they exist: no
 		// allocation, no zeroing by the kernel), then zero them.
 		_ = unix.Madvise(s.mem, unix.MADV_POPULATE_WRITE)

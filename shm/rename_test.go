@@ -41,7 +41,11 @@ func TestRenameSegment(t *testing.T) {
 			}
 			id := before.ID()
 			before.Close()
-			s, err := RenameSegment(old, name, zero)
+			rename := func() (*Segment, error) { return RenameSegment(old, name) }
+			if zero {
+				rename = func() (*Segment, error) { return ReuseSegment(old, name, 3*4096) }
+			}
+			s, err := rename()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,7 +77,7 @@ func TestRenameSegment(t *testing.T) {
 			}
 			// The returned segment holds its lock: it cannot be renamed
 			// again while open.
-			if _, err := RenameSegment(name, old, false); !errors.Is(err, ErrLocked) {
+			if _, err := RenameSegment(name, old); !errors.Is(err, ErrLocked) {
 				t.Fatalf("renaming a segment held open: %v, want ErrLocked", err)
 			}
 		})
@@ -86,7 +90,7 @@ func TestRenameSegment(t *testing.T) {
 func TestRenameSegmentInUse(t *testing.T) {
 	check := func(t *testing.T, old, name string, want []byte) {
 		t.Helper()
-		if _, err := RenameSegment(old, name, true); !errors.Is(err, ErrLocked) {
+		if _, err := ReuseSegment(old, name, 3*4096); !errors.Is(err, ErrLocked) {
 			t.Fatalf("RenameSegment of a held segment: %v, want ErrLocked", err)
 		}
 		s, err := OpenSegment(old)
@@ -109,7 +113,7 @@ func TestRenameSegmentInUse(t *testing.T) {
 		}
 		check(t, old, name, want)
 		h.Close()
-		s, err := RenameSegment(old, name, false)
+		s, err := RenameSegment(old, name)
 		if err != nil {
 			t.Fatalf("rename once the holder closed: %v", err)
 		}
@@ -121,7 +125,7 @@ func TestRenameSegmentInUse(t *testing.T) {
 			holder := startHolder(t, old, hold)
 			check(t, old, name, want)
 			kill(t, holder)
-			s, err := RenameSegment(old, name, false)
+			s, err := RenameSegment(old, name)
 			if err != nil {
 				t.Fatalf("rename once the holder died: %v", err)
 			}
@@ -146,7 +150,7 @@ func TestRenameSegmentOpenerMeanwhile(t *testing.T) {
 		waitParked(t, 1, "syscall", "shm.openNamedOnce(")
 	}
 	defer func() { renameHook = nil }()
-	s, err := RenameSegment(old, name, true)
+	s, err := ReuseSegment(old, name, 3*4096)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +168,7 @@ func TestRenameSegmentRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer taken.Close()
-		if _, err := RenameSegment(old, name, false); !errors.Is(err, os.ErrExist) {
+		if _, err := RenameSegment(old, name); !errors.Is(err, os.ErrExist) {
 			t.Fatalf("rename onto a taken name: %v, want os.ErrExist", err)
 		}
 		s, err := OpenSegment(old)
@@ -176,16 +180,56 @@ func TestRenameSegmentRefusals(t *testing.T) {
 			t.Fatal("a refused rename (without zero) changed the segment")
 		}
 	})
+	t.Run("name taken meanwhile", func(t *testing.T) {
+		// Past the early check, the rename itself refuses to replace.
+		old, name, _ := renameFixture(t)
+		var taken *Segment
+		renameHook = func(string) {
+			var err error
+			if taken, err = CreateSegment(name, 4096, nil); err != nil {
+				t.Error(err)
+			}
+		}
+		defer func() { renameHook = nil }()
+		if _, err := ReuseSegment(old, name, 3*4096); !errors.Is(err, os.ErrExist) {
+			t.Fatalf("reuse onto a name taken meanwhile: %v, want os.ErrExist", err)
+		}
+		if taken != nil {
+			taken.Close()
+		}
+		s, err := OpenSegment(old)
+		if err != nil {
+			t.Fatalf("old after a refused reuse: %v", err)
+		}
+		defer s.Close()
+		if !bytes.Equal(s.Data(), make([]byte, s.Size())) {
+			t.Fatal("a reuse refused at the rename left old unzeroed")
+		}
+	})
+	t.Run("another size", func(t *testing.T) {
+		old, name, want := renameFixture(t)
+		if _, err := ReuseSegment(old, name, 2*4096); err == nil {
+			t.Fatal("a segment of 3 pages was reused as one of 2")
+		}
+		s, err := OpenSegment(old)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if !bytes.Equal(s.Data(), want) {
+			t.Fatal("a refused reuse changed the segment")
+		}
+	})
 	t.Run("missing", func(t *testing.T) {
-		if _, err := RenameSegment(testName(t), testName(t)+"-new", true); !errors.Is(err, os.ErrNotExist) {
+		if _, err := ReuseSegment(testName(t), testName(t)+"-new", 4096); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("rename of no segment: %v, want os.ErrNotExist", err)
 		}
 	})
 	t.Run("bad names", func(t *testing.T) {
-		if _, err := RenameSegment("../x", "y", false); err == nil {
+		if _, err := RenameSegment("../x", "y"); err == nil {
 			t.Fatal("a bad old name was taken")
 		}
-		if _, err := RenameSegment(testName(t), "a/b", false); err == nil {
+		if _, err := RenameSegment(testName(t), "a/b"); err == nil {
 			t.Fatal("a bad new name was taken")
 		}
 	})

@@ -227,4 +227,7 @@ func AllowedCPU(n int) (int, error) { return 0, errUnsupported }
 func MappingOf(b []byte) (Mapping, error) { return Mapping{}, errUnsupported }
 
 // RenameSegment fails: see the Linux version.
-func RenameSegment(old, name string, zero bool) (*Segment, error) { return nil, errUnsupported }
+func RenameSegment(old, name string) (*Segment, error) { return nil, errUnsupported }
+
+// ReuseSegment fails: see the Linux version.
+func ReuseSegment(old, name string, size int) (*Segment, error) { return nil, errUnsupported }

@@ -1,0 +1,343 @@
+package mq
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/shm"
+)
+
+func init() {
+	testenv.RegisterChild("viewer", viewerChild)
+}
+
+// rollTo sends 1000-byte records to partition 0 of l until its tail is in
+// segment k, and waits for the segment made ahead. Each time the tail
+// enters a segment it waits until the handle has unmapped the segments
+// its cache let go of (they are unmapped in the background, and a
+// segment still mapped is not reused): these tests are about other
+// holders.
+func rollTo(t *testing.T, l *Log, k uint64) {
+	t.Helper()
+	ctx := timeout(t, 20*time.Second)
+	pt := l.parts[0]
+	size := uint64(l.cfg.SegmentSize)
+	b := make([]byte, 1000)
+	in := pt.tail.Load() / size
+	for i := uint64(0); pt.tail.Load() < k*size; i++ {
+		if now := pt.tail.Load() / size; now != in {
+			l.unmapping.Wait()
+			in = now
+		}
+		message(b, 9, i)
+		if _, err := l.Send(ctx, 0, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitAhead(t, pt)
+}
+
+// shmSegFiles is what each of segments [0, to) of partition 0 of l and its
+// spare are in /dev/shm (nil: not there).
+func shmSegFiles(l *Log, to uint64) (segs []os.FileInfo, spare os.FileInfo) {
+	for k := range to {
+		fi, _ := os.Stat(shmFile(segName(l.Name(), 0, k)))
+		segs = append(segs, fi)
+	}
+	spare, _ = os.Stat(shmFile(spareName(l.Name(), 0)))
+	return segs, spare
+}
+
+// reusedAs says which segment of partition 0 made so far, or its spare
+// (-1), is file fi now; -2 if none.
+func reusedAs(l *Log, fi os.FileInfo) int {
+	segs, spare := shmSegFiles(l, l.parts[0].made.Load())
+	for k, s := range segs {
+		if s != nil && os.SameFile(s, fi) {
+			return k
+		}
+	}
+	if spare != nil && os.SameFile(spare, fi) {
+		return -1
+	}
+	return -2
+}
+
+// TestRecycle: under Config.Recycle the segments retention drops become
+// the spare and then new segments, zeroed; the records read back are the
+// ones sent; the partition holds at most Segments+2 segment files (the
+// one made ahead and the spare); Remove removes the spare too.
+func TestRecycle(t *testing.T) {
+	const size, keep = 4096, 3
+	l := newLog(t, Config{SegmentSize: size, Segments: keep, Full: FullOverwrite, Recycle: true})
+	if !l.Config().Recycle {
+		t.Fatal("Config().Recycle is false")
+	}
+	o, err := Open(l.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	recycles := o.Config().Recycle
+	o.Close()
+	if !recycles {
+		t.Fatal("a handle opened on a recycling log reads Recycle false")
+	}
+	rollTo(t, l, 1)
+	first, _ := shmSegFiles(l, 1)
+	rollTo(t, l, 14)
+	st, _ := l.Stats(0)
+	if st.Reused < 10 {
+		t.Fatalf("stats %+v: %d segments reused of about 12 made after the first drop", st, st.Reused)
+	}
+	if k := reusedAs(l, first[0]); k < -1 {
+		t.Fatal("segment 0's file was not reused")
+	}
+	segs, spare := shmSegFiles(l, l.parts[0].made.Load())
+	var there []int
+	for k, s := range segs {
+		if s != nil {
+			there = append(there, k)
+		}
+	}
+	if head := int(l.parts[0].head.Load()); len(there) > keep+1 || there[0] != head {
+		t.Fatalf("segments %v in /dev/shm with the head at %d: want the head and at most %d more", there, head, keep)
+	}
+	// Every record kept reads back whole, in order, from recycled
+	// segments.
+	r := newReader(t, l, 0, Oldest)
+	ctx := timeout(t, 10*time.Second)
+	var last uint64
+	for n := 0; ; n++ {
+		rec, ok, err := r.NextBelow(ctx, st.Tail)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			if n < 4 {
+				t.Fatalf("%d records read from %d segments", n, keep)
+			}
+			break
+		}
+		_, seq := parse(t, rec.Payload)
+		if n > 0 && seq != last+1 {
+			t.Fatalf("record %d after %d", seq, last)
+		}
+		last = seq
+	}
+	r.Close()
+	if spare != nil {
+		t.Fatal("a spare segment left once the segment made ahead was made")
+	}
+}
+
+// TestRecycleSpares: Remove removes a partition's spare; Create removes
+// one left by a log of the same name before (of another size here, which
+// would never be reused and would keep the log from recycling).
+func TestRecycleSpares(t *testing.T) {
+	name := fmt.Sprintf("test-%d-%d", os.Getpid(), logSeq.Add(1))
+	spare := func(size int) {
+		t.Helper()
+		s, err := shm.CreateSegment(spareName(name, 0), size, &shm.SegmentConfig{Keep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	gone := func(when string) {
+		t.Helper()
+		if _, err := os.Stat(shmFile(spareName(name, 0))); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("the spare %s: %v", when, err)
+		}
+	}
+	t.Cleanup(func() { os.Remove(shmFile(spareName(name, 0))) })
+	spare(100)
+	l, err := Create(name, Config{SegmentSize: 4096, Segments: 3, Recycle: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone("after Create")
+	spare(4096 + trailer)
+	l.Close()
+	if err := Remove(name); err != nil {
+		t.Fatal(err)
+	}
+	gone("after Remove")
+}
+
+func TestRecycleRefusesDir(t *testing.T) {
+	if _, err := Create("test-recycle-dir", Config{Dir: t.TempDir(), Recycle: true}); err == nil {
+		t.Fatal("a file-backed log was made with Recycle")
+	}
+}
+
+// viewerChild opens log MQ_LOG, reads the record at offset 0 in place
+// (ReadAt) and says "viewing"; for each line on its standard input it
+// then says "same" if the record's bytes are still what they were, or
+// "changed".
+func viewerChild() int {
+	l, err := Open(os.Getenv("MQ_LOG"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	rec, release, err := l.ReadAt(0, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer release()
+	was := bytes.Clone(rec.Payload)
+	fmt.Println("viewing")
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		if bytes.Equal(rec.Payload, was) {
+			fmt.Println("same")
+		} else {
+			fmt.Println("changed")
+		}
+	}
+	return 0
+}
+
+// viewer is a viewerChild of log l.
+type viewer struct {
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Reader
+}
+
+func startViewer(t *testing.T, l *Log) *viewer {
+	t.Helper()
+	cmd := testenv.Child(t, "viewer", "MQ_LOG="+l.Name())
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	v := &viewer{cmd: cmd, in: in, out: bufio.NewReader(out)}
+	if line, err := v.out.ReadString('\n'); err != nil || line != "viewing\n" {
+		t.Fatalf("viewer said %q, %v", line, err)
+	}
+	return v
+}
+
+// same asks the viewer whether its record is unchanged.
+func (v *viewer) same(t *testing.T) bool {
+	t.Helper()
+	if _, err := io.WriteString(v.in, "?\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := v.out.ReadString('\n')
+	if err != nil || (line != "same\n" && line != "changed\n") {
+		t.Fatalf("viewer said %q, %v", line, err)
+	}
+	return line == "same\n"
+}
+
+// TestRecyclePinned: a segment mapped anywhere (an in-place ReadAt view
+// here, in this process or another) is never reused, even once retention
+// dropped it: its bytes stay what they were for the holder. A holder
+// killed pins nothing: its segment is reused once dropped.
+func TestRecyclePinned(t *testing.T) {
+	const size, keep = 4096, 3
+	cfg := Config{SegmentSize: size, Segments: keep, Full: FullOverwrite, Recycle: true}
+	t.Run("this process", func(t *testing.T) {
+		l := newLog(t, cfg)
+		rollTo(t, l, 1)
+		rec, release, err := l.ReadAt(0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer release()
+		was := bytes.Clone(rec.Payload)
+		first, _ := shmSegFiles(l, 1)
+		rollTo(t, l, 14)
+		if !bytes.Equal(rec.Payload, was) {
+			t.Fatal("a view's bytes changed: its segment was reused while mapped")
+		}
+		if k := reusedAs(l, first[0]); k >= -1 {
+			t.Fatalf("the viewed segment 0 is now %d (-1: the spare)", k)
+		}
+		if _, _, err := l.ReadAt(0, 0); !errors.Is(err, ErrOffsetGone) {
+			t.Fatalf("ReadAt of a dropped segment: %v, want ErrOffsetGone", err)
+		}
+		if st, _ := l.Stats(0); st.Reused == 0 {
+			t.Fatal("no segment was reused: the test shows nothing")
+		}
+	})
+	t.Run("another process", func(t *testing.T) {
+		l := newLog(t, cfg)
+		rollTo(t, l, 1)
+		first, _ := shmSegFiles(l, 1)
+		v := startViewer(t, l)
+		rollTo(t, l, 14)
+		if !v.same(t) {
+			t.Fatal("another process's view changed: its segment was reused while mapped")
+		}
+		if k := reusedAs(l, first[0]); k >= -1 {
+			t.Fatalf("the viewed segment 0 is now %d (-1: the spare)", k)
+		}
+		v.in.Close()
+		if err := v.cmd.Wait(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("killed holder", func(t *testing.T) {
+		l := newLog(t, cfg)
+		rollTo(t, l, 1)
+		first, _ := shmSegFiles(l, 1)
+		v := startViewer(t, l)
+		if err := v.cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		v.cmd.Wait()
+		rollTo(t, l, 14)
+		if k := reusedAs(l, first[0]); k < -1 {
+			t.Fatal("segment 0, held by a process killed before it was dropped, was not reused")
+		}
+	})
+}
+
+// TestRecycleAcrossProcesses: producers in three processes and a reader
+// in this one, through a recycling log under FullBlock: every record
+// arrives once, in order per producer, and segments were reused.
+func TestRecycleAcrossProcesses(t *testing.T) {
+	l := newLog(t, Config{SegmentSize: 32 << 10, Segments: 4, Recycle: true})
+	r := newReader(t, l, 0, 0)
+	const producers, n = 3, 20000
+	var cmds []func() error
+	for id := range producers {
+		cmd := testenv.Child(t, "producer", "MQ_LOG="+l.Name(), "MQ_ID="+strconv.Itoa(id), "MQ_N="+strconv.Itoa(n))
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		cmds = append(cmds, cmd.Wait)
+	}
+	consume(t, timeout(t, 2*time.Minute), r, producers, n)
+	for _, wait := range cmds {
+		if err := wait(); err != nil {
+			t.Fatalf("producer: %v", err)
+		}
+	}
+	if st, _ := l.Stats(0); st.Reused == 0 || st.Aborted != 0 {
+		t.Errorf("stats %+v: no segment reused, or records aborted", st)
+	}
+}
+
