@@ -340,4 +340,3 @@ func TestRecycleAcrossProcesses(t *testing.T) {
 		t.Errorf("stats %+v: no segment reused, or records aborted", st)
 	}
 }
-
