@@ -86,8 +86,9 @@ type Config struct {
 	// only when no process has it mapped (no Reader, loan, ReadAt or
 	// CopyAt in it), so nobody ever sees its bytes change; one that is
 	// mapped is removed as without Recycle. A partition then holds up
-	// to one segment more (the spare). Only for logs in /dev/shm (not
-	// with Dir). See docs/mq.md, "Segment recycling".
+	// to two segments more (its spares). Reusing costs zeroing the
+	// segment, in the background. Only for logs in /dev/shm (not with
+	// Dir). See docs/mq.md, "Segment recycling".
 	Recycle bool
 }
 
@@ -191,7 +192,7 @@ type partition struct {
 	seq, sleepers       *atomic.Uint32  // readers asleep wait on seq
 	anySeq, anySleepers *atomic.Uint32  // the log's: waiters on any partition (offAnySeq)
 	freed, blocked      *atomic.Uint32  // producers blocked on a full partition wait on freed
-	reused              *atomic.Uint64  // segments made of the spare (Config.Recycle)
+	reused              *atomic.Uint64  // segments made of a spare (Config.Recycle)
 	padEnds             []atomic.Uint64 // offPadEnds
 
 	mu   sync.Mutex
@@ -294,12 +295,17 @@ func segName(name string, p int, k uint64) string {
 	return fmt.Sprintf("mq-%s-p%d-s%d", name, p, k)
 }
 
-// spareName is the name of partition p's spare segment under
-// Config.Recycle: a segment retention dropped, kept to be made the next
-// new one.
-func spareName(name string, p int) string {
-	return fmt.Sprintf("mq-%s-p%d-spare", name, p)
+// spareName is the name of spare j (0 to spares-1) of partition p under
+// Config.Recycle: a segment retention dropped, kept to be made a new one.
+func spareName(name string, p, j int) string {
+	return fmt.Sprintf("mq-%s-p%d-spare%d", name, p, j)
 }
+
+// spares is how many spares a partition may hold: one being zeroed to be
+// made the next segment (newSeg) while the producer drops the next one.
+// With one, a producer filling a segment as fast as the maker zeroed the
+// one ahead found the spare still there at every other drop.
+const spares = 2
 
 // Create makes log name (a shm segment name) with configuration c and opens
 // it. It fails with an error wrapping os.ErrExist if the log exists.
@@ -332,11 +338,11 @@ func Create(name string, c Config) (*Log, error) {
 		}
 	}
 	if c.Dir == "" {
-		// A spare left by a log of this name before (its processes
-		// died with it) would only be zeroed and reused, but one of
-		// another size would take the place of this log's.
+		// Spares left by a log of this name before (its processes
+		// died with it) would only be zeroed and reused, but ones of
+		// another size would take the places of this log's.
 		for p := range c.Partitions {
-			removeSpare(name, p)
+			removeSpares(name, p)
 		}
 	}
 	writeConfig(meta, c)
@@ -505,7 +511,7 @@ func Remove(name string) error {
 		errs = append(errs, os.Remove(configPath(l.cfg.Dir, name)))
 	} else {
 		for p := range l.parts {
-			errs = append(errs, removeSpare(name, p))
+			errs = append(errs, removeSpares(name, p))
 		}
 	}
 	errs = append(errs, l.meta.Unlink(), l.Close())
@@ -808,29 +814,41 @@ func (l *Log) ensureRoom(ctx context.Context, p int, pt *partition, k uint64) er
 // again under the same name then read as its own.
 //
 // Under Config.Recycle a dropped segment that no process has mapped
-// becomes the partition's spare instead, if it has none (a rename, which
+// becomes one of the partition's spares instead (a rename, which
 // openers of the old name see as the segment gone); newSeg makes the
 // next segment of it.
 func (l *Log) removeSegs(p int, from, to uint64) {
 	for i := from; i < to; i++ {
-		if l.cfg.Recycle {
-			if s, err := shm.RenameSegment(segName(l.name, p, i), spareName(l.name, p)); err == nil {
-				s.Close()
-				continue
-			}
+		if !l.cfg.Recycle || !l.spare(p, i) {
+			l.removeSeg(p, i)
 		}
-		l.removeSeg(p, i)
 	}
 }
 
+// spare makes dropped segment k of partition p a spare, if nobody has it
+// mapped and a spare's place is free.
+func (l *Log) spare(p int, k uint64) bool {
+	for j := range spares {
+		s, err := shm.RenameSegment(segName(l.name, p, k), spareName(l.name, p, j))
+		if err == nil {
+			s.Close()
+			return true
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return false // in use (or gone): removed, as without Recycle
+		}
+	}
+	return false
+}
+
 // newSeg creates segment k of partition p in /dev/shm, for its maker (the
-// made count says who): under Config.Recycle from the partition's spare,
+// made count says who): under Config.Recycle from one of the partition's spares,
 // zeroed, if there is one that nobody holds, else anew (with its pages
 // faulted in at once if populate). Its errors are shm.CreateSegment's.
 func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
 	name, size := segName(l.name, p, k), l.cfg.SegmentSize+trailer
-	if l.cfg.Recycle {
-		s, err := shm.ReuseSegment(spareName(l.name, p), name, size)
+	for j := 0; l.cfg.Recycle && j < spares; j++ {
+		s, err := shm.ReuseSegment(spareName(l.name, p, j), name, size)
 		if err == nil {
 			l.parts[p].reused.Add(1)
 		}
@@ -844,17 +862,22 @@ func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
 	return shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: populate})
 }
 
-// removeSpare removes the spare segment of partition p of log name, if
-// there is one (Config.Recycle).
-func removeSpare(name string, p int) error {
-	s, err := shm.OpenSegment(spareName(name, p))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+// removeSpares removes the spare segments of partition p of log name
+// (Config.Recycle).
+func removeSpares(name string, p int) error {
+	var errs []error
+	for j := range spares {
+		s, err := shm.OpenSegment(spareName(name, p, j))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, s.Unlink(), s.Close())
 	}
-	if err != nil {
-		return err
-	}
-	return errors.Join(s.Unlink(), s.Close())
+	return errors.Join(errs...)
 }
 
 // waitFreed waits until ready, woken by readers that move to a new

@@ -47,18 +47,21 @@ func rollTo(t *testing.T, l *Log, k uint64) {
 }
 
 // shmSegFiles is what each of segments [0, to) of partition 0 of l and its
-// spare are in /dev/shm (nil: not there).
-func shmSegFiles(l *Log, to uint64) (segs []os.FileInfo, spare os.FileInfo) {
+// spares are in /dev/shm (nil: not there).
+func shmSegFiles(l *Log, to uint64) (segs, spare []os.FileInfo) {
 	for k := range to {
 		fi, _ := os.Stat(shmFile(segName(l.Name(), 0, k)))
 		segs = append(segs, fi)
 	}
-	spare, _ = os.Stat(shmFile(spareName(l.Name(), 0)))
+	for j := range spares {
+		fi, _ := os.Stat(shmFile(spareName(l.Name(), 0, j)))
+		spare = append(spare, fi)
+	}
 	return segs, spare
 }
 
-// reusedAs says which segment of partition 0 made so far, or its spare
-// (-1), is file fi now; -2 if none.
+// reusedAs says which segment of partition 0 made so far, or which of its
+// spares (-1 - j), is file fi now; -1-spares if none.
 func reusedAs(l *Log, fi os.FileInfo) int {
 	segs, spare := shmSegFiles(l, l.parts[0].made.Load())
 	for k, s := range segs {
@@ -66,10 +69,12 @@ func reusedAs(l *Log, fi os.FileInfo) int {
 			return k
 		}
 	}
-	if spare != nil && os.SameFile(spare, fi) {
-		return -1
+	for j, s := range spare {
+		if s != nil && os.SameFile(s, fi) {
+			return -1 - j
+		}
 	}
-	return -2
+	return -1 - spares
 }
 
 // TestRecycle: under Config.Recycle the segments retention drops become
@@ -98,7 +103,7 @@ func TestRecycle(t *testing.T) {
 	if st.Reused < 10 {
 		t.Fatalf("stats %+v: %d segments reused of about 12 made after the first drop", st, st.Reused)
 	}
-	if k := reusedAs(l, first[0]); k < -1 {
+	if k := reusedAs(l, first[0]); k == -1-spares {
 		t.Fatal("segment 0's file was not reused")
 	}
 	segs, spare := shmSegFiles(l, l.parts[0].made.Load())
@@ -134,38 +139,46 @@ func TestRecycle(t *testing.T) {
 		last = seq
 	}
 	r.Close()
-	if spare != nil {
-		t.Fatal("a spare segment left once the segment made ahead was made")
+	if spare[0] != nil && spare[1] != nil {
+		t.Fatal("two spare segments once the segment made ahead was made")
 	}
 }
 
-// TestRecycleSpares: Remove removes a partition's spare; Create removes
-// one left by a log of the same name before (of another size here, which
+// TestRecycleSpares: Remove removes a partition's spares; Create removes
+// ones left by a log of the same name before (of another size here, which
 // would never be reused and would keep the log from recycling).
 func TestRecycleSpares(t *testing.T) {
 	name := fmt.Sprintf("test-%d-%d", os.Getpid(), logSeq.Add(1))
-	spare := func(size int) {
+	makeSpares := func(size int) {
 		t.Helper()
-		s, err := shm.CreateSegment(spareName(name, 0), size, &shm.SegmentConfig{Keep: true})
-		if err != nil {
-			t.Fatal(err)
+		for j := range spares {
+			s, err := shm.CreateSegment(spareName(name, 0, j), size, &shm.SegmentConfig{Keep: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
 		}
-		s.Close()
 	}
 	gone := func(when string) {
 		t.Helper()
-		if _, err := os.Stat(shmFile(spareName(name, 0))); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("the spare %s: %v", when, err)
+		for j := range spares {
+			if _, err := os.Stat(shmFile(spareName(name, 0, j))); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("spare %d %s: %v", j, when, err)
+			}
 		}
 	}
-	t.Cleanup(func() { os.Remove(shmFile(spareName(name, 0))) })
-	spare(100)
+	t.Cleanup(func() {
+		for j := range spares {
+			os.Remove(shmFile(spareName(name, 0, j)))
+		}
+	})
+	makeSpares(100)
 	l, err := Create(name, Config{SegmentSize: 4096, Segments: 3, Recycle: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	gone("after Create")
-	spare(4096 + trailer)
+	makeSpares(4096 + trailer)
 	l.Close()
 	if err := Remove(name); err != nil {
 		t.Fatal(err)
@@ -271,8 +284,8 @@ func TestRecyclePinned(t *testing.T) {
 		if !bytes.Equal(rec.Payload, was) {
 			t.Fatal("a view's bytes changed: its segment was reused while mapped")
 		}
-		if k := reusedAs(l, first[0]); k >= -1 {
-			t.Fatalf("the viewed segment 0 is now %d (-1: the spare)", k)
+		if k := reusedAs(l, first[0]); k != -1-spares {
+			t.Fatalf("the viewed segment 0 is now %d (-1, -2: a spare)", k)
 		}
 		if _, _, err := l.ReadAt(0, 0); !errors.Is(err, ErrOffsetGone) {
 			t.Fatalf("ReadAt of a dropped segment: %v, want ErrOffsetGone", err)
@@ -290,8 +303,8 @@ func TestRecyclePinned(t *testing.T) {
 		if !v.same(t) {
 			t.Fatal("another process's view changed: its segment was reused while mapped")
 		}
-		if k := reusedAs(l, first[0]); k >= -1 {
-			t.Fatalf("the viewed segment 0 is now %d (-1: the spare)", k)
+		if k := reusedAs(l, first[0]); k != -1-spares {
+			t.Fatalf("the viewed segment 0 is now %d (-1, -2: a spare)", k)
 		}
 		v.in.Close()
 		if err := v.cmd.Wait(); err != nil {
@@ -308,7 +321,7 @@ func TestRecyclePinned(t *testing.T) {
 		}
 		v.cmd.Wait()
 		rollTo(t, l, 14)
-		if k := reusedAs(l, first[0]); k < -1 {
+		if k := reusedAs(l, first[0]); k == -1-spares {
 			t.Fatal("segment 0, held by a process killed before it was dropped, was not reused")
 		}
 	})

@@ -28,7 +28,7 @@ type StoreConfig struct {
 // Store puts payloads into an mq.Log made for them: retention by size
 // (mq.FullOverwrite), so a producer never blocks on consumers, and a
 // reference outlives its payload once Segments*SegmentSize bytes were
-// put after it. Many processes may share one store's log; a Store is
+// put after it; dropped segments are reused (mq.Config.Recycle). Many processes may share one store's log; a Store is
 // safe for concurrent use.
 type Store struct {
 	log   *mq.Log
@@ -51,7 +51,12 @@ func OpenStore(name string, c StoreConfig) (*Store, error) {
 			return nil, err
 		}
 	}
-	l, err := mq.Create(name, mq.Config{Partitions: c.Partitions, SegmentSize: c.SegmentSize, Segments: c.Segments, Full: mq.FullOverwrite})
+	// Recycle: a store rolls a segment every SegmentSize bytes of
+	// payloads, and fresh pages for each were most of what a 1 MiB Put
+	// cost (docs/PERFORMANCE.md). Nobody can see a reused segment's
+	// bytes change: a segment mapped anywhere (a View, a read under
+	// way) is not reused.
+	l, err := mq.Create(name, mq.Config{Partitions: c.Partitions, SegmentSize: c.SegmentSize, Segments: c.Segments, Full: mq.FullOverwrite, Recycle: true})
 	if errors.Is(err, os.ErrExist) {
 		l, err = mq.Open(name)
 	}

@@ -3,6 +3,7 @@ package mqsuite
 import (
 	"errors"
 	"fmt"
+	"github.com/ubkit-io/ubkit/mq/offload"
 	"io"
 	"os"
 	"runtime"
@@ -98,14 +99,26 @@ type Brokers struct {
 	// quick: no waiting for a started broker to settle (tests, which
 	// check that the cases run, not what they measure).
 	quick bool
+	// The offload cases' store, opened by the first run that needs it
+	// and kept for the suite (offload.go, store).
+	storeOnce   sync.Once
+	store       *offload.Store
+	storeErr    error
+	removeStore func()
 }
 
 // NewBrokers returns brokers started as the cases need them, each waited
 // for until its start-up work is over (settle).
 func NewBrokers() *Brokers { return &Brokers{} }
 
-// Close stops the brokers started.
-func (b *Brokers) Close() { b.hp.close(); b.hr.close() }
+// Close stops the brokers started and removes the offload store.
+func (b *Brokers) Close() {
+	b.hp.close()
+	b.hr.close()
+	if b.removeStore != nil {
+		b.removeStore()
+	}
+}
 
 // Pulsar returns the suite's Pulsar standalone.
 func (b *Brokers) Pulsar() (*testenv.Pulsar, error) {
