@@ -201,6 +201,9 @@ type partition struct {
 
 	ahead     atomic.Bool                  // a goroutine of this handle is making the next segment ahead
 	aheadFail atomic.Pointer[aheadFailure] // why it could not, for the producer that needs the segment
+
+	readMu sync.Mutex
+	reads  []*mapped // the segments random reads used last (readSeg); nil once closed
 }
 
 // aheadFailure is why makeAhead could not make segment k.
@@ -241,6 +244,17 @@ func (m *mapped) acquire() bool {
 func (m *mapped) release() {
 	if m.refs.Add(-1) == 0 {
 		m.seg.Close()
+	}
+}
+
+// releaseOnce is release for a caller outside the package, who may call
+// it more than once: the calls after the first do nothing.
+func (m *mapped) releaseOnce() func() {
+	var done atomic.Bool
+	return func() {
+		if done.CompareAndSwap(false, true) {
+			m.release()
+		}
 	}
 }
 
@@ -485,6 +499,7 @@ func open(name string, meta *shm.Segment, lock *os.File) (*Log, error) {
 			anySeq: word32(offAnySeq), anySleepers: word32(offAnySleepers),
 			padEnds: words(base+offPadEnds, padRing),
 			segs:    map[uint64]*mapped{},
+			reads:   make([]*mapped, 2),
 		})
 	}
 	l.startJanitor()
@@ -542,6 +557,14 @@ func (l *Log) Close() error {
 		pt.segs = nil
 		pt.cur.Store(nil)
 		pt.mu.Unlock()
+		pt.readMu.Lock()
+		for _, m := range pt.reads {
+			if m != nil {
+				m.release()
+			}
+		}
+		pt.reads = nil
+		pt.readMu.Unlock()
 	}
 	l.unmapping.Wait()
 	errs = append(errs, l.meta.Close())

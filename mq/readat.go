@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync/atomic"
 
 	"github.com/ubkit-io/ubkit/shm"
@@ -23,15 +22,16 @@ var ErrNotRecord = errors.New("mq: no committed record at offset")
 // ErrOffsetGone, one at or past the tail or not a committed record's
 // ErrNotRecord, a header that makes no sense wraps shm.ErrCorrupt.
 //
-// ReadAt maps the record's segment for each call and does not touch the
-// handle's producer cache; it is for records large enough that one
-// mapping per read does not matter.
+// The handle keeps the two segments it read last mapped for the next
+// reads (mapping a segment anew for each, and faulting its pages in, was
+// a fifth of a 1 MiB read); a segment retention dropped leaves that
+// cache at the next read, or at Close.
 func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	h, rec, w1, err := l.recordAt(p, off, decode)
 	if err != nil {
 		return Record{}, nil, err
 	}
-	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, func() { h.seg.Close() }, nil
+	return Record{Offset: off, Payload: rec, CRC: uint32(w1)}, h.m.releaseOnce(), nil
 }
 
 // CopyAt is ReadAt into memory of the caller's: once the record's
@@ -49,7 +49,7 @@ func (l *Log) CopyAt(p int, off uint64, alloc func(n int) ([]byte, error)) (Reco
 	if err != nil {
 		return Record{}, err
 	}
-	defer h.seg.Close()
+	defer h.m.release()
 	dst, err := alloc(len(rec))
 	if err != nil {
 		return Record{}, err
@@ -65,7 +65,7 @@ func (l *Log) CopyAt(p int, off uint64, alloc func(n int) ([]byte, error)) (Reco
 }
 
 // recordAt maps the segment of the record at off and decodes its header
-// with dec: the caller closes h.seg once done with rec, the payload.
+// with dec: the caller releases h.m once done with rec, the payload.
 func (l *Log) recordAt(p int, off uint64, dec func(data []byte, at, w, w1, o uint64) ([]byte, uint64, error)) (h header, rec []byte, w1 uint64, err error) {
 	h, err = l.headerAt(p, off)
 	if err != nil {
@@ -74,11 +74,11 @@ func (l *Log) recordAt(p int, off uint64, dec func(data []byte, at, w, w1, o uin
 	w, w1 := h.words[0].Load(), h.words[1].Load()
 	rec, _, err = dec(h.data, h.at, w, w1, h.off)
 	if err != nil {
-		h.seg.Close()
+		h.m.release()
 		return header{}, nil, 0, fmt.Errorf("mq: partition %d offset %d: %w", h.p, h.off, err)
 	}
 	if rec == nil {
-		h.seg.Close()
+		h.m.release()
 		what := "padding"
 		switch w & stateMask {
 		case stateWriting:
@@ -92,12 +92,12 @@ func (l *Log) recordAt(p int, off uint64, dec func(data []byte, at, w, w1, o uin
 }
 
 // header is a record's header words in its segment, mapped for one read
-// (headerAt); the caller closes seg.
+// (headerAt); the caller releases m.
 type header struct {
 	pt    *partition
 	p     int
 	off   uint64
-	seg   *shm.Segment
+	m     *mapped
 	data  []byte // the segment's records
 	at    uint64 // off in the segment
 	words []atomic.Uint64
@@ -123,23 +123,63 @@ func (l *Log) headerAt(p int, off uint64) (header, error) {
 	case off >= pt.tail.Load():
 		return header{}, fmt.Errorf("mq: offset %d of partition %d is at or past the tail: %w", off, p, ErrNotRecord)
 	}
-	seg, err := l.openSeg(p, k) // in /dev/shm or, for a log with a Dir, its file
+	m, err := l.readSeg(p, pt, k)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return header{}, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, ErrOffsetGone)
-		}
-		return header{}, fmt.Errorf("mq: segment %d of partition %d: %w", k, p, err)
-	}
-	if seg.Size() < int(size) {
-		seg.Close()
-		return header{}, fmt.Errorf("mq: segment %d of partition %d has %d bytes, want %d: %w", k, p, seg.Size(), size, shm.ErrCorrupt)
-	}
-	words, err := seg.Uint64s(int(at), 2)
-	if err != nil {
-		seg.Close()
 		return header{}, err
 	}
-	return header{pt: pt, p: p, off: off, seg: seg, data: seg.Data()[:size:size], at: at, words: words}, nil
+	return header{pt: pt, p: p, off: off, m: m, data: m.data, at: at, words: m.words[at/8 : at/8+2]}, nil
+}
+
+// readSeg returns segment k of partition p mapped, with a reference the
+// caller releases, from the handle's cache of the segments random reads
+// used last (pt.reads), mapping it there if it is not. Segments that
+// retention dropped leave the cache here, and the oldest when it is
+// full: the last reference unmaps them, in the background. A segment in
+// the cache is mapped, so it is never reused (Config.Recycle) while
+// there: the cache holds two, the ones reads are at, never the oldest
+// ones that retention drops next, unless the reads stopped there.
+func (l *Log) readSeg(p int, pt *partition, k uint64) (*mapped, error) {
+	pt.readMu.Lock()
+	defer pt.readMu.Unlock()
+	if pt.reads == nil {
+		return nil, ErrClosed
+	}
+	head := pt.head.Load()
+	var hit *mapped
+	for i, m := range pt.reads {
+		switch {
+		case m == nil:
+		case m.index < head:
+			pt.reads[i] = nil
+			l.releaseLater(m)
+		case m.index == k:
+			hit = m
+		}
+	}
+	if hit != nil {
+		hit.refs.Add(1)
+		return hit, nil
+	}
+	m, err := l.mapSeg(p, k) // in /dev/shm or, for a log with a Dir, its file
+	if err != nil {
+		return nil, err
+	}
+	m.refs.Store(2) // the cache's and the caller's
+	slot := 0
+	for i, c := range pt.reads {
+		if c == nil {
+			slot = i
+			break
+		}
+		if c.index < pt.reads[slot].index {
+			slot = i
+		}
+	}
+	if old := pt.reads[slot]; old != nil {
+		l.releaseLater(old)
+	}
+	pt.reads[slot] = m
+	return m, nil
 }
 
 // decode is decode for the header words w, w1 read from h.
@@ -169,15 +209,15 @@ func (l *Log) claimAt(p int, off uint64, n int) (rec Record, release func(), hel
 		w, w1 := h.words[0].Load(), h.words[1].Load()
 		payload, _, err := h.decode(w, w1)
 		if err != nil {
-			h.seg.Close()
+			h.m.release()
 			return Record{}, nil, false, err
 		}
 		switch {
 		case payload != nil:
-			return Record{Offset: off, Payload: payload, CRC: uint32(w1)}, func() { h.seg.Close() }, false, nil
+			return Record{Offset: off, Payload: payload, CRC: uint32(w1)}, h.m.releaseOnce(), false, nil
 		case w&stateMask != stateWriting || w>>32 != uint64(n):
 		case !l.writerDead(w):
-			h.seg.Close()
+			h.m.release()
 			return Record{}, nil, true, nil
 		default:
 			if !h.words[0].CompareAndSwap(w, w|stateAborted) {
@@ -186,7 +226,7 @@ func (l *Log) claimAt(p int, off uint64, n int) (rec Record, release func(), hel
 			h.pt.aborted.Add(1)
 			h.pt.wakeReaders()
 		}
-		h.seg.Close()
+		h.m.release()
 		return Record{}, nil, false, nil
 	}
 }
