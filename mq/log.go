@@ -87,8 +87,9 @@ type Config struct {
 	// CopyAt in it), so nobody ever sees its bytes change; one that is
 	// mapped is removed as without Recycle. A partition then holds up
 	// to two segments more (its spares). Reusing costs zeroing the
-	// segment, in the background. Only for logs in /dev/shm (not with
-	// Dir). See docs/mq.md, "Segment recycling".
+	// segment, by the segment's maker (in the background, for segments
+	// made ahead). Only for logs in /dev/shm (not with Dir). See
+	// docs/mq.md, "Segment recycling".
 	Recycle bool
 }
 
@@ -318,7 +319,7 @@ func spareName(name string, p, j int) string {
 // spares is how many spares a partition may hold: one being zeroed to be
 // made the next segment (newSeg) while the producer drops the next one.
 // With one, a producer filling a segment as fast as the maker zeroed the
-// one ahead found the spare still there at every other drop.
+// one ahead found the spare still there at every third drop.
 const spares = 2
 
 // Create makes log name (a shm segment name) with configuration c and opens
@@ -730,7 +731,10 @@ func (l *Log) entered(p int, pt *partition, m *mapped) {
 // without; log-100B 8.7-10.1M msg/s with it, 9.7-10.7M without, in
 // alternating runs). They are faulted in a little at a time as they are
 // first touched: by a reader's openAhead, which touches each page of the
-// next segment in the background, or by the producer.
+// next segment in the background, or by the producer. A segment made of a
+// spare (Config.Recycle) is the exception: zeroing it faults its pages in
+// here, which fresh memory would have cost as they were touched, and
+// more (allocating and zeroing each page, and freeing it later).
 //
 // A full partition (Segments segments from the head) makes the next one
 // all the same: the segment made ahead holds no records, and entering it
@@ -874,12 +878,15 @@ func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
 		s, err := shm.ReuseSegment(spareName(l.name, p, j), name, size)
 		if err == nil {
 			l.parts[p].reused.Add(1)
+			return s, nil
 		}
-		if err == nil || errors.Is(err, os.ErrExist) {
-			// ErrExist: the segment is there, made by a producer that
-			// took this maker for dead (takeOver), as CreateSegment
-			// would have found it.
-			return s, err
+		if errors.Is(err, os.ErrExist) {
+			// Something is at the segment's name: made by a producer
+			// that took this maker for dead (takeOver), or another
+			// user's file in the way. CreateSegment tells them apart
+			// (os.ErrExist for the first, a file of its own for the
+			// second), as without Recycle.
+			break
 		}
 	}
 	return shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: populate})
@@ -1291,6 +1298,16 @@ func (l *Log) rebase(p int, base uint64) error {
 		l.releaseLater(m)
 	}
 	pt.cur.Store(nil)
+	// Random reads' mappings too: a segment of the old numbering may
+	// have the index of one the new base will make.
+	pt.readMu.Lock()
+	for i, m := range pt.reads {
+		if m != nil {
+			pt.reads[i] = nil
+			l.releaseLater(m)
+		}
+	}
+	pt.readMu.Unlock()
 	for i := h; i < made; i++ {
 		l.removeSeg(p, i)
 	}

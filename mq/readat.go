@@ -22,10 +22,12 @@ var ErrNotRecord = errors.New("mq: no committed record at offset")
 // ErrOffsetGone, one at or past the tail or not a committed record's
 // ErrNotRecord, a header that makes no sense wraps shm.ErrCorrupt.
 //
-// The handle keeps the two segments it read last mapped for the next
-// reads (mapping a segment anew for each, and faulting its pages in, was
-// a fifth of a 1 MiB read); a segment retention dropped leaves that
-// cache at the next read, or at Close.
+// The handle keeps the two segments of each partition it read last
+// mapped for the next reads (mapping a segment anew for each, and
+// faulting its pages in, was half of a 1 MiB CopyAt); a segment
+// retention dropped leaves that cache at the handle's next read of any
+// partition, or at Close. While there it is pinned: not reused under
+// Config.Recycle, and its memory held, unlinked, once dropped.
 func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	h, rec, w1, err := l.recordAt(p, off, decode)
 	if err != nil {
@@ -139,20 +141,20 @@ func (l *Log) headerAt(p int, off uint64) (header, error) {
 // there: the cache holds two, the ones reads are at, never the oldest
 // ones that retention drops next, unless the reads stopped there.
 func (l *Log) readSeg(p int, pt *partition, k uint64) (*mapped, error) {
+	for _, other := range l.parts {
+		if other != pt {
+			l.pruneReads(other)
+		}
+	}
 	pt.readMu.Lock()
 	defer pt.readMu.Unlock()
 	if pt.reads == nil {
 		return nil, ErrClosed
 	}
-	head := pt.head.Load()
+	l.pruneReadsLocked(pt)
 	var hit *mapped
-	for i, m := range pt.reads {
-		switch {
-		case m == nil:
-		case m.index < head:
-			pt.reads[i] = nil
-			l.releaseLater(m)
-		case m.index == k:
+	for _, m := range pt.reads {
+		if m != nil && m.index == k {
 			hit = m
 		}
 	}
@@ -180,6 +182,27 @@ func (l *Log) readSeg(p int, pt *partition, k uint64) (*mapped, error) {
 	}
 	pt.reads[slot] = m
 	return m, nil
+}
+
+// pruneReads lets go of the segments in pt's random-read cache that
+// retention dropped: at a read of any partition of the handle (a
+// consumer group member that no longer owns pt), so that they are not
+// left mapped (their memory held) until the next read of pt.
+func (l *Log) pruneReads(pt *partition) {
+	pt.readMu.Lock()
+	defer pt.readMu.Unlock()
+	l.pruneReadsLocked(pt)
+}
+
+// pruneReadsLocked is pruneReads for a caller that holds pt.readMu.
+func (l *Log) pruneReadsLocked(pt *partition) {
+	head := pt.head.Load()
+	for i, m := range pt.reads {
+		if m != nil && m.index < head {
+			pt.reads[i] = nil
+			l.releaseLater(m)
+		}
+	}
 }
 
 // decode is decode for the header words w, w1 read from h.

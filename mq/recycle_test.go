@@ -8,7 +8,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,8 +81,8 @@ func reusedAs(l *Log, fi os.FileInfo) int {
 
 // TestRecycle: under Config.Recycle the segments retention drops become
 // the spare and then new segments, zeroed; the records read back are the
-// ones sent; the partition holds at most Segments+2 segment files (the
-// one made ahead and the spare); Remove removes the spare too.
+// ones sent; once the segment made ahead is made, the partition holds at
+// most Segments+1 segment files and a spare.
 func TestRecycle(t *testing.T) {
 	const size, keep = 4096, 3
 	l := newLog(t, Config{SegmentSize: size, Segments: keep, Full: FullOverwrite, Recycle: true})
@@ -113,7 +115,7 @@ func TestRecycle(t *testing.T) {
 			there = append(there, k)
 		}
 	}
-	if head := int(l.parts[0].head.Load()); len(there) > keep+1 || there[0] != head {
+	if head := int(l.parts[0].head.Load()); len(there) == 0 || len(there) > keep+1 || there[0] != head {
 		t.Fatalf("segments %v in /dev/shm with the head at %d: want the head and at most %d more", there, head, keep)
 	}
 	// Every record kept reads back whole, in order, from recycled
@@ -193,9 +195,11 @@ func TestRecycleRefusesDir(t *testing.T) {
 }
 
 // viewerChild opens log MQ_LOG, reads the record at offset 0 in place
-// (ReadAt) and says "viewing"; for each line on its standard input it
-// then says "same" if the record's bytes are still what they were, or
-// "changed".
+// (ReadAt), then the records at MQ_EVICT (offsets, comma-separated; each
+// released at once) so that its handle's random-read cache lets segment
+// 0 go and the view alone holds it, and says "viewing"; for each line on
+// its standard input it then says "same" if the record's bytes are still
+// what they were, or "changed".
 func viewerChild() int {
 	l, err := Open(os.Getenv("MQ_LOG"))
 	if err != nil {
@@ -208,6 +212,15 @@ func viewerChild() int {
 		return 1
 	}
 	defer release()
+	for _, f := range strings.Split(os.Getenv("MQ_EVICT"), ",") {
+		off, _ := strconv.ParseUint(f, 10, 64)
+		_, done, err := l.ReadAt(0, off)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		done()
+	}
 	was := bytes.Clone(rec.Payload)
 	fmt.Println("viewing")
 	in := bufio.NewScanner(os.Stdin)
@@ -230,7 +243,8 @@ type viewer struct {
 
 func startViewer(t *testing.T, l *Log) *viewer {
 	t.Helper()
-	cmd := testenv.Child(t, "viewer", "MQ_LOG="+l.Name())
+	size := l.cfg.SegmentSize
+	cmd := testenv.Child(t, "viewer", "MQ_LOG="+l.Name(), fmt.Sprintf("MQ_EVICT=%d,%d", size, 2*size))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -263,28 +277,52 @@ func (v *viewer) same(t *testing.T) bool {
 	return line == "same\n"
 }
 
+// evict reads (and releases) the first records of segments 1 and 2 of
+// partition 0, so that l's random-read cache holds those two and no
+// longer segment 0, and waits until the cache's mapping of segment 0 is
+// gone (the cache lets go in the background).
+func evict(t *testing.T, l *Log) {
+	t.Helper()
+	for _, k := range []uint64{1, 2} {
+		_, release, err := l.ReadAt(0, k*uint64(l.cfg.SegmentSize))
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+	}
+	l.unmapping.Wait()
+}
+
 // TestRecyclePinned: a segment mapped anywhere (an in-place ReadAt view
-// here, in this process or another) is never reused, even once retention
-// dropped it: its bytes stay what they were for the holder. A holder
-// killed pins nothing: its segment is reused once dropped.
+// here, in this process or another, once the handle's read cache let the
+// segment go) is never reused, even once retention dropped it: its bytes
+// stay what they were for the holder. A view released, or a holder
+// killed, pins nothing: the segment is reused once dropped.
 func TestRecyclePinned(t *testing.T) {
-	const size, keep = 4096, 3
+	const size, keep = 4096, 4
 	cfg := Config{SegmentSize: size, Segments: keep, Full: FullOverwrite, Recycle: true}
-	t.Run("this process", func(t *testing.T) {
+	// Records in segments 0 to 2 (the first of each at its start), none
+	// dropped yet.
+	start := func(t *testing.T) (*Log, os.FileInfo) {
 		l := newLog(t, cfg)
-		rollTo(t, l, 1)
+		rollTo(t, l, 3)
+		first, _ := shmSegFiles(l, 1)
+		return l, first[0]
+	}
+	t.Run("this process", func(t *testing.T) {
+		l, seg0 := start(t)
 		rec, release, err := l.ReadAt(0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer release()
 		was := bytes.Clone(rec.Payload)
-		first, _ := shmSegFiles(l, 1)
-		rollTo(t, l, 14)
+		evict(t, l)
+		rollTo(t, l, 16)
 		if !bytes.Equal(rec.Payload, was) {
 			t.Fatal("a view's bytes changed: its segment was reused while mapped")
 		}
-		if k := reusedAs(l, first[0]); k != -1-spares {
+		if k := reusedAs(l, seg0); k != -1-spares {
 			t.Fatalf("the viewed segment 0 is now %d (-1, -2: a spare)", k)
 		}
 		if _, _, err := l.ReadAt(0, 0); !errors.Is(err, ErrOffsetGone) {
@@ -294,16 +332,28 @@ func TestRecyclePinned(t *testing.T) {
 			t.Fatal("no segment was reused: the test shows nothing")
 		}
 	})
+	t.Run("released", func(t *testing.T) {
+		l, seg0 := start(t)
+		_, release, err := l.ReadAt(0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		release() // a second call does nothing
+		evict(t, l)
+		rollTo(t, l, 16)
+		if k := reusedAs(l, seg0); k == -1-spares {
+			t.Fatal("segment 0, its view released and out of the read cache, was not reused")
+		}
+	})
 	t.Run("another process", func(t *testing.T) {
-		l := newLog(t, cfg)
-		rollTo(t, l, 1)
-		first, _ := shmSegFiles(l, 1)
+		l, seg0 := start(t)
 		v := startViewer(t, l)
-		rollTo(t, l, 14)
+		rollTo(t, l, 16)
 		if !v.same(t) {
 			t.Fatal("another process's view changed: its segment was reused while mapped")
 		}
-		if k := reusedAs(l, first[0]); k != -1-spares {
+		if k := reusedAs(l, seg0); k != -1-spares {
 			t.Fatalf("the viewed segment 0 is now %d (-1, -2: a spare)", k)
 		}
 		v.in.Close()
@@ -312,19 +362,86 @@ func TestRecyclePinned(t *testing.T) {
 		}
 	})
 	t.Run("killed holder", func(t *testing.T) {
-		l := newLog(t, cfg)
-		rollTo(t, l, 1)
-		first, _ := shmSegFiles(l, 1)
+		l, seg0 := start(t)
 		v := startViewer(t, l)
 		if err := v.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
 		v.cmd.Wait()
-		rollTo(t, l, 14)
-		if k := reusedAs(l, first[0]); k == -1-spares {
+		rollTo(t, l, 16)
+		if k := reusedAs(l, seg0); k == -1-spares {
 			t.Fatal("segment 0, held by a process killed before it was dropped, was not reused")
 		}
 	})
+}
+
+// TestReadCache: the handle's random-read cache keeps the segments it
+// read last mapped, and pinned (dropped, they are removed, not reused),
+// and lets a caller's view outlive their eviction; segments dropped leave
+// it at the next read of any partition; a view released after Close is
+// harmless.
+func TestReadCache(t *testing.T) {
+	const size = 4096
+	l := newLog(t, Config{Partitions: 2, SegmentSize: size, Segments: 4, Full: FullOverwrite, Recycle: true})
+	rollTo(t, l, 3)
+	pt := l.parts[0]
+	cached := func() []uint64 {
+		pt.readMu.Lock()
+		defer pt.readMu.Unlock()
+		var ks []uint64
+		for _, m := range pt.reads {
+			if m != nil {
+				ks = append(ks, m.index)
+			}
+		}
+		slices.Sort(ks)
+		return ks
+	}
+	rec, release, err := l.ReadAt(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	was := bytes.Clone(rec.Payload)
+	evict(t, l)
+	if got := cached(); !slices.Equal(got, []uint64{1, 2}) {
+		t.Fatalf("cached segments %v after reads in 0, 1, 2; want [1 2]", got)
+	}
+	if !bytes.Equal(rec.Payload, was) {
+		t.Fatal("a view changed once its segment left the cache")
+	}
+	release()
+	first, _ := shmSegFiles(l, 4)
+	rollTo(t, l, 16)
+	for k := 1; k <= 2; k++ {
+		if reusedAs(l, first[k]) != -1-spares {
+			t.Fatalf("segment %d, in the read cache when dropped, was reused", k)
+		}
+	}
+	if reusedAs(l, first[3]) == -1-spares {
+		t.Fatal("segment 3, never read, was not reused: the test shows nothing")
+	}
+	// Dropped: a read of partition 1 lets them go.
+	if _, err := l.Send(timeout(t, 10*time.Second), 1, []byte("p1")); err != nil {
+		t.Fatal(err)
+	}
+	_, done, err := l.ReadAt(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done()
+	if got := cached(); len(got) != 0 {
+		t.Fatalf("cached segments %v of partition 0 after they were dropped and partition 1 was read", got)
+	}
+	// A view released after Close.
+	_, release, err = l.ReadAt(0, 15*size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	release()
+	if _, _, err := l.ReadAt(0, 15*size); !errors.Is(err, ErrClosed) {
+		t.Fatalf("ReadAt after Close: %v, want ErrClosed", err)
+	}
 }
 
 // TestRecycleAcrossProcesses: producers in three processes and a reader

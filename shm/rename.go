@@ -19,7 +19,11 @@ import (
 // error wrapping ErrLocked and changes nothing. So no mapping of the
 // segment exists while it is renamed, and whoever opens old after it
 // finds none (os.ErrNotExist): a name never comes to name other bytes
-// for a holder that found the segment under it.
+// for a holder that found the segment under it. (Only Segments that hold
+// the lock count: one made by CreateSegment, OpenSegment, RepairSegment
+// or this function. A segment file mapped otherwise, say with
+// OpenFileSegment on a path in ShmDir, or one whose UnlinkIfLast found
+// other holders, holds none.)
 //
 // name must be free: taken (or made under another file, see
 // CreateSegment), the error wraps os.ErrExist and old keeps its name. old
@@ -36,7 +40,9 @@ func RenameSegment(old, name string) (*Segment, error) {
 // data zeroed and its header made anew (a new ID, this process its
 // creator), all before the new name is given, without the kernel
 // allocating and zeroing pages again. That is its use: a segment nobody
-// needs any more made a new one. If the rename fails after the zeroing,
+// needs any more made a new one. (Like a segment created with
+// SegmentConfig.Keep, its Close does not unlink it.) If the rename fails
+// after the zeroing,
 // old keeps its name, zeroed: a crash never leaves old bytes under name.
 func ReuseSegment(old, name string, size int) (*Segment, error) {
 	if size <= 0 {

@@ -28,7 +28,8 @@ type StoreConfig struct {
 // Store puts payloads into an mq.Log made for them: retention by size
 // (mq.FullOverwrite), so a producer never blocks on consumers, and a
 // reference outlives its payload once Segments*SegmentSize bytes were
-// put after it; dropped segments are reused (mq.Config.Recycle). Many processes may share one store's log; a Store is
+// put after it; dropped segments are reused (mq.Config.Recycle). Many
+// processes may share one store's log; a Store is
 // safe for concurrent use.
 type Store struct {
 	log   *mq.Log

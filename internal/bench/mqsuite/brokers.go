@@ -3,7 +3,6 @@ package mqsuite
 import (
 	"errors"
 	"fmt"
-	"github.com/ubkit-io/ubkit/mq/offload"
 	"io"
 	"os"
 	"runtime"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/procstat"
 	"github.com/ubkit-io/ubkit/internal/testenv"
+	"github.com/ubkit-io/ubkit/mq/offload"
 )
 
 // harness lets a benchmark start testenv's brokers, whose API takes a

@@ -102,7 +102,7 @@ func quietPulsarLogger() plog.Logger {
 // touch of fresh memory, which a long-lived store pays only once.
 func (b *Brokers) offloadStore() (*offload.Store, error) {
 	b.storeOnce.Do(func() {
-		name := fmt.Sprintf("bench-offload-%d", os.Getpid())
+		name := fmt.Sprintf("bench-offload-%d-%d", os.Getpid(), time.Now().UnixNano())
 		b.store, b.storeErr = offload.OpenStore(name, offload.StoreConfig{SegmentSize: 64 << 20, Segments: 8})
 		if b.storeErr == nil {
 			b.removeStore = func() { b.store.Close(); offload.Remove(name) }
