@@ -244,7 +244,18 @@ func producerChild() int {
 // (FullBlock, 4 segments kept): every record once, in per-producer order,
 // none torn.
 func TestProcesses(t *testing.T) {
-	l := newLog(t, Config{SegmentSize: 32 << 10, Segments: 4})
+	l := produceInProcesses(t, Config{SegmentSize: 32 << 10, Segments: 4})
+	if st, _ := l.Stats(0); st.Oldest == 0 || st.Aborted != 0 {
+		t.Errorf("stats %+v: retention dropped nothing, or records were aborted", st)
+	}
+}
+
+// produceInProcesses runs three producer processes of 20,000 records
+// each through a new log of configuration c and reads them all here, in
+// order per producer (consume), and returns the log.
+func produceInProcesses(t *testing.T, c Config) *Log {
+	t.Helper()
+	l := newLog(t, c)
 	r := newReader(t, l, 0, 0)
 	const producers, n = 3, 20000
 	var cmds []func() error
@@ -262,9 +273,7 @@ func TestProcesses(t *testing.T) {
 			t.Fatalf("producer: %v", err)
 		}
 	}
-	if st, _ := l.Stats(0); st.Oldest == 0 || st.Aborted != 0 {
-		t.Errorf("stats %+v: retention dropped nothing, or records were aborted", st)
-	}
+	return l
 }
 
 // holderChild loans a record in log MQ_LOG, says so on standard output and

@@ -448,24 +448,7 @@ func TestReadCache(t *testing.T) {
 // in this one, through a recycling log under FullBlock: every record
 // arrives once, in order per producer, and segments were reused.
 func TestRecycleAcrossProcesses(t *testing.T) {
-	l := newLog(t, Config{SegmentSize: 32 << 10, Segments: 4, Recycle: true})
-	r := newReader(t, l, 0, 0)
-	const producers, n = 3, 20000
-	var cmds []func() error
-	for id := range producers {
-		cmd := testenv.Child(t, "producer", "MQ_LOG="+l.Name(), "MQ_ID="+strconv.Itoa(id), "MQ_N="+strconv.Itoa(n))
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, cmd.Wait)
-	}
-	consume(t, timeout(t, 2*time.Minute), r, producers, n)
-	for _, wait := range cmds {
-		if err := wait(); err != nil {
-			t.Fatalf("producer: %v", err)
-		}
-	}
+	l := produceInProcesses(t, Config{SegmentSize: 32 << 10, Segments: 4, Recycle: true})
 	if st, _ := l.Stats(0); st.Reused == 0 || st.Aborted != 0 {
 		t.Errorf("stats %+v: no segment reused, or records aborted", st)
 	}
