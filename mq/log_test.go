@@ -33,7 +33,12 @@ var logSeq atomic.Int64
 
 func newLog(t testing.TB, c Config) *Log {
 	t.Helper()
-	name := fmt.Sprintf("test-%d-%d", os.Getpid(), logSeq.Add(1))
+	return newLogNamed(t, fmt.Sprintf("test-%d-%d", os.Getpid(), logSeq.Add(1)), c)
+}
+
+// newLogNamed is newLog for log name.
+func newLogNamed(t testing.TB, name string, c Config) *Log {
+	t.Helper()
 	l, err := Create(name, c)
 	if err != nil {
 		t.Fatal(err)

@@ -22,11 +22,11 @@ var ErrNotRecord = errors.New("mq: no committed record at offset")
 // ErrOffsetGone, one at or past the tail or not a committed record's
 // ErrNotRecord, a header that makes no sense wraps shm.ErrCorrupt.
 //
-// The handle keeps the two segments of each partition it read last
-// mapped for the next reads (mapping a segment anew for each, and
-// faulting its pages in, was half of a 1 MiB CopyAt); a segment
-// retention dropped leaves that cache at the handle's next read of any
-// partition, or at Close. While there it is pinned: not reused under
+// The handle keeps up to two segments of each partition it read mapped
+// for the next reads, a new one in the place of the lower-numbered
+// (mapping a segment anew for each read, and faulting its pages in, was
+// half of a 1 MiB CopyAt); a segment retention dropped leaves that cache
+// at the handle's next read of any partition, or at Close. While there it is pinned: not reused under
 // Config.Recycle, and its memory held, unlinked, once dropped.
 func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	h, rec, w1, err := l.recordAt(p, off, decode)
@@ -135,14 +135,15 @@ func (l *Log) headerAt(p int, off uint64) (header, error) {
 // readSeg returns segment k of partition p mapped, with a reference the
 // caller releases, from the handle's cache of the segments random reads
 // used last (pt.reads), mapping it there if it is not. Segments that
-// retention dropped leave the cache here, and the oldest when it is
-// full: the last reference unmaps them, in the background. A segment in
-// the cache is mapped, so it is never reused (Config.Recycle) while
-// there: the cache holds two, the ones reads are at, never the oldest
-// ones that retention drops next, unless the reads stopped there.
+// retention dropped leave the cache here (and at any read of the
+// handle: pruneReads), and the lower-numbered when it is full: the last
+// reference unmaps them, in the background. A segment in the cache is
+// mapped, so it is never reused (Config.Recycle) while there: the cache
+// holds two, where reads are, not the oldest ones that retention drops
+// next, unless the reads stopped there.
 func (l *Log) readSeg(p int, pt *partition, k uint64) (*mapped, error) {
 	for _, other := range l.parts {
-		if other != pt {
+		if other != pt && other.readLow.Load() < other.head.Load() {
 			l.pruneReads(other)
 		}
 	}
@@ -181,7 +182,19 @@ func (l *Log) readSeg(p int, pt *partition, k uint64) (*mapped, error) {
 		l.releaseLater(old)
 	}
 	pt.reads[slot] = m
+	setReadLow(pt)
 	return m, nil
+}
+
+// setReadLow sets pt.readLow from pt.reads; the caller holds pt.readMu.
+func setReadLow(pt *partition) {
+	low := ^uint64(0)
+	for _, m := range pt.reads {
+		if m != nil {
+			low = min(low, m.index)
+		}
+	}
+	pt.readLow.Store(low)
 }
 
 // pruneReads lets go of the segments in pt's random-read cache that
@@ -203,6 +216,7 @@ func (l *Log) pruneReadsLocked(pt *partition) {
 			l.releaseLater(m)
 		}
 	}
+	setReadLow(pt)
 }
 
 // decode is decode for the header words w, w1 read from h.

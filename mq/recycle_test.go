@@ -188,6 +188,20 @@ func TestRecycleSpares(t *testing.T) {
 	gone("after Remove")
 }
 
+// TestRecycleSpareNames: a log's spares are named apart from every log's
+// meta segment: creating log x leaves alone a log named as x's spare
+// would have been named with the meta segments' prefix.
+func TestRecycleSpareNames(t *testing.T) {
+	x := fmt.Sprintf("test-%d-%d", os.Getpid(), logSeq.Add(1))
+	other := newLogNamed(t, x+"-p0-spare0", Config{SegmentSize: 4096, Segments: 3})
+	newLogNamed(t, x, Config{SegmentSize: 4096, Segments: 3, Recycle: true})
+	o, err := Open(other.Name())
+	if err != nil {
+		t.Fatalf("log %s after log %s was created: %v", other.Name(), x, err)
+	}
+	o.Close()
+}
+
 func TestRecycleRefusesDir(t *testing.T) {
 	if _, err := Create("test-recycle-dir", Config{Dir: t.TempDir(), Recycle: true}); err == nil {
 		t.Fatal("a file-backed log was made with Recycle")

@@ -126,8 +126,10 @@ func renameSegment(old, name string, size int) (*Segment, error) {
 		s.Close()
 		return nil, &os.PathError{Op: "rename segment", Path: newPath, Err: err}
 	}
-	// Shared again, as every holder: the change is atomic (no other
-	// lock can come between).
+	// Shared again, as every holder. flock(2) does not promise that a
+	// conversion is atomic; Linux removes the exclusive lock and adds
+	// the shared one under the file's lock list's lock, so no other
+	// lock comes between.
 	if err := unix.Flock(s.fd, unix.LOCK_SH); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("shm: rename segment %s: lock: %w", newPath, err)

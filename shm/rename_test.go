@@ -91,7 +91,7 @@ func TestRenameSegmentInUse(t *testing.T) {
 	check := func(t *testing.T, old, name string, want []byte) {
 		t.Helper()
 		if _, err := ReuseSegment(old, name, 3*4096); !errors.Is(err, ErrLocked) {
-			t.Fatalf("RenameSegment of a held segment: %v, want ErrLocked", err)
+			t.Fatalf("ReuseSegment of a held segment: %v, want ErrLocked", err)
 		}
 		s, err := OpenSegment(old)
 		if err != nil {

@@ -25,8 +25,9 @@ import (
 const OffloadSize = 1 << 20
 
 // offloadMessages is how many messages one run sends: a fixed count
-// (not a duration), all held by the store's retention (5 of its 8
-// segments of 64 MiB), so the consumer never finds a payload gone.
+// (not a duration), all held by the store's retention (at most 6 of its
+// 8 segments of 64 MiB, as a run starts anywhere in a segment), so the
+// consumer never finds a payload gone.
 // Shorter runs (-quick) send fewer.
 func offloadMessages(d time.Duration) int {
 	if d < time.Second {
