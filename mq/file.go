@@ -181,6 +181,9 @@ func (l *Log) createSeg(p int, pt *partition, k uint64) (*shm.Segment, error) {
 // segment was made meanwhile, or its maker is still at it. The caller
 // holds pt.mu.
 func (l *Log) takeOver(p int, pt *partition, k uint64) (*shm.Segment, error) {
+	if f := testTakeOver.Load(); f != nil {
+		(*f)(l, p, k)
+	}
 	size := l.cfg.SegmentSize + trailer
 	opts := &shm.SegmentConfig{Keep: true, Populate: true}
 	if l.cfg.Dir == "" {
@@ -236,6 +239,10 @@ func unmake(pt *partition, k uint64, err error) {
 		pt.made.CompareAndSwap(k+1, k)
 	}
 }
+
+// testTakeOver, if set, is called by takeOver: tests that no maker is
+// taken for dead fail there.
+var testTakeOver atomic.Pointer[func(l *Log, p int, k uint64)]
 
 // testSegMade, if set, is called by createSeg just after it created a
 // segment file: tests stop a maker there.

@@ -20,6 +20,76 @@ import (
 
 func init() {
 	testenv.RegisterChild("viewer", viewerChild)
+	testenv.RegisterChild("squat-file", squatFileChild)
+}
+
+// squatFileChild, run as another user, makes a file anyone may write at
+// path MQ_SQUAT (a segment's file in /dev/shm, taken before its maker
+// gets to it), says "squatted" and waits for its standard input to end.
+func squatFileChild() int {
+	path := os.Getenv("MQ_SQUAT")
+	if err := os.WriteFile(path, nil, 0o666); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := os.Chmod(path, 0o666); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("squatted")
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// TestRecycleSquatted: another user's file at the name of a segment to be
+// made, while the partition has spares, makes the maker create the
+// segment elsewhere (shm.CreateSegment's other file), as without
+// Recycle, not leave it to a producer to take over a second later; the
+// records read back whole.
+func TestRecycleSquatted(t *testing.T) {
+	u := testenv.OtherUser(t)
+	l := newLog(t, Config{SegmentSize: 4096, Segments: 3, Full: FullOverwrite, Recycle: true})
+	rollTo(t, l, 5)
+	k := l.parts[0].made.Load() // the next segment to make
+	squat := shmFile(segName(l.Name(), 0, k))
+	t.Cleanup(func() { os.Remove(squat) })
+	cmd := u.Child(t, "squat-file", "MQ_SQUAT="+squat)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { in.Close(); cmd.Wait() }()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "squatted\n" {
+		t.Fatalf("the squatter said %q, %v", line, err)
+	}
+	f := func(_ *Log, p int, k uint64) { t.Errorf("segment %d of partition %d taken over: its maker left it", k, p) }
+	testTakeOver.Store(&f)
+	defer testTakeOver.Store(nil)
+	if st, _ := l.Stats(0); st.Reused == 0 {
+		t.Fatal("no spare reused before the squat: the test shows nothing")
+	}
+	rollTo(t, l, k+3)
+	r := newReader(t, l, 0, Oldest)
+	st, _ := l.Stats(0)
+	ctx := timeout(t, 10*time.Second)
+	for {
+		rec, ok, err := r.NextBelow(ctx, st.Tail)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			break
+		}
+		parse(t, rec.Payload)
+	}
 }
 
 // rollTo sends 1000-byte records to partition 0 of l until its tail is in
