@@ -70,7 +70,9 @@ func TestRecycleSquatted(t *testing.T) {
 	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "squatted\n" {
 		t.Fatalf("the squatter said %q, %v", line, err)
 	}
-	f := func(_ *Log, p int, k uint64) { t.Errorf("segment %d of partition %d taken over: its maker left it", k, p) }
+	f := func(_ *Log, p int, k uint64) {
+		t.Errorf("segment %d of partition %d taken over: its maker left it", k, p)
+	}
 	testTakeOver.Store(&f)
 	defer testTakeOver.Store(nil)
 	if st, _ := l.Stats(0); st.Reused == 0 {
