@@ -307,21 +307,31 @@ func holderChild() int {
 func startWaiting(t *testing.T, role string, l *Log, ready string) *exec.Cmd {
 	t.Helper()
 	cmd := testenv.Child(t, role, "MQ_LOG="+l.Name())
-	out, err := cmd.StdoutPipe()
+	startReady(t, cmd, ready)
+	return cmd
+}
+
+// startReady starts child cmd with pipes for its standard input (held
+// open: children wait on it) and output, and returns them once it has
+// said ready.
+func startReady(t *testing.T, cmd *exec.Cmd, ready string) (in io.WriteCloser, out *bufio.Reader) {
+	t.Helper()
+	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cmd.StdinPipe(); err != nil { // held open: the child waits on it
+	if in, err = cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != ready+"\n" {
-		t.Fatalf("%s said %q, %v", role, line, err)
+	out = bufio.NewReader(stdout)
+	if line, err := out.ReadString('\n'); err != nil || line != ready+"\n" {
+		t.Fatalf("%s said %q, %v", cmd.Args, line, err)
 	}
-	return cmd
+	return in, out
 }
 
 // TestKilledProducer: a producer process SIGKILLed while it holds a loan

@@ -54,22 +54,8 @@ func TestRecycleSquatted(t *testing.T) {
 	squat := shmFile(segName(l.Name(), 0, k))
 	t.Cleanup(func() { os.Remove(squat) })
 	cmd := u.Child(t, "squat-file", "MQ_SQUAT="+squat)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, _ := startReady(t, cmd, "squatted")
 	defer func() { in.Close(); cmd.Wait() }()
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "squatted\n" {
-		t.Fatalf("the squatter said %q, %v", line, err)
-	}
 	f := func(_ *Log, p int, k uint64) {
 		t.Errorf("segment %d of partition %d taken over: its maker left it", k, p)
 	}
@@ -331,23 +317,8 @@ func startViewer(t *testing.T, l *Log) *viewer {
 	t.Helper()
 	size := l.cfg.SegmentSize
 	cmd := testenv.Child(t, "viewer", "MQ_LOG="+l.Name(), fmt.Sprintf("MQ_EVICT=%d,%d", size, 2*size))
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	v := &viewer{cmd: cmd, in: in, out: bufio.NewReader(out)}
-	if line, err := v.out.ReadString('\n'); err != nil || line != "viewing\n" {
-		t.Fatalf("viewer said %q, %v", line, err)
-	}
-	return v
+	in, out := startReady(t, cmd, "viewing")
+	return &viewer{cmd: cmd, in: in, out: out}
 }
 
 // same asks the viewer whether its record is unchanged.
