@@ -320,13 +320,19 @@ func (l *Log) removeSeg(p int, k uint64) error {
 		}
 		return nil
 	}
-	s, err := shm.OpenSegment(segName(l.name, p, k))
+	return removeShm(segName(l.name, p, k))
+}
+
+// removeShm removes the segment name in /dev/shm, if it is there: a log's
+// segment or spare.
+func removeShm(name string) error {
+	s, err := shm.OpenSegment(name)
 	if errors.Is(err, shm.ErrCorrupt) {
 		// Counted as made, and not (yet) sized or without a header:
 		// its maker died there, or is making it this moment. Made
 		// here (in place, when no maker holds it), to remove it; a
 		// malformed file is left alone.
-		s, err = shm.RepairSegment(segName(l.name, p, k), 1, nil)
+		s, err = shm.RepairSegment(name, 1, nil)
 	}
 	if err != nil {
 		return nil

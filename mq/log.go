@@ -904,15 +904,7 @@ func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
 func removeSpares(name string, p int) error {
 	var errs []error
 	for j := range spares {
-		s, err := shm.OpenSegment(spareName(name, p, j))
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		errs = append(errs, s.Unlink(), s.Close())
+		errs = append(errs, removeShm(spareName(name, p, j)))
 	}
 	return errors.Join(errs...)
 }
@@ -1308,13 +1300,7 @@ func (l *Log) rebase(p int, base uint64) error {
 	// Random reads' mappings too: a segment of the old numbering may
 	// have the index of one the new base will make.
 	pt.readMu.Lock()
-	for i, m := range pt.reads {
-		if m != nil {
-			pt.reads[i] = nil
-			l.releaseLater(m)
-		}
-	}
-	pt.readLow.Store(^uint64(0))
+	l.dropReads(pt, ^uint64(0))
 	pt.readMu.Unlock()
 	for i := h; i < made; i++ {
 		l.removeSeg(p, i)

@@ -26,8 +26,9 @@ var ErrNotRecord = errors.New("mq: no committed record at offset")
 // for the next reads, a new one in the place of the lower-numbered
 // (mapping a segment anew for each read, and faulting its pages in, was
 // half of a 1 MiB CopyAt); a segment retention dropped leaves that cache
-// at the handle's next read of any partition, or at Close. While there it is pinned: not reused under
-// Config.Recycle, and its memory held, unlinked, once dropped.
+// at the handle's next read of any partition, or at Close. While there
+// it is pinned: not reused under Config.Recycle, and its memory held,
+// unlinked, once dropped.
 func (l *Log) ReadAt(p int, off uint64) (Record, func(), error) {
 	h, rec, w1, err := l.recordAt(p, off, decode)
 	if err != nil {
@@ -152,16 +153,12 @@ func (l *Log) readSeg(p int, pt *partition, k uint64) (*mapped, error) {
 	if pt.reads == nil {
 		return nil, ErrClosed
 	}
-	l.pruneReadsLocked(pt)
-	var hit *mapped
+	l.dropReads(pt, pt.head.Load())
 	for _, m := range pt.reads {
 		if m != nil && m.index == k {
-			hit = m
+			m.refs.Add(1)
+			return m, nil
 		}
-	}
-	if hit != nil {
-		hit.refs.Add(1)
-		return hit, nil
 	}
 	m, err := l.mapSeg(p, k) // in /dev/shm or, for a log with a Dir, its file
 	if err != nil {
@@ -204,14 +201,14 @@ func setReadLow(pt *partition) {
 func (l *Log) pruneReads(pt *partition) {
 	pt.readMu.Lock()
 	defer pt.readMu.Unlock()
-	l.pruneReadsLocked(pt)
+	l.dropReads(pt, pt.head.Load())
 }
 
-// pruneReadsLocked is pruneReads for a caller that holds pt.readMu.
-func (l *Log) pruneReadsLocked(pt *partition) {
-	head := pt.head.Load()
+// dropReads lets go of the segments below index below in pt's
+// random-read cache; the caller holds pt.readMu.
+func (l *Log) dropReads(pt *partition, below uint64) {
 	for i, m := range pt.reads {
-		if m != nil && m.index < head {
+		if m != nil && m.index < below {
 			pt.reads[i] = nil
 			l.releaseLater(m)
 		}

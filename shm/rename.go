@@ -73,39 +73,17 @@ func renameSegment(old, name string, size int) (*Segment, error) {
 		// Taken (checked again, atomically, by the rename itself).
 		return nil, &os.PathError{Op: "rename segment", Path: newPath, Err: unix.EEXIST}
 	}
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "rename segment", Path: path, Err: err}
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("shm: rename segment %s: %w", path, err)
-	}
-	if !ownRegular(&st) || st.Nlink != 1 || st.Mode&0o077 != 0 {
-		unix.Close(fd)
-		return nil, &foreignError{path, st.Uid, st.Mode, uint64(st.Nlink)}
-	}
 	// A fresh open file description holds no lock of ours: taking it
 	// exclusively fails if any Segment (any descriptor, this process's
 	// too) holds the file, and blocks nobody for long (only openers,
 	// which then find the name gone or another file under it).
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		unix.Close(fd)
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("shm: rename segment %s: in use: %w", old, ErrLocked)
-		}
-		return nil, fmt.Errorf("shm: rename segment %s: lock: %w", path, err)
-	}
-	var now unix.Stat_t
-	if err := unix.Lstat(path, &now); err != nil || statID(&now) != statID(&st) {
+	s, err := openLocked(path, unix.LOCK_EX|unix.LOCK_NB)
+	if errors.Is(err, errReplaced) {
 		// Renamed or removed by another before we held it.
-		unix.Close(fd)
 		return nil, &os.PathError{Op: "rename segment", Path: path, Err: unix.ENOENT}
 	}
-	s, err := mapExisting(fd)
 	if err != nil {
-		return nil, fmt.Errorf("shm: rename segment %s: %w", path, err)
+		return nil, fmt.Errorf("shm: rename segment %s: %w", old, err)
 	}
 	if size > 0 {
 		if total := pageAlign(HeaderSize + size); len(s.mem) != total {

@@ -147,7 +147,7 @@ func TestRenameSegmentOpenerMeanwhile(t *testing.T) {
 			}
 			got <- err
 		}()
-		waitParked(t, 1, "syscall", "shm.openNamedOnce(", "unix.Flock(")
+		waitParked(t, 1, "syscall", "shm.openLocked(", "unix.Flock(")
 	}
 	defer func() { renameHook = nil }()
 	s, err := ReuseSegment(old, name, 3*4096)

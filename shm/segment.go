@@ -400,7 +400,7 @@ func OpenSegment(name string) (*Segment, error) {
 func openNamed(file string) (*Segment, error) {
 	path := filepath.Join(ShmDir, file)
 	for try := 0; ; try++ {
-		s, err := openNamedOnce(path)
+		s, err := openLocked(path, unix.LOCK_SH)
 		if !errors.Is(err, errReplaced) || try == 3 {
 			if err != nil {
 				return nil, err
@@ -411,11 +411,16 @@ func openNamed(file string) (*Segment, error) {
 	}
 }
 
-// errReplaced is openNamedOnce's error for a file that was removed or
+// errReplaced is openLocked's error for a file that was removed or
 // replaced while it waited for its lock.
 var errReplaced = errors.New("the file was removed or replaced while it was opened")
 
-func openNamedOnce(path string) (*Segment, error) {
+// openLocked maps the segment file at path, this user's and private,
+// once it holds it locked as how says (flock(2): LOCK_SH, waiting for a
+// creator or a Sweep; LOCK_EX|LOCK_NB, for RenameSegment, failing with
+// an error wrapping ErrLocked if anyone holds it) and has checked that
+// path still names the file (errReplaced if not).
+func openLocked(path string, how int) (*Segment, error) {
 	// O_NONBLOCK: another user's FIFO in the way must not block us.
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -439,9 +444,13 @@ func openNamedOnce(path string) (*Segment, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("shm: open %s: a file of this user with mode %#o; ubkit opens only regular files of mode 0600 as segments (remove it if no one uses it)", path, st.Mode&0o7777)
 	}
-	// Blocks while a creator writes the header or a Sweep decides.
-	if err := unix.Flock(fd, unix.LOCK_SH); err != nil {
+	// LOCK_SH blocks while a creator writes the header or a Sweep
+	// decides.
+	if err := unix.Flock(fd, how); err != nil {
 		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("shm: lock %s: in use: %w", path, ErrLocked)
+		}
 		return nil, fmt.Errorf("shm: lock %s: %w", path, err)
 	}
 	var now unix.Stat_t

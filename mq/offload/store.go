@@ -29,8 +29,8 @@ type StoreConfig struct {
 // (mq.FullOverwrite), so a producer never blocks on consumers, and a
 // reference outlives its payload once Segments*SegmentSize bytes were
 // put after it; dropped segments are reused (mq.Config.Recycle). Many
-// processes may share one store's log; a Store is
-// safe for concurrent use.
+// processes may share one store's log; a Store is safe for concurrent
+// use.
 type Store struct {
 	log   *mq.Log
 	fetch string
