@@ -201,11 +201,20 @@ type partition struct {
 	cur  atomic.Pointer[mapped] // the newest mapped segment, for the producers' fast path
 
 	ahead     atomic.Bool                  // a goroutine of this handle is making the next segment ahead
+	aheadJob  *aheadJob                    // which, under mu: for a producer that reaches it first (awaitAhead)
 	aheadFail atomic.Pointer[aheadFailure] // why it could not, for the producer that needs the segment
 
 	readMu  sync.Mutex
 	reads   []*mapped     // the segments random reads used last (readSeg); nil once closed
 	readLow atomic.Uint64 // the lowest index in reads (^0: none), for pruneReads to skip the rest
+}
+
+// aheadJob is makeAhead's goroutine making segment k: done is closed once
+// it has put the segment in the handle's cache (or failed) and the handle
+// may make the next one ahead.
+type aheadJob struct {
+	k    uint64
+	done chan struct{}
 }
 
 // aheadFailure is why makeAhead could not make segment k.
@@ -598,6 +607,9 @@ func (l *Log) part(p int) (*partition, error) {
 func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, error) {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	if create {
+		awaitAhead(pt, k)
+	}
 	if pt.segs == nil {
 		return nil, ErrClosed
 	}
@@ -759,9 +771,19 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 	if l.cfg.Dir != "" || pt.made.Load() != k || k > pt.head.Load()+uint64(l.cfg.Segments) || pt.ahead.Swap(true) {
 		return
 	}
+	job := &aheadJob{k: k, done: make(chan struct{})}
+	pt.aheadJob = job  // entered holds pt.mu
 	l.unmapping.Add(1) // Close waits for it
 	go func() {
 		defer l.unmapping.Done()
+		defer func() { // after the flag: a producer it wakes may make the next
+			pt.mu.Lock()
+			if pt.aheadJob == job {
+				pt.aheadJob = nil
+			}
+			pt.mu.Unlock()
+			close(job.done)
+		}()
 		defer pt.ahead.Store(false)
 		if !pt.made.CompareAndSwap(k, k+1) {
 			return
@@ -799,8 +821,46 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 			return
 		}
 		pt.segs[k] = m
+		if f := testMadeAhead.Load(); f != nil {
+			(*f)(m)
+		}
 	}()
 }
+
+// awaitAhead waits, pt.mu unlocked meanwhile, for this handle's goroutine
+// making segment k ahead, if there is one, for up to a second. Its
+// mapping of a segment made of a spare has the pages faulted in (by the
+// zeroing), where a producer that opened the segment itself, once it
+// existed, wrote into a mapping of its own, faulting on each page (about
+// half the pages of a 1 MiB-payload offload store's producer took a
+// fault); and the producer entering the segment after the goroutine
+// ended makes the next one ahead, where one entering it meanwhile found
+// the goroutine busy and made the next in its own path.
+func awaitAhead(pt *partition, k uint64) {
+	j := pt.aheadJob
+	if j == nil || j.k != k || pt.segs[k] != nil {
+		return
+	}
+	pt.mu.Unlock()
+	if f := testAwaitAhead.Load(); f != nil {
+		(*f)(pt, k)
+	}
+	t := time.NewTimer(time.Second)
+	select {
+	case <-j.done:
+	case <-t.C: // stuck: the producer goes on as without it
+	}
+	t.Stop()
+	pt.mu.Lock()
+}
+
+// testAwaitAhead and testMadeAhead, if set, are called by a producer
+// about to wait for the segment being made ahead (awaitAhead) and by the
+// goroutine making it once it is in the cache.
+var (
+	testAwaitAhead atomic.Pointer[func(pt *partition, k uint64)]
+	testMadeAhead  atomic.Pointer[func(m *mapped)]
+)
 
 // testSegClaimed, if set, is called by a maker of a segment in /dev/shm
 // (createSeg, makeAhead) just after it counted the segment as made and
