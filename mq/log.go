@@ -607,8 +607,11 @@ func (l *Log) part(p int) (*partition, error) {
 func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, error) {
 	pt.mu.Lock()
 	defer pt.mu.Unlock()
+	// A second for a segment being made to appear, counting the wait
+	// for this handle's own maker.
+	deadline := time.Now().Add(time.Second)
 	if create {
-		awaitAhead(pt, k)
+		awaitAhead(pt, k, deadline)
 	}
 	if pt.segs == nil {
 		return nil, ErrClosed
@@ -636,7 +639,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 	var err error
 	madeHere := false
 	takeovers := 0
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+	for ; ; time.Sleep(time.Millisecond) {
 		mk := pt.made.Load()
 		if create && mk == k && pt.made.CompareAndSwap(k, k+1) {
 			seg, err = l.createSeg(p, pt, k)
@@ -776,15 +779,30 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 	l.unmapping.Add(1) // Close waits for it
 	go func() {
 		defer l.unmapping.Done()
-		defer func() { // after the flag: a producer it wakes may make the next
+		var m *mapped // what it made, for the cache
+		defer func() {
+			// All in one critical section: a producer that finds the
+			// segment in the cache finds the goroutine done too, so
+			// entering it makes the next one ahead.
 			pt.mu.Lock()
+			defer pt.mu.Unlock()
+			if m != nil {
+				if pt.segs == nil || pt.segs[k] != nil {
+					// Closed, or a producer opened it meanwhile.
+					m.release()
+				} else {
+					pt.segs[k] = m
+					if f := testMadeAhead.Load(); f != nil {
+						(*f)(m)
+					}
+				}
+			}
 			if pt.aheadJob == job {
 				pt.aheadJob = nil
 			}
-			pt.mu.Unlock()
+			pt.ahead.Store(false)
 			close(job.done)
 		}()
-		defer pt.ahead.Store(false)
 		if !pt.made.CompareAndSwap(k, k+1) {
 			return
 		}
@@ -811,24 +829,13 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 			seg.Close()
 			return
 		}
-		m := &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
+		m = &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
 		m.refs.Store(1) // the cache's
-		pt.mu.Lock()
-		defer pt.mu.Unlock()
-		if pt.segs == nil || pt.segs[k] != nil {
-			// Closed, or a producer opened it meanwhile.
-			m.release()
-			return
-		}
-		pt.segs[k] = m
-		if f := testMadeAhead.Load(); f != nil {
-			(*f)(m)
-		}
 	}()
 }
 
 // awaitAhead waits, pt.mu unlocked meanwhile, for this handle's goroutine
-// making segment k ahead, if there is one, for up to a second. Its
+// making segment k ahead, if there is one, until deadline. Its
 // mapping of a segment made of a spare has the pages faulted in (by the
 // zeroing), where a producer that opened the segment itself, once it
 // existed, wrote into a mapping of its own, faulting on each page (about
@@ -836,7 +843,7 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 // fault); and the producer entering the segment after the goroutine
 // ended makes the next one ahead, where one entering it meanwhile found
 // the goroutine busy and made the next in its own path.
-func awaitAhead(pt *partition, k uint64) {
+func awaitAhead(pt *partition, k uint64, deadline time.Time) {
 	j := pt.aheadJob
 	if j == nil || j.k != k || pt.segs[k] != nil {
 		return
@@ -845,10 +852,10 @@ func awaitAhead(pt *partition, k uint64) {
 	if f := testAwaitAhead.Load(); f != nil {
 		(*f)(pt, k)
 	}
-	t := time.NewTimer(time.Second)
+	t := time.NewTimer(time.Until(deadline))
 	select {
 	case <-j.done:
-	case <-t.C: // stuck: the producer goes on as without it
+	case <-t.C: // stuck: the producer goes on as without it, at once
 	}
 	t.Stop()
 	pt.mu.Lock()
