@@ -1,5 +1,6 @@
 # ubkit: two commands do everything.
-#   make demo   the main job: two processes talking through shared memory, next to a unix socket and TCP
+#   make demo   the main job: two processes talking through shared memory, next to a unix socket and TCP,
+#               an mq.Log stream, four processes loading one model file once (the memory saved)
 #               (and a simulated super node in Kubernetes, if make prereqs built its binaries)
 #   make test   installs missing test prerequisites, then vet, lint, cross builds, race tests, examples
 

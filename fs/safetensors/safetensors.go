@@ -7,8 +7,9 @@
 // data. Parse checks all of it before returning a view: the JSON, every
 // dtype and shape, every range inside the data, sizes that match
 // dtype times shape, no overlaps and no holes, and limits on the header's
-// size, the rank and the number of tensors. A malformed file is an error
-// wrapping ErrInvalid, never a panic.
+// size (MaxHeader, which bounds the number of tensors too: the format
+// itself sets no other limit on it) and the rank. A malformed file is an
+// error wrapping ErrInvalid, never a panic.
 //
 //	m, err := safetensors.Open(ctx, "model.safetensors", nil)
 //	if err != nil { ... }
