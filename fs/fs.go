@@ -103,8 +103,9 @@ type Options struct {
 	// beside the shared one, which helps a cold read of a file read once.
 	// File systems without O_DIRECT (tmpfs) fall back to plain reads.
 	Direct bool
-	// HugePages asks for transparent huge pages for the copy or the
-	// mapping, where the kernel allows them.
+	// HugePages asks for transparent huge pages for the host's shared
+	// copy or the mapping, where the kernel allows them (a Private copy
+	// is Go memory, under the runtime's own huge-page policy).
 	HugePages bool
 	// NoPopulate (Map) maps without faulting pages in: the first touch of
 	// each page reads it.

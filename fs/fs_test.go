@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -614,4 +615,61 @@ func TestOpenSparseMultiGiB(t *testing.T) {
 	if n := copiesInShm(t); n != 0 {
 		t.Errorf("%d copies left", n)
 	}
+}
+
+// TestHugePagesHint: Options.HugePages marks the file's mapping (Map)
+// or the host's shared copy (Copy) for transparent huge pages, which
+// /proc/self/smaps shows as the VMA flag "hg"; without it, neither is.
+// (Whether the kernel then backs them with huge pages is its policy:
+// shmem_enabled and the file system's.)
+func TestHugePagesHint(t *testing.T) {
+	ctx := context.Background()
+	path, _ := writeFile(t, t.TempDir(), 8<<20, 5)
+	for _, m := range []Method{Map, Copy} {
+		for _, huge := range []bool{false, true} {
+			f, err := Open(ctx, path, &Options{Method: m, HugePages: huge})
+			if err != nil {
+				t.Fatal(err)
+			}
+			flags := vmFlags(t, f.Bytes())
+			f.Close()
+			if got := slices.Contains(flags, "hg"); got != huge {
+				t.Errorf("%v, HugePages %v: VmFlags %v", m, huge, flags)
+			}
+		}
+	}
+}
+
+// vmFlags returns the VmFlags of the mapping of this process that holds
+// b's first byte, from /proc/self/smaps.
+func vmFlags(t *testing.T, b []byte) []string {
+	t.Helper()
+	addr, err := strconv.ParseUint(strings.TrimPrefix(fmt.Sprintf("%p", &b[0]), "0x"), 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := false
+	for line := range strings.Lines(string(smaps)) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(fields[0], "-"); ok && !strings.HasSuffix(fields[0], ":") {
+			l, err1 := strconv.ParseUint(lo, 16, 64)
+			h, err2 := strconv.ParseUint(hi, 16, 64)
+			if err1 == nil && err2 == nil {
+				in = l <= addr && addr < h
+				continue
+			}
+		}
+		if in && fields[0] == "VmFlags:" {
+			return fields[1:]
+		}
+	}
+	t.Fatalf("no mapping holds %#x in /proc/self/smaps", addr)
+	return nil
 }
