@@ -673,3 +673,65 @@ func vmFlags(t *testing.T, b []byte) []string {
 	t.Fatalf("no mapping holds %#x in /proc/self/smaps", addr)
 	return nil
 }
+
+// TestColdCopyDirect: a shared copy of a file out of the page cache is
+// read with O_DIRECT (the file's pages stay out of the cache), unless
+// Buffered; a warm file is read through the cache (which keeps it).
+func TestColdCopyDirect(t *testing.T) {
+	ctx := context.Background()
+	path, want := writeFile(t, t.TempDir(), 32<<20+5, 9)
+	cachedNow := func() (int64, int64) {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		c, p, err := shm.CachedPages(f, int64(len(want)))
+		if err != nil {
+			t.Fatalf("cachestat, which this test needs (Linux 6.5 or later): %v", err)
+		}
+		return c, p
+	}
+	f0, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f0.Sync(); err != nil { // clean pages, which Evict drops
+		t.Fatal(err)
+	}
+	f0.Close()
+	for _, c := range []struct {
+		name           string
+		warm, buffered bool
+		wantCached     bool
+	}{
+		{"cold", false, false, false},
+		{"cold, buffered", false, true, true},
+		{"warm", true, false, true},
+	} {
+		if err := Evict(path); err != nil {
+			t.Fatal(err)
+		}
+		if c.warm {
+			if _, err := os.ReadFile(path); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before, pages := cachedNow()
+		if c.warm != (before > pages/2) {
+			t.Fatalf("%s: %d of %d pages cached before the load: the page cache did not do as asked (is the temporary directory on tmpfs? set TMPDIR)", c.name, before, pages)
+		}
+		f, err := Open(ctx, path, &Options{Method: Copy, Buffered: c.buffered})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(f.Bytes(), want) {
+			t.Errorf("%s: the copy differs from the file", c.name)
+		}
+		f.Close()
+		after, _ := cachedNow()
+		if got := after > pages/2; got != c.wantCached {
+			t.Errorf("%s: %d of %d pages cached after the load (before %d): want cached %v", c.name, after, pages, before, c.wantCached)
+		}
+	}
+}

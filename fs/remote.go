@@ -28,7 +28,7 @@ type RemoteOptions struct {
 	// Options are Open's: Parallel is the number of chunks read at once
 	// (default 8 here): ub Reads in flight for one-sided reads, else
 	// connections reading stripes; Private, SHA256 and Progress as there
-	// (Method, Direct and NoPopulate do not apply).
+	// (Method, Direct, Buffered and NoPopulate do not apply).
 	Options
 	// Dial connects to an export's address ("ub://node/export"); default
 	// transport.Dial, which takes the shm, ub or tcp path by where the

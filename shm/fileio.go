@@ -113,6 +113,21 @@ func OpenDirect(path string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), path), nil
 }
 
+// CachedPages says how many of the pages of f's first n bytes are in
+// the page cache, and how many pages that is (cachestat(2), Linux 6.5
+// and later; older kernels fail with ENOSYS).
+func CachedPages(f *os.File, n int64) (cached, pages int64, err error) {
+	if n <= 0 {
+		return 0, 0, nil
+	}
+	var st unix.Cachestat_t
+	if err := unix.Cachestat(uint(f.Fd()), &unix.CachestatRange{Off: 0, Len: uint64(n)}, &st, 0); err != nil {
+		return 0, 0, &os.PathError{Op: "cachestat", Path: f.Name(), Err: err}
+	}
+	p := int64(os.Getpagesize())
+	return int64(st.Cache), (n + p - 1) / p, nil
+}
+
 // ProtectReadOnly makes b, memory of a segment this process mapped,
 // read-only in this process (mprotect): a write to it then faults
 // instead of changing what other processes read. b must start on a page;

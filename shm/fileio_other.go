@@ -16,6 +16,11 @@ func AdviseFile(f *os.File, off, n int64, a Advice) error { return errUnsupporte
 // OpenDirect fails: it needs Linux.
 func OpenDirect(path string) (*os.File, error) { return nil, errUnsupported }
 
+// CachedPages fails: it needs Linux.
+func CachedPages(f *os.File, n int64) (cached, pages int64, err error) {
+	return 0, 0, errUnsupported
+}
+
 // ProtectReadOnly fails: it needs Linux.
 func ProtectReadOnly(b []byte) error { return errUnsupported }
 

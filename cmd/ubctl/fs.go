@@ -28,7 +28,8 @@ func fsCmd(args []string, out io.Writer) error {
 	method := fl.String("method", "auto", "auto, map (map the file, fault its pages in) or copy (parallel reads into the host's shared copy)")
 	parallel := fl.Int("parallel", 16, "goroutines reading or faulting pages in at once")
 	chunk := fl.Int("chunk", 8, "the unit of parallel work, MiB")
-	direct := fl.Bool("direct", false, "copy: read with O_DIRECT")
+	direct := fl.Bool("direct", false, "copy: read with O_DIRECT (a cold file of 16 MiB or more is, without it)")
+	buffered := fl.Bool("buffered", false, "copy: read a cold file through the page cache all the same")
 	private := fl.Bool("private", false, "copy: a copy of this process's own, not the host's shared one")
 	cold := fl.Bool("cold", false, "drop the file's pages from the page cache first (fadvise DONTNEED)")
 	sum := fl.String("sha256", "", "the expected SHA-256 of the content")
@@ -42,7 +43,7 @@ func fsCmd(args []string, out io.Writer) error {
 		return errors.New("fs load: one FILE wanted")
 	}
 	path := fl.Arg(0)
-	o := &fs.Options{Parallel: *parallel, ChunkSize: *chunk << 20, Direct: *direct, Private: *private, SHA256: *sum}
+	o := &fs.Options{Parallel: *parallel, ChunkSize: *chunk << 20, Direct: *direct, Buffered: *buffered, Private: *private, SHA256: *sum}
 	switch *method {
 	case "auto":
 	case "map":
