@@ -699,7 +699,10 @@ func (e *Exporter) load(l *loaded, f *os.File, name string, st shm.FileStat) err
 	case <-e.done:
 		return errors.New("export closed")
 	}
-	o, err := (&Options{Method: Copy}).withDefaults()
+	// Through the page cache even when the file is cold: streamed reads
+	// of it (io.SectionReader on the file) read there meanwhile, and
+	// the disk is read once.
+	o, err := (&Options{Method: Copy, Buffered: true}).withDefaults()
 	if err != nil {
 		return err
 	}

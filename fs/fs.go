@@ -102,14 +102,18 @@ type Options struct {
 	// Direct reads with O_DIRECT (Copy): no page-cache copy of the file
 	// beside the shared one, which helps a cold read of a file read once.
 	// File systems without O_DIRECT (tmpfs) fall back to plain reads.
-	// A shared copy of a file of 16 MiB or more, most of whose pages are
-	// not in the page cache (cachestat(2)), is read with O_DIRECT without
-	// it: a 2 GiB cold file loaded at 2.1-2.2 GB/s here against 0.6-1.2
-	// GB/s through the page cache (docs/fs.md). A warm file is read
-	// through the page cache, which then costs no disk read.
+	// A shared copy of a file of 16 MiB or more on a local disk file
+	// system (ext4, XFS, Btrfs), most of whose pages are not in the page
+	// cache (cachestat(2)), is read with O_DIRECT without it: a 2 GiB
+	// cold file loaded at 2.1-2.2 GB/s here against 0.6-1.2 GB/s through
+	// the page cache (docs/fs.md). A warm file is read through the page
+	// cache, which then costs no disk read, and so is a file cachestat
+	// will not describe (Linux before 6.5, or a file this process may
+	// neither write nor owns, as a shared model directory's often is).
 	Direct bool
 	// Buffered (Copy) reads a cold file through the page cache all the
-	// same (see Direct): for a file other readers will read next.
+	// same (see Direct), for a file other readers will read next; Direct
+	// wins over it.
 	Buffered bool
 	// HugePages asks for transparent huge pages for the host's shared
 	// copy or the mapping, where the kernel allows them (a Private copy
@@ -171,10 +175,19 @@ const smallFile = 64 << 10
 // when it is cold (Options.Direct).
 const coldDirectMin = 16 << 20
 
-// cold reports whether most of f's pages are out of the page cache. A
-// kernel without cachestat(2) says nothing: not cold.
-func cold(f *os.File, size int64) bool {
-	cached, pages, err := shm.CachedPages(f, size)
+// coldOnDisk reports whether f, of stat st, is on a local disk file
+// system and most of its pages are out of the page cache: what a shared
+// copy reads with O_DIRECT (Options.Direct). Other file systems are not
+// asked: overlayfs keeps the pages under the file beneath (its own
+// file always looks cold), and O_DIRECT on network and FUSE file systems
+// was not measured. cachestat(2) refusing says nothing: not cold.
+func coldOnDisk(f *os.File, st shm.FileStat) bool {
+	switch st.FSType {
+	case shm.FSExt4, shm.FSXFS, shm.FSBtrfs:
+	default:
+		return false
+	}
+	cached, pages, err := shm.CachedPages(f, st.Size)
 	return err == nil && cached < pages/2
 }
 

@@ -699,7 +699,16 @@ func TestColdCopyDirect(t *testing.T) {
 	if err := f0.Sync(); err != nil { // clean pages, which Evict drops
 		t.Fatal(err)
 	}
+	st, err := shm.StatFile(f0)
 	f0.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch st.FSType {
+	case shm.FSExt4, shm.FSXFS, shm.FSBtrfs:
+	default:
+		t.Fatalf("%s is on a file system of type %#x: this test needs a temporary directory on a local disk file system (ext4, XFS, Btrfs; set TMPDIR)", path, st.FSType)
+	}
 	for _, c := range []struct {
 		name           string
 		warm, buffered bool
@@ -719,7 +728,7 @@ func TestColdCopyDirect(t *testing.T) {
 		}
 		before, pages := cachedNow()
 		if c.warm != (before > pages/2) {
-			t.Fatalf("%s: %d of %d pages cached before the load: the page cache did not do as asked (is the temporary directory on tmpfs? set TMPDIR)", c.name, before, pages)
+			t.Fatalf("%s: %d of %d pages cached before the load: the page cache did not do as asked; this test needs a temporary directory on a local disk file system (ext4, XFS, Btrfs; not tmpfs or overlay: set TMPDIR)", c.name, before, pages)
 		}
 		f, err := Open(ctx, path, &Options{Method: Copy, Buffered: c.buffered})
 		if err != nil {

@@ -271,7 +271,7 @@ func loadFile(ctx context.Context, f *os.File, path string, st shm.FileStat, o O
 	// The copy's pages are read whole (O_DIRECT reads blocks): the
 	// segment's data area is rounded up to a page.
 	src := f
-	if o.Direct || !o.Buffered && st.Size >= coldDirectMin && cold(f, st.Size) {
+	if o.Direct || !o.Buffered && st.Size >= coldDirectMin && coldOnDisk(f, st) {
 		if d, err := shm.OpenDirect(path); err == nil {
 			if dst, err := shm.StatFile(d); err == nil && dst.Dev == st.Dev && dst.Ino == st.Ino {
 				defer d.Close()
