@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"runtime"
 	"sync"
@@ -272,8 +271,7 @@ func batchHolderChild() int {
 	for j := range b.Len() / 2 {
 		message(b.Bytes(j), 9, uint64(j))
 	}
-	fmt.Println("loaned")
-	io.Copy(io.Discard, os.Stdin)
+	holdReady("loaned")
 	return 1
 }
 

@@ -239,8 +239,7 @@ func durableHolderChild() int {
 		return 1
 	}
 	copy(res.Bytes(), durablePayload(1)[:50])
-	fmt.Println("loaned")
-	io.Copy(io.Discard, os.Stdin)
+	holdReady("loaned")
 	return 1
 }
 

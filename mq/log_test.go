@@ -296,8 +296,7 @@ func holderChild() int {
 		return 1
 	}
 	copy(res.Bytes(), "half written")
-	fmt.Println("loaned")
-	io.Copy(io.Discard, os.Stdin)
+	holdReady("loaned")
 	return 1
 }
 
@@ -309,6 +308,13 @@ func startWaiting(t *testing.T, role string, l *Log, ready string) *exec.Cmd {
 	cmd := testenv.Child(t, role, "MQ_LOG="+l.Name())
 	startReady(t, cmd, ready)
 	return cmd
+}
+
+// holdReady is a child's side of startReady: it says word and waits
+// until its standard input ends (the parent closed it, or died).
+func holdReady(word string) {
+	fmt.Println(word)
+	io.Copy(io.Discard, os.Stdin)
 }
 
 // startReady starts child cmd with pipes for its standard input (held
@@ -554,8 +560,7 @@ func readerChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Println("reading")
-	io.Copy(io.Discard, os.Stdin)
+	holdReady("reading")
 	return 1
 }
 

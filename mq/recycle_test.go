@@ -36,8 +36,7 @@ func squatFileChild() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Println("squatted")
-	io.Copy(io.Discard, os.Stdin)
+	holdReady("squatted")
 	return 0
 }
 
