@@ -307,6 +307,9 @@ func (l *Log) syncSeg(p int, pt *partition, k uint64) error {
 // openSeg maps segment k of partition p.
 func (l *Log) openSeg(p int, k uint64) (*shm.Segment, error) {
 	if l.cfg.Dir == "" {
+		if c := l.parts[p].maps; c != nil {
+			return c.OpenSegment(segName(l.name, p, k))
+		}
 		return shm.OpenSegment(segName(l.name, p, k))
 	}
 	return shm.OpenFileSegment(l.segPath(p, k))

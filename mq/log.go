@@ -83,13 +83,17 @@ type Config struct {
 	// new ones, instead of giving it back to the kernel and having it
 	// allocate and zero fresh pages for every new segment (most of what
 	// a producer of large records spends). A dropped segment is reused
-	// only when no process has it mapped (no Reader, loan, ReadAt or
-	// CopyAt in it), so nobody ever sees its bytes change; one that is
-	// mapped is removed as without Recycle. A partition then holds up
-	// to two segments more (its spares). Reusing costs zeroing the
-	// segment, by the segment's maker (in the background, for segments
-	// made ahead). Only for logs in /dev/shm (not with Dir). See
-	// docs/mq.md, "Segment recycling".
+	// only when no process uses it (no Reader, loan, ReadAt or CopyAt
+	// in it), so nobody ever sees its bytes change; one in use is
+	// removed as without Recycle. A partition then holds up to two
+	// segments more (its spares). Reusing costs zeroing the segment, by
+	// the segment's maker (in the background, for segments made ahead).
+	// Each handle keeps its mappings of a partition's segments once done
+	// with them (up to Segments+6, unmapped at Close), and maps a
+	// segment made of a spare on the mapping it had of the file: no page
+	// tables made and torn down again at every new segment. Only for
+	// logs in /dev/shm (not with Dir). See docs/mq.md, "Segment
+	// recycling".
 	Recycle bool
 }
 
@@ -207,6 +211,12 @@ type partition struct {
 	readMu  sync.Mutex
 	reads   []*mapped     // the segments random reads used last (readSeg); nil once closed
 	readLow atomic.Uint64 // the lowest index in reads (^0: none), for pruneReads to skip the rest
+
+	// maps keeps this handle's mappings of the partition's segments once
+	// it is done with them, under Config.Recycle: a segment made of a
+	// spare is a file this process has mapped before, and mapping it
+	// again through maps costs no page tables (see mapsFor).
+	maps *shm.MapCache
 }
 
 // aheadJob is makeAhead's goroutine making segment k: done is closed once
@@ -233,6 +243,9 @@ type mapped struct {
 	words []atomic.Uint64
 	data  []byte
 	refs  atomic.Int64
+	// maps, if set, takes the mapping when it is no longer used
+	// (partition.maps).
+	maps *shm.MapCache
 	// syncErr is the first failed flush of the segment through this
 	// handle (file.go, noteSync).
 	syncErr atomic.Pointer[error]
@@ -254,8 +267,17 @@ func (m *mapped) acquire() bool {
 // release drops a reference; the last unmaps the segment.
 func (m *mapped) release() {
 	if m.refs.Add(-1) == 0 {
-		m.seg.Close()
+		m.unmap()
 	}
+}
+
+// unmap closes the segment: into the partition's MapCache if it has one
+// (its mapping is kept for the file's next use), else unmapped.
+func (m *mapped) unmap() error {
+	if m.maps != nil {
+		return m.maps.Release(m.seg)
+	}
+	return m.seg.Close()
 }
 
 // releaseOnce is release for a caller outside the package, who may call
@@ -273,19 +295,20 @@ func (m *mapped) releaseOnce() func() {
 // by another goroutine (unmapLater).
 func (l *Log) releaseLater(m *mapped) {
 	if m.refs.Add(-1) == 0 {
-		l.unmapLater(m.seg)
+		l.unmapLater(m)
 	}
 }
 
-// unmapLater closes seg in another goroutine: unmapping a segment whose
-// pages were all touched took a producer or a reader crossing into the
-// next segment several hundred µs, in which its records waited. Close
-// waits for these.
-func (l *Log) unmapLater(seg *shm.Segment) {
+// unmapLater unmaps m (m.unmap) in another goroutine: unmapping a
+// segment whose pages were all touched took a producer or a reader
+// crossing into the next segment several hundred µs, in which its
+// records waited (into a MapCache it costs little, unless the cache
+// unmaps its oldest mapping to make room). Close waits for these.
+func (l *Log) unmapLater(m *mapped) {
 	l.unmapping.Add(1)
 	go func() {
 		defer l.unmapping.Done()
-		seg.Close()
+		m.unmap()
 	}()
 }
 
@@ -516,6 +539,7 @@ func open(name string, meta *shm.Segment, lock *os.File) (*Log, error) {
 			padEnds: words(base+offPadEnds, padRing),
 			segs:    map[uint64]*mapped{},
 			reads:   make([]*mapped, 2),
+			maps:    mapsFor(c),
 		})
 		l.parts[p].readLow.Store(^uint64(0))
 	}
@@ -584,6 +608,11 @@ func (l *Log) Close() error {
 		pt.readMu.Unlock()
 	}
 	l.unmapping.Wait()
+	for _, pt := range l.parts {
+		if pt.maps != nil {
+			errs = append(errs, pt.maps.Close())
+		}
+	}
 	errs = append(errs, l.meta.Close())
 	if l.dirLock != nil {
 		errs = append(errs, l.dirLock.Close())
@@ -702,7 +731,7 @@ func (l *Log) segment(p int, pt *partition, k uint64, create bool) (*mapped, err
 		seg.Close()
 		return nil, err
 	}
-	m := &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
+	m := &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size], maps: pt.maps}
 	m.refs.Store(2) // the cache's and the caller's
 	pt.segs[k] = m
 	if create {
@@ -829,7 +858,7 @@ func (l *Log) makeAhead(p int, pt *partition, k uint64) {
 			seg.Close()
 			return
 		}
-		m = &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}
+		m = &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size], maps: pt.maps}
 		m.refs.Store(1) // the cache's
 	}()
 }
@@ -949,7 +978,7 @@ func (l *Log) spare(p int, k uint64) bool {
 func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
 	name, size := segName(l.name, p, k), l.cfg.SegmentSize+trailer
 	for j := 0; l.cfg.Recycle && j < spares; j++ {
-		s, err := shm.ReuseSegment(spareName(l.name, p, j), name, size)
+		s, err := l.parts[p].maps.ReuseSegment(spareName(l.name, p, j), name, size)
 		if err == nil {
 			l.parts[p].reused.Add(1)
 			return s, nil
@@ -964,6 +993,26 @@ func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
 		}
 	}
 	return shm.CreateSegment(name, size, &shm.SegmentConfig{Keep: true, Populate: populate})
+}
+
+// mapsFor is a partition's MapCache for a log of configuration c: under
+// Recycle in /dev/shm, room for the mappings of a whole cycle of its
+// files (its segments, its spares, the one made ahead, and the
+// producers', readers' and random reads' mappings of the newest) so that
+// a segment made of a spare finds the mapping this process had of the
+// file when it was a segment before; nil otherwise (a file that is not
+// reused would only be kept in memory by its idle mapping).
+//
+// Mapped anew, an 8 MiB segment's page tables cost a process about 1.4
+// ms to fill (by faults or MADV_POPULATE_WRITE) and 0.8 ms to tear down
+// here, each time a partition rolls to a new segment, in a producer's
+// process and in every reader's: a third thread on two vCPUs where a
+// producer and a consumer spin, which stalled them that long.
+func mapsFor(c Config) *shm.MapCache {
+	if !c.Recycle || c.Dir != "" {
+		return nil
+	}
+	return shm.NewMapCache(c.Segments + spares + 4)
 }
 
 // removeSpares removes the spare segments of partition p of log name

@@ -344,8 +344,22 @@ func startReady(t *testing.T, cmd *exec.Cmd, ready string) (in io.WriteCloser, o
 // leaves a record stuck in writing; the reader finds its writer dead,
 // aborts and skips it, counts it, and reads the records sent after it.
 func TestKilledProducer(t *testing.T) {
+	for _, w := range readerWaits {
+		t.Run(w.name, func(t *testing.T) { killedProducer(t, w.wait) })
+	}
+}
+
+// readerWaits are the ways a Reader waits (SetWait) that tests try.
+var readerWaits = []struct {
+	name string
+	wait shm.Wait
+}{{"sleeps", shm.Wait{}}, {"yields", shm.Wait{Mode: shm.WaitYield}}, {"spins", shm.Wait{Mode: shm.WaitSpin}}}
+
+// killedProducer is TestKilledProducer with a reader that waits so.
+func killedProducer(t *testing.T, w shm.Wait) {
 	l := newLog(t, Config{SegmentSize: 4096})
 	r := newReader(t, l, 0, 0)
+	r.SetWait(w)
 	ctx := timeout(t, 30*time.Second)
 	before := make([]byte, 100)
 	message(before, 1, 0)
@@ -993,4 +1007,33 @@ func TestCommitSum(t *testing.T) {
 		t.Fatalf("ReadAt: CRC %#x, %v; want %#x", rec.CRC, err, want)
 	}
 	release()
+}
+
+// TestReaderNeverSleeps: a reader set to yield or spin (SetWait) waits
+// for a record without ever sleeping on the partition's futex (a
+// sleeper counts itself where producers look, and only a producer's
+// wake-up takes the count back), and still returns when its ctx ends; a
+// reader that sleeps, the default, counts itself.
+func TestReaderNeverSleeps(t *testing.T) {
+	for _, w := range readerWaits {
+		t.Run(w.name, func(t *testing.T) {
+			l := newLog(t, Config{SegmentSize: 4096})
+			r := newReader(t, l, 0, 0)
+			r.SetWait(w.wait)
+			if _, err := r.Next(timeout(t, 30*time.Millisecond)); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Next on an empty partition: %v, want the deadline", err)
+			}
+			slept := l.parts[0].sleepers.Load() != 0
+			if want := w.wait.Mode == shm.WaitBlock; slept != want {
+				t.Fatalf("slept %v, want %v", slept, want)
+			}
+			// Records still come.
+			if _, err := l.Send(timeout(t, 10*time.Second), 0, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			if rec, err := r.Next(timeout(t, 10*time.Second)); err != nil || string(rec.Payload) != "x" {
+				t.Fatalf("Next: %q, %v", rec.Payload, err)
+			}
+		})
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ubkit-io/ubkit/shm"
 )
@@ -59,6 +60,8 @@ type Reader struct {
 	// writes) only when it catches up with it.
 	tail   uint64
 	closed bool
+	// waits is how Next waits for a record (SetWait).
+	waits shm.Wait
 
 	aborted uint64
 
@@ -254,12 +257,12 @@ func (r *Reader) Close() error {
 	r.closed = true
 	r.opening.Wait()
 	if r.next != nil {
-		r.next.seg.Close()
+		r.next.unmap()
 		r.next = nil
 	}
 	var err error
 	if r.m != nil {
-		err = r.m.seg.Close()
+		err = r.m.unmap()
 		r.m = nil
 	}
 	if r.owner != nil && !r.l.closed.Load() { // else no slot (a scanner), or it went with the Log's mapping
@@ -293,7 +296,7 @@ func (r *Reader) mapping(k uint64) (*mapped, error) {
 	}
 	if r.m != nil {
 		// Records of it are not used after this Next (Record.Payload).
-		r.l.unmapLater(r.m.seg)
+		r.l.unmapLater(r.m)
 		r.m = nil
 	}
 	if r.onMap != nil {
@@ -313,7 +316,7 @@ func (r *Reader) mapping(k uint64) (*mapped, error) {
 			r.openAhead(k + 1)
 			return n, nil
 		}
-		r.l.unmapLater(n.seg)
+		r.l.unmapLater(n)
 	}
 	if k < r.pt.head.Load() {
 		// Dropped, its file perhaps not yet removed.
@@ -351,7 +354,7 @@ func (l *Log) mapSeg(p int, k uint64) (*mapped, error) {
 		seg.Close()
 		return nil, err
 	}
-	return &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size]}, nil
+	return &mapped{index: k, seg: seg, words: words, data: seg.Data()[:size:size], maps: l.parts[p].maps}, nil
 }
 
 // openAhead maps segment k in the background, if it exists already, and
@@ -407,7 +410,7 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 		return Record{}, false, ErrClosed
 	}
 	size := uint64(r.l.cfg.SegmentSize)
-	var bo shm.Backoff
+	bo := r.backoff()
 	for {
 		o := r.offset
 		k, at := o/size, o%size
@@ -542,8 +545,40 @@ func (l *Log) writerDead(w uint64) bool {
 	return owner == 0 || gen != (w>>16)&0xffff || !shm.AliveWord(owner)
 }
 
+// SetWait sets how Next and NextBelow wait for a record, as shm.Wait
+// says for rings: the zero Wait (the default) looks for w.Spin
+// (shm.DefaultSpin if 0), then sleeps until a producer's commit wakes it;
+// shm.WaitYield never sleeps: it looks, and from shm.DefaultYield on
+// gives its CPU to other threads between looks (sched_yield), which
+// costs nothing when none wants it; shm.WaitSpin never sleeps nor
+// yields. A reader that never sleeps burns its CPU while it waits, and
+// in exchange is never woken: a wake-up costs tens of microseconds on a
+// virtual machine, and a goroutine woken from a futex sleep sometimes
+// waited milliseconds more for Go's scheduler to run it, so a consumer
+// that must see every record within microseconds (log-100B-p99) waits
+// so. Either way it notices an ended ctx, or a producer that died in a
+// record, within about a millisecond (spinCheck). Not safe to call
+// concurrently with Next.
+func (r *Reader) SetWait(w shm.Wait) { r.waits = w }
+
+// spinCheck is how often a reader that never sleeps (SetWait) looks at
+// its ctx and at the producer of a record it waits for.
+const spinCheck = time.Millisecond
+
+// backoff is the ladder of a wait of r (SetWait).
+func (r *Reader) backoff() shm.Backoff {
+	switch r.waits.Mode {
+	case shm.WaitSpin:
+		return shm.Backoff{Spin: spinCheck, Yield: -1}
+	case shm.WaitYield:
+		return shm.Backoff{Spin: spinCheck}
+	}
+	return shm.Backoff{Spin: r.waits.Spin}
+}
+
 // wait is one pause of a reader waiting for ready: a step of the Backoff
-// ladder, or, once it says park, a sleep of at most 20 ms (see park).
+// ladder, or, once it says park, a sleep of at most 20 ms (see park), or
+// for a reader that never sleeps (SetWait), the ladder again.
 // dead, if set, is asked before each sleep, and before giving up on an
 // ended ctx, whether the writer waited for is gone (it then handled the
 // record: the wait ends).
@@ -560,6 +595,10 @@ func (r *Reader) wait(ctx context.Context, bo *shm.Backoff, ready func() bool, d
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if r.waits.Mode == shm.WaitSpin || r.waits.Mode == shm.WaitYield {
+		bo.Reset()
+		return nil
 	}
 	return park(ctx, r.pt.seq, r.pt.sleepers, ready)
 }

@@ -509,3 +509,60 @@ func TestRecycleAcrossProcesses(t *testing.T) {
 		t.Errorf("stats %+v: no segment reused, or records aborted", st)
 	}
 }
+
+// TestRecycleKeepsMappings: under Recycle a handle keeps its mappings of
+// the partition's files once done with them (partition.maps), and a
+// segment made of a spare, or opened by a reader, is mapped on the
+// mapping the handle had of the file before: no page table made again.
+// The kept mappings hold no lock (the spares are still reused) and go
+// with the handle.
+func TestRecycleKeepsMappings(t *testing.T) {
+	const size, keep = 64 << 10, 3
+	l := newLog(t, Config{SegmentSize: size, Segments: keep, Recycle: true})
+	r := newReader(t, l, 0, 0)
+	ctx := timeout(t, 30*time.Second)
+	b := make([]byte, 1000)
+	in := uint64(0)
+	for seq := uint64(0); ; seq++ {
+		st, _ := l.Stats(0)
+		if st.Reused >= 30 {
+			break
+		}
+		if now := st.Tail / size; now != in {
+			// As rollTo: the mappings let go in the background are
+			// let go before the next drop (else the segment is still
+			// held then, and removed rather than made a spare).
+			l.unmapping.Wait()
+			in = now
+		}
+		if in > 200 {
+			t.Fatalf("%d segments made, %d of spares", in, st.Reused)
+		}
+		message(b, 1, seq)
+		if _, err := l.Send(ctx, 0, b); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := r.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, got := parse(t, rec.Payload); got != seq {
+			t.Fatalf("seq %d, want %d", got, seq)
+		}
+	}
+	st, _ := l.Stats(0)
+	maps := l.parts[0].maps
+	// Segments made of spares by the producer's maker, and as many
+	// opened by the reader, each a file the handle mapped before.
+	if maps.Hits() < 2*st.Reused-keep-spares {
+		t.Fatalf("%d segments made of spares, %d mappings reused; want nearly all twice", st.Reused, maps.Hits())
+	}
+	if n := maps.Idle(); n == 0 || n > keep+spares+4 {
+		t.Fatalf("%d idle mappings, want some and at most %d", n, keep+spares+4)
+	}
+	r.Close()
+	l.Close()
+	if n := maps.Idle(); n != 0 {
+		t.Fatalf("%d idle mappings after Close", n)
+	}
+}

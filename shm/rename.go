@@ -31,7 +31,7 @@ import (
 // in the way; such a segment is never renamed (an error wrapping
 // ErrLocked). A missing old wraps os.ErrNotExist.
 func RenameSegment(old, name string) (*Segment, error) {
-	return renameSegment(old, name, 0)
+	return renameSegment(old, name, 0, nil)
 }
 
 // ReuseSegment is RenameSegment that makes old, a segment of size data
@@ -48,11 +48,12 @@ func ReuseSegment(old, name string, size int) (*Segment, error) {
 	if size <= 0 {
 		return nil, fmt.Errorf("shm: segment size %d must be positive", size)
 	}
-	return renameSegment(old, name, size)
+	return renameSegment(old, name, size, nil)
 }
 
-// renameSegment is RenameSegment, and ReuseSegment if size > 0.
-func renameSegment(old, name string, size int) (*Segment, error) {
+// renameSegment is RenameSegment, and ReuseSegment if size > 0, with an
+// idle mapping of old's file from c if it has one (c may be nil).
+func renameSegment(old, name string, size int, c *MapCache) (*Segment, error) {
 	if err := checkName(old); err != nil {
 		return nil, err
 	}
@@ -77,7 +78,7 @@ func renameSegment(old, name string, size int) (*Segment, error) {
 	// exclusively fails if any Segment (any descriptor, this process's
 	// too) holds the file, and blocks nobody for long (only openers,
 	// which then find the name gone or another file under it).
-	s, err := openLocked(path, unix.LOCK_EX|unix.LOCK_NB)
+	s, err := openLocked(path, unix.LOCK_EX|unix.LOCK_NB, c)
 	if errors.Is(err, errReplaced) {
 		// Renamed or removed by another before we held it.
 		return nil, &os.PathError{Op: "rename segment", Path: path, Err: unix.ENOENT}
@@ -91,8 +92,11 @@ func renameSegment(old, name string, size int) (*Segment, error) {
 			return nil, fmt.Errorf("shm: reuse segment %s of %d bytes as one of %d", old, len(s.mem)-HeaderSize, total-HeaderSize)
 		}
 		// Fault the pages in for writing in one call (they exist: no
-		// allocation, no zeroing by the kernel), then zero them.
-		_ = unix.Madvise(s.mem, unix.MADV_POPULATE_WRITE)
+		// allocation, no zeroing by the kernel), then zero them. An
+		// idle mapping from c has them.
+		if !s.adopted {
+			_ = unix.Madvise(s.mem, unix.MADV_POPULATE_WRITE)
+		}
 		clear(s.mem[HeaderSize:])
 		s.initHeader(len(s.mem))
 		s.commit()

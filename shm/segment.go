@@ -92,6 +92,7 @@ type Segment struct {
 	mem     []byte
 	created bool
 	keep    bool
+	adopted bool // its mapping was an idle one of a MapCache
 	closed  atomic.Bool
 }
 
@@ -366,16 +367,20 @@ func newNamed(fd int, path string, total int, opts *SegmentConfig) (*Segment, er
 // (see CreateSegment) is another user's, it is ignored and the segment is
 // looked up in this user's records; if there is none, the error wraps
 // os.ErrNotExist, as for a name that was never created.
-func OpenSegment(name string) (*Segment, error) {
+func OpenSegment(name string) (*Segment, error) { return openSegment(name, nil) }
+
+// openSegment is OpenSegment, with an idle mapping of the file from c if
+// it has one (c may be nil).
+func openSegment(name string, c *MapCache) (*Segment, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	s, err := openNamed(userPrefix() + name)
+	s, err := openNamed(userPrefix()+name, c)
 	if err != nil {
 		// Another user's file, none, or ours but not (yet) a segment: a
 		// record may name the segment.
 		if alt, ok := liveAlt(name); ok && (errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrCorrupt)) {
-			switch as, aerr := openNamed(alt); {
+			switch as, aerr := openNamed(alt, c); {
 			case aerr == nil:
 				s, err = as, nil
 			case !errors.Is(aerr, os.ErrNotExist):
@@ -397,10 +402,10 @@ func OpenSegment(name string) (*Segment, error) {
 // Segment is open, so that Sweep leaves it alone, and checks, once it holds
 // that lock, that the name still refers to the file: a Sweep that held the
 // file before us has removed it then.
-func openNamed(file string) (*Segment, error) {
+func openNamed(file string, c *MapCache) (*Segment, error) {
 	path := filepath.Join(ShmDir, file)
 	for try := 0; ; try++ {
-		s, err := openLocked(path, unix.LOCK_SH)
+		s, err := openLocked(path, unix.LOCK_SH, c)
 		if !errors.Is(err, errReplaced) || try == 3 {
 			if err != nil {
 				return nil, err
@@ -419,8 +424,9 @@ var errReplaced = errors.New("the file was removed or replaced while it was open
 // once it holds it locked as how says (flock(2): LOCK_SH, waiting for a
 // creator or a Sweep; LOCK_EX|LOCK_NB, for RenameSegment, failing with
 // an error wrapping ErrLocked if anyone holds it) and has checked that
-// path still names the file (errReplaced if not).
-func openLocked(path string, how int) (*Segment, error) {
+// path still names the file (errReplaced if not). It uses an idle
+// mapping of the file from c if there is one (c may be nil).
+func openLocked(path string, how int, c *MapCache) (*Segment, error) {
 	// O_NONBLOCK: another user's FIFO in the way must not block us.
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -465,7 +471,7 @@ func openLocked(path string, how int) (*Segment, error) {
 		unix.Close(fd)
 		return nil, errReplaced
 	}
-	s, err := mapExisting(fd)
+	s, err := mapExistingVia(fd, c)
 	if err != nil {
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
@@ -558,7 +564,11 @@ func mapSegment(fd, total int, huge, populate bool) (*Segment, error) {
 
 // mapExisting maps a segment made by someone else and validates its header.
 // It takes ownership of fd.
-func mapExisting(fd int) (*Segment, error) {
+func mapExisting(fd int) (*Segment, error) { return mapExistingVia(fd, nil) }
+
+// mapExistingVia is mapExisting with an idle mapping of the file from c
+// if it has one (c may be nil).
+func mapExistingVia(fd int, c *MapCache) (*Segment, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
@@ -568,9 +578,15 @@ func mapExisting(fd int) (*Segment, error) {
 		unix.Close(fd)
 		return nil, corruptf("segment size %d is not a valid ubkit segment", st.Size)
 	}
-	s, err := mapSegment(fd, int(st.Size), false, false)
-	if err != nil {
-		return nil, err
+	var s *Segment
+	if mem := c.take(fd, &st); mem != nil {
+		openSegments.Add(1)
+		s = &Segment{fd: fd, mem: mem, adopted: true}
+	} else {
+		var err error
+		if s, err = mapSegment(fd, int(st.Size), false, false); err != nil {
+			return nil, err
+		}
 	}
 	h := s.mem[:HeaderSize]
 	if binary.LittleEndian.Uint64(h[segOffMagic:]) != segMagic {

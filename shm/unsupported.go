@@ -67,6 +67,33 @@ func CreateMemfd(name string, size int, opts *SegmentConfig) (*Segment, error) {
 	return nil, errUnsupported
 }
 
+// MapCache keeps idle segment mappings on Linux; on this system there are
+// none to keep.
+type MapCache struct{}
+
+// NewMapCache returns an empty cache.
+func NewMapCache(n int) *MapCache { return &MapCache{} }
+
+// Hits is 0.
+func (c *MapCache) Hits() uint64 { return 0 }
+
+// Idle is 0.
+func (c *MapCache) Idle() int { return 0 }
+
+// OpenSegment fails: shared memory needs Linux.
+func (c *MapCache) OpenSegment(name string) (*Segment, error) { return nil, errUnsupported }
+
+// ReuseSegment fails: shared memory needs Linux.
+func (c *MapCache) ReuseSegment(old, name string, size int) (*Segment, error) {
+	return nil, errUnsupported
+}
+
+// Release closes s.
+func (c *MapCache) Release(s *Segment) error { return s.Close() }
+
+// Close does nothing.
+func (c *MapCache) Close() error { return nil }
+
 // Sweep fails: there are no segments to sweep.
 func Sweep() ([]string, error) { return nil, errUnsupported }
 

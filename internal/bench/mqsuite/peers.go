@@ -11,6 +11,7 @@ import (
 
 	"github.com/ubkit-io/ubkit/internal/bench"
 	"github.com/ubkit-io/ubkit/mq"
+	"github.com/ubkit-io/ubkit/shm"
 )
 
 // registerPeer registers role as a peer whose arguments are the JSON of
@@ -115,6 +116,9 @@ type tally struct {
 	// report, if not nil, makes what the peer prints from the count and
 	// sum.
 	report func(result) any
+	// spin makes the reader wait for records without ever sleeping
+	// (mq.Reader.SetWait, shm.WaitYield), as the floor's consumer waits.
+	spin bool
 }
 
 // print writes the peer's report of res on standard output.
@@ -142,6 +146,9 @@ func readLog(a peerArgs, t tally) error {
 		return err
 	}
 	defer r.Close()
+	if t.spin {
+		r.SetWait(shm.Wait{Mode: shm.WaitYield})
+	}
 	fmt.Println("ready")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
