@@ -448,7 +448,7 @@ func (l *Log) birth(p int, k uint64) int64 {
 	if err != nil {
 		return 0
 	}
-	defer seg.Close()
+	defer l.closeSeg(p, seg)
 	w, err := seg.Uint64At(l.cfg.SegmentSize)
 	if err != nil {
 		return 0

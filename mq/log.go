@@ -89,11 +89,12 @@ type Config struct {
 	// segments more (its spares). Reusing costs zeroing the segment, by
 	// the segment's maker (in the background, for segments made ahead).
 	// Each handle keeps its mappings of a partition's segments once done
-	// with them (up to Segments+6, unmapped at Close), and maps a
-	// segment made of a spare on the mapping it had of the file: no page
-	// tables made and torn down again at every new segment. Only for
-	// logs in /dev/shm (not with Dir). See docs/mq.md, "Segment
-	// recycling".
+	// with them (a cycle of its files twice; at most 1,024 over the
+	// partitions; let go at Close, or once their file is removed), and
+	// maps a segment made of a spare on the mapping it had of the file:
+	// no page tables made and torn down again at every new segment.
+	// Only for logs in /dev/shm (not with Dir). See docs/mq.md,
+	// "Segment recycling".
 	Recycle bool
 }
 
@@ -997,11 +998,14 @@ func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
 
 // mapsFor is a partition's MapCache for a log of configuration c: under
 // Recycle in /dev/shm, room for the mappings of a whole cycle of its
-// files (its segments, its spares, the one made ahead, and the
-// producers', readers' and random reads' mappings of the newest) so that
-// a segment made of a spare finds the mapping this process had of the
-// file when it was a segment before; nil otherwise (a file that is not
-// reused would only be kept in memory by its idle mapping).
+// files twice (its segments, its spares and the one made ahead, for a
+// process that produces and reads: the producers' and the readers'
+// mappings are their own), so that a segment made of a spare, or a
+// reader opening one, finds the mapping this process had of the file
+// before; nil otherwise (a file that is not reused would only be kept
+// in memory by its idle mapping). A handle keeps at most maxIdle idle
+// mappings (and descriptors) over all its partitions: a log of many
+// partitions and segments gets less room each, and less of the gain.
 //
 // Mapped anew, an 8 MiB segment's page tables cost a process about 1.4
 // ms to fill (by faults or MADV_POPULATE_WRITE) and 0.8 ms to tear down
@@ -1012,7 +1016,19 @@ func mapsFor(c Config) *shm.MapCache {
 	if !c.Recycle || c.Dir != "" {
 		return nil
 	}
-	return shm.NewMapCache(c.Segments + spares + 4)
+	return shm.NewMapCache(min(2*(c.Segments+spares+1)+2, max(2, maxIdle/c.Partitions)))
+}
+
+// maxIdle bounds the idle mappings a handle keeps (mapsFor).
+const maxIdle = 1024
+
+// closeSeg closes seg, a segment of partition p the caller opened with
+// openSeg and is done with: into the partition's MapCache, if it has one.
+func (l *Log) closeSeg(p int, seg *shm.Segment) error {
+	if c := l.parts[p].maps; c != nil {
+		return c.Release(seg)
+	}
+	return seg.Close()
 }
 
 // removeSpares removes the spare segments of partition p of log name

@@ -410,7 +410,7 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 		return Record{}, false, ErrClosed
 	}
 	size := uint64(r.l.cfg.SegmentSize)
-	bo := r.backoff()
+	bo := r.backoff(below)
 	for {
 		o := r.offset
 		k, at := o/size, o%size
@@ -545,33 +545,43 @@ func (l *Log) writerDead(w uint64) bool {
 	return owner == 0 || gen != (w>>16)&0xffff || !shm.AliveWord(owner)
 }
 
-// SetWait sets how Next and NextBelow wait for a record, as shm.Wait
-// says for rings: the zero Wait (the default) looks for w.Spin
-// (shm.DefaultSpin if 0), then sleeps until a producer's commit wakes it;
-// shm.WaitYield never sleeps: it looks, and from shm.DefaultYield on
-// gives its CPU to other threads between looks (sched_yield), which
-// costs nothing when none wants it; shm.WaitSpin never sleeps nor
-// yields. A reader that never sleeps burns its CPU while it waits, and
-// in exchange is never woken: a wake-up costs tens of microseconds on a
-// virtual machine, and a goroutine woken from a futex sleep sometimes
-// waited milliseconds more for Go's scheduler to run it, so a consumer
-// that must see every record within microseconds (log-100B-p99) waits
-// so. Either way it notices an ended ctx, or a producer that died in a
-// record, within about a millisecond (spinCheck). Not safe to call
-// concurrently with Next.
+// SetWait sets how Next waits for a record, as shm.Wait says for rings:
+// the zero Wait (the default) looks for w.Spin (shm.DefaultSpin if 0),
+// then sleeps until a producer's commit wakes it; shm.WaitYield never
+// sleeps: it looks, and from w.Spin on (shm.DefaultYield if 0) gives its
+// CPU to other threads between looks (sched_yield), which costs nothing
+// when none wants it; shm.WaitSpin never sleeps nor yields. A reader
+// that never sleeps burns its CPU while it waits, and in exchange is
+// never woken: a wake-up costs tens of microseconds on a virtual
+// machine, and a goroutine woken from a futex sleep sometimes waited
+// milliseconds more for Go's scheduler to run it, so a consumer that
+// must see every record within microseconds (log-100B-p99) waits so.
+// Either way it notices an ended ctx, or a producer that died in a
+// record, within about a millisecond (spinCheck). NextBelow's short
+// look at a record being written is the same whatever SetWait said. Not
+// safe to call concurrently with Next.
 func (r *Reader) SetWait(w shm.Wait) { r.waits = w }
 
 // spinCheck is how often a reader that never sleeps (SetWait) looks at
 // its ctx and at the producer of a record it waits for.
 const spinCheck = time.Millisecond
 
-// backoff is the ladder of a wait of r (SetWait).
-func (r *Reader) backoff() shm.Backoff {
-	switch r.waits.Mode {
-	case shm.WaitSpin:
+// backoff is the ladder of a wait of r (SetWait) for Next: it yields
+// from w.Spin on (shm.DefaultYield if 0, at once if negative) under
+// WaitYield, never under WaitSpin. NextBelow's short look at a held
+// record is the default ladder's spin, whatever SetWait said.
+func (r *Reader) backoff(below bool) shm.Backoff {
+	switch {
+	case below:
+		return shm.Backoff{}
+	case r.waits.Mode == shm.WaitSpin:
 		return shm.Backoff{Spin: spinCheck, Yield: -1}
-	case shm.WaitYield:
-		return shm.Backoff{Spin: spinCheck}
+	case r.waits.Mode == shm.WaitYield:
+		y := r.waits.Spin
+		if y < 0 {
+			y = time.Nanosecond // from the first checkpoint
+		}
+		return shm.Backoff{Spin: spinCheck, Yield: y}
 	}
 	return shm.Backoff{Spin: r.waits.Spin}
 }

@@ -454,7 +454,7 @@ func (r *Replica) hold(k uint64) error {
 	}
 	reg, err := r.dev.RegisterSegment(m.data, ub.SegmentConfig{})
 	if err != nil {
-		m.seg.Close()
+		m.unmap()
 		return fmt.Errorf("mq: registering segment %d of partition %d for replication: %w", k, r.p, err)
 	}
 	r.local[k] = &leaderSeg{m: m, reg: reg}
@@ -482,7 +482,7 @@ func (r *Replica) releaseBelow(k uint64) {
 		if i < k {
 			delete(r.local, i)
 			ls.reg.Close()
-			ls.m.seg.Close()
+			ls.m.unmap()
 		}
 	}
 }

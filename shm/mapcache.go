@@ -22,10 +22,11 @@ import (
 // retention dropped is renamed to be a later one) pays it on every pass
 // without a MapCache, and once with one.
 //
-// Release gives a segment back: its descriptor is closed, which drops
-// its shared lock (so the file no longer counts as held: RenameSegment,
-// ReuseSegment and Sweep may take it), and its mapping is kept idle,
-// out of MappingOf's table. OpenSegment and ReuseSegment through the
+// Release gives a segment back: its shared lock is dropped (so the file
+// no longer counts as held: RenameSegment and ReuseSegment may take it;
+// Sweep still leaves it alone, as it does any file a live process has
+// mapped or open), it leaves MappingOf's table, and its mapping and
+// descriptor are kept idle. OpenSegment and ReuseSegment through the
 // cache then use an idle mapping of the file they open (the same device
 // and inode, the same size, and the same header through the mapping as
 // read from the file) instead of mapping it anew, and otherwise map it
@@ -33,10 +34,12 @@ import (
 // checks of owner, mode and links, the locks, the header's validation,
 // the zeroing) is the same.
 //
-// An idle mapping keeps its file's memory: a file removed meanwhile is
-// freed only once the mapping goes. The cache holds at most max idle
-// mappings and unmaps the oldest beyond that, and Close unmaps them all.
-// A MapCache is safe for concurrent use.
+// An idle mapping would keep its file's memory if the file were
+// removed, so every Release and every opening through the cache looks
+// at the idle files (fstat of the kept descriptors) and lets go of
+// those removed since. The cache holds at most n idle mappings (and as
+// many descriptors) and lets go of the oldest beyond that; Close lets
+// go of them all. A MapCache is safe for concurrent use.
 type MapCache struct {
 	mu     sync.Mutex
 	max    int
@@ -46,10 +49,11 @@ type MapCache struct {
 }
 
 // idleMapping is a mapping a Release kept: the whole file, header
-// included, of the file id.
+// included, of the file id, open (unlocked) as fd.
 type idleMapping struct {
 	id  fileID
 	mem []byte
+	fd  int
 }
 
 // NewMapCache returns a cache keeping at most n idle mappings (at
@@ -88,10 +92,12 @@ func (c *MapCache) ReuseSegment(old, name string, size int) (*Segment, error) {
 
 // Release closes s, keeping its mapping in the cache if s is a named
 // segment in ShmDir that its Close would not unlink (one this process
-// opened, or created with SegmentConfig.Keep); any other segment is
-// closed as by Close. Memory obtained from s must not be used after
-// Release (it stays mapped, but another holder may reuse the file for
-// other data). Release of a closed segment does nothing.
+// opened, or created with SegmentConfig.Keep) and whose file is still
+// there; any other segment is closed as by Close. Memory obtained from
+// s must not be used after Release (it stays mapped, but another holder
+// may reuse the file for other data). The mapping is made writable
+// again if ProtectReadOnly had made part of it read-only. Release of a
+// closed segment does nothing.
 func (c *MapCache) Release(s *Segment) error {
 	if s.file == "" || (s.created && !s.keep) {
 		return s.Close()
@@ -105,43 +111,55 @@ func (c *MapCache) Release(s *Segment) error {
 		return nil
 	}
 	s.unpublish()
-	// The mapping holds the open file description, and with it the
-	// flock, which goes with the description's last reference, not
-	// with the descriptor: it is dropped here.
-	errUnlock := unix.Flock(s.fd, unix.LOCK_UN)
-	errClose := unix.Close(s.fd)
 	openSegments.Add(-1)
+	errs := []error{
+		unix.Mprotect(s.mem, unix.PROT_READ|unix.PROT_WRITE),
+		// The mapping holds the open file description, and with it the
+		// flock, which goes with the description's last reference, not
+		// with the descriptor: it is dropped here.
+		unix.Flock(s.fd, unix.LOCK_UN),
+	}
 	c.mu.Lock()
-	var evict [][]byte
+	var gone []idleMapping
 	if c.closed {
-		evict = append(evict, s.mem)
+		gone = append(gone, idleMapping{mem: s.mem, fd: s.fd})
 	} else {
-		c.idle = append(c.idle, idleMapping{id: statID(&st), mem: s.mem})
+		gone = c.pruneLocked()
+		c.idle = append(c.idle, idleMapping{id: statID(&st), mem: s.mem, fd: s.fd})
 		for len(c.idle) > c.max {
-			evict = append(evict, c.idle[0].mem)
+			gone = append(gone, c.idle[0])
 			c.idle = c.idle[1:]
 		}
 	}
 	c.mu.Unlock()
-	errs := []error{errUnlock, errClose}
-	for _, mem := range evict {
-		errs = append(errs, munmapIdle(mem))
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, letGo(gone))...)
 }
 
-// Close unmaps the idle mappings; a Release after it closes its segment.
-// Segments opened through the cache stay open.
+// pruneLocked takes the idle mappings of files removed since out of the
+// cache and returns them; c.mu is held.
+func (c *MapCache) pruneLocked() (gone []idleMapping) {
+	kept := c.idle[:0]
+	for _, m := range c.idle {
+		var st unix.Stat_t
+		if unix.Fstat(m.fd, &st) != nil || st.Nlink == 0 {
+			gone = append(gone, m)
+			continue
+		}
+		kept = append(kept, m)
+	}
+	clear(c.idle[len(kept):])
+	c.idle = kept
+	return gone
+}
+
+// Close lets go of the idle mappings; a Release after it closes its
+// segment. Segments opened through the cache stay open.
 func (c *MapCache) Close() error {
 	c.mu.Lock()
 	idle := c.idle
 	c.idle, c.closed = nil, true
 	c.mu.Unlock()
-	var errs []error
-	for _, m := range idle {
-		errs = append(errs, munmapIdle(m.mem))
-	}
-	return errors.Join(errs...)
+	return letGo(idle)
 }
 
 // take removes and returns an idle mapping of the file open as fd, whose
@@ -150,14 +168,16 @@ func (c *MapCache) Close() error {
 // exists, and an idle mapping keeps its file in existence, so a mapping
 // with the same identity is of the same file; the header's comparison
 // (its random ID) guards against an inode number the file system handed
-// out twice after wrapping around.
+// out twice after wrapping around. It lets go of idle mappings of files
+// removed since (after c.mu: unmapping takes a while).
 func (c *MapCache) take(fd int, st *unix.Stat_t) []byte {
 	if c == nil {
 		return nil
 	}
 	id := statID(st)
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	gone := c.pruneLocked()
+	var mem []byte
 	for i := len(c.idle) - 1; i >= 0; i-- {
 		m := c.idle[i]
 		if m.id != id || int64(len(m.mem)) != st.Size {
@@ -169,14 +189,25 @@ func (c *MapCache) take(fd int, st *unix.Stat_t) []byte {
 		}
 		c.idle = append(c.idle[:i], c.idle[i+1:]...)
 		c.hits++
-		return m.mem
+		mem = m.mem
+		unix.Close(m.fd) // the opener's descriptor serves the segment
+		break
 	}
-	return nil
+	c.mu.Unlock()
+	letGo(gone)
+	return mem
 }
 
-func munmapIdle(mem []byte) error {
-	if err := unix.Munmap(mem); err != nil {
-		return fmt.Errorf("shm: munmap: %w", err)
+// letGo unmaps and closes idle mappings.
+func letGo(idle []idleMapping) error {
+	var errs []error
+	for _, m := range idle {
+		if err := unix.Munmap(m.mem); err != nil {
+			errs = append(errs, fmt.Errorf("shm: munmap: %w", err))
+		}
+		if err := unix.Close(m.fd); err != nil {
+			errs = append(errs, fmt.Errorf("shm: close: %w", err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

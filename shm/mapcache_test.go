@@ -141,7 +141,6 @@ func TestMapCacheOtherFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := start(s)
 	if err := c.Release(s); err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +158,10 @@ func TestMapCacheOtherFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if start(s) == old || c.Hits() != 0 || string(s.Data()[:8]) != "new file" {
-		t.Fatalf("a new file of the name: mapped at %#x (old %#x), %d hits, reads %q", start(s), old, c.Hits(), s.Data()[:8])
+	// The old file's idle mapping is let go (its file is removed), and
+	// the new file mapped anew (perhaps where the old mapping was).
+	if c.Hits() != 0 || c.Idle() != 0 || string(s.Data()[:8]) != "new file" {
+		t.Fatalf("a new file of the name: %d hits, %d idle, reads %q; want a new mapping of it, the old one let go", c.Hits(), c.Idle(), s.Data()[:8])
 	}
 	// Removed while open: closed on Release, not kept.
 	if err := os.Remove(path); err != nil {
@@ -170,8 +171,8 @@ func TestMapCacheOtherFile(t *testing.T) {
 	if err := c.Release(s); err != nil {
 		t.Fatal(err)
 	}
-	if c.Idle() != 1 || mapped(t, at) {
-		t.Fatalf("released after its removal: %d idle (the old one only), still mapped %v", c.Idle(), mapped(t, at))
+	if c.Idle() != 0 || mapped(t, at) {
+		t.Fatalf("released after its removal: %d idle, still mapped %v", c.Idle(), mapped(t, at))
 	}
 }
 
@@ -230,5 +231,56 @@ func TestMapCacheUnlinking(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(ShmDir, userPrefix()+name)); !os.IsNotExist(err) || c.Idle() != 0 {
 		t.Fatalf("released creator's segment: stat %v, %d idle; want it unlinked and closed", err, c.Idle())
+	}
+}
+
+// TestMapCachePrunesRemoved: an idle mapping whose file is removed while
+// it is idle is let go (unmapped, its descriptor closed: its memory
+// freed) at the cache's next Release or opening, not only when it is
+// the oldest; a mapping made read-only is writable again when reused.
+func TestMapCachePrunesRemoved(t *testing.T) {
+	base := testName(t)
+	c := NewMapCache(8)
+	defer c.Close()
+	var at []uintptr
+	for i := range 3 {
+		name := fmt.Sprintf("%s-%d", base, i)
+		cacheFixture(t, name, 4096, 'e', 1)
+		s, err := c.OpenSegment(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at = append(at, start(s))
+		if i == 2 {
+			if err := ProtectReadOnly(s.Data()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Release(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(filepath.Join(ShmDir, userPrefix()+base+"-0")); err != nil {
+		t.Fatal(err)
+	}
+	// The next opening lets go of it.
+	s, err := c.OpenSegment(base + "-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Idle() != 1 || mapped(t, at[0]) || !mapped(t, at[1]) || start(s) != at[2] {
+		t.Fatalf("after an opening: %d idle, removed file's mapping there %v, the other's %v, reopened on the idle mapping %v; want 1, false, true, true",
+			c.Idle(), mapped(t, at[0]), mapped(t, at[1]), start(s) == at[2])
+	}
+	s.Data()[0] = 'w' // faults if still read-only
+	if err := os.Remove(filepath.Join(ShmDir, userPrefix()+base+"-1")); err != nil {
+		t.Fatal(err)
+	}
+	// And the next Release.
+	if err := c.Release(s); err != nil {
+		t.Fatal(err)
+	}
+	if c.Idle() != 1 || mapped(t, at[1]) {
+		t.Fatalf("after a Release: %d idle, removed file's mapping there %v; want 1, false", c.Idle(), mapped(t, at[1]))
 	}
 }
