@@ -32,6 +32,30 @@ func cacheFixture(t *testing.T, name string, size int, fill byte, n int) *MapCac
 	return c
 }
 
+// releaseNew makes n segments base-0 to base-<n-1> (removed at the end),
+// opens each through c, calls before with it (if set), releases it into
+// c, and returns where each was mapped.
+func releaseNew(t *testing.T, c *MapCache, base string, n int, before func(i int, s *Segment)) []uintptr {
+	t.Helper()
+	var at []uintptr
+	for i := range n {
+		name := fmt.Sprintf("%s-%d", base, i)
+		cacheFixture(t, name, 4096, byte('0'+i), 1)
+		s, err := c.OpenSegment(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at = append(at, start(s))
+		if before != nil {
+			before(i, s)
+		}
+		if err := c.Release(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return at
+}
+
 // start is where s's mapping starts.
 func start(s *Segment) uintptr { return uintptr(unsafe.Pointer(&s.mem[0])) }
 
@@ -181,19 +205,7 @@ func TestMapCacheOtherFile(t *testing.T) {
 func TestMapCacheBounds(t *testing.T) {
 	base := testName(t)
 	c := NewMapCache(2)
-	var at []uintptr
-	for i := range 3 {
-		name := fmt.Sprintf("%s-%d", base, i)
-		cacheFixture(t, name, 4096, 'd', 1)
-		s, err := c.OpenSegment(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		at = append(at, start(s))
-		if err := c.Release(s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	at := releaseNew(t, c, base, 3, nil)
 	if c.Idle() != 2 || mapped(t, at[0]) || !mapped(t, at[1]) || !mapped(t, at[2]) {
 		t.Fatalf("3 released into a cache of 2: %d idle, mapped %v %v %v; want the oldest unmapped", c.Idle(), mapped(t, at[0]), mapped(t, at[1]), mapped(t, at[2]))
 	}
@@ -242,24 +254,13 @@ func TestMapCachePrunesRemoved(t *testing.T) {
 	base := testName(t)
 	c := NewMapCache(8)
 	defer c.Close()
-	var at []uintptr
-	for i := range 3 {
-		name := fmt.Sprintf("%s-%d", base, i)
-		cacheFixture(t, name, 4096, 'e', 1)
-		s, err := c.OpenSegment(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		at = append(at, start(s))
+	at := releaseNew(t, c, base, 3, func(i int, s *Segment) {
 		if i == 2 {
 			if err := ProtectReadOnly(s.Data()); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := c.Release(s); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	if err := os.Remove(filepath.Join(ShmDir, userPrefix()+base+"-0")); err != nil {
 		t.Fatal(err)
 	}
