@@ -90,7 +90,8 @@ type Config struct {
 	// the segment's maker (in the background, for segments made ahead).
 	// Each handle keeps its mappings of a partition's segments once done
 	// with them (a cycle of its files twice; at most 1,024 over the
-	// partitions; let go at Close, or once their file is removed), and
+	// partitions, each holding a descriptor; let go at Close, or at the
+	// partition's next roll once their file is removed), and
 	// maps a segment made of a spare on the mapping it had of the file:
 	// no page tables made and torn down again at every new segment.
 	// Only for logs in /dev/shm (not with Dir). See docs/mq.md,
@@ -1003,9 +1004,10 @@ func (l *Log) newSeg(p int, k uint64, populate bool) (*shm.Segment, error) {
 // mappings are their own), so that a segment made of a spare, or a
 // reader opening one, finds the mapping this process had of the file
 // before; nil otherwise (a file that is not reused would only be kept
-// in memory by its idle mapping). A handle keeps at most maxIdle idle
-// mappings (and descriptors) over all its partitions: a log of many
-// partitions and segments gets less room each, and less of the gain.
+// in memory by its idle mapping), and nil for a log whose partitions
+// would get room for less than a cycle (many partitions or segments:
+// a handle keeps at most maxIdle idle mappings, each holding a
+// descriptor).
 //
 // Mapped anew, an 8 MiB segment's page tables cost a process about 1.4
 // ms to fill (by faults or MADV_POPULATE_WRITE) and 0.8 ms to tear down
@@ -1016,11 +1018,24 @@ func mapsFor(c Config) *shm.MapCache {
 	if !c.Recycle || c.Dir != "" {
 		return nil
 	}
-	return shm.NewMapCache(min(2*(c.Segments+spares+1)+2, max(2, maxIdle/c.Partitions)))
+	cycle := c.Segments + spares + 1
+	n := min(2*cycle+2, maxIdle/c.Partitions, maxIdlePart)
+	if n < cycle+1 {
+		// Less than a cycle: a file comes back after the cache let go
+		// of its mapping, and the cache would only hold descriptors.
+		return nil
+	}
+	return shm.NewMapCache(n)
 }
 
-// maxIdle bounds the idle mappings a handle keeps (mapsFor).
-const maxIdle = 1024
+// maxIdle bounds the idle mappings (and their descriptors) a handle
+// keeps over its partitions, and maxIdlePart a partition's (each
+// release into the cache looks at every idle file: fstat, about 0.5 µs
+// each).
+const (
+	maxIdle     = 1024
+	maxIdlePart = 128
+)
 
 // closeSeg closes seg, a segment of partition p the caller opened with
 // openSeg and is done with: into the partition's MapCache, if it has one.

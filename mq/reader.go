@@ -410,7 +410,8 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 		return Record{}, false, ErrClosed
 	}
 	size := uint64(r.l.cfg.SegmentSize)
-	bo := r.backoff(below)
+	bo := r.backoff()
+	var look shm.Backoff // NextBelow's short look at a held record: the default spin
 	for {
 		o := r.offset
 		k, at := o/size, o%size
@@ -454,7 +455,7 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 			}
 			if below {
 				// NextBelow: a held record ends what is there to read.
-				if !bo.Pause() && !dead() {
+				if !look.Pause() && !dead() {
 					return Record{}, false, nil
 				}
 				continue
@@ -473,6 +474,7 @@ func (r *Reader) read(ctx context.Context, limit uint64) (Record, bool, error) {
 			r.moveTo(o + next)
 		}
 		bo.Reset()
+		look.Reset()
 	}
 }
 
@@ -557,31 +559,31 @@ func (l *Log) writerDead(w uint64) bool {
 // milliseconds more for Go's scheduler to run it, so a consumer that
 // must see every record within microseconds (log-100B-p99) waits so.
 // Either way it notices an ended ctx, or a producer that died in a
-// record, within about a millisecond (spinCheck). NextBelow's short
-// look at a record being written is the same whatever SetWait said. Not
-// safe to call concurrently with Next.
+// record, within about a millisecond (spinCheck) after w.Spin. SetWait
+// applies to NextBelow's wait for the tail too; its short look at a
+// record being written is the same whatever SetWait said. Not safe to
+// call concurrently with Next.
 func (r *Reader) SetWait(w shm.Wait) { r.waits = w }
 
 // spinCheck is how often a reader that never sleeps (SetWait) looks at
 // its ctx and at the producer of a record it waits for.
 const spinCheck = time.Millisecond
 
-// backoff is the ladder of a wait of r (SetWait) for Next: it yields
-// from w.Spin on (shm.DefaultYield if 0, at once if negative) under
-// WaitYield, never under WaitSpin. NextBelow's short look at a held
-// record is the default ladder's spin, whatever SetWait said.
-func (r *Reader) backoff(below bool) shm.Backoff {
-	switch {
-	case below:
-		return shm.Backoff{}
-	case r.waits.Mode == shm.WaitSpin:
+// backoff is the ladder of a wait of r (SetWait): under WaitYield it
+// yields from w.Spin on (shm.DefaultYield if 0, at once if negative),
+// under WaitSpin never; a ladder that never sleeps ends spinCheck after
+// its yields begin, for wait to look at ctx and the writer, and starts
+// again.
+func (r *Reader) backoff() shm.Backoff {
+	switch r.waits.Mode {
+	case shm.WaitSpin:
 		return shm.Backoff{Spin: spinCheck, Yield: -1}
-	case r.waits.Mode == shm.WaitYield:
+	case shm.WaitYield:
 		y := r.waits.Spin
 		if y < 0 {
 			y = time.Nanosecond // from the first checkpoint
 		}
-		return shm.Backoff{Spin: spinCheck, Yield: y}
+		return shm.Backoff{Spin: y + spinCheck, Yield: y}
 	}
 	return shm.Backoff{Spin: r.waits.Spin}
 }

@@ -573,3 +573,35 @@ func keepsMappings(t *testing.T, keep uint64) {
 		t.Fatalf("%d idle mappings after Close", n)
 	}
 }
+
+// TestMapsFor: the room of a partition's MapCache (mapsFor): a cycle of
+// its files twice, within 128 a partition and 1,024 a handle, and none
+// where that is less than a cycle or the log does not recycle.
+func TestMapsFor(t *testing.T) {
+	for _, c := range []struct {
+		parts, segs int
+		recycle     bool
+		dir         string
+		want        int // 0: none
+	}{
+		{1, 8, true, "", 2*(8+spares+1) + 2},
+		{1, 3, true, "", 2*(3+spares+1) + 2},
+		{64, 8, true, "", 1024 / 64},
+		{128, 2, true, "", 1024 / 128},
+		{256, 2, true, "", 0},
+		{256, 8, true, "", 0},
+		{1, 100, true, "", maxIdlePart},
+		{1, 200, true, "", 0},
+		{1, 8, false, "", 0},
+		{1, 8, true, "/tmp", 0},
+	} {
+		m := mapsFor(Config{Partitions: c.parts, Segments: c.segs, Recycle: c.recycle, Dir: c.dir})
+		got := 0
+		if m != nil {
+			got = m.Room()
+		}
+		if got != c.want {
+			t.Errorf("%d partitions of %d segments, Recycle %v, Dir %q: room %d, want %d", c.parts, c.segs, c.recycle, c.dir, got, c.want)
+		}
+	}
+}

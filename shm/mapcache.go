@@ -67,6 +67,9 @@ func (c *MapCache) Hits() uint64 {
 	return c.hits
 }
 
+// Room is how many idle mappings the cache may hold.
+func (c *MapCache) Room() int { return c.max }
+
 // Idle is how many idle mappings the cache holds.
 func (c *MapCache) Idle() int {
 	c.mu.Lock()
@@ -166,10 +169,10 @@ func (c *MapCache) Close() error {
 // fstat is st, if the cache has one whose header reads as the file's
 // does; nil if not. The device and inode name a file only while it
 // exists, and an idle mapping keeps its file in existence, so a mapping
-// with the same identity is of the same file; the header's comparison
-// (its random ID) guards against an inode number the file system handed
-// out twice after wrapping around. It lets go of idle mappings of files
-// removed since (after c.mu: unmapping takes a while).
+// with the same identity is of the same file (its header, compared with
+// the file's, cannot differ then; the check, one pread, stays as a
+// guard). It lets go of idle mappings of files removed since (after
+// c.mu: unmapping takes a while).
 func (c *MapCache) take(fd int, st *unix.Stat_t) []byte {
 	if c == nil {
 		return nil

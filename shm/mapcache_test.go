@@ -56,6 +56,16 @@ func releaseNew(t *testing.T, c *MapCache, base string, n int, before func(i int
 	return at
 }
 
+// openFds counts this process's open descriptors.
+func openFds(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(fds)
+}
+
 // start is where s's mapping starts.
 func start(s *Segment) uintptr { return uintptr(unsafe.Pointer(&s.mem[0])) }
 
@@ -204,8 +214,12 @@ func TestMapCacheOtherFile(t *testing.T) {
 // mapping; Close unmaps the rest, and a Release after Close closes.
 func TestMapCacheBounds(t *testing.T) {
 	base := testName(t)
+	fds := openFds(t)
 	c := NewMapCache(2)
 	at := releaseNew(t, c, base, 3, nil)
+	if n := openFds(t) - fds; n != 2 {
+		t.Fatalf("%d descriptors more with 2 idle mappings", n)
+	}
 	if c.Idle() != 2 || mapped(t, at[0]) || !mapped(t, at[1]) || !mapped(t, at[2]) {
 		t.Fatalf("3 released into a cache of 2: %d idle, mapped %v %v %v; want the oldest unmapped", c.Idle(), mapped(t, at[0]), mapped(t, at[1]), mapped(t, at[2]))
 	}
@@ -225,6 +239,9 @@ func TestMapCacheBounds(t *testing.T) {
 	before := openSegments.Load()
 	if err := c.Release(s); err != nil || openSegments.Load() != before {
 		t.Fatalf("a second Release: %v, open segments %d → %d", err, before, openSegments.Load())
+	}
+	if n := openFds(t) - fds; n != 0 {
+		t.Fatalf("%d descriptors left after Close", n)
 	}
 }
 
@@ -252,6 +269,7 @@ func TestMapCacheUnlinking(t *testing.T) {
 // the oldest; a mapping made read-only is writable again when reused.
 func TestMapCachePrunesRemoved(t *testing.T) {
 	base := testName(t)
+	fds := openFds(t)
 	c := NewMapCache(8)
 	defer c.Close()
 	at := releaseNew(t, c, base, 3, func(i int, s *Segment) {
@@ -283,5 +301,8 @@ func TestMapCachePrunesRemoved(t *testing.T) {
 	}
 	if c.Idle() != 1 || mapped(t, at[1]) {
 		t.Fatalf("after a Release: %d idle, removed file's mapping there %v; want 1, false", c.Idle(), mapped(t, at[1]))
+	}
+	if n := openFds(t) - fds; n != 1 {
+		t.Fatalf("%d descriptors more with 1 idle mapping (the removed files' closed)", n)
 	}
 }

@@ -419,13 +419,7 @@ func TestSquattedNamesReturnResources(t *testing.T) {
 	dir := privateRundir(t)
 	name := testName(t)
 	squat := plantForeign(t, name)
-	countFds := func() int {
-		fds, err := os.ReadDir("/proc/self/fd")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(fds)
-	}
+	countFds := func() int { return openFds(t) }
 	fds0, segs0 := countFds(), openSegments.Load()
 	const rounds = 200
 	for i := range rounds {

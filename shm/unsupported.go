@@ -80,6 +80,9 @@ func (c *MapCache) Hits() uint64 { return 0 }
 // Idle is 0.
 func (c *MapCache) Idle() int { return 0 }
 
+// Room is 0.
+func (c *MapCache) Room() int { return 0 }
+
 // OpenSegment fails: shared memory needs Linux.
 func (c *MapCache) OpenSegment(name string) (*Segment, error) { return nil, errUnsupported }
 
