@@ -102,8 +102,8 @@ func (c *MapCache) ReuseSegment(old, name string, size int) (*Segment, error) {
 // again if ProtectReadOnly had made part of it read-only. Release of a
 // closed segment does nothing.
 func (c *MapCache) Release(s *Segment) error {
-	if s.file == "" || (s.created && !s.keep) {
-		return s.Close()
+	if s.file == "" || (s.created && !s.keep) || s.closed.Load() {
+		return s.Close() // idempotent
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(s.fd, &st); err != nil || st.Nlink == 0 {
