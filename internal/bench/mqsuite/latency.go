@@ -108,9 +108,11 @@ func primeCycle(c mq.Config) uint64 { return uint64(c.Segments) + 3 }
 // prime sends records of size bytes, stamped 0 and seeded 0, 1, ..., to
 // partition 0 of l as fast as it takes them, until l has made primeCycle
 // segments of spares. It returns how many it sent and the sum of their
-// bytes.
+// bytes. A log that has made four times as many segments and still not
+// so many of spares is an error (recycling off, or spares held).
 func prime(ctx context.Context, l *mq.Log, size int) (n, sum uint64, err error) {
-	want := primeCycle(l.Config())
+	c := l.Config()
+	want := primeCycle(c)
 	for {
 		st, err := l.Stats(0)
 		if err != nil {
@@ -118,6 +120,9 @@ func prime(ctx context.Context, l *mq.Log, size int) (n, sum uint64, err error) 
 		}
 		if st.Reused >= want {
 			return n, sum, nil
+		}
+		if made := st.Tail / uint64(c.SegmentSize); made > 4*want {
+			return n, sum, fmt.Errorf("mq bench: priming the log: %d segments made, %d of spares (want %d): is Recycle off?", made, st.Reused, want)
 		}
 		for range 1024 {
 			r, err := l.Loan(ctx, 0, size)
