@@ -307,10 +307,7 @@ func (l *Log) syncSeg(p int, pt *partition, k uint64) error {
 // openSeg maps segment k of partition p.
 func (l *Log) openSeg(p int, k uint64) (*shm.Segment, error) {
 	if l.cfg.Dir == "" {
-		if c := l.parts[p].maps; c != nil {
-			return c.OpenSegment(segName(l.name, p, k))
-		}
-		return shm.OpenSegment(segName(l.name, p, k))
+		return l.parts[p].maps.OpenSegment(segName(l.name, p, k))
 	}
 	return shm.OpenFileSegment(l.segPath(p, k))
 }
@@ -448,7 +445,7 @@ func (l *Log) birth(p int, k uint64) int64 {
 	if err != nil {
 		return 0
 	}
-	defer l.closeSeg(p, seg)
+	defer l.parts[p].maps.Release(seg)
 	w, err := seg.Uint64At(l.cfg.SegmentSize)
 	if err != nil {
 		return 0

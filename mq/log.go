@@ -275,12 +275,7 @@ func (m *mapped) release() {
 
 // unmap closes the segment: into the partition's MapCache if it has one
 // (its mapping is kept for the file's next use), else unmapped.
-func (m *mapped) unmap() error {
-	if m.maps != nil {
-		return m.maps.Release(m.seg)
-	}
-	return m.seg.Close()
-}
+func (m *mapped) unmap() error { return m.maps.Release(m.seg) }
 
 // releaseOnce is release for a caller outside the package, who may call
 // it more than once: the calls after the first do nothing.
@@ -1036,15 +1031,6 @@ const (
 	maxIdle     = 1024
 	maxIdlePart = 128
 )
-
-// closeSeg closes seg, a segment of partition p the caller opened with
-// openSeg and is done with: into the partition's MapCache, if it has one.
-func (l *Log) closeSeg(p int, seg *shm.Segment) error {
-	if c := l.parts[p].maps; c != nil {
-		return c.Release(seg)
-	}
-	return seg.Close()
-}
 
 // removeSpares removes the spare segments of partition p of log name
 // (Config.Recycle).

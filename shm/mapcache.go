@@ -39,7 +39,9 @@ import (
 // at the idle files (fstat of the kept descriptors) and lets go of
 // those removed since. The cache holds at most n idle mappings (and as
 // many descriptors) and lets go of the oldest beyond that; Close lets
-// go of them all. A MapCache is safe for concurrent use.
+// go of them all. A MapCache is safe for concurrent use. A nil *MapCache
+// keeps nothing: its OpenSegment, ReuseSegment and Release are the
+// package's OpenSegment and ReuseSegment and Segment.Close.
 type MapCache struct {
 	mu     sync.Mutex
 	max    int
@@ -102,7 +104,7 @@ func (c *MapCache) ReuseSegment(old, name string, size int) (*Segment, error) {
 // again if ProtectReadOnly had made part of it read-only. Release of a
 // closed segment does nothing.
 func (c *MapCache) Release(s *Segment) error {
-	if s.file == "" || (s.created && !s.keep) || s.closed.Load() {
+	if c == nil || s.file == "" || (s.created && !s.keep) || s.closed.Load() {
 		return s.Close() // idempotent
 	}
 	var st unix.Stat_t

@@ -56,16 +56,6 @@ func releaseNew(t *testing.T, c *MapCache, base string, n int, before func(i int
 	return at
 }
 
-// openFds counts this process's open descriptors.
-func openFds(t *testing.T) int {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(fds)
-}
-
 // start is where s's mapping starts.
 func start(s *Segment) uintptr { return uintptr(unsafe.Pointer(&s.mem[0])) }
 
@@ -214,10 +204,10 @@ func TestMapCacheOtherFile(t *testing.T) {
 // mapping; Close unmaps the rest, and a Release after Close closes.
 func TestMapCacheBounds(t *testing.T) {
 	base := testName(t)
-	fds := openFds(t)
+	fds := openFDs(t)
 	c := NewMapCache(2)
 	at := releaseNew(t, c, base, 3, nil)
-	if n := openFds(t) - fds; n != 2 {
+	if n := openFDs(t) - fds; n != 2 {
 		t.Fatalf("%d descriptors more with 2 idle mappings", n)
 	}
 	if c.Idle() != 2 || mapped(t, at[0]) || !mapped(t, at[1]) || !mapped(t, at[2]) {
@@ -240,7 +230,7 @@ func TestMapCacheBounds(t *testing.T) {
 	if err := c.Release(s); err != nil || openSegments.Load() != before {
 		t.Fatalf("a second Release: %v, open segments %d → %d", err, before, openSegments.Load())
 	}
-	if n := openFds(t) - fds; n != 0 {
+	if n := openFDs(t) - fds; n != 0 {
 		t.Fatalf("%d descriptors left after Close", n)
 	}
 }
@@ -269,7 +259,7 @@ func TestMapCacheUnlinking(t *testing.T) {
 // the oldest; a mapping made read-only is writable again when reused.
 func TestMapCachePrunesRemoved(t *testing.T) {
 	base := testName(t)
-	fds := openFds(t)
+	fds := openFDs(t)
 	c := NewMapCache(8)
 	defer c.Close()
 	at := releaseNew(t, c, base, 3, func(i int, s *Segment) {
@@ -302,7 +292,7 @@ func TestMapCachePrunesRemoved(t *testing.T) {
 	if c.Idle() != 1 || mapped(t, at[1]) {
 		t.Fatalf("after a Release: %d idle, removed file's mapping there %v; want 1, false", c.Idle(), mapped(t, at[1]))
 	}
-	if n := openFds(t) - fds; n != 1 {
+	if n := openFDs(t) - fds; n != 1 {
 		t.Fatalf("%d descriptors more with 1 idle mapping (the removed files' closed)", n)
 	}
 }

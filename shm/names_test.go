@@ -419,8 +419,7 @@ func TestSquattedNamesReturnResources(t *testing.T) {
 	dir := privateRundir(t)
 	name := testName(t)
 	squat := plantForeign(t, name)
-	countFds := func() int { return openFds(t) }
-	fds0, segs0 := countFds(), openSegments.Load()
+	fds0, segs0 := openFDs(t), openSegments.Load()
 	const rounds = 200
 	for i := range rounds {
 		if _, err := OpenSegment(name); !errors.Is(err, os.ErrNotExist) {
@@ -439,7 +438,7 @@ func TestSquattedNamesReturnResources(t *testing.T) {
 			t.Fatalf("round %d: %v", i, err)
 		}
 	}
-	fds1, segs1 := countFds(), openSegments.Load()
+	fds1, segs1 := openFDs(t), openSegments.Load()
 	t.Logf("descriptors %d before, %d after %d rounds; segments mapped %d, %d", fds0, fds1, rounds, segs0, segs1)
 	if fds1 > fds0+2 || segs1 != segs0 {
 		t.Errorf("after %d rounds: %d descriptors (from %d), %d segments mapped (from %d)", rounds, fds1, fds0, segs1, segs0)

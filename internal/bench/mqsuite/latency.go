@@ -125,17 +125,11 @@ func prime(ctx context.Context, l *mq.Log, size int) (n, sum uint64, err error) 
 			return n, sum, fmt.Errorf("mq bench: priming the log: %d segments made, %d of spares (want %d): is Recycle off?", made, st.Reused, want)
 		}
 		for range 1024 {
-			r, err := l.Loan(ctx, 0, size)
+			s, err := sendOne(ctx, l, size, n, 0)
 			if err != nil {
 				return n, sum, err
 			}
-			b := r.Bytes()
-			bench.Fill(b, n)
-			binary.LittleEndian.PutUint64(b, 0)
-			sum += bench.Sum(b)
-			if err := r.Commit(); err != nil {
-				return n, sum, err
-			}
+			sum += s
 			n++
 		}
 	}
@@ -191,17 +185,25 @@ func paced(d, interval time.Duration, timed bool, send func(i, stamp uint64) err
 // and the sum of their bytes.
 func offer(ctx context.Context, l *mq.Log, size int, interval, d time.Duration, first uint64, timed bool) (n, sum uint64, err error) {
 	n, err = paced(d, interval, timed, func(i, stamp uint64) error {
-		r, err := l.Loan(ctx, 0, size)
-		if err != nil {
-			return err
-		}
-		b := r.Bytes()
-		bench.Fill(b, first+i)
-		binary.LittleEndian.PutUint64(b, stamp)
-		sum += bench.Sum(b)
-		return r.Commit()
+		s, err := sendOne(ctx, l, size, first+i, stamp)
+		sum += s
+		return err
 	})
 	return n, sum, err
+}
+
+// sendOne loans, fills (seeded seed) and commits one record of size
+// bytes into partition 0 of l, with stamp in its first 8 bytes, and
+// returns the sum of its bytes.
+func sendOne(ctx context.Context, l *mq.Log, size int, seed, stamp uint64) (uint64, error) {
+	r, err := l.Loan(ctx, 0, size)
+	if err != nil {
+		return 0, err
+	}
+	b := r.Bytes()
+	bench.Fill(b, seed)
+	binary.LittleEndian.PutUint64(b, stamp)
+	return bench.Sum(b), r.Commit()
 }
 
 // latencyConsumer reads the log from offset 0 until an empty record and
